@@ -1,0 +1,27 @@
+# Two entry points: `make demo` (the main job, tiny model on CPU) and `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+export HF_HUB_OFFLINE := 1
+export HF_HUB_DISABLE_TELEMETRY := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: env demo test clean
+
+$(BIN)/lhd: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "torch==2.13.0"
+	$(BIN)/python -m pip install --quiet -e ".[dev,serving]"
+	touch $(BIN)/lhd
+
+env: $(BIN)/lhd
+
+demo: env
+	$(BIN)/python scripts/demo.py
+
+test: env
+	$(BIN)/python -m pytest -q -ra
+
+clean:
+	rm -rf $(VENV) runs/demo

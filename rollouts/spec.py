@@ -1,0 +1,38 @@
+"""Typed description of one served model (what a config's `models:` entry holds)."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ModelSpec(BaseModel):
+    """One model behind one backend. Several roles may point at the same spec (shared server)."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    backend: Literal["hf", "openai", "vllm"]
+    model: str = Field(description="local path or model id")
+    revision: str | None = None
+    # hf / vllm
+    dtype: str = Field("auto", description="auto | float32 | bfloat16 | float16")
+    device: str = Field("auto", description="hf only: auto | cpu | cuda | cuda:N")
+    max_batch_size: int = Field(16, ge=1, description="hf only: most sequences decoded together")
+    batch_wait_ms: float = Field(5.0, ge=0, description="hf only: wait this long to fill a batch")
+    max_model_len: int | None = Field(None, ge=16, description="context budget in tokens")
+    trust_remote_code: bool = False
+    adapters: dict[str, str] = Field(default_factory=dict, description="name -> LoRA adapter dir")
+    # openai-compatible endpoints
+    base_url: str | None = None
+    api_key_env: str | None = Field(None, description="name of the env variable holding the key")
+    max_in_flight: int = Field(32, ge=1)
+    timeout_s: float = Field(600.0, gt=0)
+    max_retries: int = Field(5, ge=0)
+    # vllm serve
+    tensor_parallel_size: int = Field(1, ge=1)
+    data_parallel_size: int = Field(1, ge=1)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    enable_prefix_caching: bool = True
+    max_lora_rank: int = 64
+    extra_args: list[str] = Field(default_factory=list, description="vllm: extra CLI args")
+    gpus: str | None = Field(None, description="vllm: CUDA_VISIBLE_DEVICES for the server")
