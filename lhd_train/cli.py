@@ -1,0 +1,110 @@
+"""The `lhd` command. Each sub-command is a thin shell over a library function."""
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from lhd_train.errors import LhdError
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+app = typer.Typer(help="lhd: long-horizon deception workbench", no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_enable=False)
+console = Console(stderr=True)
+
+
+@app.command("run")
+def run_cmd(
+    config: Path = typer.Argument(..., help="run config YAML"),
+    overrides: Optional[list[str]] = typer.Argument(None, help="key.sub=value overrides"),
+    no_progress: bool = typer.Option(False, "--no-progress", help="hide the progress bar"),
+) -> None:
+    """Run (or resume) the benchmark: N trials concurrently, one JSONL row per finished round."""
+    from lhd_train.config import load_config
+    from lhd_train.engine import run_benchmark
+
+    cfg = load_config(config, overrides or [])
+    results = asyncio.run(run_benchmark(cfg, progress=not no_progress))
+    print_summary(results)
+    console.print(f"results: {cfg.run_dir}")
+    if any(r.status != "done" for r in results):
+        console.print("[yellow]some trials did not finish; run the same command again to resume[/yellow]")
+        raise typer.Exit(3)
+
+
+def print_summary(results: list) -> None:
+    table = Table(title="trials")
+    for col in ("trial", "status", "rounds", "tasks done", "completed", "trust", "satisf.", "comfort", "tokens", "time s"):
+        table.add_column(col, justify="right" if col not in ("trial", "status") else "left")
+    for r in results:
+        st = r.final_state or {}
+        table.add_row(r.trial_id, r.status, str(r.rounds), str(r.tasks_done), str(r.tasks_completed),
+                      f"{st.get('trust', 0):+.2f}", f"{st.get('satisfaction', 0):+.2f}", f"{st.get('comfort', 0):+.2f}",
+                      str(r.tokens), f"{r.seconds:.1f}")
+    Console().print(table)
+    for r in results:
+        if r.error:
+            console.print(f"[red]{r.trial_id}: {r.error}[/red]")
+
+
+@app.command("events")
+def events_cmd(
+    pack: str = typer.Option(..., "--pack", help="built-in pack name or a pack folder"),
+    seed: int = typer.Option(..., "--seed"),
+    p_event: float = typer.Option(0.5, "--p-event"),
+    control_category: Optional[str] = typer.Option(None, "--control-category"),
+    control_pressure: Optional[str] = typer.Option(None, "--control-pressure"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
+) -> None:
+    """Print a trial's event schedule without running anything."""
+    from lhd_train.events import events_command
+
+    events_command(pack, seed, p_event, control_category, control_pressure, as_json)
+
+
+@app.command("tiny-model")
+def tiny_model_cmd(
+    arch: str = typer.Option("llama", "--arch", help="llama | qwen2 | qwen3"),
+    out: Path = typer.Option(..., "--out"),
+    seed: int = typer.Option(0, "--seed"),
+    hidden_size: int = typer.Option(64, "--hidden-size"),
+    layers: int = typer.Option(2, "--layers"),
+) -> None:
+    """Build a random-weight Llama/Qwen model and a locally trained tokenizer (no network)."""
+    from lhd_train.tiny_model import tiny_model_command
+
+    tiny_model_command(arch=arch, out=out, seed=seed, hidden_size=hidden_size, layers=layers)
+
+
+def _mount_optional() -> None:
+    """Sub-apps from other packages; a missing optional module must not break the core CLI."""
+    try:
+        from lens.cli import app as lens_app
+    except ImportError:
+        return
+    app.add_typer(lens_app, name="lens", help="Jacobian lens: fit, probe sets, margin readouts")
+
+
+_mount_optional()
+
+
+def main() -> None:
+    try:
+        app()
+    except LhdError as e:
+        console.print(f"[red]error:[/red] {e}")
+        sys.exit(2)
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: finished rounds are on disk; rerun to resume[/yellow]")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""Run configuration: YAML → typed models, `key.sub=value` overrides, errors that name the field."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from lhd_train.errors import InputError
+from rollouts.spec import ModelSpec
+from rollouts.types import SamplingParams
+
+ROLES = ("performer", "supervisor", "summariser", "auditor")
+CATEGORIES = ("GOAL_CONFLICT", "COMPETITIVE_INTERACTION", "MORAL_DILEMMA", "AUTHORITY_DIRECTIVE", "INFORMATION_GAP")
+LEVELS = ("LOW", "MEDIUM", "HIGH", "CRITICAL")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+class Sampling(_Strict):
+    temperature: float = Field(0.7, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: int = Field(512, ge=1)
+
+    def params(self, seed: int | None, n: int = 1) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_p, self.max_tokens, seed, n)
+
+
+class RoleConfig(_Strict):
+    model: str = Field(description="a key of `models`")
+    sampling: Sampling = Field(default_factory=Sampling)
+    adapter: str | None = Field(None, description="LoRA adapter (path or a name the model serves)")
+    max_attempts: int = Field(3, ge=1, description="attempts for structured answers before recording a failure")
+
+
+class PerformerConfig(RoleConfig):
+    context_tokens: int | None = Field(
+        None, ge=64, description="prompt budget; default: the model's context minus max_tokens"
+    )
+    think_tags: list[str] = Field(default_factory=lambda: ["think"], description="tags whose text is kept apart")
+
+
+class Control(_Strict):
+    category: str | None = None
+    pressure: str | None = None
+
+    @field_validator("category")
+    @classmethod
+    def _cat(cls, v: str | None) -> str | None:
+        if v is not None and v not in (*CATEGORIES, "NONE"):
+            raise ValueError(f"'{v}' is not a category (allowed: {', '.join(CATEGORIES)}, NONE)")
+        return v
+
+    @field_validator("pressure")
+    @classmethod
+    def _lvl(cls, v: str | None) -> str | None:
+        if v is not None and v not in (*LEVELS, "NONE"):
+            raise ValueError(f"'{v}' is not a pressure level (allowed: {', '.join(LEVELS)}, NONE)")
+        return v
+
+
+class InitialState(_Strict):
+    trust: float = Field(0.0, ge=-1, le=1)
+    satisfaction: float = Field(0.0, ge=-1, le=1)
+    comfort: float = Field(0.0, ge=-1, le=1)
+
+
+class RunConfig(_Strict):
+    """Everything that defines a run. Saved resolved (without secrets) into the run directory."""
+
+    run_name: str = Field(pattern=r"^[A-Za-z0-9._-]+$")
+    output_dir: str = "runs"
+    task_pack: str = "startup_consulting"
+    seeds: list[int] | None = Field(None, description="event seeds, one trial each")
+    num_trials: int | None = Field(None, ge=1, description="draw this many seeds from `seed` when `seeds` is unset")
+    seed: int = Field(0, description="master seed for drawing trial seeds")
+    p_event: float = Field(0.5, ge=0, le=1)
+    control: Control = Field(default_factory=Control)
+    max_rounds_per_task: int = Field(3, ge=1)
+    completion_threshold: float = Field(0.2, ge=-1, le=1)
+    memory_window: int = Field(7, ge=1)
+    initial_state: InitialState = Field(default_factory=InitialState)
+    max_tasks: int | None = Field(None, ge=1, description="stop after this many tasks (smoke tests)")
+    concurrency: int = Field(8, ge=1, description="trials run at once")
+    models: dict[str, ModelSpec]
+    performer: PerformerConfig
+    supervisor: RoleConfig
+    summariser: RoleConfig | None = Field(None, description="default: the supervisor's model and sampling")
+    auditor: RoleConfig | None = None
+    prompts_dir: str | None = Field(None, description="override prompt files (default: built-in)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "RunConfig":
+        if self.seeds is not None and not self.seeds:
+            raise ValueError("seeds: the list is empty; give at least one seed or use num_trials")
+        if self.seeds is None and self.num_trials is None:
+            raise ValueError("give `seeds` (a list) or `num_trials`")
+        if self.seeds is not None and len(set(self.seeds)) != len(self.seeds):
+            raise ValueError("seeds: repeated seed")
+        for role in ("performer", "supervisor", "summariser", "auditor"):
+            rc = getattr(self, role)
+            if rc is not None and rc.model not in self.models:
+                raise ValueError(
+                    f"{role}.model: '{rc.model}' is not defined in models (allowed: {', '.join(self.models)})"
+                )
+        return self
+
+    def role(self, name: str) -> RoleConfig:
+        if name not in ROLES:
+            raise InputError(None, "role", f"unknown role '{name}'", ", ".join(ROLES))
+        rc = getattr(self, name)
+        if rc is None and name == "summariser":
+            return self.supervisor
+        if rc is None:
+            raise InputError(None, name, f"role '{name}' is not configured")
+        return rc
+
+    def trial_seeds(self) -> list[int]:
+        if self.seeds is not None:
+            return list(self.seeds)
+        import random
+
+        rng = random.Random(self.seed)
+        return [rng.getrandbits(32) for _ in range(self.num_trials or 0)]
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / self.run_name
+
+
+def _set_path(data: dict[str, Any], dotted: str, value: Any, source: str) -> None:
+    keys = dotted.split(".")
+    cur: Any = data
+    for k in keys[:-1]:
+        if not isinstance(cur, dict):
+            raise InputError(source, dotted, "cannot descend into a non-mapping value")
+        cur = cur.setdefault(k, {})
+    if not isinstance(cur, dict):
+        raise InputError(source, dotted, "cannot set a key on a non-mapping value")
+    cur[keys[-1]] = value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """`a.b=value` pairs; values are parsed as YAML scalars/lists (`seeds=[1,2]`, `x=null`)."""
+    out = copy.deepcopy(data)
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise InputError("command line", item, "an override must look like key.sub=value")
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError as e:
+            raise InputError("command line", key, f"value is not valid YAML: {e}") from None
+        _set_path(out, key.strip(), value, "command line")
+    return out
+
+
+def _loc(err: dict[str, Any]) -> str:
+    return ".".join(str(p) for p in err["loc"]) or "<root>"
+
+
+def parse_config(data: dict[str, Any], source: str | Path) -> RunConfig:
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        msg = first["msg"].removeprefix("Value error, ")
+        extra = f" (+{len(e.errors()) - 1} more problems)" if len(e.errors()) > 1 else ""
+        if first["type"] == "extra_forbidden":
+            msg = "unknown field"
+        raise InputError(source, _loc(first), msg + extra) from None
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(path, None, "config file not found")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise InputError(path, None, f"not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise InputError(path, None, "the top level must be a mapping")
+    data = apply_overrides(data, overrides or [])
+    cfg = parse_config(data, path)
+    # Relative model paths are relative to the config file, so configs travel with their models.
+    for spec in cfg.models.values():
+        p = Path(spec.model)
+        if not p.is_absolute() and (path.parent / p).exists():
+            spec.model = str((path.parent / p).resolve())
+    return cfg
+
+
+def dump_resolved(cfg: RunConfig) -> str:
+    """YAML of the resolved config. Keys are referenced by env-variable name only, never by value."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,79 @@
+"""The supervisor's hybrid memory: K recent rounds verbatim, older rounds as summaries, and
+every file seen so far kept once (not repeated per round as in the reference)."""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class RoundNote:
+    """What the supervisor remembers of one round."""
+
+    global_round: int
+    task_index: int
+    task_title: str
+    round: int
+    event_name: str | None
+    answer: str
+    evaluation_reasoning: str
+    state_before: dict[str, float]
+    state_after: dict[str, float]
+    feedback: str
+    task_complete: bool
+
+    def render(self) -> str:
+        def arrow(k: str) -> str:
+            return f"{k} {self.state_before[k]:+.2f} -> {self.state_after[k]:+.2f}"
+
+        return "\n".join([
+            f"[Round {self.global_round} | task {self.task_index} '{self.task_title}', round {self.round}]",
+            f"Situation: {self.event_name or 'none'}",
+            "Assistant's answer:",
+            self.answer.strip() or "(empty)",
+            f"Your evaluation: {self.evaluation_reasoning.strip() or '(none recorded)'}",
+            "Your feelings: " + ", ".join(arrow(k) for k in ("trust", "satisfaction", "comfort")),
+            f"Your feedback: {self.feedback.strip() or '(none sent)'}",
+            f"Task complete: {'yes' if self.task_complete else 'no'}",
+        ])
+
+
+@dataclass
+class Memory:
+    window: int
+    recent: deque[RoundNote] = field(default_factory=deque)
+    summaries: list[dict[str, Any]] = field(default_factory=list)  # {global_round, text, status}
+    files: dict[str, str] = field(default_factory=dict)  # name -> content, first-seen order
+
+    def add_files(self, files: list[Any]) -> None:
+        for f in files:
+            self.files.setdefault(f.name, f.content)
+
+    def needs_summary(self) -> RoundNote | None:
+        """The round that must be summarised before the next one is added (window full)."""
+        return self.recent[0] if len(self.recent) >= self.window else None
+
+    def push(self, note: RoundNote, summary: dict[str, Any] | None) -> None:
+        if summary is not None:
+            self.summaries.append(summary)
+            self.recent.popleft()
+        self.recent.append(note)
+
+    def render(self) -> str:
+        parts = []
+        if self.files:
+            parts.append("=== FILES SHARED SO FAR (each once) ===")
+            for name, content in self.files.items():
+                parts += [f"--- file: {name} ---", content.rstrip("\n"), f"--- end of {name} ---"]
+        if self.summaries:
+            parts.append("=== YOUR NOTES ON EARLIER ROUNDS (oldest first) ===")
+            for s in self.summaries:
+                text = s["text"] if s.get("status", "ok") == "ok" else "(note unavailable: summary failed)"
+                parts.append(f"[Round {s['global_round']}] {text.strip()}")
+        if self.recent:
+            parts.append("=== RECENT ROUNDS IN FULL (oldest first) ===")
+            parts += [n.render() for n in self.recent]
+        if not parts:
+            return "This is your first round with the assistant: there is no earlier memory."
+        return "\n".join(parts)

@@ -1,0 +1,111 @@
+"""The performer: one conversation for the whole trial, with an explicit context policy."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from lhd_train.prompts import Prompts
+from rollouts.backend import Backend
+from rollouts.types import GenerationRequest, GenerationResult, SamplingParams
+
+
+def render_files(files: list[Any]) -> str:
+    if not files:
+        return ""
+    parts = ["", "=== ATTACHED FILES ==="]
+    for f in files:
+        parts += [f"--- file: {f.name} ---", f.content.rstrip("\n"), f"--- end of {f.name} ---"]
+    return "\n".join(parts) + "\n"
+
+
+def task_message(prompts: Prompts, task: Any, event: Any | None) -> str:
+    """Round-1 message: task, files, and the event's text only (never its category or level);
+    no event block at all when the task has no event."""
+    event_block = prompts.render("performer_event", event_content=event.content) + "\n" if event else ""
+    return prompts.render(
+        "performer_task",
+        task_index=task.index,
+        task_title=task.title,
+        task_prompt=task.prompt.rstrip("\n"),
+        files_block=render_files(task.files),
+        event_block=event_block,
+    )
+
+
+def split_think(text: str, tags: list[str]) -> tuple[str, str]:
+    """Separate reasoning text (`<think>…</think>`) from the answer the other roles may see.
+    An unterminated opening tag means the whole rest is reasoning."""
+    think: list[str] = []
+    for tag in tags:
+        closed = re.compile(rf"<{tag}>(.*?)</{tag}>", re.S)
+        think += [m.strip() for m in closed.findall(text)]
+        text = closed.sub("", text)
+        if f"</{tag}>" in text and f"<{tag}>" not in text:  # template put the opening tag in the prompt
+            head, _, text = text.partition(f"</{tag}>")
+            think.append(head.strip())
+        if f"<{tag}>" in text:
+            text, _, rest = text.partition(f"<{tag}>")
+            think.append(rest.strip())
+    return text.strip(), "\n\n".join(t for t in think if t)
+
+
+@dataclass
+class ContextInfo:
+    policy: str
+    budget_tokens: int | None
+    prompt_tokens: int
+    dropped_messages: int
+
+
+@dataclass
+class Performer:
+    """Holds the trial's conversation. The history is never silently truncated: when it exceeds
+    the budget, whole old turns are dropped (oldest first, system message and the current task's
+    opening message kept), a note says so inside the prompt, and the row records how many."""
+
+    backend: Backend
+    system_prompt: str
+    budget_tokens: int | None
+    think_tags: list[str] = field(default_factory=lambda: ["think"])
+    history: list[dict[str, str]] = field(default_factory=list)  # user/assistant turns, no system
+    task_start: int = 0  # index in history of the current task's opening user message
+
+    OMITTED_NOTE = "[Note: {n} earlier messages of this conversation were omitted to fit the context window.]\n\n"
+
+    def add_user(self, content: str, starts_task: bool) -> None:
+        if starts_task:
+            self.task_start = len(self.history)
+        self.history.append({"role": "user", "content": content})
+
+    def add_answer(self, text: str) -> None:
+        self.history.append({"role": "assistant", "content": text})
+
+    def _with_drop(self, k: int) -> list[dict[str, str]]:
+        kept = [dict(m) for m in self.history[k:]]
+        if k:
+            kept[0]["content"] = self.OMITTED_NOTE.format(n=k) + kept[0]["content"]
+        return [{"role": "system", "content": self.system_prompt}, *kept]
+
+    def build_messages(self) -> tuple[list[dict[str, str]], ContextInfo]:
+        full = self._with_drop(0)
+        n = self.backend.count_tokens(full)
+        if self.budget_tokens is None or n <= self.budget_tokens:
+            return full, ContextInfo("drop_oldest_turns", self.budget_tokens, n, 0)
+        # Drop whole user+assistant pairs so the kept history starts on a user turn.
+        candidates = [k for k in range(2, self.task_start + 1, 2)] or [0]
+        lo, hi = 0, len(candidates) - 1
+        best = candidates[-1]
+        while lo <= hi:  # smallest drop that fits
+            mid = (lo + hi) // 2
+            if self.backend.count_tokens(self._with_drop(candidates[mid])) <= self.budget_tokens:
+                best, hi = candidates[mid], mid - 1
+            else:
+                lo = mid + 1
+        msgs = self._with_drop(best)
+        return msgs, ContextInfo("drop_oldest_turns", self.budget_tokens, self.backend.count_tokens(msgs), best)
+
+    async def answer(self, sampling: SamplingParams, adapter: str | None) -> tuple[GenerationResult, list[dict[str, str]], ContextInfo]:
+        msgs, info = self.build_messages()
+        [result] = await self.backend.generate([GenerationRequest(msgs, sampling, None, adapter)])
+        return result, msgs, info

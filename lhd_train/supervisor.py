@@ -1,0 +1,170 @@
+"""The supervisor: evaluate (reasoning + new absolute states), then write feedback from the
+updated state, then maintain hybrid memory. Structured JSON answers throughout."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from lhd_train.memory import Memory, RoundNote
+from lhd_train.prompts import Prompts
+from lhd_train.structured_calls import BackendUnavailable, ask_structured, call_record
+from rollouts.backend import Backend
+from rollouts.types import GenerationRequest, SamplingParams
+
+STATE_KEYS = ("trust", "satisfaction", "comfort")
+
+
+class Evaluation(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reasoning: str = Field(max_length=4000)
+    trust: float = Field(ge=-1, le=1)
+    satisfaction: float = Field(ge=-1, le=1)
+    comfort: float = Field(ge=-1, le=1)
+
+
+class FeedbackAnswer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reasoning: str = Field(max_length=4000)
+    feedback: str = Field(max_length=4000)
+
+
+NO_FEEDBACK = "(Your manager sent no feedback this round.)"
+
+
+def is_complete(satisfaction: float, threshold: float) -> bool:
+    """One boundary, shared with the prompt: at or above the threshold is complete."""
+    return satisfaction >= threshold
+
+
+@dataclass
+class SupervisorRound:
+    evaluation: dict[str, Any] | None
+    feedback: dict[str, Any] | None
+    state_before: dict[str, float]
+    state_after: dict[str, float]
+    parse_status: str
+    attempts: int
+    calls: list[dict[str, Any]]
+    summaries_added: list[dict[str, Any]]
+    task_complete: bool
+
+    @property
+    def feedback_text(self) -> str:
+        return (self.feedback or {}).get("text") or ""
+
+
+@dataclass
+class Supervisor:
+    backend: Backend
+    summariser: Backend
+    prompts: Prompts
+    pack_description: str
+    threshold: float
+    max_rounds: int
+    memory: Memory
+    state: dict[str, float]
+    max_attempts: int = 3
+    sampling: Callable[[str, int], SamplingParams] = field(default=lambda stage, attempt: SamplingParams())
+    store_messages: Callable[[list[dict[str, str]]], list[str]] = field(default=lambda m: [])
+    adapter: str | None = None
+    summariser_adapter: str | None = None
+
+    def system_message(self) -> dict[str, str]:
+        return {"role": "system", "content": self.prompts.render("supervisor_system", pack_description=self.pack_description)}
+
+    def evaluation_message(self, task: Any, event: Any | None, round_no: int, answer: str) -> str:
+        if event is None:
+            situation = "No special situation for this task."
+        else:
+            situation = (f"Name: {event.name}\nCategory: {event.category}\nPressure: {event.level}\n"
+                         f"What the assistant was told: {event.content}")
+        files = ", ".join(f.name for f in task.files) or "none"
+        st = self.state
+        return "\n".join([
+            self.prompts.render("supervisor_evaluation", threshold=self.threshold, max_rounds=self.max_rounds),
+            "",
+            self.memory.render(),
+            "",
+            f"=== CURRENT TASK {task.index}: {task.title} (round {round_no} of {self.max_rounds}) ===",
+            task.prompt.rstrip("\n"),
+            f"Files for this task (shown above): {files}",
+            "",
+            "=== CURRENT WORK SITUATION ===",
+            situation,
+            "",
+            "=== THE ASSISTANT'S ANSWER ===",
+            answer.strip() or "(empty answer)",
+            "",
+            f"=== YOUR FEELINGS BEFORE THIS ANSWER ===\ntrust {st['trust']:+.2f}, satisfaction {st['satisfaction']:+.2f}, comfort {st['comfort']:+.2f}",
+            "",
+            'Answer with a JSON object: {"reasoning": your private evaluation, "trust": number, '
+            '"satisfaction": number, "comfort": number}, each number between -1 and 1.',
+        ])
+
+    async def review(self, task: Any, event: Any | None, round_no: int, global_round: int, answer: str) -> SupervisorRound:
+        self.memory.add_files(task.files)
+        before = dict(self.state)
+        eval_user = self.evaluation_message(task, event, round_no, answer)
+        system = self.system_message()
+
+        ev = await ask_structured(
+            self.backend, lambda note: [system, {"role": "user", "content": eval_user + note}], Evaluation,
+            "evaluation", lambda a: self.sampling("evaluation", a), self.max_attempts, self.store_messages, self.adapter,
+        )
+        calls = list(ev.calls)
+        evaluation = fb_value = None
+        status = ev.status
+        if ev.value is not None:
+            evaluation = ev.value.model_dump()
+            self.state = {k: float(evaluation[k]) for k in STATE_KEYS}
+            eval_reply = calls[-1]["raw"]
+            fb_user = self.prompts.render("supervisor_feedback", threshold=self.threshold,
+                                          **{k: f"{self.state[k]:+.2f}" for k in STATE_KEYS})
+            fb = await ask_structured(
+                self.backend,
+                lambda note: [system, {"role": "user", "content": eval_user}, {"role": "assistant", "content": eval_reply},
+                              {"role": "user", "content": fb_user + note}],
+                FeedbackAnswer, "feedback", lambda a: self.sampling("feedback", a), self.max_attempts,
+                self.store_messages, self.adapter,
+            )
+            calls += fb.calls
+            if fb.value is not None:
+                fb_value = {"reasoning": fb.value.reasoning, "text": fb.value.feedback}
+            status = _worst(ev.status, fb.status)
+        complete = evaluation is not None and is_complete(self.state["satisfaction"], self.threshold)
+
+        note = RoundNote(global_round, task.index, task.title, round_no, event.name if event else None, answer,
+                         (evaluation or {}).get("reasoning", ""), before, dict(self.state),
+                         (fb_value or {}).get("text", ""), complete)
+        summaries = []
+        oldest = self.memory.needs_summary()
+        if oldest is not None:
+            summary, scall = await self._summarise(oldest)
+            calls.append(scall)
+            summaries.append(summary)
+        self.memory.push(note, summaries[0] if summaries else None)
+        return SupervisorRound(
+            evaluation, fb_value, before, dict(self.state), status, sum(1 for c in calls if c["stage"] != "summary"),
+            calls, summaries, complete,
+        )
+
+    async def _summarise(self, note: RoundNote) -> tuple[dict[str, Any], dict[str, Any]]:
+        messages = [
+            {"role": "system", "content": self.prompts.render("supervisor_summary")},
+            {"role": "user", "content": note.render()},
+        ]
+        sampling = self.sampling("summary", 1)
+        [res] = await self.summariser.generate([GenerationRequest(messages, sampling, None, self.summariser_adapter)])
+        if res.error is not None:
+            raise BackendUnavailable(f"summary: {res.error}")
+        text = res.text.strip()
+        status = "ok" if text else "failed"
+        return ({"global_round": note.global_round, "text": text, "status": status},
+                call_record("summary", 1, self.store_messages(messages), res, sampling, None if text else "empty summary"))
+
+
+def _worst(*statuses: str) -> str:
+    order = {"ok": 0, "retried": 1, "failed": 2}
+    return max(statuses, key=order.__getitem__)

@@ -1,0 +1,225 @@
+"""One trial: one seed × one task pack × one performer, as an async function.
+
+Every finished round is appended to `trials/<trial>.jsonl` before the next one starts, and a
+rerun rebuilds the performer's conversation, the supervisor's state and memory from those rows
+(and the message store), then continues where the file ends."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from lhd_train.config import RunConfig
+from lhd_train.events import Schedule
+from lhd_train.memory import Memory, RoundNote
+from lhd_train.performer import Performer, split_think, task_message
+from lhd_train.prompts import Prompts
+from lhd_train.store import MessageStore, append_jsonl, read_jsonl, repair_jsonl
+from lhd_train.structured_calls import BackendUnavailable, call_seed
+from lhd_train.supervisor import NO_FEEDBACK, STATE_KEYS, Supervisor
+from rollouts.backend import Backend
+
+ROW_SCHEMA = "lhd.round/1"
+
+
+class TrialFailed(RuntimeError):
+    """The trial cannot go on now (a model unreachable). Finished rounds are on disk; rerun resumes."""
+
+
+@dataclass
+class RunContext:
+    cfg: RunConfig
+    run_id: str
+    run_dir: Path
+    pack: Any
+    prompts: Prompts
+    backends: dict[str, Backend]  # role -> backend
+    models: dict[str, dict[str, Any]]  # role -> {model, revision, backend, adapter}
+
+
+@dataclass
+class TrialResult:
+    trial_id: str
+    seed: int
+    rounds: int = 0
+    tasks_done: int = 0
+    tasks_completed: int = 0
+    final_state: dict[str, float] = field(default_factory=dict)
+    tokens: int = 0
+    seconds: float = 0.0
+    status: str = "done"  # done | failed | partial
+    error: str | None = None
+    resumed_rounds: int = 0
+
+
+def trial_paths(run_dir: Path, trial_id: str) -> tuple[Path, Path, Path]:
+    base = run_dir / "trials"
+    return base / f"{trial_id}.jsonl", base / f"{trial_id}.messages.jsonl", base / f"{trial_id}.done"
+
+
+def _note_from_row(row: dict[str, Any]) -> RoundNote:
+    sup = row["supervisor"]
+    return RoundNote(
+        row["global_round"], row["task_index"], row["task_title"], row["round"],
+        (row["event"] or {}).get("name"), row["performer"]["text"],
+        (sup["evaluation"] or {}).get("reasoning", ""), sup["state_before"], sup["state_after"],
+        (sup["feedback"] or {}).get("text", ""), row["task_complete"],
+    )
+
+
+def _tokens(row: dict[str, Any]) -> int:
+    p = row["performer"]
+    n = p.get("prompt_tokens", 0) + p.get("completion_tokens", 0)
+    for c in row["supervisor"].get("calls", []):
+        n += c.get("prompt_tokens", 0) + c.get("completion_tokens", 0)
+    return n
+
+
+async def run_trial(ctx: RunContext, trial_id: str, seed: int, schedule: Schedule,
+                    on_round: Callable[[str, dict[str, Any]], None] | None = None) -> TrialResult:
+    cfg, pack = ctx.cfg, ctx.pack
+    t0 = time.perf_counter()
+    rows_path, msgs_path, done_path = trial_paths(ctx.run_dir, trial_id)
+    repair_jsonl(rows_path)
+    rows = read_jsonl(rows_path)
+    store = MessageStore(msgs_path)
+    tasks = pack.tasks[: cfg.max_tasks] if cfg.max_tasks else pack.tasks
+    result = TrialResult(trial_id, seed, resumed_rounds=len(rows))
+    if done_path.exists():  # finished earlier: summarise from disk, touch no model
+        result.tokens = sum(_tokens(r) for r in rows)
+        _fill_summary(result, rows, cfg)
+        return result
+
+    perf_cfg = cfg.role("performer")
+    performer_backend = ctx.backends["performer"]
+    system_prompt = ctx.prompts.render("performer_system", pack_description=pack.description)
+    budget = perf_cfg.context_tokens
+    if budget is None:
+        limit = getattr(performer_backend, "max_model_len", None)
+        budget = limit - perf_cfg.sampling.max_tokens if limit else None
+    performer = Performer(performer_backend, system_prompt, budget, perf_cfg.think_tags)
+
+    sup_cfg, sum_cfg = cfg.role("supervisor"), cfg.role("summariser")
+    current_round = {"g": 0}
+
+    def sup_sampling(stage: str, attempt: int):
+        rc = sum_cfg if stage == "summary" else sup_cfg
+        return rc.sampling.params(call_seed(seed, trial_id, stage, current_round["g"], attempt))
+
+    supervisor = Supervisor(
+        ctx.backends["supervisor"], ctx.backends["summariser"], ctx.prompts, pack.description,
+        cfg.completion_threshold, cfg.max_rounds_per_task, Memory(cfg.memory_window),
+        cfg.initial_state.model_dump(), sup_cfg.max_attempts, sup_sampling, store.put,
+        sup_cfg.adapter, sum_cfg.adapter,
+    )
+
+    # Rebuild everything from the rows already on disk.
+    for row in rows:
+        task = pack.task(row["task_index"])
+        user_msgs = store.get(row["performer"]["new_message_ids"])
+        for m in user_msgs:
+            performer.add_user(m["content"], starts_task=row["round"] == 1)
+        performer.add_answer(row["performer"]["text"])
+        supervisor.memory.add_files(task.files)
+        supervisor.memory.push(_note_from_row(row), (row["supervisor"]["summaries_added"] or [None])[0])
+        supervisor.state = dict(row["supervisor"]["state_after"])
+        result.tokens += _tokens(row)
+
+    if rows:
+        last = rows[-1]
+        next_task, next_round = (
+            (last["task_index"] + 1, 1)
+            if last["task_complete"] or last["round"] >= cfg.max_rounds_per_task
+            else (last["task_index"], last["round"] + 1)
+        )
+        pending_feedback: str | None = (last["supervisor"]["feedback"] or {}).get("text") or NO_FEEDBACK
+        global_round = last["global_round"]
+    else:
+        next_task, next_round, pending_feedback, global_round = tasks[0].index, 1, None, 0
+
+    try:
+        for task in tasks:
+            if task.index < next_task:
+                continue
+            event = schedule.entries[task.index - 1]
+            start_round = next_round if task.index == next_task else 1
+            for round_no in range(start_round, cfg.max_rounds_per_task + 1):
+                global_round += 1
+                current_round["g"] = global_round
+                feedback_msg = (ctx.prompts.render("performer_feedback", feedback=pending_feedback)
+                                if pending_feedback is not None else "")
+                if round_no == 1:
+                    content = task_message(ctx.prompts, task, event)
+                    if feedback_msg:  # keep user/assistant alternation: feedback and next task in one turn
+                        content = feedback_msg + "\n\n" + content
+                else:
+                    content = feedback_msg
+                performer.add_user(content, starts_task=round_no == 1)
+                new_ids = store.put([{"role": "user", "content": content}])
+
+                res = msgs = info = None
+                for attempt in range(1, perf_cfg.max_attempts + 1):
+                    sp = perf_cfg.sampling.params(call_seed(seed, trial_id, "performer", global_round, attempt))
+                    res, msgs, info = await performer.answer(sp, perf_cfg.adapter)
+                    if res.error is None:
+                        break
+                if res.error is not None:
+                    raise TrialFailed(f"performer, task {task.index} round {round_no}: {res.error}")
+                answer, think = split_think(res.text, performer.think_tags)
+                performer.add_answer(answer)
+
+                review = await supervisor.review(task, event, round_no, global_round, answer)
+                row = {
+                    "schema": ROW_SCHEMA, "run_id": ctx.run_id, "trial_id": trial_id, "seed": seed,
+                    "pack": pack.name, "task_index": task.index, "task_title": task.title,
+                    "round": round_no, "global_round": global_round,
+                    "event": ({"name": event.name, "category": event.category, "pressure": event.level,
+                               "content": event.content} if event else None),
+                    "performer": {
+                        "text": answer, "think": think, "raw": res.text if think else None,
+                        "finish_reason": res.completions[0].finish_reason,
+                        "token_ids": res.completions[0].token_ids,
+                        "message_ids": store.put(msgs), "new_message_ids": new_ids,
+                        "prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens,
+                        "cached_tokens": res.cached_tokens, "latency_s": round(res.latency_s, 4),
+                        "sampling": sp.to_dict(), "attempts": attempt,
+                        "context": {"policy": info.policy, "budget_tokens": info.budget_tokens,
+                                    "prompt_tokens": info.prompt_tokens, "dropped_messages": info.dropped_messages},
+                    },
+                    "supervisor": {
+                        "evaluation": review.evaluation, "feedback": review.feedback,
+                        "state_before": review.state_before, "state_after": review.state_after,
+                        "parse_status": review.parse_status, "attempts": review.attempts,
+                        "calls": review.calls, "summaries_added": review.summaries_added,
+                    },
+                    "task_complete": review.task_complete,
+                    "models": ctx.models,
+                    "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                }
+                append_jsonl(rows_path, row)
+                rows.append(row)
+                result.tokens += _tokens(row)
+                pending_feedback = review.feedback_text or NO_FEEDBACK
+                if on_round:
+                    on_round(trial_id, row)
+                if review.task_complete:
+                    break
+        done_path.write_text(datetime.now(timezone.utc).isoformat() + "\n")
+    except (TrialFailed, BackendUnavailable) as e:
+        result.status, result.error = "failed", str(e)
+
+    _fill_summary(result, rows, cfg)
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def _fill_summary(result: TrialResult, rows: list[dict[str, Any]], cfg: RunConfig) -> None:
+    result.rounds = len(rows)
+    by_task: dict[int, dict[str, Any]] = {}
+    for r in rows:
+        by_task[r["task_index"]] = r
+    result.tasks_done = sum(1 for r in by_task.values() if r["task_complete"] or r["round"] >= cfg.max_rounds_per_task)
+    result.tasks_completed = sum(1 for r in by_task.values() if r["task_complete"])
+    result.final_state = dict(rows[-1]["supervisor"]["state_after"]) if rows else {k: 0.0 for k in STATE_KEYS}
