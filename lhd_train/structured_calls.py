@@ -68,7 +68,7 @@ async def ask_structured(
         messages = build_messages(note)
         sampling = sampling_for(attempt)
         [res] = await backend.generate([GenerationRequest(messages, sampling, schema, adapter)])
-        ids = store_messages(messages)
+        ids = store_messages(res.sent_messages or messages)
         if res.error is not None:
             calls.append(call_record(stage, attempt, ids, res, sampling, None))
             transport_errors += 1

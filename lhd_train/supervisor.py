@@ -162,7 +162,7 @@ class Supervisor:
         text = res.text.strip()
         status = "ok" if text else "failed"
         return ({"global_round": note.global_round, "text": text, "status": status},
-                call_record("summary", 1, self.store_messages(messages), res, sampling, None if text else "empty summary"))
+                call_record("summary", 1, self.store_messages(res.sent_messages or messages), res, sampling, None if text else "empty summary"))
 
 
 def _worst(*statuses: str) -> str:

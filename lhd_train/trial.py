@@ -181,7 +181,7 @@ async def run_trial(ctx: RunContext, trial_id: str, seed: int, schedule: Schedul
                         "text": answer, "think": think, "raw": res.text if think else None,
                         "finish_reason": res.completions[0].finish_reason,
                         "token_ids": res.completions[0].token_ids,
-                        "message_ids": store.put(msgs), "new_message_ids": new_ids,
+                        "message_ids": store.put(res.sent_messages or msgs), "new_message_ids": new_ids,
                         "prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens,
                         "cached_tokens": res.cached_tokens, "latency_s": round(res.latency_s, 4),
                         "sampling": sp.to_dict(), "attempts": attempt,

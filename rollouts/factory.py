@@ -18,4 +18,8 @@ def build_backend(spec: ModelSpec, name: str = "", log_dir: str | None = None) -
         from rollouts.vllm_server import VLLMBackend
 
         return VLLMBackend.from_spec(spec, name=name, log_dir=log_dir)
-    raise BackendError(f"unknown backend '{spec.backend}' (allowed: hf, openai, vllm)")
+    if spec.backend == "transformers-serve":
+        from rollouts.vllm_server import TransformersServeBackend
+
+        return TransformersServeBackend.from_spec(spec, name=name, log_dir=log_dir)
+    raise BackendError(f"unknown backend '{spec.backend}' (allowed: hf, openai, vllm, transformers-serve)")

@@ -11,7 +11,10 @@ class ModelSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
-    backend: Literal["hf", "openai", "vllm"]
+    backend: Literal["hf", "openai", "vllm", "transformers-serve"] = Field(
+        description="hf: in-process transformers; openai: an existing OpenAI-compatible endpoint; "
+        "vllm: a managed `vllm serve`; transformers-serve: a managed `transformers serve` (CPU tests)"
+    )
     model: str = Field(description="local path or model id")
     revision: str | None = None
     # hf / vllm
@@ -28,6 +31,11 @@ class ModelSpec(BaseModel):
     max_in_flight: int = Field(32, ge=1)
     timeout_s: float = Field(600.0, gt=0)
     max_retries: int = Field(5, ge=0)
+    structured_outputs: Literal["auto", "response_format", "vllm", "prompt"] = Field(
+        "auto", description="how JSON schemas reach the server (see rollouts/openai_backend.py)"
+    )
+    tokenizer: str | None = Field(None, description="local tokenizer for exact token counts (openai backend)")
+    startup_timeout_s: float = Field(900.0, gt=0, description="managed servers: wait this long for /health")
     # vllm serve
     tensor_parallel_size: int = Field(1, ge=1)
     data_parallel_size: int = Field(1, ge=1)

@@ -51,6 +51,9 @@ class GenerationResult:
     model_id: str = ""
     error: str | None = None  # set when the request failed after the backend's own retries
     prompt_token_ids: list[int] | None = None
+    # The messages actually sent, when the backend had to change them (schema written into the
+    # prompt for servers without structured outputs); None means exactly the request's messages.
+    sent_messages: list[Message] | None = None
 
     @property
     def text(self) -> str:

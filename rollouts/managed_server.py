@@ -1,0 +1,125 @@
+"""Start, watch and stop a model server process (vllm serve, transformers serve).
+
+The server runs in its own process group with its log streamed to a file; we wait for its
+/health endpoint, fail with the log tail when it dies or hangs, and stop it on close, on
+interpreter exit and on SIGTERM, so no GPU is left held by an orphan."""
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import weakref
+from pathlib import Path
+
+from rollouts.backend import BackendError
+
+_LIVE: "weakref.WeakSet[ManagedServer]" = weakref.WeakSet()
+
+
+def _die_with_parent() -> None:
+    """Linux: the server gets SIGTERM if we are killed (even by SIGKILL), so no orphan holds a GPU."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class ManagedServer:
+    def __init__(self, cmd: list[str], port: int, log_path: Path, env: dict[str, str] | None = None,
+                 host: str = "127.0.0.1", health_path: str = "/health"):
+        self.cmd, self.port, self.host = cmd, port, host
+        self.log_path = Path(log_path)
+        self.env = {**os.environ, **(env or {})}
+        self.health_url = f"http://{host}:{port}{health_path}"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def start(self, timeout_s: float) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        log.write(f"$ {' '.join(self.cmd)}\n".encode())
+        log.flush()
+        try:
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                         start_new_session=True, preexec_fn=_die_with_parent)
+        except FileNotFoundError as e:
+            raise BackendError(f"cannot start server: {e.filename} not found (is it installed?)") from None
+        finally:
+            log.close()
+        _LIVE.add(self)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise BackendError(f"server exited with code {self.proc.returncode} before it was healthy; "
+                                   f"log {self.log_path}:\n{log_tail(self.log_path)}")
+            if self.healthy():
+                return
+            time.sleep(0.5)
+        self.stop()
+        raise BackendError(f"server not healthy after {timeout_s:.0f}s; log {self.log_path}:\n{log_tail(self.log_path)}")
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.health_url, timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        except ProcessLookupError:
+            pass
+
+
+def _stop_all(*_: object) -> None:
+    for server in list(_LIVE):
+        server.stop(grace_s=5.0)
+
+
+atexit.register(_stop_all)
+if hasattr(signal, "SIGTERM"):
+    _previous = signal.getsignal(signal.SIGTERM)
+
+    def _on_term(signum: int, frame: object) -> None:
+        _stop_all()
+        if callable(_previous):
+            _previous(signum, frame)
+        raise SystemExit(128 + signum)
+
+    try:
+        signal.signal(signal.SIGTERM, _on_term)
+    except ValueError:  # not the main thread
+        pass

@@ -1,0 +1,154 @@
+"""Any OpenAI-compatible chat endpoint: remote APIs, an existing `vllm serve`, `transformers serve`.
+
+Bounded in-flight requests, timeouts, retries with exponential backoff and full jitter on
+transient failures (429, 5xx, connection, timeout), none on client errors. API keys come from
+the environment variable the config names and are never stored or logged."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import time
+from typing import Any
+
+from rollouts.backend import BackendError
+from rollouts.spec import ModelSpec
+from rollouts.types import Completion, GenerationRequest, GenerationResult
+
+SCHEMA_NOTE = "\n\nReply with one JSON object, and nothing else, that matches this JSON schema:\n{schema}"
+
+
+def _is_transient(exc: BaseException) -> bool:
+    import openai
+
+    if isinstance(exc, (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError,
+                        openai.InternalServerError)):
+        return True
+    status = getattr(exc, "status_code", None)
+    return isinstance(status, int) and (status == 429 or status >= 500)
+
+
+class OpenAIBackend:
+    """`structured_outputs` picks how a JSON schema reaches the server: `response_format`
+    (OpenAI's json_schema), `vllm` (vLLM's `structured_outputs` request field), or `prompt`
+    (schema written into the prompt; the caller validates and repairs). `auto` starts with
+    `response_format` and falls back to `prompt` if the server rejects it."""
+
+    def __init__(self, spec: ModelSpec, base_url: str, served_name: str | None = None,
+                 structured: str | None = None, tokenizer: Any = None):
+        import openai
+
+        self.spec = spec
+        self.base_url = base_url
+        self.model_id = served_name or spec.model
+        self.max_model_len = spec.max_model_len
+        self.structured = structured or spec.structured_outputs
+        if self.structured == "auto":
+            self.structured = "response_format"
+        self._fallback_used = False
+        key = "EMPTY"
+        if spec.api_key_env:
+            if spec.api_key_env not in os.environ:
+                raise BackendError(f"model '{spec.model}': environment variable {spec.api_key_env} "
+                                   "(api_key_env) is not set")
+            key = os.environ[spec.api_key_env]
+        self._client = openai.AsyncOpenAI(base_url=base_url, api_key=key, timeout=spec.timeout_s, max_retries=0)
+        self._gate = asyncio.Semaphore(spec.max_in_flight)
+        self._tokenizer = tokenizer
+        self.stats = {"requests": 0, "retries": 0, "failures": 0}
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec) -> "OpenAIBackend":
+        if not spec.base_url:
+            raise BackendError(f"model '{spec.model}': backend openai needs base_url")
+        tok = None
+        if spec.tokenizer:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(spec.tokenizer, revision=spec.revision,
+                                                trust_remote_code=spec.trust_remote_code)
+        return cls(spec, spec.base_url, tokenizer=tok)
+
+    def count_tokens(self, messages: list[dict[str, str]]) -> int:
+        """Exact with a local tokenizer; otherwise a conservative estimate (4 chars per token)."""
+        if self._tokenizer is not None:
+            return len(self._tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
+                                                           return_dict=True)["input_ids"])
+        return sum(len(m["content"]) // 4 + 4 for m in messages)
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": "openai", "model": self.model_id, "revision": self.spec.revision,
+                "base_url": self.base_url, "api_key_env": self.spec.api_key_env,
+                "structured_outputs": self.structured}
+
+    async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        return list(await asyncio.gather(*(self._one(r) for r in requests)))
+
+    def _payload(self, req: GenerationRequest, mode: str) -> dict[str, Any]:
+        messages = [dict(m) for m in req.messages]
+        sp = req.sampling
+        body: dict[str, Any] = {
+            "model": req.adapter or self.model_id, "messages": messages,
+            "temperature": sp.temperature, "top_p": sp.top_p, "max_tokens": sp.max_tokens, "n": sp.n,
+        }
+        if sp.seed is not None:
+            body["seed"] = sp.seed
+        extra: dict[str, Any] = {}
+        if req.json_schema is not None:
+            if mode == "response_format":
+                body["response_format"] = {"type": "json_schema",
+                                           "json_schema": {"name": "answer", "schema": req.json_schema, "strict": True}}
+            elif mode == "vllm":
+                extra["structured_outputs"] = {"json": req.json_schema}
+            else:
+                messages[-1]["content"] += SCHEMA_NOTE.format(schema=json.dumps(req.json_schema))
+        if extra:
+            body["extra_body"] = extra
+        return body
+
+    async def _one(self, req: GenerationRequest) -> GenerationResult:
+        import openai
+
+        t0 = time.perf_counter()
+        attempt = 0
+        async with self._gate:
+            while True:
+                self.stats["requests"] += 1
+                try:
+                    body = self._payload(req, self.structured)
+                    res = self._result(await self._client.chat.completions.create(**body), t0)
+                    if body["messages"] != req.messages:
+                        res.sent_messages = body["messages"]
+                    return res
+                except openai.BadRequestError as e:
+                    if (req.json_schema is not None and self.structured == "response_format"
+                            and self.spec.structured_outputs == "auto" and "response_format" in str(e)):
+                        self.structured, self._fallback_used = "prompt", True
+                        continue
+                    return self._fail(f"{type(e).__name__}: {e}", t0)
+                except Exception as e:  # noqa: BLE001 - classified below
+                    if not _is_transient(e) or attempt >= self.spec.max_retries:
+                        return self._fail(f"{type(e).__name__}: {e}", t0)
+                    attempt += 1
+                    self.stats["retries"] += 1
+                    await asyncio.sleep(random.uniform(0, min(30.0, 0.5 * 2 ** attempt)))
+
+    def _fail(self, msg: str, t0: float) -> GenerationResult:
+        self.stats["failures"] += 1
+        return GenerationResult([], latency_s=time.perf_counter() - t0, model_id=self.model_id, error=msg)
+
+    def _result(self, resp: Any, t0: float) -> GenerationResult:
+        comps = [Completion(c.message.content or "", None, c.finish_reason or "stop") for c in resp.choices]
+        usage = resp.usage
+        cached = 0
+        if usage is not None and getattr(usage, "prompt_tokens_details", None) is not None:
+            cached = usage.prompt_tokens_details.cached_tokens or 0
+        return GenerationResult(
+            comps, prompt_tokens=getattr(usage, "prompt_tokens", 0) or 0,
+            completion_tokens=getattr(usage, "completion_tokens", 0) or 0, cached_tokens=cached,
+            latency_s=time.perf_counter() - t0, model_id=self.model_id,
+        )
+
+    async def aclose(self) -> None:
+        await self._client.close()

@@ -1,0 +1,121 @@
+"""The OpenAI-compatible path against a real server running here (`transformers serve` on the
+tiny model): structured answers through the schema-in-prompt fallback, a server killed mid-run,
+retries, and a trial resumed afterwards. The same supervision code launches `vllm serve` on GPUs."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+import lhd_train.engine as engine
+from lhd_train.config import parse_config
+from lhd_train.store import read_jsonl
+from rollouts.openai_backend import OpenAIBackend, _is_transient
+from rollouts.spec import ModelSpec
+from rollouts.vllm_server import vllm_command
+
+SECRET = "sk-test-9f8e7d6c5b4a-never-on-disk"
+
+
+def config(tmp_path: Path, model_dir: Path):
+    spec = {"backend": "transformers-serve", "model": str(model_dir), "max_retries": 2, "timeout_s": 60,
+            "startup_timeout_s": 240, "api_key_env": "LHD_TEST_API_KEY"}
+    return parse_config({
+        "run_name": "served", "output_dir": str(tmp_path), "seeds": [3], "max_tasks": 2,
+        "models": {"srv": spec}, "max_rounds_per_task": 2,
+        "performer": {"model": "srv", "sampling": {"max_tokens": 12}},
+        "supervisor": {"model": "srv", "sampling": {"max_tokens": 48}, "max_attempts": 2},
+        "summariser": {"model": "srv", "sampling": {"max_tokens": 8}},
+    }, "test")
+
+
+@pytest.mark.slow
+def test_server_killed_mid_run_then_resumed(tmp_path, tiny_llama_dir, monkeypatch):
+    monkeypatch.setenv("LHD_TEST_API_KEY", SECRET)
+    built = []
+    real_build = engine.build_backend
+
+    def capture(spec, name="", log_dir=None):
+        b = real_build(spec, name=name, log_dir=log_dir)
+        built.append(b)
+        return b
+
+    monkeypatch.setattr(engine, "build_backend", capture)
+    cfg = config(tmp_path, tiny_llama_dir)
+    trial = cfg.run_dir / "trials" / "s3.jsonl"
+
+    async def run_and_kill():
+        task = asyncio.create_task(engine.run_benchmark(cfg, progress=False))
+        while not read_jsonl(trial):
+            await asyncio.sleep(0.05)
+            assert not task.done(), task.result()
+        server = built[0].server
+        os.killpg(server.proc.pid, signal.SIGKILL)
+        return await task
+
+    [res] = asyncio.run(run_and_kill())
+    assert res.status == "failed" and "Connection" in res.error
+    assert built[0].stats["retries"] >= 1  # transient errors were retried before giving up
+    kept = read_jsonl(trial)
+    assert len(kept) >= 1
+
+    # Resume on a fresh server: finished rounds are kept, the rest is completed.
+    [res2] = asyncio.run(engine.run_benchmark(cfg, progress=False))
+    assert res2.status == "done", res2.error
+    rows = read_jsonl(trial)
+    assert rows[: len(kept)] == kept
+    assert [r["global_round"] for r in rows] == list(range(1, len(rows) + 1))
+    for r in rows:
+        assert r["supervisor"]["parse_status"] in ("ok", "retried", "failed")
+        for call in r["supervisor"]["calls"]:
+            if call["stage"] == "evaluation":
+                assert call["error"] is None  # parse problems, not transport ones, once resumed
+    # The schema reached the model through the prompt (transformers serve ignores response_format).
+    msgs = (cfg.run_dir / "trials" / "s3.messages.jsonl").read_text()
+    assert "matches this JSON schema" in msgs
+    # The API key never reaches disk.
+    for path in cfg.run_dir.rglob("*"):
+        if path.is_file():
+            assert SECRET not in path.read_text(errors="replace"), path
+    assert all(not b.server.alive() for b in built)
+
+
+def test_transient_classification():
+    import httpx
+    import openai
+
+    req = httpx.Request("POST", "http://127.0.0.1/v1/chat/completions")
+
+    def status_error(cls, code):
+        return cls("x", response=httpx.Response(code, request=req), body=None)
+
+    assert _is_transient(openai.APIConnectionError(request=req))
+    assert _is_transient(status_error(openai.RateLimitError, 429))
+    assert _is_transient(status_error(openai.InternalServerError, 503))
+    assert not _is_transient(status_error(openai.BadRequestError, 400))
+    assert not _is_transient(status_error(openai.AuthenticationError, 401))
+
+
+def test_missing_api_key_env_is_a_clear_error(monkeypatch):
+    from rollouts.backend import BackendError
+
+    monkeypatch.delenv("LHD_NOPE_KEY", raising=False)
+    spec = ModelSpec(backend="openai", model="m", base_url="http://127.0.0.1:9/v1", api_key_env="LHD_NOPE_KEY")
+    with pytest.raises(BackendError, match="LHD_NOPE_KEY"):
+        OpenAIBackend.from_spec(spec)
+
+
+def test_vllm_command_carries_the_spec():
+    spec = ModelSpec(backend="vllm", model="/models/llama", revision="abc", dtype="bfloat16", max_model_len=32768,
+                     tensor_parallel_size=2, gpu_memory_utilization=0.85, adapters={"honest": "/ad/h"},
+                     enable_prefix_caching=True)
+    cmd = vllm_command(spec, 8123, "perf")
+    joined = " ".join(cmd)
+    for part in ("serve /models/llama", "--port 8123", "--served-model-name perf", "--revision abc",
+                 "--tensor-parallel-size 2", "--max-model-len 32768", "--enable-prefix-caching",
+                 "--enable-lora", "honest=/ad/h", "--gpu-memory-utilization 0.85"):
+        assert part in joined
+    assert "--trust-remote-code" not in cmd
