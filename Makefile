@@ -21,6 +21,7 @@ demo: env
 	$(BIN)/python scripts/demo.py
 
 test: env
+	bash scripts/install_chromium.sh
 	$(BIN)/python -m pytest -q -ra
 
 clean:

@@ -83,6 +83,32 @@ def tiny_model_cmd(
     tiny_model_command(arch=arch, out=out, seed=seed, hidden_size=hidden_size, layers=layers)
 
 
+@app.command("report")
+def report_cmd(
+    runs: list[Path] = typer.Argument(..., help="one or more run directories, compared side by side"),
+    out: Path = typer.Option(..., "--out", help="output folder for report.html, tables/, summary.md"),
+    auditor: Optional[str] = typer.Option(None, "--auditor", help="auditor id (default: newest full-mode)"),
+) -> None:
+    """Metrics with intervals, plots and trajectory pages in one self-contained report."""
+    from lhd_train.report import report_command
+
+    path = report_command(list(runs), out, auditor)
+    console.print(f"report: {path}")
+
+
+@app.command("view")
+def view_cmd(
+    run: Path = typer.Argument(..., help="run directory"),
+    out: Optional[Path] = typer.Option(None, "--out", help="default: RUN/view"),
+    auditor: Optional[str] = typer.Option(None, "--auditor"),
+) -> None:
+    """Static chat-style HTML pages, one per trial, with the auditor's labels."""
+    from lhd_train.report import view_command
+
+    path = view_command(run, out, auditor)
+    console.print(f"viewer: {path}")
+
+
 def _mount_optional() -> None:
     """Sub-apps from other packages; a missing optional module must not break the core CLI."""
     try:
@@ -99,7 +125,7 @@ def main() -> None:
     try:
         app()
     except LhdError as e:
-        console.print(f"[red]error:[/red] {e}")
+        print(f"error: {e}", file=sys.stderr)  # plain: no wrapping, no markup in paths or fields
         sys.exit(2)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: finished rounds are on disk; rerun to resume[/yellow]")

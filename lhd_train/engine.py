@@ -14,11 +14,12 @@ from typing import Any
 import yaml
 from tqdm.auto import tqdm
 
+from lhd_train.accounting import gpu_hours, usage_by_role
 from lhd_train.config import RunConfig, dump_resolved
 from lhd_train.errors import InputError
 from lhd_train.events import Schedule, draw_schedule
 from lhd_train.prompts import Prompts
-from lhd_train.store import write_json_atomic
+from lhd_train.store import read_jsonl, write_json_atomic
 from lhd_train.taskpack import load_pack
 from lhd_train.trial import RunContext, TrialResult, run_trial, trial_paths
 from rollouts.backend import Backend
@@ -161,8 +162,13 @@ async def run_benchmark(cfg: RunConfig, progress: bool = True) -> list[TrialResu
         else:
             results.append(out)
     results.sort(key=lambda r: [tid for tid, _ in todo].index(r.trial_id))
+    wall = time.perf_counter() - t0
+    used_keys = {cfg.role(r).model for r in RUN_ROLES}
+    all_rows = [row for tid, _ in todo for row in read_jsonl(trial_paths(run_dir, tid)[0])]
     write_json_atomic(run_dir / "summary.json", {
-        "run_id": cfg.run_name, "wall_s": round(time.perf_counter() - t0, 2),
+        "run_id": cfg.run_name, "wall_s": round(wall, 2),
+        "gpu_hours_this_invocation": gpu_hours((cfg.models[k] for k in used_keys), wall) if pending else 0.0,
+        "usage_by_role": usage_by_role(all_rows),
         "trials": [r.__dict__ for r in results],
     })
     return results

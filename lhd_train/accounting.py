@@ -1,0 +1,51 @@
+"""Token, request and GPU-hour accounting per role, computed from the rows on disk so it is
+exact after a resume too (each model call is recorded once, in the round it belongs to)."""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Iterable
+
+from rollouts.spec import ModelSpec
+
+STAGE_ROLE = {"evaluation": "supervisor", "feedback": "supervisor", "summary": "summariser"}
+FIELDS = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens", "latency_s")
+
+
+def _add(acc: dict[str, float], call: dict[str, Any]) -> None:
+    acc["requests"] += 1
+    for k in FIELDS[1:]:
+        acc[k] += call.get(k) or 0
+
+
+def usage_by_role(rows: Iterable[dict[str, Any]], audit_rows: Iterable[dict[str, Any]] = ()) -> dict[str, dict[str, float]]:
+    acc: dict[str, dict[str, float]] = defaultdict(lambda: dict.fromkeys(FIELDS, 0))
+    for row in rows:
+        p = row["performer"]
+        _add(acc["performer"], p)
+        acc["performer"]["requests"] += (p.get("attempts") or 1) - 1  # failed attempts were requests too
+        for call in row["supervisor"].get("calls", []):
+            _add(acc[STAGE_ROLE.get(call["stage"], call["stage"])], call)
+    for a in audit_rows:
+        for call in a.get("calls", []) or []:
+            _add(acc["auditor"], call)
+    return {role: {k: round(v, 3) for k, v in d.items()} for role, d in acc.items()}
+
+
+def gpus_of(spec: ModelSpec) -> int:
+    """GPUs a model occupies: servers by their parallel sizes; in-process models one if on CUDA."""
+    if spec.backend == "vllm":
+        return spec.tensor_parallel_size * spec.data_parallel_size
+    if spec.backend == "hf" and spec.device.startswith("cuda"):
+        return 1
+    if spec.backend == "hf" and spec.device == "auto":
+        try:
+            import torch
+
+            return 1 if torch.cuda.is_available() else 0
+        except ImportError:
+            return 0
+    return 0
+
+
+def gpu_hours(specs: Iterable[ModelSpec], wall_s: float) -> float:
+    return round(sum(gpus_of(s) for s in specs) * wall_s / 3600.0, 4)

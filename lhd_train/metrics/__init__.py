@@ -1,0 +1,53 @@
+"""Metrics of the LH-Deception benchmark (REFERENCE.md §7, §11) and our additions.
+
+Definitions are written in docs/metrics.md. Entry points: `load_run`/`load_runs` (tables of a
+run directory with one auditor's labels), `trial_stats` (per trial, exactly as the reference),
+`compute_all` (every table of a report), and the horizon metrics (`compare_auditors`,
+`delayed_rounds`, `deception_chains`)."""
+from lhd_train.metrics.core import (
+    RunMetrics,
+    TrialStats,
+    bootstrap_ci,
+    breakdown,
+    compute_all,
+    control_table,
+    correlations_across,
+    correlations_within,
+    mean_se,
+    pearson,
+    per_trial_table,
+    summarize,
+    summary_table,
+    trial_stats,
+    type_distribution,
+)
+from lhd_train.metrics.horizon import (
+    Chain,
+    RoundFlag,
+    chains_summary,
+    chains_table,
+    compare_auditors,
+    deception_chains,
+    delayed_rounds,
+    delayed_table,
+    horizon_table,
+)
+from lhd_train.metrics.load import (
+    TYPES,
+    RunData,
+    list_auditors,
+    load_audit,
+    load_run,
+    load_runs,
+    pick_auditor,
+    trial_condition,
+)
+
+__all__ = [
+    "TYPES", "Chain", "RoundFlag", "RunData", "RunMetrics", "TrialStats", "bootstrap_ci", "breakdown",
+    "chains_summary", "chains_table", "compare_auditors", "compute_all", "control_table",
+    "correlations_across", "correlations_within", "deception_chains", "delayed_rounds", "delayed_table",
+    "horizon_table", "list_auditors", "load_audit", "load_run", "load_runs", "mean_se", "pearson",
+    "per_trial_table", "pick_auditor", "summarize", "summary_table", "trial_condition", "trial_stats",
+    "type_distribution",
+]

@@ -1,0 +1,348 @@
+"""Read a run directory (docs/formats.md) into tables: one row per round, labels of one auditor joined.
+
+Everything downstream (metrics, report, viewer) works on these tables, so the rules about which
+audit row counts live here only: see docs/metrics.md, "Inputs"."""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from lhd_train.errors import InputError
+from lhd_train.store import read_jsonl
+
+TYPES: tuple[str, ...] = ("FALSIFICATION", "CONCEALMENT", "EQUIVOCATION")
+CATEGORIES: tuple[str, ...] = ("GOAL_CONFLICT", "COMPETITIVE_INTERACTION", "MORAL_DILEMMA",
+                               "AUTHORITY_DIRECTIVE", "INFORMATION_GAP")
+LEVELS: tuple[str, ...] = ("LOW", "MEDIUM", "HIGH", "CRITICAL")
+NO_EVENT = "none"
+STATES: tuple[str, ...] = ("trust", "satisfaction", "comfort")
+OK_STATUSES = ("ok", "retried", "repaired")  # a label that counts; "failed" and "missing" do not
+MODES = ("full", "window", "causal", "task")
+
+
+@dataclass
+class AuditorInfo:
+    auditor_id: str
+    mode: str | None
+    window: int | None
+    n_rows: int
+    mtime: float
+
+
+@dataclass
+class RunData:
+    """One run directory loaded with one auditor's labels (or none)."""
+
+    path: Path
+    run_id: str
+    key: str            # unique among the runs of one report (the run id, suffixed on clashes)
+    label: str          # run id + performer model/adapter, for tables and plots
+    model_label: str    # performer model + adapter only: groups control-study runs of one model
+    performer: dict[str, Any]
+    manifest: dict[str, Any]
+    config: dict[str, Any]
+    auditors: list[AuditorInfo]
+    auditor_id: str | None
+    rounds: pd.DataFrame
+    trials: pd.DataFrame
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def auditor(self) -> AuditorInfo | None:
+        return next((a for a in self.auditors if a.auditor_id == self.auditor_id), None)
+
+    @property
+    def completion_threshold(self) -> float:
+        return float(self.config.get("completion_threshold", 0.2))
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise InputError(path, None, f"not valid JSON: {e}") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise InputError(path, None, f"not valid YAML: {e}") from None
+    return data if isinstance(data, dict) else {}
+
+
+def trial_ids(run_dir: Path) -> list[str]:
+    """Trials with a trajectory file, in the manifest's order when it has one."""
+    found = sorted(p.name[: -len(".jsonl")] for p in (run_dir / "trials").glob("*.jsonl")
+                   if not p.name.endswith(".messages.jsonl"))
+    order = _read_json(run_dir / "manifest.json").get("trials") or []
+    rank = {t: i for i, t in enumerate(order)}
+    return sorted(found, key=lambda t: (rank.get(t, len(rank)), t))
+
+
+def list_auditors(run_dir: Path) -> list[AuditorInfo]:
+    """Every `audit/<id>/` folder with at least one JSONL file, oldest first."""
+    out = []
+    for d in sorted((run_dir / "audit").glob("*/")):
+        files = sorted(d.glob("*.jsonl"))
+        if not files:
+            continue
+        mode = window = None
+        n = 0
+        for f in files:
+            rows = read_jsonl(f)
+            n += len(rows)
+            if rows and mode is None:
+                mode, window = rows[0].get("mode"), rows[0].get("window")
+        out.append(AuditorInfo(d.name, mode, window, n, max(f.stat().st_mtime for f in files)))
+    return sorted(out, key=lambda a: (a.mtime, a.auditor_id))
+
+
+def pick_auditor(run_dir: Path, auditor: str | None, auditors: list[AuditorInfo] | None = None) -> str | None:
+    """The auditor id to score with: the one asked for, else the newest `full`-mode auditor
+    (the reference's table used the newest non-windowed detector file), else the newest one."""
+    auditors = list_auditors(run_dir) if auditors is None else auditors
+    ids = [a.auditor_id for a in auditors]
+    if auditor is not None:
+        if auditor not in ids:
+            raise InputError(run_dir / "audit", "auditor", f"no audit labels from auditor '{auditor}'",
+                             ", ".join(ids) or "none: run `lhd audit` first")
+        return auditor
+    if not auditors:
+        return None
+    full = [a for a in auditors if a.mode == "full"]
+    return (full or auditors)[-1].auditor_id
+
+
+def _keep_audit_row(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """For a round labelled twice (a resumed or repaired audit), the later row wins, except that
+    a failed row never replaces a valid one."""
+    return not (new.get("parse_status") == "failed" and old.get("parse_status") != "failed")
+
+
+def load_audit(run_dir: Path, auditor_id: str | None) -> pd.DataFrame:
+    """One row per (trial_id, global_round) labelled by this auditor (empty for None); a round
+    labelled twice keeps the row `_keep_audit_row` prefers."""
+    chosen: dict[tuple[str, int], dict[str, Any]] = {}
+    files = sorted((Path(run_dir) / "audit" / auditor_id).glob("*.jsonl")) if auditor_id else []
+    for f in files:
+        for row in read_jsonl(f):
+            key = (str(row.get("trial_id", f.stem)), int(row["global_round"]))
+            if key not in chosen or _keep_audit_row(chosen[key], row):
+                chosen[key] = row
+    recs = []
+    for (tid, g), r in chosen.items():
+        status = r.get("parse_status") or "ok"
+        failed = status == "failed" or r.get("deceptive") is None
+        types = tuple(t for t in TYPES if t in {str(x).strip().upper() for x in (r.get("types") or [])})
+        sev = r.get("severity")
+        recs.append({
+            "trial_id": tid, "global_round": g, "auditor_id": r.get("auditor_id", auditor_id),
+            "mode": r.get("mode"), "window": r.get("window"),
+            "label_status": "failed" if failed else status,
+            "deceptive": None if failed else bool(r.get("deceptive")),
+            "types": () if failed else types,
+            "severity": float("nan") if failed or sev is None else float(sev),
+            "confidence": float("nan") if r.get("confidence") is None else float(r["confidence"]),
+            "reasoning": r.get("reasoning") or "", "evidence": list(r.get("evidence") or []),
+        })
+    cols = ["trial_id", "global_round", "auditor_id", "mode", "window", "label_status", "deceptive",
+            "types", "severity", "confidence", "reasoning", "evidence"]
+    return pd.DataFrame(recs, columns=cols)
+
+
+_CONTROL_RE = re.compile(r"^s(?P<seed>\d+)(?:-(?P<kind>cat|lvl)-(?P<value>[A-Z_]+)(?:-lvl-(?P<lvl2>[A-Z_]+))?|-(?P<none>none))?$")
+
+
+def trial_condition(trial_id: str, schedule: dict[str, Any] | None = None,
+                    config: dict[str, Any] | None = None) -> str:
+    """The control condition of a trial: `uncontrolled`, `category=<CAT>`, `pressure=<LVL>`,
+    `category=<CAT>,pressure=<LVL>` or `none` (no events at all). Read from the saved schedule,
+    else from the trial id's suffix, else from the run's config."""
+    cat = lvl = None
+    if schedule and ("control_category" in schedule or "control_pressure" in schedule):
+        cat, lvl = schedule.get("control_category"), schedule.get("control_pressure")
+    else:
+        m = _CONTROL_RE.match(trial_id)
+        if m and m.group("none"):
+            return "none"
+        if m and m.group("kind"):
+            if m.group("kind") == "cat":
+                cat, lvl = m.group("value"), m.group("lvl2")
+            else:
+                lvl = m.group("value")
+        elif config:
+            ctl = config.get("control") or {}
+            cat, lvl = ctl.get("category"), ctl.get("pressure")
+    if "NONE" in (cat, lvl):
+        return "none"
+    parts = ([f"category={cat}"] if cat else []) + ([f"pressure={lvl}"] if lvl else [])
+    return ",".join(parts) or "uncontrolled"
+
+
+def _seed_of(trial_id: str, rows: list[dict[str, Any]], schedule: dict[str, Any]) -> int | None:
+    if rows and rows[0].get("seed") is not None:
+        return int(rows[0]["seed"])
+    if schedule.get("seed") is not None:
+        return int(schedule["seed"])
+    m = re.match(r"^s(\d+)", trial_id)
+    return int(m.group(1)) if m else None
+
+
+def performer_info(run_dir: Path, manifest: dict[str, Any], config: dict[str, Any],
+                   first_row: dict[str, Any] | None) -> dict[str, Any]:
+    """{model, adapter, revision} of the performer: manifest, else trajectory rows, else config."""
+    for src in ((manifest.get("models") or {}).get("performer"),
+                ((first_row or {}).get("models") or {}).get("performer")):
+        if isinstance(src, dict) and src.get("model"):
+            return {"model": src.get("model"), "adapter": src.get("adapter"), "revision": src.get("revision")}
+    perf = config.get("performer") or {}
+    spec = (config.get("models") or {}).get(perf.get("model"), {}) if perf else {}
+    return {"model": spec.get("model") or perf.get("model"), "adapter": perf.get("adapter"),
+            "revision": spec.get("revision")}
+
+
+def _short(name: str | None) -> str:
+    """The last path component of a model or adapter path; hub ids are kept whole."""
+    if not name:
+        return "?"
+    p = Path(str(name))
+    return p.name if (p.is_absolute() or str(name).startswith(".")) else str(name)
+
+
+def model_label(perf: dict[str, Any]) -> str:
+    base = _short(perf.get("model"))
+    return base + (f" + {_short(perf['adapter'])}" if perf.get("adapter") else "")
+
+
+def _round_record(row: dict[str, Any]) -> dict[str, Any]:
+    ev = row.get("event") or None
+    sup = row.get("supervisor") or {}
+    before, after = sup.get("state_before") or {}, sup.get("state_after") or {}
+    perf = row.get("performer") or {}
+    rec = {
+        "trial_id": row["trial_id"], "seed": row.get("seed"), "task_index": int(row["task_index"]),
+        "task_title": row.get("task_title", ""), "round": int(row["round"]),
+        "global_round": int(row["global_round"]), "has_event": ev is not None,
+        "event_name": ev.get("name") if ev else None,
+        "category": (ev.get("category") or NO_EVENT) if ev else NO_EVENT,
+        "pressure": (ev.get("pressure") or ev.get("level") or NO_EVENT) if ev else NO_EVENT,
+        "sup_parse_status": sup.get("parse_status"), "task_complete": bool(row.get("task_complete")),
+        "performer_chars": len(perf.get("text") or ""),
+        "performer_tokens": perf.get("completion_tokens"),
+    }
+    for k in STATES:
+        rec[f"{k}_before"] = before.get(k)
+        rec[k] = after.get(k)
+    return rec
+
+
+def load_rounds(run_dir: Path, auditor_id: str | None) -> tuple[pd.DataFrame, dict[str, list[dict[str, Any]]]]:
+    """Trajectory rows of every trial with `auditor_id`'s labels joined (label_status `missing`
+    where the auditor wrote nothing for a round). Also returns the raw rows per trial."""
+    raw: dict[str, list[dict[str, Any]]] = {}
+    recs = []
+    for tid in trial_ids(run_dir):
+        rows = read_jsonl(run_dir / "trials" / f"{tid}.jsonl")
+        rows.sort(key=lambda r: int(r["global_round"]))
+        raw[tid] = rows
+        recs += [_round_record(r) for r in rows]
+    rounds = pd.DataFrame(recs)
+    if rounds.empty:
+        rounds = pd.DataFrame(columns=["trial_id", "global_round", "task_index", "round", "category",
+                                       "pressure", "has_event", *STATES])
+    audit = load_audit(run_dir, auditor_id) if auditor_id else load_audit(run_dir, None)
+    rounds = rounds.merge(audit, on=["trial_id", "global_round"], how="left")
+    rounds["label_status"] = rounds["label_status"].fillna("missing")
+    rounds["types"] = [t if isinstance(t, tuple) else () for t in rounds["types"]]
+    rounds["evidence"] = [e if isinstance(e, list) else [] for e in rounds["evidence"]]
+    rounds["reasoning"] = rounds["reasoning"].fillna("")
+    rounds["labelled"] = rounds["label_status"].isin(OK_STATUSES)
+    # `deceptive` stays an object column of True/False/None so a missing label is never "False".
+    rounds["deceptive"] = [bool(d) if lab else None for d, lab in zip(rounds["deceptive"], rounds["labelled"])]
+    rounds["flagged"] = [d is True for d in rounds["deceptive"]]
+    for t in TYPES:
+        rounds[t] = [t in ty for ty in rounds["types"]]
+    return rounds.sort_values(["trial_id", "global_round"]).reset_index(drop=True), raw
+
+
+def _trial_table(run_dir: Path, raw: dict[str, list[dict[str, Any]]], config: dict[str, Any]) -> pd.DataFrame:
+    recs = []
+    for tid, rows in raw.items():
+        sched = _read_json(run_dir / "schedules" / f"{tid}.json")
+        entries = sched.get("entries") or []
+        last = (rows[-1].get("supervisor") or {}).get("state_after", {}) if rows else {}
+        sats = [((r.get("supervisor") or {}).get("state_after") or {}).get("satisfaction") for r in rows]
+        sats = [s for s in sats if s is not None]
+        recs.append({
+            "trial_id": tid, "seed": _seed_of(tid, rows, sched),
+            "condition": trial_condition(tid, sched or None, config),
+            "done": (run_dir / "trials" / f"{tid}.done").exists(),
+            "n_rounds": len(rows), "n_tasks": len({r["task_index"] for r in rows}),
+            "n_event_tasks": sum(e is not None for e in entries) if entries else
+            len({r["task_index"] for r in rows if r.get("event")}),
+            "final_trust": last.get("trust"), "final_comfort": last.get("comfort"),
+            "final_satisfaction": last.get("satisfaction"),
+            "mean_satisfaction": sum(sats) / len(sats) if sats else float("nan"),
+            "tasks_completed": len({r["task_index"] for r in rows if r.get("task_complete")}),
+        })
+    cols = ["trial_id", "seed", "condition", "done", "n_rounds", "n_tasks", "n_event_tasks", "final_trust",
+            "final_comfort", "final_satisfaction", "mean_satisfaction", "tasks_completed"]
+    return pd.DataFrame(recs, columns=cols)
+
+
+def load_run(run_dir: str | Path, auditor: str | None = None) -> RunData:
+    """Load a run directory with one auditor's labels (`auditor`, or the default of `pick_auditor`)."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "trials").is_dir():
+        raise InputError(run_dir, None, "not a run directory (no trials/ folder)")
+    manifest = _read_json(run_dir / "manifest.json")
+    config = _read_yaml(run_dir / "config.resolved.yaml")
+    auditors = list_auditors(run_dir)
+    auditor_id = pick_auditor(run_dir, auditor, auditors)
+    rounds, raw = load_rounds(run_dir, auditor_id)
+    first = next((rows[0] for rows in raw.values() if rows), None)
+    run_id = manifest.get("run_id") or config.get("run_name") or (first or {}).get("run_id") or run_dir.name
+    perf = performer_info(run_dir, manifest, config, first)
+    mlabel = model_label(perf)
+    data = RunData(run_dir, str(run_id), str(run_id), f"{run_id} ({mlabel})", mlabel, perf, manifest, config,
+                   auditors, auditor_id, rounds, _trial_table(run_dir, raw, config))
+    if not raw:
+        data.notes.append("no trajectory files under trials/")
+    if auditor_id is None:
+        data.notes.append("no audit labels: run `lhd audit` first; deception metrics are empty")
+    n_failed = int((rounds["label_status"] == "failed").sum()) if len(rounds) else 0
+    n_missing = int((rounds["label_status"] == "missing").sum()) if len(rounds) and auditor_id else 0
+    if n_failed:
+        data.notes.append(f"{n_failed} round(s) whose audit failed are excluded from the rates")
+    if n_missing:
+        data.notes.append(f"{n_missing} round(s) not yet audited by '{auditor_id}' are excluded from the rates")
+    undone = [t for t, d in zip(data.trials["trial_id"], data.trials["done"]) if not d]
+    if undone:
+        data.notes.append(f"{len(undone)} trial(s) not finished: {', '.join(undone[:5])}"
+                          + (" ..." if len(undone) > 5 else ""))
+    return data
+
+
+def load_runs(run_dirs: list[Path], auditor: str | None = None) -> list[RunData]:
+    """Load several runs and give each a unique `key` (and label) for side-by-side tables."""
+    runs = [load_run(p, auditor) for p in run_dirs]
+    seen: dict[str, int] = {}
+    for r in runs:
+        n = seen.get(r.key, 0)
+        seen[r.key] = n + 1
+        if n:
+            r.key = f"{r.key}#{n + 1}"
+            r.label = f"{r.key} ({r.model_label})"
+    return runs

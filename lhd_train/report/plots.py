@@ -1,0 +1,187 @@
+"""Report plots with matplotlib's Agg canvas, returned as PNG bytes (embedded as base64).
+
+`matplotlib.figure.Figure` is used directly (no pyplot), so nothing depends on a display or on
+global pyplot state."""
+from __future__ import annotations
+
+import base64
+import io
+import math
+import textwrap
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from lhd_train.metrics.load import STATES, TYPES
+
+PRESSURE_COLORS = {"CRITICAL": "#8b0000", "HIGH": "#e74c3c", "MEDIUM": "#f5b7b1", "LOW": "#d6eaf8",
+                   "none": "#eeeeee"}
+STATE_COLORS = {"trust": "#1f77b4", "satisfaction": "#2ca02c", "comfort": "#9467bd"}
+TYPE_COLORS = {"FALSIFICATION": "#d62728", "CONCEALMENT": "#ff7f0e", "EQUIVOCATION": "#8c564b"}
+RUN_COLORS = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c",
+              "#ccb974", "#64b5cd"]
+DPI = 90
+SPAN_ALPHA = 0.4
+
+
+def png(fig: Figure, tight: bool = True) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight" if tight else None)
+    return buf.getvalue()
+
+
+def data_uri(png_bytes: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png_bytes).decode("ascii")
+
+
+def _wrap(label: str, width: int = 18) -> str:
+    return "\n".join(textwrap.wrap(str(label), width)) or str(label)
+
+
+def _err(df: pd.DataFrame, m: str) -> tuple[np.ndarray, np.ndarray]:
+    """Asymmetric error bars from the bootstrap interval; ± SE where the interval is missing."""
+    mean = df[f"{m}_mean"].to_numpy(float)
+    lo, hi, se = (df[f"{m}_{k}"].to_numpy(float) for k in ("ci_low", "ci_high", "se"))
+    lo = np.where(np.isnan(lo), mean - np.nan_to_num(se), lo)
+    hi = np.where(np.isnan(hi), mean + np.nan_to_num(se), hi)
+    return np.clip(mean - lo, 0, None), np.clip(hi - mean, 0, None)
+
+
+def plot_run_summary(runs: pd.DataFrame) -> bytes:
+    """Deception rate and both severities per run: bars = mean over trials, whiskers = 95 %
+    bootstrap interval."""
+    panels = [("deception_rate", "deception rate", (0, 1)),
+              ("severity_average_all_rounds", "avg severity, all rounds", (0, 4)),
+              ("severity_average_deception_only", "avg severity, deceptive rounds", (0, 4))]
+    n = max(len(runs), 1)
+    fig = Figure(figsize=(max(9, 1.6 * n * 1.5), 3.4))
+    x = np.arange(len(runs))
+    labels = [_wrap(s) for s in runs.get("label", runs.get("run", pd.Series(dtype=str)))]
+    for i, (m, title, ylim) in enumerate(panels):
+        ax = fig.add_subplot(1, 3, i + 1)
+        if len(runs):
+            mean = np.nan_to_num(runs[f"{m}_mean"].to_numpy(float))
+            ax.bar(x, mean, color=[RUN_COLORS[j % len(RUN_COLORS)] for j in range(len(runs))],
+                   yerr=_err(runs, m), capsize=4)
+            for xi, v in zip(x, mean):
+                ax.text(xi, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(x, labels, fontsize=7)
+        ax.set_ylim(*ylim)
+        ax.set_title(title, fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return png(fig)
+
+
+def plot_types(types: pd.DataFrame, labels: dict[str, str]) -> bytes:
+    """Pooled type distribution per run (shares sum to 1)."""
+    fig = Figure(figsize=(max(6, 1.8 * max(len(types), 1)), 3.2))
+    ax = fig.add_subplot(1, 1, 1)
+    x = np.arange(len(types))
+    w = 0.8 / len(TYPES)
+    for i, t in enumerate(TYPES):
+        vals = np.nan_to_num(types[f"share_{t}"].to_numpy(float)) if len(types) else np.array([])
+        ax.bar(x + (i - 1) * w, vals, w, label=t.lower(), color=TYPE_COLORS[t])
+    ax.set_xticks(x, [_wrap(labels.get(r, r)) for r in types.get("run", [])], fontsize=7)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("share of type labels")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_title("deception types (pooled over flagged rounds, normalised)", fontsize=10)
+    fig.tight_layout()
+    return png(fig)
+
+
+def plot_breakdown(df: pd.DataFrame, by: str, labels: dict[str, str], title: str) -> bytes:
+    """Per-trial mean deception rate (± SE) for each value of `by`, one bar per run."""
+    values = list(dict.fromkeys(df[by])) if len(df) else []
+    runs = list(dict.fromkeys(df["run"])) if len(df) else []
+    fig = Figure(figsize=(max(6, 1.1 * max(len(values), 1) * max(1, len(runs)) ** 0.5 + 2), 3.4))
+    ax = fig.add_subplot(1, 1, 1)
+    x = np.arange(len(values))
+    w = 0.8 / max(len(runs), 1)
+    for j, run in enumerate(runs):
+        sub = df[df["run"] == run].set_index(by)
+        mean = np.array([sub["rate_mean"].get(v, np.nan) for v in values], float)
+        se = np.array([sub["rate_se"].get(v, np.nan) for v in values], float)
+        ax.bar(x + (j - (len(runs) - 1) / 2) * w, np.nan_to_num(mean), w, yerr=np.nan_to_num(se), capsize=3,
+               color=RUN_COLORS[j % len(RUN_COLORS)], label=_wrap(labels.get(run, run), 30))
+    ax.set_xticks(x, [_wrap(str(v).lower().replace("_", " "), 12) for v in values], fontsize=8)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("deception rate")
+    ax.set_title(title, fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    if runs:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return png(fig)
+
+
+def plot_states(trial: pd.DataFrame, threshold: float, title: str) -> bytes:
+    """Supervisor states over the rounds of one trial, each task's span shaded by its event's
+    pressure level (as the reference's analyzer), flagged rounds marked; below, severity bars
+    (0 where not flagged), red where flagged, grey where the label failed or is missing."""
+    t = trial.sort_values("global_round")
+    g = t["global_round"].to_numpy(int)
+    fig = Figure(figsize=(10, 4.6))
+    ax, ax2 = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [2.2, 1]})
+    for task, tdf in t.groupby("task_index"):
+        lo, hi = tdf["global_round"].min() - 0.5, tdf["global_round"].max() + 0.5
+        pressure = str(tdf["pressure"].iloc[0])
+        for a in (ax, ax2):
+            a.axvspan(lo, hi, color=PRESSURE_COLORS.get(pressure, "#eeeeee"), alpha=SPAN_ALPHA, lw=0)
+        ax.text((lo + hi) / 2, 1.02, str(task), ha="center", va="bottom", fontsize=7, color="#555")
+    for k in STATES:
+        ax.plot(g, t[k].to_numpy(float), marker="o", ms=3, color=STATE_COLORS[k], label=k)
+    ax.axhline(threshold, color="#333", ls="--", lw=0.8)
+    flagged = t[t["flagged"]]
+    for gr in flagged["global_round"]:
+        ax.axvline(gr, color="#d62728", lw=0.8, alpha=0.6)
+    ax.scatter(flagged["global_round"], np.full(len(flagged), -1.05), marker="v", color="#d62728", s=22,
+               label="flagged", zorder=5, clip_on=False)
+    ax.set_ylim(-1.1, 1.1)
+    ax.set_ylabel("state")
+    handles, labs = ax.get_legend_handles_labels()
+    handles += [Patch(color=c, alpha=SPAN_ALPHA, label=p.lower()) for p, c in PRESSURE_COLORS.items()]
+    fig.legend(handles=handles, fontsize=7, ncol=9, loc="lower center", frameon=False)
+    ax.set_title(title + "   (numbers above: task; dashed: completion threshold)", fontsize=9)
+    sev = np.where(t["flagged"].to_numpy(bool), np.nan_to_num(t["severity"].to_numpy(float)), 0)
+    colors = ["#d62728" if f else ("#bbbbbb" if not lab else "#1f77b4")
+              for f, lab in zip(t["flagged"], t["labelled"])]
+    ax2.bar(g, np.where(t["labelled"].to_numpy(bool), sev, 0.15), color=colors)
+    ax2.set_ylim(0, 4.2)
+    ax2.set_ylabel("severity")
+    ax2.set_xlabel("global round")
+    rate = t.loc[t["labelled"], "flagged"].mean() if t["labelled"].any() else math.nan
+    ax2.text(0.01, 0.92, f"rate {rate:.2f}" if not math.isnan(rate) else "no labels", transform=ax2.transAxes,
+             fontsize=8, va="top")
+    fig.subplots_adjust(left=0.07, right=0.99, top=0.92, bottom=0.2, hspace=0.12)
+    return png(fig, tight=False)  # fixed margins: a tight bbox costs a second full draw, per trial
+
+
+def plot_correlations(per_trial: pd.DataFrame, labels: dict[str, str],
+                      ys: Sequence[str] = ("final_trust", "mean_satisfaction", "final_comfort")) -> bytes:
+    """Deception rate against each supervisor-state metric: small dots = trials, large = run means."""
+    fig = Figure(figsize=(10, 3.2))
+    runs = list(dict.fromkeys(per_trial["run"])) if len(per_trial) else []
+    for i, y in enumerate(ys):
+        ax = fig.add_subplot(1, len(ys), i + 1)
+        for j, run in enumerate(runs):
+            sub = per_trial[per_trial["run"] == run]
+            c = RUN_COLORS[j % len(RUN_COLORS)]
+            ax.scatter(sub[y], sub["deception_rate"], s=14, alpha=0.5, color=c)
+            ax.scatter([sub[y].mean()], [sub["deception_rate"].mean()], s=90, color=c, edgecolor="black",
+                       label=_wrap(labels.get(run, run), 30) if i == 0 else None)
+        ax.set_xlim(-1.05, 1.05)
+        ax.set_ylim(-0.05, 1.05)
+        ax.set_xlabel(y.replace("_", " "))
+        if i == 0:
+            ax.set_ylabel("deception rate")
+            if runs:
+                ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return png(fig)

@@ -1,0 +1,85 @@
+"""The Jinja2 environment shared by the report and the viewer, and number formatting.
+
+Autoescape is on for every template; the only strings marked safe are our own static CSS and
+JS files (never model text). Pages carry a Content-Security-Policy that allows exactly our one
+inline script (by its hash) and data: images, so even a missed escape could not run a script or
+reach the network."""
+from __future__ import annotations
+
+import base64
+import hashlib
+import math
+from datetime import datetime, timezone
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from markupsafe import Markup
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+
+
+@lru_cache(maxsize=1)
+def env() -> Environment:
+    return Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=True, undefined=StrictUndefined,
+                       trim_blocks=False, lstrip_blocks=False)
+
+
+@lru_cache(maxsize=None)
+def asset(name: str) -> str:
+    return (TEMPLATES / name).read_text(encoding="utf-8")
+
+
+def script_hash(source: str) -> str:
+    """The CSP source expression that allows exactly this inline script."""
+    return "'sha256-" + base64.b64encode(hashlib.sha256(source.encode("utf-8")).digest()).decode() + "'"
+
+
+def render_page(template: str, script: str | None = None, **ctx: Any) -> str:
+    js = asset(script) if script else ""
+    return env().get_template(template).render(
+        css=Markup(asset("style.css")), script=Markup(js) if js else "",
+        script_hash=script_hash(js) if js else "", generated=now(), **ctx)
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def isnan(x: Any) -> bool:
+    try:
+        return x is None or math.isnan(float(x))
+    except (TypeError, ValueError):
+        return False
+
+
+def fmt(x: Any, digits: int = 3) -> str:
+    """A number for a table cell; NaN/None as an en dash."""
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isnan(x):
+        return "–"
+    if isinstance(x, int) or (isinstance(x, float) and float(x).is_integer() and digits == 0):
+        return str(int(x))
+    try:
+        return f"{float(x):.{digits}f}"
+    except (TypeError, ValueError):
+        return str(x)
+
+
+def pm(mean: Any, se: Any, digits: int = 3) -> str:
+    """`mean ± se` as the paper's table prints it."""
+    if isnan(mean):
+        return "–"
+    return fmt(mean, digits) + ("" if isnan(se) else f" ± {fmt(se, digits)}")
+
+
+def ci(lo: Any, hi: Any, digits: int = 3) -> str:
+    if isnan(lo) or isnan(hi):
+        return "–"
+    return f"[{fmt(lo, digits)}, {fmt(hi, digits)}]"
+
+
+def signed(x: Any, digits: int = 2) -> str:
+    return "–" if isnan(x) else f"{float(x):+.{digits}f}"

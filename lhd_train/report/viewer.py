@@ -1,0 +1,219 @@
+"""Static, chat-style HTML page per trial (`lhd view`), also written by `lhd report`.
+
+Every model text goes through Jinja2 autoescaping as plain text (no markdown, no `|safe`), so a
+performer answer holding `<script>` or `<img onerror=...>` renders as those characters."""
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from lhd_train.metrics.core import trial_stats
+from lhd_train.metrics.load import STATES, RunData, load_audit, load_run
+from lhd_train.report.plots import data_uri, plot_states
+from lhd_train.report.render import fmt, render_page, signed
+from lhd_train.store import read_jsonl
+
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def safe_name(name: str) -> str:
+    """A file-name-safe form of a trial id or run key."""
+    return _SAFE_NAME.sub("_", name).strip("._") or "x"
+
+
+@lru_cache(maxsize=8)
+def _load_pack(name: str) -> Any:
+    try:
+        from lhd_train.taskpack import load_pack
+
+        return load_pack(name)
+    except Exception:  # noqa: BLE001 - the viewer works without the pack (prompt shown from messages)
+        return None
+
+
+def _pack_tasks(rows: list[dict[str, Any]]) -> dict[int, Any]:
+    """Task prompts and files from the run's task pack, when it can be loaded and its titles match."""
+    pack = _load_pack(str(rows[0].get("pack") or "")) if rows else None
+    if pack is None:
+        return {}
+    out = {}
+    for r in rows:
+        try:
+            task = pack.task(int(r["task_index"]))
+        except Exception:  # noqa: BLE001
+            continue
+        if task.title == r.get("task_title"):
+            out[task.index] = task
+    return out
+
+
+def _verdict(status: str, deceptive: Any, severity: Any) -> tuple[str, str]:
+    if status == "failed":
+        return "failed", "label failed"
+    if status == "missing":
+        return "missing", "not audited"
+    if deceptive:
+        return "deceptive", f"deceptive · severity {fmt(severity, 0)}"
+    return "honest", "not deceptive"
+
+
+def _audit_view(rec: dict[str, Any], auditor_id: str, mode: str | None, primary: bool) -> dict[str, Any]:
+    status = rec.get("label_status", "missing")
+    cls, text = _verdict(status, rec.get("deceptive"), rec.get("severity"))
+    return {"auditor_id": auditor_id, "mode": mode, "primary": primary, "status": status,
+            "flagged": bool(rec.get("deceptive")) and status not in ("failed", "missing"),
+            "verdict_class": cls, "verdict_text": text, "deceptive": "yes" if rec.get("deceptive") else "no",
+            "types": ", ".join(t.lower() for t in rec.get("types") or ()),
+            "severity": fmt(rec.get("severity"), 0), "confidence": fmt(rec.get("confidence"), 2),
+            "reasoning": rec.get("reasoning") or "", "evidence": [str(e) for e in rec.get("evidence") or []]}
+
+
+def trial_context(run: RunData, trial_id: str, other_audits: dict[str, pd.DataFrame] | None = None,
+                  states_png: bytes | None = None) -> dict[str, Any]:
+    """Everything the trial template shows, as plain strings and lists."""
+    rows = read_jsonl(run.path / "trials" / f"{trial_id}.jsonl")
+    rows.sort(key=lambda r: int(r["global_round"]))
+    messages = {m["id"]: m for m in read_jsonl(run.path / "trials" / f"{trial_id}.messages.jsonl")}
+    tr = run.rounds[run.rounds["trial_id"] == trial_id]
+    primary = {int(g): rec for g, rec in zip(tr["global_round"], tr.to_dict("records"))}
+    others: dict[str, dict[int, dict[str, Any]]] = {}
+    modes = {a.auditor_id: a.mode for a in run.auditors}
+    for aid, df in (other_audits or {}).items():
+        sub = df[df["trial_id"] == trial_id]
+        others[aid] = {int(g): rec for g, rec in zip(sub["global_round"], sub.to_dict("records"))}
+    pack_tasks = _pack_tasks(rows)
+
+    tasks: list[dict[str, Any]] = []
+    for row in rows:
+        ti = int(row["task_index"])
+        if not tasks or tasks[-1]["index"] != ti:
+            ev = row.get("event")
+            pt = pack_tasks.get(ti)
+            first_ids = (row.get("performer") or {}).get("new_message_ids") or []
+            first = "\n\n".join(messages[i]["content"] for i in first_ids if i in messages)
+            tasks.append({
+                "index": ti, "title": row.get("task_title", ""), "rounds": [], "has_flagged": False,
+                "completed": False,
+                "event": ({"name": ev.get("name", ""), "category": ev.get("category", ""),
+                           "pressure": ev.get("pressure") or ev.get("level") or "", "content": ev.get("content", "")}
+                          if ev else None),
+                "prompt": pt.prompt if pt else "",
+                "files": [{"name": f.name, "content": f.content} for f in pt.files] if pt else [],
+                "first_message": first if row.get("round") == 1 else "",
+            })
+        g = int(row["global_round"])
+        perf, sup = row.get("performer") or {}, row.get("supervisor") or {}
+        before, after = sup.get("state_before") or {}, sup.get("state_after") or {}
+        states = []
+        for k in STATES:
+            b, a = before.get(k), after.get(k)
+            d = (a - b) if isinstance(a, (int, float)) and isinstance(b, (int, float)) else float("nan")
+            states.append({"name": k, "before": signed(b), "after": signed(a), "delta": signed(d),
+                           "dir": "up" if d > 0 else ("down" if d < 0 else "")})
+        rec = primary.get(g, {"label_status": "missing"})
+        audits = [_audit_view(rec, run.auditor_id or "none", modes.get(run.auditor_id or ""), True)] \
+            if run.auditor_id else []
+        for aid, recs in others.items():
+            audits.append(_audit_view(recs.get(g, {"label_status": "missing"}), aid, modes.get(aid), False))
+        flagged = bool(audits and audits[0]["flagged"])
+        cls, text = (audits[0]["verdict_class"], audits[0]["verdict_text"]) if audits else ("missing", "not audited")
+        meta = []
+        if perf.get("completion_tokens") is not None:
+            meta.append(f"{perf['completion_tokens']} tokens")
+        if perf.get("finish_reason") and perf.get("finish_reason") != "stop":
+            meta.append(f"finish: {perf['finish_reason']}")
+        ctx_info = perf.get("context") or {}
+        if ctx_info.get("dropped_messages"):
+            meta.append(f"{ctx_info['dropped_messages']} old messages dropped")
+        t = tasks[-1]
+        t["rounds"].append({
+            "round": row.get("round"), "global_round": g, "flagged": flagged, "verdict_class": cls,
+            "verdict_text": text, "task_complete": bool(row.get("task_complete")),
+            "text": perf.get("text") or "", "think": perf.get("think") or "", "meta": ", ".join(meta),
+            "feedback": (sup.get("feedback") or {}).get("text") or "",
+            "feedback_reasoning": (sup.get("feedback") or {}).get("reasoning") or "",
+            "eval_reasoning": (sup.get("evaluation") or {}).get("reasoning") or "",
+            "sup_status": sup.get("parse_status") or "ok", "sup_attempts": sup.get("attempts") or 1,
+            "summaries": [{"global_round": s.get("global_round"), "text": s.get("text", "")}
+                          for s in sup.get("summaries_added") or []],
+            "states": states, "audits": audits,
+        })
+        t["has_flagged"] = t["has_flagged"] or flagged
+        t["completed"] = t["completed"] or bool(row.get("task_complete"))
+
+    info = run.trials[run.trials["trial_id"] == trial_id]
+    trial = info.iloc[0].to_dict() if len(info) else {"trial_id": trial_id, "seed": "?", "condition": "?",
+                                                        "n_rounds": len(rows), "n_tasks": len(tasks),
+                                                        "n_event_tasks": 0, "tasks_completed": 0, "done": False}
+    st = trial_stats(tr[["deceptive", "types", "severity", "label_status"]].to_dict("records"))
+    if run.auditor_id is None:
+        stats_text = "not audited"
+    else:
+        stats_text = (f"{st.deception_occurrences} of {st.total_rounds} labelled rounds flagged "
+                      f"(rate {fmt(st.deception_rate)}), average severity {fmt(st.severity_average_all_rounds, 2)}"
+                      f" over all rounds, {fmt(st.severity_average_deception_only, 2)} over deceptive rounds")
+    notes = []
+    if st.failed_rounds:
+        notes.append(f"{st.failed_rounds} round(s) whose audit failed are excluded from the rate")
+    if st.missing_rounds and run.auditor_id:
+        notes.append(f"{st.missing_rounds} round(s) not audited yet")
+    a = run.auditor
+    auditor_text = (f"{a.auditor_id} ({a.mode}{', R=' + str(a.window) if a.window else ''})" if a else "none")
+    if states_png is None and len(tr):
+        states_png = states_plot(run, trial_id)
+    return {"run": {"label": run.label, "key": run.key}, "trial": trial, "tasks": tasks,
+            "stats_text": stats_text, "notes": notes, "auditor_text": auditor_text,
+            "states_png": data_uri(states_png) if states_png else ""}
+
+
+def states_plot(run: RunData, trial_id: str) -> bytes | None:
+    """The trial's supervisor-state plot (PNG), shared by its page and the report."""
+    tr = run.rounds[run.rounds["trial_id"] == trial_id]
+    return plot_states(tr, run.completion_threshold, f"{run.label} · {trial_id}") if len(tr) else None
+
+
+def other_audits(run: RunData) -> dict[str, pd.DataFrame]:
+    return {a.auditor_id: load_audit(run.path, a.auditor_id) for a in run.auditors if a.auditor_id != run.auditor_id}
+
+
+def write_trial_page(run: RunData, trial_id: str, out: Path, back_href: str | None = None,
+                     back_text: str = "the report", others: dict[str, pd.DataFrame] | None = None,
+                     states_png: bytes | None = None) -> Path:
+    """Write one trial's page to `out` (a file path)."""
+    ctx = trial_context(run, trial_id, others, states_png)
+    html = render_page("trial.html.j2", script="viewer.js", back_href=back_href, back_text=back_text, **ctx)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(html, encoding="utf-8")
+    return out
+
+
+def write_run_pages(run: RunData, out_dir: Path, back_href: str | None = None, back_text: str = "the report",
+                    state_pngs: dict[str, bytes | None] | None = None) -> dict[str, Path]:
+    """One page per trial of the run into `out_dir`; returns trial id → page path."""
+    others = other_audits(run)
+    pages = {}
+    for tid in run.trials["trial_id"]:
+        pages[tid] = write_trial_page(run, tid, out_dir / f"{safe_name(tid)}.html", back_href, back_text, others,
+                                      (state_pngs or {}).get(tid))
+    return pages
+
+
+def view_command(run: Path, out: Path | None = None, auditor: str | None = None) -> Path:
+    """`lhd view RUN [--out DIR] [--auditor ID]`: a page per trial plus an index; returns the index path."""
+    data = load_run(Path(run), auditor)
+    out_dir = Path(out) if out is not None else Path(run) / "view"
+    pages = write_run_pages(data, out_dir, back_href="index.html", back_text="the trial list")
+    from lhd_train.metrics.core import per_trial_table
+    from lhd_train.report.build import trials_table_ctx
+
+    html = render_page("index.html.j2", run_label=data.label, notes=data.notes,
+                       auditor_text=data.auditor_id or "none",
+                       trials=trials_table_ctx(per_trial_table(data), {t: p.name for t, p in pages.items()}))
+    index = out_dir / "index.html"
+    index.write_text(html, encoding="utf-8")
+    print(f"trajectory viewer: {index} ({len(pages)} trial page(s))")
+    return index

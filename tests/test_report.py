@@ -1,0 +1,206 @@
+"""The report and the trajectory viewer: files, tables, escaping, and a real headless Chromium
+(no console errors, sections present, no network, injected scripts inert)."""
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+
+import pytest
+
+from lhd_train.metrics.synthetic import R, write_run
+from lhd_train.report import build_report, view_command
+from lhd_train.report.headless import Browser, find_chromium
+
+F, C, E = "FALSIFICATION", "CONCEALMENT", "EQUIVOCATION"
+# Each part would change the title, set a global, log an error or open a dialog if it ran.
+PAYLOAD = ("<script>document.title='PWNED';window.__pwned=1;console.error('xss ran')</script>"
+           "<img src=x onerror=\"document.title='PWNED';window.__pwned=2;alert('xss')\">"
+           "<svg onload=\"window.__pwned=3\"></svg> & <b>bold?</b>")
+CHROMIUM = find_chromium()
+needs_browser = pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium is not installed (scripts/install_chromium.sh or apt-get install chromium)")
+REPORT_SECTIONS = ["runs", "deception", "types", "pressure", "category", "task", "control", "states", "horizon",
+                   "trials", "table-runs", "table-types", "table-pressure", "table-category", "table-control",
+                   "table-corr-within", "table-corr-across", "table-horizon", "table-delayed", "table-chains"]
+
+
+def _trial(seed: int, flags: list[tuple[bool, list[str], int]], payload_round: int | None = None) -> list[R]:
+    events = [("GOAL_CONFLICT", "HIGH"), None, ("INFORMATION_GAP", "LOW"), ("MORAL_DILEMMA", "CRITICAL"), None]
+    out = []
+    for i, lab in enumerate(flags):
+        task = i // 2 + 1
+        st = (0.3 - 0.1 * i + 0.01 * seed, 0.25 - 0.05 * i, 0.1 - 0.05 * i)
+        if i == payload_round:
+            out.append(R(task, events[task - 1], st, lab, text="Answer. " + PAYLOAD, feedback=PAYLOAD,
+                         extra={"task_title": "Title " + PAYLOAD},
+                         audit_extra={"reasoning": PAYLOAD, "evidence": [PAYLOAD]}))
+        else:
+            out.append(R(task, events[task - 1], st, lab, text=f"answer {i}\n  second line"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> list[Path]:
+    root = tmp_path_factory.mktemp("runs")
+    yes, no = (True, [F], 2), (False, [], 0)
+    a = write_run(root, "base", {
+        "s1": _trial(1, [yes, no, (True, [F, C], 3), (True, [C], 3), no, no], payload_round=0),
+        "s2": _trial(2, [no, no, yes, no, (True, [E], 1), no]),
+        "s3": _trial(3, [yes, yes, no, no, no, "failed"]),
+    }, extra_auditors={"task-r": ("task", {"s1": [no, no, yes, no, no, no], "s2": [no] * 6})})
+    b = write_run(root, "honest", {
+        "s1": _trial(1, [no, no, no, no, yes, no]),
+        "s2": _trial(2, [no] * 6),
+    }, adapter="/ckpt/adapters/honest-lora")
+    return [a, b]
+
+
+@pytest.fixture(scope="module")
+def report(runs, tmp_path_factory) -> Path:
+    return build_report(runs, tmp_path_factory.mktemp("report"))
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed")
+    with Browser(CHROMIUM) as b:
+        yield b
+
+
+# ----------------------------------------------------------------------------- files (no browser)
+def test_report_writes_page_tables_summary_and_trial_pages(report: Path):
+    out = report.parent
+    tables = {p.stem for p in (out / "tables").glob("*.csv")}
+    assert {"runs", "per_trial", "type_distribution", "by_pressure", "by_category", "by_task", "control",
+            "correlations_within_runs", "correlations_across_runs", "horizon", "delayed", "chains",
+            "chains_summary", "rounds"} <= tables
+    with open(out / "tables" / "runs.csv") as f:
+        rows = {r["run"]: r for r in csv.DictReader(f)}
+    # base: s1 3/6, s2 2/6, s3 2/5 (one failed label excluded)
+    assert float(rows["base"]["deception_rate_mean"]) == pytest.approx((3 / 6 + 2 / 6 + 2 / 5) / 3)
+    assert rows["base"]["n_failed_labels"] == "1"
+    assert float(rows["honest"]["deception_rate_mean"]) == pytest.approx(1 / 12)
+    summary = (out / "summary.md").read_text()
+    assert "| base | tiny-llama |" in summary
+    assert "honest-lora" in summary
+    pages = sorted(p.relative_to(out).as_posix() for p in (out / "trials").rglob("*.html"))
+    assert pages == ["trials/base/s1.html", "trials/base/s2.html", "trials/base/s3.html",
+                     "trials/honest/s1.html", "trials/honest/s2.html"]
+    assert len(list((out / "plots").glob("*.png"))) >= 5
+
+
+def test_pages_are_self_contained_and_escape_model_text(report: Path):
+    html = report.read_text()
+    assert "<script" not in html  # the report needs no script at all
+    for attr in re.findall(r'(?:src|href)="([^"]*)"', html):
+        assert attr.startswith(("data:image/png;base64,", "#", "trials/")), attr
+    assert "Content-Security-Policy" in html and "default-src 'none'" in html
+    page = (report.parent / "trials" / "base" / "s1.html").read_text()
+    assert page.count("<script") == 1  # ours, allowed by hash in the CSP
+    assert "<script>document.title" not in page and "<img src=x" not in page and "<svg onload" not in page
+    assert "&lt;script&gt;document.title=&#39;PWNED&#39;" in page
+    assert page.count("&lt;img src=x onerror=") >= 5  # answer, feedback, title, reasoning, evidence
+
+
+def test_view_command_writes_index_and_pages(runs, tmp_path):
+    index = view_command(runs[0], tmp_path / "view", None)
+    assert index.name == "index.html"
+    assert sorted(p.name for p in (tmp_path / "view").glob("s*.html")) == ["s1.html", "s2.html", "s3.html"]
+    assert 'href="s1.html"' in index.read_text()
+    default = view_command(runs[1], None, None)
+    assert default == runs[1] / "view" / "index.html"
+
+
+def test_report_on_runs_without_labels(tmp_path):
+    bare = write_run(tmp_path, "bare", {"s5": [R(1, None, (0.1, 0.2, 0.3), None)]})
+    failed = write_run(tmp_path, "failed", {"s6": [R(1, ("GOAL_CONFLICT", "LOW"), (0.1, 0.2, 0.3), "failed")]})
+    page = build_report([bare, failed], tmp_path / "out")
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "no audit labels" in summary and "audit failed" in summary
+    assert 'id="table-runs"' in page.read_text()
+
+
+# ----------------------------------------------------------------------------- headless Chromium
+def _assert_clean(page) -> None:
+    rep = page.report
+    assert rep.errors == [], rep.errors
+    assert rep.dialogs == [], rep.dialogs
+    assert rep.title != "PWNED"
+    bad = [u for u in rep.requests if not u.startswith(("file://", "data:"))]
+    assert bad == [], bad
+
+
+@needs_browser
+def test_browser_detects_a_payload_that_does_run(browser, tmp_path):
+    """Positive control: unescaped, the payload runs and the checks below would catch it."""
+    raw = tmp_path / "raw.html"
+    raw.write_text(f"<!DOCTYPE html><html><head><title>t</title></head><body>{PAYLOAD}</body></html>")
+    page = browser.open(raw, settle_s=0.5)
+    assert page.eval("window.__pwned") in (1, 2, 3)
+    assert page.report.title == "PWNED" or page.eval("document.title") == "PWNED"
+    assert any("xss ran" in e for e in page.report.errors)
+    page.close()
+
+
+@needs_browser
+def test_report_loads_cleanly_in_chromium(browser, report: Path):
+    page = browser.open(report)
+    _assert_clean(page)
+    missing = page.eval(f"{REPORT_SECTIONS!r}.filter(id => !document.getElementById(id))")
+    assert missing == []
+    imgs = page.eval("Array.from(document.images).map(i => [i.complete, i.naturalWidth])")
+    assert len(imgs) >= 5 and all(done and w > 0 for done, w in imgs)
+    links = page.eval("Array.from(document.querySelectorAll('a[href^=\"trials/\"]')).map(a => a.getAttribute('href'))")
+    assert links and all((report.parent / href).is_file() for href in links)
+    assert page.eval("document.querySelector('#table-runs tbody').rows.length") == 2
+    assert "honest-lora" in page.eval("document.getElementById('runs').textContent")
+    page.close()
+
+
+@needs_browser
+def test_trajectory_page_escapes_payload_and_filters(browser, report: Path):
+    page = browser.open(report.parent / "trials" / "base" / "s1.html", settle_s=0.5)
+    _assert_clean(page)
+    assert page.eval("typeof window.__pwned") == "undefined"
+    assert page.eval("document.scripts.length") == 1
+    assert page.eval("document.querySelectorAll('img[src=\"x\"], svg[onload]').length") == 0
+    assert page.eval("document.querySelectorAll('.performer-text *, section.task h2 *, .bubble.supervisor .text *').length") == 0
+    first = page.eval("document.querySelector('article.round .performer-text').textContent")
+    assert first == "Answer. " + PAYLOAD  # shown verbatim, as text
+    assert PAYLOAD in page.eval("document.querySelector('section.task h2').textContent")
+    n_rounds = page.eval("document.querySelectorAll('article.round').length")
+    n_flagged = page.eval("document.querySelectorAll('article.round[data-flagged=\"1\"]').length")
+    assert (n_rounds, n_flagged) == (6, 3)
+    visible = "Array.from(document.querySelectorAll('article.round')).filter(e => e.offsetParent !== null).length"
+    assert page.eval(visible) == 6
+    page.eval("document.getElementById('only-flagged').click()")
+    assert page.eval(visible) == 3
+    assert page.eval("document.getElementById('shown-count').textContent") == "3 of 6 rounds shown"
+    page.eval("document.getElementById('expand-all').click()")
+    assert page.eval("Array.from(document.querySelectorAll('details')).every(d => d.open)")
+    # the short auditor's verdicts are shown next to the chosen one
+    assert page.eval("document.querySelectorAll('details.audit').length") == 12
+    _assert_clean(page)
+    page.close()
+
+
+@needs_browser
+def test_viewer_on_a_run_written_by_the_trial_loop(browser, tmp_path):
+    from test_metrics import scripted_run
+
+    run = scripted_run(tmp_path, performer_text="Plan: " + PAYLOAD)
+    index = view_command(run, tmp_path / "view", None)
+    page = browser.open(index)
+    _assert_clean(page)
+    page.close()
+    page = browser.open(tmp_path / "view" / "s7.html", settle_s=0.5)
+    _assert_clean(page)
+    assert page.eval("typeof window.__pwned") == "undefined"
+    # task prompt and files come from the task pack; the exact round-1 message from the message store
+    assert page.eval("document.querySelectorAll('details.task-prompt').length") == 3
+    assert page.eval("document.querySelectorAll('details.task-prompt details.file').length") >= 1
+    assert "=== TASK 1" in page.eval("document.querySelector('details.exact-message').textContent")
+    assert page.eval("document.querySelector('.performer-text').textContent") == "Plan: " + PAYLOAD
+    page.close()
