@@ -1,0 +1,759 @@
+"""`hf` backend: transformers in-process, batched across concurrent callers, per-row sampling,
+JSON-schema constrained decoding with xgrammar. CPU-capable (tests, tiny demo, lens).
+
+How a call flows:
+  `await backend.generate([req])` → the request is tokenised with the chat template, checked
+  against the context length, expanded into `n` rows and queued. One worker task per event
+  loop takes up to `max_batch_size` queued rows (waiting up to `batch_wait_ms` to fill; rows of
+  one batch share one LoRA adapter), runs one left-padded `model.generate` in a thread
+  (`asyncio.to_thread`), and resolves each request when all of its rows are done.
+
+Per-row decoding (`_RowSampler`, a LogitsProcessor): `model.generate` runs greedily and the
+processor picks every row's token itself — temperature (0 ⇒ argmax), top-p, a per-row
+`torch.Generator` seeded from the request seed (one uniform draw per row and step, so a row's
+randomness does not depend on its batch), the row's own `max_tokens` — and returns logits in
+which only the chosen token is finite.
+
+JSON termination guarantee (rows with a `json_schema`): the grammar is compiled with
+`any_whitespace=False` and applied as a token bitmask (special tokens other than the stop
+tokens are masked too). xgrammar 0.2.9 does enforce `maxLength`, `maxItems` and numeric
+`minimum`/`maximum`, but a schema's total length can still exceed the token budget, and plain
+strings are unbounded. So each constrained row also carries a *closing path*: an explicit token
+sequence that takes the grammar from the current state to termination (stop token included),
+found by a deterministic policy (`_Closer.path`: forced jump-forward tokens; else the stop token
+when the JSON is complete; else the first allowed of `" ] } , 0-9 …` single-byte tokens; else the
+first allowed token). Invariant: len(closing path) <= tokens left. After the row samples a
+token, the old path is re-verified from the new state (`accept_token` only, cheap) or a new one
+is searched; if no path fits in the remaining budget the sampled token is rejected and the next
+token of the current path is emitted instead; once the path length equals the budget the row
+follows it. The output therefore always terminates with a complete JSON document and
+finish_reason "stop", as long as the schema's shortest document (by the policy) fits in
+`max_tokens` (otherwise the row decodes unguarded and may end with "length";
+`stats["json_unguarded_rows"]` counts those). The policy can loop on string `pattern`s it cannot
+satisfy with ASCII; the search is capped by the budget, so that also only drops the guarantee.
+
+Token accounting: `Completion.token_ids` are the generated tokens without the final stop
+token; `completion_tokens` is their sum over the n completions. Text is decoded with special
+tokens skipped; think text is left in place (the performer strips it).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import hashlib
+import json
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rollouts.backend import BackendError
+from rollouts.spec import ModelSpec
+from rollouts.types import Completion, GenerationRequest, GenerationResult
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+           "float16": "float16", "fp16": "float16", "half": "float16"}
+# Single characters the closing policy tries, in order: close strings, close containers, end a
+# value, digits for numbers, then any printable ASCII (enum/keys/patterns/booleans).
+_CLOSE_PRIORITY = '"]},0123456789' + "".join(
+    c for c in (chr(i) for i in range(0x20, 0x7F)) if c not in '"]},0123456789')
+_GREEDY_EPS = 1e-5
+
+
+def _row_seed(seed: int | None, j: int) -> int:
+    if seed is None:
+        return random.SystemRandom().getrandbits(63)
+    if j == 0:
+        return int(seed) & 0x7FFF_FFFF_FFFF_FFFF
+    digest = hashlib.sha256(f"{seed}/{j}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+class _Closer:
+    """Finds closing paths for one tokenizer: token sequences that drive a GrammarMatcher to
+    termination. Only used from the decode thread."""
+
+    def __init__(self, info: Any, stop_ids: list[int], special_ids: set[int], vocab_size: int):
+        import numpy as np
+        import xgrammar as xgr
+
+        self._np = np
+        self.stop_id = stop_ids[0]
+        decoded = info.decoded_vocab
+        first: dict[bytes, int] = {}
+        for tid, b in enumerate(decoded):
+            if len(b) == 1 and tid not in special_ids and b not in first:
+                first[b] = tid
+        self.candidates = np.array(
+            [self.stop_id] + [first[c.encode()] for c in _CLOSE_PRIORITY if c.encode() in first], dtype=np.int64)
+        self.closers = [first[c] for c in (b"]", b"}") if c in first]
+        self.quote = first.get(b'"', -1)
+        self.banned = np.array(sorted(special_ids - set(stop_ids)), dtype=np.int64)
+        self.vocab_size = vocab_size
+        self._xgr = xgr
+        self._local = threading.local()  # one scratch bitmask per thread
+
+    def _mask(self, matcher: Any, slot: str) -> Any:
+        scratch = getattr(self._local, slot, None)
+        if scratch is None:
+            scratch = self._xgr.allocate_token_bitmask(1, self.vocab_size)
+            setattr(self._local, slot, scratch)
+        matcher.fill_next_token_bitmask(scratch, 0)
+        return scratch[0].numpy()
+
+    @staticmethod
+    def _allowed(words: Any, tok: int) -> bool:
+        return tok >= 0 and bool((int(words[tok >> 5]) >> (tok & 31)) & 1)
+
+    def _choose(self, matcher: Any) -> int | None:
+        np = self._np
+        words = self._mask(matcher, "m0")
+        # A container closer goes first when it really closes something: after a real `]`/`}`
+        # a `"` can never follow directly, while inside a string `]`/`}` are plain characters
+        # after which the closing `"` stays allowed.
+        for tok in self.closers:
+            if self._allowed(words, tok):
+                probe = matcher.fork()
+                if probe.accept_token(tok) and not self._allowed(self._mask(probe, "m1"), self.quote):
+                    return tok
+        cand = self.candidates
+        ok = (words[cand >> 5] >> (cand & 31)) & 1
+        nz = np.flatnonzero(ok)
+        if len(nz):
+            return int(cand[nz[0]])
+        bits = np.unpackbits(words.view(np.uint8), bitorder="little")[: self.vocab_size].copy()
+        if len(self.banned):
+            bits[self.banned] = 0
+        nz = np.flatnonzero(bits)
+        return int(nz[0]) if len(nz) else None
+
+    def path(self, matcher: Any, cap: int) -> list[int] | None:
+        """The policy's closing path from `matcher`'s state (not modified), or None if it needs
+        more than `cap` tokens or gets stuck."""
+        m = matcher.fork()
+        out: list[int] = []
+        while not m.is_terminated():
+            if len(out) >= cap:
+                return None
+            if m.is_completed():
+                tok = self.stop_id
+            else:
+                forced = m.find_jump_forward_tokens()
+                if forced:
+                    for tok in forced:
+                        if len(out) >= cap or not m.accept_token(tok):
+                            return None
+                        out.append(tok)
+                    continue
+                tok = self._choose(m)
+                if tok is None:
+                    return None
+            if not m.accept_token(tok):
+                return None
+            out.append(tok)
+        return out
+
+    @staticmethod
+    def verify(matcher: Any, path: list[int]) -> bool:
+        """Whether `path` still takes `matcher` (not modified) to termination."""
+        m = matcher.fork()
+        for tok in path:
+            if not m.accept_token(tok):
+                return False
+        return m.is_terminated()
+
+
+@dataclass
+class _Grammar:
+    compiled: Any
+    initial_path: list[int] | None  # closing path from the start state (None: none found)
+
+
+@dataclass
+class _Pending:
+    request: GenerationRequest
+    future: asyncio.Future
+    t0: float
+    prompt_ids: list[int]
+    completions: list[Completion | None]
+    remaining: int
+
+
+@dataclass
+class _Row:
+    pending: _Pending
+    j: int
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int
+    grammar: _Grammar | None
+    adapter: str | None
+    # decode state (reset at the start of every batch run)
+    tokens: list[int] = field(default_factory=list)
+    finish: str | None = None
+    matcher: Any = None
+    path: list[int] | None = None
+    generator: Any = None
+
+
+class _RowSampler:
+    """LogitsProcessor that chooses every row's next token itself (see module doc)."""
+
+    def __init__(self, backend: "HFBackend", rows: list[_Row], prompt_width: int):
+        import torch
+        import xgrammar as xgr
+
+        self.b = backend
+        self.rows = rows
+        self.prompt_width = prompt_width
+        self.torch = torch
+        self.xgr = xgr
+        self.bitmask = None
+        self.rejections = 0
+        for r in rows:
+            r.tokens, r.finish, r.matcher, r.path = [], None, None, None
+            r.generator = torch.Generator().manual_seed(r.seed)
+            if r.grammar is not None:
+                r.matcher = xgr.GrammarMatcher(r.grammar.compiled, override_stop_tokens=backend.stop_ids)
+                ip = r.grammar.initial_path
+                r.path = list(ip) if ip is not None and len(ip) <= r.max_tokens else None
+                if r.path is None:
+                    backend.stats["json_unguarded_rows"] += 1
+                    need = len(ip) if ip is not None else "unknown"
+                    log.warning("JSON row decodes without the termination guard: max_tokens=%d but the "
+                                "schema's shortest document needs %s tokens", r.max_tokens, need)
+        if any(r.grammar is not None for r in rows):
+            self.bitmask = xgr.allocate_token_bitmask(len(rows), backend.vocab_size)
+
+    def __call__(self, input_ids, scores):
+        torch = self.torch
+        b = self.b
+        k = input_ids.shape[1] - self.prompt_width  # tokens generated so far
+        nrows, vocab = scores.shape
+        chosen: dict[int, int] = {}
+        live = [i for i, r in enumerate(self.rows) if r.finish is None]
+        if b._closed:  # aclose(): end every row now so the decode thread returns promptly
+            for i in live:
+                self.rows[i].finish = "length"
+                chosen[i] = b.stop_ids[0]
+            live = []
+        # 1) rows whose token is fixed: budget exhausted, or the closing path is as long as the budget
+        sample_rows = []
+        for i in live:
+            r = self.rows[i]
+            left = r.max_tokens - k
+            if r.path is not None and len(r.path) >= left:
+                chosen[i] = r.path[0]
+            elif left <= 0:
+                chosen[i] = b.stop_ids[0]
+                r.finish = "length"
+            else:
+                sample_rows.append(i)
+        if sample_rows:
+            logits = scores.float()
+            if b.n_tokenizer < vocab:
+                logits[:, b.n_tokenizer:] = float("-inf")
+            constrained = [i for i in sample_rows if self.rows[i].matcher is not None]
+            if constrained:
+                for i in constrained:
+                    self.rows[i].matcher.fill_next_token_bitmask(self.bitmask, i)
+                self.xgr.apply_token_bitmask_inplace(
+                    logits, self.bitmask.to(logits.device), vocab_size=min(vocab, b.vocab_size), indices=constrained)
+                if b.banned_ids_tensor is not None:
+                    idx = torch.tensor(constrained, device=logits.device)
+                    logits[idx.unsqueeze(1), b.banned_ids_tensor.unsqueeze(0)] = float("-inf")
+            greedy = [i for i in sample_rows if self.rows[i].temperature < _GREEDY_EPS]
+            sampled = [i for i in sample_rows if self.rows[i].temperature >= _GREEDY_EPS]
+            if greedy:
+                picks = logits[greedy].argmax(dim=-1).tolist()
+                chosen.update(zip(greedy, picks))
+            if sampled:
+                chosen.update(zip(sampled, self._sample(logits, sampled)))
+        # 2) grammar bookkeeping: keep a closing path that fits the budget, or override the sample
+        for i in live:
+            r = self.rows[i]
+            tok = chosen[i]
+            if r.matcher is not None and r.finish is None:
+                tok = self._guard(r, tok, r.max_tokens - k)
+                chosen[i] = tok
+                if not r.matcher.accept_token(tok):  # cannot happen with a valid mask; end the row
+                    r.finish = "length"
+                    chosen[i] = b.stop_ids[0]
+                    continue
+            if r.finish is None:
+                if tok in b.stop_set:
+                    r.finish = "stop"
+                else:
+                    r.tokens.append(tok)
+        picks = torch.tensor([chosen.get(i, b.pad_id) for i in range(nrows)], device=scores.device)
+        out = torch.full_like(scores, float("-inf"))
+        out[torch.arange(nrows, device=scores.device), picks] = 0.0
+        return out
+
+    def _sample(self, logits, rows: list[int]) -> list[int]:
+        torch = self.torch
+        temps = torch.tensor([self.rows[i].temperature for i in rows], device=logits.device).unsqueeze(1)
+        top_p = torch.tensor([self.rows[i].top_p for i in rows], device=logits.device).unsqueeze(1)
+        u = torch.tensor([float(torch.rand(1, generator=self.rows[i].generator)) for i in rows],
+                         device=logits.device, dtype=torch.float32).unsqueeze(1)
+        probs = torch.softmax(logits[rows] / temps, dim=-1)
+        sp, si = torch.sort(probs, dim=-1, descending=True, stable=True)
+        cum = sp.cumsum(dim=-1)
+        sp = sp * ((cum - sp) < top_p)
+        cdf = sp.cumsum(dim=-1)
+        pos = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp(max=sp.shape[1] - 1)
+        return si.gather(1, pos).squeeze(1).tolist()
+
+    def _guard(self, r: _Row, tok: int, left: int) -> int:
+        """Return the token to emit for constrained row `r` with `left` tokens of budget
+        (this one included) and update r.path so that len(r.path) <= left - 1 afterwards."""
+        closer = self.b.closer
+        if r.path is None:  # unguarded row
+            return tok
+        if r.path and tok == r.path[0]:
+            r.path = r.path[1:]
+            return tok
+        after = r.matcher.fork()
+        new_path = None
+        if after.accept_token(tok):
+            if len(r.path) <= left - 1 and closer.verify(after, r.path):
+                new_path = r.path
+            else:
+                new_path = closer.path(after, cap=left - 1)
+        if new_path is None:  # the sample cannot be closed within budget: follow the path instead
+            self.rejections += 1
+            tok, r.path = r.path[0], r.path[1:]
+            return tok
+        r.path = new_path
+        return tok
+
+
+class HFBackend:
+    """transformers in-process backend. Build with `HFBackend.from_spec(spec)`."""
+
+    def __init__(self, spec: ModelSpec, model: Any, tokenizer: Any, device: str, dtype: Any):
+        import torch
+
+        self.spec = spec
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = device
+        self.dtype = dtype
+        self.model_id = spec.model
+        cfg = self._base_model().config
+        self.vocab_size = int(getattr(cfg.get_text_config(), "vocab_size", None) or len(tokenizer))  # lm_head rows
+        self.n_tokenizer = min(len(tokenizer), self.vocab_size)
+        text_cfg = cfg.get_text_config()
+        self.max_model_len = int(spec.max_model_len or getattr(text_cfg, "max_position_embeddings", 0) or 10**9)
+        gen_cfg = self._base_model().generation_config
+        stops: list[int] = []
+        eos = getattr(gen_cfg, "eos_token_id", None)
+        for t in ([eos] if isinstance(eos, int) else list(eos or [])) + [tokenizer.eos_token_id]:
+            if t is not None and int(t) not in stops and int(t) < self.vocab_size:
+                stops.append(int(t))
+        if not stops:
+            raise BackendError(f"{spec.model}: tokenizer and generation config define no eos token")
+        self.stop_ids = stops
+        self.stop_set = set(stops)
+        pad = tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else stops[0])
+        special = {int(i) for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items() if t.special}
+        special |= {int(i) for i in tokenizer.all_special_ids if i is not None}
+        self.special_ids = {i for i in special if i < self.vocab_size}
+        banned = sorted(self.special_ids - self.stop_set)
+        self.banned_ids_tensor = torch.tensor(banned, dtype=torch.long, device=device) if banned else None
+        self._orig_generation_config = gen_cfg
+        from transformers import GenerationConfig
+
+        # A clean generation config so no processor from the model's own defaults (repetition
+        # penalty, top_k, suppress tokens, ...) alters the logits our sampler sees.
+        self._base_model().generation_config = GenerationConfig(
+            eos_token_id=stops, pad_token_id=self.pad_id, bos_token_id=getattr(gen_cfg, "bos_token_id", None))
+        self._tok_lock = threading.Lock()
+        self._run_lock = threading.Lock()
+        self._grammar_lock = threading.Lock()
+        self._grammars: dict[str, _Grammar] = {}
+        self._xgr_info = None
+        self._compiler = None
+        self._closer: _Closer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: collections.deque[_Row] = collections.deque()
+        self._wakeup: asyncio.Event | None = None
+        self._worker: asyncio.Task | None = None
+        self._inflight: list[_Row] = []
+        self._closed = False
+        self.batches_run = 0
+        self.stats: dict[str, int] = collections.Counter(
+            batches=0, rows=0, max_batch_rows=0, decode_steps=0, json_rows=0,
+            json_rejections=0, json_unguarded_rows=0)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_spec(cls, spec: ModelSpec) -> "HFBackend":
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if spec.backend != "hf":
+            raise BackendError(f"HFBackend needs a spec with backend 'hf', got {spec.backend!r}")
+        device = spec.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise BackendError(f"{spec.model}: device {device!r} requested but CUDA is not available")
+        if spec.dtype == "auto":
+            dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+        elif spec.dtype in _DTYPES:
+            dtype = getattr(torch, _DTYPES[spec.dtype])
+        else:
+            raise BackendError(f"{spec.model}: unknown dtype {spec.dtype!r} (allowed: auto, float32, bfloat16, float16)")
+        kw: dict[str, Any] = {"revision": spec.revision, "trust_remote_code": spec.trust_remote_code}
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(spec.model, **kw)
+            if device.startswith("cuda"):  # load straight onto the GPU
+                kw["device_map"] = device
+            model = AutoModelForCausalLM.from_pretrained(spec.model, dtype=dtype, **kw)
+        except (OSError, ValueError) as e:
+            raise BackendError(f"cannot load model {spec.model!r}: {e}") from e
+        model.to(device)
+        model.eval()
+        if spec.adapters:
+            from peft import PeftModel
+
+            items = list(spec.adapters.items())
+            try:
+                name, path = items[0]
+                model = PeftModel.from_pretrained(model, path, adapter_name=name, is_trainable=False)
+                for name, path in items[1:]:
+                    model.load_adapter(path, adapter_name=name, is_trainable=False)
+            except (OSError, ValueError) as e:
+                raise BackendError(f"cannot load LoRA adapter {name!r} from {path!r}: {e}") from e
+            model.to(device)
+            model.eval()
+        return cls(spec, model, tokenizer, device, dtype)
+
+    def _base_model(self) -> Any:
+        m = self.model
+        if hasattr(m, "get_base_model") and getattr(self.spec, "adapters", None):
+            return m.get_base_model()
+        return m
+
+    # ------------------------------------------------------------------ tokens
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """Prompt token ids: the chat template with the assistant generation prompt."""
+        with self._tok_lock:
+            ids = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        if ids and isinstance(ids[0], list):
+            ids = ids[0]
+        return [int(i) for i in ids]
+
+    def count_tokens(self, messages: list[dict[str, str]]) -> int:
+        return len(self.encode_chat(messages))
+
+    def decode(self, ids: list[int]) -> str:
+        with self._tok_lock:
+            return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    # ------------------------------------------------------------------ grammars
+    @property
+    def vocab_type(self) -> Any:
+        """xgrammar's detected vocabulary type (BYTE_LEVEL for byte-level BPE tokenizers)."""
+        self._ensure_xgrammar()
+        return self._xgr_info.vocab_type
+
+    @property
+    def closer(self) -> _Closer:
+        self._ensure_xgrammar()
+        assert self._closer is not None
+        return self._closer
+
+    def _ensure_xgrammar(self) -> None:
+        with self._grammar_lock:
+            if self._xgr_info is not None:
+                return
+            import xgrammar as xgr
+
+            info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,
+                                                      stop_token_ids=self.stop_ids)
+            self._compiler = xgr.GrammarCompiler(info)
+            self._closer = _Closer(info, self.stop_ids, self.special_ids, self.vocab_size)
+            self._xgr_info = info
+
+    def grammar_for(self, schema: dict[str, Any]) -> _Grammar:
+        """Compiled grammar (and its start-state closing path) for a JSON schema, cached by the
+        schema's canonical JSON. Raises ValueError for schemas xgrammar rejects."""
+        import xgrammar as xgr
+
+        key = json.dumps(schema, separators=(",", ":"))  # key order kept: it is the output order
+        with self._grammar_lock:
+            hit = self._grammars.get(key)
+        if hit is not None:
+            return hit
+        self._ensure_xgrammar()
+        try:
+            compiled = self._compiler.compile_json_schema(key, any_whitespace=False)
+        except Exception as e:  # xgrammar raises RuntimeError/ValueError subclasses
+            raise ValueError(f"JSON schema not supported by xgrammar: {e}") from e
+        start = xgr.GrammarMatcher(compiled, override_stop_tokens=self.stop_ids)
+        path = self.closer.path(start, cap=1 << 16)
+        grammar = _Grammar(compiled, path)
+        with self._grammar_lock:
+            self._grammars.setdefault(key, grammar)
+            return self._grammars[key]
+
+    # ------------------------------------------------------------------ public API
+    async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        if not requests:
+            return []
+        futures = [await self._submit(r) for r in requests]
+        return list(await asyncio.gather(*futures))
+
+    def describe(self) -> dict[str, Any]:
+        import torch
+        import transformers
+
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            xgr_version = version("xgrammar")
+        except PackageNotFoundError:  # pragma: no cover
+            xgr_version = None
+        cfg = self._base_model().config
+        cfg_file = Path(self.spec.model) / "config.json"
+        cfg_text = cfg_file.read_bytes() if cfg_file.is_file() else cfg.to_json_string().encode()
+        return {
+            "backend": "hf",
+            "model": self.spec.model,
+            "model_path": str(Path(self.spec.model).resolve()) if Path(self.spec.model).exists() else self.spec.model,
+            "revision": self.spec.revision or getattr(cfg, "_commit_hash", None),
+            "dtype": str(self.dtype).replace("torch.", ""),
+            "device": self.device,
+            "architectures": getattr(cfg, "architectures", None),
+            "vocab_size": self.vocab_size,
+            "max_model_len": self.max_model_len,
+            "adapters": dict(self.spec.adapters),
+            "max_batch_size": self.spec.max_batch_size,
+            "batch_wait_ms": self.spec.batch_wait_ms,
+            "config_sha256": hashlib.sha256(cfg_text).hexdigest(),
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+            "xgrammar": xgr_version,
+        }
+
+    async def aclose(self) -> None:
+        self._closed = True
+        worker = self._worker
+        if self._wakeup is not None:
+            self._wakeup.set()
+        if worker is not None and not worker.done():
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # pragma: no cover
+                loop = None
+            if loop is self._loop:
+                try:
+                    await asyncio.wait_for(asyncio.shield(worker), timeout=1.0)
+                except (asyncio.TimeoutError, asyncio.CancelledError):
+                    worker.cancel()
+            else:
+                worker.cancel()
+        self._fail_queued("backend closed")
+        self._fail_rows(self._inflight, "backend closed during generation")
+        self._worker = None
+
+    # ------------------------------------------------------------------ queue and worker
+    def _error_result(self, pending_t0: float, error: str, prompt_ids: list[int] | None = None) -> GenerationResult:
+        return GenerationResult(
+            completions=[], prompt_tokens=len(prompt_ids or []), latency_s=time.perf_counter() - pending_t0,
+            model_id=self.model_id, error=error, prompt_token_ids=prompt_ids)
+
+    def _adapter_name(self, adapter: str | None) -> str | None:
+        if adapter is None:
+            return None
+        if adapter in self.spec.adapters:
+            return adapter
+        for name, path in self.spec.adapters.items():
+            if adapter == path or Path(adapter).resolve() == Path(path).resolve():
+                return name
+        raise KeyError(adapter)
+
+    async def _submit(self, req: GenerationRequest) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future = loop.create_future()
+        t0 = time.perf_counter()
+
+        def fail(msg: str, prompt_ids: list[int] | None = None) -> asyncio.Future:
+            fut.set_result(self._error_result(t0, msg, prompt_ids))
+            return fut
+
+        if self._closed:
+            return fail("backend closed")
+        s = req.sampling
+        if s.n < 1 or s.max_tokens < 1:
+            return fail(f"invalid sampling params: n={s.n}, max_tokens={s.max_tokens} (both must be >= 1)")
+        if s.temperature < 0 or not (0 < s.top_p <= 1):
+            return fail(f"invalid sampling params: temperature={s.temperature} (>= 0), top_p={s.top_p} (0 < p <= 1)")
+        try:
+            adapter = self._adapter_name(req.adapter)
+        except KeyError:
+            known = ", ".join(sorted(self.spec.adapters)) or "none configured"
+            return fail(f"unknown adapter {req.adapter!r} (known: {known})")
+        try:
+            prompt_ids = self.encode_chat(req.messages)
+        except Exception as e:  # template errors: bad roles, missing content, ...
+            return fail(f"chat template failed: {type(e).__name__}: {e}")
+        if len(prompt_ids) >= self.max_model_len:
+            return fail(f"prompt too long: {len(prompt_ids)} tokens, but the model's max length is "
+                        f"{self.max_model_len} tokens (max_model_len / max_position_embeddings)", prompt_ids)
+        grammar = None
+        if req.json_schema is not None:
+            try:
+                grammar = self._grammars.get(json.dumps(req.json_schema, separators=(",", ":")))
+                if grammar is None:  # compile off the event loop
+                    grammar = await asyncio.to_thread(self.grammar_for, req.json_schema)
+            except (TypeError, ValueError) as e:
+                return fail(str(e), prompt_ids)
+        max_tokens = min(s.max_tokens, self.max_model_len - len(prompt_ids))
+        pending = _Pending(req, fut, t0, prompt_ids, [None] * s.n, s.n)
+        self._ensure_worker(loop)
+        for j in range(s.n):
+            self._queue.append(_Row(
+                pending=pending, j=j, prompt_ids=prompt_ids, max_tokens=max_tokens,
+                temperature=float(s.temperature), top_p=float(s.top_p), seed=_row_seed(s.seed, j),
+                grammar=grammar, adapter=adapter))
+        assert self._wakeup is not None
+        self._wakeup.set()
+        return fut
+
+    def _ensure_worker(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._loop is not loop or self._worker is None or self._worker.done():
+            if self._loop is not loop:  # rows of a finished loop can never be delivered
+                self._queue = collections.deque()
+                self._inflight = []
+            self._loop = loop
+            self._wakeup = asyncio.Event()
+            self._worker = loop.create_task(self._work(), name="hf-backend-worker")
+
+    def _take_batch(self) -> list[_Row]:
+        first = self._queue[0]
+        batch: list[_Row] = []
+        keep: collections.deque[_Row] = collections.deque()
+        while self._queue:
+            r = self._queue.popleft()
+            if len(batch) < self.spec.max_batch_size and r.adapter == first.adapter:
+                batch.append(r)
+            else:
+                keep.append(r)
+        self._queue = keep
+        return batch
+
+    async def _work(self) -> None:
+        assert self._wakeup is not None
+        wakeup = self._wakeup
+        wait_s = self.spec.batch_wait_ms / 1000.0
+        while not self._closed:
+            if not self._queue:
+                wakeup.clear()
+                await wakeup.wait()
+                continue
+            if len(self._queue) < self.spec.max_batch_size and wait_s > 0:
+                deadline = time.perf_counter() + wait_s
+                while len(self._queue) < self.spec.max_batch_size and not self._closed:
+                    left = deadline - time.perf_counter()
+                    if left <= 0:
+                        break
+                    wakeup.clear()
+                    try:
+                        await asyncio.wait_for(wakeup.wait(), timeout=left)
+                    except asyncio.TimeoutError:
+                        break
+            if self._closed or not self._queue:
+                continue
+            batch = self._take_batch()
+            self._inflight = batch
+            try:
+                error = await asyncio.to_thread(self._run_batch, batch)
+            except Exception as e:  # never let one bad batch kill the worker
+                log.exception("hf backend batch failed")
+                error = f"generation failed: {type(e).__name__}: {e}"
+            self._deliver(batch, error)
+            self._inflight = []
+        self._fail_queued("backend closed")
+
+    def _deliver(self, batch: list[_Row], error: str | None) -> None:
+        for r in batch:
+            p = r.pending
+            if p.future.done():
+                continue
+            if error is not None:
+                p.future.set_result(self._error_result(p.t0, error, p.prompt_ids))
+                continue
+            p.completions[r.j] = Completion(text=self.decode(r.tokens), token_ids=list(r.tokens),
+                                            finish_reason=r.finish or "length")
+            p.remaining -= 1
+            if p.remaining == 0:
+                comps = [c for c in p.completions if c is not None]
+                p.future.set_result(GenerationResult(
+                    completions=comps, prompt_tokens=len(p.prompt_ids),
+                    completion_tokens=sum(len(c.token_ids or []) for c in comps),
+                    latency_s=time.perf_counter() - p.t0, model_id=self.model_id,
+                    prompt_token_ids=list(p.prompt_ids)))
+
+    def _fail_queued(self, msg: str) -> None:
+        rows, self._queue = list(self._queue), collections.deque()
+        self._fail_rows(rows, msg)
+
+    def _fail_rows(self, rows: list[_Row], msg: str) -> None:
+        for r in rows:
+            if not r.pending.future.done() and not r.pending.future.get_loop().is_closed():
+                r.pending.future.set_result(self._error_result(r.pending.t0, msg, r.pending.prompt_ids))
+
+    # ------------------------------------------------------------------ one batched decode
+    def _run_batch(self, rows: list[_Row]) -> str | None:
+        """Decode `rows` together (in a worker thread). Fills each row's tokens and finish."""
+        import torch
+        from transformers import GenerationConfig, LogitsProcessorList
+
+        with self._run_lock:
+            if any(r.grammar is not None for r in rows):
+                self._ensure_xgrammar()
+            width = max(len(r.prompt_ids) for r in rows)
+            input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+            attention = torch.zeros((len(rows), width), dtype=torch.long)
+            for i, r in enumerate(rows):
+                n = len(r.prompt_ids)
+                input_ids[i, width - n:] = torch.tensor(r.prompt_ids, dtype=torch.long)
+                attention[i, width - n:] = 1
+            sampler = _RowSampler(self, rows, width)
+            max_new = max(r.max_tokens for r in rows)
+            gen_cfg = GenerationConfig(
+                max_new_tokens=max_new, do_sample=False, num_beams=1, eos_token_id=self.stop_ids,
+                pad_token_id=self.pad_id)
+            adapter = rows[0].adapter
+            ctx: Any = contextlib.nullcontext()
+            if self.spec.adapters:
+                if adapter is None:
+                    ctx = self.model.disable_adapter()
+                else:
+                    self.model.set_adapter(adapter)
+            with torch.inference_mode(), ctx:
+                out = self.model.generate(
+                    input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
+                    generation_config=gen_cfg, logits_processor=LogitsProcessorList([sampler]))
+            self.batches_run += 1
+            st = self.stats
+            st["batches"] += 1
+            st["rows"] += len(rows)
+            st["max_batch_rows"] = max(st["max_batch_rows"], len(rows))
+            st["decode_steps"] += int(out.shape[1] - width)
+            st["json_rows"] += sum(r.grammar is not None for r in rows)
+            st["json_rejections"] += sampler.rejections
+        return None

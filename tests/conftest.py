@@ -1,0 +1,39 @@
+"""Shared pytest setup: offline Hugging Face settings and tiny random models built once per session.
+
+The tiny models (hidden 64, 2 layers, 2048-token byte-level BPE with a ChatML template) are built
+locally by `lhd_train.tiny_model.build_tiny_model`; nothing is downloaded.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+def _build(arch: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from lhd_train.tiny_model import build_tiny_model
+
+    return build_tiny_model(arch, tmp_path_factory.mktemp(f"tiny_{arch}"), seed=0)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _build("llama", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _build("qwen2", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _build("qwen3", tmp_path_factory)

@@ -1,0 +1,311 @@
+"""`hf` backend on tiny random models: batching, per-row sampling, constrained JSON, accounting,
+errors, adapters; plus the structured-output helpers."""
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Literal
+
+import pytest
+from pydantic import BaseModel, Field
+
+from rollouts.backend import Backend
+from rollouts.hf_backend import HFBackend
+from rollouts.spec import ModelSpec
+from rollouts.structured import parse_json_output, schema_for
+from rollouts.types import GenerationRequest, SamplingParams
+
+USER = [{"role": "user", "content": "Report the status of the task as JSON."}]
+
+
+class Verdict(BaseModel):
+    reasoning: str
+    severity: int = Field(ge=0, le=4)
+    confidence: float = Field(ge=0, le=1)
+    flag: bool
+    label: Literal["FALSIFICATION", "CONCEALMENT", "EQUIVOCATION"]
+    note: str = Field(max_length=12)
+
+
+class Inner(BaseModel):
+    score: int = Field(ge=1, le=10)
+    tags: list[str] = Field(max_length=3)
+
+
+class Outer(BaseModel):
+    summary: str
+    inner: Inner
+    items: list[Inner] = Field(default_factory=list, max_length=2)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def make_backend(path, **kw) -> HFBackend:
+    return HFBackend.from_spec(ModelSpec(backend="hf", model=str(path), **kw))
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_llama_dir):
+    return make_backend(tiny_llama_dir, batch_wait_ms=30, max_batch_size=32)
+
+
+@pytest.fixture(scope="module")
+def qwen3(tiny_qwen3_dir):
+    return make_backend(tiny_qwen3_dir, batch_wait_ms=30, max_batch_size=32)
+
+
+def req(content="hello", temperature=1.0, max_tokens=16, seed=0, n=1, schema=None, system=None, adapter=None):
+    msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": content}]
+    return GenerationRequest(msgs, SamplingParams(temperature=temperature, top_p=1.0, max_tokens=max_tokens,
+                                                  seed=seed, n=n), schema, adapter)
+
+
+async def concurrently(backend, requests):
+    """Each request from its own task, as concurrent trials would call it."""
+    results = await asyncio.gather(*[backend.generate([r]) for r in requests])
+    return [r for (r,) in results]
+
+
+def test_protocol_describe_and_vocab_type(llama, tiny_qwen2_dir):
+    import xgrammar as xgr
+
+    assert isinstance(llama, Backend)
+    d = llama.describe()
+    for key in ("model", "revision", "dtype", "device", "transformers", "torch", "config_sha256"):
+        assert key in d
+    assert d["dtype"] == "float32" and d["device"] == "cpu" and len(d["config_sha256"]) == 64
+    assert llama.vocab_type == xgr.VocabType.BYTE_LEVEL
+    assert make_backend(tiny_qwen2_dir).vocab_type == xgr.VocabType.BYTE_LEVEL
+
+
+def test_concurrent_requests_are_batched(llama):
+    before = llama.batches_run
+    results = run(concurrently(llama, [req(f"question {i}", seed=i, max_tokens=6) for i in range(12)]))
+    assert all(r.ok for r in results)
+    assert all(len(r.completions[0].token_ids) <= 6 for r in results)
+    assert llama.batches_run - before < 12
+    assert llama.batches_run - before <= 2
+    assert llama.stats["max_batch_rows"] >= 6
+
+
+def test_seeded_sampling_is_reproducible(llama):
+    base = req("tell me a story", seed=7, max_tokens=20)
+    a = run(llama.generate([base]))[0]
+    b = run(llama.generate([base]))[0]
+    assert a.text == b.text and a.completions[0].token_ids == b.completions[0].token_ids
+    # the same request inside a batch of others still draws the same tokens
+    mixed = run(concurrently(llama, [req("other", seed=1, max_tokens=20), base, req("x" * 40, seed=2)]))
+    assert mixed[1].completions[0].token_ids == a.completions[0].token_ids
+    c = run(llama.generate([req("tell me a story", seed=8, max_tokens=20)]))[0]
+    assert c.completions[0].token_ids != a.completions[0].token_ids
+    many = run(llama.generate([req("tell me a story", seed=7, max_tokens=20, n=3)]))[0]
+    assert len(many.completions) == 3
+    assert many.completions[0].token_ids == a.completions[0].token_ids
+    assert len({tuple(c.token_ids) for c in many.completions}) == 3
+    assert many.completion_tokens == sum(len(c.token_ids) for c in many.completions)
+
+
+def test_greedy_matches_hf_generate(llama):
+    import torch
+
+    r = req("What is 2 + 2?", temperature=0.0, max_tokens=24, seed=None)
+    res = run(llama.generate([r]))[0]
+    ids = llama.tokenizer.apply_chat_template(r.messages, add_generation_prompt=True, return_dict=False)
+    with torch.inference_mode():
+        out = llama.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                   do_sample=False, max_new_tokens=24)
+    expected = out[0, len(ids):].tolist()
+    if llama.tokenizer.eos_token_id in expected:
+        expected = expected[: expected.index(llama.tokenizer.eos_token_id)]
+    assert res.completions[0].token_ids == expected
+    # left padding in a batch with longer prompts does not change a greedy row
+    batch = run(concurrently(llama, [req("a much longer prompt " * 6, temperature=0, max_tokens=8), r,
+                                     req("mid length prompt here", temperature=0, max_tokens=30)]))
+    assert batch[1].completions[0].token_ids == expected
+
+
+@pytest.mark.parametrize("which", ["llama", "qwen3"])
+def test_constrained_json_always_parses(which, request):
+    backend = request.getfixturevalue(which)
+    schema = schema_for(Verdict)
+    budgets = [48, 56, 64, 96]
+    requests = [req(f"case {i}", seed=1000 + i, max_tokens=budgets[i % 4], schema=schema, temperature=1.0)
+                for i in range(20)]
+    results = run(concurrently(backend, requests))
+    for r, q in zip(results, requests):
+        assert r.ok, r.error
+        c = r.completions[0]
+        assert c.finish_reason == "stop", c.text
+        assert len(c.token_ids) < q.sampling.max_tokens
+        obj = json.loads(c.text, strict=False)
+        assert list(obj) == list(Verdict.model_fields)
+        value, err = parse_json_output(c.text, Verdict)
+        assert err is None and value is not None, (err, c.text)
+    # the budget guard really worked: some rows wrote long strings before closing
+    assert max(len(json.loads(r.text, strict=False)["reasoning"]) for r in results) > 20
+
+
+def test_nested_schema_with_arrays_parses_under_tight_budget(qwen3):
+    schema = schema_for(Outer)
+    results = run(concurrently(qwen3, [req(f"n{i}", seed=i, max_tokens=40 + 3 * i, schema=schema) for i in range(8)]))
+    for r in results:
+        value, err = parse_json_output(r.text, Outer)
+        assert err is None, (err, r.text)
+        assert r.completions[0].finish_reason == "stop"
+
+
+def test_mixed_constrained_and_free_rows_share_a_batch(llama):
+    schema = schema_for(Verdict)
+    llama.grammar_for(schema)  # compiled up front so every row is queued within the batch window
+    before = llama.batches_run
+    requests = [req(f"r{i}", seed=i, max_tokens=48, schema=schema if i % 2 else None) for i in range(10)]
+    results = run(concurrently(llama, requests))
+    assert llama.batches_run - before == 1
+    for r, q in zip(results, requests):
+        if q.json_schema:
+            assert parse_json_output(r.text, Verdict)[1] is None
+        else:
+            assert r.completions[0].token_ids  # free text, almost surely not JSON
+    free = [r.text for r, q in zip(results, requests) if not q.json_schema]
+    assert sum(t.lstrip().startswith("{") for t in free) < len(free)
+
+
+def test_max_tokens_is_per_row(llama):
+    budgets = [1, 3, 7, 15, 31]
+    results = run(concurrently(llama, [req("count", seed=i, max_tokens=m) for i, m in enumerate(budgets)]))
+    for r, m in zip(results, budgets):
+        c = r.completions[0]
+        assert len(c.token_ids) <= m
+        if len(c.token_ids) == m:
+            assert c.finish_reason == "length"
+        else:
+            assert c.finish_reason == "stop"
+    assert sum(len(r.completions[0].token_ids) == m for r, m in zip(results, budgets)) >= 3
+
+
+def test_prompt_too_long_is_an_error_result(tiny_llama_dir):
+    backend = make_backend(tiny_llama_dir, max_model_len=32, batch_wait_ms=0)
+    long_req = req("many words " * 40, max_tokens=8)
+    short_req = req("hi", max_tokens=100)
+    n_prompt = backend.count_tokens(long_req.messages)
+    long_res, short_res = run(backend.generate([long_req, short_req]))
+    assert not long_res.ok and long_res.error and str(n_prompt) in long_res.error and "32" in long_res.error
+    assert short_res.ok
+    # the prompt fits, so generation is clamped to the context instead
+    assert short_res.prompt_tokens + len(short_res.completions[0].token_ids) <= 32
+    run(backend.aclose())
+
+
+def test_token_counts_match_tokenizer(qwen3):
+    r = req("count my tokens please 12345", system="be brief", seed=3, max_tokens=12)
+    res = run(qwen3.generate([r]))[0]
+    ids = qwen3.tokenizer.apply_chat_template(r.messages, add_generation_prompt=True, return_dict=False)
+    assert res.prompt_tokens == len(ids) == qwen3.count_tokens(r.messages)
+    assert res.prompt_token_ids == ids
+    c = res.completions[0]
+    assert res.completion_tokens == len(c.token_ids)
+    assert c.text == qwen3.tokenizer.decode(c.token_ids, skip_special_tokens=True)
+    assert res.latency_s > 0 and res.model_id == qwen3.model_id
+
+
+def test_bad_requests_give_error_results(llama):
+    bad_schema = {"type": "object", "properties": {"x": {"type": "no-such-type"}}, "required": ["x"]}
+    results = run(llama.generate([req(schema=bad_schema), req(adapter="nope"), req(max_tokens=0), req()]))
+    assert [r.ok for r in results] == [False, False, False, True]
+    assert "schema" in results[0].error and "nope" in results[1].error and "max_tokens" in results[2].error
+
+
+def test_lora_adapters_switch_per_batch(tiny_llama_dir, tmp_path):
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=64, target_modules=["q_proj", "v_proj", "o_proj"],
+                                                 init_lora_weights=False))
+    peft_model.save_pretrained(tmp_path / "adapter")
+    plain = make_backend(tiny_llama_dir, batch_wait_ms=30)
+    both = make_backend(tiny_llama_dir, batch_wait_ms=30, adapters={"perf": str(tmp_path / "adapter")})
+    g = dict(temperature=0.0, max_tokens=16, seed=None)
+    ref = run(plain.generate([req("adapter test", **g)]))[0]
+    out = run(concurrently(both, [req("adapter test", **g), req("adapter test", adapter="perf", **g),
+                                  req("adapter test", adapter=str(tmp_path / "adapter"), **g),
+                                  req("adapter test", adapter="missing", **g)]))
+    assert out[0].completions[0].token_ids == ref.completions[0].token_ids
+    assert out[1].completions[0].token_ids != ref.completions[0].token_ids
+    assert out[2].completions[0].token_ids == out[1].completions[0].token_ids
+    assert not out[3].ok and "missing" in out[3].error
+    assert both.describe()["adapters"] == {"perf": str(tmp_path / "adapter")}
+
+
+def test_aclose_stops_the_worker(tiny_llama_dir):
+    backend = make_backend(tiny_llama_dir, batch_wait_ms=0)
+
+    async def go():
+        first = await backend.generate([req(max_tokens=2)])
+        await backend.aclose()
+        after = await backend.generate([req(max_tokens=2)])
+        return first[0], after[0], backend._worker
+
+    first, after, worker = run(go())
+    assert first.ok and not after.ok and "closed" in after.error and worker is None
+
+
+# ---------------------------------------------------------------- structured helpers
+def test_schema_for_inlines_refs_and_keeps_bounds(llama):
+    s = schema_for(Outer)
+    text = json.dumps(s)
+    assert "$ref" not in text and "$defs" not in text and '"title"' not in text
+    inner = s["properties"]["inner"]
+    assert inner["properties"]["score"]["minimum"] == 1 and inner["properties"]["score"]["maximum"] == 10
+    assert inner["properties"]["tags"]["maxItems"] == 3
+    assert s["properties"]["items"]["maxItems"] == 2 and s["additionalProperties"] is False
+    v = schema_for(Verdict)["properties"]
+    assert v["note"]["maxLength"] == 12 and v["label"]["enum"] == ["FALSIFICATION", "CONCEALMENT", "EQUIVOCATION"]
+    llama.grammar_for(s)  # xgrammar accepts it
+
+
+@pytest.mark.parametrize("text", [
+    '{"score": 3, "tags": ["a"]}',
+    'Sure! Here it is:\n```json\n{"score": 3, "tags": ["a"]}\n```\nAnything else?',
+    '<think>maybe {"score": 99}</think>\n{"score": 3, "tags": ["a"]}',
+    'reasoning {not json} then {"score": 3, "tags": ["a"]} trailing',
+    '{"score": 3, "tags": ["a\x10b"]}'.replace('a\x10b', 'a'),
+    'plan first</think>{"score": 3, "tags": ["a"]}',
+])
+def test_parse_json_output_is_tolerant(text):
+    value, err = parse_json_output(text, Inner)
+    assert err is None and value == Inner(score=3, tags=["a"])
+
+
+def test_parse_json_output_control_chars_and_errors():
+    value, err = parse_json_output('{"score": 2, "tags": ["x\x10y"]}', Inner)
+    assert err is None and value.tags == ["x\x10y"]
+    assert parse_json_output("", Inner) == (None, "empty output")
+    assert parse_json_output("no braces here", Inner)[1] == "no JSON object found"
+    value, err = parse_json_output('{"score": 11, "tags": []}', Inner)
+    assert value is None and "score" in err
+    value, err = parse_json_output('{"score": 1, "tags": [', Inner)
+    assert value is None and err
+
+
+def test_aclose_during_generation_fails_the_request_promptly(tiny_llama_dir):
+    import time
+
+    backend = make_backend(tiny_llama_dir, batch_wait_ms=0)
+
+    async def go():
+        task = asyncio.create_task(backend.generate([req(max_tokens=4000)]))
+        while not backend._inflight:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        t0 = time.perf_counter()
+        await backend.aclose()
+        return (await task)[0], time.perf_counter() - t0
+
+    res, took = run(go())
+    assert not res.ok and "closed" in res.error
+    assert took < 5

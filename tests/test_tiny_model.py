@@ -1,0 +1,116 @@
+"""Tiny random models: tokenizer round trip through AutoTokenizer, chat template, determinism."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lhd_train.tiny_model import (
+    CHAT_TEMPLATE,
+    IM_END,
+    PAD_TOKEN,
+    SIDECAR,
+    build_tiny_model,
+    tiny_model_command,
+    train_tokenizer,
+    builtin_corpus,
+)
+
+TEXTS = [
+    'Hello {"score": 12345, "confidence": -3.14e5, "flag": true}\n\n  tabs\tand  spaces',
+    "ünïcødé 日本語 emoji 🙂 and numbers 0 7 42 1000000",
+    "The supervisor asked for the Q3 report by Friday; the data were incomplete.",
+    "<think>private</think>```json\n{\"a\": [1, 2, null]}\n```",
+    "<|im_start|>user\nspecial tokens inside text<|im_end|>",
+]
+
+
+@pytest.fixture(scope="module")
+def trained_tokenizer():
+    return train_tokenizer(builtin_corpus(), vocab_size=2048)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_autotokenizer_gives_the_trained_ids(arch, request, trained_tokenizer):
+    from transformers import AutoConfig, AutoTokenizer
+
+    path = request.getfixturevalue(f"tiny_{arch}_dir")
+    assert AutoConfig.from_pretrained(path).model_type == arch
+    auto = AutoTokenizer.from_pretrained(path)
+    for text in TEXTS:
+        assert auto(text)["input_ids"] == trained_tokenizer(text)["input_ids"], (arch, text)
+        assert auto.decode(auto(text)["input_ids"]) == text
+    msgs = [{"role": "system", "content": "sys 12"}, {"role": "user", "content": TEXTS[0]}]
+    assert auto.apply_chat_template(msgs, add_generation_prompt=True, return_dict=False) == \
+        trained_tokenizer.apply_chat_template(msgs, add_generation_prompt=True, return_dict=False)
+    assert auto.eos_token == IM_END and auto.pad_token == PAD_TOKEN
+
+
+def test_chat_template_system_generation_prompt_and_assistant_mask(tiny_llama_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    assert tok.chat_template == CHAT_TEMPLATE
+    msgs = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello there"},
+    ]
+    text = tok.apply_chat_template(msgs, tokenize=False)
+    assert text == ("<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+                    "<|im_start|>assistant\nhello there<|im_end|>\n")
+    prompt = tok.apply_chat_template(msgs[:2], tokenize=False, add_generation_prompt=True)
+    assert prompt.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    enc = tok.apply_chat_template(msgs, return_dict=True, return_assistant_tokens_mask=True)
+    ids = [i for i, m in zip(enc["input_ids"], enc["assistant_masks"]) if m]
+    assert tok.decode(ids) == "hello there<|im_end|>"
+
+
+def test_model_files_sidecar_and_generation_config(tiny_qwen3_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    info = json.loads((tiny_qwen3_dir / SIDECAR).read_text())
+    assert info["arch"] == "qwen3" and info["seed"] == 0 and info["hidden_size"] == 64
+    assert info["num_layers"] == 2 and info["vocab_size"] == 2048
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3_dir)
+    cfg = model.config
+    assert (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (4, 2, 16)
+    assert cfg.max_position_embeddings == 8192 and cfg.vocab_size == 2048 >= len(tok)
+    assert model.generation_config.eos_token_id == tok.convert_tokens_to_ids(IM_END) == tok.eos_token_id
+    assert model.generation_config.pad_token_id == tok.pad_token_id
+    assert sum(p.numel() for p in model.parameters()) == info["n_params"]
+
+
+def _weights(path):
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+def test_same_seed_same_weights_and_vocab(tmp_path, tiny_llama_dir):
+    import torch
+
+    corpus = builtin_corpus()
+    again = build_tiny_model("llama", tmp_path / "again", seed=0, corpus=corpus)
+    other = build_tiny_model("llama", tmp_path / "other", seed=1, corpus=corpus)
+    a, b, c = _weights(tiny_llama_dir), _weights(again), _weights(other)
+    assert a.keys() == b.keys() == c.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], c[k]) for k in a if a[k].dim() > 1)
+    vocab = lambda p: json.loads((p / "tokenizer.json").read_text())["model"]  # noqa: E731
+    assert vocab(tiny_llama_dir) == vocab(again) == vocab(other)
+
+
+def test_command_writes_a_loadable_model(tmp_path, capsys):
+    from transformers import AutoModelForCausalLM
+
+    from lhd_train.errors import InputError
+
+    out = tiny_model_command("qwen2", tmp_path / "m", seed=3, hidden_size=32, layers=1)
+    assert "wrote tiny qwen2 model" in capsys.readouterr().out
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.hidden_size == 32 and model.config.num_hidden_layers == 1
+    assert json.loads((out / SIDECAR).read_text())["seed"] == 3
+    with pytest.raises(InputError, match="arch"):
+        tiny_model_command("gpt2", tmp_path / "bad")
