@@ -218,6 +218,7 @@ class _RowSampler:
         self.xgr = xgr
         self.bitmask = None
         self.rejections = 0
+        self.interrupted = False
         for r in rows:
             r.tokens, r.finish, r.matcher, r.path = [], None, None, None
             r.generator = torch.Generator().manual_seed(r.seed)
@@ -240,7 +241,8 @@ class _RowSampler:
         nrows, vocab = scores.shape
         chosen: dict[int, int] = {}
         live = [i for i, r in enumerate(self.rows) if r.finish is None]
-        if b._closed:  # aclose(): end every row now so the decode thread returns promptly
+        if b._closed and live:  # aclose(): end every row now so the decode thread returns promptly
+            self.interrupted = True
             for i in live:
                 self.rows[i].finish = "length"
                 chosen[i] = b.stop_ids[0]
@@ -756,4 +758,4 @@ class HFBackend:
             st["decode_steps"] += int(out.shape[1] - width)
             st["json_rows"] += sum(r.grammar is not None for r in rows)
             st["json_rejections"] += sampler.rejections
-        return None
+        return "backend closed during generation" if sampler.interrupted else None
