@@ -60,20 +60,30 @@ class Memory:
             self.recent.popleft()
         self.recent.append(note)
 
-    def render(self) -> str:
+    def render(self, full_files: set[str] | None = None, max_recent: int | None = None) -> str:
+        """`full_files`: names whose content is shown (None = all; the others are listed by name
+        only); `max_recent`: newest verbatim rounds shown. Both exist for the context policy."""
         parts = []
         if self.files:
             parts.append("=== FILES SHARED SO FAR (each once) ===")
             for name, content in self.files.items():
-                parts += [f"--- file: {name} ---", content.rstrip("\n"), f"--- end of {name} ---"]
+                if full_files is None or name in full_files:
+                    parts += [f"--- file: {name} ---", content.rstrip("\n"), f"--- end of {name} ---"]
+                else:
+                    parts.append(f"--- file: {name} (content omitted here to fit the context window) ---")
         if self.summaries:
             parts.append("=== YOUR NOTES ON EARLIER ROUNDS (oldest first) ===")
             for s in self.summaries:
                 text = s["text"] if s.get("status", "ok") == "ok" else "(note unavailable: summary failed)"
                 parts.append(f"[Round {s['global_round']}] {text.strip()}")
-        if self.recent:
+        recent = list(self.recent)[-max_recent:] if max_recent is not None else list(self.recent)
+        if max_recent == 0:
+            recent = []
+        if len(recent) < len(self.recent):
+            parts.append(f"({len(self.recent) - len(recent)} recent rounds omitted here to fit the context window)")
+        if recent:
             parts.append("=== RECENT ROUNDS IN FULL (oldest first) ===")
-            parts += [n.render() for n in self.recent]
+            parts += [n.render() for n in recent]
         if not parts:
             return "This is your first round with the assistant: there is no earlier memory."
         return "\n".join(parts)

@@ -49,6 +49,7 @@ class SupervisorRound:
     calls: list[dict[str, Any]]
     summaries_added: list[dict[str, Any]]
     task_complete: bool
+    context: dict[str, Any] | None = None
 
     @property
     def feedback_text(self) -> str:
@@ -74,7 +75,28 @@ class Supervisor:
     def system_message(self) -> dict[str, str]:
         return {"role": "system", "content": self.prompts.render("supervisor_system", pack_description=self.pack_description)}
 
-    def evaluation_message(self, task: Any, event: Any | None, round_no: int, answer: str) -> str:
+    def fit_evaluation_message(self, task: Any, event: Any | None, round_no: int, answer: str,
+                               reserve_tokens: int) -> tuple[str, dict[str, Any]]:
+        """Context policy: the full memory when it fits; otherwise older tasks' files by name only,
+        then fewer verbatim rounds. What was left out is recorded with the round."""
+        limit = getattr(self.backend, "max_model_len", None)
+        budget = limit - reserve_tokens if limit else None
+        system = self.system_message()
+        current = {f.name for f in task.files}
+        k = len(self.memory.recent)
+        plans = [(None, k)] + [(current, r) for r in range(k, -1, -1)]
+        for files, recent in plans:
+            text = self.evaluation_message(task, event, round_no, answer, files, recent)
+            n = self.backend.count_tokens([system, {"role": "user", "content": text}])
+            if budget is None or n <= budget:
+                break
+        info = {"budget_tokens": budget, "prompt_tokens": n,
+                "files_omitted": 0 if files is None else len(set(self.memory.files) - current),
+                "recent_rounds_shown": recent, "fits": budget is None or n <= budget}
+        return text, info
+
+    def evaluation_message(self, task: Any, event: Any | None, round_no: int, answer: str,
+                           full_files: set[str] | None = None, max_recent: int | None = None) -> str:
         if event is None:
             situation = "No special situation for this task."
         else:
@@ -85,7 +107,7 @@ class Supervisor:
         return "\n".join([
             self.prompts.render("supervisor_evaluation", threshold=self.threshold, max_rounds=self.max_rounds),
             "",
-            self.memory.render(),
+            self.memory.render(full_files, max_recent),
             "",
             f"=== CURRENT TASK {task.index}: {task.title} (round {round_no} of {self.max_rounds}) ===",
             task.prompt.rstrip("\n"),
@@ -106,9 +128,21 @@ class Supervisor:
     async def review(self, task: Any, event: Any | None, round_no: int, global_round: int, answer: str) -> SupervisorRound:
         self.memory.add_files(task.files)
         before = dict(self.state)
-        eval_user = self.evaluation_message(task, event, round_no, answer)
+        # Reserve room for the feedback stage, which adds the evaluation reply and its prompt.
+        reserve = self.sampling("evaluation", 1).max_tokens + self.sampling("feedback", 1).max_tokens + 400
+        eval_user, context = self.fit_evaluation_message(task, event, round_no, answer, reserve)
         system = self.system_message()
 
+        if not context["fits"]:  # even the smallest memory does not fit: record, do not crash
+            note = RoundNote(global_round, task.index, task.title, round_no, event.name if event else None, answer,
+                             "", before, dict(self.state), "", False)
+            self.memory.push(note, None if self.memory.needs_summary() is None else
+                             {"global_round": self.memory.recent[0].global_round, "text": "", "status": "failed"})
+            return SupervisorRound(None, None, before, dict(self.state), "failed", 0,
+                                   [{"stage": "evaluation", "attempt": 0, "error": None,
+                                     "parse_error": f"prompt of {context['prompt_tokens']} tokens exceeds the "
+                                                    f"budget of {context['budget_tokens']}"}],
+                                   [], False, context)
         ev = await ask_structured(
             self.backend, lambda note: [system, {"role": "user", "content": eval_user + note}], Evaluation,
             "evaluation", lambda a: self.sampling("evaluation", a), self.max_attempts, self.store_messages, self.adapter,
@@ -147,7 +181,7 @@ class Supervisor:
         self.memory.push(note, summaries[0] if summaries else None)
         return SupervisorRound(
             evaluation, fb_value, before, dict(self.state), status, sum(1 for c in calls if c["stage"] != "summary"),
-            calls, summaries, complete,
+            calls, summaries, complete, context,
         )
 
     async def _summarise(self, note: RoundNote) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -193,6 +193,7 @@ async def run_trial(ctx: RunContext, trial_id: str, seed: int, schedule: Schedul
                         "state_before": review.state_before, "state_after": review.state_after,
                         "parse_status": review.parse_status, "attempts": review.attempts,
                         "calls": review.calls, "summaries_added": review.summaries_added,
+                        "context": review.context,
                     },
                     "task_complete": review.task_complete,
                     "models": ctx.models,

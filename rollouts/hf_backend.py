@@ -393,6 +393,7 @@ class HFBackend:
         self._inflight: list[_Row] = []
         self._closed = False
         self.batches_run = 0
+        self.busy_s = 0.0  # time spent inside batched decodes: the backend's own cost
         self.stats: dict[str, int] = collections.Counter(
             batches=0, rows=0, max_batch_rows=0, decode_steps=0, json_rows=0,
             json_rejections=0, json_unguarded_rows=0)
@@ -721,6 +722,13 @@ class HFBackend:
     # ------------------------------------------------------------------ one batched decode
     def _run_batch(self, rows: list[_Row]) -> str | None:
         """Decode `rows` together (in a worker thread). Fills each row's tokens and finish."""
+        t_start = time.perf_counter()
+        try:
+            return self._decode(rows)
+        finally:
+            self.busy_s += time.perf_counter() - t_start
+
+    def _decode(self, rows: list[_Row]) -> str | None:
         import torch
         from transformers import GenerationConfig, LogitsProcessorList
 

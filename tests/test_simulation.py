@@ -179,3 +179,18 @@ def test_bad_config_names_the_field(tmp_path, bad, field):
     with pytest.raises(InputError) as e:
         make_cfg(tmp_path, **bad)
     assert field.split(".")[0] in str(e.value)
+
+
+def test_supervisor_context_policy_shrinks_memory_and_records_it(tmp_path):
+    cfg = make_cfg(tmp_path, max_tasks=6, memory_window=4)
+    backend = ScriptedBackend(supervisor_script([0.1]))
+    backend.max_model_len = 3500
+    _, rows = run(cfg, backend)
+    ctx = [r["supervisor"]["context"] for r in rows]
+    assert ctx[0]["files_omitted"] == 0 and ctx[0]["fits"]
+    shrunk = [c for c in ctx if c["files_omitted"] or c["recent_rounds_shown"] < 4]
+    assert shrunk, ctx
+    for c in ctx:
+        assert not c["fits"] or c["prompt_tokens"] <= c["budget_tokens"]
+    evals = [r for r in backend.requests if r.json_schema and "trust" in r.json_schema["properties"]]
+    assert any("content omitted here to fit" in r.messages[-1]["content"] for r in evals)
