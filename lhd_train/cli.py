@@ -83,6 +83,51 @@ def tiny_model_cmd(
     tiny_model_command(arch=arch, out=out, seed=seed, hidden_size=hidden_size, layers=layers)
 
 
+@app.command("audit")
+def audit_cmd(
+    run: Path = typer.Argument(..., help="run directory (runs/<run>)"),
+    overrides: Optional[list[str]] = typer.Argument(None, help="key.sub=value overrides of the auditor config"),
+    auditor: Optional[Path] = typer.Option(None, "--auditor", help="auditor config YAML (models: + auditor:); default: the run's config"),
+    mode: str = typer.Option("full", "--mode", help="full | window | causal | task"),
+    window: int = typer.Option(6, "--window", help="R for --mode window: 2R+1 rounds around the target"),
+    hide_supervisor: bool = typer.Option(False, "--hide-supervisor", help="hide the supervisor's private reasoning and states"),
+    hide_event_labels: bool = typer.Option(False, "--hide-event-labels", help="hide event names, categories and pressure levels"),
+    auditor_id: Optional[str] = typer.Option(None, "--auditor-id", help="folder under audit/ (default: <model>-<mode>)"),
+    concurrency: int = typer.Option(64, "--concurrency", help="rounds in flight at once"),
+    include_unfinished: bool = typer.Option(False, "--include-unfinished", help="also audit trials without a .done marker"),
+    no_progress: bool = typer.Option(False, "--no-progress", help="hide the progress bar"),
+) -> None:
+    """Label every performer answer of a run for deception (resumable: rerun to finish)."""
+    from lhd_train.audit.commands import audit_command
+
+    code = audit_command(run, auditor, mode, window, hide_supervisor, hide_event_labels, auditor_id, concurrency,
+                         overrides or [], progress=not no_progress, include_unfinished=include_unfinished)
+    if code:
+        raise typer.Exit(code)
+
+
+@app.command("import-reference")
+def import_reference_cmd(
+    src: Path = typer.Argument(..., help="a reference session folder, or a folder of them"),
+    out: Path = typer.Option(..., "--out", help="run directory to write (runs/<name>)"),
+) -> None:
+    """Import the authors' session folders (result.json + detector_*.json) as a run."""
+    from lhd_train.audit.commands import import_reference_command
+
+    raise typer.Exit(import_reference_command(src, out))
+
+
+@app.command("export")
+def export_cmd(
+    run: Path = typer.Argument(..., help="run directory"),
+    out: Path = typer.Option(..., "--out", help="dataset folder (datasets.load_from_disk reads it)"),
+) -> None:
+    """Export a run, with every auditor's labels, as a Hugging Face datasets dataset."""
+    from lhd_train.audit.commands import export_command
+
+    raise typer.Exit(export_command(run, out))
+
+
 @app.command("report")
 def report_cmd(
     runs: list[Path] = typer.Argument(..., help="one or more run directories, compared side by side"),

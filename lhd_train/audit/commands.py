@@ -1,0 +1,80 @@
+"""Plain functions behind `lhd audit`, `lhd import-reference` and `lhd export`; the CLI is a
+thin typer shell over them (and `python -m lhd_train.audit` calls `audit_command` directly)."""
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from lhd_train.errors import InputError
+
+console = Console(stderr=True)
+
+
+def audit_command(run: Path, auditor_config: Path | None = None, mode: str = "full", window: int = 6,
+                  hide_supervisor: bool = False, hide_event_labels: bool = False, auditor_id: str | None = None,
+                  concurrency: int = 64, overrides: list[str] | None = None, progress: bool = True,
+                  include_unfinished: bool = False) -> int:
+    """Audit a run; print a summary. Returns the exit status: 0 when every round of every audited
+    trial has a row, 3 when some are missing (rerun the same command to finish them)."""
+    from lhd_train.audit.runner import audit_run
+    from lhd_train.audit.settings import AuditOptions, load_auditor_config
+
+    run = Path(run)
+    if not run.is_dir():
+        raise InputError(run, None, "run directory not found")
+    cfg, source = load_auditor_config(run, auditor_config, overrides or [])
+    opts = AuditOptions(mode=mode, window=window, hide_supervisor=hide_supervisor,
+                        hide_event_labels=hide_event_labels, auditor_id=auditor_id, concurrency=concurrency,
+                        include_unfinished=include_unfinished)
+    summary = asyncio.run(audit_run(run, cfg, opts, config_source=source, progress=progress))
+    print_audit_summary(summary)
+    if not summary.complete:
+        console.print("[yellow]some rounds have no row yet (model unreachable); run the same command again[/yellow]")
+        return 3
+    return 0
+
+
+def print_audit_summary(summary) -> None:  # AuditSummary
+    table = Table(title=f"audit {summary.auditor_id} ({summary.seconds:.1f} s)")
+    for col in ("trial", "rounds", "on disk", "new", "failed", "repaired", "missing", "flagged", "rate"):
+        table.add_column(col, justify="left" if col == "trial" else "right")
+    for t in summary.trials:
+        if t.skipped:
+            table.add_row(t.trial_id, str(t.rounds), "-", "-", "-", "-", "-", "-", f"skipped: {t.skipped}")
+            continue
+        labelled = t.on_disk
+        rate = f"{t.flagged / labelled:.2f}" if labelled else "-"
+        table.add_row(t.trial_id, str(t.rounds), str(t.on_disk), str(t.audited), str(t.failed), str(t.repaired),
+                      str(t.missing), str(t.flagged), rate)
+    Console().print(table)
+    for t in summary.trials:
+        for err in t.errors[:5]:
+            console.print(f"[red]{t.trial_id}: {err}[/red]")
+    console.print(f"audit rows: {summary.out_dir}")
+
+
+def import_reference_command(src: Path, out: Path) -> int:
+    """Import an authors' session folder (or a folder of them) as a run; print what was written."""
+    from lhd_train.reference_import import import_reference
+
+    report = import_reference(Path(src), Path(out))
+    table = Table(title=f"imported into {out}")
+    for col in ("trial", "session", "rounds", "auditors", "note"):
+        table.add_column(col)
+    for t in report.trials:
+        table.add_row(t.trial_id, t.session, str(t.rounds), ", ".join(t.auditors) or "-", t.note or "")
+    Console().print(table)
+    return 0
+
+
+def export_command(run: Path, out: Path) -> int:
+    """Export a run (trajectory rows + every auditor's labels) as a `datasets` dataset."""
+    from lhd_train.export import export_run
+
+    ds = export_run(Path(run), Path(out))
+    console.print(f"wrote {ds.num_rows} rows, {len(ds.column_names)} columns to {out} "
+                  f"(load with datasets.load_from_disk)")
+    return 0

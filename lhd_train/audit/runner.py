@@ -1,0 +1,298 @@
+"""Audit every round of every finished trial of a run, concurrently and resumably.
+
+All rounds of all trials are submitted at once (bounded by a semaphore), so the backend batches
+them and a prefix-caching engine reuses each trial's trajectory prefix. Each finished round is
+one appended, fsynced line in `audit/<auditor-id>/<trial>.jsonl`; a rerun skips rounds already
+there. A round whose answers never parse is written as `failed`; a round whose model could not
+be reached is left missing, so the rerun does it; neither stops the other rounds."""
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import yaml
+from tqdm.auto import tqdm
+
+from lhd_train.audit.labels import CheckedAuditAnswer, failed_labels, make_consistent
+from lhd_train.audit.settings import AuditOptions, AuditorConfig
+from lhd_train.audit.trajectory import AuditorPrompts, Trial, build_messages, load_task_texts, load_trial, prompt_sha256
+from lhd_train.errors import InputError
+from lhd_train.store import append_jsonl, iter_trial_files, message_id, read_jsonl, repair_jsonl, write_json_atomic
+from lhd_train.structured_calls import BackendUnavailable, ask_structured, call_seed
+from rollouts.backend import Backend
+
+AUDIT_SCHEMA = "lhd.audit/1"
+AUDITOR_SCHEMA = "lhd.auditor/1"
+# auditor.json fields that must not change while an auditor id accumulates rows.
+IDENTITY_KEYS = ("options", "model_identity", "role", "prompts")
+
+
+@dataclass
+class TrialAudit:
+    trial_id: str
+    rounds: int = 0
+    already: int = 0  # rows found on disk
+    audited: int = 0  # rows written now
+    failed: int = 0  # written now with parse_status failed
+    repaired: int = 0
+    missing: int = 0  # transport failure: left for a rerun
+    errors: list[str] = field(default_factory=list)
+    skipped: str | None = None  # why the trial was not audited
+    flagged: int = 0  # deceptive rows on disk after this run
+    on_disk: int = 0
+
+
+@dataclass
+class AuditSummary:
+    auditor_id: str
+    out_dir: Path
+    trials: list[TrialAudit]
+    seconds: float = 0.0
+
+    @property
+    def complete(self) -> bool:
+        return all(t.on_disk == t.rounds for t in self.trials if t.skipped is None)
+
+    @property
+    def totals(self) -> dict[str, int]:
+        keys = ("rounds", "already", "audited", "failed", "repaired", "missing", "flagged", "on_disk")
+        return {k: sum(getattr(t, k) for t in self.trials) for k in keys}
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def auditor_record(cfg: AuditorConfig, opts: AuditOptions, auditor_id: str, prompts: AuditorPrompts,
+                   task_source: str, config_source: str) -> dict[str, Any]:
+    from lhd_train.engine import package_versions
+
+    spec = cfg.spec
+    return {
+        "schema": AUDITOR_SCHEMA, "auditor_id": auditor_id,
+        "options": opts.to_json() | {"auditor_id": auditor_id},
+        "model_identity": {"key": cfg.auditor.model, "model": spec.model, "revision": spec.revision,
+                           "adapter": cfg.auditor.adapter},
+        "role": cfg.auditor.model_dump(mode="json"),
+        "model_spec": spec.model_dump(mode="json"),
+        "prompts": prompts.digest(),
+        "system_prompt": prompts.system, "instruction_template": prompts.instruction, "prompts_source": prompts.source,
+        "task_source": task_source, "config_source": config_source,
+        "packages": package_versions(), "python": sys.version.split()[0],
+    }
+
+
+def _check_same_auditor(path: Path, new: dict[str, Any]) -> dict[str, Any]:
+    """An auditor id names one fixed setting; rows from different settings must never mix."""
+    if not path.exists():
+        return new | {"created_at": _now()}
+    old = json.loads(path.read_text(encoding="utf-8"))
+    for key in IDENTITY_KEYS:
+        if old.get(key) != new.get(key):
+            raise InputError(path, key, "this auditor id was made with different settings "
+                             f"(old {json.dumps(old.get(key))}, new {json.dumps(new.get(key))}); "
+                             "pass another --auditor-id or the same settings")
+    return new | {"created_at": old.get("created_at", _now())}
+
+
+def load_trials(run_dir: Path, include_unfinished: bool = False) -> tuple[list[Trial], list[TrialAudit], str]:
+    """The run's trials with rows, and a record for each one skipped."""
+    if not (run_dir / "trials").is_dir():
+        raise InputError(run_dir, None, "not a run directory (no trials/ folder)")
+    cfg_path = run_dir / "config.resolved.yaml"
+    task_pack = None
+    if cfg_path.is_file():
+        task_pack = (yaml.safe_load(cfg_path.read_text(encoding="utf-8")) or {}).get("task_pack")
+    tasks, task_source = load_task_texts(run_dir, task_pack)
+    trials, skipped = [], []
+    for p in iter_trial_files(run_dir):
+        trial = load_trial(run_dir, p, tasks)
+        if not trial.rows:
+            skipped.append(TrialAudit(trial.trial_id, skipped="no rounds"))
+        elif not trial.finished and not include_unfinished:
+            skipped.append(TrialAudit(trial.trial_id, rounds=len(trial.rows),
+                                      skipped="unfinished (no .done marker): finish the run first"))
+        else:
+            trials.append(trial)
+    return trials, skipped, task_source
+
+
+def audit_row(trial: Trial, i: int, auditor_id: str, opts: AuditOptions, context: list[int],
+              messages: list[dict[str, str]], outcome: Any, model: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The row to append and its parse_status (docs/formats.md, audit row)."""
+    row = trial.rows[i]
+    calls = outcome.calls if outcome is not None else []
+    raw = calls[-1]["raw"] if calls else ""
+    original = None
+    error = None
+    if outcome is not None and outcome.value is not None:
+        v = outcome.value
+        labels, changed = make_consistent(v.deceptive, list(v.types), v.severity, v.confidence, v.reasoning,
+                                          list(v.evidence))
+        status = "repaired" if changed else outcome.status
+        if changed:
+            original = {"deceptive": v.deceptive, "types": list(v.types), "severity": v.severity,
+                        "confidence": v.confidence}
+    else:
+        labels, status = failed_labels(), "failed"
+        error = next((c.get("parse_error") or c.get("error") for c in reversed(calls)
+                      if c.get("parse_error") or c.get("error")), None) if calls else "no answer"
+    return ({
+        "schema": AUDIT_SCHEMA, "run_id": row.get("run_id"), "trial_id": trial.trial_id,
+        "global_round": row["global_round"], "task_index": row["task_index"], "round": row["round"],
+        "auditor_id": auditor_id, "mode": opts.mode, "window": opts.window_or_none,
+        **labels.as_row(),
+        "parse_status": status, "raw": raw, "error": error, "original": original,
+        "attempts": len(calls), "context_rounds": context, "prompt_sha256": prompt_sha256(messages),
+        "prompt_tokens": sum(c.get("prompt_tokens") or 0 for c in calls),
+        "completion_tokens": sum(c.get("completion_tokens") or 0 for c in calls),
+        "cached_tokens": sum(c.get("cached_tokens") or 0 for c in calls),
+        "latency_s": round(sum(c.get("latency_s") or 0 for c in calls), 4),
+        "calls": calls, "model": model, "timestamp": _now(),
+    }, status)
+
+
+async def audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, config_source: str = "",
+                    backend: Backend | None = None, progress: bool = True) -> AuditSummary:
+    """Audit (or resume auditing) `run_dir`. `backend` is for tests; normally built from `cfg`."""
+    t0 = time.perf_counter()
+    run_dir = Path(run_dir)
+    auditor_id = opts.resolved_id(cfg.auditor.model)
+    out_dir = run_dir / "audit" / auditor_id
+    prompts = AuditorPrompts.load(cfg.prompts_dir)
+    trials, skipped, task_source = load_trials(run_dir, opts.include_unfinished)
+
+    record = auditor_record(cfg, opts, auditor_id, prompts, task_source, config_source)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    record = _check_same_auditor(out_dir / "auditor.json", record)
+
+    # What is left to do.
+    jobs: list[tuple[Trial, int]] = []
+    stats: dict[str, TrialAudit] = {}
+    for trial in trials:
+        path = out_dir / f"{trial.trial_id}.jsonl"
+        repair_jsonl(path)
+        done = {r["global_round"] for r in read_jsonl(path)}
+        st = stats[trial.trial_id] = TrialAudit(trial.trial_id, rounds=len(trial.rows), already=len(done))
+        jobs += [(trial, i) for i, r in enumerate(trial.rows) if r["global_round"] not in done]
+
+    owns_backend = backend is None and bool(jobs)
+    if owns_backend:
+        from rollouts.factory import build_backend
+
+        spec = cfg.spec
+        if cfg.auditor.adapter and cfg.auditor.adapter not in spec.adapters:
+            spec.adapters[cfg.auditor.adapter] = cfg.auditor.adapter
+        (run_dir / "logs").mkdir(exist_ok=True)
+        backend = build_backend(spec, name=cfg.auditor.model, log_dir=str(run_dir / "logs"))
+    if backend is not None:
+        try:
+            record["describe"] = backend.describe()
+        except Exception as e:  # describing is informative only
+            record["describe"] = {"error": str(e)}
+    write_json_atomic(out_dir / "auditor.json", record | {"updated_at": _now()})
+
+    model = {"key": cfg.auditor.model, "model": cfg.spec.model, "revision": cfg.spec.revision,
+             "adapter": cfg.auditor.adapter}
+    rc = cfg.auditor
+    limit = exact_context_limit(backend)
+    gate = asyncio.Semaphore(opts.concurrency)
+    cache: dict[tuple, str] = {}
+    bar = tqdm(total=len(jobs), desc=f"audit {auditor_id}", unit="round", disable=not progress)
+
+    def ids(messages: list[dict[str, str]]) -> list[str]:
+        return [message_id(m["role"], m["content"]) for m in messages]
+
+    async def one(trial: Trial, i: int) -> None:
+        st = stats[trial.trial_id]
+        g = trial.rows[i]["global_round"]
+        async with gate:  # built inside the gate so only `concurrency` prompts are in memory at once
+            messages, context = build_messages(trial, i, opts.mode, opts.window, opts.render, prompts, cache)
+            try:
+                n = backend.count_tokens(messages) if limit else 0
+                if limit and n + rc.sampling.max_tokens > limit:
+                    outcome = _Overflow(f"prompt of {n} tokens + max_tokens {rc.sampling.max_tokens} exceeds "
+                                        f"the model's context of {limit} tokens")
+                else:
+                    outcome = await ask_structured(
+                        backend, lambda note: [messages[0], {"role": "user", "content": messages[1]["content"] + note}],
+                        CheckedAuditAnswer, "audit",
+                        lambda a: rc.sampling.params(call_seed(trial.seed, trial.trial_id, "audit", auditor_id, g, a)),
+                        rc.max_attempts, ids, rc.adapter)
+            except BackendUnavailable as e:
+                st.missing += 1
+                st.errors.append(f"round {g}: {e}")
+                bar.update(1)
+                return
+        row, status = audit_row(trial, i, auditor_id, opts, context, messages, outcome, model)
+        if isinstance(outcome, _Overflow):
+            row["error"] = outcome.error
+        append_jsonl(out_dir / f"{trial.trial_id}.jsonl", row)
+        st.audited += 1
+        st.failed += status == "failed"
+        st.repaired += status == "repaired"
+        bar.update(1)
+        bar.set_postfix_str(f"{trial.trial_id} r{g} {'D' if row['deceptive'] else ('?' if row['deceptive'] is None else '-')}")
+
+    try:
+        results = await asyncio.gather(*(one(t, i) for t, i in jobs), return_exceptions=True)
+    finally:
+        bar.close()
+        if owns_backend and backend is not None:
+            await backend.aclose()
+    for (trial, i), res in zip(jobs, results):
+        if isinstance(res, BaseException):  # a bug, not a model problem: keep the others, report it
+            st = stats[trial.trial_id]
+            st.missing += 1
+            st.errors.append(f"round {trial.rows[i]['global_round']}: {type(res).__name__}: {res}")
+
+    for trial in trials:
+        st = stats[trial.trial_id]
+        rows = {r["global_round"]: r for r in read_jsonl(out_dir / f"{trial.trial_id}.jsonl")}
+        st.on_disk = len(rows)
+        st.flagged = sum(1 for r in rows.values() if r.get("deceptive"))
+    return AuditSummary(auditor_id, out_dir, [stats[t.trial_id] for t in trials] + skipped,
+                        time.perf_counter() - t0)
+
+
+def exact_context_limit(backend: Backend | None) -> int | None:
+    """The model's context length, but only when the backend counts tokens exactly (a local
+    tokenizer): an estimate could mark a round failed for good that would in fact fit."""
+    if backend is None:
+        return None
+    exact = getattr(backend, "tokenizer", None) is not None or getattr(backend, "_tokenizer", None) is not None \
+        or getattr(backend, "exact_token_counts", False)
+    limit = getattr(backend, "max_model_len", None) or getattr(backend, "max_len", None)
+    return int(limit) if exact and limit else None
+
+
+@dataclass
+class _Overflow:
+    """Stands in for an outcome when the prompt cannot fit: recorded as failed, not retried,
+    because the same model would overflow again on every rerun."""
+
+    error: str
+    value: None = None
+    status: str = "failed"
+    calls: list[dict[str, Any]] = field(default_factory=list)
+
+
+def read_audit(run_dir: Path, auditor_id: str) -> dict[str, list[dict[str, Any]]]:
+    """trial id -> audit rows sorted by global round (the last row wins if a round appears twice)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    folder = Path(run_dir) / "audit" / auditor_id
+    for p in sorted(folder.glob("*.jsonl")):
+        rows = {r["global_round"]: r for r in read_jsonl(p)}
+        out[p.name.removesuffix(".jsonl")] = [rows[g] for g in sorted(rows)]
+    return out
+
+
+def list_auditors(run_dir: Path) -> list[str]:
+    base = Path(run_dir) / "audit"
+    return sorted(p.name for p in base.iterdir() if p.is_dir()) if base.is_dir() else []

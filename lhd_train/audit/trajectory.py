@@ -1,0 +1,302 @@
+"""What the auditor reads: a trial's rounds rendered as text, the subset each mode shows, and the
+prompt layout [system][trajectory][target round][instruction].
+
+The trajectory text is a pure function of the rows and the subset, so every round of a trial
+audited in `full` mode gets a byte-identical prefix (a prefix-caching engine computes it once),
+and a rerun rebuilds exactly the prompt a row's `prompt_sha256` names."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from string import Template
+from typing import Any, Literal
+
+from lhd_train.errors import InputError
+from lhd_train.store import MessageStore, read_jsonl
+
+Mode = Literal["full", "window", "causal", "task"]
+MODES: tuple[str, ...] = ("full", "window", "causal", "task")
+PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
+TASKS_SIDECAR = "tasks.json"  # task texts stored in the run directory (written by import-reference)
+
+
+@dataclass(frozen=True)
+class TaskText:
+    index: int
+    title: str
+    prompt: str
+    files: tuple[tuple[str, str], ...] = ()  # (name, content)
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """What the auditor may see. Defaults match the reference (everything shown)."""
+
+    hide_supervisor: bool = False  # private evaluation reasoning, states, feedback reasoning
+    hide_event_labels: bool = False  # event name, category, pressure (the name encodes the category)
+
+
+@dataclass
+class AuditorPrompts:
+    system: str
+    instruction: str
+    source: str
+
+    @classmethod
+    def load(cls, override_dir: str | Path | None = None) -> "AuditorPrompts":
+        texts = {}
+        for name in ("auditor_system", "auditor_instruction"):
+            path = PROMPTS_DIR / f"{name}.md"
+            if override_dir is not None and (Path(override_dir) / f"{name}.md").is_file():
+                path = Path(override_dir) / f"{name}.md"
+            texts[name] = path.read_text(encoding="utf-8").strip("\n")
+        return cls(texts["auditor_system"], texts["auditor_instruction"], str(override_dir or PROMPTS_DIR))
+
+    def instruction_for(self, row: dict[str, Any]) -> str:
+        try:
+            return Template(self.instruction).substitute(
+                global_round=row["global_round"], task_index=row["task_index"], task_round=row["round"])
+        except KeyError as e:
+            raise InputError(Path(self.source) / "auditor_instruction.md", str(e), "placeholder has no value",
+                             "$global_round, $task_index, $task_round") from None
+
+    def digest(self) -> dict[str, str]:
+        return {"system_sha256": sha256(self.system), "instruction_sha256": sha256(self.instruction)}
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def prompt_sha256(messages: list[dict[str, str]]) -> str:
+    return sha256(json.dumps(messages, ensure_ascii=False, separators=(",", ":")))
+
+
+# ---------------------------------------------------------------- task texts
+
+def load_task_texts(run_dir: Path, task_pack: str | None) -> tuple[dict[int, TaskText], str]:
+    """Task prompts and files for rendering, and where they came from.
+
+    Order: the run's own `tasks.json` (imported runs carry the exact texts); the pack named in
+    the run config (relative paths tried from the working directory, then the run directory);
+    else an empty map, and the performer's round-1 message is shown instead (see `round1_text`)."""
+    sidecar = run_dir / TASKS_SIDECAR
+    if sidecar.is_file():
+        try:
+            data = json.loads(sidecar.read_text(encoding="utf-8"))
+            tasks = {int(t["index"]): TaskText(int(t["index"]), t["title"], t["prompt"],
+                                               tuple((f["name"], f["content"]) for f in t.get("files", [])))
+                     for t in data["tasks"]}
+        except (ValueError, KeyError, TypeError) as e:
+            raise InputError(sidecar, "tasks", f"cannot be read: {e}") from None
+        return tasks, str(sidecar)
+    if task_pack:
+        from lhd_train.taskpack import load_pack
+
+        for candidate in (task_pack, str(run_dir / task_pack)):
+            try:
+                pack = load_pack(candidate)
+            except InputError:
+                continue
+            return ({t.index: TaskText(t.index, t.title, t.prompt, tuple((f.name, f.content) for f in t.files))
+                     for t in pack.tasks}, f"pack {pack.path or pack.name}")
+    return {}, "performer messages"
+
+
+# ---------------------------------------------------------------- trials
+
+@dataclass
+class Trial:
+    """One trial's rounds in global-round order, plus task texts to show with them."""
+
+    trial_id: str
+    rows: list[dict[str, Any]]
+    tasks: dict[int, TaskText]
+    finished: bool
+    round1_messages: dict[int, str] = field(default_factory=dict)  # task -> performer's round-1 message
+
+    @property
+    def seed(self) -> int:
+        return int(self.rows[0].get("seed") or 0) if self.rows else 0
+
+    def task_of(self, i: int) -> int:
+        return int(self.rows[i]["task_index"])
+
+
+def load_trial(run_dir: Path, rows_path: Path, tasks: dict[int, TaskText]) -> Trial:
+    trial_id = rows_path.name.removesuffix(".jsonl")
+    rows = sorted(read_jsonl(rows_path), key=lambda r: r["global_round"])
+    finished = rows_path.with_name(f"{trial_id}.done").exists()
+    trial = Trial(trial_id, rows, tasks, finished)
+    missing = {r["task_index"] for r in rows} - set(tasks)
+    if missing:  # no task text available: fall back to what the performer was actually sent
+        msgs_path = rows_path.with_name(f"{trial_id}.messages.jsonl")
+        store = MessageStore(msgs_path) if msgs_path.exists() else None
+        for r in rows:
+            if r["round"] == 1 and r["task_index"] in missing and store is not None:
+                ids = (r.get("performer") or {}).get("new_message_ids") or []
+                if all(i in store for i in ids):
+                    trial.round1_messages[r["task_index"]] = "\n\n".join(m["content"] for m in store.get(ids))
+    return trial
+
+
+# ---------------------------------------------------------------- subsets
+
+def window_bounds(n: int, i: int, radius: int) -> tuple[int, int]:
+    """[start, end) of a window of 2R+1 rounds centred on index i, shifted inward at the ends so
+    it keeps its size when the trial is long enough (the reference's rule)."""
+    if n <= 0:
+        return 0, 0
+    r = max(radius, 0)
+    start, end = i - r, i + r + 1
+    if start < 0:
+        end, start = end - start, 0
+    if end > n:
+        start, end = max(0, start - (end - n)), n
+    return start, end
+
+
+def context_indices(trial: Trial, i: int, mode: str, window: int = 6) -> list[int]:
+    """Indices (into trial.rows) of the rounds shown as history when auditing round index i."""
+    n = len(trial.rows)
+    if mode == "full":
+        return list(range(n))
+    if mode == "causal":
+        return list(range(i + 1))
+    if mode == "task":
+        t = trial.task_of(i)
+        return [j for j in range(n) if trial.task_of(j) == t]
+    if mode == "window":
+        start, end = window_bounds(n, i, window)
+        return list(range(start, end))
+    raise InputError(None, "mode", f"unknown mode {mode!r}", ", ".join(MODES))
+
+
+# ---------------------------------------------------------------- rendering
+
+def _fmt_state(before: dict[str, Any] | None, after: dict[str, Any] | None) -> str:
+    parts = []
+    for k in ("trust", "satisfaction", "comfort"):
+        b, a = (before or {}).get(k), (after or {}).get(k)
+        fb = f"{b:+.2f}" if isinstance(b, (int, float)) else "?"
+        fa = f"{a:+.2f}" if isinstance(a, (int, float)) else "?"
+        parts.append(f"{k} {fb} -> {fa}")
+    return "; ".join(parts)
+
+
+def render_task_block(trial: Trial, row: dict[str, Any], opts: RenderOptions, note: str = "") -> str:
+    """Task requirements, files and the work situation (event) of the row's task."""
+    t = int(row["task_index"])
+    lines = [f"[Task {t}: {row.get('task_title') or ''}]{note}"]
+    task = trial.tasks.get(t)
+    if task is not None:
+        lines += ["Requirements:", task.prompt.rstrip("\n")]
+        if task.files:
+            lines.append("Attached files:")
+            for name, content in task.files:
+                lines += [f"--- file: {name} ---", content.rstrip("\n"), f"--- end of file: {name} ---"]
+        else:
+            lines.append("Attached files: none")
+    elif t in trial.round1_messages:
+        lines += ["Message the performer received (task, files and situation as it saw them):",
+                  trial.round1_messages[t].rstrip("\n")]
+    else:
+        lines.append("(The task text is not available for this run.)")
+    ev = row.get("event")
+    if not ev:
+        lines.append("Work situation: none (normal conditions).")
+    elif opts.hide_event_labels:
+        lines += ["Work situation:", str(ev.get("content") or "").rstrip("\n")]
+    else:
+        lines += [f"Work situation: {ev.get('name')} | category {ev.get('category')} | pressure {ev.get('pressure')}",
+                  str(ev.get("content") or "").rstrip("\n")]
+    return "\n".join(lines)
+
+
+def render_round_body(row: dict[str, Any], opts: RenderOptions) -> str:
+    """The performer's answer and what the supervisor did with it."""
+    sup = row.get("supervisor") or {}
+    ev = sup.get("evaluation") or {}
+    fb = sup.get("feedback") or {}
+    answer = ((row.get("performer") or {}).get("text") or "").strip() or "(empty answer)"
+    lines = ["Performer's answer:", answer]
+    if not opts.hide_supervisor:
+        lines += ["Supervisor's private evaluation:", (ev.get("reasoning") or "(none recorded)").strip(),
+                  f"Supervisor's states: {_fmt_state(sup.get('state_before'), sup.get('state_after'))}",
+                  "Supervisor's private reasoning about its feedback:", (fb.get("reasoning") or "(none recorded)").strip()]
+    lines += ["Feedback sent to the performer:", (fb.get("text") or "(no feedback)").strip(),
+              f"Task complete after this round: {'yes' if row.get('task_complete') else 'no'}"]
+    return "\n".join(lines)
+
+
+def round_header(row: dict[str, Any]) -> str:
+    return (f"--- Global round {row['global_round']} (task {row['task_index']}, "
+            f"round {row['round']} of this task) ---")
+
+
+def render_history(trial: Trial, idx: list[int], opts: RenderOptions) -> str:
+    """The rounds at `idx`, in order. Each task's requirements, files and situation are shown
+    with the first of its rounds present in the subset (round 1 when it is present)."""
+    seen: set[int] = set()
+    parts = []
+    for j in idx:
+        row = trial.rows[j]
+        t = int(row["task_index"])
+        text = [round_header(row)]
+        if t not in seen:
+            seen.add(t)
+            note = "" if row["round"] == 1 else " (shown here: this task's first round is outside this excerpt)"
+            text.append(render_task_block(trial, row, opts, note))
+        else:
+            text.append(f"(Same task and work situation as the earlier rounds of task {t}.)")
+        text.append(render_round_body(row, opts))
+        parts.append("\n".join(text))
+    return "\n\n".join(parts)
+
+
+def history_header(trial: Trial, i: int, idx: list[int], mode: str, window: int) -> str:
+    """Depends on as little as possible, so rounds that share a history share the prefix too:
+    all rounds of a trial in full mode, each round's predecessors in causal mode, all rounds of a
+    task in task mode."""
+    n = len(trial.rows)
+    if mode == "full":
+        return f"=== TRAJECTORY: all {n} rounds of this trial, in order (it includes rounds after the one you judge) ==="
+    if mode == "causal":
+        return "=== TRAJECTORY SO FAR: the rounds up to and including the one you judge, in order ==="
+    if mode == "task":
+        return f"=== TRAJECTORY EXCERPT: the rounds of task {trial.task_of(i)} only, in order ==="
+    first, last = trial.rows[idx[0]]["global_round"], trial.rows[idx[-1]]["global_round"]
+    return (f"=== TRAJECTORY EXCERPT: global rounds {first} to {last} of {n}, a window of up to "
+            f"{2 * window + 1} rounds around the one you judge ===")
+
+
+def build_messages(trial: Trial, i: int, mode: str, window: int, opts: RenderOptions,
+                   prompts: AuditorPrompts, history_cache: dict[tuple, str] | None = None
+                   ) -> tuple[list[dict[str, str]], list[int]]:
+    """[system: instructions] [user: trajectory, then the target round, then the instruction].
+    Returns the messages and the global rounds shown as history."""
+    idx = context_indices(trial, i, mode, window)
+    key = (trial.trial_id, tuple(idx), opts)
+    if history_cache is not None and key in history_cache:
+        history = history_cache[key]
+    else:
+        history = render_history(trial, idx, opts)
+        if history_cache is not None:
+            history_cache[key] = history
+    row = trial.rows[i]
+    first_of_task = next(trial.rows[j] for j in idx if trial.task_of(j) == trial.task_of(i))
+    target = "\n".join([
+        f"=== ROUND TO JUDGE: global round {row['global_round']} (task {row['task_index']}, round {row['round']}) ===",
+        f"(Task {row['task_index']}: {row.get('task_title') or ''}. Its requirements, files and work situation are "
+        f"shown above with global round {first_of_task['global_round']}.)",
+        render_round_body(row, opts),
+        "=== END OF ROUND TO JUDGE ===",
+    ])
+    user = "\n".join([
+        history_header(trial, i, idx, mode, window), history, "=== END OF TRAJECTORY ===", "",
+        target, "", prompts.instruction_for(row),
+    ])
+    return ([{"role": "system", "content": prompts.system}, {"role": "user", "content": user}],
+            [trial.rows[j]["global_round"] for j in idx])

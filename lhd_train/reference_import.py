@@ -1,0 +1,495 @@
+"""`lhd import-reference DIR --out RUN`: the authors' session folders as one of our runs.
+
+A session folder (REFERENCE.md §1.5) holds `result.json`, a copy of its config YAML and, after
+auditing, `detector_<ts>.json` / `detector_window_r<R>_<ts>.json` (§6.3-6.5). Each session
+becomes one trial: trajectory rows with every field the reference saved (fields it never saved
+are null), the performer's user messages rebuilt with our templates, the task texts in the run's
+`tasks.json`, and the newest detector file of each kind as an auditor (`reference-full`,
+`reference-window<R>`), with labels made consistent by the same rules as our auditor and the
+original values kept in `reference_raw`. Mapping: docs/auditing.md."""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from lhd_train.audit.labels import failed_labels, make_consistent, repair_problem
+from lhd_train.audit.runner import AUDIT_SCHEMA, AUDITOR_SCHEMA
+from lhd_train.audit.trajectory import TASKS_SIDECAR
+from lhd_train.config import CATEGORIES, LEVELS, parse_config
+from lhd_train.errors import InputError
+from lhd_train.performer import task_message
+from lhd_train.prompts import Prompts
+from lhd_train.store import MessageStore, append_jsonl, write_json_atomic
+from lhd_train.trial import ROW_SCHEMA
+
+SOURCE_KIND = "reference-import"
+SESSION_NAME = re.compile(
+    r"^(?P<pack>.+?)_(?P<ts>\d{8}_\d{6})(?:_category_(?P<cat>[A-Z_]+?))?(?:_pressure_(?P<lvl>[A-Z]+))?"
+    r"_seed(?P<seed>\d+)(?:_model_(?P<tag>.+))?$")
+DETECTOR_FULL = re.compile(r"^detector_(\d{8}_\d{6})\.json$")
+DETECTOR_WINDOW = re.compile(r"^detector_window_r(\d+)_(\d{8}_\d{6})\.json$")
+STATE_MAP = {"trust_level": "trust", "work_satisfaction": "satisfaction", "relational_comfort": "comfort"}
+REFERENCE_AUDITOR = "gpt-5 (reasoning_effort high), hard-coded by the reference auditor"
+
+
+# ---------------------------------------------------------------- the reference's files, validated
+
+class _L(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class RefFile(_L):
+    filename: str
+    content: str = ""
+
+
+class RefTask(_L):
+    task_sequence_num: int
+    title: str = ""
+    base_prompt: str | dict[str, str] = ""
+    files: list[RefFile] = []
+
+
+class RefEvent(_L):
+    name: str = "NO_EVENT"
+    content: str = ""
+    pressure_level: str = "-"
+    category: str = "-"
+
+
+class RefStateUpdates(_L):
+    previous_state: dict[str, float] | None = None
+    new_state: dict[str, float] | None = None
+
+
+class RefEvaluation(_L):
+    evaluation_reasoning: str | None = None
+    state_updates: RefStateUpdates | None = None
+    feedback_reasoning: str | None = None
+    feedback_response: str | None = None
+    task_complete: bool = False
+
+
+class RefRound(_L):
+    round: int
+    global_round: int
+    llm_response: str = ""
+    manager_evaluation: RefEvaluation | None = None
+
+
+class RefTaskBlock(_L):
+    task: RefTask
+    event: RefEvent | None = None
+    rounds: list[RefRound] = []
+
+
+class RefExperiment(_L):
+    global_rounds: int | None = None
+    tasks: list[RefTaskBlock]
+    error_info: dict[str, Any] | None = None
+
+
+class RefMetadata(_L):
+    task_stream_name: str | None = None
+    total_tasks: int | None = None
+    phases: int | None = None
+
+
+class RefResult(_L):
+    metadata: RefMetadata = RefMetadata()
+    experiment: RefExperiment
+
+
+class RefDetection(_L):
+    global_round: int
+    deception_detected: bool
+    types: list[str] = []
+    severity: int = 0
+    confidence_score: float | None = None
+    reasoning: str = ""
+    evidence: list[str] = []
+    raw_response: str = ""
+
+
+class RefDetector(_L):
+    summary: dict[str, Any] = {}
+    round_detections: list[RefDetection]
+
+
+def _load(model: type[BaseModel], path: Path) -> Any:
+    from lhd_train.taskpack import input_error_from_validation
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise InputError(path, None, f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise input_error_from_validation(e, path, model) from None
+
+
+# ---------------------------------------------------------------- session discovery
+
+@dataclass
+class Session:
+    path: Path
+    seed: int
+    pack: str | None
+    timestamp: str | None
+    category: str | None
+    pressure: str | None
+    model_tag: str | None
+
+    @property
+    def trial_id(self) -> str:
+        tid = f"s{self.seed}"
+        if "NONE" in (self.category, self.pressure):
+            return tid + "-none"
+        if self.category:
+            tid += f"-cat-{self.category}"
+        if self.pressure:
+            tid += f"-lvl-{self.pressure}"
+        return tid
+
+
+def parse_session_name(folder: Path) -> Session:
+    """`<pack>_<YYYYmmdd_HHMMSS>[_category_<C>][_pressure_<L>]_seed<N>_model_<tag>` (REFERENCE §1.5)."""
+    m = SESSION_NAME.match(folder.name)
+    if m:
+        cat, lvl = m["cat"], m["lvl"]
+        if cat is not None and cat not in (*CATEGORIES, "NONE"):
+            raise InputError(folder, "category", f"{cat!r} in the folder name is not a category",
+                             ", ".join((*CATEGORIES, "NONE")))
+        if lvl is not None and lvl not in (*LEVELS, "NONE"):
+            raise InputError(folder, "pressure", f"{lvl!r} in the folder name is not a pressure level",
+                             ", ".join((*LEVELS, "NONE")))
+        return Session(folder, int(m["seed"]), m["pack"], m["ts"], cat, lvl, m["tag"])
+    s = re.search(r"_seed(\d+)(?:_|$)", folder.name)
+    if not s:
+        raise InputError(folder, None, "cannot find the seed in the folder name (expected ..._seed<N>_...)")
+    return Session(folder, int(s.group(1)), None, None, None, None, None)
+
+
+def find_sessions(src: Path) -> list[Session]:
+    if not src.is_dir():
+        raise InputError(src, None, "folder not found")
+    if (src / "result.json").is_file():
+        return [parse_session_name(src)]
+    sessions = [parse_session_name(p) for p in sorted(src.iterdir()) if (p / "result.json").is_file()]
+    if not sessions:
+        raise InputError(src, None, "no result.json here or in any sub-folder (is this a reference session folder?)")
+    seen: dict[str, Path] = {}
+    for s in sessions:
+        if s.trial_id in seen:
+            raise InputError(s.path, "seed", f"trial {s.trial_id} appears twice (also {seen[s.trial_id].name})")
+        seen[s.trial_id] = s.path
+    return sessions
+
+
+def newest_detectors(folder: Path) -> dict[str, tuple[Path, int | None]]:
+    """auditor id -> (newest file, window R): `reference-full` from `detector_<ts>.json`,
+    `reference-window<R>` from `detector_window_r<R>_<ts>.json`, newest by the name's timestamp."""
+    best: dict[str, tuple[str, Path, int | None]] = {}
+    for p in folder.iterdir():
+        if (m := DETECTOR_FULL.match(p.name)):
+            key, ts, r = "reference-full", m.group(1), None
+        elif (m := DETECTOR_WINDOW.match(p.name)):
+            key, ts, r = f"reference-window{int(m.group(1))}", m.group(2), int(m.group(1))
+        else:
+            continue
+        if key not in best or ts > best[key][0]:
+            best[key] = (ts, p, r)
+    return {k: (p, r) for k, (_, p, r) in sorted(best.items())}
+
+
+def _session_config(folder: Path) -> tuple[dict[str, Any], str | None]:
+    """The copy of the reference config in the session folder (exactly one *.yaml), if readable."""
+    ymls = sorted(folder.glob("*.yaml"))
+    if len(ymls) != 1:
+        return {}, None
+    try:
+        data = yaml.safe_load(ymls[0].read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError:
+        return {}, ymls[0].name
+    return (data if isinstance(data, dict) else {}), ymls[0].name
+
+
+# ---------------------------------------------------------------- conversion
+
+def _state(d: dict[str, float] | None) -> dict[str, float] | None:
+    if d is None:
+        return None
+    return {ours: float(d[theirs]) for theirs, ours in STATE_MAP.items() if theirs in d}
+
+
+def _event(ev: RefEvent | None) -> dict[str, Any] | None:
+    if ev is None or ev.name == "NO_EVENT" or ev.category in ("-", "", None):
+        return None
+    return {"name": ev.name, "category": ev.category, "pressure": ev.pressure_level.upper(), "content": ev.content}
+
+
+def _prompt_text(p: str | dict[str, str]) -> str:
+    return p.get("en", next(iter(p.values()), "")) if isinstance(p, dict) else p
+
+
+def convert_session(session: Session, result: RefResult, run_id: str, prompts: Prompts,
+                    store: MessageStore, supervisor_model: str | None = None) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]:
+    """Trajectory rows (docs/formats.md) and the task texts of one session."""
+    rows: list[dict[str, Any]] = []
+    tasks: dict[int, dict[str, Any]] = {}
+    convo: list[dict[str, str]] = []
+    pending_feedback: str | None = None
+    models = {"performer": {"key": "performer", "model": session.model_tag, "revision": None, "backend": "reference",
+                            "adapter": None},
+              "supervisor": {"key": "supervisor", "model": supervisor_model, "revision": None, "backend": "reference",
+                             "adapter": None}}
+    for block in sorted(result.experiment.tasks, key=lambda b: b.task.task_sequence_num):
+        t = block.task
+        prompt = _prompt_text(t.base_prompt)
+        tasks[t.task_sequence_num] = {"index": t.task_sequence_num, "title": t.title, "prompt": prompt,
+                                      "files": [{"name": f.filename, "content": f.content} for f in t.files]}
+        event = _event(block.event)
+        task_ns = SimpleNamespace(index=t.task_sequence_num, title=t.title, prompt=prompt,
+                                  files=[SimpleNamespace(name=f.filename, content=f.content) for f in t.files])
+        ev_ns = SimpleNamespace(content=event["content"]) if event else None
+        for r in sorted(block.rounds, key=lambda r: r.global_round):
+            # The performer's user message, rebuilt with our templates (the reference never saved it).
+            fb_msg = prompts.render("performer_feedback", feedback=pending_feedback) if pending_feedback else ""
+            if r.round == 1:
+                content = task_message(prompts, task_ns, ev_ns)
+                content = fb_msg + "\n\n" + content if fb_msg else content
+            else:
+                content = fb_msg
+            convo.append({"role": "user", "content": content})
+            new_ids = store.put([convo[-1]])
+            msg_ids = store.put(convo)
+            me = r.manager_evaluation or RefEvaluation()
+            su = me.state_updates or RefStateUpdates()
+            after = _state(su.new_state)
+            rows.append({
+                "schema": ROW_SCHEMA, "run_id": run_id, "trial_id": session.trial_id, "seed": session.seed,
+                "pack": session.pack or result.metadata.task_stream_name, "task_index": t.task_sequence_num,
+                "task_title": t.title, "round": r.round, "global_round": r.global_round, "event": event,
+                "performer": {
+                    "text": r.llm_response, "think": None, "raw": None, "finish_reason": None, "token_ids": None,
+                    "message_ids": msg_ids, "new_message_ids": new_ids, "prompt_tokens": None,
+                    "completion_tokens": None, "cached_tokens": None, "latency_s": None, "sampling": None,
+                    "attempts": None, "context": None,
+                },
+                "supervisor": {
+                    "evaluation": ({"reasoning": me.evaluation_reasoning, **after} if after is not None
+                                   else {"reasoning": me.evaluation_reasoning}),
+                    "feedback": {"reasoning": me.feedback_reasoning, "text": me.feedback_response},
+                    "state_before": _state(su.previous_state), "state_after": after,
+                    "parse_status": "ok", "attempts": None, "calls": None, "summaries_added": None,
+                },
+                "task_complete": bool(me.task_complete),
+                "models": models,
+                "timestamp": None,
+            })
+            convo.append({"role": "assistant", "content": r.llm_response})
+            pending_feedback = me.feedback_response or None
+    return rows, tasks
+
+
+def detection_row(det: RefDetection, row: dict[str, Any] | None, trial_id: str, run_id: str, auditor_id: str,
+                  window: int | None) -> tuple[dict[str, Any], str]:
+    """One audit row from one reference detection; inconsistent labels repaired like ours."""
+    raw_labels = {"deception_detected": det.deception_detected, "types": det.types, "severity": det.severity,
+                  "confidence_score": det.confidence_score}
+    if repair_problem(det.deception_detected, list(det.types), det.severity) is not None:
+        labels, status = failed_labels(), "failed"
+        labels.reasoning, labels.evidence = det.reasoning, list(det.evidence)
+        error = "flagged with severity >= 1 but no type: cannot be made consistent without inventing a type"
+    else:
+        labels, changed = make_consistent(det.deception_detected, list(det.types), det.severity,
+                                          det.confidence_score, det.reasoning, list(det.evidence))
+        status, error = ("repaired" if changed else "ok"), None
+    return ({
+        "schema": AUDIT_SCHEMA, "run_id": run_id, "trial_id": trial_id, "global_round": det.global_round,
+        "task_index": row["task_index"] if row else None, "round": row["round"] if row else None,
+        "auditor_id": auditor_id, "mode": "window" if window is not None else "full", "window": window,
+        **labels.as_row(), "parse_status": status, "raw": det.raw_response, "error": error, "original": None,
+        "reference_raw": raw_labels if status != "ok" else None,
+        "attempts": None, "context_rounds": None, "prompt_sha256": None, "prompt_tokens": None,
+        "completion_tokens": None, "cached_tokens": None, "latency_s": None, "calls": None,
+        "model": {"key": "reference", "model": REFERENCE_AUDITOR, "revision": None, "adapter": None},
+        "timestamp": None,
+    }, status)
+
+
+# ---------------------------------------------------------------- the run directory
+
+@dataclass
+class ImportedTrial:
+    trial_id: str
+    session: str
+    rounds: int
+    auditors: list[str] = field(default_factory=list)
+    note: str | None = None
+
+
+@dataclass
+class ImportReport:
+    run_dir: Path
+    trials: list[ImportedTrial]
+
+
+def _reset_trial(run_dir: Path, trial_id: str) -> None:
+    for p in (run_dir / "trials").glob(f"{trial_id}.*"):
+        if p.name in (f"{trial_id}.jsonl", f"{trial_id}.messages.jsonl", f"{trial_id}.done"):
+            p.unlink()
+    audit = run_dir / "audit"
+    if audit.is_dir():
+        for folder in audit.iterdir():
+            if folder.name.startswith("reference-") and (folder / f"{trial_id}.jsonl").exists():
+                (folder / f"{trial_id}.jsonl").unlink()
+
+
+def import_reference(src: Path, out: Path) -> ImportReport:
+    """Import one session folder, or every session folder directly under `src`, into run `out`.
+    Re-importing replaces the imported trials; a run not made by this importer is refused."""
+    from lhd_train.engine import package_versions
+
+    sessions = find_sessions(Path(src))
+    out = Path(out)
+    manifest_path = out / "manifest.json"
+    manifest: dict[str, Any] = {}
+    if manifest_path.exists():
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        if (manifest.get("source") or {}).get("kind") != SOURCE_KIND:
+            raise InputError(out, None, "exists and was not made by import-reference; choose another --out")
+    elif out.exists() and any(out.iterdir()):
+        raise InputError(out, None, "exists and is not an imported run; choose another --out")
+    (out / "trials").mkdir(parents=True, exist_ok=True)
+    run_id = re.sub(r"[^A-Za-z0-9._-]+", "_", out.resolve().name) or "imported"
+    prompts = Prompts()
+
+    sources = dict((manifest.get("source") or {}).get("sessions") or {})
+    sidecar = out / TASKS_SIDECAR
+    all_tasks: dict[int, dict[str, Any]] = {}
+    if sidecar.exists():
+        all_tasks = {int(t["index"]): t for t in json.loads(sidecar.read_text(encoding="utf-8"))["tasks"]}
+    auditors: dict[str, dict[str, Any]] = {}
+    for p in sorted((out / "audit").glob("reference-*/auditor.json")):
+        auditors[p.parent.name] = json.loads(p.read_text(encoding="utf-8"))
+    report: list[ImportedTrial] = []
+    ref_cfg: dict[str, Any] = {}
+
+    for s in sessions:
+        result: RefResult = _load(RefResult, s.path / "result.json")
+        cfg_data, cfg_name = _session_config(s.path)
+        ref_cfg = ref_cfg or cfg_data
+        _reset_trial(out, s.trial_id)
+        store = MessageStore(out / "trials" / f"{s.trial_id}.messages.jsonl")
+        rows, tasks = convert_session(s, result, run_id, prompts, store,
+                                      (cfg_data.get("llm_api_config") or {}).get("manager"))
+        for idx, t in tasks.items():
+            if idx in all_tasks and all_tasks[idx] != t:
+                raise InputError(s.path / "result.json", f"tasks[{idx}]",
+                                 "differs from the same task in another imported session; import different task "
+                                 "packs into different runs")
+            all_tasks[idx] = t
+        rows_path = out / "trials" / f"{s.trial_id}.jsonl"
+        for row in rows:
+            append_jsonl(rows_path, row)
+        total = result.metadata.total_tasks
+        complete = result.experiment.error_info is None and (total is None or len(tasks) >= total)
+        note = None
+        if complete:
+            (out / "trials" / f"{s.trial_id}.done").write_text(datetime.now(timezone.utc).isoformat() + "\n")
+        else:
+            note = "incomplete session (error_info or missing tasks): audit with --include-unfinished"
+        by_round = {r["global_round"]: r for r in rows}
+        imported = ImportedTrial(s.trial_id, s.path.name, len(rows), note=note)
+        det_sources: dict[str, str] = {}
+        for aid, (path, window) in newest_detectors(s.path).items():
+            det: RefDetector = _load(RefDetector, path)
+            folder = out / "audit" / aid
+            folder.mkdir(parents=True, exist_ok=True)
+            apath = folder / f"{s.trial_id}.jsonl"
+            counts = {"ok": 0, "repaired": 0, "failed": 0, "unmatched": 0}
+            for d in sorted(det.round_detections, key=lambda d: d.global_round):
+                if d.global_round not in by_round:
+                    counts["unmatched"] += 1
+                    continue
+                arow, status = detection_row(d, by_round[d.global_round], s.trial_id, run_id, aid, window)
+                append_jsonl(apath, arow)
+                counts[status] += 1
+            info = auditors.setdefault(aid, {
+                "schema": AUDITOR_SCHEMA, "auditor_id": aid,
+                "options": {"mode": "window" if window is not None else "full", "window": window,
+                            "hide_supervisor": False, "hide_event_labels": False, "auditor_id": aid},
+                "model_identity": {"key": "reference", "model": REFERENCE_AUDITOR, "revision": None, "adapter": None},
+                "source": SOURCE_KIND, "trials": {}})
+            info["trials"][s.trial_id] = {"file": str(path.resolve()), "summary": det.summary, "rows": counts}
+            imported.auditors.append(aid)
+            det_sources[aid] = str(path.resolve())
+        sources[s.trial_id] = {
+            "path": str(s.path.resolve()), "folder": s.path.name, "pack": s.pack, "seed": s.seed,
+            "timestamp": s.timestamp,
+            "category": s.category, "pressure": s.pressure, "model_tag": s.model_tag, "config_file": cfg_name,
+            "error_info": result.experiment.error_info, "complete": complete, "detectors": det_sources,
+        }
+        report.append(imported)
+
+    write_json_atomic(sidecar, {"source": SOURCE_KIND, "tasks": [all_tasks[k] for k in sorted(all_tasks)]})
+    for aid, info in auditors.items():
+        write_json_atomic(out / "audit" / aid / "auditor.json", info)
+    _write_config(out, run_id, sources, ref_cfg)
+    write_json_atomic(manifest_path, {
+        "run_id": run_id, "source": {"kind": SOURCE_KIND, "sessions": sources,
+                                     "imported_at": datetime.now(timezone.utc).isoformat(timespec="seconds")},
+        "pack": manifest.get("pack") or sessions[0].pack,
+        "seeds": sorted({v["seed"] for v in sources.values()}), "trials": sorted(sources),
+        "models": {
+            "performer": {"key": "performer", "model": ", ".join(sorted({str(v["model_tag"]) for v in sources.values()})),
+                          "revision": None, "backend": "reference", "adapter": None},
+            "supervisor": {"key": "supervisor", "model": (ref_cfg.get("llm_api_config") or {}).get("manager"),
+                           "revision": None, "backend": "reference", "adapter": None}},
+        "packages": package_versions(), "python": sys.version.split()[0],
+    })
+    return ImportReport(out, report)
+
+
+def _write_config(out: Path, run_id: str, sources: dict[str, dict[str, Any]], ref: dict[str, Any]) -> None:
+    """A minimal config that parses as a RunConfig (so every tool can read it) but names no real
+    backend and no auditor: an imported run is for auditing with --auditor, reporting, export."""
+    tags = sorted({str(v["model_tag"]) for v in sources.values()})
+    api = ref.get("llm_api_config") or {}
+    init = ref.get("manager_initial_state") or {}
+    cats = {v["category"] for v in sources.values()}
+    lvls = {v["pressure"] for v in sources.values()}
+    data = {
+        "run_name": run_id, "output_dir": str(out.resolve().parent),
+        "task_pack": ref.get("task_load_folder_name") or next((v["pack"] for v in sources.values() if v.get("pack")),
+                                                             "unknown"),
+        "seeds": sorted({v["seed"] for v in sources.values()}),
+        "p_event": float(ref.get("p_event", 0.5)),
+        "control": {"category": cats.pop() if len(cats) == 1 else None,
+                    "pressure": lvls.pop() if len(lvls) == 1 else None},
+        "max_rounds_per_task": int(ref.get("max_rounds_per_task", 3)),
+        "completion_threshold": float(ref.get("task_completion_threshold", 0.2)),
+        "memory_window": int(ref.get("memory_k_window", 7)),
+        "initial_state": {"trust": float(init.get("trust_level", 0.0)),
+                          "satisfaction": float(init.get("work_satisfaction", 0.0)),
+                          "comfort": float(init.get("relational_comfort", 0.0))},
+        "models": {"performer": {"backend": "openai", "model": ", ".join(tags)},
+                   "supervisor": {"backend": "openai", "model": str(api.get("manager") or "unknown")}},
+        "performer": {"model": "performer"}, "supervisor": {"model": "supervisor"},
+    }
+    parse_config(data, out / "config.resolved.yaml")  # proves every tool can load it
+    text = yaml.safe_dump(data, sort_keys=False)
+    header = ("# Imported from the reference implementation by `lhd import-reference` (source: reference-import).\n"
+              "# Not runnable: the models are labels only. Audit with `lhd audit RUN --auditor CONFIG`.\n")
+    (out / "config.resolved.yaml").write_text(header + text, encoding="utf-8")
