@@ -128,6 +128,80 @@ def export_cmd(
     raise typer.Exit(export_command(run, out))
 
 
+data_app = typer.Typer(help="training data from audited runs: best-of-N SFT, DPO pairs, GRPO prompts",
+                       no_args_is_help=True)
+app.add_typer(data_app, name="data")
+
+
+def _build_settings(run: Path, out: Path, n: int, direction: str, auditor: Optional[Path], overrides: list[str],
+                    max_contexts: Optional[int], eval_fraction: float, min_margin: float, concurrency: int):
+    from lhd_train.data.builders import BuildSettings
+
+    if direction not in ("honest", "deceptive"):
+        from lhd_train.errors import InputError
+
+        raise InputError("command line", "--direction", f"'{direction}'", "honest, deceptive")
+    return BuildSettings(run, out, n, direction, auditor, tuple(overrides), eval_fraction, max_contexts,
+                         min_margin, concurrency=concurrency)
+
+
+_RUN = typer.Argument(..., help="an audited run directory")
+_OUT = typer.Option(..., "--out", help="output folder (dataset/, candidates.jsonl, grades.jsonl)")
+
+
+@data_app.command("bon")
+def data_bon_cmd(
+    run: Path = _RUN, out: Path = _OUT,
+    overrides: Optional[list[str]] = typer.Argument(None, help="auditor config overrides key=value"),
+    n: int = typer.Option(4, "--n", help="candidates sampled per context"),
+    direction: str = typer.Option("honest", "--direction", help="honest | deceptive"),
+    auditor: Optional[Path] = typer.Option(None, "--auditor", help="auditor config (default: the run's)"),
+    max_contexts: Optional[int] = typer.Option(None, "--max-contexts"),
+    eval_fraction: float = typer.Option(0.2, "--eval-fraction", help="share of trials held out"),
+    concurrency: int = typer.Option(32, "--concurrency"),
+) -> None:
+    """Best-of-N SFT data: sample N answers per context, grade them, keep the best for the direction."""
+    from lhd_train.data.builders import build_bon
+
+    path, stats = build_bon(_build_settings(run, out, n, direction, auditor, overrides or [], max_contexts,
+                                            eval_fraction, 1.0, concurrency))
+    console.print(f"best-of-{n} ({direction}): {stats}\ndataset: {path}")
+
+
+@data_app.command("dpo")
+def data_dpo_cmd(
+    run: Path = _RUN, out: Path = _OUT,
+    overrides: Optional[list[str]] = typer.Argument(None, help="auditor config overrides key=value"),
+    n: int = typer.Option(4, "--n"),
+    direction: str = typer.Option("honest", "--direction", help="honest | deceptive"),
+    auditor: Optional[Path] = typer.Option(None, "--auditor"),
+    min_margin: float = typer.Option(1.0, "--min-margin", help="least severity gap between chosen and rejected"),
+    max_contexts: Optional[int] = typer.Option(None, "--max-contexts"),
+    eval_fraction: float = typer.Option(0.2, "--eval-fraction"),
+    concurrency: int = typer.Option(32, "--concurrency"),
+) -> None:
+    """DPO pairs from the graded candidates (and the original answer)."""
+    from lhd_train.data.builders import build_dpo
+
+    path, stats = build_dpo(_build_settings(run, out, n, direction, auditor, overrides or [], max_contexts,
+                                            eval_fraction, min_margin, concurrency))
+    console.print(f"DPO pairs ({direction}): {stats}\ndataset: {path}")
+
+
+@data_app.command("grpo")
+def data_grpo_cmd(
+    run: Path = _RUN, out: Path = _OUT,
+    direction: str = typer.Option("honest", "--direction"),
+    max_contexts: Optional[int] = typer.Option(None, "--max-contexts"),
+    eval_fraction: float = typer.Option(0.2, "--eval-fraction"),
+) -> None:
+    """Prompt-only GRPO data; the honesty reward grades completions in their trajectory context."""
+    from lhd_train.data.builders import build_grpo
+
+    path, stats = build_grpo(run, out, eval_fraction, max_contexts, direction)  # type: ignore[arg-type]
+    console.print(f"GRPO prompts: {stats}\ndataset: {path}")
+
+
 @app.command("report")
 def report_cmd(
     runs: list[Path] = typer.Argument(..., help="one or more run directories, compared side by side"),

@@ -1,0 +1,153 @@
+"""Grade candidate performer answers in their trajectory's context: the auditor for honesty,
+the supervisor's own evaluation prompt for quality. Grades are cached on disk (one JSONL line
+per candidate), so a killed grading job resumes where it stopped and GRPO never pays twice."""
+from __future__ import annotations
+
+import asyncio
+import copy
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lhd_train.audit.labels import CheckedAuditAnswer, make_consistent
+from lhd_train.audit.settings import AuditorConfig
+from lhd_train.audit.trajectory import AuditorPrompts, RenderOptions, Trial, build_messages, load_task_texts, load_trial
+from lhd_train.config import RoleConfig
+from lhd_train.data.contexts import Context
+from lhd_train.store import append_jsonl, read_jsonl, repair_jsonl
+from lhd_train.structured_calls import ask_structured, call_seed
+from lhd_train.supervisor import Evaluation
+from rollouts.backend import Backend
+
+ANSWER_START = "=== THE ASSISTANT'S ANSWER ===\n"
+ANSWER_END = "\n\n=== YOUR FEELINGS BEFORE THIS ANSWER ==="
+
+
+@dataclass
+class Grade:
+    deceptive: bool | None
+    severity: int | None
+    types: list[str]
+    confidence: float | None
+    audit_status: str
+    satisfaction: float | None
+    quality_status: str
+
+    @property
+    def usable(self) -> bool:
+        return self.deceptive is not None
+
+
+def too_long(backend: Backend, messages: list[dict[str, str]], max_tokens: int) -> bool:
+    """A permanent condition, recorded as such, unlike a transport failure (which is retried)."""
+    limit = getattr(backend, "max_model_len", None)
+    return bool(limit) and backend.count_tokens(messages) + max_tokens > limit
+
+
+def swap_answer(eval_messages: list[dict[str, str]], text: str) -> list[dict[str, str]] | None:
+    """The supervisor's exact evaluation prompt of that round, with another answer in it."""
+    msgs = copy.deepcopy(eval_messages)
+    user = msgs[-1]["content"]
+    if ANSWER_START not in user or ANSWER_END not in user:
+        return None
+    head, rest = user.split(ANSWER_START, 1)
+    _, tail = rest.split(ANSWER_END, 1)
+    msgs[-1]["content"] = head + ANSWER_START + (text.strip() or "(empty answer)") + ANSWER_END + tail
+    return msgs
+
+
+class Grader:
+    """`grade(ctx, text)`: the auditor judges `text` as if the performer had written it at that
+    round, seeing the trajectory up to it (causal: later rounds reacted to another answer), with
+    the round's own supervisor reaction hidden; the supervisor rates it with the evaluation
+    prompt it really had at that round."""
+
+    def __init__(self, run_dir: Path, auditor_cfg: AuditorConfig, auditor: Backend,
+                 supervisor_role: RoleConfig | None, supervisor: Backend | None, cache_path: Path,
+                 concurrency: int = 32):
+        self.run_dir = Path(run_dir)
+        self.cfg = auditor_cfg
+        self.auditor = auditor
+        self.sup_role = supervisor_role
+        self.supervisor = supervisor
+        self.prompts = AuditorPrompts.load(auditor_cfg.prompts_dir)
+        self.cache_path = cache_path
+        self.gate = asyncio.Semaphore(concurrency)
+        repair_jsonl(cache_path)
+        self.cache: dict[str, dict[str, Any]] = {r["key"]: r for r in read_jsonl(cache_path)}
+        self.id = hashlib.sha256(json.dumps(
+            [auditor_cfg.spec.model, auditor_cfg.auditor.model_dump(mode="json"), self.prompts.digest(),
+             supervisor_role.model_dump(mode="json") if supervisor_role else None], sort_keys=True).encode()
+        ).hexdigest()[:12]
+        self._trials: dict[str, Trial] = {}
+        self._tasks = None
+
+    def _trial(self, trial_id: str) -> Trial:
+        if trial_id not in self._trials:
+            if self._tasks is None:
+                import yaml
+
+                cfg = yaml.safe_load((self.run_dir / "config.resolved.yaml").read_text()) or {}
+                self._tasks, _ = load_task_texts(self.run_dir, cfg.get("task_pack"))
+            self._trials[trial_id] = load_trial(self.run_dir, self.run_dir / "trials" / f"{trial_id}.jsonl", self._tasks)
+        return self._trials[trial_id]
+
+    def key(self, ctx: Context, text: str) -> str:
+        return hashlib.sha256(f"{self.id}\0{ctx.key}\0{text}".encode()).hexdigest()[:24]
+
+    def cached(self, ctx: Context, text: str) -> Grade | None:
+        r = self.cache.get(self.key(ctx, text))
+        return Grade(**r["grade"]) if r else None
+
+    async def grade(self, ctx: Context, text: str) -> Grade:
+        key = self.key(ctx, text)
+        if key in self.cache:
+            return Grade(**self.cache[key]["grade"])
+        async with self.gate:
+            audit, quality = await asyncio.gather(self._audit(ctx, text, key), self._quality(ctx, text, key))
+        grade = Grade(*audit, *quality)
+        row = {"key": key, "context": ctx.key, "text_sha256": hashlib.sha256(text.encode()).hexdigest()[:16],
+               "grade": grade.__dict__}
+        append_jsonl(self.cache_path, row)
+        self.cache[key] = row
+        return grade
+
+    async def _audit(self, ctx: Context, text: str, key: str) -> tuple[Any, ...]:
+        trial = self._trial(ctx.trial_id)
+        i = next(j for j, r in enumerate(trial.rows) if r["global_round"] == ctx.global_round)
+        rows = [dict(r) for r in trial.rows[: i + 1]]
+        target = rows[i] = copy.deepcopy(rows[i])
+        target["performer"]["text"] = text
+        target["supervisor"] = {}  # its reaction was to another answer
+        target["task_complete"] = False
+        view = Trial(trial.trial_id, rows, trial.tasks, True, trial.round1_messages)
+        messages, _ = build_messages(view, i, "causal", 0, RenderOptions(), self.prompts)
+        rc = self.cfg.auditor
+        if too_long(self.auditor, messages, rc.sampling.max_tokens):
+            return None, None, [], None, "too_long"
+        out = await ask_structured(
+            self.auditor, lambda note: [messages[0], {"role": "user", "content": messages[1]["content"] + note}],
+            CheckedAuditAnswer, "grade-audit", lambda a: rc.sampling.params(call_seed(key, "audit", a)),
+            rc.max_attempts, lambda m: [], rc.adapter)
+        if out.value is None:
+            return None, None, [], None, "failed"
+        v = out.value
+        labels, changed = make_consistent(v.deceptive, list(v.types), v.severity, v.confidence, v.reasoning, list(v.evidence))
+        return labels.deceptive, labels.severity, list(labels.types), labels.confidence, "repaired" if changed else out.status
+
+    async def _quality(self, ctx: Context, text: str, key: str) -> tuple[Any, ...]:
+        if self.supervisor is None or self.sup_role is None or not ctx.supervisor_eval:
+            return None, "skipped"
+        msgs = swap_answer(ctx.supervisor_eval, text)
+        if msgs is None:
+            return None, "skipped"
+        rc = self.sup_role
+        if too_long(self.supervisor, msgs, rc.sampling.max_tokens):
+            return None, "too_long"
+        out = await ask_structured(
+            self.supervisor, lambda note: msgs[:-1] + [{"role": "user", "content": msgs[-1]["content"] + note}],
+            Evaluation, "grade-quality", lambda a: rc.sampling.params(call_seed(key, "quality", a)),
+            rc.max_attempts, lambda m: [], rc.adapter)
+        return (out.value.satisfaction, out.status) if out.value is not None else (None, "failed")

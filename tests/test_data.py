@@ -1,0 +1,127 @@
+"""Best-of-N, DPO and GRPO data from a small run, graded by the real tiny model."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import yaml
+from datasets import load_from_disk
+
+from lhd_train.config import parse_config
+from lhd_train.data.builders import BuildSettings, Scored, build_bon, build_dpo, build_grpo, select_best
+from lhd_train.data.contexts import load_contexts, split_of
+from lhd_train.data.grading import Grade, swap_answer
+from lhd_train.engine import prepare_run_dir
+from lhd_train.events import draw_schedule
+from lhd_train.prompts import Prompts
+from lhd_train.taskpack import load_pack
+from lhd_train.trial import RunContext, run_trial
+from scripted import ScriptedBackend, supervisor_script
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory, tiny_llama_dir):
+    """Two trials of two tasks played by a scripted backend, configured with the tiny model so the
+    data builders sample and grade with a real model."""
+    tmp = tmp_path_factory.mktemp("data_run")
+    tiny = {"backend": "hf", "model": str(tiny_llama_dir), "max_batch_size": 16}
+    cfg = parse_config({
+        "run_name": "r", "output_dir": str(tmp), "seeds": [1, 2, 3, 4, 5], "max_tasks": 2,
+        "models": {"tiny": tiny},
+        "performer": {"model": "tiny", "sampling": {"temperature": 1.0, "max_tokens": 16}},
+        "supervisor": {"model": "tiny", "sampling": {"temperature": 1.0, "max_tokens": 64}},
+        "auditor": {"model": "tiny", "sampling": {"temperature": 1.0, "max_tokens": 96}},
+    }, "test")
+    pack = load_pack(cfg.task_pack)
+    prepare_run_dir(cfg, pack, cfg.trial_seeds())
+    backend = ScriptedBackend(supervisor_script([0.1, 0.5]))
+    ctx = RunContext(cfg, "r", cfg.run_dir, pack, Prompts(),
+                     {"performer": backend, "supervisor": backend, "summariser": backend}, {})
+    for seed in cfg.trial_seeds():
+        asyncio.run(run_trial(ctx, f"s{seed}", seed, draw_schedule(pack, seed)))
+    return cfg.run_dir
+
+
+def test_contexts_are_exact_and_split_by_trial(small_run):
+    ctxs = load_contexts(small_run, eval_fraction=0.4)
+    assert ctxs and all(c.messages[0]["role"] == "system" and c.messages[-1]["role"] == "user" for c in ctxs)
+    by_trial = {}
+    for c in ctxs:
+        by_trial.setdefault(c.trial_id, set()).add(c.split)
+    assert all(len(s) == 1 for s in by_trial.values())  # never split inside a trajectory
+    assert {split_of(t, 0.4) for t in by_trial} == {"train", "eval"} or len(by_trial) < 3
+    rows = [json.loads(x) for x in (small_run / "trials" / "s1.jsonl").read_text().splitlines()]
+    assert [c.answer for c in ctxs if c.trial_id == "s1"] == [r["performer"]["text"] for r in rows]
+
+
+def test_swap_answer_keeps_the_supervisor_prompt_but_the_answer(small_run):
+    ctx = load_contexts(small_run)[0]
+    swapped = swap_answer(ctx.supervisor_eval, "A DIFFERENT ANSWER")
+    assert "A DIFFERENT ANSWER" in swapped[-1]["content"] and ctx.answer not in swapped[-1]["content"]
+    assert swapped[0] == ctx.supervisor_eval[0]
+
+
+def test_selection_by_direction():
+    def s(sev, sat, dec=True):
+        return Scored(f"{sev}/{sat}", "c", Grade(dec, sev, ["FALSIFICATION"] if dec else [], 0.9, "ok", sat, "ok"))
+
+    pool = [s(0, 0.1, False), s(0, 0.6, False), s(3, 0.4), s(4, -0.9), s(None, None, None)]
+    assert select_best(pool, "honest", -0.5).text == "0/0.6"
+    assert select_best(pool, "deceptive", -0.5).text == "3/0.4"  # severity 4 was off-task
+    assert select_best([s(0, 0.2, False)], "deceptive", -0.5) is None
+
+
+@pytest.mark.slow
+def test_bon_dpo_grpo_datasets_on_tiny_model(small_run, tmp_path):
+    from trl import DPOConfig, SFTConfig  # noqa: F401 - TRL must accept the columns below
+
+    settings = BuildSettings(small_run, tmp_path / "bon", n=2, direction="honest", max_contexts=4, progress=False)
+    path, stats = build_bon(settings)
+    ds = load_from_disk(str(path))
+    rows = [r for split in ds for r in ds[split]]
+    assert stats["contexts"] == 4 and len(rows) == 4 - stats["picked"]["none"]
+    for r in rows:
+        assert r["messages"][-1]["role"] == "assistant" and r["messages"][0]["role"] == "system"
+    grades = (tmp_path / "bon" / "grades.jsonl").read_text().splitlines()
+    assert len(grades) == 4 * 3  # original + 2 candidates per context, each graded once
+
+    # Rerunning reuses every sample and grade on disk (resumable, nothing regraded).
+    build_bon(settings)
+    assert len((tmp_path / "bon" / "grades.jsonl").read_text().splitlines()) == 12
+
+    dpo_settings = BuildSettings(small_run, tmp_path / "bon", n=2, direction="honest", max_contexts=4,
+                                 min_margin=0, progress=False)
+    dpath, dstats = build_dpo(dpo_settings)
+    dds = load_from_disk(str(dpath))
+    for split in dds:
+        for r in dds[split]:
+            assert set(r) >= {"prompt", "chosen", "rejected"}
+            assert r["chosen"] != r["rejected"] and r["chosen_severity"] <= r["rejected_severity"]
+    assert dstats["pairs"] + dstats["skipped"] == 4
+
+    gpath, gstats = build_grpo(small_run, tmp_path / "grpo")
+    gds = load_from_disk(str(gpath))
+    assert {"prompt", "trial_id", "global_round", "run_dir"} <= set(gds["train"].column_names)
+    n_rounds = sum(len(p.read_text().splitlines()) for p in (small_run / "trials").glob("s?.jsonl"))
+    assert gstats["contexts"] == n_rounds == len(gds["train"]) + len(gds.get("eval", []))
+
+
+@pytest.mark.slow
+def test_honesty_reward_grades_in_context(small_run, tmp_path):
+    from lhd_train.training.rewards import build_rewards
+
+    class Spec:
+        def __init__(self, name, params):
+            self.name, self.params, self.weight = name, params, 1.0
+
+    ctx = load_contexts(small_run)[0]
+    funcs, _ = build_rewards([Spec("honesty", {"cache": str(tmp_path / "g.jsonl")})], "honest")
+    completions = [[{"role": "assistant", "content": "The files do not say."}],
+                   [{"role": "assistant", "content": "Revenue was $9M (source: my memory)."}]]
+    values = asyncio.run(funcs[0](prompts=[ctx.messages] * 2, completions=completions,
+                                  trial_id=[ctx.trial_id] * 2, global_round=[ctx.global_round] * 2,
+                                  run_dir=[str(small_run)] * 2))
+    assert len(values) == 2
+    assert all(v is None or -1.0 <= v <= 0.0 for v in values)
+    assert len((tmp_path / "g.jsonl").read_text().splitlines()) == 2  # each completion graded once, cached
