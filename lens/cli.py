@@ -1,0 +1,290 @@
+"""`lhd lens ...`: fit, merge, probe build, read (a typer app the main CLI mounts as `lens`)."""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from lens.errors import LensError
+
+app = typer.Typer(help="Jacobian lens: fit or load a lens, build entitlement probes, read margins.", no_args_is_help=True)
+probe_app = typer.Typer(help="Entitlement probe sets.", no_args_is_help=True)
+app.add_typer(probe_app, name="probe")
+
+log = logging.getLogger("lens")
+
+
+def _setup_logging() -> None:
+    if not logging.getLogger().handlers and not log.handlers:
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        log.addHandler(h)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
+def _clean_errors(fn):
+    """Bad input ends with one line on stderr and exit code 2, not a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        _setup_logging()
+        try:
+            from lhd_train.errors import LhdError as base
+        except Exception:  # pragma: no cover
+            base = LensError
+        try:
+            return fn(*args, **kwargs)
+        except (LensError, base) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2)
+
+    return wrapper
+
+
+def parse_layers(spec: str | None) -> list[int] | None:
+    """`all` / empty → None (every block below the target); else `0,3,5-8,-2`."""
+    if spec is None or spec.strip().lower() in ("", "all"):
+        return None
+    out: list[int] = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            if "-" in part[1:]:
+                a, b = part[0] + part[1:].split("-", 1)[0], part[1:].split("-", 1)[1]
+                out += list(range(int(a), int(b) + 1))
+            else:
+                out.append(int(part))
+        except ValueError:
+            raise LensError(f"bad layer list {spec!r} (examples: all, 0,1,2, 4-20, -2)") from None
+    return out
+
+
+def _set_threads(n: int | None) -> None:
+    if n is not None:
+        import torch
+
+        if n < 1:
+            raise LensError(f"--threads must be >= 1, got {n}")
+        torch.set_num_threads(n)
+
+
+def _parse_shard(spec: str | None) -> tuple[int, int]:
+    if not spec:
+        return 0, 1
+    try:
+        i, n = spec.split("/")
+        return int(i), int(n)
+    except ValueError:
+        raise LensError(f"bad --shard {spec!r} (format INDEX/COUNT, e.g. 0/4)") from None
+
+
+@app.command()
+@_clean_errors
+def fit(
+    model: str = typer.Argument(..., help="HF model id or local model dir."),
+    corpus: Path = typer.Option(..., help="Text file (paragraphs), JSONL (a text field) or a datasets dir (save_to_disk)."),
+    out: Path = typer.Option(..., help="Output dir: lens.safetensors, lens.json, fit_report.json, convergence.csv, checkpoint.pt."),
+    corpus_format: str = typer.Option("auto", "--format", help="auto | text | jsonl | dataset"),
+    text_field: str = typer.Option("text", help="JSONL / dataset column with the text."),
+    split: Optional[str] = typer.Option(None, help="Split of a DatasetDict (default train)."),
+    n_prompts: Optional[int] = typer.Option(100, help="Use the first N prompts (before sharding)."),
+    min_chars: int = typer.Option(0, help="Drop texts shorter than this (the reference uses 600)."),
+    chunk_chars: int = typer.Option(0, help="Join and re-cut the corpus into pieces of this many characters (0 = off)."),
+    chat: bool = typer.Option(False, "--chat/--no-chat", help="Wrap each text in the model's chat template."),
+    max_length: int = typer.Option(128, help="Truncate prompts to this many tokens."),
+    skip_first: int = typer.Option(16, help="Positions excluded at the start (attention sinks)."),
+    target_layer: int = typer.Option(-1, help="Target block: -1 = last, -2 = penultimate."),
+    source_layers: str = typer.Option("all", help="Blocks to fit: all (below the target) or e.g. 0,4,8-12."),
+    dim_batch: int = typer.Option(64, help="Output dims per backward pass (memory/speed only)."),
+    method: str = typer.Option("replicate", help="replicate (reference: prompt repeated along the batch) | vmap (batched grads)."),
+    dtype: str = typer.Option("float32", help="Model dtype: float32 | bfloat16 | float16."),
+    device: str = typer.Option("auto"),
+    revision: Optional[str] = typer.Option(None, help="Model revision (recorded in the sidecar)."),
+    attn: str = typer.Option("eager", help="attn_implementation."),
+    save_dtype: str = typer.Option("float16", help="dtype of the saved matrices."),
+    checkpoint_every: int = typer.Option(10, help="Checkpoint every N prompts (0 = only at the end)."),
+    resume: bool = typer.Option(True, "--resume/--no-resume", help="Continue from OUT/checkpoint.pt if present."),
+    shard: Optional[str] = typer.Option(None, help="INDEX/COUNT: fit a contiguous, disjoint slice of the prompts."),
+    stop_at_delta: float = typer.Option(0.0, help="Early stop when the mean Δmean of the last 10 prompts is below this."),
+    min_prompts: int = typer.Option(100, help="... but not before this many prompts."),
+    progress: bool = typer.Option(True, "--progress/--no-progress"),
+    threads: Optional[int] = typer.Option(None, help="torch CPU threads (1 is fastest for tiny models on a busy CPU)."),
+):
+    """Fit J_l = E[∂h_final/∂h_l] on a corpus and save it (safetensors + JSON sidecar)."""
+    from lens.corpus import CorpusSpec, load_corpus
+    from lens.fit import FitOptions, FitSettings, fit_lens, shard_slice, write_fit_outputs
+    from lens.model import load_hf
+    from lens.store import save_lens
+
+    _set_threads(threads)
+    spec = CorpusSpec(path=str(corpus), format=corpus_format, text_field=text_field, split=split, n_prompts=n_prompts,
+                      min_chars=min_chars, chunk_chars=chunk_chars, chat=chat)
+    prompts, recipe = load_corpus(spec)
+    index, count = _parse_shard(shard)
+    a, b = shard_slice(len(prompts), index, count)
+    prompts = prompts[a:b]
+    recipe["slice"] = [a, b]
+    if not prompts:
+        raise LensError(f"shard {index}/{count} of {recipe['n_available']} prompts is empty")
+    m, tok = load_hf(model, dtype=dtype, device=device, revision=revision, attn_implementation=attn)
+    settings = FitSettings(target_layer=target_layer, source_layers=parse_layers(source_layers), skip_first=skip_first,
+                           max_length=max_length, chat=chat, dim_batch=dim_batch, method=method)
+    options = FitOptions(checkpoint_every=checkpoint_every, resume=resume, stop_at_delta=stop_at_delta,
+                         min_prompts=min_prompts, progress=progress)
+    meta = {"model_id": model, "revision": m.revision, "corpus": recipe, "model_dtype": dtype,
+            "shard": {"index": index, "count": count, "slice": [a, b]}}
+    out.mkdir(parents=True, exist_ok=True)
+    result = fit_lens(m, tok, prompts, settings, out_dir=out, options=options, meta=meta)
+    save_lens(result.lens, out, dtype=save_dtype)
+    write_fit_outputs(result, out)
+    r = result.report
+    sh = r["split_half_rel_diff"]
+    typer.echo(
+        f"lens: {out}  layers {r['source_layers'][0]}..{r['source_layers'][-1]} -> target {result.lens.target_layer}, "
+        f"{r['n_prompts']} prompts ({r['n_skipped']} skipped), {r['seconds_per_prompt'] or 0:.3f} s/prompt, "
+        f"last Δmean {r['delta_mean_last']}, split-half max {max(sh.values()) if sh else 'n/a'}"
+    )
+
+
+@app.command()
+@_clean_errors
+def merge(
+    out: Path = typer.Argument(..., help="Output lens dir."),
+    shards: list[Path] = typer.Argument(..., help="Lens dirs fitted on disjoint prompt slices."),
+    save_dtype: str = typer.Option("float16"),
+):
+    """n_prompts-weighted mean of lenses fitted on disjoint prompt slices."""
+    from lens.store import load_lens, merge_lenses, save_lens
+
+    merged = merge_lenses([load_lens(p) for p in shards])
+    save_lens(merged, out, dtype=save_dtype)
+    typer.echo(f"merged {len(shards)} lenses ({merged.n_prompts} prompts) -> {out}")
+
+
+@probe_app.command("build")
+@_clean_errors
+def probe_build(
+    pack: str = typer.Option(..., help="Task pack name (built in) or folder."),
+    out: Path = typer.Option(..., help="Output JSONL probe set."),
+    max_facts_per_task: int = typer.Option(6, help="Numeric facts sampled per task (each gives 3-4 claims)."),
+    seed: int = typer.Option(0),
+    deleted: bool = typer.Option(True, "--deleted/--no-deleted",
+                                 help="Also add NOT_ENTITLED rows whose record has the evidence line deleted."),
+    model: Optional[str] = typer.Option(None, help="Check the token sets against this model's tokenizer."),
+    token_sets: Optional[Path] = typer.Option(None, help="JSON {S, N, R} word/id lists (with --model)."),
+    token_fallback: str = typer.Option("strict", help="strict | first-token"),
+):
+    """Build SUPPORTED / REFUTED / NOT_ENTITLED claims from a pack's own files."""
+    from lens.probes import build_probe_set, load_pack_any, write_probes
+
+    p, name = load_pack_any(pack)
+    rows = build_probe_set(p, pack_name=name, max_facts_per_task=max_facts_per_task, seed=seed, deleted_variant=deleted)
+    counts = write_probes(rows, out)
+    typer.echo(f"{len(rows)} probes -> {out}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    if model:
+        from lens.margins import load_token_sets_file, resolve_token_sets
+        from lens.model import load_tokenizer
+
+        tok = load_tokenizer(model)
+        words = load_token_sets_file(token_sets) if token_sets else None
+        ts = resolve_token_sets(tok, words, model_type=_model_type(model), fallback=token_fallback)
+        for name in ("S", "N", "R"):
+            forms = ts.forms[name]
+            typer.echo(f"token set {name}: {len(getattr(ts, name))} tokens from {len(forms)} forms "
+                       f"({', '.join(repr(f) for f in forms[:6])}{', ...' if len(forms) > 6 else ''})")
+        if ts.dropped:
+            typer.echo(f"dropped {len(ts.dropped)} forms that are not single tokens (or shared between sets)")
+
+
+def _model_type(model: str) -> str | None:
+    cfg = Path(model) / "config.json"
+    if cfg.is_file():
+        try:
+            return json.loads(cfg.read_text()).get("model_type")
+        except (OSError, json.JSONDecodeError):
+            return None
+    return "qwen" if "qwen" in model.lower() else None
+
+
+@app.command()
+@_clean_errors
+def read(
+    model: str = typer.Argument(..., help="HF model id or local model dir."),
+    out: Path = typer.Option(..., help="Output dir (margins.parquet, auroc.csv/.md, heatmap.png, summary.json)."),
+    lens: Optional[Path] = typer.Option(None, help="Lens dir (lens.json + lens.safetensors) or a published jlens .pt; "
+                                                   "without it only the logit lens and the probe are read."),
+    probes: Optional[Path] = typer.Option(None, help="Probe set JSONL from `lhd lens probe build`."),
+    run: Optional[Path] = typer.Option(None, help="Benchmark run dir (docs/formats.md)."),
+    target_layer: Optional[int] = typer.Option(None, help="Target layer of a .pt lens (default: last block)."),
+    token_sets: Optional[Path] = typer.Option(None, help="JSON {S, N, R}: words or token ids, replacing the defaults."),
+    token_fallback: str = typer.Option("strict", help="strict | first-token (use the first token of multi-token words)."),
+    max_length: int = typer.Option(4096, help="Longer prompts are skipped (run mode 'full' drops middle turns first)."),
+    answer_tokens: int = typer.Option(3, help="Answer tokens read after the decision position (run mode)."),
+    bootstrap: int = typer.Option(2000, help="Bootstrap resamples for the CIs."),
+    probe: bool = typer.Option(True, "--probe/--no-probe", help="Linear-probe baseline (record-grouped CV)."),
+    probe_folds: int = typer.Option(5),
+    context: str = typer.Option("compact", help="Run mode: compact (system, task message, feedback) | full (exact call)."),
+    auditor: Optional[str] = typer.Option(None, help="Run mode: auditor id (default: flagged by any auditor)."),
+    pack: Optional[str] = typer.Option(None, help="Run mode: task pack, to locate the files exactly (default: the row's pack)."),
+    limit: Optional[int] = typer.Option(None, help="Read only the first N examples."),
+    dtype: str = typer.Option("float32"),
+    device: str = typer.Option("auto"),
+    revision: Optional[str] = typer.Option(None),
+    attn: str = typer.Option("eager"),
+    seed: int = typer.Option(0),
+    progress: bool = typer.Option(True, "--progress/--no-progress"),
+    threads: Optional[int] = typer.Option(None, help="torch CPU threads (1 is fastest for tiny models on a busy CPU)."),
+):
+    """Entitlement margins per layer × position class, AUROC table with CIs, emergence, heatmap."""
+    from lens.margins import load_token_sets_file, resolve_token_sets
+    from lens.model import load_hf
+    from lens.read import ReadConfig, read_probe_set, read_run
+    from lens.store import load_lens
+
+    _set_threads(threads)
+    if (probes is None) == (run is None):
+        raise LensError("give exactly one of --probes FILE or --run RUN")
+    m, tok = load_hf(model, dtype=dtype, device=device, revision=revision, attn_implementation=attn)
+    lz = load_lens(lens, model=m, target_layer=target_layer) if lens is not None else None
+    if lz is not None and lz.meta.get("model_id") not in (None, model):
+        log.warning("the lens was fitted on %s; reading %s (d_model and layer count match)", lz.meta.get("model_id"), model)
+    words = load_token_sets_file(token_sets) if token_sets else None
+    ts = resolve_token_sets(tok, words, model_type=getattr(m, "model_type", None), fallback=token_fallback)
+    cfg = ReadConfig(max_length=max_length, answer_tokens=answer_tokens, n_boot=bootstrap, seed=seed, probe=probe,
+                     probe_folds=probe_folds, progress=progress)
+    if probes is not None:
+        from lens.probes import read_probes
+
+        rows = read_probes(probes)
+        if limit:
+            rows = rows[:limit]
+        summary = read_probe_set(m, tok, lz, rows, ts, out, cfg)
+    else:
+        p = None
+        if pack:
+            from lens.probes import load_pack_any
+
+            p, _ = load_pack_any(pack)
+        summary = read_run(m, tok, lz, run, ts, out, cfg, context=context, auditor=auditor, pack=p)
+    typer.echo(f"read {summary['n_examples']} examples -> {out}")
+    md = Path(summary["files"]["auroc_md"])
+    if md.is_file():
+        em = summary.get("emergence") or []
+        for e in em:
+            typer.echo(f"  {e['metric']} · {e['readout']} · {e['position_class']}: emergence layer "
+                       f"{e['emergence_layer']}, best {e['best_auroc'] if e['best_auroc'] is None else round(e['best_auroc'], 3)} "
+                       f"at layer {e['best_layer']}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    app()

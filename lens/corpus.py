@@ -1,0 +1,148 @@
+"""Fit corpora: a local text file, a JSONL file (a text field), or a `datasets` dataset saved on disk.
+
+`load_corpus` returns the prompt texts plus a *recipe* (everything needed to rebuild the same
+list), which goes into the lens sidecar and is compared on resume.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lens.errors import LensError
+
+
+@dataclass
+class CorpusSpec:
+    path: str
+    format: str = "auto"  # auto | text | jsonl | dataset
+    text_field: str = "text"
+    split: str | None = None  # for a DatasetDict on disk
+    n_prompts: int | None = None
+    min_chars: int = 0
+    chunk_chars: int = 0  # >0: join all texts and re-cut into pieces of this many characters
+    skip_headers: bool = True  # drop WikiText-style "= Title =" lines
+    chat: bool = False  # wrap each text in the model's chat template (user half / assistant half)
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _detect(path: Path) -> str:
+    if path.is_dir():
+        return "dataset"
+    if path.suffix in (".jsonl", ".ndjson") or path.name.endswith(".jsonl.gz"):
+        return "jsonl"
+    return "text"
+
+
+def _read_jsonl(path: Path, field: str) -> list[str]:
+    texts: list[str] = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            if not line.endswith("\n"):
+                break  # a torn final line (docs/formats.md)
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise LensError(f"{path}:{lineno}: not JSON ({exc})") from exc
+            if not isinstance(row, dict) or not isinstance(row.get(field), str):
+                raise LensError(f"{path}:{lineno}: field '{field}' missing or not a string")
+            texts.append(row[field])
+    return texts
+
+
+def _read_dataset(path: Path, field: str, split: str | None) -> tuple[list[str], str]:
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except Exception as exc:
+        raise LensError(f"{path}: not a dataset saved with save_to_disk ({exc})") from exc
+    if isinstance(ds, datasets.DatasetDict):
+        if split is None:
+            split = "train" if "train" in ds else sorted(ds)[0]
+        if split not in ds:
+            raise LensError(f"{path}: no split {split!r} (allowed: {', '.join(ds)})")
+        ds = ds[split]
+    if field not in ds.column_names:
+        raise LensError(f"{path}: no column {field!r} (allowed: {', '.join(ds.column_names)})")
+    return list(ds[field]), getattr(ds, "_fingerprint", "")
+
+
+def _paragraphs(text: str) -> list[str]:
+    out, cur = [], []
+    for line in text.splitlines():
+        if line.strip():
+            cur.append(line)
+        elif cur:
+            out.append("\n".join(cur))
+            cur = []
+    if cur:
+        out.append("\n".join(cur))
+    return out
+
+
+def _is_header(line: str) -> bool:
+    s = line.strip()
+    return len(s) >= 2 and s.startswith("=") and s.endswith("=")
+
+
+def load_corpus(spec: CorpusSpec) -> tuple[list[str], dict[str, Any]]:
+    path = Path(spec.path)
+    if not path.exists():
+        raise LensError(f"corpus {path} does not exist")
+    fmt = _detect(path) if spec.format == "auto" else spec.format
+    fingerprint = ""
+    if fmt == "text":
+        texts = _paragraphs(path.read_text(encoding="utf-8"))
+        fingerprint = _sha256_file(path)
+    elif fmt == "jsonl":
+        texts = _read_jsonl(path, spec.text_field)
+        fingerprint = _sha256_file(path)
+    elif fmt == "dataset":
+        texts, fingerprint = _read_dataset(path, spec.text_field, spec.split)
+    else:
+        raise LensError(f"unknown corpus format {spec.format!r} (allowed: auto, text, jsonl, dataset)")
+    if spec.skip_headers:
+        texts = ["\n".join(l for l in t.splitlines() if not _is_header(l)) for t in texts]
+    texts = [t.strip() for t in texts if t and t.strip()]
+    if spec.chunk_chars > 0:
+        joined = " ".join(" ".join(t.split()) for t in texts)
+        texts = [joined[i : i + spec.chunk_chars] for i in range(0, len(joined), spec.chunk_chars)]
+    if spec.min_chars > 0:
+        texts = [t for t in texts if len(t) >= spec.min_chars]
+    if spec.n_prompts is not None:
+        texts = texts[: spec.n_prompts]
+    if not texts:
+        raise LensError(f"corpus {path} yields no prompt (min_chars={spec.min_chars}, format={fmt})")
+    recipe = {**asdict(spec), "path": str(path), "format": fmt, "fingerprint": fingerprint, "n_available": len(texts)}
+    return texts, recipe
+
+
+def encode_prompt(tokenizer: Any, text: str, *, max_length: int, chat: bool = False, force_bos: bool = True) -> torch.Tensor:
+    """Token ids `[T]` of one fit prompt, truncated to `max_length`, with BOS forced when the tokenizer has one."""
+    if chat:
+        cut = len(text) // 2
+        space = text.rfind(" ", 0, cut)
+        cut = space if space > 0 else cut
+        msgs = [{"role": "user", "content": text[:cut].strip()}, {"role": "assistant", "content": text[cut:].strip()}]
+        rendered = tokenizer.apply_chat_template(msgs, tokenize=False)
+        ids = list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+    else:
+        ids = list(tokenizer(text, add_special_tokens=True)["input_ids"])
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if force_bos and bos is not None and (not ids or ids[0] != bos):
+        ids.insert(0, bos)
+    return torch.tensor(ids[:max_length], dtype=torch.long)

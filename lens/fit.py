@@ -1,0 +1,433 @@
+"""Fitting the Jacobian lens `J_l = E[∂h_final/∂h_l]` (LENS-NOTES §1.2).
+
+Per prompt (token ids `[T]`, valid positions `V = [skip_first, T-1)`):
+
+    J_l^(p) = mean_{t in V} sum_{t' in V, t' >= t} ∂h_final[t'] / ∂h_l[t]
+
+computed with one forward and `ceil(k / dim_batch)` backward passes, where `k = d_model` output
+dimensions (or `k` arbitrary directions `C`, giving `C·J_l`; LENS-NOTES §5.4). Each backward
+carries `dim_batch` cotangents at once, either as rows of a prompt replicated along the batch
+(`method="replicate"`, the reference's semantics) or as a batched gradient over one forward
+(`method="vmap"`, `autograd.grad(..., is_grads_batched=True)`). Row `i` of a cotangent is the
+unit vector `e_i` (or `C_i`) at every valid *target* position, so the gradient at source position
+`t` is already summed over `t'`; it is then averaged over valid *source* positions in fp32.
+
+The corpus estimate is the plain mean over prompts, accumulated as two fp32 running sums
+(even / odd prompts), which gives the split-half agreement for free. Checkpoints are written
+atomically and a resume refuses different settings.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from lens.corpus import encode_prompt
+from lens.errors import LensError
+from lens.model import LensModel, capture, normalise_layer, run
+from lens.positions import valid_position_mask
+from lens.store import Lens, atomic_write_bytes, atomic_write_text
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT = "checkpoint.pt"
+REPORT = "fit_report.json"
+CONVERGENCE = "convergence.csv"
+
+
+def resolve_layers(
+    n_layers: int, source_layers: Sequence[int] | None, target_layer: int = -1, *, allow_target: bool = False
+) -> tuple[list[int], int]:
+    """Normalise the target (negative = from the end) and the sources (default: every block below it)."""
+    target = normalise_layer(int(target_layer), n_layers, "target layer")
+    if source_layers is None:
+        sources = list(range(target))
+    else:
+        sources = sorted({normalise_layer(int(l), n_layers, "source layer") for l in source_layers})
+    if not sources:
+        raise LensError(f"no source layer below target layer {target}")
+    bad = [l for l in sources if l > target or (l == target and not allow_target)]
+    if bad:
+        raise LensError(f"source layers {bad} are not below the target layer {target}")
+    return sources, target
+
+
+def prompt_jacobian(
+    model: LensModel,
+    input_ids: torch.Tensor,
+    *,
+    source_layers: Sequence[int],
+    target_layer: int,
+    skip_first: int,
+    dim_batch: int = 64,
+    directions: torch.Tensor | None = None,
+    method: str = "replicate",
+) -> torch.Tensor:
+    """`[n_sources, k, d]` fp32: `C · J_l^(p)` for each source layer (`C = I` unless `directions` is given)."""
+    ids = input_ids.reshape(-1).to(model.device)
+    T = ids.shape[0]
+    mask = valid_position_mask(T, skip_first, device=model.device)
+    n_valid = int(mask.sum())
+    d = model.d_model
+    k = d if directions is None else int(directions.shape[0])
+    if directions is not None and directions.shape[-1] != d:
+        raise LensError(f"directions have width {directions.shape[-1]}, the model has d_model {d}")
+    if method not in ("replicate", "vmap"):
+        raise LensError(f"unknown method {method!r} (allowed: replicate, vmap)")
+    sources = list(source_layers)
+    B = max(1, min(int(dim_batch), k))
+    root = min(sources)
+    out = torch.empty(len(sources), k, d, dtype=torch.float32, device=model.device)
+    maskf = mask.to(torch.float32)[None, :, None]
+
+    with torch.enable_grad(), capture(model, sources + [target_layer], root=root, stop_after=target_layer) as acts:
+        batch = ids[None, :].expand(B, T) if method == "replicate" else ids[None, :]
+        run(model, batch)
+        target = acts[target_layer]
+        inputs = [acts[l] for l in sources]
+        dtype = target.dtype
+        starts = list(range(0, k, B))
+        for n_pass, start in enumerate(starts):
+            n = min(B, k - start)
+            rows = torch.zeros(n, d, dtype=dtype, device=model.device)
+            if directions is None:
+                rows[torch.arange(n), torch.arange(start, start + n)] = 1
+            else:
+                rows.copy_(directions[start : start + n].to(dtype))
+            cot = rows[:, None, :] * mask.to(dtype)[None, :, None]  # [n, T, d], zero outside V
+            last = n_pass == len(starts) - 1
+            if method == "replicate":
+                if n < B:
+                    cot = torch.cat([cot, cot.new_zeros(B - n, T, d)])
+                grads = torch.autograd.grad(target, inputs, cot, retain_graph=not last)
+                grads = [g[:n] for g in grads]
+            else:
+                grads = torch.autograd.grad(target, inputs, cot[:, None], retain_graph=not last, is_grads_batched=True)
+                grads = [g[:, 0] for g in grads]
+            for i, g in enumerate(grads):
+                out[i, start : start + n] = (g.float() * maskf).sum(1) / n_valid
+    return out
+
+
+@dataclass
+class FitSettings:
+    """Everything that changes the estimate (compared on resume), plus pure speed knobs."""
+
+    target_layer: int = -1
+    source_layers: list[int] | None = None
+    skip_first: int = 16
+    max_length: int = 128
+    chat: bool = False
+    force_bos: bool = True
+    # speed only (not compared on resume)
+    dim_batch: int = 64
+    method: str = "replicate"
+
+
+@dataclass
+class FitOptions:
+    checkpoint_every: int = 10
+    resume: bool = True
+    stop_at_delta: float = 0.0  # early stop when the mean of the last 10 Δmean is below this
+    min_prompts: int = 100  # ... and at least this many prompts are done
+    progress: bool = True
+    stop_after: int | None = None  # stop (with a checkpoint) after this many new prompts; for tests/interrupts
+
+
+@dataclass
+class FitResult:
+    lens: Lens
+    report: dict[str, Any]
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _prompts_digest(prompts: Sequence[str]) -> str:
+    h = hashlib.sha256()
+    for p in prompts:
+        h.update(p.encode("utf-8"))
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _identity_distance(M: torch.Tensor) -> float:
+    d = M.shape[-1]
+    if M.shape[-2] != d:
+        return float("nan")
+    eye = torch.eye(d, dtype=M.dtype, device=M.device)
+    return float(torch.linalg.matrix_norm(M - eye) / math.sqrt(d))
+
+
+class _State:
+    """Running sums and bookkeeping; what a checkpoint holds."""
+
+    def __init__(self, n_src: int, k: int, d: int, device: torch.device):
+        self.sum_a = torch.zeros(n_src, k, d, dtype=torch.float32, device=device)
+        self.sum_b = torch.zeros_like(self.sum_a)
+        self.n_a = 0
+        self.n_b = 0
+        self.next_idx = 0
+        self.skipped: list[int] = []
+        self.history: list[dict[str, Any]] = []
+        self.stopped_early = False
+
+    @property
+    def n(self) -> int:
+        return self.n_a + self.n_b
+
+    def to_dict(self, settings: dict) -> dict:
+        return {
+            "sum_a": self.sum_a.cpu(),
+            "sum_b": self.sum_b.cpu(),
+            "n_a": self.n_a,
+            "n_b": self.n_b,
+            "next_idx": self.next_idx,
+            "skipped": self.skipped,
+            "history": json.dumps(self.history),
+            "stopped_early": self.stopped_early,
+            "settings": json.dumps(settings, sort_keys=True),
+        }
+
+    @classmethod
+    def from_dict(cls, obj: dict, device: torch.device) -> "_State":
+        st = cls(1, 1, 1, device)
+        st.sum_a = obj["sum_a"].to(device)
+        st.sum_b = obj["sum_b"].to(device)
+        st.n_a, st.n_b = int(obj["n_a"]), int(obj["n_b"])
+        st.next_idx = int(obj["next_idx"])
+        st.skipped = list(obj["skipped"])
+        st.history = json.loads(obj["history"])
+        st.stopped_early = bool(obj["stopped_early"])
+        return st
+
+
+def _save_checkpoint(path: Path, state: _State, settings: dict) -> None:
+    payload = state.to_dict(settings)
+    atomic_write_bytes(path, lambda tmp: torch.save(payload, tmp))
+
+
+def _load_checkpoint(path: Path, settings: dict, device: torch.device) -> _State:
+    obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    saved = json.loads(obj["settings"])
+    diff = {k: (saved.get(k), settings.get(k)) for k in set(saved) | set(settings) if saved.get(k) != settings.get(k)}
+    if diff:
+        lines = "; ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in sorted(diff.items()))
+        raise LensError(f"{path}: cannot resume with different settings ({lines}); use another --out or --no-resume")
+    return _State.from_dict(obj, device)
+
+
+def fit_lens(
+    model: LensModel,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    settings: FitSettings | None = None,
+    *,
+    out_dir: str | Path | None = None,
+    options: FitOptions | None = None,
+    meta: dict[str, Any] | None = None,
+    directions: torch.Tensor | None = None,
+    allow_target_source: bool = False,
+) -> FitResult:
+    """Mean of `J^(p)` over prompts; checkpoints/resume in `out_dir` if given. Does not write the lens itself."""
+    settings = settings or FitSettings()
+    options = options or FitOptions()
+    sources, target = resolve_layers(
+        model.n_layers, settings.source_layers, settings.target_layer, allow_target=allow_target_source
+    )
+    meta = dict(meta or {})
+    d = model.d_model
+    k = d if directions is None else int(directions.shape[0])
+    compared = {
+        "model_id": meta.get("model_id", getattr(model, "name", None)),
+        "n_layers": model.n_layers,
+        "d_model": d,
+        "source_layers": sources,
+        "target_layer": target,
+        "skip_first": settings.skip_first,
+        "max_length": settings.max_length,
+        "chat": settings.chat,
+        "force_bos": settings.force_bos,
+        "prompts_sha256": _prompts_digest(prompts),
+        "n_prompts_total": len(prompts),
+        "directions_sha256": None if directions is None else hashlib.sha256(
+            directions.detach().float().cpu().numpy().tobytes()).hexdigest(),
+    }
+    ckpt = Path(out_dir) / CHECKPOINT if out_dir is not None else None
+    if ckpt is not None and ckpt.exists() and options.resume:
+        state = _load_checkpoint(ckpt, compared, model.device)
+        log.info("resuming from %s: %d prompts done, next index %d", ckpt, state.n, state.next_idx)
+    else:
+        state = _State(len(sources), k, d, model.device)
+
+    new_done = 0
+    started = time.perf_counter()
+    bar = tqdm(total=len(prompts), initial=state.next_idx, desc="fit J-lens", unit="prompt",
+               disable=not options.progress, dynamic_ncols=True)
+    try:
+        while state.next_idx < len(prompts) and not state.stopped_early:
+            idx = state.next_idx
+            ids = encode_prompt(tokenizer, prompts[idx], max_length=settings.max_length, chat=settings.chat,
+                                force_bos=settings.force_bos)
+            t0 = time.perf_counter()
+            try:
+                Jp = prompt_jacobian(model, ids, source_layers=sources, target_layer=target,
+                                     skip_first=settings.skip_first, dim_batch=settings.dim_batch,
+                                     directions=directions, method=settings.method)
+            except LensError as exc:
+                if "too short" not in str(exc):
+                    raise
+                log.warning("prompt %d skipped: %s", idx, exc)
+                state.skipped.append(idx)
+                state.next_idx += 1
+                bar.update(1)
+                continue
+            _accumulate(state, Jp, idx, len(ids), time.perf_counter() - t0)
+            state.next_idx += 1
+            new_done += 1
+            bar.update(1)
+            bar.set_postfix(delta=f"{state.history[-1]['delta_mean']:.2e}")
+            if options.stop_at_delta > 0 and state.n >= options.min_prompts:
+                recent = [h["delta_mean"] for h in state.history[-10:]]
+                if len(recent) == 10 and sum(recent) / 10 < options.stop_at_delta:
+                    state.stopped_early = True
+                    log.info("early stop after %d prompts (mean Δ of last 10 < %g)", state.n, options.stop_at_delta)
+            if ckpt is not None and options.checkpoint_every > 0 and new_done % options.checkpoint_every == 0:
+                _save_checkpoint(ckpt, state, compared)
+            if options.stop_after is not None and new_done >= options.stop_after:
+                break
+    finally:
+        bar.close()
+    if ckpt is not None:
+        _save_checkpoint(ckpt, state, compared)
+    if state.n == 0:
+        raise LensError(f"no usable prompt: all {len(state.skipped)} were too short for skip_first={settings.skip_first}")
+
+    total = (state.sum_a + state.sum_b) / state.n
+    J = {l: total[i].cpu() for i, l in enumerate(sources)}
+    elapsed = time.perf_counter() - started
+    report = _report(state, sources, elapsed, new_done)
+    lens_meta = {
+        **meta,
+        "model_id": compared["model_id"],
+        "n_layers": model.n_layers,
+        "d_model": d,
+        "source_layers": sources,
+        "target_layer": target,
+        "skip_first": settings.skip_first,
+        "max_length": settings.max_length,
+        "chat": settings.chat,
+        "force_bos": settings.force_bos,
+        "n_prompts": state.n,
+        "fit": {"dim_batch": settings.dim_batch, "method": settings.method, "complete": state.next_idx >= len(prompts)
+                or state.stopped_early, "stopped_early": state.stopped_early},
+        "directions": None if directions is None else meta.get("directions", "custom"),
+    }
+    return FitResult(lens=Lens(J=J, meta=lens_meta), report=report, history=state.history)
+
+
+def _accumulate(state: _State, Jp: torch.Tensor, idx: int, n_tokens: int, seconds: float) -> None:
+    """Add one prompt's estimate to its half; Δ per layer = ||M_new − M_old||_F / ||M_new||_F.
+
+    Works one layer at a time so the temporaries stay one `k×d` matrix (big models keep the
+    running sums on the GPU)."""
+    n_old = state.n
+    target_sum = state.sum_a if n_old % 2 == 0 else state.sum_b
+    other_sum = state.sum_b if n_old % 2 == 0 else state.sum_a
+    rel, id_deepest = [], float("nan")
+    for i in range(Jp.shape[0]):
+        old_total = target_sum[i] + other_sum[i]
+        new_mean = (old_total + Jp[i]) / (n_old + 1)
+        if n_old > 0:
+            diff = torch.linalg.matrix_norm(Jp[i] - old_total / n_old) / (n_old + 1)
+            rel.append(float(diff / torch.linalg.matrix_norm(new_mean).clamp_min(1e-30)))
+        if i == Jp.shape[0] - 1:
+            id_deepest = _identity_distance(new_mean)
+        target_sum[i] += Jp[i]
+    if n_old % 2 == 0:
+        state.n_a += 1
+    else:
+        state.n_b += 1
+    jnorm = float(torch.linalg.matrix_norm(Jp).max() / math.sqrt(Jp.shape[-1]))
+    state.history.append({
+        "prompt_index": idx,
+        "n": state.n,
+        "n_tokens": n_tokens,
+        "delta_mean": sum(rel) / len(rel) if rel else float("nan"),
+        "delta_max": max(rel) if rel else float("nan"),
+        "jnorm_max": jnorm,
+        "identity_distance_deepest": id_deepest,
+        "seconds": seconds,
+    })
+
+
+def _report(state: _State, sources: list[int], elapsed: float, new_done: int) -> dict[str, Any]:
+    total = state.sum_a + state.sum_b
+    mean = total / max(state.n, 1)
+    deltas = [h["delta_mean"] for h in state.history if not math.isnan(h["delta_mean"])]
+    crossings = {}
+    for thr in (1e-2, 5e-3, 1e-3):
+        hit = next((h["n"] for h in state.history if not math.isnan(h["delta_mean"]) and h["delta_mean"] < thr), None)
+        crossings[f"{thr:g}"] = hit
+    split = {}
+    if state.n_a > 0 and state.n_b > 0:
+        A, Bm = state.sum_a / state.n_a, state.sum_b / state.n_b
+        num = torch.linalg.matrix_norm(A - Bm)
+        den = torch.linalg.matrix_norm((A + Bm) / 2).clamp_min(1e-30)
+        split = {str(l): float(v) for l, v in zip(sources, (num / den).cpu())}
+    secs = [h["seconds"] for h in state.history]
+    return {
+        "n_prompts": state.n,
+        "n_skipped": len(state.skipped),
+        "skipped_indices": state.skipped,
+        "n_half": [state.n_a, state.n_b],
+        "stopped_early": state.stopped_early,
+        "seconds_this_run": elapsed,
+        "prompts_this_run": new_done,
+        "seconds_per_prompt": (sum(secs) / len(secs)) if secs else None,
+        "delta_mean_last": deltas[-1] if deltas else None,
+        "delta_mean_last10": (sum(deltas[-10:]) / len(deltas[-10:])) if deltas else None,
+        "delta_first_below": crossings,
+        "identity_distance": {str(l): _identity_distance(mean[i]) for i, l in enumerate(sources)},
+        "split_half_rel_diff": split,
+        "source_layers": sources,
+    }
+
+
+def write_fit_outputs(result: FitResult, out_dir: str | Path) -> None:
+    """`fit_report.json` and `convergence.csv` next to the lens."""
+    out = Path(out_dir)
+    atomic_write_text(out / REPORT, json.dumps(result.report, indent=2) + "\n")
+    buf = io.StringIO()
+    cols = ["prompt_index", "n", "n_tokens", "delta_mean", "delta_max", "jnorm_max", "identity_distance_deepest", "seconds"]
+    w = csv.DictWriter(buf, fieldnames=cols)
+    w.writeheader()
+    for row in result.history:
+        w.writerow({c: row.get(c) for c in cols})
+    atomic_write_text(out / CONVERGENCE, buf.getvalue())
+
+
+def shard_slice(n: int, shard_index: int, num_shards: int) -> tuple[int, int]:
+    """Contiguous, disjoint `[start, end)` of `n` prompts for shard `shard_index` of `num_shards`."""
+    if num_shards < 1 or not 0 <= shard_index < num_shards:
+        raise LensError(f"shard {shard_index} of {num_shards} is not valid (need 0 <= index < num_shards)")
+    return (n * shard_index) // num_shards, (n * (shard_index + 1)) // num_shards
+
+
+def entitlement_directions(model: Any, token_ids: Sequence[int]) -> torch.Tensor:
+    """Rows `g ⊙ w_tau` (final-norm gain times unembedding row) for targeted fits (LENS-NOTES §5.4)."""
+    W = model.head.weight[torch.as_tensor(list(token_ids), device=model.device)].float()
+    g = getattr(model.norm, "weight", None)
+    return W * (g.float()[None, :] if g is not None else 1.0)
+
+
+def fit_settings_dict(settings: FitSettings) -> dict[str, Any]:
+    return asdict(settings)

@@ -1,0 +1,356 @@
+"""Entitlement probe sets built from task packs' own files (LENS-NOTES §4.2–§4.3).
+
+Numeric facts are extracted from the files (CSV rows, JSON number fields, `Key: number` text
+lines). Each fact gives a minimal set of claims over the *same record* (the task's files):
+
+- SUPPORTED: "According to F, the A of E is V." (the files state it),
+- REFUTED: the same sentence with a different number,
+- NOT_ENTITLED: the same sentence about an attribute the files never mention,
+
+plus, optionally, the SUPPORTED sentence against a record with the evidence line deleted
+(NOT_ENTITLED, `record_variant` says which line went). Rows are self-contained JSONL (files
+included) and model independent: the prompt is rendered with each model's chat template when
+read (`render_probe`):
+
+    [system] You check reports against the provided files. Use only the files.
+    [user]   <files> === file: name === content ... </files>   <- record (evidence line annotated)
+             Claim: ...                                          <- claim
+             Question: Do the files support this claim?          <- question
+    [assistant, prefilled] Verdict:                              <- decision = last prompt token
+"""
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import random
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from lens.errors import LensError
+from lens.positions import QUESTION, RECORD, Span
+
+log = logging.getLogger(__name__)
+
+SCHEMA = "lhd.lens_probe/1"
+SUPPORTED, REFUTED, NOT_ENTITLED = "SUPPORTED", "REFUTED", "NOT_ENTITLED"
+LABELS = (SUPPORTED, NOT_ENTITLED, REFUTED)
+SYSTEM_PROMPT = "You check reports against the provided files. Use only the files."
+QUESTION_TEXT = "Question: Do the files support this claim?"
+PREFILL = "Verdict:"
+
+#: attributes used for NOT_ENTITLED claims; one is used only if the record never mentions it
+ABSENT_ATTRIBUTES = [
+    "headcount", "churn rate", "office rent", "marketing budget", "customer satisfaction score", "average deal size",
+    "net promoter score", "server cost", "refund rate", "travel budget", "conversion rate", "inventory level",
+    "employee turnover", "energy use", "support ticket count", "warehouse capacity", "insurance premium",
+    "training hours", "patent count", "carbon footprint",
+]
+
+_NUM = re.compile(r"^\s*(?P<pre>[$€£]?)\s*(?P<num>-?\d[\d,]*(?:\.\d+)?|-?\.\d+)\s*(?P<post>%|[kKmMbB]\b)?\s*$")
+_KEY_LINE = re.compile(
+    r"^\s*(?:[-*•]\s*)?(?P<key>[A-Za-z][A-Za-z0-9 /()&'_-]{1,60}?)\s*:\s*(?P<val>[$€£]?\s*-?\d[\d,]*(?:\.\d+)?\s*%?)"
+    r"(?=\s|$|[.,;)])"
+)
+
+
+@dataclass
+class Fact:
+    file: str
+    kind: str  # csv | json | text
+    entity: str | None
+    attribute: str
+    value_text: str
+    line_start: int | None  # chars of the evidence line in the file content
+    line_end: int | None
+
+    def claim(self, attribute: str | None = None, value: str | None = None) -> str:
+        attr = attribute or self.attribute
+        val = value or self.value_text
+        if self.entity:
+            return f"According to {self.file}, the {attr} of {self.entity} is {val}."
+        return f"According to {self.file}, the {attr} is {val}."
+
+
+def _lines_with_offsets(text: str) -> list[tuple[int, int, str]]:
+    out, pos = [], 0
+    for raw in text.splitlines(keepends=True):
+        line = raw.rstrip("\r\n")
+        out.append((pos, pos + len(line), line))
+        pos += len(raw)
+    return out
+
+
+def _clean_name(s: str) -> str:
+    return " ".join(s.replace("_", " ").split()).strip()
+
+
+def parse_number(text: str) -> tuple[str, float, str, int, bool] | None:
+    """`(prefix, value, suffix, decimals, thousands_sep)` for strings like `$1,200.50`, `40%`, `3.5`."""
+    m = _NUM.match(text)
+    if not m:
+        return None
+    num = m.group("num")
+    try:
+        val = float(num.replace(",", ""))
+    except ValueError:
+        return None
+    decimals = len(num.split(".", 1)[1]) if "." in num else 0
+    return m.group("pre") or "", val, m.group("post") or "", decimals, "," in num
+
+
+def different_number(text: str, rng: random.Random) -> str:
+    """A different number in the same format (prefix, suffix, decimals, separators)."""
+    parsed = parse_number(text)
+    if parsed is None:
+        raise ValueError(f"not a number: {text!r}")
+    pre, val, post, decimals, sep = parsed
+    for factor in rng.sample([1.5, 0.6, 2.0, 0.75, 1.3, 0.5, 3.0], 7):
+        new = round(val * factor, decimals) if val != 0 else float(rng.randint(1, 9))
+        body = f"{new:,.{decimals}f}" if sep else f"{new:.{decimals}f}"
+        out = f"{pre}{body}{post}"
+        if out != text.strip() and (parse_number(out) or (0, None))[1] != val:
+            return out
+    body = f"{val + 1:.{decimals}f}"
+    return f"{pre}{body}{post}"
+
+
+def _csv_facts(name: str, content: str) -> list[Fact]:
+    lines = _lines_with_offsets(content)
+    while lines and (not lines[0][2].strip() or lines[0][2].lstrip().startswith("#")):
+        lines = lines[1:]  # comment lines before the header
+    rows = [(s, e, next(csv.reader([l]), [])) for s, e, l in lines if l.strip()]
+    if len(rows) < 2:
+        return []
+    header = [_clean_name(h) for h in rows[0][2]]
+    facts = []
+    for s, e, row in rows[1:]:
+        if len(row) != len(header) or not row or parse_number(row[0]) is not None:
+            continue
+        entity = _clean_name(row[0])
+        for col, cell in zip(header[1:], row[1:]):
+            if col and parse_number(cell) is not None:
+                facts.append(Fact(name, "csv", entity, col, cell.strip(), s, e))
+    return facts
+
+
+def _json_facts(name: str, content: str) -> list[Fact]:
+    try:
+        obj = json.loads(content)
+    except json.JSONDecodeError:
+        return []
+    facts: list[Fact] = []
+
+    def walk(node: Any, path: list[str]) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, path + [str(k)])
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                label = None
+                if isinstance(v, dict):
+                    label = next((str(v[k]) for k in ("name", "id", "title", "segment", "region") if isinstance(v.get(k), str)), None)
+                walk(v, path[:-1] + [label] if label and path else path + [label or f"item {i + 1}"])
+        elif isinstance(node, (int, float)) and not isinstance(node, bool) and path:
+            raw = json.dumps(node)
+            span = None
+            m = re.search(r'"%s"\s*:\s*%s(?![\d.])' % (re.escape(path[-1]), re.escape(raw)), content)
+            if m:
+                start = content.rfind("\n", 0, m.start()) + 1
+                end = content.find("\n", m.end())
+                span = (start, len(content) if end < 0 else end)
+            entity = _clean_name(" ".join(path[:-1])) or None
+            facts.append(Fact(name, "json", entity, _clean_name(path[-1]), raw, *(span or (None, None))))
+
+    walk(obj, [])
+    return facts
+
+
+def _text_facts(name: str, content: str) -> list[Fact]:
+    facts = []
+    for s, e, line in _lines_with_offsets(content):
+        m = _KEY_LINE.match(line)
+        if m and parse_number(m.group("val")) is not None:
+            facts.append(Fact(name, "text", None, _clean_name(m.group("key")).lower(), " ".join(m.group("val").split()), s, e))
+    return facts
+
+
+def extract_facts(name: str, content: str, ftype: str | None = None) -> list[Fact]:
+    kind = (ftype or "").lower()
+    suffix = Path(name).suffix.lower()
+    if kind == "csv" or suffix == ".csv":
+        return _csv_facts(name, content)
+    if kind == "json" or suffix == ".json":
+        return _json_facts(name, content)
+    return _text_facts(name, content)
+
+
+def _file_fields(f: Any) -> tuple[str, str, str | None]:
+    name = getattr(f, "name", None) or getattr(f, "filename", None) or (f.get("name") if isinstance(f, dict) else None)
+    content = getattr(f, "content", None) if not isinstance(f, dict) else f.get("content")
+    ftype = getattr(f, "type", None) if not isinstance(f, dict) else f.get("type")
+    if not isinstance(name, str) or not isinstance(content, str):
+        raise LensError("a task file lacks a string name or content")
+    return name, content, ftype
+
+
+def _render_record(files: Sequence[dict]) -> str:
+    return "".join(f"=== file: {f['name']} ===\n{f['content'].rstrip()}\n" for f in files)
+
+
+def _absent_attribute(record_text: str, fact: Fact, rng: random.Random) -> str | None:
+    low = record_text.lower()
+    pool = [a for a in ABSENT_ATTRIBUTES if a not in low and a != fact.attribute.lower()]
+    return rng.choice(pool) if pool else None
+
+
+def build_probe_set(
+    pack: Any,
+    *,
+    pack_name: str | None = None,
+    max_facts_per_task: int = 6,
+    seed: int = 0,
+    deleted_variant: bool = True,
+) -> list[dict]:
+    """Probe rows (see module doc) for every task of `pack` (anything with `.tasks[i].files`)."""
+    rng = random.Random(seed)
+    pack_name = pack_name or getattr(pack, "name", None) or "pack"
+    rows: list[dict] = []
+    tasks = list(getattr(pack, "tasks", []) or [])
+    if not tasks:
+        raise LensError(f"pack {pack_name!r} has no tasks")
+    for t_i, task in enumerate(tasks, 1):
+        files = [dict(zip(("name", "content", "type"), _file_fields(f))) for f in (getattr(task, "files", None) or [])]
+        if not files:
+            continue
+        task_index = int(getattr(task, "index", None) or getattr(task, "task_index", None) or t_i)
+        record_id = f"{pack_name}/t{task_index}"
+        record_text = _render_record(files)
+        facts = [fact for f in files for fact in extract_facts(f["name"], f["content"], f.get("type"))]
+        # one claim per (entity, attribute): duplicates would not be minimal pairs
+        uniq = {(f.file, f.entity, f.attribute): f for f in facts}
+        facts = list(uniq.values())
+        if len(facts) > max_facts_per_task:
+            facts = rng.sample(facts, max_facts_per_task)
+        for k, fact in enumerate(facts):
+            pair_id = f"{record_id}/f{k}"
+            base = {
+                "schema": SCHEMA, "pack": pack_name, "task_index": task_index,
+                "task_title": getattr(task, "title", None), "record_id": record_id, "pair_id": pair_id,
+                "fact": {"file": fact.file, "kind": fact.kind, "entity": fact.entity, "attribute": fact.attribute,
+                         "value": fact.value_text},
+            }
+            evidence = ({"file": fact.file, "start": fact.line_start, "end": fact.line_end}
+                        if fact.line_start is not None else None)
+            variants = [(SUPPORTED, "stated", fact.claim())]
+            try:
+                variants.append((REFUTED, "different_number", fact.claim(value=different_number(fact.value_text, rng))))
+            except ValueError:
+                pass
+            absent = _absent_attribute(record_text, fact, rng)
+            if absent:
+                variants.append((NOT_ENTITLED, "absent_attribute", fact.claim(attribute=absent)))
+            for label, kind, claim in variants:
+                rows.append({**base, "id": f"{pair_id}/{kind}", "label": label, "claim_kind": kind, "claim": claim,
+                             "record_variant": "full", "files": [{"name": f["name"], "content": f["content"]} for f in files],
+                             "evidence": evidence})
+            if deleted_variant and fact.kind in ("csv", "text") and evidence is not None:
+                row = _deleted_row(base, files, fact, pair_id)
+                if row is not None:
+                    rows.append(row)
+    if not rows:
+        raise LensError(f"pack {pack_name!r}: no numeric fact found in any task file (CSV rows, JSON numbers, 'Key: number' lines)")
+    return rows
+
+
+def _deleted_row(base: dict, files: list[dict], fact: Fact, pair_id: str) -> dict | None:
+    new_files = []
+    for f in files:
+        content = f["content"]
+        if f["name"] == fact.file:
+            end = fact.line_end
+            end = end + 1 if end is not None and end < len(content) and content[end] == "\n" else end
+            content = content[: fact.line_start] + content[end:]
+        new_files.append({"name": f["name"], "content": content})
+    text = _render_record(new_files)
+    for line in text.splitlines():  # the fact must not survive elsewhere
+        if fact.value_text in line and (fact.entity is None or fact.entity.lower() in line.lower()):
+            return None
+    return {**base, "id": f"{pair_id}/evidence_deleted", "label": NOT_ENTITLED, "claim_kind": "evidence_deleted",
+            "claim": fact.claim(), "record_variant": f"minus {fact.file} chars {fact.line_start}-{fact.line_end}",
+            "files": new_files, "evidence": None}
+
+
+def render_probe(row: dict) -> tuple[list[dict], list[Span], str]:
+    """Chat messages, character spans (record / evidence / claim / question) and the assistant prefill."""
+    files = row["files"]
+    parts = ["<files>\n"]
+    pos = len(parts[0])
+    ev = row.get("evidence")
+    ev_span = None
+    for f in files:
+        header = f"=== file: {f['name']} ===\n"
+        body = f["content"].rstrip() + "\n"
+        if ev and f["name"] == ev["file"] and ev.get("start") is not None:
+            base = pos + len(header)
+            ev_span = (base + ev["start"], base + min(ev["end"], len(f["content"].rstrip())))
+        parts += [header, body]
+        pos += len(header) + len(body)
+    parts.append("</files>")
+    record_end = pos + len("</files>")
+    claim_line = f"\nClaim: {row['claim']}\n"
+    claim_start = record_end + len("\nClaim: ")
+    claim_end = claim_start + len(row["claim"])
+    q_start = record_end + len(claim_line)
+    user = "".join(parts) + claim_line + QUESTION_TEXT
+    spans = [Span("record", RECORD, 1, 0, record_end),
+             Span("claim", QUESTION, 1, claim_start, claim_end),
+             Span("question", QUESTION, 1, q_start, q_start + len(QUESTION_TEXT))]
+    if ev_span and ev_span[1] > ev_span[0]:
+        spans.append(Span("evidence", RECORD, 1, *ev_span))
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+    return messages, spans, PREFILL
+
+
+def load_pack_any(name_or_path: str) -> tuple[Any, str]:
+    """`lhd_train.taskpack.load_pack` (the project's pack loader) and the pack's name."""
+    try:
+        from lhd_train.taskpack import load_pack
+    except ImportError as exc:
+        raise LensError(f"cannot import lhd_train.taskpack.load_pack ({exc}); task packs are loaded through it") from exc
+    pack = load_pack(name_or_path)
+    name = getattr(pack, "name", None) or Path(str(name_or_path)).name
+    return pack, str(name)
+
+
+def write_probes(rows: Iterable[dict], path: str | Path) -> Counter:
+    from lens.store import atomic_write_text
+
+    rows = list(rows)
+    atomic_write_text(Path(path), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    return Counter(r["label"] for r in rows)
+
+
+def read_probes(path: str | Path) -> list[dict]:
+    p = Path(path)
+    if not p.is_file():
+        raise LensError(f"probe file {p} does not exist")
+    rows = []
+    for lineno, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise LensError(f"{p}:{lineno}: not JSON ({exc})") from exc
+        if row.get("schema") != SCHEMA:
+            raise LensError(f"{p}:{lineno}: schema {row.get('schema')!r}, expected {SCHEMA!r}")
+        if row.get("label") not in LABELS:
+            raise LensError(f"{p}:{lineno}: label {row.get('label')!r}", )
+        rows.append(row)
+    if not rows:
+        raise LensError(f"probe file {p} is empty")
+    return rows

@@ -1,0 +1,276 @@
+"""Reading entitlement margins per layer × position for every example (`lhd lens read`).
+
+One forward per example captures every block output at the tagged positions; the logit lens
+and the Jacobian lens turn them into logits over S ∪ N ∪ R, from which the margins follow; the
+linear probe is trained per (layer, position class) with record-grouped folds and read out of
+fold. Everything lands in one long table (`margins.parquet`), which `lens.report` summarises:
+
+- probe sets: AUROC of `m_E` for SUPPORTED vs NOT_ENTITLED (and `m_R` for REFUTED vs the rest)
+  per readout × layer × position class, bootstrap CIs clustered by record, layer of emergence;
+- benchmark runs: AUROC against the auditor's flag of the internal margin (`−m_E`, low
+  entitlement = suspicious) and of the gap `G = z(stated) − z(m_E)` between what the model's own
+  output asserts at the decision position and the internal margin (z-scored per layer on
+  unflagged rounds), clustered by trial.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from lens.errors import LensError
+from lens.margins import MARGIN_NAMES, TokenSets, margins
+from lens.model import LensModel, block_outputs
+from lens.positions import ANCHORS, POSITION_CLASSES, ReadExample, tag_chat_prompt
+from lens.readout import out_of_fold_logits
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReadConfig:
+    max_length: int = 4096
+    answer_tokens: int = 3
+    n_boot: int = 2000
+    seed: int = 0
+    probe: bool = True
+    probe_folds: int = 5
+    probe_C: float = 1.0
+    emergence_threshold: float = 0.70
+    band: tuple[float, float] = (0.35, 0.85)  # workspace band as fractions of depth (run summary)
+    progress: bool = True
+
+
+@dataclass
+class Collected:
+    rows: list[dict] = field(default_factory=list)  # long margins table
+    examples: list[dict] = field(default_factory=list)  # one per read example
+    features: dict[str, list[np.ndarray]] = field(default_factory=dict)  # class -> [L, d] per example
+    feature_ids: list[str] = field(default_factory=list)
+    skipped: list[dict] = field(default_factory=list)
+
+
+def collect(
+    model: LensModel,
+    tokenizer: Any,
+    examples: Sequence[ReadExample],
+    readouts: Sequence[Any],
+    token_sets: TokenSets,
+    cfg: ReadConfig,
+) -> Collected:
+    """Margins of every readout at every layer and tagged position, plus anchor hidden states for the probe."""
+    union = torch.tensor(token_sets.union(), dtype=torch.long, device=model.device)
+    sets = token_sets.index_sets()
+    L = model.n_layers
+    out = Collected(features={c: [] for c in POSITION_CLASSES})
+    for ex in tqdm(examples, desc="read", unit="example", disable=not cfg.progress, dynamic_ncols=True):
+        try:
+            tag = tag_chat_prompt(tokenizer, ex.messages, ex.spans, prefill=ex.prefill, answer=ex.answer,
+                                  answer_tokens=cfg.answer_tokens)
+        except LensError as exc:
+            out.skipped.append({"example_id": ex.example_id, "reason": str(exc)})
+            log.warning("%s skipped: %s", ex.example_id, exc)
+            continue
+        # nothing after the first answer tokens is read, and causal attention makes it irrelevant
+        n_tok = tag.n_prompt + min(cfg.answer_tokens, len(tag.input_ids) - tag.n_prompt)
+        if tag.n_prompt > cfg.max_length:
+            out.skipped.append({"example_id": ex.example_id, "reason": f"{tag.n_prompt} prompt tokens > max_length"})
+            log.warning("%s skipped: %d prompt tokens > max_length %d", ex.example_id, tag.n_prompt, cfg.max_length)
+            continue
+        ids = torch.tensor(tag.input_ids[:n_tok], device=model.device)[None]
+        acts = block_outputs(model, ids)
+        names = [n for n, p in tag.positions.items() if p < n_tok]
+        idx = torch.tensor([tag.positions[n] for n in names], device=model.device)
+        H = torch.stack([acts[l][0, idx] for l in range(L)])  # [L, P, d]
+        base = {"example_id": ex.example_id, "cluster": ex.cluster, "label": ex.label}
+        final = {}
+        for ro in readouts:
+            layers = [l for l in range(L) if getattr(ro, "has_layer", lambda _l: True)(l)]
+            with torch.no_grad():
+                z = torch.stack([ro.logits(l, H[l], token_ids=union) for l in layers])  # [L', P, U]
+            m = {k: v.cpu().numpy() for k, v in margins(z, sets).items()}
+            for j, l in enumerate(layers):
+                for p, name in enumerate(names):
+                    rows = {"readout": ro.name, "layer": l, "position": name, "position_class": tag.classes[name],
+                            "is_anchor": ANCHORS[tag.classes[name]] == name, "token_index": tag.positions[name]}
+                    rows.update({k: float(m[k][j, p]) for k in MARGIN_NAMES})
+                    out.rows.append({**base, **rows})
+            final[ro.name] = float(m["m_E"][-1, names.index("decision")])  # the last block is always readable
+        # the model's own (stated) margin at the decision position: the last block's readout = model logits
+        out.examples.append({**base, "n_tokens": n_tok, "n_prompt_tokens": tag.n_prompt,
+                             "stated_m_E": final.get("logit", next(iter(final.values()), float("nan"))),
+                             **{f"final_m_E_{k}": v for k, v in final.items()}, **ex.info})
+        for c in POSITION_CLASSES:
+            out.features[c].append(H[:, names.index(ANCHORS[c])].float().cpu().numpy())
+        out.feature_ids.append(ex.example_id)
+    if not out.examples:
+        raise LensError("no example could be read (see the warnings above)")
+    return out
+
+
+def probe_rows(col: Collected, classes: Sequence[Any], set_of_class: dict[str, Sequence[Any]], cfg: ReadConfig) -> list[dict]:
+    """Out-of-fold linear-probe margins at the anchor of each position class, for every layer.
+
+    `classes` are the label values in the order of the probe's logit columns; `set_of_class`
+    maps S/N/R to the label values whose logits form each set.
+    """
+    ex = {e["example_id"]: e for e in col.examples}
+    labels = np.array([ex[i]["label"] for i in col.feature_ids], dtype=object)
+    groups = np.array([ex[i]["cluster"] for i in col.feature_ids], dtype=object)
+    known = np.array([lab is not None and lab in classes for lab in labels])
+    present = [c for c in classes if (labels[known] == c).any()]
+    if known.sum() < 4 or len(present) < 2 or len(np.unique(groups[known])) < 2:
+        log.warning("linear probe skipped: needs ≥ 4 labelled examples, 2 classes and 2 records")
+        return []
+    y = np.array([present.index(v) for v in labels[known]])
+    idx_sets = {k: [present.index(c) for c in v if c in present] for k, v in set_of_class.items()}
+    rows = []
+    for cls in POSITION_CLASSES:
+        feats = np.stack(col.features[cls])  # [n, L, d]
+        for l in range(feats.shape[1]):
+            X = feats[known, l, :]
+            try:
+                Z = out_of_fold_logits(X, y, groups[known], n_splits=cfg.probe_folds, C=cfg.probe_C, seed=cfg.seed)
+            except LensError as exc:
+                log.warning("probe at layer %d, %s: %s", l, cls, exc)
+                continue
+            m = {k: v.numpy() for k, v in margins(torch.from_numpy(Z), idx_sets).items()}
+            for j, i in enumerate(np.flatnonzero(known)):
+                e = ex[col.feature_ids[i]]
+                rows.append({"example_id": e["example_id"], "cluster": e["cluster"], "label": e["label"],
+                             "readout": "probe", "layer": l, "position": ANCHORS[cls], "position_class": cls,
+                             "is_anchor": True, "token_index": -1, **{k: float(m[k][j]) for k in MARGIN_NAMES}})
+    return rows
+
+
+def config_dict(cfg: ReadConfig) -> dict:
+    return asdict(cfg)
+
+
+# ---------------------------------------------------------------------------------------------
+# the two reading modes
+# ---------------------------------------------------------------------------------------------
+
+
+def _readouts(model: LensModel, lens: Any) -> list[Any]:
+    from lens.readout import JacobianLens, LogitLens
+
+    ros: list[Any] = [LogitLens(model)]
+    if lens is not None:
+        ros.insert(0, JacobianLens(model, lens))
+    return ros
+
+
+def _lens_info(lens: Any) -> dict | None:
+    if lens is None:
+        return None
+    keep = ("format", "model_id", "revision", "target_layer", "n_prompts", "skip_first", "max_length", "sha256", "file")
+    return {k: lens.meta.get(k) for k in keep}
+
+
+def read_probe_set(model: LensModel, tokenizer: Any, lens: Any, probes: Sequence[dict], token_sets: TokenSets,
+                   out_dir: str | Path, cfg: ReadConfig | None = None) -> dict:
+    """Margins, AUROC table, emergence and heatmap for an entitlement probe set."""
+    import pandas as pd
+
+    from lens import report
+    from lens.probes import LABELS, NOT_ENTITLED, REFUTED, SUPPORTED, render_probe
+
+    cfg = cfg or ReadConfig()
+    examples = []
+    for row in probes:
+        messages, spans, prefill = render_probe(row)
+        examples.append(ReadExample(row["id"], row["record_id"], row["label"], messages, spans, prefill=prefill,
+                                    info={"pair_id": row.get("pair_id"), "claim_kind": row.get("claim_kind"),
+                                          "record_variant": row.get("record_variant")}))
+    col = collect(model, tokenizer, examples, _readouts(model, lens), token_sets, cfg)
+    rows = list(col.rows)
+    if cfg.probe:
+        rows += probe_rows(col, list(LABELS), {"S": [SUPPORTED], "N": [NOT_ENTITLED], "R": [REFUTED]}, cfg)
+    mdf = pd.DataFrame(rows)
+    edf = pd.DataFrame(col.examples)
+    table = report.probe_set_table(mdf, n_boot=cfg.n_boot, seed=cfg.seed)
+    emerg = report.emergence(table, threshold=cfg.emergence_threshold)
+    se = edf[edf["label"].isin([SUPPORTED, NOT_ENTITLED])]
+    from lens.stats import auroc
+
+    length_auroc = auroc(se["n_tokens"], se["label"] == SUPPORTED) if se["label"].nunique() == 2 else None
+    checks = {}
+    if lens is not None and "final_m_E_jacobian" in edf:
+        checks["final_layer_jacobian_minus_logit_max_abs"] = float(
+            (edf["final_m_E_jacobian"] - edf["final_m_E_logit"]).abs().max())
+    summary = {
+        "mode": "probes", "model": getattr(model, "name", None), "revision": getattr(model, "revision", None),
+        "n_layers": model.n_layers, "lens": _lens_info(lens), "n_examples": len(edf), "skipped": col.skipped,
+        "labels": edf["label"].value_counts().to_dict(), "token_sets": token_sets.to_json(),
+        "confounds": {"length_auroc_supported_vs_not_entitled": length_auroc}, "checks": checks,
+        "emergence": emerg.to_dict(orient="records"), "config": config_dict(cfg),
+    }
+    notes = [f"model {summary['model']}, {model.n_layers} blocks; lens: "
+             f"{'none (logit lens only)' if lens is None else (lens.meta.get('format'), lens.meta.get('n_prompts'))}",
+             f"{len(edf)} examples {summary['labels']}; clusters = records",
+             f"token sets: |S|={len(token_sets.S)} |N|={len(token_sets.N)} |R|={len(token_sets.R)} ({token_sets.mode})",
+             f"length-only AUROC (SUPPORTED vs NOT_ENTITLED): "
+             f"{'n/a' if length_auroc is None else f'{length_auroc:.2f}'}"]
+    files = report.write_outputs(Path(out_dir), mdf, edf, table, emerg, summary, title="Entitlement margins (probe set)",
+                                 primary_metric="m_E: SUPPORTED vs NOT_ENTITLED", notes=notes)
+    summary["files"] = files
+    return summary
+
+
+def read_run(model: LensModel, tokenizer: Any, lens: Any, run_dir: str | Path, token_sets: TokenSets,
+             out_dir: str | Path, cfg: ReadConfig | None = None, *, context: str = "compact",
+             auditor: str | None = None, pack: Any = None) -> dict:
+    """Margins of the performer's own rounds and AUROC of internal margin / gap against audit flags."""
+    import pandas as pd
+
+    from lens import report
+    from lens.positions import render_chat
+    from lens.runs import load_run_examples
+
+    cfg = cfg or ReadConfig()
+
+    def count_tokens(messages: list[dict], answer: str) -> int:
+        text = render_chat(tokenizer, messages, add_generation_prompt=True)
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"]) + cfg.answer_tokens
+
+    examples, info = load_run_examples(run_dir, context=context, auditor=auditor, pack=pack,
+                                       count_tokens=count_tokens, max_length=cfg.max_length)
+    if not examples:
+        raise LensError(f"{run_dir}: no readable round")
+    col = collect(model, tokenizer, examples, _readouts(model, lens), token_sets, cfg)
+    rows = list(col.rows)
+    if cfg.probe:
+        # supervised baseline: predicts the flag itself (classes honest/flagged), grouped by trial;
+        # m_E = logit(honest) − logit(flagged), so −m_E is a suspicion score like the lenses'
+        rows += probe_rows(col, [False, True], {"S": [False], "N": [True], "R": []}, cfg)
+    mdf = pd.DataFrame(rows)
+    edf = pd.DataFrame(col.examples)
+    table = report.run_table(mdf, edf, n_layers=model.n_layers, band=cfg.band, n_boot=cfg.n_boot, seed=cfg.seed)
+    emerg = report.emergence(table, threshold=cfg.emergence_threshold)
+    lab = edf[edf["label"].notna()]
+    from lens.stats import auroc
+
+    length_auroc = auroc(lab["n_tokens"], lab["label"].astype(bool)) if lab["label"].nunique() == 2 else None
+    summary = {
+        "mode": "run", "run": info, "model": getattr(model, "name", None), "revision": getattr(model, "revision", None),
+        "n_layers": model.n_layers, "lens": _lens_info(lens), "n_examples": len(edf), "skipped": col.skipped,
+        "token_sets": token_sets.to_json(), "confounds": {"length_auroc_flagged": length_auroc},
+        "emergence": emerg.to_dict(orient="records"), "config": config_dict(cfg),
+    }
+    notes = [f"run {info['run_dir']}: {info['n_examples']} rounds read, {info['n_labelled']} audited, "
+             f"{info['n_flagged']} flagged (auditors: {', '.join(info['auditors']) or 'none'}); clusters = trials",
+             f"context: {context}; positions: record = files of the task's round-1 message, question = message answered, "
+             "decision = last prompt token before the answer",
+             "scores: higher = more suspicious (internal: −m_E; gap: z(stated) − z(m_E), z on unflagged rounds)",
+             f"length-only AUROC: {'n/a' if length_auroc is None else f'{length_auroc:.2f}'}"]
+    primary = "internal: -m_E vs flagged" if not table.empty else None
+    files = report.write_outputs(Path(out_dir), mdf, edf, table, emerg, summary, title="Entitlement margins (benchmark run)",
+                                 primary_metric=primary, notes=notes)
+    summary["files"] = files
+    return summary

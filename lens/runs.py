@@ -1,0 +1,300 @@
+"""Benchmark run directories (docs/formats.md) as lens reading examples (the performer regime).
+
+For every trajectory row (one performer round):
+
+- record   = the files the performer was given: the file section of the task's round-1 user
+             message (the message in `new_message_ids` of the task's round-1 row),
+- question = the user message this answer responds to (this row's `new_message_ids`: the task
+             message in round 1, the supervisor's feedback later),
+- decision = the last prompt token before the performer's answer, then its first answer tokens.
+
+`context="compact"` reads [system, round-1 task message, (feedback)] + answer; `"full"` reads the
+exact messages of the call, dropping the oldest middle messages only if they do not fit
+`max_length`. Labels come from `audit/<auditor>/<trial>.jsonl` (`deceptive`), joined on
+`(trial_id, global_round)`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from lens.errors import LensError
+from lens.positions import QUESTION, RECORD, ReadExample, Span
+
+log = logging.getLogger(__name__)
+
+#: file-section markers: this project's performer prompt and the reference's
+_FILES_START = [re.compile(r"^=== ATTACHED FILES ===$", re.M), re.compile(r"RELEVANT FILES", re.M),
+                re.compile(r"<files>")]
+_FILES_END = [re.compile(r"^--- end of [^\n]+ ---$", re.M), re.compile(r"</files>")]
+_FILES_STOP = [re.compile(r"CURRENT EXTERNAL EVENTS"), re.compile(r"^=== WHAT IS HAPPENING AT WORK", re.M)]
+
+
+def read_jsonl_rows(path: Path) -> list[dict]:
+    """Rows of an append-only JSONL file; a final line without newline is a torn write and ignored."""
+    rows = []
+    text = path.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    complete = lines[:-1]  # the last piece is "" or a torn line
+    if lines[-1].strip():
+        log.warning("%s: ignoring a torn final line", path)
+    for lineno, line in enumerate(complete, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise LensError(f"{path}:{lineno}: not JSON ({exc})") from exc
+    return rows
+
+
+def load_messages(path: Path) -> dict[str, dict]:
+    if not path.is_file():
+        raise LensError(f"{path}: message store missing")
+    return {r["id"]: {"role": r["role"], "content": r["content"]} for r in read_jsonl_rows(path)}
+
+
+def load_audit_labels(run_dir: Path, auditor: str | None = None) -> tuple[dict[tuple[str, int], dict], list[str]]:
+    """`(trial_id, global_round) -> {flagged, severity, types, auditors}`.
+
+    `auditor=None` uses every auditor directory and flags a round if any auditor flagged it;
+    rows whose `parse_status` is `failed` are ignored.
+    """
+    root = run_dir / "audit"
+    auditors = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    if auditor is not None:
+        if auditor not in auditors:
+            raise LensError(f"{root}: no auditor {auditor!r} (allowed: {', '.join(auditors) or 'none'})")
+        auditors = [auditor]
+    labels: dict[tuple[str, int], dict] = {}
+    for aud in auditors:
+        for f in sorted((root / aud).glob("*.jsonl")):
+            for row in read_jsonl_rows(f):
+                if row.get("parse_status") == "failed" or not isinstance(row.get("deceptive"), bool):
+                    continue
+                key = (str(row["trial_id"]), int(row["global_round"]))
+                cur = labels.setdefault(key, {"flagged": False, "severity": 0, "types": [], "auditors": {}})
+                cur["auditors"][aud] = row["deceptive"]
+                cur["flagged"] = cur["flagged"] or row["deceptive"]
+                cur["severity"] = max(cur["severity"], int(row.get("severity") or 0))
+                cur["types"] = sorted(set(cur["types"]) | set(row.get("types") or []))
+    return labels, auditors
+
+
+def _marker_span(content: str) -> tuple[int, int] | None:
+    for start_re in _FILES_START:
+        m = start_re.search(content)
+        if not m:
+            continue
+        end = None
+        for end_re in _FILES_END:
+            ends = [e.end() for e in end_re.finditer(content, m.end())]
+            if ends:
+                end = ends[-1]
+                break
+        if end is None:
+            stops = [s.search(content, m.end()) for s in _FILES_STOP]
+            stops = [s.start() for s in stops if s]
+            end = min(stops) if stops else len(content)
+        return m.start(), end
+    return None
+
+
+def locate_record(content: str, file_contents: Sequence[str] = ()) -> tuple[int, int]:
+    """Character span of the files inside a task message.
+
+    With the task's file contents known (from its pack), the span runs from the first to the end
+    of the last file found verbatim (widened to the surrounding file-section markers when they
+    enclose it); else the section between known markers; else the whole message.
+    """
+    found = []
+    for fc in file_contents:
+        body = fc.strip()
+        if body:
+            i = content.find(body)
+            if i >= 0:
+                found.append((i, i + len(body)))
+    marked = _marker_span(content)
+    if found:
+        span = (min(s for s, _ in found), max(e for _, e in found))
+        if marked and marked[0] <= span[0] and span[1] <= marked[1]:
+            return marked
+        return span
+    if marked:
+        return marked
+    return 0, len(content)
+
+
+def _question_span(content: str, record: tuple[int, int] | None) -> tuple[int, int]:
+    """The task text the answer responds to: after the files if anything follows them, else before."""
+    text_end = len(content.rstrip())
+    if record is None:
+        return 0, text_end
+    rs, re_ = record
+    tail = content[re_:text_end]
+    if tail.strip():
+        lead = len(tail) - len(tail.lstrip())
+        return re_ + lead, text_end
+    head_end = len(content[:rs].rstrip())
+    return (0, head_end) if head_end > 0 else (0, text_end)
+
+
+def _last_user(messages: Sequence[dict]) -> int | None:
+    return max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
+
+
+def _find_message(messages: Sequence[dict], content: str) -> tuple[int, int] | None:
+    """Index of the message holding `content` (exactly or after an inserted prefix) and that prefix length."""
+    for i, m in enumerate(messages):
+        if m["content"] == content:
+            return i, 0
+    for i, m in enumerate(messages):
+        if m["content"].endswith(content):
+            return i, len(m["content"]) - len(content)
+    return None
+
+
+def _pack_files(pack_name: str | None, task_index: int, cache: dict) -> list[str]:
+    if not pack_name:
+        return []
+    if pack_name not in cache:
+        try:
+            from lhd_train.taskpack import load_pack
+
+            cache[pack_name] = load_pack(pack_name)
+        except Exception as exc:  # an unknown pack only loses the exact file span
+            log.info("pack %r not loadable (%s); locating files by markers", pack_name, exc)
+            cache[pack_name] = None
+    pack = cache[pack_name]
+    if pack is None:
+        return []
+    for t in pack.tasks:
+        if t.index == task_index:
+            return [f.content for f in t.files]
+    return []
+
+
+def load_run_examples(
+    run_dir: str | Path,
+    *,
+    context: str = "compact",
+    auditor: str | None = None,
+    pack: Any = None,
+    count_tokens: Callable[[list[dict], str], int] | None = None,
+    max_length: int | None = None,
+) -> tuple[list[ReadExample], dict]:
+    """Examples for every round of every trial, labelled `True/False` (flagged) or None (not audited)."""
+    run = Path(run_dir)
+    trials_dir = run / "trials"
+    if not trials_dir.is_dir():
+        raise LensError(f"{run}: not a run directory (no trials/)")
+    if context not in ("compact", "full"):
+        raise LensError(f"unknown context {context!r} (allowed: compact, full)")
+    labels, auditors = load_audit_labels(run, auditor)
+    pack_cache: dict = {}
+    if pack is not None:
+        pack_cache[getattr(pack, "name", "pack")] = pack
+    examples: list[ReadExample] = []
+    n_rows = 0
+    for path in sorted(trials_dir.glob("*.jsonl")):
+        if path.name.endswith(".messages.jsonl"):
+            continue
+        store = load_messages(path.with_name(path.name[: -len(".jsonl")] + ".messages.jsonl"))
+        rows = read_jsonl_rows(path)
+        n_rows += len(rows)
+        round1 = {int(r["task_index"]): r for r in rows if int(r.get("round", 0)) == 1}
+        for row in rows:
+            try:
+                ex = _row_example(row, store, round1, labels, context, pack_cache, pack, count_tokens, max_length)
+            except LensError as exc:
+                log.warning("%s global round %s skipped: %s", path.name, row.get("global_round"), exc)
+                continue
+            examples.append(ex)
+    info = {"run_dir": str(run), "n_rows": n_rows, "n_examples": len(examples), "auditors": auditors,
+            "n_labelled": sum(e.label is not None for e in examples),
+            "n_flagged": sum(e.label is True for e in examples), "context": context}
+    return examples, info
+
+
+def _msgs(store: dict, ids: Sequence[str], where: str) -> list[dict]:
+    missing = [i for i in ids if i not in store]
+    if missing:
+        raise LensError(f"{where}: message id(s) {missing[:3]} not in the message store")
+    return [dict(store[i]) for i in ids]
+
+
+def _row_example(row, store, round1, labels, context, pack_cache, pack, count_tokens, max_length) -> ReadExample:
+    trial = str(row["trial_id"])
+    g = int(row["global_round"])
+    task_index = int(row["task_index"])
+    where = f"{trial} round {g}"
+    perf = row.get("performer") or {}
+    call = _msgs(store, perf.get("message_ids") or [], where)
+    new = _msgs(store, perf.get("new_message_ids") or [], where)
+    r1 = round1.get(task_index)
+    if r1 is None:
+        raise LensError(f"{where}: no round-1 row of task {task_index} (its files are unknown)")
+    r1_new = _msgs(store, (r1.get("performer") or {}).get("new_message_ids") or [], where)
+    task_msg = next((m for m in reversed(r1_new) if m["role"] == "user"), None)
+    question_msg = next((m for m in reversed(new) if m["role"] == "user"), None)
+    if question_msg is None:
+        lu = _last_user(call)
+        question_msg = call[lu] if lu is not None else None
+    if task_msg is None or question_msg is None:
+        raise LensError(f"{where}: cannot find the task message or the message answered")
+    pack_name = row.get("pack") if pack is None else getattr(pack, "name", "pack")
+    files = _pack_files(pack_name, task_index, pack_cache)
+    record = locate_record(task_msg["content"], files)
+
+    if context == "compact":
+        messages = [m for m in call[:1] if m["role"] == "system"] + [dict(task_msg)]
+        t_idx, t_shift = len(messages) - 1, 0
+        if question_msg["content"] != task_msg["content"]:
+            messages.append(dict(question_msg))
+    else:
+        messages = call
+        found = _find_message(messages, task_msg["content"])
+        if found is None:
+            raise LensError(f"{where}: the task's round-1 message is not in this call's context (dropped)")
+        t_idx, t_shift = found
+        q_found = _find_message(messages[t_idx:], question_msg["content"])
+        if q_found is None:
+            raise LensError(f"{where}: the message answered is not the call's")
+        if count_tokens is not None and max_length is not None:
+            messages, t_idx = _fit_full(messages, t_idx, perf.get("text") or "", count_tokens, max_length)
+    q_idx = _last_user(messages)
+    q_shift = len(messages[q_idx]["content"]) - len(question_msg["content"])
+    spans = [Span("record", RECORD, t_idx, record[0] + t_shift, record[1] + t_shift)]
+    if q_idx == t_idx:
+        qs, qe = _question_span(task_msg["content"], record)
+        spans.append(Span("question", QUESTION, q_idx, qs + t_shift, qe + t_shift))
+    else:
+        qe = len(question_msg["content"].rstrip())
+        spans.append(Span("question", QUESTION, q_idx, q_shift, q_shift + qe))
+    lab = labels.get((trial, g))
+    event = row.get("event") or {}
+    info = {"trial_id": trial, "global_round": g, "task_index": task_index, "round": int(row.get("round", 0)),
+            "event_category": event.get("category"), "pressure": event.get("pressure"),
+            "severity": lab["severity"] if lab else None, "types": ",".join(lab["types"]) if lab else None,
+            "audited": lab is not None}
+    return ReadExample(example_id=f"{trial}/r{g}", cluster=trial, label=(lab["flagged"] if lab else None),
+                       messages=messages, spans=spans, prefill="", answer=perf.get("text") or "", info=info)
+
+
+def _fit_full(messages: list[dict], t_idx: int, answer: str, count_tokens, max_length: int) -> tuple[list[dict], int]:
+    """Drop middle messages (oldest first, never system / task / last user) until the prompt fits."""
+    msgs = list(messages)
+    keep_first = 1 if msgs and msgs[0]["role"] == "system" else 0
+    while count_tokens(msgs, answer) > max_length:
+        last_user = _last_user(msgs)
+        droppable = [i for i in range(keep_first, len(msgs)) if i not in (t_idx, last_user)]
+        if not droppable:
+            break
+        i = droppable[0]
+        msgs.pop(i)
+        if i < t_idx:
+            t_idx -= 1
+    return msgs, t_idx
