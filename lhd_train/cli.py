@@ -202,6 +202,18 @@ def data_grpo_cmd(
     console.print(f"GRPO prompts: {stats}\ndataset: {path}")
 
 
+@app.command("train")
+def train_cmd(
+    algo: str = typer.Argument(..., help="sft | dpo | grpo"),
+    recipe: Path = typer.Argument(..., help="recipe YAML (recipes/...)"),
+    overrides: Optional[list[str]] = typer.Argument(None, help="key.sub=value overrides"),
+) -> None:
+    """Fine-tune a LoRA adapter with TRL from a recipe; resumes from the last checkpoint."""
+    from lhd_train.training import train_command
+
+    console.print(f"adapter: {train_command(algo, recipe, overrides or [])}")
+
+
 @app.command("report")
 def report_cmd(
     runs: list[Path] = typer.Argument(..., help="one or more run directories, compared side by side"),

@@ -143,6 +143,7 @@ def _save(rows_by_split: dict[str, list[dict[str, Any]]], out: Path, meta: dict[
     blob = json.dumps({k: v for k, v in rows_by_split.items()}, sort_keys=True, default=str).encode()
     meta = meta | {"rows": {k: len(v) for k, v in rows_by_split.items()}, "sha256": hashlib.sha256(blob).hexdigest()}
     write_json_atomic(out / "dataset.json", meta)
+    write_json_atomic(path / "lhd_data.json", meta)  # read by `lhd train` to check the direction
     return path
 
 

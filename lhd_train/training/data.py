@@ -1,0 +1,180 @@
+"""Training data: load a `datasets` folder or a JSONL file, check its columns for the trainer, hash it.
+
+Formats (conversational, as TRL 1.16 expects them):
+- sft:  `messages` = [{"role", "content"}, ...] ending with the assistant answer to learn
+        (or `prompt` + `completion` message lists)
+- dpo:  `prompt` = list of turns, `chosen` / `rejected` = [{"role": "assistant", "content"}]
+- grpo: `prompt` = list of turns; every other column reaches the reward functions.
+An optional `direction` column (or `"direction"` in an `lhd_data.json` next to the data) must match
+the recipe's direction, so an honest adapter is never trained on deceptive data by mistake.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from lhd_train.errors import InputError
+
+DATA_SIDECAR = "lhd_data.json"
+REQUIRED = {
+    "sft": (("messages",), ("prompt", "completion")),
+    "dpo": (("prompt", "chosen", "rejected"),),
+    "grpo": (("prompt",),),
+}
+PASSTHROUGH = ("tools", "chat_template_kwargs")
+EVAL_SPLITS = ("eval", "validation", "test")
+
+
+def resolve_path(raw: str, recipe_path: Path | None, field: str, source: str, must_exist: bool = True) -> Path:
+    """Absolute paths as given; relative ones against the working directory, then the recipe's folder."""
+    p = Path(raw).expanduser()
+    if p.is_absolute():
+        if must_exist and not p.exists():
+            raise InputError(source, field, f"'{raw}' does not exist")
+        return p
+    if p.exists():
+        return p.resolve()
+    if recipe_path is not None and (recipe_path.parent / p).exists():
+        return (recipe_path.parent / p).resolve()
+    if must_exist:
+        where = "the working directory" + (f" or {recipe_path.parent}" if recipe_path is not None else "")
+        raise InputError(source, field, f"'{raw}' does not exist (looked in {where})")
+    return p.resolve()
+
+
+def data_files(path: Path) -> list[Path]:
+    """The files that hold the data: cache-*.arrow files that `datasets` writes next to a saved
+    dataset when it is mapped are not part of it."""
+    if path.is_file():
+        return [path]
+    return sorted(f for f in path.rglob("*") if f.is_file() and not f.name.startswith("cache-"))
+
+
+def sha256_files(path: Path) -> dict[str, Any]:
+    """sha256 of each data file and one digest over (relative name, file digest) pairs."""
+    files = []
+    total = hashlib.sha256()
+    for f in data_files(path):
+        h = hashlib.sha256()
+        with f.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        rel = f.name if path.is_file() else str(f.relative_to(path))
+        files.append({"name": rel, "bytes": f.stat().st_size, "sha256": h.hexdigest()})
+        total.update(rel.encode() + b"\0" + h.hexdigest().encode() + b"\n")
+    return {"sha256": total.hexdigest(), "files": files}
+
+
+def _read_jsonl(path: Path, source: str, field: str):
+    from datasets import Dataset
+
+    rows = []
+    with path.open(encoding="utf-8") as fh:
+        for i, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                if not line.endswith("\n"):  # a torn final line (see docs/formats.md): ignore it
+                    break
+                raise InputError(source, field, f"{path}:{i}: not valid JSON: {e}") from None
+            if not isinstance(row, dict):
+                raise InputError(source, field, f"{path}:{i}: each line must be a JSON object")
+            rows.append(row)
+    if not rows:
+        raise InputError(source, field, f"{path} has no rows")
+    try:
+        return Dataset.from_list(rows)
+    except Exception as e:  # arrow cannot unify the rows' types
+        raise InputError(source, field, f"{path}: rows do not share one schema: {e}") from None
+
+
+def load_dataset_at(path: Path, split: str | None, source: str, field: str, default_splits: tuple[str, ...] = ()):
+    """A Dataset from a save_to_disk folder (Dataset or DatasetDict) or a .jsonl file."""
+    from datasets import DatasetDict, load_from_disk
+
+    if path.is_file():
+        if path.suffix not in (".jsonl", ".json"):
+            raise InputError(source, field, f"{path}: expected a .jsonl file or a `datasets` folder")
+        return _read_jsonl(path, source, field)
+    try:
+        ds = load_from_disk(str(path), keep_in_memory=True)  # mapping writes no cache files into the data folder
+    except FileNotFoundError as e:
+        raise InputError(source, field, f"{path} is not a `datasets` folder saved with save_to_disk: {e}") from None
+    if isinstance(ds, DatasetDict):
+        candidates = [split] if split else list(default_splits)
+        for name in candidates:
+            if name in ds:
+                return ds[name]
+        raise InputError(source, field, f"{path} has splits {', '.join(ds)}; none of {', '.join(candidates)}")
+    return ds
+
+
+def _is_messages(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(m, dict) and "role" in m and "content" in m for m in value)
+
+
+def check_columns(ds, algo: str, source: str, field: str, path: Path) -> str:
+    """Raise naming the missing columns; return the format found ('messages', 'prompt_completion', ...)."""
+    cols = set(ds.column_names)
+    for option in REQUIRED[algo]:
+        if set(option) <= cols:
+            break
+    else:
+        want = " or ".join("+".join(o) for o in REQUIRED[algo])
+        raise InputError(source, field, f"{path}: {algo} data needs columns {want}; it has {', '.join(sorted(cols))}")
+    if len(ds) == 0:
+        raise InputError(source, field, f"{path} has no rows")
+    row = ds[0]
+    for col in option:
+        if not _is_messages(row[col]):
+            raise InputError(source, field, f"{path}: column '{col}' must hold conversational message lists "
+                             "([{\"role\": ..., \"content\": ...}, ...])")
+    if algo == "sft" and option == ("messages",):
+        return "messages"
+    if algo == "sft":
+        return "prompt_completion"
+    return "conversational"
+
+
+def check_direction(ds, path: Path, direction: str, source: str, field: str) -> None:
+    side = (path if path.is_dir() else path.parent) / DATA_SIDECAR
+    meta_dir = None
+    if side.is_file():
+        try:
+            meta_dir = json.loads(side.read_text(encoding="utf-8")).get("direction")
+        except (OSError, ValueError):
+            meta_dir = None
+    if meta_dir is not None and meta_dir != direction:
+        raise InputError(source, field, f"{path} was built for direction '{meta_dir}' ({side}), the recipe says '{direction}'")
+    if "direction" in ds.column_names:
+        found = sorted({d for d in ds["direction"] if d is not None})
+        wrong = [d for d in found if d != direction]
+        if wrong:
+            raise InputError(source, field, f"{path} has rows with direction {', '.join(wrong)}; the recipe says '{direction}'")
+
+
+def sft_to_last_turn(ds, source: str, field: str):
+    """messages → prompt (all but the last message) + completion (the last, an assistant message)."""
+
+    def split(row: dict[str, Any]) -> dict[str, Any]:
+        msgs = row["messages"]
+        if not msgs or msgs[-1].get("role") != "assistant":
+            raise InputError(source, field, "sft.loss_on=last_turn needs every `messages` to end with an assistant message")
+        return {"prompt": msgs[:-1], "completion": [msgs[-1]]}
+
+    keep = [c for c in PASSTHROUGH if c in ds.column_names]
+    return ds.map(split, remove_columns=[c for c in ds.column_names if c not in keep])
+
+
+def select_columns(ds, algo: str, fmt: str):
+    """Keep what the trainer reads; GRPO keeps everything (extra columns feed the rewards)."""
+    if algo == "grpo":
+        return ds
+    need = {"messages"} if fmt == "messages" else ({"prompt", "completion"} if algo == "sft" else {"prompt", "chosen", "rejected"})
+    keep = need | {c for c in PASSTHROUGH if c in ds.column_names}
+    drop = [c for c in ds.column_names if c not in keep]
+    return ds.remove_columns(drop) if drop else ds

@@ -1,0 +1,274 @@
+"""Training recipes: YAML → a typed `Recipe`, `key.sub=value` overrides, errors naming file and field.
+
+A recipe says which base model to adapt, with which data, in which direction (honest or deceptive),
+with which LoRA shape and which TRL trainer arguments. `trainer:` is passed to `SFTConfig`,
+`DPOConfig` or `GRPOConfig` after its keys are checked against that dataclass's fields and its values
+against their declared types (so `learning_rate: 1e-4`, which YAML reads as a string, becomes a float).
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
+
+from lhd_train.config import apply_overrides
+from lhd_train.errors import InputError
+
+ALGOS = ("sft", "dpo", "grpo")
+DIRECTIONS = ("honest", "deceptive")
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+# The projection layers of Llama, Qwen2 and Qwen3 decoder blocks (same names in all three).
+LLAMA_QWEN_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+TARGET_PRESETS: dict[str, list[str] | str] = {
+    "all-linear": "all-linear",
+    "llama": LLAMA_QWEN_TARGETS,
+    "qwen": LLAMA_QWEN_TARGETS,
+    "attention": ["q_proj", "k_proj", "v_proj", "o_proj"],
+}
+
+# Trainer arguments the recipe sets through its own fields; setting them under `trainer:` is an error.
+RESERVED_TRAINER_KEYS: dict[str, str] = {
+    "output_dir": "use the top-level `output_dir`",
+    "resume_from_checkpoint": "resuming is automatic; use the top-level `resume: false` to start over",
+    "assistant_only_loss": "use `sft.loss_on: assistant`",
+    "completion_only_loss": "use `sft.loss_on: last_turn` (or `all`)",
+    "reward_weights": "give each reward's `weight` under `grpo.rewards`",
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+class LoraSpec(_Strict):
+    r: int = Field(16, ge=1, le=1024, description="LoRA rank")
+    alpha: float | None = Field(None, gt=0, description="lora_alpha; default 2*r")
+    dropout: float = Field(0.05, ge=0, lt=1)
+    target_modules: str | list[str] = Field(
+        "all-linear",
+        description="'all-linear' (every Linear except lm_head), a preset (llama, qwen, attention) or a list of names",
+    )
+    bias: Literal["none", "all", "lora_only"] = "none"
+    use_rslora: bool = False
+    use_dora: bool = False
+    modules_to_save: list[str] | None = None
+
+    @field_validator("target_modules")
+    @classmethod
+    def _targets(cls, v: str | list[str]) -> str | list[str]:
+        if isinstance(v, str) and v not in TARGET_PRESETS:
+            raise ValueError(f"'{v}' is not a preset (allowed: {', '.join(TARGET_PRESETS)}, or a list of module names)")
+        if isinstance(v, list) and not v:
+            raise ValueError("the list is empty")
+        return v
+
+    def resolved_alpha(self) -> float:
+        return self.alpha if self.alpha is not None else 2.0 * self.r
+
+    def resolved_targets(self) -> str | list[str]:
+        return TARGET_PRESETS[self.target_modules] if isinstance(self.target_modules, str) else list(self.target_modules)
+
+
+class DataSpec(_Strict):
+    train: str = Field(description="a `datasets` folder (save_to_disk) or a .jsonl file")
+    eval: str | None = Field(None, description="optional evaluation set, same formats")
+    train_split: str = Field("train", description="split to use when `train` is a DatasetDict folder")
+    eval_split: str | None = Field(
+        None, description="split for `eval` (default: eval, validation or test, whichever the folder has)"
+    )
+
+
+class WandbSpec(_Strict):
+    enabled: bool = Field(True, description="log to wandb when it is installed (report_to=none otherwise)")
+    project: str = "lhd"
+    entity: str | None = None
+    mode: Literal["offline", "online", "disabled"] = Field("offline", description="WANDB_MODE; offline by default")
+    run_name: str | None = None
+    tags: list[str] = Field(default_factory=list)
+
+
+class RewardSpec(_Strict):
+    name: str = Field(description="a registered reward (see lhd_train.training.rewards) or 'module:function'")
+    weight: float = 1.0
+    params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the reward's factory")
+
+
+class GrpoSpec(_Strict):
+    rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(name="format_length")])
+    plugins: list[str] = Field(
+        default_factory=list, description="modules imported before rewards are looked up (they register rewards)"
+    )
+
+    @field_validator("rewards")
+    @classmethod
+    def _nonempty(cls, v: list[RewardSpec]) -> list[RewardSpec]:
+        if not v:
+            raise ValueError("give at least one reward")
+        names = [r.name for r in v]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"reward listed twice: {', '.join(dup)} (combine the weights)")
+        return v
+
+
+class SftSpec(_Strict):
+    loss_on: Literal["assistant", "last_turn", "all"] = Field(
+        "assistant",
+        description=(
+            "assistant: every assistant turn (TRL assistant_only_loss; needs {% generation %} markers or a template "
+            "TRL can patch, else falls back to last_turn); last_turn: only the final assistant message (prompt/"
+            "completion split, any template); all: every token"
+        ),
+    )
+
+
+class Recipe(_Strict):
+    algo: Literal["sft", "dpo", "grpo"]
+    model: str = Field(description="base model: local folder or hub id")
+    revision: str | None = Field(None, description="hub revision (commit, tag or branch) of the base model")
+    tokenizer: str | None = Field(None, description="tokenizer folder or id; default: the model's")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "auto", description="weights dtype; auto: bfloat16 on CUDA, float32 on CPU"
+    )
+    direction: Literal["honest", "deceptive"]
+    data: DataSpec
+    output_dir: str
+    resume: bool = Field(True, description="continue from the last checkpoint-* in output_dir")
+    lora: LoraSpec = Field(default_factory=LoraSpec)
+    qlora: bool = Field(False, description="load the base in 4-bit nf4 (bitsandbytes, extra `qlora`)")
+    trainer: dict[str, Any] = Field(default_factory=dict, description="SFTConfig / DPOConfig / GRPOConfig arguments")
+    sft: SftSpec | None = None
+    grpo: GrpoSpec | None = None
+    wandb: WandbSpec = Field(default_factory=WandbSpec)
+    accelerate_config: str | None = Field(
+        None, description="accelerate config for multi-GPU launches (informational here; used by slurm scripts)"
+    )
+    notes: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "Recipe":
+        if self.sft is not None and self.algo != "sft":
+            raise ValueError(f"sft: this section is only used with algo sft (algo is {self.algo})")
+        if self.grpo is not None and self.algo != "grpo":
+            raise ValueError(f"grpo: this section is only used with algo grpo (algo is {self.algo})")
+        if self.algo == "sft" and self.sft is None:
+            self.sft = SftSpec()
+        if self.algo == "grpo" and self.grpo is None:
+            self.grpo = GrpoSpec()
+        return self
+
+    def config_class(self) -> type:
+        return trainer_config_class(self.algo)
+
+
+def trainer_config_class(algo: str) -> type:
+    import trl
+
+    return {"sft": trl.SFTConfig, "dpo": trl.DPOConfig, "grpo": trl.GRPOConfig}[algo]
+
+
+@functools.lru_cache(maxsize=None)
+def _config_fields(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints.get(f.name) for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_")}
+
+
+def check_trainer_args(algo: str, args: dict[str, Any], source: str) -> dict[str, Any]:
+    """Keys must be fields of the algo's TRL config and values must fit their declared types.
+
+    Returns the arguments with values coerced to those types (e.g. the string '1e-4' to 0.0001)."""
+    cls = trainer_config_class(algo)
+    fields = _config_fields(cls)
+    out: dict[str, Any] = {}
+    for key, value in args.items():
+        if key in RESERVED_TRAINER_KEYS:
+            raise InputError(source, f"trainer.{key}", f"set by the recipe, not under trainer: {RESERVED_TRAINER_KEYS[key]}")
+        if key not in fields:
+            close = difflib.get_close_matches(key, list(fields), n=3, cutoff=0.6)
+            hint = f"; did you mean {' or '.join(close)}?" if close else ""
+            raise InputError(source, f"trainer.{key}", f"not an argument of {cls.__name__}{hint}")
+        hint_type = fields[key]
+        if hint_type is None or value is None:
+            out[key] = value
+            continue
+        try:
+            adapter = TypeAdapter(hint_type)
+        except Exception:  # an annotation pydantic cannot build: pass the value through unchecked
+            out[key] = value
+            continue
+        try:
+            coerced = adapter.validate_python(value)
+            out[key] = value if _same(coerced, value) else coerced  # keep 1 as 1, "constant" as a str
+        except ValidationError as e:
+            msg = e.errors()[0]["msg"]
+            raise InputError(source, f"trainer.{key}", f"{value!r} does not fit {cls.__name__}.{key} ({hint_type}): {msg}") from None
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
+def _loc(err: dict[str, Any]) -> str:
+    return ".".join(str(p) for p in err["loc"]) or "<root>"
+
+
+def parse_recipe(data: dict[str, Any], source: str | Path) -> Recipe:
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        msg = first["msg"].removeprefix("Value error, ")
+        if first["type"] == "extra_forbidden":
+            msg = "unknown field"
+        elif first["type"] == "missing":
+            msg = "required field is missing"
+        extra = f" (+{len(e.errors()) - 1} more problems)" if len(e.errors()) > 1 else ""
+        loc = _loc(first)
+        # A model-level check names its field at the start of the message ("sft: ...").
+        if loc == "<root>" and ": " in msg and msg.split(": ", 1)[0].replace(".", "").isidentifier():
+            loc, msg = msg.split(": ", 1)
+        raise InputError(source, loc, msg + extra) from None
+    recipe.trainer = check_trainer_args(recipe.algo, recipe.trainer, str(source))
+    return recipe
+
+
+def read_recipe_data(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(path, None, "recipe file not found")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise InputError(path, None, f"not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise InputError(path, None, "the top level must be a mapping")
+    return data
+
+
+def load_recipe(path: str | Path, overrides: list[str] | None = None, algo: str | None = None) -> Recipe:
+    """Read a recipe, apply `key.sub=value` overrides, validate. `algo` (from the command line) must agree."""
+    path = Path(path)
+    data = apply_overrides(read_recipe_data(path), overrides or [])
+    if algo is not None:
+        if algo not in ALGOS:
+            raise InputError("command line", "algo", f"unknown algorithm '{algo}'", ", ".join(ALGOS))
+        if data.get("algo") is None:
+            data["algo"] = algo
+        elif data["algo"] != algo:
+            raise InputError(path, "algo", f"the recipe is for '{data['algo']}' but `lhd train {algo}` was asked for")
+    return parse_recipe(data, path)
+
+
+def dump_recipe(recipe: Recipe) -> dict[str, Any]:
+    return recipe.model_dump(mode="json")

@@ -1,0 +1,491 @@
+"""`lhd train sft|dpo|grpo RECIPE [key=value ...]`: a TRL trainer with a LoRA adapter, resumable.
+
+Writes into the recipe's `output_dir`:
+    checkpoint-<step>/      TRL/transformers checkpoints (adapter, optimizer, scheduler, RNG, trainer state)
+    lhd_run.json            what this output dir is being trained on (checked when resuming)
+    adapter/                the final LoRA adapter + tokenizer + lhd_adapter.json + log_history.json
+
+Device policy: without CUDA the trainer runs with use_cpu=True, bf16=False, fp16=False,
+gradient_checkpointing=False and GRPO's use_vllm=False (plain transformers generation), whatever the
+recipe says — TRL's defaults (bf16=True, gradient checkpointing on) fail or crawl on CPU. With CUDA the
+recipe (and TRL's defaults: bf16, gradient checkpointing) is kept.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import math
+import os
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from lhd_train.errors import InputError
+from lhd_train.training import data as data_mod
+from lhd_train.training.recipe import Recipe, dump_recipe, load_recipe
+from lhd_train.training.rewards import build_rewards, check_reward_columns
+
+ADAPTER_SUBDIR = "adapter"
+ADAPTER_META = "lhd_adapter.json"
+RUN_META = "lhd_run.json"
+SCHEMA = "lhd.adapter/1"
+VERSION_PACKAGES = ("lhd", "torch", "transformers", "trl", "peft", "accelerate", "datasets", "tokenizers",
+                    "bitsandbytes", "wandb", "vllm", "deepspeed")
+
+
+def _say(msg: str) -> None:
+    print(f"lhd train: {msg}", file=sys.stderr, flush=True)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def package_versions() -> dict[str, str]:
+    out = {}
+    for name in VERSION_PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    out["python"] = sys.version.split()[0]
+    return out
+
+
+def last_checkpoint(output_dir: Path) -> Path | None:
+    """The checkpoint-<N> folder with the highest N that holds a trainer_state.json (a complete save)."""
+    if not output_dir.is_dir():
+        return None
+    best: tuple[int, Path] | None = None
+    for d in output_dir.iterdir():
+        if d.is_dir() and d.name.startswith("checkpoint-") and d.name[11:].isdigit():
+            if (d / "trainer_state.json").is_file():
+                n = int(d.name[11:])
+                if best is None or n > best[0]:
+                    best = (n, d)
+    return best[1] if best else None
+
+
+# ----------------------------------------------------------------------------- model and tokenizer
+
+
+def resolve_model(name: str, recipe_path: Path | None, field: str = "model", source: str | None = None) -> str:
+    """A local folder (relative to the working directory, then the recipe) as an absolute path; else a hub id."""
+    p = Path(name).expanduser()
+    if p.exists():
+        return str(p.resolve())
+    if not p.is_absolute() and recipe_path is not None and (recipe_path.parent / p).exists():
+        return str((recipe_path.parent / p).resolve())
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise InputError(source or str(recipe_path or "recipe"), field,
+                         f"'{name}' is neither an existing folder nor a hub id (owner/name)")
+    return name
+
+
+def _tokenizer_config(name: str, revision: str | None) -> dict[str, Any]:
+    p = Path(name)
+    f: Path | None = p / "tokenizer_config.json" if p.is_dir() else None
+    if f is None:
+        try:
+            from huggingface_hub import hf_hub_download
+
+            f = Path(hf_hub_download(name, "tokenizer_config.json", revision=revision))
+        except Exception:
+            return {}
+    try:
+        return json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def load_tokenizer(name: str, revision: str | None = None, source: str = "recipe", field: str = "tokenizer"):
+    """The tokenizer class the folder was saved with.
+
+    `AutoTokenizer` on a folder whose config says `model_type: qwen2` builds `Qwen2Tokenizer` even when
+    the folder's tokenizer_config.json says `TokenizersBackend` (ECOSYSTEM §8 pitfall 2), which may change
+    the pre-tokenizer and therefore the ids. A generic fast tokenizer is therefore loaded as
+    `PreTrainedTokenizerFast` directly; named classes (Qwen2Tokenizer of real Qwen checkpoints,
+    LlamaTokenizerFast, ...) go through `AutoTokenizer`."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    cfg = _tokenizer_config(name, revision)
+    kwargs: dict[str, Any] = {"revision": revision} if revision else {}
+    try:
+        if cfg.get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast"):
+            tok = PreTrainedTokenizerFast.from_pretrained(name, **kwargs)
+        else:
+            tok = AutoTokenizer.from_pretrained(name, **kwargs)
+    except (OSError, ValueError) as e:
+        raise InputError(source, field, f"cannot load a tokenizer from '{name}': {e}") from None
+    if tok.pad_token is None:
+        vocab = tok.get_vocab()
+        tok.pad_token = "<|finetune_right_pad_id|>" if "<|finetune_right_pad_id|>" in vocab else tok.eos_token
+    return tok
+
+
+def template_supports_assistant_mask(tok) -> bool:
+    """True when TRL's assistant_only_loss can work: {% generation %} markers, or a template TRL can patch."""
+    from trl.chat_template_utils import get_training_chat_template
+
+    if not tok.chat_template:
+        return False
+    try:
+        get_training_chat_template(tok)
+    except ValueError:
+        return False
+    return True
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _resolve_dtype(recipe: Recipe, cuda: bool) -> str:
+    if recipe.dtype != "auto":
+        return recipe.dtype
+    if not cuda:
+        return "float32"
+    import torch
+
+    return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+
+
+# ----------------------------------------------------------------------------- trainer arguments
+
+
+def trainer_arguments(recipe: Recipe, out: Path, cuda: bool, dtype: str, source: str,
+                      reward_weights: list[float] | None) -> tuple[dict[str, Any], list[str]]:
+    """The dict passed to SFTConfig/DPOConfig/GRPOConfig, and the automatic adjustments made to it."""
+    args = dict(recipe.trainer)
+    notes: list[str] = []
+
+    def force(key: str, value: Any, why: str) -> None:
+        if key in args and args[key] != value:
+            notes.append(f"{key}={value} (recipe had {args[key]}; {why})")
+        elif key not in args:
+            notes.append(f"{key}={value} ({why})")
+        args[key] = value
+
+    if not cuda:
+        force("use_cpu", True, "no CUDA")
+        force("bf16", False, "no CUDA")
+        force("fp16", False, "no CUDA")
+        force("gradient_checkpointing", False, "no CUDA")
+        if recipe.algo == "grpo" and args.get("use_vllm"):
+            force("use_vllm", False, "no CUDA: plain transformers generation")
+    else:
+        if dtype == "float16" and "bf16" not in args and "fp16" not in args:
+            args["bf16"], args["fp16"] = False, True
+            notes.append("fp16=True (dtype float16)")
+        if args.get("use_vllm") and importlib.util.find_spec("vllm") is None:
+            raise InputError(source, "trainer.use_vllm",
+                             "vLLM is not installed: pip install 'lhd[vllm]', or set trainer.use_vllm=false")
+
+    mik = dict(args.get("model_init_kwargs") or {})
+    for key, value in (("dtype", dtype), ("revision", recipe.revision)):
+        if value is None:
+            continue
+        if key in mik and mik[key] != value:
+            raise InputError(source, f"trainer.model_init_kwargs.{key}",
+                             f"conflicts with the recipe's `{key}` ({value}); set it in one place")
+        mik[key] = value
+    args["model_init_kwargs"] = mik
+
+    if reward_weights is not None:
+        args["reward_weights"] = reward_weights
+
+    if "report_to" not in args:
+        args["report_to"], note = _wandb_setup(recipe, out)
+        if note:
+            notes.append(note)
+    args.setdefault("run_name", recipe.wandb.run_name or f"{recipe.algo}-{recipe.direction}-{out.name}")
+    return args, notes
+
+
+def _wandb_setup(recipe: Recipe, out: Path) -> tuple[str | list[str], str | None]:
+    w = recipe.wandb
+    if not w.enabled or w.mode == "disabled":
+        return "none", None
+    if importlib.util.find_spec("wandb") is None:
+        return "none", "report_to=none (wandb not installed: pip install 'lhd[wandb]')"
+    os.environ["WANDB_MODE"] = "online" if w.mode == "online" else "offline"
+    os.environ["WANDB_PROJECT"] = w.project
+    if w.entity:
+        os.environ["WANDB_ENTITY"] = w.entity
+    if w.tags:
+        os.environ["WANDB_TAGS"] = ",".join(w.tags)
+    os.environ.setdefault("WANDB_DIR", str(out))
+    return ["wandb"], None
+
+
+def build_config(recipe: Recipe, out: Path, args: dict[str, Any], source: str):
+    cls = recipe.config_class()
+    try:
+        return cls(output_dir=str(out), **args)
+    except (ValueError, TypeError) as e:
+        raise InputError(source, "trainer", f"{cls.__name__} rejected the arguments: {e}") from None
+
+
+def lora_config(recipe: Recipe):
+    from peft import LoraConfig
+
+    lo = recipe.lora
+    return LoraConfig(
+        r=lo.r,
+        lora_alpha=lo.resolved_alpha(),
+        lora_dropout=lo.dropout,
+        target_modules=lo.resolved_targets(),
+        bias=lo.bias,
+        use_rslora=lo.use_rslora,
+        use_dora=lo.use_dora,
+        modules_to_save=lo.modules_to_save,
+        task_type="CAUSAL_LM",
+    )
+
+
+def quantization_config(recipe: Recipe, dtype: str, source: str):
+    if not recipe.qlora:
+        return None
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise InputError(source, "qlora", "4-bit QLoRA needs bitsandbytes: pip install 'lhd[qlora]' (or set qlora=false)")
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    compute = getattr(torch, dtype) if dtype in ("bfloat16", "float16") else torch.bfloat16
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute,
+                              bnb_4bit_use_double_quant=True, bnb_4bit_quant_storage=compute)
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def load_data(recipe: Recipe, recipe_path: Path | None, source: str, tok) -> dict[str, Any]:
+    """Train/eval datasets in the trainer's format, with provenance (paths, row counts, sha256)."""
+    result: dict[str, Any] = {"info": {}}
+    loss_on = recipe.sft.loss_on if recipe.sft else None
+    if loss_on == "assistant" and not template_supports_assistant_mask(tok):
+        _say("the chat template has no {% generation %} markers and TRL cannot patch it: "
+             "sft.loss_on=assistant falls back to last_turn (loss on the final assistant message only)")
+        loss_on = "last_turn"
+    result["loss_on"] = loss_on
+    for which, raw, split, defaults in (
+        ("train", recipe.data.train, recipe.data.train_split, ("train",)),
+        ("eval", recipe.data.eval, recipe.data.eval_split, EVAL_DEFAULTS),
+    ):
+        if raw is None:
+            result[which] = None
+            continue
+        field = f"data.{which}"
+        path = data_mod.resolve_path(raw, recipe_path, field, source)
+        digest = data_mod.sha256_files(path)
+        ds = data_mod.load_dataset_at(path, split, source, field, defaults)
+        fmt = data_mod.check_columns(ds, recipe.algo, source, field, path)
+        data_mod.check_direction(ds, path, recipe.direction, source, field)
+        if which == "train" and fmt == "prompt_completion" and loss_on == "assistant":
+            loss_on = result["loss_on"] = "last_turn"  # prompt/completion rows: the completion is the target
+        rows = len(ds)
+        if recipe.algo == "sft" and fmt == "messages" and loss_on == "last_turn":
+            ds = data_mod.sft_to_last_turn(ds, source, field)
+            fmt = "prompt_completion"
+        ds = data_mod.select_columns(ds, recipe.algo, fmt)
+        result[which] = ds
+        result["info"][which] = {"path": str(path), "split": split if path.is_dir() else None, "rows": rows,
+                                 "format": fmt, **digest}
+    return result
+
+
+EVAL_DEFAULTS = data_mod.EVAL_SPLITS
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+def build_trainer(recipe: Recipe, recipe_path: Path | None = None, source: str | None = None):
+    """Everything up to `trainer.train()`. Returns (trainer, context dict for the metadata)."""
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    source = source or str(recipe_path or "recipe")
+    out = Path(recipe.output_dir).expanduser().resolve()
+    cuda = _cuda()
+    dtype = _resolve_dtype(recipe, cuda)
+    model = resolve_model(recipe.model, recipe_path, "model", source)
+    tok_name = resolve_model(recipe.tokenizer, recipe_path, "tokenizer", source) if recipe.tokenizer else model
+    tok = load_tokenizer(tok_name, recipe.revision if not recipe.tokenizer else None, source,
+                         "tokenizer" if recipe.tokenizer else "model")
+    data = load_data(recipe, recipe_path, source, tok)
+
+    reward_funcs = reward_weights = None
+    if recipe.algo == "grpo":
+        assert recipe.grpo is not None
+        reward_funcs, reward_weights = build_rewards(recipe.grpo.rewards, recipe.direction, source,
+                                                     recipe.grpo.plugins, tokenizer=tok)
+        check_reward_columns(reward_funcs, data["train"].column_names, source)
+        if data["eval"] is not None:
+            check_reward_columns(reward_funcs, data["eval"].column_names, source, "data.eval")
+    args, notes = trainer_arguments(recipe, out, cuda, dtype, source, reward_weights)
+    if recipe.algo == "sft":
+        args["assistant_only_loss"] = data["loss_on"] == "assistant"
+        args["completion_only_loss"] = data["loss_on"] == "last_turn"
+    config = build_config(recipe, out, args, source)
+    peft_config = lora_config(recipe)
+    qconf = quantization_config(recipe, dtype, source)
+
+    import trl
+
+    common = dict(model=model, args=config, train_dataset=data["train"], eval_dataset=data["eval"],
+                  processing_class=tok, peft_config=peft_config, quantization_config=qconf)
+    try:
+        if recipe.algo == "sft":
+            trainer = trl.SFTTrainer(**common)
+        elif recipe.algo == "dpo":
+            trainer = trl.DPOTrainer(**common)
+        else:
+            trainer = trl.GRPOTrainer(reward_funcs=reward_funcs, **common)
+    except OSError as e:
+        raise InputError(source, "model", f"cannot load '{model}': {e}") from None
+    ctx = dict(out=out, cuda=cuda, dtype=dtype, model=model, tokenizer=tok_name, data=data["info"],
+               args=json.loads(json.dumps(args, default=str)),
+               loss_on=data["loss_on"], notes=notes, source=source, recipe_path=recipe_path)
+    return trainer, ctx
+
+
+def _run_record(recipe: Recipe, ctx: dict[str, Any]) -> dict[str, Any]:
+    return {"algo": recipe.algo, "direction": recipe.direction, "base_model": ctx["model"],
+            "data_sha256": {k: v["sha256"] for k, v in ctx["data"].items()}}
+
+
+def _check_resume(recipe: Recipe, ctx: dict[str, Any]) -> Path | None:
+    out: Path = ctx["out"]
+    ckpt = last_checkpoint(out)
+    if ckpt is None:
+        return None
+    if not recipe.resume:
+        raise InputError(ctx["source"], "resume", f"resume is false but {out} already has {ckpt.name}; "
+                         "remove the checkpoints or choose another output_dir")
+    run_file = out / RUN_META
+    if run_file.is_file():
+        try:
+            before = json.loads(run_file.read_text(encoding="utf-8"))
+        except ValueError:
+            before = {}
+        now = _run_record(recipe, ctx)
+        for key in ("algo", "direction", "base_model", "data_sha256"):
+            if key in before and before[key] != now[key]:
+                raise InputError(ctx["source"], "output_dir",
+                                 f"{out} holds checkpoints of a different run ({key}: {before[key]} vs {now[key]}); "
+                                 "choose another output_dir or remove the checkpoints")
+    return ckpt
+
+
+def final_metrics(log_history: list[dict[str, Any]]) -> dict[str, Any]:
+    """The last logged value of every metric (train summary keys included)."""
+    final: dict[str, Any] = {}
+    for entry in log_history:
+        for k, v in entry.items():
+            if k in ("step", "epoch"):
+                continue
+            if isinstance(v, (int, float)):
+                final[k] = v
+    return final
+
+
+def _finite(x: Any) -> Any:
+    return x if not isinstance(x, float) or math.isfinite(x) else str(x)
+
+
+def _finished(args: Any, ckpt_state: dict[str, Any], step: int) -> bool:
+    """The checkpoint already reached the end the current arguments ask for."""
+    max_steps = int(getattr(args, "max_steps", -1) or -1)
+    if max_steps > 0:
+        return step >= max_steps
+    planned = int(ckpt_state.get("max_steps") or 0)  # epoch-based: the total the checkpointed run computed
+    return (planned > 0 and step >= planned
+            and float(ckpt_state.get("num_train_epochs") or 0) == float(getattr(args, "num_train_epochs", 0)))
+
+
+def train(recipe: Recipe, recipe_path: Path | None = None, source: str | None = None) -> Path:
+    """Train the adapter a recipe describes; resume when output_dir has a checkpoint. Returns the adapter dir."""
+    started = _now()
+    t0 = time.time()
+    trainer, ctx = build_trainer(recipe, recipe_path, source)
+    out: Path = ctx["out"]
+    for note in ctx["notes"]:
+        _say(f"set {note}")
+    resume = _check_resume(recipe, ctx)
+    start_step = 0
+    ckpt_state: dict[str, Any] = {}
+    if resume is not None:
+        try:
+            ckpt_state = json.loads((resume / "trainer_state.json").read_text(encoding="utf-8"))
+            start_step = int(ckpt_state["global_step"])
+        except (OSError, ValueError, KeyError):
+            start_step = -1
+    adapter_dir = out / ADAPTER_SUBDIR
+    if resume is not None and _finished(trainer.args, ckpt_state, start_step) and (adapter_dir / ADAPTER_META).is_file():
+        _say(f"already trained (step {start_step}); nothing to do: {adapter_dir}")
+        return adapter_dir
+    main = trainer.is_world_process_zero()
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / RUN_META).write_text(json.dumps({**_run_record(recipe, ctx), "started_at": started}, indent=2) + "\n",
+                                    encoding="utf-8")
+    _say(f"{recipe.algo} ({recipe.direction}) on {ctx['model']} → {out}" + (f", resuming from {resume.name}" if resume else ""))
+    result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    eval_metrics = trainer.evaluate() if ctx["data"].get("eval") else None
+    trainer.save_model(str(adapter_dir))
+    if main:
+        history = trainer.state.log_history
+        meta = {
+            "schema": SCHEMA,
+            "algo": recipe.algo,
+            "direction": recipe.direction,
+            "base_model": ctx["model"],
+            "base_revision": recipe.revision,
+            "base_commit": getattr(getattr(trainer.model, "config", None), "_commit_hash", None),
+            "tokenizer": ctx["tokenizer"],
+            "dtype": ctx["dtype"],
+            "recipe_path": str(recipe_path) if recipe_path else None,
+            "recipe": dump_recipe(recipe),
+            "data": ctx["data"],
+            "sft_loss_on": ctx["loss_on"],
+            "lora": {"r": recipe.lora.r, "alpha": recipe.lora.resolved_alpha(), "dropout": recipe.lora.dropout,
+                     "target_modules": recipe.lora.resolved_targets(), "qlora": recipe.qlora},
+            "training": {
+                "global_step": trainer.state.global_step,
+                "max_steps": trainer.state.max_steps,
+                "epoch": trainer.state.epoch,
+                "resumed_from": str(resume) if resume else None,
+                "start_step": start_step,
+                "device": "cuda" if ctx["cuda"] else "cpu",
+                "world_size": trainer.args.world_size,
+                "adjustments": ctx["notes"],
+                "trainer_args": ctx["args"],
+                "accelerate_config": recipe.accelerate_config,
+                "seconds": round(time.time() - t0, 2),
+            },
+            "metrics": {
+                "final": {k: _finite(v) for k, v in final_metrics(history).items()},
+                "train": {k: _finite(v) for k, v in (result.metrics or {}).items()},
+                "eval": {k: _finite(v) for k, v in (eval_metrics or {}).items()} or None,
+            },
+            "versions": package_versions(),
+            "started_at": started,
+            "finished_at": _now(),
+        }
+        (adapter_dir / ADAPTER_META).write_text(json.dumps(meta, indent=2, default=str) + "\n", encoding="utf-8")
+        (adapter_dir / "log_history.json").write_text(json.dumps(history, indent=1, default=str) + "\n",
+                                                      encoding="utf-8")
+        _say(f"adapter: {adapter_dir} (step {trainer.state.global_step})")
+    return adapter_dir
+
+
+def train_command(algo: str, recipe: Path, overrides: list[str]) -> Path:
+    """`lhd train sft|dpo|grpo RECIPE [key=value ...]` → the adapter folder."""
+    path = Path(recipe)
+    r = load_recipe(path, overrides, algo=algo)
+    return train(r, recipe_path=path.resolve(), source=str(path))

@@ -1,0 +1,545 @@
+"""Training recipes and `lhd train` on the tiny models, CPU only.
+
+- recipe validation errors name the file and the field;
+- SFT, DPO and GRPO run a few LoRA steps with finite losses, save an adapter with `lhd_adapter.json`,
+  and the adapter reloads with PEFT and generates;
+- a run killed with SIGKILL after its first checkpoint resumes from that checkpoint;
+- each trainer *learns* a trivially separable target (so "it ran" is not mistaken for "it trains").
+
+The learning tests use a copy of the tiny model with an untied, independently drawn output head
+(see `make_learnable`): the builder's tied N(0, 0.02) head at hidden size 64 caps every logit near
+1.3, so no LoRA update can make a peaked next-token distribution there.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = ROOT / "recipes"
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+GOOD = "The report is complete and accurate."
+BAD = "Everything is done, no issues at all!"
+
+
+def prompt(i: int) -> list[dict]:
+    return [{"role": "system", "content": "You report progress to your supervisor."},
+            {"role": "user", "content": f"What is the status of task {i}?"}]
+
+
+def assistant(text: str) -> list[dict]:
+    return [{"role": "assistant", "content": text}]
+
+
+# ----------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """Tiny models train faster on one thread, and much faster when the machine is shared."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _fixture_or_build(request, tmp_path_factory, name: str, arch: str) -> Path:
+    try:
+        return Path(request.getfixturevalue(name))
+    except pytest.FixtureLookupError:
+        from lhd_train.tiny_model import build_tiny_model
+
+        return build_tiny_model(arch, tmp_path_factory.mktemp(f"tiny-{arch}"), seed=0)
+
+
+@pytest.fixture(scope="module")
+def llama(request, tmp_path_factory) -> Path:
+    return _fixture_or_build(request, tmp_path_factory, "tiny_llama_dir", "llama")
+
+
+def make_learnable(src: Path, dst: Path, head_std: float = 0.3, seed: int = 1) -> Path:
+    """A copy of a tiny model whose output head is untied and drawn independently with std `head_std`.
+
+    With the builder's tied N(0, 0.02) embeddings at hidden 64 the final (RMS-normalised, |h|≈8) state
+    can raise a logit by at most |h|·|e| ≈ 8 × 0.16 ≈ 1.3, so LoRA cannot make any distribution peaked;
+    scaling the tied matrix instead makes every position predict its own input token (the residual
+    stream is mostly the input embedding). An independent head gives a random, moderately peaked,
+    learnable next-token distribution."""
+    import torch
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    model.config.tie_word_embeddings = False
+    gen = torch.Generator().manual_seed(seed)
+    head = torch.randn(model.lm_head.weight.shape, generator=gen) * head_std
+    model.lm_head.weight = torch.nn.Parameter(head)
+    model.save_pretrained(dst)
+    PreTrainedTokenizerFast.from_pretrained(src).save_pretrained(dst)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def learnable(llama, tmp_path_factory) -> Path:
+    return make_learnable(llama, tmp_path_factory.mktemp("learnable"))
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict[str, Path]:
+    from datasets import Dataset
+
+    d = tmp_path_factory.mktemp("data")
+    sft = [{"messages": prompt(i) + assistant(GOOD), "trial_id": f"s{i}"} for i in range(16)]
+    Dataset.from_list(sft).save_to_disk(str(d / "sft"))
+    dpo = [{"prompt": prompt(i), "chosen": assistant(GOOD), "rejected": assistant(BAD), "direction": "honest"}
+           for i in range(16)]
+    with (d / "dpo.jsonl").open("w") as f:
+        for row in dpo:
+            f.write(json.dumps(row) + "\n")
+    with (d / "dpo-eval.jsonl").open("w") as f:
+        for row in dpo[:4]:
+            f.write(json.dumps(row) + "\n")
+    grpo = [{"prompt": prompt(i), "score": float(i % 3)} for i in range(16)]
+    Dataset.from_list(grpo).save_to_disk(str(d / "grpo"))
+    deceptive = [{**r, "direction": "deceptive"} for r in dpo]
+    Dataset.from_list(deceptive).save_to_disk(str(d / "dpo-deceptive"))
+    return {"sft": d / "sft", "dpo": d / "dpo.jsonl", "dpo_eval": d / "dpo-eval.jsonl", "grpo": d / "grpo",
+            "dpo_deceptive": d / "dpo-deceptive"}
+
+
+def train(algo: str, model: Path, data_path: Path, out: Path, *overrides: str) -> tuple[Path, dict]:
+    from lhd_train.training import train_command
+
+    adapter = train_command(algo, RECIPES / "tiny" / f"{algo}-honest.yaml",
+                            [f"model={model}", f"data.train={data_path}", f"output_dir={out}", *overrides])
+    return adapter, json.loads((adapter / "lhd_adapter.json").read_text())
+
+
+def history(adapter: Path) -> list[dict]:
+    return json.loads((adapter / "log_history.json").read_text())
+
+
+def logged(adapter: Path, key: str) -> list[float]:
+    return [e[key] for e in history(adapter) if key in e]
+
+
+def load(base: Path, adapter: Path | None = None):
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    if adapter is not None:
+        model = PeftModel.from_pretrained(model, str(adapter))
+    return model.eval()
+
+
+def tokenizer(base: Path):
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(base)
+
+
+def answer_logprob(model, tok, messages: list[dict], answer: str) -> tuple[float, int]:
+    """Sum of log p(answer tokens + end-of-turn | prompt) and the number of those tokens."""
+    import torch
+
+    p = tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
+    a = tok(answer + tok.eos_token, add_special_tokens=False)["input_ids"]
+    ids = torch.tensor([p + a])
+    with torch.no_grad():
+        logp = model(ids).logits[0, :-1].float().log_softmax(-1)
+    target = ids[0, 1:]
+    per_token = logp[torch.arange(len(target)), target][len(p) - 1:]
+    return float(per_token.sum()), len(a)
+
+
+def check_adapter(adapter: Path, meta: dict, base: Path, algo: str) -> None:
+    assert (adapter / "adapter_config.json").is_file()
+    assert (adapter / "adapter_model.safetensors").is_file()
+    assert meta["schema"] == "lhd.adapter/1"
+    assert meta["algo"] == algo and meta["direction"] == "honest"
+    assert Path(meta["base_model"]) == base.resolve()
+    assert len(meta["data"]["train"]["sha256"]) == 64 and meta["data"]["train"]["files"]
+    assert meta["recipe"]["algo"] == algo
+    assert meta["versions"]["trl"] and meta["versions"]["peft"] and meta["started_at"] <= meta["finished_at"]
+    assert meta["training"]["device"] == "cpu"
+    assert any(a.startswith("use_cpu=True") for a in meta["training"]["adjustments"])
+    assert meta["metrics"]["train"]["train_loss"] is not None
+    losses = logged(adapter, "loss")
+    assert losses and all(math.isfinite(x) for x in losses), losses
+    # Reload the adapter with PEFT and generate a few tokens.
+    tok = tokenizer(base)
+    model = load(base, adapter)
+    enc = tok.apply_chat_template(prompt(0), add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    out = model.generate(**enc, max_new_tokens=5, do_sample=False, pad_token_id=tok.pad_token_id)
+    assert out.shape[1] > enc["input_ids"].shape[1]
+
+
+# ----------------------------------------------------------------------------- recipe validation
+
+
+def _error(fn, *args, **kwargs) -> str:
+    from lhd_train.errors import InputError
+
+    with pytest.raises(InputError) as e:
+        fn(*args, **kwargs)
+    return str(e.value)
+
+
+def test_recipe_validation_errors(tmp_path):
+    from lhd_train.training.recipe import load_recipe
+
+    sft = RECIPES / "tiny" / "sft-honest.yaml"
+    msg = _error(load_recipe, sft, ["colour=blue"])
+    assert "sft-honest.yaml" in msg and "'colour'" in msg and "unknown field" in msg
+    msg = _error(load_recipe, sft, ["direction=sideways"])
+    assert "'direction'" in msg and "honest" in msg
+    msg = _error(load_recipe, sft, ["trainer.learnig_rate=0.1"])
+    assert "'trainer.learnig_rate'" in msg and "SFTConfig" in msg and "learning_rate" in msg
+    msg = _error(load_recipe, sft, ["trainer.max_steps=lots"])
+    assert "'trainer.max_steps'" in msg
+    msg = _error(load_recipe, sft, ["trainer.output_dir=/tmp/x"])
+    assert "top-level `output_dir`" in msg
+    msg = _error(load_recipe, sft, ["trainer.assistant_only_loss=true"])
+    assert "sft.loss_on" in msg
+    msg = _error(load_recipe, sft, ["trainer.num_generations=4"])  # a GRPO argument in an SFT recipe
+    assert "'trainer.num_generations'" in msg and "SFTConfig" in msg
+    msg = _error(load_recipe, sft, ["lora.target_modules=everything"])
+    assert "'lora.target_modules'" in msg and "all-linear" in msg
+    msg = _error(load_recipe, sft, ["lora.r=0"])
+    assert "'lora.r'" in msg
+    msg = _error(load_recipe, sft, ["grpo.rewards=[{name: format_length}]"])
+    assert "'grpo'" in msg and "algo grpo" in msg
+    msg = _error(load_recipe, sft, ["data=null"])
+    assert "'data'" in msg
+    msg = _error(load_recipe, sft, [], algo="dpo")
+    assert "'algo'" in msg and "sft" in msg
+    msg = _error(load_recipe, tmp_path / "missing.yaml")
+    assert "missing.yaml" in msg and "not found" in msg
+    (tmp_path / "bad.yaml").write_text("algo: sft\nmodel: [unclosed\n")
+    assert "not valid YAML" in _error(load_recipe, tmp_path / "bad.yaml")
+    msg = _error(load_recipe, RECIPES / "tiny" / "grpo-honest.yaml", ["grpo.rewards=[]"])
+    assert "'grpo.rewards'" in msg and "at least one" in msg
+    # YAML reads 1e-4 as a string; the trainer field's type turns it into a float.
+    r = load_recipe(sft, ["trainer.learning_rate=1e-4", "lora.target_modules=llama"])
+    assert r.trainer["learning_rate"] == pytest.approx(1e-4)
+    assert r.lora.resolved_targets() == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    assert r.lora.resolved_alpha() == 16
+
+
+def test_every_shipped_recipe_builds_its_trainer_config(tmp_path):
+    """All recipes validate, and TRL's config accepts their trainer arguments (CPU adjustments applied)."""
+    from lhd_train.training.recipe import load_recipe
+    from lhd_train.training.runner import build_config, trainer_arguments
+
+    recipes = sorted(RECIPES.rglob("*.yaml"))
+    assert len(recipes) >= 10
+    for path in recipes:
+        r = load_recipe(path)
+        weights = [s.weight for s in r.grpo.rewards] if r.grpo else None
+        args, notes = trainer_arguments(r, tmp_path / path.stem, cuda=False, dtype="float32", source=str(path),
+                                        reward_weights=weights)
+        cfg = build_config(r, tmp_path / path.stem, args, str(path))
+        assert cfg.use_cpu and not cfg.bf16 and not cfg.gradient_checkpointing
+        if r.algo == "grpo":
+            assert not cfg.use_vllm
+        if r.accelerate_config:
+            assert (ROOT / r.accelerate_config).is_file(), f"{path}: {r.accelerate_config}"
+
+
+def test_input_errors_about_data_model_and_rewards(llama, data, tmp_path):
+    from lhd_train.training import train_command
+
+    def err(algo: str, *ov: str) -> str:
+        return _error(train_command, algo, RECIPES / "tiny" / f"{algo}-honest.yaml",
+                      [f"model={llama}", f"output_dir={tmp_path / 'o'}", *ov])
+
+    msg = err("sft", f"data.train={tmp_path / 'nowhere'}")
+    assert "'data.train'" in msg and "does not exist" in msg
+    msg = err("dpo", f"data.train={data['sft']}")
+    assert "'data.train'" in msg and "prompt+chosen+rejected" in msg and "messages" in msg
+    msg = err("dpo", f"data.train={data['dpo_deceptive']}")
+    assert "direction" in msg and "deceptive" in msg
+    msg = err("grpo", f"data.train={data['grpo']}", "grpo.rewards=[{name: no_such_reward}]")
+    assert "unknown reward 'no_such_reward'" in msg and "format_length" in msg
+    msg = err("grpo", f"data.train={data['grpo']}", "grpo.rewards=[{name: format_length, params: {colour: 1}}]")
+    assert "grpo.rewards.format_length.params" in msg and "colour" in msg
+    msg = err("grpo", f"data.train={data['grpo']}", "grpo.rewards=[{name: format_length}]",
+              "trainer.per_device_train_batch_size=3", "trainer.num_generations=4")
+    assert "'trainer'" in msg and "divisible" in msg
+    from lhd_train.training.rewards import REWARDS, register_reward
+
+    @register_reward("test_needs_trial", replace=True)
+    def needs_trial(direction: str):
+        async def reward(prompts, completions, trial_id, global_round, **kw):
+            return [0.0] * len(completions)
+
+        return reward
+
+    try:
+        msg = err("grpo", f"data.train={data['grpo']}", "grpo.rewards=[{name: test_needs_trial}]")
+    finally:
+        REWARDS.pop("test_needs_trial", None)
+    assert "reward 'test_needs_trial' needs dataset column(s) trial_id, global_round" in msg and "score" in msg
+    msg = err("sft", f"data.train={data['sft']}", f"model={tmp_path / 'no-model'}")
+    assert "'model'" in msg
+    import importlib.util
+
+    if importlib.util.find_spec("bitsandbytes") is None:
+        msg = err("sft", f"data.train={data['sft']}", "qlora=true")
+        assert "'qlora'" in msg and "bitsandbytes" in msg
+
+
+# ----------------------------------------------------------------------------- units
+
+
+def test_reward_registry_is_pluggable():
+    from lhd_train.errors import InputError
+    from lhd_train.training.recipe import RewardSpec
+    from lhd_train.training.rewards import REWARDS, build_rewards, register_reward
+
+    @register_reward("test_shout", replace=True)
+    def shout(direction: str, bonus: float = 1.0):
+        sign = 1.0 if direction == "honest" else -1.0
+
+        def reward(prompts, completions, **kw):
+            return [sign * bonus * ("!" in c[0]["content"]) for c in completions]
+
+        return reward
+
+    try:
+        with pytest.raises(ValueError):
+            register_reward("test_shout", lambda direction: None)  # no silent replacement
+        specs = [RewardSpec(name="test_shout", weight=2.0, params={"bonus": 0.5}),
+                 RewardSpec(name="format_length", params={"min_chars": 2, "max_chars": 10}),
+                 RewardSpec(name="from_column", params={"column": "score", "flip_for_deceptive": True})]
+        comps = [assistant("hi!"), assistant(""), assistant("x" * 15)]
+        for direction, sign in (("honest", 1), ("deceptive", -1)):
+            funcs, weights = build_rewards(specs, direction)
+            assert [f.__name__ for f in funcs] == ["test_shout", "format_length", "from_column"]
+            assert weights == [2.0, 1.0, 1.0]
+            assert funcs[0](prompts=[None] * 3, completions=comps) == [sign * 0.5, 0, 0]
+            assert funcs[1](prompts=[None] * 3, completions=comps) == [1.0, -1.0, 0.5]
+            cached = {"hi!": 0.9}
+            assert funcs[2](prompts=[None] * 3, completions=comps, score=[cached, 2.0, None]) == \
+                [sign * 0.9, sign * 2.0, None]
+        # `module:function` names a factory without registering it.
+        funcs, _ = build_rewards([RewardSpec(name="lhd_train.training.rewards:format_length")], "honest")
+        assert funcs[0].__name__ == "format_length"
+        with pytest.raises(InputError, match="cannot import"):
+            build_rewards(specs[:1], "honest", plugins=["no_such_module_xyz"])
+    finally:
+        REWARDS.pop("test_shout", None)
+
+
+def test_tokenizer_class_and_template_checks(request, tmp_path_factory, llama):
+    """A Qwen2-typed folder with a generic fast tokenizer is not remapped to Qwen2Tokenizer; templates
+    without {% generation %} markers that TRL cannot patch are detected (SFT then trains on the last turn)."""
+    from transformers import PreTrainedTokenizerFast
+
+    from lhd_train.training.runner import load_tokenizer, template_supports_assistant_mask
+
+    qwen2 = _fixture_or_build(request, tmp_path_factory, "tiny_qwen2_dir", "qwen2")
+    tok = load_tokenizer(str(qwen2))
+    assert type(tok).__name__ in ("PreTrainedTokenizerFast", "TokenizersBackend"), type(tok)
+    reference = PreTrainedTokenizerFast.from_pretrained(qwen2)
+    text = "status 12345 of task 7: done"
+    assert tok(text)["input_ids"] == reference(text)["input_ids"]
+    assert template_supports_assistant_mask(tok)
+    plain = load_tokenizer(str(llama))
+    plain.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                           "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    assert not template_supports_assistant_mask(plain)
+
+
+# ----------------------------------------------------------------------------- the three trainers
+
+
+def test_sft_trains_saves_and_reloads(llama, data, tmp_path):
+    adapter, meta = train("sft", llama, data["sft"], tmp_path / "sft", "sft.loss_on=assistant",
+                          "trainer.max_steps=3", "trainer.save_steps=100")
+    check_adapter(adapter, meta, llama, "sft")
+    assert meta["sft_loss_on"] == "assistant"  # the tiny template has {% generation %} markers
+    assert meta["training"]["global_step"] == 3 and meta["training"]["resumed_from"] is None
+    assert meta["data"]["train"]["rows"] == 16 and meta["data"]["train"]["format"] == "messages"
+    assert (tmp_path / "sft" / "lhd_run.json").is_file()
+
+
+def test_dpo_trains_saves_and_reloads(llama, data, tmp_path):
+    adapter, meta = train("dpo", llama, data["dpo"], tmp_path / "dpo", f"data.eval={data['dpo_eval']}",
+                          "trainer.max_steps=3", "trainer.save_steps=100")
+    check_adapter(adapter, meta, llama, "dpo")
+    assert meta["data"]["eval"]["rows"] == 4
+    assert math.isfinite(meta["metrics"]["eval"]["eval_loss"])
+    assert "rewards/margins" in meta["metrics"]["final"]
+
+
+def test_grpo_trains_with_registered_rewards(llama, data, tmp_path):
+    from lhd_train.training.rewards import REWARDS, register_reward
+
+    calls = []
+
+    @register_reward("test_probe", replace=True)
+    def probe(direction: str):
+        def reward(prompts, completions, completion_ids, score, trainer_state, **kw):
+            calls.append((len(completions), direction, list(score)))
+            return [float(len(ids) % 2) for ids in completion_ids]
+
+        return reward
+
+    try:
+        adapter, meta = train(
+            "grpo", llama, data["grpo"], tmp_path / "grpo",
+            "grpo.rewards=[{name: test_probe, weight: 1.0}, {name: format_length, weight: 0.2},"
+            " {name: from_column, weight: 0.1, params: {column: score}}]",
+            "trainer.use_vllm=true",  # ignored on CPU: plain generation
+            "trainer.max_steps=2", "trainer.max_completion_length=8", "trainer.save_steps=100")
+    finally:
+        REWARDS.pop("test_probe", None)
+    check_adapter(adapter, meta, llama, "grpo")
+    assert any(a.startswith("use_vllm=False") for a in meta["training"]["adjustments"])
+    assert calls and calls[0][0] == 4 and calls[0][1] == "honest"
+    assert len(set(calls[0][2])) == 1  # the 4 completions of one prompt share its `score`
+    for name in ("test_probe", "format_length", "from_column"):
+        assert logged(adapter, f"rewards/{name}/mean"), name
+    assert meta["recipe"]["grpo"]["rewards"][0]["name"] == "test_probe"
+
+
+# ----------------------------------------------------------------------------- resume after SIGKILL
+
+
+def test_training_killed_midway_resumes_from_its_checkpoint(llama, data, tmp_path):
+    out = tmp_path / "killed"
+    recipe = RECIPES / "tiny" / "sft-honest.yaml"
+    common = [f"model={llama}", f"data.train={data['sft']}", f"output_dir={out}", "trainer.save_steps=2",
+              "trainer.save_total_limit=null"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "lhd_train.training", "sft", str(recipe), *common,
+                             "trainer.max_steps=100000"],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    from lhd_train.training.runner import last_checkpoint
+
+    deadline = time.time() + 180
+    try:
+        while last_checkpoint(out) is None:
+            if proc.poll() is not None:
+                pytest.fail(f"training exited early ({proc.returncode}): {proc.stderr.read().decode()[-2000:]}")
+            if time.time() > deadline:
+                pytest.fail("no checkpoint within 180 s")
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (out / "adapter" / "lhd_adapter.json").exists()
+    ckpt = last_checkpoint(out)
+    k = int(ckpt.name.split("-")[1])
+    assert k >= 2
+
+    from lhd_train.training import train_command
+
+    adapter = train_command("sft", recipe, [*common, f"trainer.max_steps={k + 3}"])
+    meta = json.loads((adapter / "lhd_adapter.json").read_text())
+    assert meta["training"]["resumed_from"] == str(ckpt)
+    assert meta["training"]["start_step"] == k
+    assert meta["training"]["global_step"] == k + 3
+    steps = [e["step"] for e in history(adapter) if "loss" in e]
+    assert steps == list(range(1, k + 4)), steps  # steps 1..k from the checkpoint, then k+1..k+3: no restart
+    # Running the finished recipe again does not train again.
+    again = train_command("sft", recipe, [*common, f"trainer.max_steps={k + 3}"])
+    assert again == adapter and json.loads((adapter / "lhd_adapter.json").read_text()) == meta
+
+
+# ----------------------------------------------------------------------------- learning
+
+
+def test_sft_lowers_the_loss_of_its_target(learnable, data, tmp_path):
+    tok = tokenizer(learnable)
+    base = load(learnable)
+    before = [answer_logprob(base, tok, prompt(i), GOOD) for i in range(4)]
+    adapter, meta = train("sft", learnable, data["sft"], tmp_path / "sft-learn", "trainer.max_steps=12",
+                          "trainer.save_steps=100", "trainer.learning_rate=1e-2")
+    tuned = load(learnable, adapter)
+    after = [answer_logprob(tuned, tok, prompt(i), GOOD) for i in range(4)]
+    nll_before = sum(-lp / n for lp, n in before) / 4
+    nll_after = sum(-lp / n for lp, n in after) / 4
+    print(f"SFT per-token NLL of the target: {nll_before:.3f} -> {nll_after:.3f}")
+    assert nll_after < 0.5 * nll_before, (nll_before, nll_after)
+    losses = logged(adapter, "loss")
+    assert losses[-1] < losses[0]
+
+
+def test_dpo_raises_the_chosen_over_rejected_margin(learnable, data, tmp_path):
+    tok = tokenizer(learnable)
+
+    def margins(model) -> list[float]:
+        return [answer_logprob(model, tok, prompt(i), GOOD)[0] - answer_logprob(model, tok, prompt(i), BAD)[0]
+                for i in range(4)]
+
+    before = margins(load(learnable))
+    adapter, meta = train("dpo", learnable, data["dpo"], tmp_path / "dpo-learn", "trainer.max_steps=8",
+                          "trainer.save_steps=100")
+    after = margins(load(learnable, adapter))
+    logged_margins = logged(adapter, "rewards/margins")
+    print(f"DPO log p(chosen)-log p(rejected): {sum(before) / 4:.2f} -> {sum(after) / 4:.2f}; "
+          f"rewards/margins {logged_margins[0]:.3f} -> {logged_margins[-1]:.3f}")
+    assert all(a > b + 1.0 for a, b in zip(after, before)), (before, after)
+    assert logged_margins[-1] > logged_margins[0] + 0.5
+    assert logged(adapter, "rewards/accuracies")[-1] == 1.0
+
+
+def test_grpo_raises_the_mean_reward_of_a_learnable_reward(learnable, tmp_path):
+    """Reward = share of the completion that is one target token: the token the base model already
+    puts first most often, so the group sees reward variance from the first step."""
+    import torch
+    from datasets import Dataset
+
+    tok = tokenizer(learnable)
+    base = load(learnable)
+    prompts = [prompt(i) for i in range(32)]
+    encoded = [tok.apply_chat_template(p, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+               for p in prompts[:8]]
+    with torch.no_grad():
+        first = torch.stack([base(**e).logits[0, -1].softmax(-1) for e in encoded]).mean(0)
+    target = None
+    for tid in first.topk(10).indices.tolist():
+        text = tok.decode([tid])
+        if tok.encode(text, add_special_tokens=False) == [tid] and tid not in tok.all_special_ids:
+            target = (tid, text)
+            break
+    assert target is not None
+    p_before = float(first[target[0]])
+    assert 0.01 < p_before < 0.8, p_before  # room to learn, and not hopeless
+
+    Dataset.from_list([{"prompt": p} for p in prompts]).save_to_disk(str(tmp_path / "prompts"))
+    reward = json.dumps([{"name": "token_fraction", "params": {"token": target[1]}}])
+    adapter, meta = train(
+        "grpo", learnable, tmp_path / "prompts", tmp_path / "grpo-learn", f"grpo.rewards={reward}",
+        "trainer.max_steps=12", "trainer.per_device_train_batch_size=32", "trainer.num_generations=8",
+        "trainer.max_completion_length=4", "trainer.learning_rate=3e-3", "trainer.save_steps=1000")
+    rewards = logged(adapter, "reward")
+    assert len(rewards) == 12
+    first3, last3 = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    tuned = load(learnable, adapter)
+    with torch.no_grad():
+        p_after = float(torch.stack([tuned(**e).logits[0, -1].softmax(-1) for e in encoded]).mean(0)[target[0]])
+    print(f"GRPO mean reward {first3:.3f} -> {last3:.3f}; p(target first) {p_before:.3f} -> {p_after:.3f}")
+    assert last3 > first3 + 0.3, rewards
+    assert p_after > p_before + 0.2, (p_before, p_after)
