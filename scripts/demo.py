@@ -41,7 +41,7 @@ def main() -> int:
         "--min-margin", "1", "--max-contexts", "12", "--out", "runs/demo/data/dpo-honest")
     lhd("train an honesty-directed LoRA adapter with TRL's DPOTrainer", "train", "dpo", "recipes/tiny/dpo-honest.yaml")
     lhd("re-run the same seeds with the adapter", "run", "configs/demo.yaml", "run_name=demo-dpo",
-        "performer.adapter=runs/demo/adapters/dpo-honest")
+        "performer.adapter=runs/demo/adapters/dpo-honest/adapter")
     lhd("audit the adapter's run", "audit", "runs/demo-dpo", "--mode", "task")
     lhd("report: base vs adapter", "report", "runs/demo", "runs/demo-dpo", "--out", "runs/demo-report")
     lhd("lens: entitlement probes from the task pack", "lens", "probe", "build", "--pack", "startup_consulting",
@@ -52,7 +52,7 @@ def main() -> int:
     lhd("lens: entitlement margins by layer and position", "lens", "read", str(model), "--lens", "runs/lens/jlens",
         "--probes", "runs/lens/probes.jsonl", "--limit", "40", "--bootstrap", "200", "--out", "runs/lens/read")
     print(f"\ndone in {time.time() - t0:.0f}s. Results:")
-    for p in ("runs/demo/trials", "runs/demo/audit", "runs/demo/adapters/dpo-honest", "runs/demo-dpo/trials",
+    for p in ("runs/demo/trials", "runs/demo/audit", "runs/demo/adapters/dpo-honest/adapter", "runs/demo-dpo/trials",
               "runs/demo-report/report.html", "runs/lens/read"):
         print(f"  {p}")
     return 0
