@@ -175,17 +175,23 @@ def parse_config(data: dict[str, Any], source: str | Path) -> RunConfig:
         raise InputError(source, _loc(first), msg + extra) from None
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+def read_yaml_mapping(path: str | Path, what: str = "file") -> dict[str, Any]:
+    """A YAML file whose top level is a mapping, or an InputError naming the file."""
     path = Path(path)
     if not path.is_file():
-        raise InputError(path, None, "config file not found")
+        raise InputError(path, None, f"{what} not found")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as e:
         raise InputError(path, None, f"not valid YAML: {e}") from None
     if not isinstance(data, dict):
         raise InputError(path, None, "the top level must be a mapping")
-    data = apply_overrides(data, overrides or [])
+    return data
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    path = Path(path)
+    data = apply_overrides(read_yaml_mapping(path, "config file"), overrides or [])
     cfg = parse_config(data, path)
     # Relative model paths are relative to the config file, so configs travel with their models.
     for spec in cfg.models.values():

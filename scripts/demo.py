@@ -46,9 +46,9 @@ def main() -> int:
     lhd("report: base vs adapter", "report", "runs/demo", "runs/demo-dpo", "--out", "runs/demo-report")
     lhd("lens: entitlement probes from the task pack", "lens", "probe", "build", "--pack", "startup_consulting",
         "--max-facts-per-task", "2", "--out", "runs/lens/probes.jsonl")
-    lhd("lens: fit a Jacobian lens on the pack's text", "lens", "fit", str(model), "--corpus",
-        "runs/lens/probes.jsonl", "--text-field", "record", "--n-prompts", "8", "--skip-first", "4",
-        "--out", "runs/lens/jlens")
+    lhd("lens: fit a Jacobian lens on the run's own messages", "lens", "fit", str(model), "--corpus",
+        "runs/demo/trials/s390185437.messages.jsonl", "--text-field", "content", "--n-prompts", "8",
+        "--max-length", "128", "--out", "runs/lens/jlens")
     lhd("lens: entitlement margins by layer and position", "lens", "read", str(model), "--lens", "runs/lens/jlens",
         "--probes", "runs/lens/probes.jsonl", "--limit", "40", "--bootstrap", "200", "--out", "runs/lens/read")
     print(f"\ndone in {time.time() - t0:.0f}s. Results:")

@@ -9,11 +9,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from lhd_train.audit.trajectory import MODES, RenderOptions
-from lhd_train.config import RoleConfig, apply_overrides
+from lhd_train.config import RoleConfig, apply_overrides, read_yaml_mapping
 from lhd_train.errors import InputError
 from rollouts.spec import ModelSpec
 
@@ -97,15 +96,7 @@ def _validation_error(e: ValidationError, source: str | Path) -> InputError:
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise InputError(path, None, "file not found")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as e:
-        raise InputError(path, None, f"not valid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise InputError(path, None, "the top level must be a mapping")
-    return data
+    return read_yaml_mapping(path)
 
 
 def load_auditor_config(run_dir: Path, auditor_config: Path | None = None,

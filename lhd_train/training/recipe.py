@@ -14,10 +14,9 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
-from lhd_train.config import apply_overrides
+from lhd_train.config import apply_overrides, read_yaml_mapping
 from lhd_train.errors import InputError
 
 ALGOS = ("sft", "dpo", "grpo")
@@ -244,16 +243,7 @@ def parse_recipe(data: dict[str, Any], source: str | Path) -> Recipe:
 
 
 def read_recipe_data(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(path, None, "recipe file not found")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as e:
-        raise InputError(path, None, f"not valid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise InputError(path, None, "the top level must be a mapping")
-    return data
+    return read_yaml_mapping(path, "recipe file")
 
 
 def load_recipe(path: str | Path, overrides: list[str] | None = None, algo: str | None = None) -> Recipe:
