@@ -25,12 +25,18 @@ def run_cmd(
     config: Path = typer.Argument(..., help="run config YAML"),
     overrides: Optional[list[str]] = typer.Argument(None, help="key.sub=value overrides"),
     no_progress: bool = typer.Option(False, "--no-progress", help="hide the progress bar"),
+    shard: Optional[str] = typer.Option(None, "--shard", help="INDEX/COUNT (0-based): run only this block of "
+                                        "the trials, in <run_name>-shard<INDEX>of<COUNT>"),
 ) -> None:
     """Run (or resume) the benchmark: N trials concurrently, one JSONL row per finished round."""
     from lhd_train.config import load_config
     from lhd_train.engine import run_benchmark
 
     cfg = load_config(config, overrides or [])
+    if shard:
+        from lhd_train.cluster import parse_shard, shard_config
+
+        cfg = shard_config(cfg, *parse_shard(shard))
     results = asyncio.run(run_benchmark(cfg, progress=not no_progress))
     print_summary(results)
     console.print(f"results: {cfg.run_dir}")
@@ -238,6 +244,11 @@ def view_cmd(
 
     path = view_command(run, out, auditor)
     console.print(f"viewer: {path}")
+
+
+from lhd_train.cluster.cli import register as _register_cluster  # noqa: E402
+
+_register_cluster(app, data_app)  # slurm render|vars, merge, data merge, doctor
 
 
 def _mount_optional() -> None:

@@ -1,0 +1,347 @@
+"""`lhd doctor`: is this machine ready for a stage? One row per check: (check, ok|warn|fail, detail).
+
+Never imports vllm (or trl): versions and requirements come from package metadata only, so the
+check is fast and works where vllm cannot even be imported (a CPU box, a broken CUDA stack)."""
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+Row = tuple[str, str, str]
+OK, WARN, FAIL = "ok", "warn", "fail"
+
+# TRL's supported vLLM range when TRL's own source cannot be read (trl/import_utils.py states it).
+TRL_VLLM_RANGES = {"1.16": ("0.22.0", "0.31.0")}
+# Packages checked against vllm's own pins (the ones that break it when they drift).
+VLLM_PINNED = ("torch", "transformers", "tokenizers", "xgrammar", "torchvision", "torchaudio", "triton",
+               "flashinfer-python", "outlines_core", "llguidance", "numba")
+REQUIRED = ("transformers", "peft", "trl", "accelerate", "datasets", "xgrammar")
+OPTIONAL = ("vllm", "deepspeed", "bitsandbytes", "wandb", "flash-attn")
+DISK_WARN_GB, DISK_FAIL_GB = 100.0, 10.0
+
+
+def _version(name: str) -> str | None:
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+
+
+def _parse(v: str):
+    from packaging.version import Version
+
+    return Version(v)
+
+
+def check_python() -> Row:
+    v = sys.version.split()[0]
+    ok = sys.version_info >= (3, 11)
+    return ("python", OK if ok else FAIL, f"{v} ({sys.executable})" + ("" if ok else "; lhd needs >= 3.11"))
+
+
+def check_torch() -> list[Row]:
+    rows: list[Row] = []
+    if _version("torch") is None:
+        return [("torch", FAIL, "not installed (pip install the torch build matching your CUDA driver)")]
+    try:
+        import torch
+    except Exception as e:  # noqa: BLE001 - a broken install is exactly what doctor reports
+        return [("torch", FAIL, f"installed but does not import: {type(e).__name__}: {e}")]
+    cuda_build = torch.version.cuda
+    avail = torch.cuda.is_available()
+    detail = f"{torch.__version__}, CUDA build {cuda_build or 'none (CPU wheel)'}"
+    if avail:
+        rows.append(("torch", OK, detail + f", CUDA available (runtime {cuda_build}, "
+                     f"cuDNN {torch.backends.cudnn.version()})"))
+    elif cuda_build:
+        rows.append(("torch", WARN, detail + ", but no GPU is visible (driver, CUDA_VISIBLE_DEVICES, or not a GPU node)"))
+    else:
+        rows.append(("torch", WARN, detail + ": CPU only (fine for tests and the tiny demo, not for real models)"))
+    if avail:
+        n = torch.cuda.device_count()
+        gpus = []
+        for i in range(n):
+            p = torch.cuda.get_device_properties(i)
+            mem = f"{p.total_memory / 2**30:.0f} GiB"
+            try:
+                free, _ = torch.cuda.mem_get_info(i)
+                mem += f", {free / 2**30:.0f} GiB free"
+            except Exception:  # noqa: BLE001
+                pass
+            gpus.append(f"{i}: {p.name} ({mem}, sm_{p.major}{p.minor})")
+        bf16 = torch.cuda.is_bf16_supported()
+        rows.append(("gpus", OK if bf16 else WARN, f"{n}: " + "; ".join(gpus)
+                     + ("" if bf16 else "; no bf16 support: recipes fall back to fp16")))
+    else:
+        rows.append(("gpus", WARN, "none visible" + (f" (CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']!r})"
+                                                     if "CUDA_VISIBLE_DEVICES" in os.environ else "")))
+    return rows
+
+
+def check_packages() -> list[Row]:
+    rows: list[Row] = []
+    for name in REQUIRED:
+        v = _version(name)
+        rows.append((name, OK if v else FAIL, v or "not installed (pip install -e .)"))
+    for name in OPTIONAL:
+        v = _version(name)
+        why = {"vllm": "the `vllm` backend, GRPO with vLLM", "deepspeed": "configs/accelerate/zero3.yaml",
+               "bitsandbytes": "QLoRA (qlora: true)", "wandb": "wandb logging",
+               "flash-attn": "attn_implementation=flash_attention_2"}[name]
+        rows.append((name, OK if v else WARN, v or f"not installed (needed for {why})"))
+    return rows
+
+
+def trl_vllm_range() -> tuple[str, str] | None:
+    """TRL's supported vLLM range, read from TRL's own source (no import), else the known table."""
+    trl = _version("trl")
+    if trl is None:
+        return None
+    try:
+        src = Path(md.distribution("trl").locate_file("trl/import_utils.py")).read_text(encoding="utf-8")
+        m = re.search(r'Version\("([\d.]+)"\)\s*<=\s*_vllm\w*\s*<=\s*Version\("([\d.]+)"\)', src)
+        if m:
+            return m.group(1), m.group(2)
+    except (OSError, md.PackageNotFoundError):
+        pass
+    return TRL_VLLM_RANGES.get(".".join(trl.split(".")[:2]))
+
+
+def check_trl_vllm() -> Row:
+    trl, vllm = _version("trl"), _version("vllm")
+    if vllm is None:
+        return ("trl/vllm", OK, "vllm not installed: nothing to match (GRPO then generates with transformers)")
+    if trl is None:
+        return ("trl/vllm", OK, f"vllm {vllm}, trl not installed")
+    rng = trl_vllm_range()
+    if rng is None:
+        return ("trl/vllm", WARN, f"trl {trl} with vllm {vllm}: supported range unknown for this TRL")
+    lo, hi = rng
+    base = _parse(_parse(vllm).base_version)
+    if _parse(lo) <= base <= _parse(hi):
+        return ("trl/vllm", OK, f"trl {trl} supports vllm {lo}-{hi}; installed {vllm}")
+    return ("trl/vllm", WARN, f"trl {trl} supports vllm {lo}-{hi} but {vllm} is installed: GRPO's vLLM "
+            "generation may break (rollouts through `vllm serve` are not affected)")
+
+
+def check_vllm_requirements() -> list[Row]:
+    """Installed versions against the installed vllm's own pins (Requires-Dist), metadata only."""
+    vllm = _version("vllm")
+    if vllm is None:
+        return []
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    bad, good, other_bad = [], [], []
+    pinned = {canonicalize_name(n) for n in VLLM_PINNED}
+    for raw in md.requires("vllm") or []:
+        try:
+            req = Requirement(raw)
+        except InvalidRequirement:
+            continue
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        have = _version(req.name)
+        name = canonicalize_name(req.name)
+        if have is None:
+            if name in pinned:
+                bad.append(f"{req.name} missing (vllm wants {req.specifier or 'any'})")
+            else:
+                other_bad.append(f"{req.name} missing")
+            continue
+        if req.specifier and not req.specifier.contains(have, prereleases=True):
+            msg = f"{req.name} {have} (vllm {vllm} wants {req.specifier})"
+            (bad if name in pinned else other_bad).append(msg)
+        elif name in pinned:
+            good.append(f"{req.name} {have}")
+    rows: list[Row] = []
+    if bad:
+        rows.append(("vllm pins", FAIL, "; ".join(bad) + ". vLLM pins exact versions: keep it in its own venv "
+                     "(the `vllm` backend only needs the `vllm` executable) or install the versions it wants"))
+    else:
+        rows.append(("vllm pins", OK, f"vllm {vllm}: " + (", ".join(good) or "no pinned package checked")))
+    if other_bad:
+        rows.append(("vllm deps", WARN, f"{len(other_bad)} other requirement(s) of vllm not met: "
+                     + "; ".join(other_bad[:8]) + (" ..." if len(other_bad) > 8 else "")))
+    exe = shutil.which("vllm")
+    rows.append(("vllm executable", OK if exe else WARN, exe or "no `vllm` on PATH: the vllm backend cannot start servers"))
+    return rows
+
+
+def check_disk(path: str | Path = ".") -> Row:
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    usage = shutil.disk_usage(p)
+    free = usage.free / 1e9
+    detail = f"{free:.0f} GB free of {usage.total / 1e9:.0f} GB at {p.resolve()}"
+    if free < DISK_FAIL_GB:
+        return ("disk", FAIL, detail + f" (< {DISK_FAIL_GB:.0f} GB: checkpoints and run dirs will not fit)")
+    if free < DISK_WARN_GB:
+        return ("disk", WARN, detail + f" (< {DISK_WARN_GB:.0f} GB: a 70B model alone is ~140 GB, a full 8B "
+                "checkpoint with optimizer state ~100 GB; LoRA checkpoints are small)")
+    return ("disk", OK, detail)
+
+
+def hub_cache_dir() -> Path:
+    try:
+        from huggingface_hub import constants
+
+        return Path(constants.HF_HUB_CACHE)
+    except Exception:  # noqa: BLE001
+        home = os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface"
+        return Path(home) / "hub"
+
+
+def _config_models(config: Path) -> list[tuple[str, str, str | None, str]]:
+    """(label, model, revision, backend) for every model a run config, auditor config, model config
+    or training recipe names (tokenizers of openai models included)."""
+    import yaml
+
+    data = yaml.safe_load(Path(config).read_text(encoding="utf-8")) or {}
+    out: list[tuple[str, str, str | None, str]] = []
+    models = data.get("models") if isinstance(data, dict) else None
+    if isinstance(models, dict):
+        for key, spec in models.items():
+            if not isinstance(spec, dict) or "model" not in spec:
+                continue
+            out.append((key, str(spec["model"]), spec.get("revision"), str(spec.get("backend", "hf"))))
+            if spec.get("tokenizer"):
+                out.append((f"{key} tokenizer", str(spec["tokenizer"]), spec.get("revision"), "tokenizer"))
+    elif isinstance(data, dict) and "model" in data:
+        out.append(("recipe model", str(data["model"]), data.get("revision"), "hf"))
+        if data.get("tokenizer"):
+            out.append(("recipe tokenizer", str(data["tokenizer"]), data.get("revision"), "tokenizer"))
+    return out
+
+
+def check_models(config: Path) -> list[Row]:
+    """Every model of `config`: a local folder needs config.json (or tokenizer files for a tokenizer);
+    a hub id must be in the hub cache (HF_HOME) with config.json and weights, as jobs run offline."""
+    from lhd_train.errors import InputError
+
+    config = Path(config)
+    if not config.is_file():
+        raise InputError(config, None, "config file not found")
+    rows: list[Row] = []
+    cache = hub_cache_dir()
+    base = config.parent
+    for label, model, revision, backend in _config_models(config):
+        name = f"model {label}"
+        if backend == "openai":
+            rows.append((name, OK, f"{model}: served by a remote endpoint, not checked here"))
+            continue
+        local = Path(model).expanduser()
+        if not local.is_absolute() and (base / local).exists():
+            local = base / local
+        if local.exists() or model.startswith((".", "/", "~")):
+            if backend == "tokenizer":
+                found = any((local / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
+            else:
+                found = (local / "config.json").is_file()
+            rows.append((name, OK if found else FAIL,
+                         f"{local}: " + ("found" if found else "no config.json / tokenizer files there")))
+            continue
+        repo = cache / ("models--" + model.replace("/", "--"))
+        snaps = sorted((repo / "snapshots").glob("*")) if (repo / "snapshots").is_dir() else []
+        if revision and re.fullmatch(r"[0-9a-f]{40}", revision):
+            snaps = [s for s in snaps if s.name == revision]
+        elif revision and (repo / "refs" / revision).is_file():
+            ref = (repo / "refs" / revision).read_text().strip()
+            snaps = [s for s in snaps if s.name == ref] or snaps
+        ok_snaps = [s for s in snaps if (s / "config.json").exists() or
+                    (backend == "tokenizer" and (s / "tokenizer_config.json").exists())]
+        if not ok_snaps:
+            rows.append((name, FAIL, f"{model}{'@' + revision if revision else ''} is not in {cache} "
+                         "(download it on a node with network: `hf download " + model + "`; jobs run offline)"))
+            continue
+        snap = ok_snaps[-1]
+        if backend != "tokenizer":
+            weights = list(snap.glob("*.safetensors")) + list(snap.glob("*.bin"))
+            index = list(snap.glob("*.safetensors.index.json"))
+            if not weights:
+                rows.append((name, FAIL, f"{model}: config in {snap} but no weight files (incomplete download)"))
+                continue
+            if index:
+                import json
+
+                try:
+                    want = set(json.loads(index[0].read_text())["weight_map"].values())
+                except (OSError, ValueError, KeyError):
+                    want = set()
+                missing = sorted(w for w in want if not (snap / w).exists())
+                if missing:
+                    rows.append((name, FAIL, f"{model}: {len(missing)} of {len(want)} weight shards missing in {snap}"))
+                    continue
+            size = sum(w.stat().st_size for w in weights if w.exists()) / 1e9
+            rows.append((name, OK, f"{model}: in the hub cache ({snap.name[:12]}, {size:.1f} GB of weights)"))
+        else:
+            rows.append((name, OK, f"{model}: tokenizer in the hub cache"))
+    if not rows:
+        rows.append(("models", WARN, f"{config}: no `models:` entries or recipe `model:` found"))
+    return rows
+
+
+def check_hf_env() -> Row:
+    home = os.environ.get("HF_HOME")
+    offline = os.environ.get("HF_HUB_OFFLINE") in ("1", "true", "True", "YES", "yes")
+    detail = f"hub cache {hub_cache_dir()}" + (f" (HF_HOME={home})" if home else " (HF_HOME unset: default)")
+    detail += "; HF_HUB_OFFLINE=1" if offline else "; HF_HUB_OFFLINE unset: jobs would try the Hub"
+    return ("hf cache", OK if offline else WARN, detail)
+
+
+def check_chromium() -> Row:
+    try:
+        from lhd_train.report.headless import find_chromium
+
+        path = find_chromium()
+    except Exception:  # noqa: BLE001
+        path = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+    return ("chromium", OK if path else WARN,
+            path or "not found: report screenshot tests skip (apt-get install chromium, or LHD_CHROMIUM=PATH)")
+
+
+def check_slurm() -> Row:
+    exe = shutil.which("sbatch")
+    job = os.environ.get("SLURM_JOB_ID")
+    if job:
+        return ("slurm", OK, f"inside job {job} on {os.environ.get('SLURM_JOB_NODELIST', '?')}")
+    return ("slurm", OK if exe else WARN, f"sbatch at {exe}" if exe else "no sbatch on PATH (render scripts here, submit on the cluster)")
+
+
+def doctor(config: str | Path | None = None, path: str | Path = ".") -> list[Row]:
+    """All checks; `config` (optional) adds one row per model it names; `path` is where checkpoints
+    and run dirs go (free disk)."""
+    rows: list[Row] = [check_python()]
+    for fn in (check_torch, check_packages, check_vllm_requirements):
+        try:
+            rows += fn()
+        except Exception as e:  # noqa: BLE001 - one broken check must not hide the others
+            rows.append((fn.__name__.removeprefix("check_"), FAIL, f"{type(e).__name__}: {e}"))
+    for fn1 in (check_trl_vllm, lambda: check_disk(path), check_hf_env, check_slurm, check_chromium):
+        try:
+            rows.append(fn1())
+        except Exception as e:  # noqa: BLE001
+            rows.append(("check", FAIL, f"{type(e).__name__}: {e}"))
+    if config is not None:
+        rows += check_models(Path(config))
+    return rows
+
+
+def print_rows(rows: list[Row]) -> int:
+    """A table on stdout; returns 1 when any row failed."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="lhd doctor")
+    for col in ("check", "status", "detail"):
+        table.add_column(col, overflow="fold")
+    colour = {OK: "green", WARN: "yellow", FAIL: "red"}
+    for check, status, detail in rows:
+        table.add_row(check, f"[{colour.get(status, 'white')}]{status}[/]", detail)
+    Console().print(table)
+    return 1 if any(s == FAIL for _, s, _ in rows) else 0

@@ -1,0 +1,520 @@
+"""`lhd slurm render STAGE CONFIG [--var k=v ...] [--dry-run]`: sbatch scripts for every stage.
+
+The scripts are jinja2 templates in `slurm/<stage>.sbatch.j2` (StrictUndefined: a missing variable
+is an error, never an empty string). This module works out each stage's commands once, from the
+config and the variables, and hands them to the template; `dry_run_commands` prints the same
+commands with the slurm variables filled in, so what `--dry-run` shows is what the job runs.
+
+Stages (CONFIG is a run config unless noted):
+- `rollout`: array over shards; task i runs `lhd run CONFIG --shard i/N`, which starts the node's own
+  `vllm serve` processes (the `vllm` backend: GPUs from each model's `gpus:`); a supervisor behind an
+  `openai` endpoint takes no GPU. Task 0 submits the dependent `lhd merge` job.
+- `audit`: `lhd audit` on the merged run (one job), or an array over the shard run dirs (`shards=N`)
+  followed by a dependent `lhd merge` that picks up the audit rows.
+- `data`: `lhd data bon|dpo` on the merged run, or an array over shard run dirs (`shards=N`) and a
+  dependent `lhd data merge`.
+- `train`: CONFIG is a training recipe. `srun` starts one `accelerate launch` per node (DeepSpeed
+  ZeRO-3 or FSDP2 config from `configs/accelerate/`), rendezvous at the first node of the allocation.
+- `lens`: CONFIG is a model config (`configs/models/*.yaml`), a run config (the performer's model) or
+  a recipe; array over prompt slices with `lhd lens fit --shard i/N`, then a dependent `lhd lens merge`.
+- `merge`: `lhd merge` of a rollout's shard run dirs (CPU only).
+"""
+from __future__ import annotations
+
+import os
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lhd_train.errors import InputError
+
+STAGES = ("rollout", "audit", "data", "train", "lens", "merge")
+ROOT = Path(__file__).resolve().parents[2]
+TASK = "${SLURM_ARRAY_TASK_ID}"
+ACCELERATE_CONFIGS = {"zero3": "configs/accelerate/zero3.yaml", "fsdp2": "configs/accelerate/fsdp2.yaml"}
+
+# Variables every stage takes, with their defaults (None = leave the #SBATCH line out).
+COMMON: dict[str, Any] = {
+    "job_name": None,  # default lhd-<stage>-<name>
+    "partition": None, "account": None, "qos": None, "constraint": None, "reservation": None,
+    "time": None,  # per-stage default below
+    "nodes": 1,
+    "gpus_per_node": None,  # default: worked out from the config
+    "gpu_directive": "gpus-per-node",  # or "gres" (#SBATCH --gres=gpu:N)
+    "cpus": 16,  # --cpus-per-task
+    "mem": "128G",
+    "exclusive": False,
+    "array_parallel": None,  # at most this many array tasks at once (--array=0-N%K)
+    "logs_dir": "logs/slurm",
+    "workdir": "${SLURM_SUBMIT_DIR}",
+    "setup": ["source .venv/bin/activate"],  # lines run before anything (module load ..., conda activate ...)
+    "hf_home": None,  # export HF_HOME
+    "offline": True,  # export HF_HUB_OFFLINE=1 (compute nodes: pre-download models)
+    "env": {},  # extra exports
+    "sbatch_extra": [],  # extra "#SBATCH ..." options, e.g. ["--mail-type=END"]
+    "merge_job": True,  # array stages: task 0 submits the dependent merge job
+    "merge_time": "02:00:00", "merge_cpus": 4, "merge_mem": "32G",
+    "merge_partition": None,  # default: `partition`
+}
+STAGE_VARS: dict[str, dict[str, Any]] = {
+    "rollout": {"time": "24:00:00", "shards": None, "overrides": []},
+    "audit": {"time": "24:00:00", "shards": 1, "auditor": None, "mode": "full", "window": 6, "auditor_id": None,
+              "concurrency": 64, "run_dir": None, "overrides": []},
+    "data": {"time": "24:00:00", "shards": 1, "kind": "dpo", "out": None, "n": 4, "direction": "honest",
+             "auditor": None, "min_margin": None, "max_contexts": None, "eval_fraction": None, "concurrency": 32,
+             "run_dir": None, "overrides": []},
+    "train": {"time": "48:00:00", "nodes": 2, "gpus_per_node": 8, "cpus": 64, "mem": "0", "accelerate": None,
+              "algo": None, "main_port": 29500, "rdzv_backend": "c10d", "overrides": []},
+    "lens": {"time": "24:00:00", "shards": 4, "model": None, "corpus": None, "out": None, "n_prompts": 1000,
+             "dtype": "bfloat16", "dim_batch": 64, "max_length": 128, "fit_args": [], "gpus_per_node": 1,
+             "cpus": 8, "mem": "64G"},
+    "merge": {"time": "02:00:00", "shards": None, "cpus": 4, "mem": "32G", "gpus_per_node": 0},
+}
+
+
+def template_dir() -> Path:
+    return Path(os.environ.get("LHD_SLURM_TEMPLATES") or ROOT / "slurm")
+
+
+def q(value: Any) -> str:
+    return shlex.quote(str(value))
+
+
+def _join(*parts: str | None) -> str:
+    return " ".join(p for p in parts if p)
+
+
+# ----------------------------------------------------------------------------- variables
+
+
+def parse_vars(items: list[str] | None) -> dict[str, Any]:
+    """`--var key=value` pairs; values are YAML (`shards=4`, `setup=[module load cuda, ...]`)."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        if "=" not in item or item.startswith("="):
+            raise InputError("command line", "--var", f"'{item}' must look like key=value")
+        k, raw = item.split("=", 1)
+        try:
+            out[k.strip()] = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError as e:
+            raise InputError("command line", f"--var {k}", f"value is not valid YAML: {e}") from None
+    return out
+
+
+def _resolve_vars(stage: str, given: dict[str, Any]) -> dict[str, Any]:
+    if stage not in STAGES:
+        raise InputError("command line", "STAGE", f"unknown stage '{stage}'", ", ".join(STAGES))
+    allowed = {**COMMON, **STAGE_VARS[stage]}
+    unknown = sorted(set(given) - set(allowed))
+    if unknown:
+        raise InputError("command line", f"--var {unknown[0]}", f"not a variable of the '{stage}' stage",
+                         ", ".join(sorted(allowed)))
+    v = {**allowed, **{k: val for k, val in given.items()}}
+    for key in ("setup", "sbatch_extra", "overrides", "fit_args"):
+        if key in v and isinstance(v[key], str):
+            v[key] = [v[key]]
+        if key in v and not isinstance(v[key], list):
+            raise InputError("command line", f"--var {key}", "must be a list, e.g. [a, b]")
+    if not isinstance(v["env"], dict):
+        raise InputError("command line", "--var env", "must be a mapping, e.g. {NCCL_DEBUG: WARN}")
+    for key in ("shards", "nodes", "gpus_per_node", "cpus", "array_parallel", "merge_cpus"):
+        if v.get(key) is not None and (not isinstance(v[key], int) or isinstance(v[key], bool) or v[key] < 0):
+            raise InputError("command line", f"--var {key}", f"{v[key]!r} is not a whole number >= 0")
+    if v.get("shards") is not None and v["shards"] < 1:
+        raise InputError("command line", "--var shards", "must be at least 1")
+    if v["gpu_directive"] not in ("gpus-per-node", "gres"):
+        raise InputError("command line", "--var gpu_directive", f"'{v['gpu_directive']}'", "gpus-per-node, gres")
+    return v
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+def _load_run_config(config: Path):
+    from lhd_train.config import load_config
+
+    return load_config(config)
+
+
+def role_model_keys(cfg: Any, roles: tuple[str, ...]) -> list[str]:
+    keys: list[str] = []
+    for r in roles:
+        rc = getattr(cfg, r, None) if r != "summariser" else (cfg.summariser or cfg.supervisor)
+        if rc is not None and rc.model not in keys:
+            keys.append(rc.model)
+    return keys
+
+
+def node_gpus(models: dict[str, Any], keys: list[str]) -> tuple[int, list[str], list[str]]:
+    """GPUs one node needs for the models `keys` (managed vLLM servers: tp × dp each, or the count
+    of its `gpus:` list; in-process hf on CUDA: 1; openai endpoints: 0), notes about where each
+    model runs, and warnings (servers that would share GPUs)."""
+    total, notes, warnings = 0, [], []
+    claimed: dict[str, str] = {}
+    managed_without_gpus = []
+    for k in keys:
+        spec = models[k]
+        if spec.backend == "vllm":
+            need = spec.tensor_parallel_size * spec.data_parallel_size
+            if spec.gpus:
+                ids = [g.strip() for g in spec.gpus.split(",") if g.strip()]
+                if len(ids) != need:
+                    warnings.append(f"model '{k}': gpus '{spec.gpus}' lists {len(ids)} GPUs but tensor_parallel_size x "
+                                    f"data_parallel_size = {need}")
+                for g in ids:
+                    if g in claimed:
+                        warnings.append(f"GPU {g} is given to both '{claimed[g]}' and '{k}'")
+                    claimed[g] = k
+                need = max(need, len(ids))
+            else:
+                managed_without_gpus.append(k)
+            total += need
+            notes.append(f"{k}: vllm serve {spec.model} on {need} GPU(s)"
+                         + (f" (CUDA_VISIBLE_DEVICES={spec.gpus})" if spec.gpus else "")
+                         + f", tp {spec.tensor_parallel_size}, dp {spec.data_parallel_size}")
+        elif spec.backend == "hf":
+            n = 0 if spec.device == "cpu" else 1
+            total += n
+            notes.append(f"{k}: in-process transformers ({spec.device}) {spec.model}")
+        elif spec.backend == "openai":
+            notes.append(f"{k}: remote endpoint {spec.base_url} ({spec.model}), no GPU here")
+        else:
+            notes.append(f"{k}: {spec.backend} {spec.model}")
+    if len(managed_without_gpus) > 1:
+        warnings.append("several managed vllm servers without `gpus:` (" + ", ".join(managed_without_gpus)
+                        + ") would all start on the same visible GPUs; give each model its own `gpus:` set")
+    return total, notes, warnings
+
+
+def _api_keys(models: dict[str, Any], keys: list[str]) -> list[str]:
+    return sorted({models[k].api_key_env for k in keys if models[k].backend == "openai" and models[k].api_key_env})
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not Path(path).is_file():
+        raise InputError(path, None, "config file not found")
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError as e:
+        raise InputError(path, None, f"not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise InputError(path, None, "the top level must be a mapping")
+    return data
+
+
+# ----------------------------------------------------------------------------- plans
+
+
+@dataclass
+class Plan:
+    """What one stage's job(s) run. `commands` may use `${SLURM_ARRAY_TASK_ID}` (array stages) and
+    `$SLURM_PROCID` / `$MAIN_PROCESS_IP` (train); `dry_run_commands` fills them in."""
+
+    stage: str
+    name: str
+    array: int | None = None  # number of array tasks
+    commands: list[str] = field(default_factory=list)
+    merge_commands: list[str] = field(default_factory=list)  # the dependent job's commands
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    required_env: list[str] = field(default_factory=list)
+    gpus: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _shard_dir(output_dir: str, run_name: str, idx: str | int, n: int) -> str:
+    prefix = str(Path(output_dir) / f"{run_name}-shard")
+    return q(prefix) + str(idx) + q(f"of{n}")
+
+
+def _plan_rollout(config: Path, v: dict[str, Any]) -> Plan:
+    from lhd_train.engine import RUN_ROLES
+
+    cfg = _load_run_config(config)
+    n_trials = len(cfg.trial_seeds())
+    shards = v["shards"] or min(4, n_trials)
+    if shards > n_trials:
+        raise InputError("command line", "--var shards", f"{shards} shards for {n_trials} trials: some would be empty",
+                         f"1 ... {n_trials}")
+    keys = role_model_keys(cfg, RUN_ROLES)
+    gpus, notes, warnings = node_gpus(cfg.models, keys)
+    p = Plan("rollout", cfg.run_name, array=shards, gpus=gpus, notes=notes, warnings=warnings,
+             required_env=_api_keys(cfg.models, keys))
+    p.commands = [_join("lhd run", q(config), f"--shard {TASK}/{shards}", "--no-progress",
+                        *[q(o) for o in v["overrides"]])]
+    shard_dirs = [_shard_dir(cfg.output_dir, cfg.run_name, i, shards) for i in range(shards)]
+    p.merge_commands = [_join("lhd merge", *shard_dirs, "--out", q(cfg.run_dir))]
+    from rollouts.vllm_server import vllm_command
+
+    servers = []
+    for k in keys:
+        spec = cfg.models[k]
+        if spec.backend == "vllm":
+            argv = ["vllm", *vllm_command(spec, 0, k)[1:]]
+            cmd = " ".join(q(c) for c in argv).replace("--port 0", "--port <free port>")
+            servers.append((f"CUDA_VISIBLE_DEVICES={spec.gpus} " if spec.gpus else "") + cmd)
+    p.extra["servers"] = servers
+    p.extra["trials_per_shard"] = [((n_trials * (i + 1)) // shards) - ((n_trials * i) // shards) for i in range(shards)]
+    return p
+
+
+def _auditor_models(config: Path, v: dict[str, Any], cfg: Any) -> tuple[dict[str, Any], str | None]:
+    if v.get("auditor"):
+        from lhd_train.audit.settings import AuditorConfig
+
+        data = _read_yaml(Path(v["auditor"]))
+        try:
+            acfg = AuditorConfig.model_validate(data)
+        except Exception as e:  # pydantic ValidationError
+            raise InputError(v["auditor"], None, f"not an auditor config: {e}") from None
+        return acfg.models, acfg.auditor.model
+    if cfg.auditor is None:
+        return cfg.models, None
+    return cfg.models, cfg.auditor.model
+
+
+def _targets(cfg: Any, v: dict[str, Any], idx: str | int | None, shards: int) -> str:
+    """The run dir a job works on: the merged run (`shards == 1`) or shard `idx`'s run dir."""
+    if v.get("run_dir"):
+        if shards > 1:
+            raise InputError("command line", "--var run_dir", "give either run_dir (one job) or shards > 1 (an array)")
+        return q(v["run_dir"])
+    if shards == 1:
+        return q(cfg.run_dir)
+    return _shard_dir(cfg.output_dir, cfg.run_name, idx, shards)
+
+
+def _plan_audit(config: Path, v: dict[str, Any]) -> Plan:
+    cfg = _load_run_config(config)
+    shards = v["shards"]
+    models, key = _auditor_models(config, v, cfg)
+    if key is None:
+        raise InputError(config, "auditor", "the run config has no auditor role; pass --var auditor=AUDITOR.yaml")
+    gpus, notes, warnings = node_gpus(models, [key])
+    p = Plan("audit", cfg.run_name, array=shards if shards > 1 else None, gpus=gpus, notes=notes, warnings=warnings,
+             required_env=_api_keys(models, [key]))
+    idx = TASK if shards > 1 else None
+    opts = ["--auditor " + q(v["auditor"]) if v["auditor"] else None, f"--mode {q(v['mode'])}",
+            f"--window {int(v['window'])}" if v["mode"] == "window" else None,
+            f"--auditor-id {q(v['auditor_id'])}" if v["auditor_id"] else None,
+            f"--concurrency {int(v['concurrency'])}", "--no-progress"]
+    p.commands = [_join("lhd audit", _targets(cfg, v, idx, shards), *[q(o) for o in v["overrides"]], *opts)]
+    if shards > 1:
+        shard_dirs = [_shard_dir(cfg.output_dir, cfg.run_name, i, shards) for i in range(shards)]
+        p.merge_commands = [_join("lhd merge", *shard_dirs, "--out", q(cfg.run_dir))]
+    return p
+
+
+def _plan_data(config: Path, v: dict[str, Any]) -> Plan:
+    cfg = _load_run_config(config)
+    if v["kind"] not in ("bon", "dpo"):
+        raise InputError("command line", "--var kind", f"'{v['kind']}'", "bon, dpo")
+    shards = v["shards"]
+    models, akey = _auditor_models(config, v, cfg)
+    keys = role_model_keys(cfg, ("performer", "supervisor"))
+    all_models = dict(cfg.models)
+    if akey is not None:
+        if akey in all_models and all_models[akey] != models[akey]:
+            all_models[f"auditor:{akey}"] = models[akey]
+            akey = f"auditor:{akey}"
+        else:
+            all_models[akey] = models[akey]
+        if akey not in keys:
+            keys.append(akey)
+    gpus, notes, warnings = node_gpus(all_models, keys)
+    out = v["out"] or str(Path(cfg.run_dir) / "data" / f"{v['kind']}-{v['direction']}")
+    p = Plan("data", cfg.run_name, array=shards if shards > 1 else None, gpus=gpus, notes=notes, warnings=warnings,
+             required_env=_api_keys(all_models, keys))
+    target_out = q(out) if shards == 1 else q(str(Path(out) / "shard")) + TASK + q(f"of{shards}")
+    opts = [f"--out {target_out}", f"--n {int(v['n'])}", f"--direction {q(v['direction'])}",
+            "--auditor " + q(v["auditor"]) if v["auditor"] else None,
+            f"--min-margin {v['min_margin']}" if v["kind"] == "dpo" and v["min_margin"] is not None else None,
+            f"--max-contexts {int(v['max_contexts'])}" if v["max_contexts"] is not None else None,
+            f"--eval-fraction {v['eval_fraction']}" if v["eval_fraction"] is not None else None,
+            f"--concurrency {int(v['concurrency'])}"]
+    p.commands = [_join(f"lhd data {v['kind']}", _targets(cfg, v, TASK if shards > 1 else None, shards),
+                        *[q(o) for o in v["overrides"]], *opts)]
+    if shards > 1:
+        parts = [q(str(Path(out) / "shard")) + str(i) + q(f"of{shards}") for i in range(shards)]
+        p.merge_commands = [_join("lhd data merge", *parts, "--out", q(out))]
+    p.extra["out"] = out
+    return p
+
+
+def _plan_train(config: Path, v: dict[str, Any]) -> Plan:
+    recipe = _read_yaml(config)
+    algo = v["algo"] or recipe.get("algo")
+    if algo not in ("sft", "dpo", "grpo"):
+        raise InputError(config, "algo", f"{algo!r}: not a training recipe (or pass --var algo=sft|dpo|grpo)")
+    acc = v["accelerate"]
+    if acc is None:
+        named = Path(str(recipe.get("accelerate_config") or "")).stem
+        acc = named if named in ACCELERATE_CONFIGS else "zero3"
+    if acc not in ACCELERATE_CONFIGS and not str(acc).endswith((".yaml", ".yml")):
+        raise InputError("command line", "--var accelerate", f"'{acc}'", "zero3, fsdp2 or a path to an accelerate YAML")
+    acc_file = ACCELERATE_CONFIGS.get(acc, acc)
+    gpn = v["gpus_per_node"]
+    if not gpn:
+        raise InputError("command line", "--var gpus_per_node", "training needs at least one GPU per node")
+    overrides = list(v["overrides"])
+    if acc == "fsdp2" and not any(o.startswith("trainer.gradient_checkpointing=") for o in overrides):
+        # fsdp2.yaml does activation checkpointing itself; both at once fail (configs/accelerate/fsdp2.yaml).
+        overrides.append("trainer.gradient_checkpointing=false")
+    p = Plan("train", Path(config).stem if not recipe.get("output_dir") else Path(recipe["output_dir"]).name,
+             gpus=gpn)
+    p.notes = [f"{v['nodes']} node(s) x {gpn} GPU(s) = {v['nodes'] * gpn} processes, {acc_file}",
+               f"{algo} on {recipe.get('model')} -> {recipe.get('output_dir')}"]
+    launch_args = ["--config_file", q(acc_file), "--num_machines", '"$NUM_MACHINES"',
+                   "--num_processes", '"$NUM_PROCESSES"', "--main_process_ip", '"$MAIN_PROCESS_IP"',
+                   "--main_process_port", '"$MAIN_PROCESS_PORT"', "--rdzv_backend", q(v["rdzv_backend"]),
+                   "--same_network", "-m", "lhd_train.training", q(algo), q(config), *[q(o) for o in overrides]]
+    p.extra.update(acc_file=acc_file, algo=algo, launch_args=" ".join(launch_args), main_port=int(v["main_port"]))
+    # One `accelerate launch` per node; $SLURM_PROCID (0 .. nodes-1) is the machine rank.
+    p.commands = [_join("accelerate launch", '--machine_rank "$SLURM_PROCID"', " ".join(launch_args))]
+    return p
+
+
+def _lens_model(config: Path, v: dict[str, Any]) -> tuple[str, str | None]:
+    if v["model"]:
+        return str(v["model"]), None
+    data = _read_yaml(config)
+    if "models" in data and isinstance(data["models"], dict):
+        from rollouts.spec import ModelSpec
+
+        key = (data.get("performer") or {}).get("model") if isinstance(data.get("performer"), dict) else None
+        key = key or next(iter(data["models"]))
+        spec = ModelSpec.model_validate(data["models"][key])
+        return spec.model, spec.revision
+    if "model" in data:
+        return str(data["model"]), data.get("revision")
+    raise InputError(config, "models", "no model found (give a model config, a run config, a recipe, or --var model=ID)")
+
+
+def _plan_lens(config: Path, v: dict[str, Any]) -> Plan:
+    model, revision = _lens_model(config, v)
+    if not v["corpus"]:
+        raise InputError("command line", "--var corpus", "the lens stage needs a corpus (text, JSONL or datasets folder)")
+    shards = v["shards"]
+    name = Path(model).name
+    out = v["out"] or f"lenses/{name}"
+    p = Plan("lens", name, array=shards, gpus=v["gpus_per_node"] or 0)
+    shard_out = q(f"{out}-shards/shard") + TASK + q(f"of{shards}")
+    opts = [f"--corpus {q(v['corpus'])}", f"--out {shard_out}", f"--shard {TASK}/{shards}",
+            f"--n-prompts {int(v['n_prompts'])}" if v["n_prompts"] else None, f"--dtype {q(v['dtype'])}",
+            f"--dim-batch {int(v['dim_batch'])}", f"--max-length {int(v['max_length'])}",
+            f"--revision {q(revision)}" if revision else None,
+            "--device cuda" if p.gpus else "--device cpu", "--no-progress", *[q(a) for a in v["fit_args"]]]
+    p.commands = [_join("lhd lens fit", q(model), *opts)]
+    parts = [q(f"{out}-shards/shard") + str(i) + q(f"of{shards}") for i in range(shards)]
+    p.merge_commands = [_join("lhd lens merge", q(out), *parts)]
+    p.notes = [f"lens of {model}: {shards} slices of the first {v['n_prompts']} prompts -> {out}"]
+    return p
+
+
+def _plan_merge(config: Path, v: dict[str, Any]) -> Plan:
+    cfg = _load_run_config(config)
+    shards = v["shards"] or min(4, len(cfg.trial_seeds()))
+    shard_dirs = [_shard_dir(cfg.output_dir, cfg.run_name, i, shards) for i in range(shards)]
+    p = Plan("merge", cfg.run_name, gpus=0)
+    p.commands = [_join("lhd merge", *shard_dirs, "--out", q(cfg.run_dir))]
+    return p
+
+
+PLANNERS = {"rollout": _plan_rollout, "audit": _plan_audit, "data": _plan_data, "train": _plan_train,
+            "lens": _plan_lens, "merge": _plan_merge}
+
+
+def plan_stage(stage: str, config: Path, **vars: Any) -> tuple[Plan, dict[str, Any]]:
+    v = _resolve_vars(stage, vars)
+    plan = PLANNERS[stage](Path(config), v)
+    if v["gpus_per_node"] is None:
+        v["gpus_per_node"] = plan.gpus
+    elif stage in ("rollout", "audit", "data") and v["gpus_per_node"] < plan.gpus:
+        plan.warnings.append(f"gpus_per_node={v['gpus_per_node']} but the models of this stage need {plan.gpus}")
+    v["job_name"] = v["job_name"] or f"lhd-{stage}-{plan.name}"
+    if not plan.merge_commands:
+        v["merge_job"] = False
+    return plan, v
+
+
+# ----------------------------------------------------------------------------- rendering
+
+
+def _env():
+    import jinja2
+
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(template_dir())), undefined=jinja2.StrictUndefined,
+                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False)
+
+
+def _context(plan: Plan, v: dict[str, Any], config: Path, merge_script: str | None) -> dict[str, Any]:
+    exports = {}
+    if v["hf_home"]:
+        exports["HF_HOME"] = str(v["hf_home"])
+    if v["offline"]:
+        exports["HF_HUB_OFFLINE"] = "1"
+    exports.update({"HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false"})
+    exports.update({str(k): str(val) for k, val in v["env"].items()})
+    return {**v, "stage": plan.stage, "config": str(config), "plan": plan, "array": plan.array,
+            "commands": plan.commands, "merge_commands": plan.merge_commands, "notes": plan.notes,
+            "warnings": plan.warnings, "required_env": plan.required_env, "exports": exports,
+            "merge_script": merge_script, "extra": plan.extra, "q": q}
+
+
+def render_slurm(stage: str, config: Path, **vars: Any) -> str:
+    """The filled sbatch script of `stage` for `config`. Variables: see COMMON and STAGE_VARS."""
+    plan, v = plan_stage(stage, config, **vars)
+    env = _env()
+    merge_script = None
+    if v["merge_job"]:
+        mv = {**v, "job_name": f"{v['job_name']}-merge", "time": v["merge_time"], "cpus": v["merge_cpus"],
+              "mem": v["merge_mem"], "nodes": 1, "gpus_per_node": 0, "exclusive": False,
+              "partition": v["merge_partition"] or v["partition"], "sbatch_extra": []}
+        mplan = Plan(f"{plan.stage}-merge", plan.name, commands=plan.merge_commands)
+        merge_script = env.get_template("_merge_job.sbatch.j2").render(**_context(mplan, mv, config, None))
+        if "LHD_MERGE_JOB_EOF" in merge_script:
+            raise InputError("command line", "--var", "a value contains the heredoc marker LHD_MERGE_JOB_EOF")
+    return env.get_template(f"{stage}.sbatch.j2").render(**_context(plan, v, config, merge_script))
+
+
+def dry_run_commands(stage: str, config: Path, **vars: Any) -> list[str]:
+    """The commands the job(s) would run, one shell line each, slurm variables filled in; lines
+    starting with `#` say which task runs what (valid shell, so the list can be pasted)."""
+    plan, v = plan_stage(stage, config, **vars)
+    out: list[str] = [f"# WARNING: {w}" for w in plan.warnings]
+    out += list(v["setup"])
+    out += [f"export {k}={q(val)}" for k, val in _context(plan, v, config, None)["exports"].items()]
+    if stage == "train":
+        nodes = int(v["nodes"])
+        procs = nodes * int(v["gpus_per_node"])
+        out += ['export MAIN_PROCESS_IP=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)']
+        fill = {'"$SLURM_PROCID"': None, '"$NUM_MACHINES"': str(nodes), '"$NUM_PROCESSES"': str(procs),
+                '"$MAIN_PROCESS_PORT"': str(plan.extra["main_port"])}
+        for rank in range(nodes):
+            out.append(f"# node {rank} of {nodes} (srun task {rank}, {v['gpus_per_node']} processes)")
+            for c in plan.commands:
+                for k, val in fill.items():
+                    c = c.replace(k, str(rank) if val is None else val)
+                out.append(c)
+        return out
+    if plan.array:
+        for i in range(plan.array):
+            out.append(f"# array task {i} of {plan.array}")
+            out += [c.replace(TASK, str(i)) for c in plan.commands]
+            for s in plan.extra.get("servers", []):
+                out.append(f"#   lhd run starts: {s}")
+    else:
+        out += list(plan.commands)
+        for s in plan.extra.get("servers", []):
+            out.append(f"#   lhd starts: {s}")
+    if plan.merge_commands:
+        out.append("# dependent job, after every array task succeeded")
+        out += list(plan.merge_commands)
+    return out
+
+
+def list_templates() -> list[Path]:
+    return sorted(p for p in template_dir().glob("*.sbatch.j2") if not p.name.startswith("_"))
