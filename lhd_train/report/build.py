@@ -52,6 +52,27 @@ def runs_table_ctx(runs: list[RunData], m: RunMetrics) -> dict[str, Any]:
     return _t(cols, rows, _num(cols, 3))
 
 
+def compute_table_ctx(runs: list[RunData]) -> dict[str, Any]:
+    """Requests and tokens per role (from the rows, so exact across resumes) and GPU-hours."""
+    import json
+
+    from lhd_train.accounting import usage_by_role
+    from lhd_train.store import iter_trial_files, read_jsonl
+
+    cols = ["run", "role", "requests", "prompt tokens", "completion tokens", "cached prompt tokens",
+            "model time (s)", "GPU-hours (run)"]
+    rows = []
+    for run in runs:
+        trial_rows = [r for p in iter_trial_files(run.path) for r in read_jsonl(p)]
+        audit_rows = [r for p in (run.path / "audit").glob("*/*.jsonl") for r in read_jsonl(p)]
+        summary = run.path / "summary.json"
+        gpu_h = json.loads(summary.read_text()).get("gpu_hours_this_invocation") if summary.exists() else None
+        for role, u in usage_by_role(trial_rows, audit_rows).items():
+            rows.append([run.key, role, fmt(u["requests"]), fmt(u["prompt_tokens"]), fmt(u["completion_tokens"]),
+                         fmt(u["cached_tokens"]), fmt(u["latency_s"], 1), fmt(gpu_h, 3) if gpu_h is not None else "–"])
+    return _t(cols, rows, _num(cols, 2))
+
+
 def types_table_ctx(types: pd.DataFrame, labels: dict[str, str]) -> dict[str, Any]:
     cols = ["run", "type labels", *[t.lower() for t in TYPES]]
     rows = [[labels.get(r["run"], r["run"]), fmt(r["n_type_labels"]),
@@ -251,6 +272,7 @@ def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None
         "horizon_table": horizon_table_ctx(horizon, labels) if len(horizon) else None,
         "delayed_table": delayed_table_ctx(delayed, labels), "chains_table": chains_table_ctx(chains, labels),
         "n_state_plots_capped": n_state_plots >= MAX_STATE_PLOTS,
+        "compute_table": compute_table_ctx(runs),
     }
     html = render_page("report.html.j2", **ctx)
     path = out / "report.html"
