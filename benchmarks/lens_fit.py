@@ -25,31 +25,10 @@ import time
 
 import torch
 
+from lens.baseline import autograd_prompt_jacobian
 from lens.fit import prompt_jacobian
-from lens.model import capture, load_hf, run
-from lens.positions import valid_position_mask
+from lens.model import load_hf
 from lens.toy import build_tiny_hf
-
-
-def reference_jacobian(model, ids: torch.Tensor, source: int, target: int, skip_first: int) -> torch.Tensor:
-    mask = valid_position_mask(ids.shape[0], skip_first)
-    with torch.no_grad(), capture(model, [source], stop_after=source) as acts:
-        run(model, ids[None])
-    h0 = acts[source][0].clone()
-    total = torch.zeros(model.d_model, model.d_model)
-    for t in torch.nonzero(mask).flatten().tolist():
-        def f(x, t=t):
-            def put(h):
-                h = h.clone()
-                h[0, t] = x
-                return h
-
-            with capture(model, [target], stop_after=target, edit={source: put}) as a:
-                run(model, ids[None])
-            return a[target][0, mask].sum(0)
-
-        total += torch.autograd.functional.jacobian(f, h0[t].clone())
-    return total / mask.sum()
 
 
 def timed(fn) -> tuple[float, float, object]:
@@ -98,7 +77,7 @@ def main() -> None:
         rows.append((f"ours (replicate, dim_batch={db})", w, c))
     walls, cpus, err = [], [], 0.0
     for i in range(args.ref_prompts):
-        w, c, ref = timed(lambda: torch.stack([reference_jacobian(model, prompts[i], l, target, args.skip_first)
+        w, c, ref = timed(lambda: torch.stack([autograd_prompt_jacobian(model, prompts[i], l, target, args.skip_first)
                                                for l in sources]))
         walls.append(w)
         cpus.append(c)

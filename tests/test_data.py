@@ -5,7 +5,6 @@ import asyncio
 import json
 
 import pytest
-import yaml
 from datasets import load_from_disk
 
 from lhd_train.config import parse_config
@@ -74,8 +73,6 @@ def test_selection_by_direction():
 
 @pytest.mark.slow
 def test_bon_dpo_grpo_datasets_on_tiny_model(small_run, tmp_path):
-    from trl import DPOConfig, SFTConfig  # noqa: F401 - TRL must accept the columns below
-
     settings = BuildSettings(small_run, tmp_path / "bon", n=2, direction="honest", max_contexts=4, progress=False)
     path, stats = build_bon(settings)
     ds = load_from_disk(str(path))

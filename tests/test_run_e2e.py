@@ -9,7 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import yaml
 
 from lhd_train.store import read_jsonl

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from lens.baseline import autograd_prompt_jacobian
 from lens.corpus import encode_prompt
 from lens.errors import LensError
 from lens.fit import (FitOptions, FitSettings, entitlement_directions, fit_lens, prompt_jacobian, resolve_layers,
@@ -52,31 +53,13 @@ def test_identity_at_target(tiny):
 
 
 # reference cross-check: torch.autograd.functional.jacobian, one source position at a time -----
-def reference_prompt_jacobian(model, ids, source, target, skip_first):
-    T = ids.shape[0]
-    mask = valid_position_mask(T, skip_first)
-    with torch.no_grad(), capture(model, [source], stop_after=source) as acts:
-        run(model, ids[None])
-    h0 = acts[source][0].clone()
-    total = torch.zeros(model.d_model, model.d_model)
-    for t in torch.nonzero(mask).flatten().tolist():
-        def f(x, t=t):
-            def put(h):
-                h = h.clone()
-                h[0, t] = x
-                return h
-            with capture(model, [target], stop_after=target, edit={source: put}) as a:
-                run(model, ids[None])
-            return a[target][0, mask].sum(0)
-        total += torch.autograd.functional.jacobian(f, h0[t].clone(), vectorize=True)
-    return total / mask.sum()
 
 
 def test_matches_autograd_reference(llama):
     model, tok = llama
     ids = ids_for(tok, n=12)
     ours = prompt_jacobian(model, ids, source_layers=[0, 1], target_layer=2, skip_first=4, dim_batch=64)
-    ref = reference_prompt_jacobian(model, ids, 0, 2, 4)
+    ref = autograd_prompt_jacobian(model, ids, 0, 2, 4, vectorize=True)
     assert torch.allclose(ours[0], ref, atol=1e-4, rtol=1e-4)
 
 

@@ -183,7 +183,7 @@ def test_run_examples_positions(tmp_path, qwen):
     tag = tag_chat_prompt(tok, r2.messages, r2.spans, answer=r2.answer)
     rec = tok.decode([tag.input_ids[i] for i in tag.spans["record"]])
     assert rec.strip().startswith("=== ATTACHED FILES ===") and rec.strip().endswith("--- end of sales.csv ---")
-    assert tok.decode([tag.input_ids[i] for i in tag.spans["question"]]).strip().endswith(f"round 2.")
+    assert tok.decode([tag.input_ids[i] for i in tag.spans["question"]]).strip().endswith("round 2.")
     assert tok.decode(tag.input_ids[tag.positions["answer_1"]:]).startswith("The files show")
     # round 1: the question is the task text after the files
     tag1 = tag_chat_prompt(tok, r1.messages, r1.spans, answer=r1.answer)
