@@ -27,7 +27,7 @@ class Evaluation(BaseModel):
 class FeedbackAnswer(BaseModel):
     model_config = ConfigDict(extra="forbid")
     reasoning: str = Field(max_length=4000)
-    feedback: str = Field(max_length=4000)
+    feedback: str = Field(min_length=1, max_length=4000)  # an empty message is not feedback
 
 
 NO_FEEDBACK = "(Your manager sent no feedback this round.)"
