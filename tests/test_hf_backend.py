@@ -309,3 +309,87 @@ def test_aclose_during_generation_fails_the_request_promptly(tiny_llama_dir):
     res, took = run(go())
     assert not res.ok and "closed" in res.error
     assert took < 5
+
+
+# ---------------------------------------------------------------- our decode loop
+def _hf_greedy(backend, r):
+    """`model.generate` greedy reference for one request, cut at the first stop token."""
+    import torch
+
+    ids = backend.tokenizer.apply_chat_template(r.messages, add_generation_prompt=True, return_dict=False)
+    with torch.inference_mode():
+        out = backend.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                     do_sample=False, max_new_tokens=r.sampling.max_tokens)
+    expected = out[0, len(ids):].tolist()
+    for i, tok in enumerate(expected):
+        if tok in backend.stop_set:
+            return expected[:i]
+    return expected
+
+
+@pytest.mark.parametrize("which", ["llama", "qwen3"])
+def test_greedy_decode_loop_matches_hf_generate_token_for_token(which, request):
+    backend = request.getfixturevalue(which)
+    assert backend._own_loop
+    for content in ["hi", "What is 2 + 2?", "a rather long status report about the project " * 40]:
+        r = req(content, temperature=0.0, max_tokens=40, seed=None)
+        res = run(backend.generate([r]))[0]
+        assert res.completions[0].token_ids == _hf_greedy(backend, r), content[:20]
+
+
+@pytest.mark.parametrize("which", ["llama", "qwen3"])
+def test_rows_of_very_different_lengths_decode_as_alone(which, request, monkeypatch):
+    """Left-padded batched cache, mask and per-row position ids: each row of a batch with prompts
+    of 10 to ~1500 tokens (and budgets that end rows at different steps, so finished rows are
+    dropped, and a small growth step, so the cache grows several times) gets the tokens it gets
+    alone, and alone matches `model.generate`."""
+    import rollouts.hf_backend as hf_backend
+
+    monkeypatch.setattr(hf_backend, "_CAPACITY_STEP", 8)
+    backend = request.getfixturevalue(which)
+    contents = ["x", "short question", "mid " * 150, "the long report " * 300, "q " * 40]
+    budgets = [45, 5, 37, 12, 30]
+    requests = [req(c, temperature=0.0, max_tokens=m, seed=None) for c, m in zip(contents, budgets)]
+    alone = [run(backend.generate([r]))[0].completions[0].token_ids for r in requests]
+    lengths = sorted(backend.count_tokens(r.messages) for r in requests)
+    assert lengths[0] < 20 and lengths[-1] > 900
+    before = backend.batches_run
+    together = run(concurrently(backend, requests))
+    assert backend.batches_run - before == 1
+    assert [r.completions[0].token_ids for r in together] == alone
+    assert alone[0] == _hf_greedy(backend, requests[0])
+    assert alone[3] == _hf_greedy(backend, requests[3])
+
+
+def test_seeded_sampling_alone_equals_in_a_batch(llama):
+    contents = ["sample me", "a long prompt to sample from " * 60, "mid length prompt " * 12]
+    budgets = [30, 9, 21]
+    requests = [req(c, temperature=1.0, max_tokens=m, seed=40 + i) for i, (c, m) in enumerate(zip(contents, budgets))]
+    alone = [run(llama.generate([r]))[0].completions[0].token_ids for r in requests]
+    together = run(concurrently(llama, requests + [req("filler", temperature=0.7, max_tokens=25, seed=3)]))
+    assert [r.completions[0].token_ids for r in together[:3]] == alone
+    # n > 1 rows share one prefill but keep their own seeds
+    many = run(llama.generate([req(contents[1], temperature=1.0, max_tokens=9, seed=41, n=3)]))[0]
+    assert many.completions[0].token_ids == alone[1]
+    assert len({tuple(c.token_ids) for c in many.completions}) == 3
+
+
+def test_generate_fallback_matches_decode_loop(tiny_llama_dir):
+    """Models with sliding-window/linear layers decode with `model.generate`: same tokens."""
+    backend = make_backend(tiny_llama_dir, batch_wait_ms=30)
+    requests = [req("fallback " * k, max_tokens=12, temperature=0.0, seed=None) for k in (1, 30, 7)]
+    own = [r.completions[0].token_ids for r in run(concurrently(backend, requests))]
+    backend._own_loop = False
+    generated = run(concurrently(backend, requests))
+    assert [r.completions[0].token_ids for r in generated] == own
+    assert backend.stats["decode_steps"] > 0
+
+
+def test_encode_chat_cache_returns_fresh_lists(qwen3):
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "cache me " * 50}]
+    first = qwen3.encode_chat(msgs)
+    first.append(-1)
+    again = qwen3.encode_chat([dict(m) for m in msgs])
+    assert again == first[:-1] == qwen3.tokenizer.apply_chat_template(msgs, add_generation_prompt=True,
+                                                                       return_dict=False)
+    assert qwen3.count_tokens(msgs) == len(again)
