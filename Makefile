@@ -1,6 +1,9 @@
 # Two entry points: `make demo` (the main job, tiny model on CPU) and `make test`.
 PY ?= python3
 VENV ?= .venv
+# Where the CPU build of torch comes from. The dev/CI machines keep it on local disk; elsewhere set
+# TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu" to avoid a multi-GB CUDA build.
+TORCH_PIP_ARGS ?=
 BIN := $(VENV)/bin
 export HF_HUB_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
@@ -11,7 +14,7 @@ export TOKENIZERS_PARALLELISM := false
 $(BIN)/lhd: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet "torch==2.13.0"
+	$(BIN)/python -m pip install --quiet $(TORCH_PIP_ARGS) "torch==2.13.0"
 	$(BIN)/python -m pip install --quiet -e ".[dev,serving]"
 	touch $(BIN)/lhd
 
