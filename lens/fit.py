@@ -315,17 +315,11 @@ def fit_lens(
     J = {l: total[i].cpu() for i, l in enumerate(sources)}
     elapsed = time.perf_counter() - started
     report = _report(state, sources, elapsed, new_done)
+    shared = ("model_id", "n_layers", "d_model", "source_layers", "target_layer", "skip_first", "max_length",
+              "chat", "force_bos")
     lens_meta = {
         **meta,
-        "model_id": compared["model_id"],
-        "n_layers": model.n_layers,
-        "d_model": d,
-        "source_layers": sources,
-        "target_layer": target,
-        "skip_first": settings.skip_first,
-        "max_length": settings.max_length,
-        "chat": settings.chat,
-        "force_bos": settings.force_bos,
+        **{key: compared[key] for key in shared},  # the same settings resume is checked against
         "n_prompts": state.n,
         "fit": {"dim_batch": settings.dim_batch, "method": settings.method, "complete": state.next_idx >= len(prompts)
                 or state.stopped_early, "stopped_early": state.stopped_early},
