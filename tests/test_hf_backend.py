@@ -393,3 +393,23 @@ def test_encode_chat_cache_returns_fresh_lists(qwen3):
     assert again == first[:-1] == qwen3.tokenizer.apply_chat_template(msgs, add_generation_prompt=True,
                                                                        return_dict=False)
     assert qwen3.count_tokens(msgs) == len(again)
+
+
+def test_nucleus_floor_keeps_exactly_the_top_p_set():
+    """The values-only nucleus (numpy sort) keeps the same tokens as sorting with indices."""
+    import torch
+
+    from rollouts.hf_backend import _nucleus_floor
+
+    g = torch.Generator().manual_seed(0)
+    for scale in (0.1, 1.0, 5.0):
+        probs = torch.softmax(scale * torch.randn(6, 2048, generator=g), dim=-1)
+        top_p = torch.tensor([[0.1], [0.5], [0.9], [0.95], [0.999], [1.0]])
+        keep = probs >= _nucleus_floor(probs, top_p)
+        sp, si = torch.sort(probs, dim=-1, descending=True)
+        ref = torch.zeros_like(keep).scatter_(1, si, (sp.cumsum(dim=-1) - sp) < top_p)
+        ref[5] = True  # top_p 1 keeps everything
+        assert torch.equal(keep, ref)
+        mass = (probs * keep).sum(dim=-1)
+        assert bool((mass[:5] >= top_p[:5, 0] - 1e-5).all())
+        assert int(keep[0].sum()) < int(keep[2].sum()) < 2048

@@ -1,0 +1,110 @@
+"""Keys/values of earlier sequences, reused across requests by the in-process `hf` backend: what
+a vLLM server's automatic prefix caching does, for the backend that has none.
+
+Why: a benchmark trial re-sends its whole conversation on every call. Performer prompt k+1 is
+prompt k plus its answer, the supervisor's feedback and the next task; the supervisor's feedback
+call repeats the evaluation prompt; every auditor call of a trial shares [instructions][trajectory].
+Without reuse each call recomputes that prefix, and on long prompts that prefill dominates.
+
+An entry is one sequence's token ids (its prompt, plus the generated tokens whose keys/values were
+computed) and, per layer, its key and value tensors [1, heads, length, head_dim]. Entries are
+separated by LoRA adapter (an adapter changes keys/values). `lookup` returns the longest common
+token prefix with any entry; keys/values of position i depend only on tokens 0..i (causal
+attention, absolute positions), so that prefix's keys/values are exactly reusable. Matching is on
+token ids, not text: a generated answer re-rendered by the chat template may tokenise differently,
+and then only the part before the first differing token is reused.
+
+Bounded by `max_tokens` (summed over entries), least recently used first out. An entry that is a
+prefix of a newer one is dropped for it (the newer one answers every lookup the older one could).
+Used from the backend's decode thread only (the backend serialises its batches), so no locking.
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+KV = list[tuple[Any, Any]]  # per layer: (keys, values), each [1, heads, length, head_dim]
+
+
+@dataclass
+class _Entry:
+    adapter: str | None
+    ids: np.ndarray
+    layers: KV
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the longest common prefix of two int arrays."""
+    m = min(len(a), len(b))
+    differ = np.flatnonzero(a[:m] != b[:m])
+    return int(differ[0]) if len(differ) else m
+
+
+class PrefixCache:
+    """LRU store of per-sequence keys/values with longest-common-prefix lookup (see module doc)."""
+
+    def __init__(self, max_tokens: int, min_match: int = 16):
+        if max_tokens < 0:
+            raise ValueError(f"prefix cache: max_tokens must be >= 0, got {max_tokens}")
+        self.max_tokens = max_tokens
+        self.min_match = min_match  # shorter matches are not worth a cache round trip
+        self._entries: collections.OrderedDict[int, _Entry] = collections.OrderedDict()
+        self._next_key = 0
+        self.tokens = 0
+        self.stats: dict[str, int] = collections.Counter(lookups=0, hits=0, hit_tokens=0, inserts=0, evictions=0)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def lookup(self, adapter: str | None, ids: Sequence[int], limit: int) -> tuple[int, KV | None]:
+        """The longest cached prefix of `ids` (at most `limit` tokens) for `adapter`: its length and
+        per-layer key/value views sliced to it, or (0, None) below `min_match` tokens."""
+        self.stats["lookups"] += 1
+        if not self._entries or limit < self.min_match:
+            return 0, None
+        query = np.asarray(ids, dtype=np.int64)
+        best_key, best = None, 0
+        for key, e in self._entries.items():
+            if e.adapter == adapter and (n := common_prefix(query, e.ids)) > best:
+                best_key, best = key, n
+        best = min(best, limit)
+        if best_key is None or best < self.min_match:
+            return 0, None
+        self._entries.move_to_end(best_key)
+        self.stats["hits"] += 1
+        self.stats["hit_tokens"] += best
+        layers = self._entries[best_key].layers
+        return best, [(k[:, :, :best], v[:, :, :best]) for k, v in layers]
+
+    def insert(self, adapter: str | None, ids: Sequence[int], layers: KV) -> None:
+        """Remember `layers` (keys/values of all of `ids`; the cache keeps these tensors, so they
+        must not be views of buffers that are written later)."""
+        if self.max_tokens == 0 or len(ids) < self.min_match or len(ids) > self.max_tokens:
+            return
+        new = np.asarray(ids, dtype=np.int64)
+        for key, e in list(self._entries.items()):
+            if e.adapter != adapter:
+                continue
+            n = common_prefix(new, e.ids)
+            if n == len(new):  # already covered by a longer (or equal) entry
+                self._entries.move_to_end(key)
+                return
+            if n == len(e.ids):  # the old entry is a prefix of the new one
+                self._drop(key)
+        self._entries[self._next_key] = _Entry(adapter, new, layers)
+        self._next_key += 1
+        self.tokens += len(new)
+        self.stats["inserts"] += 1
+        while self.tokens > self.max_tokens:
+            self._drop(next(iter(self._entries)))
+            self.stats["evictions"] += 1
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.tokens = 0
+
+    def _drop(self, key: int) -> None:
+        self.tokens -= len(self._entries.pop(key).ids)
