@@ -1,6 +1,7 @@
 """The performer: one conversation for the whole trial, with an explicit context policy."""
 from __future__ import annotations
 
+import asyncio
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,6 +107,8 @@ class Performer:
         return msgs, ContextInfo("drop_oldest_turns", self.budget_tokens, self.backend.count_tokens(msgs), best)
 
     async def answer(self, sampling: SamplingParams, adapter: str | None) -> tuple[GenerationResult, list[dict[str, str]], ContextInfo]:
-        msgs, info = self.build_messages()
+        # Counting tokens of a long conversation takes ~10 ms: off the event loop, so other
+        # trials keep submitting and the backend keeps decoding meanwhile.
+        msgs, info = await asyncio.to_thread(self.build_messages)
         [result] = await self.backend.generate([GenerationRequest(msgs, sampling, None, adapter)])
         return result, msgs, info

@@ -2,6 +2,7 @@
 updated state, then maintain hybrid memory. Structured JSON answers throughout."""
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -130,7 +131,8 @@ class Supervisor:
         before = dict(self.state)
         # Reserve room for the feedback stage, which adds the evaluation reply and its prompt.
         reserve = self.sampling("evaluation", 1).max_tokens + self.sampling("feedback", 1).max_tokens + 400
-        eval_user, context = self.fit_evaluation_message(task, event, round_no, answer, reserve)
+        eval_user, context = await asyncio.to_thread(  # token counting off the event loop
+            self.fit_evaluation_message, task, event, round_no, answer, reserve)
         system = self.system_message()
 
         if not context["fits"]:  # even the smallest memory does not fit: record, do not crash

@@ -531,7 +531,7 @@ class HFBackend:
         self._worker: asyncio.Task | None = None
         self._inflight: list[_Row] = []
         self._closed = False
-        self.prefix_cache = PrefixCache(spec.prefix_cache_tokens if spec.enable_prefix_caching else 0)
+        self.prefix_cache = PrefixCache(int(spec.prefix_cache_gib * 2**30) if spec.enable_prefix_caching else 0)
         self.batches_run = 0
         self.busy_s = 0.0  # time spent inside batched decodes: the backend's own cost
         # where busy_s goes (our decode loop; on CUDA without synchronising, so only indicative)
@@ -707,7 +707,7 @@ class HFBackend:
             "adapters": dict(self.spec.adapters),
             "max_batch_size": self.spec.max_batch_size,
             "batch_wait_ms": self.spec.batch_wait_ms,
-            "prefix_cache_tokens": self.prefix_cache.max_tokens,
+            "prefix_cache_gib": self.spec.prefix_cache_gib if self.spec.enable_prefix_caching else 0,
             "config_sha256": hashlib.sha256(cfg_text).hexdigest(),
             "transformers": transformers.__version__,
             "torch": torch.__version__,
@@ -1033,7 +1033,7 @@ class HFBackend:
         """Put the keys/values of finished rows (prompt plus the generated tokens fed so far) in
         the prefix cache: the next prompt of a conversation usually continues this answer. Only
         for n=1 requests (best-of-n siblings are rarely continued; their prompt is cached)."""
-        if self.prefix_cache.max_tokens == 0:
+        if self.prefix_cache.max_bytes == 0:
             return
         for p in positions:
             r = rows[active[p]]

@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import random
+import threading
 import time
 from typing import Any
 
@@ -56,6 +57,7 @@ class OpenAIBackend:
         self._client = openai.AsyncOpenAI(base_url=base_url, api_key=key, timeout=spec.timeout_s, max_retries=0)
         self._gate = asyncio.Semaphore(spec.max_in_flight)
         self._tokenizer = tokenizer
+        self._tok_lock = threading.Lock()  # callers count tokens from worker threads
         self.stats = {"requests": 0, "retries": 0, "failures": 0}
 
     @classmethod
@@ -73,8 +75,9 @@ class OpenAIBackend:
     def count_tokens(self, messages: list[dict[str, str]]) -> int:
         """Exact with a local tokenizer; otherwise a conservative estimate (4 chars per token)."""
         if self._tokenizer is not None:
-            return len(self._tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
-                                                           return_dict=True)["input_ids"])
+            with self._tok_lock:
+                return len(self._tokenizer.apply_chat_template(
+                    messages, tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"])
         return sum(len(m["content"]) // 4 + 4 for m in messages)
 
     def describe(self) -> dict[str, Any]:

@@ -14,7 +14,7 @@ attention, absolute positions), so that prefix's keys/values are exactly reusabl
 token ids, not text: a generated answer re-rendered by the chat template may tokenise differently,
 and then only the part before the first differing token is reused.
 
-Bounded by `max_tokens` (summed over entries), least recently used first out. An entry that is a
+Bounded by `max_bytes` (keys and values of all entries), least recently used first out. An entry that is a
 prefix of a newer one is dropped for it (the newer one answers every lookup the older one could).
 Used from the backend's decode thread only (the backend serialises its batches), so no locking.
 """
@@ -34,6 +34,7 @@ class _Entry:
     adapter: str | None
     ids: np.ndarray
     layers: KV
+    nbytes: int
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -46,15 +47,19 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 class PrefixCache:
     """LRU store of per-sequence keys/values with longest-common-prefix lookup (see module doc)."""
 
-    def __init__(self, max_tokens: int, min_match: int = 16):
-        if max_tokens < 0:
-            raise ValueError(f"prefix cache: max_tokens must be >= 0, got {max_tokens}")
-        self.max_tokens = max_tokens
+    def __init__(self, max_bytes: int, min_match: int = 16):
+        if max_bytes < 0:
+            raise ValueError(f"prefix cache: max_bytes must be >= 0, got {max_bytes}")
+        self.max_bytes = int(max_bytes)
         self.min_match = min_match  # shorter matches are not worth a cache round trip
         self._entries: collections.OrderedDict[int, _Entry] = collections.OrderedDict()
         self._next_key = 0
-        self.tokens = 0
+        self.nbytes = 0
         self.stats: dict[str, int] = collections.Counter(lookups=0, hits=0, hit_tokens=0, inserts=0, evictions=0)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(e.ids) for e in self._entries.values())
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -82,7 +87,8 @@ class PrefixCache:
     def insert(self, adapter: str | None, ids: Sequence[int], layers: KV) -> None:
         """Remember `layers` (keys/values of all of `ids`; the cache keeps these tensors, so they
         must not be views of buffers that are written later)."""
-        if self.max_tokens == 0 or len(ids) < self.min_match or len(ids) > self.max_tokens:
+        nbytes = sum(k.nbytes + v.nbytes for k, v in layers)
+        if len(ids) < self.min_match or nbytes > self.max_bytes:
             return
         new = np.asarray(ids, dtype=np.int64)
         for key, e in list(self._entries.items()):
@@ -94,17 +100,17 @@ class PrefixCache:
                 return
             if n == len(e.ids):  # the old entry is a prefix of the new one
                 self._drop(key)
-        self._entries[self._next_key] = _Entry(adapter, new, layers)
+        self._entries[self._next_key] = _Entry(adapter, new, layers, nbytes)
         self._next_key += 1
-        self.tokens += len(new)
+        self.nbytes += nbytes
         self.stats["inserts"] += 1
-        while self.tokens > self.max_tokens:
+        while self.nbytes > self.max_bytes:
             self._drop(next(iter(self._entries)))
             self.stats["evictions"] += 1
 
     def clear(self) -> None:
         self._entries.clear()
-        self.tokens = 0
+        self.nbytes = 0
 
     def _drop(self, key: int) -> None:
-        self.tokens -= len(self._entries.pop(key).ids)
+        self.nbytes -= self._entries.pop(key).nbytes

@@ -42,9 +42,9 @@ class ModelSpec(BaseModel):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     enable_prefix_caching: bool = Field(
         True, description="vllm and hf: reuse the keys/values of a prompt prefix computed by an earlier request")
-    prefix_cache_tokens: int = Field(
-        65536, ge=0, description="hf only: tokens of keys/values kept for reuse across requests "
-        "(an 8B model in bf16 needs 128 KiB per token: 8 GiB at the default)")
+    prefix_cache_gib: float = Field(
+        2.0, ge=0, description="hf only: GiB of keys/values kept for reuse across requests (an 8B "
+        "Llama in bf16 needs 128 KiB per token: 16k tokens per GiB; the tiny test model 0.5 KiB)")
     max_lora_rank: int = 64
     extra_args: list[str] = Field(default_factory=list, description="vllm: extra CLI args")
     gpus: str | None = Field(None, description="vllm: CUDA_VISIBLE_DEVICES for the server")

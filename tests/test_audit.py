@@ -429,6 +429,14 @@ def test_real_tiny_model_audits_every_round(tmp_path, tiny_llama_dir):
     assert any(r["parse_status"] != "failed" for r in rows)  # constrained decoding yields parseable JSON
     info = json.loads((cfg.run_dir / "audit" / "tiny-full" / "auditor.json").read_text())
     assert info["describe"]
+    # The [instructions][trajectory][target] layout: every round's prompt repeats the previous
+    # prompts' prefix, which the hf backend's prefix cache reuses and reports as cached tokens
+    # (as a vLLM server would). The first round prefilled has nothing to reuse.
+    first_calls = [r["calls"][0] for r in rows]
+    cached = sorted(c["cached_tokens"] for c in first_calls)
+    assert cached[0] == 0 and all(c > 0 for c in cached[1:]), cached
+    shared = 0.8 * min(c["prompt_tokens"] for c in first_calls)  # all but the target section
+    assert all(c >= shared for c in cached[1:]), (cached, shared)
 
 
 def _rounds_per_trial(run_dir: Path, tids: list[str]) -> dict[str, int]:

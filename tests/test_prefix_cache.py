@@ -21,6 +21,9 @@ def kv(ids, layers=2, tag=0.0):
     return [(t.clone(), -t.clone()) for _ in range(layers)]
 
 
+PER_TOKEN = 2 * 2 * 2 * 3 * 4  # bytes of `kv` per token: layers x (keys, values) x heads x dim x fp32
+
+
 def test_common_prefix():
     import numpy as np
 
@@ -31,7 +34,7 @@ def test_common_prefix():
 
 
 def test_lookup_returns_longest_match_sliced_and_capped():
-    cache = PrefixCache(max_tokens=1000, min_match=2)
+    cache = PrefixCache(max_bytes=1000 * PER_TOKEN, min_match=2)
     cache.insert(None, list(range(10)), kv(range(10)))
     cache.insert(None, [0, 1, 2, 50, 51], kv([0, 1, 2, 50, 51]))
     n, layers = cache.lookup(None, list(range(8)) + [99], limit=8)
@@ -48,7 +51,7 @@ def test_lookup_returns_longest_match_sliced_and_capped():
 
 
 def test_adapters_never_share_entries():
-    cache = PrefixCache(max_tokens=1000, min_match=2)
+    cache = PrefixCache(max_bytes=1000 * PER_TOKEN, min_match=2)
     cache.insert("honest", list(range(10)), kv(range(10)))
     assert cache.lookup(None, list(range(10)), limit=9) == (0, None)
     assert cache.lookup("other", list(range(10)), limit=9) == (0, None)
@@ -56,10 +59,10 @@ def test_adapters_never_share_entries():
 
 
 def test_prefix_entries_are_superseded_and_lru_evicts_to_budget():
-    cache = PrefixCache(max_tokens=30, min_match=2)
+    cache = PrefixCache(max_bytes=30 * PER_TOKEN, min_match=2)
     cache.insert(None, list(range(10)), kv(range(10)))
     cache.insert(None, list(range(15)), kv(range(15)))  # extends the first: replaces it
-    assert len(cache) == 1 and cache.tokens == 15
+    assert len(cache) == 1 and cache.tokens == 15 and cache.nbytes == 15 * PER_TOKEN
     cache.insert(None, list(range(12)), kv(range(12)))  # already covered: nothing new
     assert len(cache) == 1 and cache.tokens == 15
     cache.insert(None, [100 + i for i in range(10)], kv([100 + i for i in range(10)]))
@@ -72,11 +75,11 @@ def test_prefix_entries_are_superseded_and_lru_evicts_to_budget():
     # too long for the budget, or disabled: not stored
     cache.insert(None, list(range(300, 340)), kv(range(300, 340)))
     assert cache.lookup(None, list(range(300, 340)), limit=39) == (0, None)
-    off = PrefixCache(max_tokens=0)
+    off = PrefixCache(max_bytes=0)
     off.insert(None, list(range(50)), kv(range(50)))
     assert len(off) == 0
-    with pytest.raises(ValueError, match="max_tokens"):
-        PrefixCache(max_tokens=-1)
+    with pytest.raises(ValueError, match="max_bytes"):
+        PrefixCache(max_bytes=-1)
 
 
 # ---------------------------------------------------------------- in the hf backend

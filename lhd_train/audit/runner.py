@@ -215,7 +215,7 @@ async def audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, confi
         async with gate:  # built inside the gate so only `concurrency` prompts are in memory at once
             messages, context = build_messages(trial, i, opts.mode, opts.window, opts.render, prompts, cache)
             try:
-                n = backend.count_tokens(messages) if limit else 0
+                n = await asyncio.to_thread(backend.count_tokens, messages) if limit else 0
                 if limit and n + rc.sampling.max_tokens > limit:
                     outcome = _Overflow(f"prompt of {n} tokens + max_tokens {rc.sampling.max_tokens} exceeds "
                                         f"the model's context of {limit} tokens")
