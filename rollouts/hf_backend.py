@@ -734,6 +734,11 @@ class HFBackend:
         self._fail_queued("backend closed")
         self._fail_rows(self._inflight, "backend closed during generation")
         self._worker = None
+        if self._run_lock.acquire(blocking=False):  # free the cached keys/values unless a batch
+            try:                                     # still runs (then they go with the backend)
+                self.prefix_cache.clear()
+            finally:
+                self._run_lock.release()
 
     # ------------------------------------------------------------------ queue and worker
     def _error_result(self, pending_t0: float, error: str, prompt_ids: list[int] | None = None) -> GenerationResult:

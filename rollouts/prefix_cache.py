@@ -37,11 +37,18 @@ class _Entry:
     nbytes: int
 
 
-def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    """Length of the longest common prefix of two int arrays."""
+def common_prefix(a: np.ndarray, b: np.ndarray, chunk: int = 256) -> int:
+    """Length of the longest common prefix of two int arrays. Compared in growing chunks: most
+    cached sequences share only a system prompt with a query, and stop matching early."""
     m = min(len(a), len(b))
-    differ = np.flatnonzero(a[:m] != b[:m])
-    return int(differ[0]) if len(differ) else m
+    start = 0
+    while start < m:
+        end = min(m, start + chunk)
+        differ = np.flatnonzero(a[start:end] != b[start:end])
+        if len(differ):
+            return start + int(differ[0])
+        start, chunk = end, chunk * 4
+    return m
 
 
 class PrefixCache:
