@@ -18,15 +18,17 @@ def _add(acc: dict[str, float], call: dict[str, Any]) -> None:
 
 
 def usage_by_role(rows: Iterable[dict[str, Any]], audit_rows: Iterable[dict[str, Any]] = ()) -> dict[str, dict[str, float]]:
+    """Totals per role. Any field may be null (an imported reference run saved no call records,
+    docs/auditing.md), so a missing record counts as nothing rather than failing."""
     acc: dict[str, dict[str, float]] = defaultdict(lambda: dict.fromkeys(FIELDS, 0))
     for row in rows:
-        p = row["performer"]
+        p = row.get("performer") or {}
         _add(acc["performer"], p)
         acc["performer"]["requests"] += (p.get("attempts") or 1) - 1  # failed attempts were requests too
-        for call in row["supervisor"].get("calls", []):
+        for call in (row.get("supervisor") or {}).get("calls") or []:
             _add(acc[STAGE_ROLE.get(call["stage"], call["stage"])], call)
     for a in audit_rows:
-        for call in a.get("calls", []) or []:
+        for call in a.get("calls") or []:
             _add(acc["auditor"], call)
     return {role: {k: round(v, 3) for k, v in d.items()} for role, d in acc.items()}
 
