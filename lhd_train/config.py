@@ -37,7 +37,17 @@ class RoleConfig(_Strict):
     max_attempts: int = Field(3, ge=1, description="attempts for structured answers before recording a failure")
 
 
+class PerformerSampling(Sampling):
+    """The performer writes whole reports (6-12k characters in the reference, REFERENCE.md §10.1)."""
+
+    max_tokens: int = Field(4096, ge=1)
+
+
 class PerformerConfig(RoleConfig):
+    sampling: PerformerSampling = Field(default_factory=PerformerSampling)
+    max_segments: int = Field(
+        5, ge=1, description="an answer cut at max_tokens is continued up to this many segments in all (1 = never)"
+    )
     context_tokens: int | None = Field(
         None, ge=64, description="prompt budget; default: the model's context minus max_tokens"
     )

@@ -22,14 +22,20 @@ class RoundNote:
     state_after: dict[str, float]
     feedback: str
     task_complete: bool
+    # The reference's record repeats the task prompt and the event's pressure level every round.
+    task_prompt: str = ""
+    event_level: str | None = None
 
     def render(self) -> str:
         def arrow(k: str) -> str:
             return f"{k} {self.state_before[k]:+.2f} -> {self.state_after[k]:+.2f}"
 
+        situation = f"{self.event_name} (pressure {self.event_level})" if self.event_name else "none (normal conditions)"
         return "\n".join([
             f"[Round {self.global_round} | task {self.task_index} '{self.task_title}', round {self.round}]",
-            f"Situation: {self.event_name or 'none'}",
+            "Task prompt:",
+            self.task_prompt.strip() or "(not recorded)",
+            f"Situation: {situation}",
             "Assistant's answer:",
             self.answer.strip() or "(empty)",
             f"Your evaluation: {self.evaluation_reasoning.strip() or '(none recorded)'}",

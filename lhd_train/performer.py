@@ -4,11 +4,11 @@ from __future__ import annotations
 import asyncio
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from lhd_train.prompts import Prompts
 from rollouts.backend import Backend
-from rollouts.types import GenerationRequest, GenerationResult, SamplingParams
+from rollouts.types import Completion, GenerationRequest, GenerationResult, SamplingParams
 
 
 def render_files(files: list[Any]) -> str:
@@ -106,9 +106,61 @@ class Performer:
         msgs = self._with_drop(best)
         return msgs, ContextInfo("drop_oldest_turns", self.budget_tokens, self.backend.count_tokens(msgs), best)
 
-    async def answer(self, sampling: SamplingParams, adapter: str | None) -> tuple[GenerationResult, list[dict[str, str]], ContextInfo]:
+    async def answer(self, sampling: Callable[[int], SamplingParams], adapter: str | None, max_segments: int = 1,
+                     continue_prompt: str = "") -> Answer:
+        """One answer, continued while it ends on the token limit, as the reference did: the
+        conversation plus the answer so far as an assistant turn plus `continue_prompt`, at most
+        `max_segments` calls in all, and never past the model's context. `sampling(k)` gives the
+        settings of segment k (1-based). The segments are joined into one answer."""
         # Counting tokens of a long conversation takes ~10 ms: off the event loop, so other
         # trials keep submitting and the backend keeps decoding meanwhile.
         msgs, info = await asyncio.to_thread(self.build_messages)
-        [result] = await self.backend.generate([GenerationRequest(msgs, sampling, None, adapter)])
-        return result, msgs, info
+        [first] = await self.backend.generate([GenerationRequest(msgs, sampling(1), None, adapter)])
+        results = [first]
+        limit = getattr(self.backend, "max_model_len", None)
+        while (len(results) < max_segments and results[-1].error is None and results[-1].completions
+               and results[-1].completions[0].finish_reason == "length"):
+            k = len(results) + 1
+            so_far = "".join(r.text for r in results)
+            more = [*msgs, {"role": "assistant", "content": so_far}, {"role": "user", "content": continue_prompt}]
+            sp = sampling(k)
+            if limit and await asyncio.to_thread(self.backend.count_tokens, more) + sp.max_tokens > limit:
+                break  # no room left to continue: the answer stays cut, and the row says so
+            [res] = await self.backend.generate([GenerationRequest(more, sp, None, adapter)])
+            results.append(res)
+        return Answer(_join(results), msgs, info, len(results))
+
+
+@dataclass
+class Answer:
+    result: GenerationResult  # the segments joined: text, token ids and token counts summed
+    messages: list[dict[str, str]]  # what the first segment was sent
+    context: ContextInfo
+    segments: int
+
+    @property
+    def truncated(self) -> bool:
+        """The final segment still ended on the token limit."""
+        c = self.result.completions
+        return bool(c) and c[0].finish_reason == "length"
+
+
+def _join(results: list[GenerationResult]) -> GenerationResult:
+    if len(results) == 1:
+        return results[0]
+    failed = next((r for r in results if r.error is not None or not r.completions), None)
+    if failed is not None:  # a failed segment fails the answer; the caller retries it whole
+        return failed
+    ids = [r.completions[0].token_ids for r in results]
+    last = results[-1]
+    return GenerationResult(
+        [Completion("".join(r.text for r in results),
+                    None if any(i is None for i in ids) else [t for i in ids for t in i],
+                    last.completions[0].finish_reason)],
+        prompt_tokens=sum(r.prompt_tokens for r in results),
+        completion_tokens=sum(r.completion_tokens for r in results),
+        cached_tokens=sum(r.cached_tokens for r in results),
+        latency_s=sum(r.latency_s for r in results),
+        model_id=last.model_id,
+        sent_messages=results[0].sent_messages,
+    )

@@ -8,7 +8,7 @@ from lhd_train.errors import InputError
 
 BUILTIN_DIR = Path(__file__).parent / "prompts"
 NAMES = (
-    "performer_system", "performer_task", "performer_event", "performer_feedback",
+    "performer_system", "performer_task", "performer_event", "performer_feedback", "performer_continue",
     "supervisor_system", "supervisor_evaluation", "supervisor_feedback", "supervisor_summary",
 )
 

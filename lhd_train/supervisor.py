@@ -137,7 +137,7 @@ class Supervisor:
 
         if not context["fits"]:  # even the smallest memory does not fit: record, do not crash
             note = RoundNote(global_round, task.index, task.title, round_no, event.name if event else None, answer,
-                             "", before, dict(self.state), "", False)
+                             "", before, dict(self.state), "", False, task.prompt, event.level if event else None)
             self.memory.push(note, None if self.memory.needs_summary() is None else
                              {"global_round": self.memory.recent[0].global_round, "text": "", "status": "failed"})
             return SupervisorRound(None, None, before, dict(self.state), "failed", 0,
@@ -173,7 +173,7 @@ class Supervisor:
 
         note = RoundNote(global_round, task.index, task.title, round_no, event.name if event else None, answer,
                          (evaluation or {}).get("reasoning", ""), before, dict(self.state),
-                         (fb_value or {}).get("text", ""), complete)
+                         (fb_value or {}).get("text", ""), complete, task.prompt, event.level if event else None)
         summaries = []
         oldest = self.memory.needs_summary()
         if oldest is not None:

@@ -20,6 +20,7 @@ from lhd_train.store import MessageStore, append_jsonl, read_jsonl, repair_jsonl
 from lhd_train.structured_calls import BackendUnavailable, call_seed
 from lhd_train.supervisor import NO_FEEDBACK, STATE_KEYS, Supervisor
 from rollouts.backend import Backend
+from rollouts.types import SamplingParams
 
 ROW_SCHEMA = "lhd.round/1"
 
@@ -59,13 +60,14 @@ def trial_paths(run_dir: Path, trial_id: str) -> tuple[Path, Path, Path]:
     return base / f"{trial_id}.jsonl", base / f"{trial_id}.messages.jsonl", base / f"{trial_id}.done"
 
 
-def _note_from_row(row: dict[str, Any]) -> RoundNote:
+def _note_from_row(row: dict[str, Any], task_prompt: str) -> RoundNote:
     sup = row["supervisor"]
     return RoundNote(
         row["global_round"], row["task_index"], row["task_title"], row["round"],
         (row["event"] or {}).get("name"), row["performer"]["text"],
         (sup["evaluation"] or {}).get("reasoning", ""), sup["state_before"], sup["state_after"],
         (sup["feedback"] or {}).get("text", ""), row["task_complete"],
+        task_prompt, (row["event"] or {}).get("pressure"),
     )
 
 
@@ -100,6 +102,14 @@ async def run_trial(ctx: RunContext, trial_id: str, seed: int, schedule: Schedul
         limit = getattr(performer_backend, "max_model_len", None)
         budget = limit - perf_cfg.sampling.max_tokens if limit else None
     performer = Performer(performer_backend, system_prompt, budget, perf_cfg.think_tags)
+    continue_prompt = ctx.prompts.render("performer_continue")
+
+    def performer_sampling(global_round: int, attempt: int) -> Callable[[int], SamplingParams]:
+        """Sampling of each segment of one answer; continuation segments get seeds of their own."""
+        def of_segment(k: int) -> SamplingParams:
+            stage = "performer" if k == 1 else f"performer-segment{k}"
+            return perf_cfg.sampling.params(call_seed(seed, trial_id, stage, global_round, attempt))
+        return of_segment
 
     sup_cfg, sum_cfg = cfg.role("supervisor"), cfg.role("summariser")
     current_round = {"g": 0}
@@ -123,7 +133,7 @@ async def run_trial(ctx: RunContext, trial_id: str, seed: int, schedule: Schedul
             performer.add_user(m["content"], starts_task=row["round"] == 1)
         performer.add_answer(row["performer"]["text"])
         supervisor.memory.add_files(task.files)
-        supervisor.memory.push(_note_from_row(row), (row["supervisor"]["summaries_added"] or [None])[0])
+        supervisor.memory.push(_note_from_row(row, task.prompt), (row["supervisor"]["summaries_added"] or [None])[0])
         supervisor.state = dict(row["supervisor"]["state_after"])
         result.tokens += _tokens(row)
 
@@ -159,12 +169,15 @@ async def run_trial(ctx: RunContext, trial_id: str, seed: int, schedule: Schedul
                 performer.add_user(content, starts_task=round_no == 1)
                 new_ids = store.put([{"role": "user", "content": content}])
 
-                res = msgs = info = None
+                ans = None
                 for attempt in range(1, perf_cfg.max_attempts + 1):
-                    sp = perf_cfg.sampling.params(call_seed(seed, trial_id, "performer", global_round, attempt))
-                    res, msgs, info = await performer.answer(sp, perf_cfg.adapter)
-                    if res.error is None:
+                    segment_sampling = performer_sampling(global_round, attempt)
+                    sp = segment_sampling(1)
+                    ans = await performer.answer(segment_sampling, perf_cfg.adapter, perf_cfg.max_segments,
+                                                 continue_prompt)
+                    if ans.result.error is None:
                         break
+                res, msgs, info = ans.result, ans.messages, ans.context
                 if res.error is not None:
                     raise TrialFailed(f"performer, task {task.index} round {round_no}: {res.error}")
                 answer, think = split_think(res.text, performer.think_tags)
@@ -180,6 +193,7 @@ async def run_trial(ctx: RunContext, trial_id: str, seed: int, schedule: Schedul
                     "performer": {
                         "text": answer, "think": think, "raw": res.text if think else None,
                         "finish_reason": res.completions[0].finish_reason,
+                        "segments": ans.segments, "truncated": ans.truncated,
                         "token_ids": res.completions[0].token_ids,
                         "message_ids": store.put(res.sent_messages or msgs), "new_message_ids": new_ids,
                         "prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens,

@@ -194,3 +194,21 @@ def test_supervisor_context_policy_shrinks_memory_and_records_it(tmp_path):
         assert not c["fits"] or c["prompt_tokens"] <= c["budget_tokens"]
     evals = [r for r in backend.requests if r.json_schema and "trust" in r.json_schema["properties"]]
     assert any("content omitted here to fit" in r.messages[-1]["content"] for r in evals)
+
+
+def test_memory_notes_repeat_task_prompt_and_pressure(tmp_path):
+    cfg = make_cfg(tmp_path, max_tasks=3, p_event=1.0, memory_window=2)
+    backend = ScriptedBackend(supervisor_script([0.5]))
+    _, rows = run(cfg, backend)
+    pack = load_pack(cfg.task_pack)
+    evals = [r for r in backend.requests if r.json_schema and "trust" in r.json_schema["properties"]]
+    recent = evals[-1].messages[-1]["content"].split("RECENT ROUNDS IN FULL")[1].split("=== CURRENT TASK")[0]
+    # The reference's memory record repeats each round's task prompt and its event's pressure level,
+    # in the verbatim rounds and in what the summariser is given.
+    second = rows[1]
+    assert pack.task(second["task_index"]).prompt.strip() in recent
+    assert second["event"]["pressure"] in recent and second["event"]["name"] in recent
+    [summary_req] = [r for r in backend.requests if "private notes" in r.messages[0]["content"]]
+    first = rows[0]
+    assert pack.task(first["task_index"]).prompt.strip() in summary_req.messages[1]["content"]
+    assert first["event"]["pressure"] in summary_req.messages[1]["content"]
