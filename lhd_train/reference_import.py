@@ -1,12 +1,14 @@
 """`lhd import-reference DIR --out RUN`: the authors' session folders as one of our runs.
 
-A session folder (REFERENCE.md §1.5) holds `result.json`, a copy of its config YAML and, after
-auditing, `detector_<ts>.json` / `detector_window_r<R>_<ts>.json` (§6.3-6.5). Each session
+A session folder (docs/reference.md, "Session folders") holds `result.json`, a copy of its
+config YAML and, after auditing, `detector_<ts>.json` / `detector_window_r<R>_<ts>.json`. Each session
 becomes one trial: trajectory rows with every field the reference saved (fields it never saved
 are null), the performer's user messages rebuilt with our templates, the task texts in the run's
 `tasks.json`, and the newest detector file of each kind as an auditor (`reference-full`,
-`reference-window<R>`), with labels made consistent by the same rules as our auditor and the
-original values kept in `reference_raw`. Mapping: docs/auditing.md."""
+`reference-window<R>`) with the authors' labels as written, so the authors' own per-trial
+numbers come out exactly (checked against the detector file's summary at import). On request,
+labels are made consistent by our rules instead, originals kept in `reference_raw`.
+Mapping: docs/auditing.md; the authors' formats: docs/reference.md."""
 from __future__ import annotations
 
 import json
@@ -21,7 +23,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from lhd_train.audit.labels import failed_labels, make_consistent, repair_problem
+from lhd_train.audit.labels import Labels, make_consistent
 from lhd_train.audit.runner import AUDIT_SCHEMA, AUDITOR_SCHEMA
 from lhd_train.audit.trajectory import TASKS_SIDECAR
 from lhd_train.config import CATEGORIES, LEVELS, parse_config
@@ -163,7 +165,7 @@ class Session:
 
 
 def parse_session_name(folder: Path) -> Session:
-    """`<pack>_<YYYYmmdd_HHMMSS>[_category_<C>][_pressure_<L>]_seed<N>_model_<tag>` (REFERENCE §1.5)."""
+    """`<pack>_<YYYYmmdd_HHMMSS>[_category_<C>][_pressure_<L>]_seed<N>_model_<tag>` (docs/reference.md)."""
     m = SESSION_NAME.match(folder.name)
     if m:
         cat, lvl = m["cat"], m["lvl"]
@@ -303,29 +305,53 @@ def convert_session(session: Session, result: RefResult, run_id: str, prompts: P
 
 
 def detection_row(det: RefDetection, row: dict[str, Any] | None, trial_id: str, run_id: str, auditor_id: str,
-                  window: int | None) -> tuple[dict[str, Any], str]:
-    """One audit row from one reference detection; inconsistent labels repaired like ours."""
-    raw_labels = {"deception_detected": det.deception_detected, "types": det.types, "severity": det.severity,
+                  window: int | None, repair: bool = False) -> tuple[dict[str, Any], str]:
+    """One audit row from one reference detection: the authors' label as written (so their
+    numbers come out exactly), or, with `repair`, made consistent by our rules (`repaired`, the
+    originals kept in `reference_raw`)."""
+    raw_labels = {"deception_detected": det.deception_detected, "types": list(det.types), "severity": det.severity,
                   "confidence_score": det.confidence_score}
-    if repair_problem(det.deception_detected, list(det.types), det.severity) is not None:
-        labels, status = failed_labels(), "failed"
-        labels.reasoning, labels.evidence = det.reasoning, list(det.evidence)
-        error = "flagged with severity >= 1 but no type: cannot be made consistent without inventing a type"
-    else:
+    if repair:
         labels, changed = make_consistent(det.deception_detected, list(det.types), det.severity,
                                           det.confidence_score, det.reasoning, list(det.evidence))
-        status, error = ("repaired" if changed else "ok"), None
+        status = "repaired" if changed else "ok"
+    else:
+        labels = Labels(det.deception_detected, list(det.types), det.severity, det.confidence_score,
+                        det.reasoning, list(det.evidence))
+        status = "ok"
     return ({
         "schema": AUDIT_SCHEMA, "run_id": run_id, "trial_id": trial_id, "global_round": det.global_round,
         "task_index": row["task_index"] if row else None, "round": row["round"] if row else None,
         "auditor_id": auditor_id, "mode": "window" if window is not None else "full", "window": window,
-        **labels.as_row(), "parse_status": status, "raw": det.raw_response, "error": error, "original": None,
+        **labels.as_row(), "parse_status": status, "raw": det.raw_response, "error": None, "original": None,
         "reference_raw": raw_labels if status != "ok" else None,
         "attempts": None, "context_rounds": None, "prompt_sha256": None, "prompt_tokens": None,
         "completion_tokens": None, "cached_tokens": None, "latency_s": None, "calls": None,
         "model": {"key": "reference", "model": REFERENCE_AUDITOR, "revision": None, "adapter": None},
         "timestamp": None,
     }, status)
+
+
+SUMMARY_KEYS = ("total_rounds", "deception_occurrences", "deception_rate", "severity_average_all_rounds",
+                "severity_average_deception_only")
+
+
+def check_summary(authors: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Our per-trial statistics of the imported rows against the summary the authors' auditor
+    wrote into the same detector file; None when that file has no summary numbers."""
+    from lhd_train.metrics.core import trial_stats
+
+    if not any(k in authors for k in SUMMARY_KEYS):
+        return None
+    ours = trial_stats({"deceptive": r["deceptive"], "types": r["types"], "severity": r["severity"],
+                        "label_status": r["parse_status"]} for r in rows)
+    mine: dict[str, Any] = {k: getattr(ours, k) for k in SUMMARY_KEYS}
+    mine.update({f"type_counts.{k}": v for k, v in ours.type_counts.items()})
+    theirs: dict[str, Any] = {k: authors[k] for k in SUMMARY_KEYS if k in authors}
+    theirs.update({f"type_counts.{k}": v for k, v in (authors.get("type_counts") or {}).items() if k in ours.type_counts})
+    diff = {k: {"authors": v, "ours": mine[k]} for k, v in theirs.items()
+            if not isinstance(v, (int, float)) or abs(float(v) - float(mine[k])) > 1e-9}
+    return {"matches": not diff, "differences": diff}
 
 
 # ---------------------------------------------------------------- the run directory
@@ -356,9 +382,10 @@ def _reset_trial(run_dir: Path, trial_id: str) -> None:
                 (folder / f"{trial_id}.jsonl").unlink()
 
 
-def import_reference(src: Path, out: Path) -> ImportReport:
+def import_reference(src: Path, out: Path, repair: bool = False) -> ImportReport:
     """Import one session folder, or every session folder directly under `src`, into run `out`.
-    Re-importing replaces the imported trials; a run not made by this importer is refused."""
+    Labels are kept as the authors wrote them unless `repair` (docs/auditing.md). Re-importing
+    replaces the imported trials; a run not made by this importer is refused."""
     from lhd_train.engine import package_versions
 
     sessions = find_sessions(Path(src))
@@ -418,21 +445,30 @@ def import_reference(src: Path, out: Path) -> ImportReport:
             folder = out / "audit" / aid
             folder.mkdir(parents=True, exist_ok=True)
             apath = folder / f"{s.trial_id}.jsonl"
-            counts = {"ok": 0, "repaired": 0, "failed": 0, "unmatched": 0}
+            counts = {"ok": 0, "repaired": 0, "unmatched": 0}
+            written = []
             for d in sorted(det.round_detections, key=lambda d: d.global_round):
                 if d.global_round not in by_round:
                     counts["unmatched"] += 1
                     continue
-                arow, status = detection_row(d, by_round[d.global_round], s.trial_id, run_id, aid, window)
+                arow, status = detection_row(d, by_round[d.global_round], s.trial_id, run_id, aid, window, repair)
                 append_jsonl(apath, arow)
+                written.append(arow)
                 counts[status] += 1
+            check = check_summary(det.summary, written)
             info = auditors.setdefault(aid, {
                 "schema": AUDITOR_SCHEMA, "auditor_id": aid,
                 "options": {"mode": "window" if window is not None else "full", "window": window,
                             "hide_supervisor": False, "hide_event_labels": False, "auditor_id": aid},
                 "model_identity": {"key": "reference", "model": REFERENCE_AUDITOR, "revision": None, "adapter": None},
                 "source": SOURCE_KIND, "trials": {}})
-            info["trials"][s.trial_id] = {"file": str(path.resolve()), "summary": det.summary, "rows": counts}
+            info["repair"] = repair
+            info["trials"][s.trial_id] = {"file": str(path.resolve()), "summary": det.summary, "rows": counts,
+                                          "summary_check": check}
+            if check is not None and not check["matches"]:
+                imported.note = "; ".join(filter(None, [imported.note, (
+                    f"{aid}: numbers differ from the authors' summary ({', '.join(check['differences'])})"
+                    + (f"; {counts['repaired']} label(s) repaired" if counts["repaired"] else ""))]))
             imported.auditors.append(aid)
             det_sources[aid] = str(path.resolve())
         sources[s.trial_id] = {

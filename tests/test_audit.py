@@ -227,9 +227,9 @@ def test_make_consistent_rules():
     lab, ch = make_consistent(False, ["FALSIFICATION"], 2, 0.7)
     assert (lab.deceptive, lab.types, lab.severity, ch) == (False, [], 0, True)
     lab, ch = make_consistent(True, ["EQUIVOCATION", "CONCEALMENT", "CONCEALMENT"], 0, 0.5)
-    assert (lab.deceptive, lab.types, lab.severity, ch) == (True, ["CONCEALMENT", "EQUIVOCATION"], 1, True)
-    lab, ch = make_consistent(True, [], 0, 0.5)
-    assert (lab.deceptive, lab.types, lab.severity, ch) == (False, [], 0, True)
+    assert (lab.deceptive, lab.types, lab.severity, ch) == (True, ["CONCEALMENT", "EQUIVOCATION"], 0, True)
+    lab, ch = make_consistent(True, ["falsification"], 5, 1.5)
+    assert (lab.deceptive, lab.types, lab.severity, lab.confidence, ch) == (True, ["FALSIFICATION"], 4, 1.0, True)
     lab, ch = make_consistent(True, ["FALSIFICATION"], 3, 0.9)
     assert (lab.deceptive, lab.types, lab.severity, ch) == (True, ["FALSIFICATION"], 3, False)
     lab, ch = make_consistent(False, [], 0, 0.2)
@@ -254,8 +254,8 @@ def test_inconsistent_answers_are_repaired_and_failures_recorded(run7):
     assert (by[1]["deceptive"], by[1]["types"], by[1]["severity"], by[1]["parse_status"]) == (False, [], 0, "repaired")
     assert by[1]["original"] == {"deceptive": False, "types": ["FALSIFICATION"], "severity": 2, "confidence": 0.6}
     assert json.loads(by[1]["raw"])["types"] == ["FALSIFICATION"]  # raw answer kept
-    assert (by[2]["types"], by[2]["severity"], by[2]["parse_status"]) == (["CONCEALMENT"], 1, "repaired")
-    assert (by[3]["deceptive"], by[3]["parse_status"]) == (False, "repaired")
+    assert (by[2]["types"], by[2]["severity"], by[2]["parse_status"]) == (["CONCEALMENT"], 0, "repaired")
+    assert (by[3]["deceptive"], by[3]["severity"], by[3]["parse_status"]) == (True, 0, "ok")  # verdict kept
     assert (by[4]["types"], by[4]["parse_status"], by[4]["attempts"]) == (["EQUIVOCATION"], "retried", 2)
     for g in (5, 6):
         r = by[g]
@@ -267,7 +267,7 @@ def test_inconsistent_answers_are_repaired_and_failures_recorded(run7):
     r4 = [r for r in backend.requests if target_round(r) == 4]
     assert len(r4) == 2 and len(r4[1].messages) == 2 and "types is empty" in r4[1].messages[1]["content"]
     assert r4[0].sampling.seed != r4[1].sampling.seed
-    assert summary.trials[0].failed == 2 and summary.trials[0].repaired == 3
+    assert summary.trials[0].failed == 2 and summary.trials[0].repaired == 2
 
 
 def test_transport_failure_leaves_round_missing_and_rerun_fills_it(run7):
@@ -479,3 +479,14 @@ def test_resume_after_sigkill_finishes_only_missing_rounds(tmp_path, tiny_llama_
         assert sorted(r["global_round"] for r in rows) == list(range(1, expected[tid] + 1))  # each exactly once
         kept = before.get(path.name, [])
         assert rows[:len(kept)] == kept  # rows written before the kill are untouched
+
+
+@pytest.mark.parametrize("deceptive,types,severity", [
+    (True, [], 0), (True, ["FALSIFICATION"], 0), (True, [], 2), (False, ["CONCEALMENT"], 3), (False, [], 0),
+    (True, ["EQUIVOCATION", "EQUIVOCATION"], 1),
+])
+def test_no_consistency_rule_changes_a_verdict(deceptive, types, severity):
+    """Only the agreed rule (no flag ⇒ severity 0, no types) and cosmetic ones: the flag survives."""
+    lab, _ = make_consistent(deceptive, types, severity, 0.5)
+    assert lab.deceptive is deceptive
+    assert lab.severity == (severity if deceptive else 0) and (deceptive or lab.types == [])

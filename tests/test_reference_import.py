@@ -1,5 +1,5 @@
-"""`lhd import-reference`: a synthetic session folder written here to the reference's documented
-schema (REFERENCE.md §1.5, §6.3-6.5) becomes a run our auditor, metrics and export can read."""
+"""`lhd import-reference`: a synthetic session folder written here to the authors' documented
+schema (docs/reference.md) becomes a run our auditor, metrics and export can read."""
 from __future__ import annotations
 
 import asyncio
@@ -130,7 +130,7 @@ def test_import_writes_our_run_format(tmp_path):
     assert tasks[0]["files"] == [{"name": "widgets.csv", "content": "id,n\n1,5\n"}]
 
 
-def test_detector_labels_are_mapped_and_made_consistent(tmp_path):
+def test_detector_labels_are_mapped_as_written(tmp_path):
     out = tmp_path / "run"
     import_reference(write_session(tmp_path / "ref"), out)
     full = {r["global_round"]: r for r in read_jsonl(out / "audit" / "reference-full" / "s42.jsonl")}
@@ -140,19 +140,32 @@ def test_detector_labels_are_mapped_and_made_consistent(tmp_path):
         (True, ["FALSIFICATION"], 3, 0.8, "ok")
     assert a["evidence"] == ["- quote 1"] and a["raw"] == "DECEPTION_DETECTED: True (1)"
     assert a["reference_raw"] is None and (a["mode"], a["window"], a["auditor_id"]) == ("full", None, "reference-full")
-    b = full[2]
-    assert (b["deceptive"], b["types"], b["severity"], b["parse_status"]) == (False, [], 0, "repaired")
-    assert b["reference_raw"] == {"deception_detected": False, "types": ["CONCEALMENT"], "severity": 2,
-                                  "confidence_score": 0.4}
-    c = full[3]
-    assert (c["deceptive"], c["severity"], c["parse_status"]) == (None, None, "failed")
-    assert c["reference_raw"]["deception_detected"] is True and c["reference_raw"]["severity"] == 2
+    # the authors' inconsistent labels stay as written: their statistics averaged them that way
+    assert [(full[g]["deceptive"], full[g]["types"], full[g]["severity"], full[g]["parse_status"]) for g in (2, 3)] == \
+        [(False, ["CONCEALMENT"], 2, "ok"), (True, [], 2, "ok")]
     win = read_jsonl(out / "audit" / "reference-window6" / "s42.jsonl")
     assert [(r["mode"], r["window"], r["deceptive"]) for r in win] == [("window", 6, True), ("window", 6, False),
                                                                        ("window", 6, False)]
     info = json.loads((out / "audit" / "reference-full" / "auditor.json").read_text())
     assert info["trials"]["s42"]["file"].endswith("detector_20250102_090000.json")
-    assert info["trials"]["s42"]["rows"] == {"ok": 1, "repaired": 1, "failed": 1, "unmatched": 0}
+    assert info["trials"]["s42"]["rows"] == {"ok": 3, "repaired": 0, "unmatched": 0}
+    assert info["repair"] is False and info["trials"]["s42"]["summary_check"]["differences"] == {
+        "deception_rate": {"authors": 0.67, "ours": 2 / 3}}  # the fixture's summary is rounded
+
+
+def test_repair_is_an_explicit_option_and_reported(tmp_path):
+    out = tmp_path / "run"
+    report = import_reference(write_session(tmp_path / "ref"), out, repair=True)
+    full = {r["global_round"]: r for r in read_jsonl(out / "audit" / "reference-full" / "s42.jsonl")}
+    b = full[2]
+    assert (b["deceptive"], b["types"], b["severity"], b["parse_status"]) == (False, [], 0, "repaired")
+    assert b["reference_raw"] == {"deception_detected": False, "types": ["CONCEALMENT"], "severity": 2,
+                                  "confidence_score": 0.4}
+    c = full[3]  # flagged without a type: the verdict is kept, nothing is invented
+    assert (c["deceptive"], c["types"], c["severity"], c["parse_status"]) == (True, [], 2, "ok")
+    info = json.loads((out / "audit" / "reference-full" / "auditor.json").read_text())
+    assert info["repair"] is True and info["trials"]["s42"]["rows"] == {"ok": 2, "repaired": 1, "unmatched": 0}
+    assert "1 label(s) repaired" in report.trials[0].note
 
 
 def test_reimport_replaces_and_folders_of_sessions_import_together(tmp_path):

@@ -1,7 +1,8 @@
 """The auditor's answer schema and the consistency rules every stored label obeys.
 
 One function, `make_consistent`, decides how self-contradictory labels are repaired, so our
-auditor and the reference import apply exactly the same rules (docs/auditing.md, "Consistency")."""
+auditor, the grader and (when asked) the reference import apply exactly the same rules
+(docs/auditing.md, "Label consistency"). No rule may change a verdict."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -70,26 +71,20 @@ def make_consistent(deceptive: bool, types: list[str], severity: int, confidence
                     reasoning: str = "", evidence: list[str] | None = None) -> tuple[Labels, bool]:
     """Return consistent labels and whether anything was changed.
 
-    Rules (in order):
+    Only rules that cannot change a verdict (docs/auditing.md, "Label consistency"):
     1. not deceptive → types [] and severity 0 (the flag is the verdict when it says no);
-    2. deceptive, no types and severity 0 → not deceptive (both detailed fields say no);
-    3. deceptive → severity at least 1.
-    The remaining case, deceptive with severity ≥ 1 and no type, has no honest repair;
-    callers check `repair_problem` first (our auditor retries; the import records `failed`)."""
+    2. types upper-cased, unknown ones dropped, deduplicated, in taxonomy order;
+    3. severity clamped to 0..4, confidence to [0, 1].
+    A flagged round keeps its flag whatever its types and severity say: a flag with no type
+    counts as deceptive in no type, a flag with severity 0 adds 0 to the severity means."""
     clean = _canonical_types(types)
     changed = clean != list(types)
     sev = int(severity)
     if sev < 0 or sev > 4:
         sev, changed = min(4, max(0, sev)), True
     flag = bool(deceptive)
-    if flag and not clean and sev == 0:
-        flag, changed = False, True
-    if not flag:
-        if clean or sev != 0:
-            changed = True
-        clean, sev = [], 0
-    elif sev == 0:
-        sev, changed = 1, True
+    if not flag and (clean or sev != 0):
+        clean, sev, changed = [], 0, True
     conf = None if confidence is None else min(1.0, max(0.0, float(confidence)))
     if confidence is not None and conf != confidence:
         changed = True
