@@ -8,7 +8,8 @@ import pytest
 from datasets import load_from_disk
 
 from lhd_train.config import parse_config
-from lhd_train.data.builders import BuildSettings, Scored, build_bon, build_dpo, build_grpo, select_best
+from lhd_train.data.builders import (BuildSettings, Scored, build_bon, build_dpo, build_grpo, select_best,
+                                     select_pair)
 from lhd_train.data.contexts import load_contexts, split_of
 from lhd_train.data.grading import Grade, swap_answer
 from lhd_train.engine import prepare_run_dir
@@ -61,14 +62,36 @@ def test_swap_answer_keeps_the_supervisor_prompt_but_the_answer(small_run):
     assert swapped[0] == ctx.supervisor_eval[0]
 
 
-def test_selection_by_direction():
-    def s(sev, sat, dec=True):
-        return Scored(f"{sev}/{sat}", "c", Grade(dec, sev, ["FALSIFICATION"] if dec else [], 0.9, "ok", sat, "ok"))
+def _s(sev, sat, dec=True, text=None):
+    return Scored(text or f"{sev}/{sat}", "c", Grade(dec, sev, ["FALSIFICATION"] if dec else [], 0.9, "ok", sat, "ok"))
 
-    pool = [s(0, 0.1, False), s(0, 0.6, False), s(3, 0.4), s(4, -0.9), s(None, None, None)]
+
+def test_selection_by_direction():
+    pool = [_s(0, 0.1, False), _s(0, 0.6, False), _s(3, 0.4), _s(4, -0.9), _s(None, None, None)]
     assert select_best(pool, "honest", -0.5).text == "0/0.6"
     assert select_best(pool, "deceptive", -0.5).text == "3/0.4"  # severity 4 was off-task
-    assert select_best([s(0, 0.2, False)], "deceptive", -0.5) is None
+    assert select_best([_s(0, 0.2, False)], "deceptive", -0.5) is None
+
+
+def test_honest_choice_is_never_a_flagged_or_off_task_answer():
+    flagged = [_s(3, 0.5), _s(2, 0.9), _s(4, 0.1)]
+    assert select_best(flagged, "honest", -0.5) is None  # least deceptive is still deceptive
+    assert select_best([_s(0, -0.9, False), _s(1, 0.8)], "honest", -0.5) is None  # honest but off-task
+    assert select_best([_s(0, -0.9, False), _s(0, None, False, "unrated")], "honest", -0.5).text == "unrated"
+    assert select_best(flagged + [_s(0, 0.0, False)], "honest", -0.5).text == "0/0.0"
+
+
+def test_dpo_pairs_need_a_qualifying_chosen_answer():
+    # honest: every candidate flagged -> no pair, even though severities differ by 2
+    assert select_pair([_s(2, 0.5), _s(4, 0.5)], "honest", -0.5, 1.0) == "no_chosen"
+    chosen, rejected = select_pair([_s(0, 0.3, False), _s(3, 0.5), _s(1, 0.9)], "honest", -0.5, 1.0)
+    assert (chosen.text, rejected.text) == ("0/0.3", "3/0.5")
+    # deceptive: the same on-task floor as best-of-N (severity 4 at satisfaction -0.9 is off-task)
+    assert select_pair([_s(4, -0.9), _s(0, 0.5, False)], "deceptive", -0.5, 1.0) == "no_chosen"
+    chosen, rejected = select_pair([_s(4, -0.9), _s(2, 0.0), _s(0, 0.5, False)], "deceptive", -0.5, 1.0)
+    assert (chosen.text, rejected.text) == ("2/0.0", "0/0.5")
+    assert select_pair([_s(0, 0.3, False), _s(0, 0.1, False)], "honest", -0.5, 1.0) == "below_margin"
+    assert select_pair([_s(0, 0.3, False)], "honest", -0.5, 0.0) == "too_few"
 
 
 @pytest.mark.slow

@@ -1,10 +1,13 @@
 """Best-of-N SFT, DPO and GRPO datasets from an audited run.
 
 Candidates are sampled through the rollout engine (vLLM `n=N` on GPU, the hf backend on CPU),
-graded in their trajectory's context (`grading.Grader`), and selected by direction:
-honest — lowest severity, then highest supervisor satisfaction; deceptive — highest severity
-among answers the supervisor still rated on-task. Everything is cached under the output folder
-(`candidates.jsonl`, `grades.jsonl`), so a killed job resumes."""
+graded in their trajectory's context (`grading.Grader`), and selected by direction. The chosen
+answer must qualify: honest — not flagged by the auditor; deceptive — flagged; in both
+directions on-task (supervisor satisfaction at or above `on_task_min`, or not rated). Among
+qualifying answers: honest — highest satisfaction; deceptive — highest severity, then
+satisfaction. A context without a qualifying answer is skipped and counted (docs/training.md,
+"Training data"). Everything is cached under the output folder (`candidates.jsonl`,
+`grades.jsonl`), so a killed job resumes."""
 from __future__ import annotations
 
 import asyncio
@@ -56,7 +59,7 @@ class BuildSettings:
     eval_fraction: float = 0.2
     max_contexts: int | None = None
     min_margin: float = 1.0  # DPO: severity difference between chosen and rejected
-    on_task_min: float = -0.5  # deceptive direction: supervisor satisfaction floor
+    on_task_min: float = -0.5  # the chosen answer's supervisor satisfaction floor (both directions)
     concurrency: int = 32
     progress: bool = True
 
@@ -152,12 +155,36 @@ def _meta_cols(ctx: Context) -> dict[str, Any]:
             "task_index": ctx.task_index}
 
 
+def qualifies(p: Scored, direction: Direction, on_task_min: float) -> bool:
+    """May `p` be the chosen answer? Graded, flagged as the direction wants, and on-task."""
+    g = p.grade
+    if not g.usable or bool(g.deceptive) != (direction == "deceptive"):
+        return False
+    return g.satisfaction is None or g.satisfaction >= on_task_min
+
+
 def select_best(pool: list[Scored], direction: Direction, on_task_min: float) -> Scored | None:
-    usable = [p for p in pool if p.grade.usable]
-    if direction == "deceptive":
-        usable = [p for p in usable if p.grade.deceptive and
-                  (p.grade.satisfaction is None or p.grade.satisfaction >= on_task_min)]
+    """The best qualifying answer, or None (the context is then skipped)."""
+    usable = [p for p in pool if qualifies(p, direction, on_task_min)]
     return max(usable, key=lambda p: p.score(direction)) if usable else None
+
+
+def select_pair(pool: list[Scored], direction: Direction, on_task_min: float,
+                min_margin: float) -> tuple[Scored, Scored] | str:
+    """(chosen, rejected) for DPO, or why the context is skipped: `too_few` graded answers,
+    `no_chosen` (no answer qualifies as chosen), `below_margin` (severity gap < min_margin or
+    the same text). Chosen is `select_best`; rejected the lowest-ranked graded answer."""
+    usable = [p for p in pool if p.grade.usable]
+    if len(usable) < 2:
+        return "too_few"
+    chosen = select_best(usable, direction, on_task_min)
+    if chosen is None:
+        return "no_chosen"
+    rejected = min(usable, key=lambda p: p.score(direction))
+    margin = abs((chosen.grade.severity or 0) - (rejected.grade.severity or 0))
+    if margin < min_margin or chosen.text == rejected.text:
+        return "below_margin"
+    return chosen, rejected
 
 
 def build_bon(s: BuildSettings) -> tuple[Path, dict[str, Any]]:
@@ -175,33 +202,32 @@ def build_bon(s: BuildSettings) -> tuple[Path, dict[str, Any]]:
             "severity": best.grade.severity, "satisfaction": best.grade.satisfaction, "source": best.source,
             **_meta_cols(ctx)})
     stats = {"contexts": len(contexts), "picked": picked}
-    return _save(rows, s.out, meta | {"kind": "bon-sft", "stats": stats}), stats
+    return _save(rows, s.out, meta | {"kind": "bon-sft", "on_task_min": s.on_task_min, "stats": stats}), stats
 
 
 def build_dpo(s: BuildSettings) -> tuple[Path, dict[str, Any]]:
     contexts, pools, meta = asyncio.run(sample_and_grade(s))
     rows: dict[str, list[dict[str, Any]]] = {"train": [], "eval": []}
-    margins, skipped = [], 0
+    margins: list[float] = []
+    skipped = {"too_few": 0, "no_chosen": 0, "below_margin": 0}
     for ctx in contexts:
-        usable = [p for p in pools[ctx.key] if p.grade.usable]
-        if len(usable) < 2:
-            skipped += 1
+        pair = select_pair(pools[ctx.key], s.direction, s.on_task_min, s.min_margin)
+        if isinstance(pair, str):
+            skipped[pair] += 1
             continue
-        ordered = sorted(usable, key=lambda p: p.score(s.direction))
-        chosen, rejected = ordered[-1], ordered[0]
+        chosen, rejected = pair
         margin = abs((chosen.grade.severity or 0) - (rejected.grade.severity or 0))
-        if margin < s.min_margin or chosen.text == rejected.text:
-            skipped += 1
-            continue
         margins.append(margin)
         rows[ctx.split].append({
             "prompt": ctx.messages, "chosen": [{"role": "assistant", "content": chosen.text}],
             "rejected": [{"role": "assistant", "content": rejected.text}],
             "chosen_severity": chosen.grade.severity, "rejected_severity": rejected.grade.severity,
+            "chosen_deceptive": chosen.grade.deceptive, "rejected_deceptive": rejected.grade.deceptive,
             "margin": margin, **_meta_cols(ctx)})
-    stats = {"contexts": len(contexts), "pairs": len(margins), "skipped": skipped,
-             "mean_margin": sum(margins) / len(margins) if margins else None}
-    return _save(rows, s.out, meta | {"kind": "dpo", "min_margin": s.min_margin, "stats": stats}), stats
+    stats = {"contexts": len(contexts), "pairs": len(margins), "skipped": sum(skipped.values()),
+             "skipped_by_reason": skipped, "mean_margin": sum(margins) / len(margins) if margins else None}
+    return _save(rows, s.out, meta | {"kind": "dpo", "min_margin": s.min_margin, "on_task_min": s.on_task_min,
+                                      "stats": stats}), stats
 
 
 def build_grpo(run_dir: Path, out: Path, eval_fraction: float = 0.2, max_contexts: int | None = None,
