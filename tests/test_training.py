@@ -543,3 +543,13 @@ def test_grpo_raises_the_mean_reward_of_a_learnable_reward(learnable, tmp_path):
     print(f"GRPO mean reward {first3:.3f} -> {last3:.3f}; p(target first) {p_before:.3f} -> {p_after:.3f}")
     assert last3 > first3 + 0.3, rewards
     assert p_after > p_before + 0.2, (p_before, p_after)
+
+
+def test_sft_trains_only_the_selected_last_turn_by_default(tmp_path):
+    """Best-of-N rows end with the selected answer after the performer's own earlier answers
+    (possibly deceptive): without an `sft:` section only that last turn is trained."""
+    from lhd_train.training.recipe import load_recipe
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("algo: sft\nmodel: m\ndirection: honest\ndata: {train: d}\noutput_dir: o\n")
+    assert load_recipe(recipe).sft.loss_on == "last_turn"

@@ -119,11 +119,12 @@ class GrpoSpec(_Strict):
 
 class SftSpec(_Strict):
     loss_on: Literal["assistant", "last_turn", "all"] = Field(
-        "assistant",
+        "last_turn",
         description=(
-            "assistant: every assistant turn (TRL assistant_only_loss; needs {% generation %} markers or a template "
-            "TRL can patch, else falls back to last_turn); last_turn: only the final assistant message (prompt/"
-            "completion split, any template); all: every token"
+            "last_turn (default): only the final assistant message, the selected answer (prompt/completion split, "
+            "any template; earlier assistant turns of a best-of-N row are the performer's own, possibly deceptive, "
+            "answers); assistant: every assistant turn (TRL assistant_only_loss; needs {% generation %} markers or "
+            "a template TRL can patch, else falls back to last_turn); all: every token"
         ),
     )
 
