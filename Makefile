@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: env demo test clean
+.PHONY: env vllm-env demo test clean
 
 $(BIN)/lhd: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -25,9 +25,15 @@ env: $(BIN)/lhd
 demo: env
 	$(BIN)/python scripts/demo.py
 
+# vLLM on CPU in its own venv, .venv-vllm (it pins its own torch and transformers).
+vllm-env:
+	bash scripts/install_vllm_cpu.sh
+
+# A failed vLLM build does not stop the tests: the real-vLLM tests then skip, printing why.
 test: env
 	bash scripts/install_chromium.sh
+	-bash scripts/install_vllm_cpu.sh
 	$(BIN)/python -m pytest -q -ra
 
 clean:
-	rm -rf $(VENV) runs/demo
+	rm -rf $(VENV) runs/demo .venv-vllm .venv-vllm.*

@@ -19,7 +19,8 @@ class ModelSpec(BaseModel):
     revision: str | None = None
     # hf / vllm
     dtype: str = Field("auto", description="auto | float32 | bfloat16 | float16")
-    device: str = Field("auto", description="hf only: auto | cpu | cuda | cuda:N")
+    device: str = Field("auto", description="hf: auto | cpu | cuda | cuda:N; vllm: auto | cpu | cuda "
+                        "(auto: cuda when a GPU is visible, else cpu)")
     max_batch_size: int = Field(16, ge=1, description="hf only: most sequences decoded together")
     batch_wait_ms: float = Field(5.0, ge=0, description="hf only: wait this long to fill a batch")
     max_model_len: int | None = Field(None, ge=16, description="context budget in tokens")
@@ -48,3 +49,8 @@ class ModelSpec(BaseModel):
     max_lora_rank: int = 64
     extra_args: list[str] = Field(default_factory=list, description="vllm: extra CLI args")
     gpus: str | None = Field(None, description="vllm: CUDA_VISIBLE_DEVICES for the server")
+    cpu_kv_cache_gib: int = Field(
+        4, ge=1, description="vllm on CPU: GiB of memory for the KV cache (VLLM_CPU_KVCACHE_SPACE)")
+    vllm_executable: str | None = Field(
+        None, description="vllm: the `vllm` command to run; default $LHD_VLLM, then `vllm` on PATH, "
+        "then .venv-vllm/bin/vllm in the lhd checkout (`make vllm-env`)")

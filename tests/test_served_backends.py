@@ -111,7 +111,7 @@ def test_missing_api_key_env_is_a_clear_error(monkeypatch):
 def test_vllm_command_carries_the_spec():
     spec = ModelSpec(backend="vllm", model="/models/llama", revision="abc", dtype="bfloat16", max_model_len=32768,
                      tensor_parallel_size=2, gpu_memory_utilization=0.85, adapters={"honest": "/ad/h"},
-                     enable_prefix_caching=True)
+                     enable_prefix_caching=True, device="cuda")
     cmd = vllm_command(spec, 8123, "perf")
     joined = " ".join(cmd)
     for part in ("serve /models/llama", "--port 8123", "--served-model-name perf", "--revision abc",

