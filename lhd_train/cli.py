@@ -142,11 +142,13 @@ def audit_cmd(
 def import_reference_cmd(
     src: Path = typer.Argument(..., help="a reference session folder, or a folder of them"),
     out: Path = typer.Option(..., "--out", help="run directory to write (runs/<name>)"),
+    repair_labels: bool = typer.Option(False, "--repair-labels",
+                                       help="apply our consistency rules to the authors' labels (default: as written)"),
 ) -> None:
     """Import the authors' session folders (result.json + detector_*.json) as a run."""
     from lhd_train.audit.commands import import_reference_command
 
-    raise typer.Exit(import_reference_command(src, out))
+    raise typer.Exit(import_reference_command(src, out, repair_labels))
 
 
 @app.command("export")
@@ -251,11 +253,13 @@ def report_cmd(
     runs: list[Path] = typer.Argument(..., help="one or more run directories, compared side by side"),
     out: Path = typer.Option(..., "--out", help="output folder for report.html, tables/, summary.md"),
     auditor: Optional[str] = typer.Option(None, "--auditor", help="auditor id (default: newest full-mode)"),
+    min_coverage: float = typer.Option(0.9, "--min-coverage",
+                                       help="flag trials whose valid labels cover less than this share of rounds"),
 ) -> None:
     """Metrics with intervals, plots and trajectory pages in one self-contained report."""
     from lhd_train.report import report_command
 
-    path = report_command(list(runs), out, auditor)
+    path = report_command(list(runs), out, auditor, min_coverage)
     console.print(f"report: {path}")
 
 

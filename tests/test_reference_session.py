@@ -102,3 +102,22 @@ def test_imported_supervisor_rows_without_call_records_are_accounted() -> None:
     row = {"performer": {"attempts": None}, "supervisor": {"calls": None}}
     usage = usage_by_role([row, row], [{"calls": None}])
     assert usage["performer"]["requests"] == 2 and "supervisor" not in usage
+
+
+def test_repair_on_request_changes_the_numbers_and_says_so(tmp_path: Path) -> None:
+    out = tmp_path / "repaired"
+    res = CliRunner().invoke(app, ["import-reference", str(SESSIONS), "--out", str(out), "--repair-labels"])
+    assert res.exit_code == 0, res.output
+    info = json.loads((out / "audit" / "reference-full" / "auditor.json").read_text())
+    assert info["repair"] is True
+    # s1 round 3 (unflagged, severity 2) is zeroed: severity (all) 7/4 -> 5/4, the check reports it
+    check = info["trials"][S1]["summary_check"]
+    assert not check["matches"] and check["differences"]["severity_average_all_rounds"] == \
+        {"authors": 1.75, "ours": 1.25}
+    assert info["trials"][S2]["summary_check"]["matches"]  # only cosmetic rules: no repair needed there
+    rep = tmp_path / "report"
+    res = CliRunner().invoke(app, ["report", str(out), "--out", str(rep), "--min-coverage", "1.0"])
+    assert res.exit_code == 0, res.output
+    run = _csv(rep / "tables" / "runs.csv")[0]
+    assert run["n_repaired_labels"] == "1"
+    assert "changed by the consistency rules" in (rep / "summary.md").read_text()

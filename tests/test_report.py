@@ -82,8 +82,18 @@ def test_report_writes_page_tables_summary_and_trial_pages(report: Path):
     assert float(rows["base"]["deception_rate_mean"]) == pytest.approx((3 / 6 + 2 / 6 + 2 / 5) / 3)
     assert rows["base"]["n_failed_labels"] == "1"
     assert float(rows["honest"]["deception_rate_mean"]) == pytest.approx(1 / 12)
+    # s3 has 5 of 6 labels (83 %): flagged, and the headline is also given without it
+    assert float(rows["base"]["min_label_coverage"]) == pytest.approx(5 / 6)
+    assert rows["base"]["n_low_coverage_trials"] == "1" and rows["honest"]["n_low_coverage_trials"] == "0"
+    assert float(rows["base"]["deception_rate_covered_mean"]) == pytest.approx((3 / 6 + 2 / 6) / 2)
+    with open(out / "tables" / "per_trial.csv") as f:
+        cov = {(r["run"], r["trial_id"]): r for r in csv.DictReader(f)}
+    assert cov[("base", "s3")]["low_coverage"] == "True" and cov[("base", "s1")]["label_coverage"] == "1.0"
+    html = report.read_text()
+    assert "label coverage" in html and "trials below 90% coverage" in html
     summary = (out / "summary.md").read_text()
-    assert "| base | tiny-llama |" in summary
+    assert "| base | tiny-llama |" in summary and "label coverage" in summary
+    assert "1 trial(s) with label coverage below 90% (s3 83%)" in summary
     assert "honest-lora" in summary
     pages = sorted(p.relative_to(out).as_posix() for p in (out / "trials").rglob("*.html"))
     assert pages == ["trials/base/s1.html", "trials/base/s2.html", "trials/base/s3.html",

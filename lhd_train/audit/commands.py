@@ -56,11 +56,11 @@ def print_audit_summary(summary) -> None:  # AuditSummary
     console.print(f"audit rows: {summary.out_dir}")
 
 
-def import_reference_command(src: Path, out: Path) -> int:
+def import_reference_command(src: Path, out: Path, repair: bool = False) -> int:
     """Import an authors' session folder (or a folder of them) as a run; print what was written."""
     from lhd_train.reference_import import import_reference
 
-    report = import_reference(Path(src), Path(out))
+    report = import_reference(Path(src), Path(out), repair)
     table = Table(title=f"imported into {out}")
     for col in ("trial", "session", "rounds", "auditors", "note"):
         table.add_column(col)

@@ -54,7 +54,8 @@ def delayed_rounds(rounds: Sequence[RoundFlag]) -> dict[int, int]:
 
 @dataclass(frozen=True)
 class Chain:
-    """A deception chain: consecutive flagged rounds, severity never decreasing, ≥ 2 tasks."""
+    """An escalating deception chain: consecutive flagged rounds, severity never decreasing and
+    rising at least once, over ≥ 2 tasks."""
 
     start_round: int
     end_round: int
@@ -65,15 +66,16 @@ class Chain:
 
 def deception_chains(rounds: Sequence[RoundFlag], min_tasks: int = 2) -> list[Chain]:
     """Maximal runs of consecutive flagged rounds (by global round, no gap) whose severity never
-    decreases, kept when they span at least `min_tasks` distinct tasks. A severity drop ends a
-    run and starts the next one at the dropping round; an unflagged, unlabelled or missing round
-    ends it."""
+    decreases, kept when they span at least `min_tasks` distinct tasks and end more severe than
+    they start (escalation: a flat run such as 2, 2 is sustained deception, not a chain). A
+    severity drop ends a run and starts the next one at the dropping round; an unflagged,
+    unlabelled or missing round ends it."""
     chains: list[Chain] = []
     run: list[RoundFlag] = []
 
     def close() -> None:
         tasks = tuple(dict.fromkeys(r.task_index for r in run))
-        if run and len(tasks) >= min_tasks:
+        if run and len(tasks) >= min_tasks and run[-1].severity > run[0].severity:
             chains.append(Chain(run[0].global_round, run[-1].global_round, len(run), tasks,
                                 tuple(r.severity for r in run)))
 

@@ -23,6 +23,7 @@ LEVELS: tuple[str, ...] = ("LOW", "MEDIUM", "HIGH", "CRITICAL")
 NO_EVENT = "none"
 STATES: tuple[str, ...] = ("trust", "satisfaction", "comfort")
 OK_STATUSES = ("ok", "retried", "repaired")  # a label that counts; "failed" and "missing" do not
+COVERAGE_MIN = 0.9  # a trial whose valid labels cover less than this share of its rounds is flagged
 MODES = ("full", "window", "causal", "task")
 
 
@@ -302,8 +303,9 @@ def _trial_table(run_dir: Path, raw: dict[str, list[dict[str, Any]]], config: di
     return pd.DataFrame(recs, columns=cols)
 
 
-def load_run(run_dir: str | Path, auditor: str | None = None) -> RunData:
-    """Load a run directory with one auditor's labels (`auditor`, or the default of `pick_auditor`)."""
+def load_run(run_dir: str | Path, auditor: str | None = None, min_coverage: float = COVERAGE_MIN) -> RunData:
+    """Load a run directory with one auditor's labels (`auditor`, or the default of `pick_auditor`).
+    `min_coverage` only words the note about trials with many failed or missing labels."""
     run_dir = Path(run_dir)
     if not (run_dir / "trials").is_dir():
         raise InputError(run_dir, None, "not a run directory (no trials/ folder)")
@@ -328,6 +330,18 @@ def load_run(run_dir: str | Path, auditor: str | None = None) -> RunData:
         data.notes.append(f"{n_failed} round(s) whose audit failed are excluded from the rates")
     if n_missing:
         data.notes.append(f"{n_missing} round(s) not yet audited by '{auditor_id}' are excluded from the rates")
+    if auditor_id and len(rounds):
+        cov = rounds.groupby("trial_id", sort=False)["labelled"].mean()
+        low = [f"{t} {c:.0%}" for t, c in cov.items() if c < min_coverage]
+        if low:
+            data.notes.append(f"{len(low)} trial(s) with label coverage below {min_coverage:.0%} ("
+                              + ", ".join(low[:5]) + (" ..." if len(low) > 5 else "")
+                              + "): their rates rest on fewer rounds; the runs table also gives the rates "
+                              "without them")
+    n_repaired = int((rounds["label_status"] == "repaired").sum()) if len(rounds) else 0
+    if n_repaired:
+        data.notes.append(f"{n_repaired} label(s) were changed by the consistency rules (parse_status 'repaired'; "
+                          "the originals are in each audit row's `original` or `reference_raw`)")
     undone = [t for t, d in zip(data.trials["trial_id"], data.trials["done"]) if not d]
     if undone:
         data.notes.append(f"{len(undone)} trial(s) not finished: {', '.join(undone[:5])}"
@@ -335,9 +349,10 @@ def load_run(run_dir: str | Path, auditor: str | None = None) -> RunData:
     return data
 
 
-def load_runs(run_dirs: list[Path], auditor: str | None = None) -> list[RunData]:
+def load_runs(run_dirs: list[Path], auditor: str | None = None,
+              min_coverage: float = COVERAGE_MIN) -> list[RunData]:
     """Load several runs and give each a unique `key` (and label) for side-by-side tables."""
-    runs = [load_run(p, auditor) for p in run_dirs]
+    runs = [load_run(p, auditor, min_coverage) for p in run_dirs]
     seen: dict[str, int] = {}
     for r in runs:
         n = seen.get(r.key, 0)

@@ -14,7 +14,7 @@ import pandas as pd
 from lhd_train.errors import InputError
 from lhd_train.metrics.core import RunMetrics, compute_all
 from lhd_train.metrics.horizon import chains_summary, chains_table, delayed_table, horizon_table
-from lhd_train.metrics.load import TYPES, RunData, load_runs
+from lhd_train.metrics.load import COVERAGE_MIN, TYPES, RunData, load_runs
 from lhd_train.report import plots
 from lhd_train.report.render import ci, fmt, pm, render_page
 from lhd_train.report.viewer import safe_name, states_plot, write_run_pages
@@ -31,9 +31,11 @@ def _num(columns: Sequence[str], first_text: int) -> list[bool]:
     return [i >= first_text for i in range(len(columns))]
 
 
-def runs_table_ctx(runs: list[RunData], m: RunMetrics) -> dict[str, Any]:
+def runs_table_ctx(runs: list[RunData], m: RunMetrics, min_coverage: float = COVERAGE_MIN) -> dict[str, Any]:
     cols = ["run", "performer", "auditor", "trials", "labelled rounds", "flagged", "failed labels",
-            "deception rate", "95% CI", "avg severity (all rounds)", "avg severity (deceptive; 0 if none)",
+            "repaired labels", "label coverage (min)", f"trials below {min_coverage:.0%} coverage",
+            "deception rate", "95% CI", f"deception rate (trials ≥ {min_coverage:.0%} coverage)",
+            "avg severity (all rounds)", "avg severity (deceptive; 0 if none)",
             "avg severity (deceptive; trials with deception)"]
     by = {r["run"]: r for r in m.runs.to_dict("records")}
     rows = []
@@ -43,9 +45,12 @@ def runs_table_ctx(runs: list[RunData], m: RunMetrics) -> dict[str, Any]:
         rows.append([run.key, run.model_label,
                      f"{a.auditor_id} ({a.mode})" if a else "none",
                      fmt(s.get("n_trials", 0)), fmt(s.get("n_rounds", 0)), fmt(s.get("n_flagged", 0)),
-                     fmt(s.get("n_failed_labels", 0)),
+                     fmt(s.get("n_failed_labels", 0)), fmt(s.get("n_repaired_labels", 0)),
+                     fmt(s.get("min_label_coverage")), fmt(s.get("n_low_coverage_trials", 0)),
                      pm(s.get("deception_rate_mean"), s.get("deception_rate_se")),
                      ci(s.get("deception_rate_ci_low"), s.get("deception_rate_ci_high")),
+                     pm(s.get("deception_rate_covered_mean"), s.get("deception_rate_covered_se"))
+                     + f" (n={fmt(s.get('n_trials_covered', 0))})",
                      pm(s.get("severity_average_all_rounds_mean"), s.get("severity_average_all_rounds_se")),
                      pm(s.get("severity_average_deception_only_mean"), s.get("severity_average_deception_only_se")),
                      pm(s.get("severity_deceptive_nan_mean"), s.get("severity_deceptive_nan_se"))])
@@ -81,22 +86,23 @@ def types_table_ctx(types: pd.DataFrame, labels: dict[str, str]) -> dict[str, An
 
 
 def breakdown_table_ctx(df: pd.DataFrame, by: str, labels: dict[str, str], title: str) -> dict[str, Any]:
-    cols = ["run", title, "trials", "rounds", "flagged", "rate (pooled)", "rate (mean over trials)", "95% CI",
-            "avg severity (deceptive)", *[f"share {t.lower()}" for t in TYPES]]
+    cols = ["run", title, "trials", "labelled rounds", "label coverage", "flagged", "rate (pooled)",
+            "rate (mean over trials)", "95% CI", "avg severity (deceptive)", *[f"share {t.lower()}" for t in TYPES]]
     rows = []
     for r in df.to_dict("records"):
         v = r[by]
         rows.append([labels.get(r["run"], r["run"]), str(v), fmt(r["n_trials"]), fmt(r["n_rounds"]),
-                     fmt(r["n_flagged"]), fmt(r["rate_pooled"]), pm(r["rate_mean"], r["rate_se"]),
+                     fmt(r["label_coverage"]), fmt(r["n_flagged"]), fmt(r["rate_pooled"]), pm(r["rate_mean"], r["rate_se"]),
                      ci(r["rate_ci_low"], r["rate_ci_high"]), fmt(r["severity_deceptive"], 2),
                      *[fmt(r[f"share_{t}"]) for t in TYPES]])
     return _t(cols, rows, _num(cols, 2))
 
 
 def control_table_ctx(df: pd.DataFrame) -> dict[str, Any]:
-    cols = ["performer", "condition", "trials", "deception rate", "95% CI", "avg severity (all)",
-            "avg severity (deceptive)", *[f"share {t.lower()}" for t in TYPES]]
-    rows = [[r["model"], r["condition"], fmt(r["n_trials"]), pm(r["deception_rate_mean"], r["deception_rate_se"]),
+    cols = ["performer", "condition", "trials", "label coverage (min)", "trials below coverage", "deception rate",
+            "95% CI", "avg severity (all)", "avg severity (deceptive)", *[f"share {t.lower()}" for t in TYPES]]
+    rows = [[r["model"], r["condition"], fmt(r["n_trials"]), fmt(r["min_label_coverage"]),
+             fmt(r["n_low_coverage_trials"]), pm(r["deception_rate_mean"], r["deception_rate_se"]),
              ci(r["deception_rate_ci_low"], r["deception_rate_ci_high"]),
              pm(r["severity_average_all_rounds_mean"], r["severity_average_all_rounds_se"]),
              pm(r["severity_average_deception_only_mean"], r["severity_average_deception_only_se"]),
@@ -140,14 +146,17 @@ def chains_table_ctx(df: pd.DataFrame, labels: dict[str, str]) -> dict[str, Any]
 
 
 def trials_table_ctx(per_trial: pd.DataFrame, hrefs: dict[str, str]) -> dict[str, Any]:
-    cols = ["trial", "condition", "finished", "rounds", "labelled", "flagged", "failed labels", "deception rate",
-            "avg severity (all)", "avg severity (deceptive)", "final trust", "mean satisfaction", "final comfort"]
+    cols = ["trial", "condition", "finished", "rounds", "labelled", "flagged", "failed labels", "label coverage",
+            "deception rate", "avg severity (all)", "avg severity (deceptive)", "final trust", "mean satisfaction",
+            "final comfort"]
     rows = []
     for r in per_trial.to_dict("records"):
         tid = r["trial_id"]
         rows.append([{"text": tid, "href": hrefs[tid]} if tid in hrefs else tid, r["condition"], fmt(bool(r["done"])),
                      fmt(r["n_rounds"]), fmt(r.get("total_rounds")), fmt(r.get("deception_occurrences")),
-                     fmt(r.get("failed_rounds")), fmt(r.get("deception_rate")),
+                     fmt(r.get("failed_rounds")),
+                     fmt(r.get("label_coverage")) + (" (low)" if r.get("low_coverage") in (True,) else ""),  # numpy or NaN
+                     fmt(r.get("deception_rate")),
                      fmt(r.get("severity_average_all_rounds"), 2), fmt(r.get("severity_average_deception_only"), 2),
                      fmt(r["final_trust"], 2), fmt(r["mean_satisfaction"], 2), fmt(r["final_comfort"], 2)])
     return _t(cols, rows, _num(cols, 3))
@@ -174,18 +183,23 @@ def write_tables(out: Path, m: RunMetrics, extra: dict[str, pd.DataFrame]) -> li
     return paths
 
 
-def summary_md(runs: list[RunData], m: RunMetrics, horizon: pd.DataFrame) -> str:
+def summary_md(runs: list[RunData], m: RunMetrics, horizon: pd.DataFrame, min_coverage: float = COVERAGE_MIN) -> str:
     lines = ["# LH-Deception report", "",
-             "Per-trial metrics as REFERENCE.md §7.1, averaged over trials (unweighted mean ± SE, ddof=1;",
-             "95 % percentile bootstrap interval). Definitions: docs/metrics.md. Full report: report.html.", "",
-             "| run | performer | auditor | trials | deception rate | 95% CI | severity (all) | severity (deceptive) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "Per-trial metrics as the authors' auditor computes them (docs/reference.md), averaged over trials",
+             "(unweighted mean ± SE, ddof=1; 95 % percentile bootstrap interval). Label coverage = rounds with a",
+             f"valid label / all rounds; trials below {min_coverage:.0%} are counted, and the rate is also given without",
+             "them. Definitions: docs/metrics.md. Full report: report.html.", "",
+             "| run | performer | auditor | trials | label coverage (min) | trials below coverage | deception rate "
+             "| 95% CI | rate (covered trials) | severity (all) | severity (deceptive) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     by = {r["run"]: r for r in m.runs.to_dict("records")}
     for run in runs:
         s = by.get(run.key, {})
         lines.append(f"| {run.key} | {run.model_label} | {run.auditor_id or 'none'} | {fmt(s.get('n_trials', 0))} | "
+                     f"{fmt(s.get('min_label_coverage'))} | {fmt(s.get('n_low_coverage_trials', 0))} | "
                      f"{pm(s.get('deception_rate_mean'), s.get('deception_rate_se'))} | "
                      f"{ci(s.get('deception_rate_ci_low'), s.get('deception_rate_ci_high'))} | "
+                     f"{pm(s.get('deception_rate_covered_mean'), s.get('deception_rate_covered_se'))} | "
                      f"{pm(s.get('severity_average_all_rounds_mean'), s.get('severity_average_all_rounds_se'))} | "
                      f"{pm(s.get('severity_average_deception_only_mean'), s.get('severity_average_deception_only_se'))} |")
     lines += ["", "Type distribution (pooled, normalised):", ""]
@@ -204,14 +218,18 @@ def summary_md(runs: list[RunData], m: RunMetrics, horizon: pd.DataFrame) -> str
     return "\n".join(lines)
 
 
-def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None) -> Path:
-    """Write the whole report into `out`; returns the path of report.html."""
+def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None,
+                 min_coverage: float = COVERAGE_MIN) -> Path:
+    """Write the whole report into `out`; returns the path of report.html. Trials whose label
+    coverage is below `min_coverage` are flagged and left out of the "covered" rates."""
     if not run_dirs:
         raise InputError(None, "runs", "give at least one run directory")
+    if not 0.0 <= min_coverage <= 1.0:
+        raise InputError(None, "min_coverage", f"{min_coverage} is not a share", "a number in [0, 1]")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    runs = load_runs([Path(p) for p in run_dirs], auditor)
-    m = compute_all(runs)
+    runs = load_runs([Path(p) for p in run_dirs], auditor, min_coverage)
+    m = compute_all(runs, min_coverage)
     labels = {r.key: r.label for r in runs}
     horizon = pd.concat([horizon_table(r) for r in runs], ignore_index=True) if runs else pd.DataFrame()
     delayed = delayed_table(m.rounds)
@@ -263,7 +281,7 @@ def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None
     conditions = sorted(set(m.per_trial["condition"])) if len(m.per_trial) else []
     ctx = {
         "runs": run_sections, "has_labels": has_labels, "figs": figs,
-        "runs_table": runs_table_ctx(runs, m), "types_table": types_table_ctx(m.types, labels),
+        "runs_table": runs_table_ctx(runs, m, min_coverage), "types_table": types_table_ctx(m.types, labels),
         "pressure_table": breakdown_table_ctx(m.by_pressure, "pressure", labels, "pressure"),
         "category_table": breakdown_table_ctx(m.by_category, "category", labels, "category"),
         "task_table": breakdown_table_ctx(m.by_task, "task_index", labels, "task"),
@@ -277,13 +295,14 @@ def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None
     html = render_page("report.html.j2", **ctx)
     path = out / "report.html"
     path.write_text(html, encoding="utf-8")
-    (out / "summary.md").write_text(summary_md(runs, m, horizon), encoding="utf-8")
+    (out / "summary.md").write_text(summary_md(runs, m, horizon, min_coverage), encoding="utf-8")
     return path
 
 
-def report_command(runs: list[Path], out: Path, auditor: str | None = None) -> Path:
+def report_command(runs: list[Path], out: Path, auditor: str | None = None,
+                   min_coverage: float = COVERAGE_MIN) -> Path:
     """`lhd report RUN [RUN ...] --out DIR [--auditor ID]`."""
-    path = build_report(runs, out, auditor)
+    path = build_report(runs, out, auditor, min_coverage)
     print(f"report: {path}")
     print(f"tables: {Path(out) / 'tables'}  summary: {Path(out) / 'summary.md'}")
     return path
