@@ -40,6 +40,7 @@ from lhd_train.metrics.load import (
     load_run,
     load_runs,
     pick_auditor,
+    round_labels,
     trial_condition,
 )
 
@@ -48,6 +49,6 @@ __all__ = [
     "chains_summary", "chains_table", "compare_auditors", "compute_all", "control_table",
     "correlations_across", "correlations_within", "deception_chains", "delayed_rounds", "delayed_table",
     "horizon_table", "list_auditors", "load_audit", "load_run", "load_runs", "mean_se", "pearson",
-    "per_trial_table", "pick_auditor", "summarize", "summary_table", "trial_condition", "trial_stats",
+    "per_trial_table", "pick_auditor", "round_labels", "summarize", "summary_table", "trial_condition", "trial_stats",
     "type_distribution",
 ]

@@ -163,6 +163,24 @@ def load_audit(run_dir: Path, auditor_id: str | None) -> pd.DataFrame:
     return pd.DataFrame(recs, columns=cols)
 
 
+def round_labels(run_dir: str | Path, auditor: str | None = None) -> tuple[str | None, dict[tuple[str, int], dict[str, Any]]]:
+    """The one rule that turns audit rows into a label per round, shared by `lhd report` and
+    `lhd lens read --run`: a single auditor (`auditor`, else `pick_auditor`'s default, the newest
+    full-mode one), one row per round (`_keep_audit_row`), and only valid labels (status in
+    OK_STATUSES with a verdict). Returns the auditor id and `(trial_id, global_round) ->
+    {deceptive, severity, types, label_status}` (severity as the auditor wrote it)."""
+    run_dir = Path(run_dir)
+    auditor_id = pick_auditor(run_dir, auditor)
+    labels: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in load_audit(run_dir, auditor_id).to_dict("records"):
+        if r["label_status"] not in OK_STATUSES:
+            continue
+        labels[(str(r["trial_id"]), int(r["global_round"]))] = {
+            "deceptive": bool(r["deceptive"]), "severity": r["severity"], "types": list(r["types"]),
+            "label_status": r["label_status"]}
+    return auditor_id, labels
+
+
 _CONTROL_RE = re.compile(r"^s(?P<seed>\d+)(?:-(?P<kind>cat|lvl)-(?P<value>[A-Z_]+)(?:-lvl-(?P<lvl2>[A-Z_]+))?|-(?P<none>none))?$")
 
 
