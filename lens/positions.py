@@ -20,6 +20,9 @@ POSITION_CLASSES = (RECORD, QUESTION, DECISION)
 #: the position read for each class in tables: the last token of the files, of the question, and the
 #: last prompt token (whose next-token distribution is the model's answer).
 ANCHORS = {RECORD: "record_end", QUESTION: "question_end", DECISION: "decision"}
+#: spans read as the mean of the hidden states over all their tokens (`<name>_mean`) instead of at
+#: their last token: the gold evidence line (LENS-NOTES §4.3, r_evid)
+POOLED_SPANS = frozenset({"evidence"})
 
 
 def valid_position_mask(seq_len: int, skip_first: int, *, device: torch.device | str | None = None) -> torch.Tensor:
@@ -59,6 +62,7 @@ class ReadExample:
     prefill: str = ""
     answer: str | None = None
     info: dict = field(default_factory=dict)
+    claims: list[tuple[int, int]] = field(default_factory=list)  # characters of asserted claims in `answer`
 
 
 @dataclass
@@ -68,8 +72,10 @@ class TaggedPrompt:
     offsets: list[tuple[int, int]]
     n_prompt: int  # tokens before the answer (the decision position is n_prompt - 1)
     positions: dict[str, int] = field(default_factory=dict)  # name -> token index
-    classes: dict[str, str] = field(default_factory=dict)  # name -> position class
+    classes: dict[str, str] = field(default_factory=dict)  # name -> position class (positions and pooled)
     spans: dict[str, list[int]] = field(default_factory=dict)  # span name -> all its token indices
+    pooled: dict[str, list[int]] = field(default_factory=dict)  # name -> tokens whose hidden states are averaged
+    claims: list[str] = field(default_factory=list)  # names of the claim-end positions, in answer order
 
     def anchor(self, cls: str) -> int:
         return self.positions[ANCHORS[cls]]
@@ -162,13 +168,16 @@ def tag_chat_prompt(
     prefill: str = "",
     answer: str | None = None,
     answer_tokens: int = 3,
+    claims: Sequence[tuple[int, int]] = (),
 ) -> TaggedPrompt:
     """Render `messages` (ending with the user turn) + generation prompt + `prefill` (+ `answer`) and tag positions.
 
     Named positions: `<span>_end` for every span (its last token), the class anchors
     `record_end`, `question_end` (from spans of those names), `user_turn_end` (first token after
     the last user message: the template's end-of-turn), `decision` (the last prompt token, whose
-    next-token logits are the model's answer) and `answer_1..k` (the first answer tokens).
+    next-token logits are the model's answer), `answer_1..k` (the first answer tokens) and
+    `claim_1..n` (the last token of each claim, given as characters of `answer`; decision class).
+    Spans in `POOLED_SPANS` become `<span>_mean` in `pooled` (all their tokens) instead.
     """
     msgs = [dict(m) for m in messages]
     try:
@@ -206,6 +215,10 @@ def tag_chat_prompt(
         if not toks:
             raise LensError(f"span {span.name!r} covers no token (chars {span.start}..{span.end} of message {span.message})")
         tagged.spans[span.name] = toks
+        if span.name in POOLED_SPANS:
+            tagged.pooled[f"{span.name}_mean"] = toks
+            tagged.classes[f"{span.name}_mean"] = span.cls
+            continue
         name = span.name if span.name.endswith("_end") else f"{span.name}_end"
         tagged.positions[name] = toks[-1]
         tagged.classes[name] = span.cls
@@ -223,6 +236,12 @@ def tag_chat_prompt(
         if answer and idx < len(ids):
             tagged.positions[f"answer_{k}"] = idx
             tagged.classes[f"answer_{k}"] = DECISION
+    for k, (start, end) in enumerate(claims if answer else (), 1):
+        toks = [t for t in char_span_tokens(offsets, len(prompt_text) + start, len(prompt_text) + end) if t >= n_prompt]
+        if toks:
+            tagged.positions[f"claim_{k}"] = toks[-1]
+            tagged.classes[f"claim_{k}"] = DECISION
+            tagged.claims.append(f"claim_{k}")
     missing = [a for a in ANCHORS.values() if a not in tagged.positions]
     if missing:
         raise LensError(f"prompt has no {', '.join(missing)} position: give spans named 'record' and 'question'")

@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 class ReadConfig:
     max_length: int = 4096
     answer_tokens: int = 3
+    max_claims: int = 16  # run mode: asserted claims read per answer (thinned evenly beyond that)
     n_boot: int = 2000
     seed: int = 0
     probe: bool = True
@@ -71,24 +72,32 @@ def collect(
     for ex in tqdm(examples, desc="read", unit="example", disable=not cfg.progress, dynamic_ncols=True):
         try:
             tag = tag_chat_prompt(tokenizer, ex.messages, ex.spans, prefill=ex.prefill, answer=ex.answer,
-                                  answer_tokens=cfg.answer_tokens)
+                                  answer_tokens=cfg.answer_tokens, claims=ex.claims)
         except LensError as exc:
             out.skipped.append({"example_id": ex.example_id, "reason": str(exc)})
             log.warning("%s skipped: %s", ex.example_id, exc)
             continue
-        # nothing after the first answer tokens is read, and causal attention makes it irrelevant
-        n_tok = tag.n_prompt + min(cfg.answer_tokens, len(tag.input_ids) - tag.n_prompt)
         if tag.n_prompt > cfg.max_length:
             out.skipped.append({"example_id": ex.example_id, "reason": f"{tag.n_prompt} prompt tokens > max_length"})
             log.warning("%s skipped: %d prompt tokens > max_length %d", ex.example_id, tag.n_prompt, cfg.max_length)
             continue
+        # claims past max_length are not read; nothing after the first answer tokens and the last
+        # claim is read, and causal attention makes it irrelevant
+        claims = [c for c in tag.claims if tag.positions[c] < cfg.max_length]
+        n_tok = tag.n_prompt + min(cfg.answer_tokens, len(tag.input_ids) - tag.n_prompt)
+        n_tok = max([n_tok] + [tag.positions[c] + 1 for c in claims])
         ids = torch.tensor(tag.input_ids[:n_tok], device=model.device)[None]
         acts = block_outputs(model, ids)
-        names = [n for n, p in tag.positions.items() if p < n_tok]
-        idx = torch.tensor([tag.positions[n] for n in names], device=model.device)
-        H = torch.stack([acts[l][0, idx] for l in range(L)])  # [L, P, d]
+        points = [n for n, p in tag.positions.items() if p < n_tok]
+        names = points + list(tag.pooled)
+        idx = torch.tensor([tag.positions[n] for n in points], device=model.device)
+        H = torch.stack([torch.cat([acts[l][0, idx]] + [acts[l][0, toks].mean(0, keepdim=True)
+                                                          for toks in tag.pooled.values()]) for l in range(L)])  # [L, P, d]
+        token_index = {**tag.positions, **{n: toks[-1] for n, toks in tag.pooled.items()}}
+        dec = names.index("decision")
+        claim_cols = [names.index(c) for c in claims]
         base = {"example_id": ex.example_id, "cluster": ex.cluster, "label": ex.label}
-        final = {}
+        final, stated = {}, {}
         for ro in readouts:
             layers = [l for l in range(L) if getattr(ro, "has_layer", lambda _l: True)(l)]
             with torch.no_grad():
@@ -97,13 +106,17 @@ def collect(
             for j, l in enumerate(layers):
                 for p, name in enumerate(names):
                     rows = {"readout": ro.name, "layer": l, "position": name, "position_class": tag.classes[name],
-                            "is_anchor": ANCHORS[tag.classes[name]] == name, "token_index": tag.positions[name]}
+                            "is_anchor": ANCHORS[tag.classes[name]] == name, "token_index": token_index[name]}
                     rows.update({k: float(m[k][j, p]) for k in MARGIN_NAMES})
                     out.rows.append({**base, **rows})
-            final[ro.name] = float(m["m_E"][-1, names.index("decision")])  # the last block is always readable
-        # the model's own (stated) margin at the decision position: the last block's readout = model logits
+            final[ro.name] = float(m["m_E"][-1, dec])  # the last block is always readable
+            stated[ro.name] = float(m["m_E"][-1, claim_cols].mean()) if claim_cols else final[ro.name]
+        # The model's own (stated) margin: the last block's readout is the model's logits. Read at
+        # the end of the answer's asserted claims (mean over them) when it has any (LENS-NOTES §4.3,
+        # performer regime), else at the decision position (the verifier regime's d).
         out.examples.append({**base, "n_tokens": n_tok, "n_prompt_tokens": tag.n_prompt,
-                             "stated_m_E": final.get("logit", next(iter(final.values()), float("nan"))),
+                             "stated_m_E": stated.get("logit", next(iter(stated.values()), float("nan"))),
+                             "stated_position": "claims" if claim_cols else "decision", "n_claims": len(claim_cols),
                              **{f"final_m_E_{k}": v for k, v in final.items()}, **ex.info})
         for c in POSITION_CLASSES:
             out.features[c].append(H[:, names.index(ANCHORS[c])].float().cpu().numpy())
@@ -145,6 +158,54 @@ def probe_rows(col: Collected, classes: Sequence[Any], set_of_class: dict[str, S
                 rows.append({"example_id": e["example_id"], "cluster": e["cluster"], "label": e["label"],
                              "readout": "probe", "layer": l, "position": ANCHORS[cls], "position_class": cls,
                              "is_anchor": True, "token_index": -1, **{k: float(m[k][j]) for k in MARGIN_NAMES}})
+    return rows
+
+
+def gap_within_stated_supported(margins_df: Any, examples_df: Any, *, n_layers: int, band: Sequence[float],
+                                n_boot: int, seed: int) -> list[dict]:
+    """AUROC of the gap against the flag among rounds whose stated margin says "supported" (> 0):
+    the answer-controlled comparison of LENS-NOTES §4.6 (what the answer asserts is held fixed, so
+    only the internal side can separate). z-scores use every unflagged round, as for the full gap;
+    per layer × anchor, and over the workspace band (mean z(m_E) over its layers)."""
+    import math
+
+    import pandas as pd
+
+    from lens.stats import bootstrap_auroc
+
+    a = margins_df[margins_df["is_anchor"] & margins_df["label"].notna() & (margins_df["readout"] != "probe")].copy()
+    if a.empty:
+        return []
+    a["label"] = a["label"].astype(bool)
+    stated = examples_df.set_index("example_id")["stated_m_E"]
+    a["stated"] = a["example_id"].map(stated)
+
+    def z(v, honest):
+        sd = v[honest].std(ddof=0)
+        sd = sd if np.isfinite(sd) and sd > 0 else (v.std(ddof=0) or 1.0)
+        return (v - v[honest].mean()) / sd
+
+    keys = ["readout", "position_class", "position", "layer"]
+    parts = []
+    for _, g in a.groupby(keys):
+        g = g.assign(z_int=z(g["m_E"], ~g["label"]), z_stated=z(g["stated"], ~g["label"]))
+        parts.append(g)
+    a = pd.concat(parts)
+    lo, hi = int(math.floor(band[0] * (n_layers - 1))), int(math.ceil(band[1] * (n_layers - 1)))
+    b = a[(a["layer"] >= lo) & (a["layer"] <= hi)]
+    band_rows = b.groupby(["example_id", "cluster"] + keys[:3], as_index=False).agg(
+        label=("label", "first"), stated=("stated", "first"), z_int=("z_int", "mean"), z_stated=("z_stated", "first"))
+    band_rows["layer"] = -1
+    rows = []
+    for metric, df in (("gap within stated-supported: z(stated)-z(m_E) vs flagged", a),
+                       (f"gap within stated-supported, band L{lo}-{hi}: z(stated)-mean z(m_E)", band_rows)):
+        for (ro, cls, pos, layer), g in df.groupby(keys, sort=True):
+            g = g[g["stated"] > 0]
+            ci = bootstrap_auroc((g["z_stated"] - g["z_int"]).to_numpy(float), g["label"].to_numpy(bool),
+                                 g["cluster"].astype(str).to_numpy(), n_boot=n_boot, seed=seed)
+            rows.append({"metric": metric, "readout": ro, "position_class": cls, "position": pos, "layer": int(layer),
+                         "n_pos": ci.n_pos, "n_neg": ci.n_neg, "n_clusters": ci.n_clusters,
+                         "auroc": ci.auroc, "ci_lo": ci.lo, "ci_hi": ci.hi})
     return rows
 
 
@@ -240,7 +301,8 @@ def read_run(model: LensModel, tokenizer: Any, lens: Any, run_dir: str | Path, t
         return len(tokenizer(text, add_special_tokens=False)["input_ids"]) + cfg.answer_tokens
 
     examples, info = load_run_examples(run_dir, context=context, auditor=auditor, pack=pack,
-                                       count_tokens=count_tokens, max_length=cfg.max_length)
+                                       count_tokens=count_tokens, max_length=cfg.max_length,
+                                       max_claims=cfg.max_claims)
     if not examples:
         raise LensError(f"{run_dir}: no readable round")
     col = collect(model, tokenizer, examples, _readouts(model, lens), token_sets, cfg)
@@ -252,6 +314,10 @@ def read_run(model: LensModel, tokenizer: Any, lens: Any, run_dir: str | Path, t
     mdf = pd.DataFrame(rows)
     edf = pd.DataFrame(col.examples)
     table = report.run_table(mdf, edf, n_layers=model.n_layers, band=cfg.band, n_boot=cfg.n_boot, seed=cfg.seed)
+    cell = gap_within_stated_supported(mdf, edf, n_layers=model.n_layers, band=cfg.band, n_boot=cfg.n_boot,
+                                       seed=cfg.seed)
+    if cell:
+        table = pd.concat([table, pd.DataFrame(cell)], ignore_index=True)
     emerg = report.emergence(table, threshold=cfg.emergence_threshold)
     lab = edf[edf["label"].notna()]
     from lens.stats import auroc
@@ -265,9 +331,13 @@ def read_run(model: LensModel, tokenizer: Any, lens: Any, run_dir: str | Path, t
     }
     notes = [f"run {info['run_dir']}: {info['n_examples']} rounds read, {info['n_labelled']} audited, "
              f"{info['n_flagged']} flagged (auditors: {', '.join(info['auditors']) or 'none'}); clusters = trials",
-             f"context: {context}; positions: record = files of the task's round-1 message, question = message answered, "
-             "decision = last prompt token before the answer",
-             "scores: higher = more suspicious (internal: −m_E; gap: z(stated) − z(m_E), z on unflagged rounds)",
+             f"context: {context}; positions: record = files of the task's round-1 message, question = the task's prompt "
+             "(round 1) or the feedback answered, decision = last prompt token, first answer tokens, claim ends; "
+             f"task texts: {info.get('tasks_source')}",
+             "stated = the model's final-layer m_E at the end of the answer's asserted claims (mean; the decision "
+             f"position when an answer has none: {int((edf['stated_position'] == 'decision').sum())} rounds)",
+             "scores: higher = more suspicious (internal: −m_E; gap: z(stated) − z(m_E), z on unflagged rounds; "
+             "'within stated-supported': only rounds with stated m_E > 0)",
              f"length-only AUROC: {'n/a' if length_auroc is None else f'{length_auroc:.2f}'}"]
     primary = "internal: -m_E vs flagged" if not table.empty else None
     files = report.write_outputs(Path(out_dir), mdf, edf, table, emerg, summary, title="Entitlement margins (benchmark run)",

@@ -4,9 +4,14 @@ For every trajectory row (one performer round):
 
 - record   = the files the performer was given: the file section of the task's round-1 user
              message (the message in `new_message_ids` of the task's round-1 row),
-- question = the user message this answer responds to (this row's `new_message_ids`: the task
-             message in round 1, the supervisor's feedback later),
-- decision = the last prompt token before the performer's answer, then its first answer tokens.
+- question = what this answer responds to: the task's prompt in round 1, the supervisor's
+             feedback message later,
+- decision = the last prompt token before the performer's answer, its first answer tokens, and
+             the end of each asserted claim in the answer (`claim_spans`).
+
+Task texts (to find files and prompts exactly) are those the run actually used: the run's own
+`tasks.json` (imports), else the pack its resolved config names (`run_task_texts`); a pack is
+never looked up by the name in the rows, which the authors' folders share with built-in packs.
 
 `context="compact"` reads [system, round-1 task message, (feedback)] + answer; `"full"` reads the
 exact messages of the call, dropping the oldest middle messages only if they do not fit
@@ -128,18 +133,28 @@ def locate_record(content: str, file_contents: Sequence[str] = ()) -> tuple[int,
     return 0, len(content)
 
 
-def _question_span(content: str, record: tuple[int, int] | None) -> tuple[int, int]:
-    """The task text the answer responds to: after the files if anything follows them, else before."""
-    text_end = len(content.rstrip())
-    if record is None:
-        return 0, text_end
+_TASK_BANNER = re.compile(r"^=== TASK [^\n]* ===$", re.M)
+
+
+def _question_span(content: str, record: tuple[int, int], prompt: str | None = None) -> tuple[int, int]:
+    """What a round-1 answer responds to: the task's prompt. Found verbatim when the task texts are
+    known; else the text between the task banner (if any) and the files; else what follows the
+    files; else the whole message."""
+    body = (prompt or "").strip()
+    if body and (i := content.find(body)) >= 0:
+        return i, i + len(body)
     rs, re_ = record
+    banners = [m for m in _TASK_BANNER.finditer(content, 0, rs)]
+    start = banners[-1].end() if banners else 0
+    head = content[start:rs]
+    if head.strip():
+        lead = len(head) - len(head.lstrip())
+        return start + lead, start + len(head.rstrip())
+    text_end = len(content.rstrip())
     tail = content[re_:text_end]
     if tail.strip():
-        lead = len(tail) - len(tail.lstrip())
-        return re_ + lead, text_end
-    head_end = len(content[:rs].rstrip())
-    return (0, head_end) if head_end > 0 else (0, text_end)
+        return re_ + len(tail) - len(tail.lstrip()), text_end
+    return 0, text_end
 
 
 def _last_user(messages: Sequence[dict]) -> int | None:
@@ -157,24 +172,62 @@ def _find_message(messages: Sequence[dict], content: str) -> tuple[int, int] | N
     return None
 
 
-def _pack_files(pack_name: str | None, task_index: int, cache: dict) -> list[str]:
-    if not pack_name:
-        return []
-    if pack_name not in cache:
-        try:
-            from lhd_train.taskpack import load_pack
+def run_task_texts(run_dir: str | Path) -> tuple[dict[int, Any], str]:
+    """Task prompts and files of the pack this run used, and where they came from ("none" if unknown).
 
-            cache[pack_name] = load_pack(pack_name)
-        except Exception as exc:  # an unknown pack only loses the exact file span
-            log.info("pack %r not loadable (%s); locating files by markers", pack_name, exc)
-            cache[pack_name] = None
-    pack = cache[pack_name]
-    if pack is None:
-        return []
-    for t in pack.tasks:
-        if t.index == task_index:
-            return [f.content for f in t.files]
-    return []
+    Same order as the auditor (`lhd_train.audit.trajectory.load_task_texts`): the run's
+    `tasks.json`, else the `task_pack` of `config.resolved.yaml` (or the manifest's `pack_source`),
+    tried as written and relative to the run directory.
+    """
+    from lhd_train.audit.trajectory import load_task_texts
+    from lhd_train.errors import InputError
+
+    run = Path(run_dir)
+    task_pack = None
+    cfg_path, manifest_path = run / "config.resolved.yaml", run / "manifest.json"
+    if cfg_path.is_file():
+        import yaml
+
+        task_pack = (yaml.safe_load(cfg_path.read_text(encoding="utf-8")) or {}).get("task_pack")
+    if not task_pack and manifest_path.is_file():
+        task_pack = json.loads(manifest_path.read_text(encoding="utf-8")).get("pack_source")
+    try:
+        tasks, source = load_task_texts(run, str(task_pack) if task_pack else None)
+    except InputError as exc:
+        raise LensError(str(exc)) from exc
+    return (tasks, source) if tasks else ({}, "none")
+
+
+def _texts_of_pack(pack: Any) -> dict[int, Any]:
+    from types import SimpleNamespace
+
+    return {t.index: SimpleNamespace(prompt=getattr(t, "prompt", ""), files=tuple((f.name, f.content) for f in t.files))
+            for t in pack.tasks}
+
+
+_SENTENCE_END = re.compile(r"[.!?](?=\s|$)")
+_EDGE_MARKUP = " \t|-*•#>"
+
+
+def claim_spans(answer: str, max_claims: int | None = None) -> list[tuple[int, int]]:
+    """Characters `[start, end)` of the asserted claims of a report: each sentence (or list or
+    table line) that states a figure, ending on its final character. More than `max_claims` are
+    thinned evenly over the answer."""
+    spans = []
+    for line in re.finditer(r"[^\n]+", answer):
+        cuts = [m.end() for m in _SENTENCE_END.finditer(line.group())]
+        bounds = [0, *cuts] + ([len(line.group())] if not cuts or cuts[-1] < len(line.group()) else [])
+        for a, b in zip(bounds, bounds[1:]):
+            seg = line.group()[a:b]
+            lead = len(seg) - len(seg.lstrip(_EDGE_MARKUP))
+            body = seg.strip(_EDGE_MARKUP)
+            if body and re.search(r"\d", body) and re.search(r"[^\W\d_]", body):
+                s = line.start() + a + lead
+                spans.append((s, s + len(body)))
+    if max_claims is not None and len(spans) > max_claims:
+        step = (len(spans) - 1) / max(max_claims - 1, 1)
+        spans = [spans[round(i * step)] for i in range(max_claims)] if max_claims > 1 else spans[:1]
+    return spans
 
 
 def load_run_examples(
@@ -185,8 +238,11 @@ def load_run_examples(
     pack: Any = None,
     count_tokens: Callable[[list[dict], str], int] | None = None,
     max_length: int | None = None,
+    max_claims: int | None = 16,
 ) -> tuple[list[ReadExample], dict]:
-    """Examples for every round of every trial, labelled `True/False` (flagged) or None (not audited)."""
+    """Examples for every round of every trial, labelled `True/False` (flagged) or None (not audited).
+
+    `pack` overrides the task texts the run used (see `run_task_texts`)."""
     run = Path(run_dir)
     trials_dir = run / "trials"
     if not trials_dir.is_dir():
@@ -194,9 +250,12 @@ def load_run_examples(
     if context not in ("compact", "full"):
         raise LensError(f"unknown context {context!r} (allowed: compact, full)")
     labels, auditors = load_audit_labels(run, auditor)
-    pack_cache: dict = {}
     if pack is not None:
-        pack_cache[getattr(pack, "name", "pack")] = pack
+        tasks, tasks_source = _texts_of_pack(pack), f"pack {getattr(pack, 'path', None) or getattr(pack, 'name', '?')}"
+    else:
+        tasks, tasks_source = run_task_texts(run)
+    if not tasks:
+        log.info("%s: the run's task texts are unknown; files and prompts are located by markers", run)
     examples: list[ReadExample] = []
     n_rows = 0
     for path in sorted(trials_dir.glob("*.jsonl")):
@@ -208,14 +267,14 @@ def load_run_examples(
         round1 = {int(r["task_index"]): r for r in rows if int(r.get("round", 0)) == 1}
         for row in rows:
             try:
-                ex = _row_example(row, store, round1, labels, context, pack_cache, pack, count_tokens, max_length)
+                ex = _row_example(row, store, round1, labels, context, tasks, count_tokens, max_length, max_claims)
             except LensError as exc:
                 log.warning("%s global round %s skipped: %s", path.name, row.get("global_round"), exc)
                 continue
             examples.append(ex)
     info = {"run_dir": str(run), "n_rows": n_rows, "n_examples": len(examples), "auditors": auditors,
             "n_labelled": sum(e.label is not None for e in examples),
-            "n_flagged": sum(e.label is True for e in examples), "context": context}
+            "n_flagged": sum(e.label is True for e in examples), "context": context, "tasks_source": tasks_source}
     return examples, info
 
 
@@ -226,7 +285,7 @@ def _msgs(store: dict, ids: Sequence[str], where: str) -> list[dict]:
     return [dict(store[i]) for i in ids]
 
 
-def _row_example(row, store, round1, labels, context, pack_cache, pack, count_tokens, max_length) -> ReadExample:
+def _row_example(row, store, round1, labels, context, tasks, count_tokens, max_length, max_claims) -> ReadExample:
     trial = str(row["trial_id"])
     g = int(row["global_round"])
     task_index = int(row["task_index"])
@@ -245,9 +304,8 @@ def _row_example(row, store, round1, labels, context, pack_cache, pack, count_to
         question_msg = call[lu] if lu is not None else None
     if task_msg is None or question_msg is None:
         raise LensError(f"{where}: cannot find the task message or the message answered")
-    pack_name = row.get("pack") if pack is None else getattr(pack, "name", "pack")
-    files = _pack_files(pack_name, task_index, pack_cache)
-    record = locate_record(task_msg["content"], files)
+    text = tasks.get(task_index)
+    record = locate_record(task_msg["content"], [c for _, c in text.files] if text else [])
 
     if context == "compact":
         messages = [m for m in call[:1] if m["role"] == "system"] + [dict(task_msg)]
@@ -269,7 +327,7 @@ def _row_example(row, store, round1, labels, context, pack_cache, pack, count_to
     q_shift = len(messages[q_idx]["content"]) - len(question_msg["content"])
     spans = [Span("record", RECORD, t_idx, record[0] + t_shift, record[1] + t_shift)]
     if q_idx == t_idx:
-        qs, qe = _question_span(task_msg["content"], record)
+        qs, qe = _question_span(task_msg["content"], record, text.prompt if text else None)
         spans.append(Span("question", QUESTION, q_idx, qs + t_shift, qe + t_shift))
     else:
         qe = len(question_msg["content"].rstrip())
@@ -280,8 +338,10 @@ def _row_example(row, store, round1, labels, context, pack_cache, pack, count_to
             "event_category": event.get("category"), "pressure": event.get("pressure"),
             "severity": lab["severity"] if lab else None, "types": ",".join(lab["types"]) if lab else None,
             "audited": lab is not None}
+    answer = perf.get("text") or ""
     return ReadExample(example_id=f"{trial}/r{g}", cluster=trial, label=(lab["flagged"] if lab else None),
-                       messages=messages, spans=spans, prefill="", answer=perf.get("text") or "", info=info)
+                       messages=messages, spans=spans, prefill="", answer=answer, info=info,
+                       claims=claim_spans(answer, max_claims))
 
 
 def _fit_full(messages: list[dict], t_idx: int, answer: str, count_tokens, max_length: int) -> tuple[list[dict], int]:

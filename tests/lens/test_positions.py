@@ -35,7 +35,10 @@ def test_spans_map_to_their_tokens(which, llama, qwen):
     assert "North,120" in _decode(tok, tag, "evidence")
     # the record ends on the closing tag, before the claim; decision is the last prompt token (the prefill)
     p = tag.positions
-    assert p["evidence_end"] <= p["record_end"] < p["claim_end"] < p["question_end"] < p["user_turn_end"] < p["decision"]
+    assert p["record_end"] < p["claim_end"] < p["question_end"] < p["user_turn_end"] < p["decision"]
+    # the evidence is read as the mean over its tokens (LENS-NOTES §4.3 r_evid), not at its last token
+    assert "evidence_end" not in p and tag.pooled["evidence_mean"] == tag.spans["evidence"]
+    assert max(tag.pooled["evidence_mean"]) <= p["record_end"] and tag.classes["evidence_mean"] == RECORD
     assert p["decision"] == len(tag.input_ids) - 1
     assert tok.decode(tag.input_ids[p["decision"]:]).endswith(":")
     assert tag.classes["record_end"] == RECORD and tag.classes["question_end"] == QUESTION
@@ -56,6 +59,22 @@ def test_answer_tokens_follow_the_decision(qwen):
     assert [tag.positions[f"answer_{k}"] for k in (1, 2, 3)] == [d + 1, d + 2, d + 3]
     assert tok.decode(tag.input_ids[:d + 1]).endswith("assistant\n")
     assert tok.decode(tag.input_ids[d + 1:]).startswith("Supported")
+
+
+def test_claims_in_the_answer_are_decision_positions(qwen):
+    _, tok = qwen
+    msgs = [{"role": "user", "content": USER}]
+    sp = [Span(s.name, s.cls, 0, s.start, s.end) for s in spans()]
+    answer = "North sold 120 units. South sold 85 units."
+    claims = [(0, answer.index(".") + 1), (answer.index("South"), len(answer))]
+    tag = tag_chat_prompt(tok, msgs, sp, answer=answer, answer_tokens=1, claims=claims)
+    d = tag.positions["decision"]
+    c1, c2 = tag.positions["claim_1"], tag.positions["claim_2"]
+    assert d < c1 < c2 < len(tag.input_ids)
+    assert tok.decode(tag.input_ids[d + 1:c1 + 1]).strip() == "North sold 120 units."
+    assert tok.decode(tag.input_ids[c1 + 1:c2 + 1]).strip() == "South sold 85 units."
+    assert tag.classes["claim_1"] == tag.classes["claim_2"] == DECISION
+    assert tag.claims == ["claim_1", "claim_2"]
 
 
 def test_qwen3_think_block_and_template_without_system(qwen):

@@ -185,9 +185,11 @@ def test_run_examples_positions(tmp_path, qwen):
     assert rec.strip().startswith("=== ATTACHED FILES ===") and rec.strip().endswith("--- end of sales.csv ---")
     assert tok.decode([tag.input_ids[i] for i in tag.spans["question"]]).strip().endswith("round 2.")
     assert tok.decode(tag.input_ids[tag.positions["answer_1"]:]).startswith("The files show")
-    # round 1: the question is the task text after the files
+    # round 1: the question is the task's prompt (before the files), not the closing boilerplate
     tag1 = tag_chat_prompt(tok, r1.messages, r1.spans, answer=r1.answer)
-    assert tok.decode([tag1.input_ids[i] for i in tag1.spans["question"]]).strip() == "Complete the task now."
+    assert tok.decode([tag1.input_ids[i] for i in tag1.spans["question"]]).strip() == "Summarise the numbers in the files."
+    # the asserted claim of the answer (a sentence that states a figure) is a decision position
+    assert r1.claims == [(0, len(r1.answer))]
     # full context keeps the exact call (here: the whole history)
     full, _ = load_run_examples(run, context="full")
     assert len({e.example_id: e for e in full}["s0/r4"].messages) == 8
@@ -219,6 +221,15 @@ def test_read_run_end_to_end(tmp_path, tiny_dirs):
     assert (out / "heatmap.png").is_file()
     s = json.loads((out / "summary.json").read_text())
     assert s["run"]["n_flagged"] == 3 and s["run"]["auditors"] == ["auditor-a"]
+    # "stated" = the model's own final-layer margin at the end of the answer's asserted claims
+    e = pd.read_parquet(out / "examples.parquet").set_index("example_id")
+    assert (e["stated_position"] == "claims").all() and (e["n_claims"] == 1).all()
+    last = m[(m["readout"] == "logit") & (m["layer"] == m["layer"].max()) & (m["position"] == "claim_1")]
+    assert last.set_index("example_id")["m_E"].sub(e["stated_m_E"]).abs().max() < 1e-6
+    # the gap inside the stated-supported cell (answer-controlled, LENS-NOTES §4.6)
+    cell = table[table["metric"].str.startswith("gap within stated-supported")]
+    n_cell = int((e["stated_m_E"] > 0).sum())
+    assert len(cell) and ((cell["n_pos"] + cell["n_neg"]) == n_cell).all()
 
 
 def test_shards_via_cli_merge_to_the_full_fit(tiny_dirs, corpus, tmp_path):
