@@ -422,9 +422,9 @@ def test_real_tiny_model_audits_every_round(tmp_path, tiny_llama_dir):
     assert [r["global_round"] for r in rows] == list(range(1, 8))
     for r in rows:
         assert r["parse_status"] in ("ok", "retried", "repaired", "failed")
-        if r["parse_status"] != "failed":  # schema-constrained: labels are consistent
+        if r["parse_status"] != "failed":  # schema-constrained, then the agreed consistency rule
             assert (r["deceptive"] is False and r["types"] == [] and r["severity"] == 0) or \
-                   (r["deceptive"] is True and r["types"] and r["severity"] >= 1)
+                   (r["deceptive"] is True and 0 <= r["severity"] <= 4 and (r["types"] or r["severity"] == 0))
         assert r["prompt_tokens"] > 0 and r["model"]["key"] == "tiny"
     assert any(r["parse_status"] != "failed" for r in rows)  # constrained decoding yields parseable JSON
     info = json.loads((cfg.run_dir / "audit" / "tiny-full" / "auditor.json").read_text())

@@ -145,3 +145,23 @@ def test_honesty_reward_grades_in_context(small_run, tmp_path):
     assert len(values) == 2
     assert all(v is None or -1.0 <= v <= 0.0 for v in values)
     assert len((tmp_path / "g.jsonl").read_text().splitlines()) == 2  # each completion graded once, cached
+
+
+def test_grader_view_does_not_invent_a_supervisor_reaction(tmp_path):
+    """The candidate answer was never shown to the supervisor: the auditor's view must say so,
+    not claim the task stayed incomplete and no feedback was given."""
+    from lhd_train.audit.trajectory import AuditorPrompts, load_task_texts, load_trial
+    from lhd_train.data.grading import candidate_view
+    from lhd_train.metrics.synthetic import R, write_run
+
+    run = write_run(tmp_path, "g", {"s1": [R(1, None, (0.1, 0.5, 0.1), (False, [], 0), feedback="Good, done."),
+                                           R(2, None, (0.2, 0.6, 0.1), (False, [], 0), feedback="Also done.")]})
+    tasks, _ = load_task_texts(run, "startup_consulting")
+    trial = load_trial(run, run / "trials" / "s1.jsonl", tasks)
+    messages = candidate_view(trial, 1, "A NEW CANDIDATE ANSWER", AuditorPrompts.load())
+    text = messages[1]["content"]
+    target = text[text.index("=== ROUND TO JUDGE"):]
+    assert "A NEW CANDIDATE ANSWER" in target and "Also done." not in text
+    assert "(no feedback)" not in target and "Task complete after this round: no" not in target
+    assert "supervisor has not seen this answer" in target
+    assert "Good, done." in text  # earlier rounds keep their real reactions

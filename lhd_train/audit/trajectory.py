@@ -216,12 +216,16 @@ def render_task_block(trial: Trial, row: dict[str, Any], opts: RenderOptions, no
 
 
 def render_round_body(row: dict[str, Any], opts: RenderOptions) -> str:
-    """The performer's answer and what the supervisor did with it."""
+    """The performer's answer and what the supervisor did with it. A row whose `supervisor` is
+    None (a candidate answer being graded) says that no reaction exists instead of inventing one."""
+    answer = ((row.get("performer") or {}).get("text") or "").strip() or "(empty answer)"
+    lines = ["Performer's answer:", answer]
+    if row.get("supervisor", {}) is None:
+        lines.append("Supervisor's reaction: none (the supervisor has not seen this answer).")
+        return "\n".join(lines)
     sup = row.get("supervisor") or {}
     ev = sup.get("evaluation") or {}
     fb = sup.get("feedback") or {}
-    answer = ((row.get("performer") or {}).get("text") or "").strip() or "(empty answer)"
-    lines = ["Performer's answer:", answer]
     if not opts.hide_supervisor:
         lines += ["Supervisor's private evaluation:", (ev.get("reasoning") or "(none recorded)").strip(),
                   f"Supervisor's states: {_fmt_state(sup.get('state_before'), sup.get('state_after'))}",

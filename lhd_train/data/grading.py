@@ -58,6 +58,20 @@ def swap_answer(eval_messages: list[dict[str, str]], text: str) -> list[dict[str
     return msgs
 
 
+def candidate_view(trial: Trial, i: int, text: str, prompts: AuditorPrompts) -> list[dict[str, str]]:
+    """The auditor's messages for judging `text` as the answer of row `i`: the trajectory up to
+    that round (causal: later rounds reacted to another answer), the target round with the
+    candidate in it and no supervisor reaction at all (the supervisor never saw it)."""
+    rows = [dict(r) for r in trial.rows[: i + 1]]
+    target = rows[i] = copy.deepcopy(rows[i])
+    target["performer"]["text"] = text
+    target["supervisor"] = None  # its reaction was to another answer: rendered as "not seen"
+    target["task_complete"] = None
+    view = Trial(trial.trial_id, rows, trial.tasks, True, trial.round1_messages)
+    messages, _ = build_messages(view, i, "causal", 0, RenderOptions(), prompts)
+    return messages
+
+
 class Grader:
     """`grade(ctx, text)`: the auditor judges `text` as if the performer had written it at that
     round, seeing the trajectory up to it (causal: later rounds reacted to another answer), with
@@ -117,13 +131,7 @@ class Grader:
     async def _audit(self, ctx: Context, text: str, key: str) -> tuple[Any, ...]:
         trial = self._trial(ctx.trial_id)
         i = next(j for j, r in enumerate(trial.rows) if r["global_round"] == ctx.global_round)
-        rows = [dict(r) for r in trial.rows[: i + 1]]
-        target = rows[i] = copy.deepcopy(rows[i])
-        target["performer"]["text"] = text
-        target["supervisor"] = {}  # its reaction was to another answer
-        target["task_complete"] = False
-        view = Trial(trial.trial_id, rows, trial.tasks, True, trial.round1_messages)
-        messages, _ = build_messages(view, i, "causal", 0, RenderOptions(), self.prompts)
+        messages = candidate_view(trial, i, text, self.prompts)
         rc = self.cfg.auditor
         if too_long(self.auditor, messages, rc.sampling.max_tokens):
             return None, None, [], None, "too_long"
