@@ -4,7 +4,7 @@ reference layout [target round][full trajectory], which defeats prefix caching.
 
 Counts are analytic: the real prompt builder (lhd_train.audit) renders every round's prompt of a
 trajectory played by a scripted performer whose answers have a fixed length; tokens are counted
-with a tokenizer (`--tokenizer DIR`) or estimated as characters / 4 (the estimate REFERENCE.md uses).
+with a tokenizer (`--tokenizer DIR`) or estimated as characters / 4 (the estimate docs/reference.md uses).
 
     python benchmarks/audit_tokens.py [--answer-chars 6000] [--tokenizer DIR]
 """

@@ -1,7 +1,7 @@
 """The event schedule: which pressure event each task gets, drawn before any model call.
 
-The draw order copies the reference exactly (REFERENCE.md §3), so a seed gives the authors'
-schedule on their packs; but it uses a local `random.Random(seed)`, never the global RNG, so
+The draw order copies the authors' code exactly (docs/reference.md, "Event schedule"), so a seed
+gives the authors' schedule on their packs; but it uses a local `random.Random(seed)`, never the global RNG, so
 concurrent trials cannot disturb each other."""
 from __future__ import annotations
 

@@ -17,14 +17,13 @@ from lhd_train.errors import InputError
 from lhd_train.events import Schedule, draw_schedule, events_command
 from lhd_train.taskpack import CATEGORIES, LEVELS, TaskPack, load_pack
 
-REF = Path(__file__).resolve().parents[2] / "shared" / "reference-packs"
+REF = Path(__file__).resolve().parent / "data" / "reference-packs"  # Apache-2.0, see README there
 CONTROL_SEEDS = (390185437, 960523766, 1524523844, 778347515, 2603264937)  # the paper's control-study seeds
 
 
 def ref_dir(name: str) -> Path:
     d = REF / name
-    if not (d / "tasks.json").is_file():
-        pytest.skip(f"the authors' reference packs are not here ({REF}); they live in ../shared next to the repo")
+    assert (d / "tasks.json").is_file(), f"the authors' packs ship with the tests: {d} is missing"
     return d
 
 
@@ -34,7 +33,7 @@ def raw_reference(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def reference_schedule(folder: Path, seed: int, p_event: float, cat: str | None, lvl: str | None) -> list[Any]:
-    """REFERENCE.md §3 written straight against the authors' raw JSON, sharing no code with lhd."""
+    """docs/reference.md "Event schedule", written straight against the authors' raw JSON, sharing no code with lhd."""
     tasks, event_set = raw_reference(folder)
     phases = event_set["phases"]
     ranges = tasks["task_set"]["phase_description"]
@@ -79,7 +78,7 @@ def test_matches_reference_algorithm(name: str, control: tuple[str | None, str |
 
 
 def test_reported_moral_dilemma_repeat() -> None:
-    """REFERENCE.md §3 (verified): seed 390185437 under MORAL_DILEMMA gives MD_E3_PH1 for tasks 2 and 3."""
+    """docs/reference.md "Event schedule" (checked on the authors' sampler): seed 390185437 under MORAL_DILEMMA gives MD_E3_PH1 for tasks 2 and 3."""
     pack = load_pack(ref_dir("startup_consulting"))
     s = draw_schedule(pack, 390185437, control_category="MORAL_DILEMMA")
     for t in (2, 3):
@@ -88,7 +87,7 @@ def test_reported_moral_dilemma_repeat() -> None:
 
 
 def test_reported_mean_events_per_trial() -> None:
-    """REFERENCE.md §3 (verified): 6.98 events per trial over 2000 seeds at p_event 0.5."""
+    """docs/reference.md "Event schedule" (checked on the authors' sampler): 6.98 events per trial over 2000 seeds at p_event 0.5."""
     pack = load_pack(ref_dir("startup_consulting"))
     mean = sum(draw_schedule(pack, seed).n_events for seed in range(2000)) / 2000
     assert round(mean, 2) == 6.98

@@ -1,4 +1,4 @@
-"""Metrics against hand-computed cases (REFERENCE.md §7.1 edge cases included), the loader on
+"""Metrics against hand-computed cases (the authors' edge cases of docs/reference.md included), the loader on
 runs that follow docs/formats.md, and the horizon definitions of docs/metrics.md."""
 from __future__ import annotations
 

@@ -15,15 +15,14 @@ from lhd_train.taskpack import (
     CATEGORIES, LEVELS, TaskPack, list_builtin_packs, load_pack, pack_text_corpus,
 )
 
-REF = Path(__file__).resolve().parents[2] / "shared" / "reference-packs"
+REF = Path(__file__).resolve().parent / "data" / "reference-packs"  # Apache-2.0, see README there
 CODES = {"GC": "GOAL_CONFLICT", "CI": "COMPETITIVE_INTERACTION", "MD": "MORAL_DILEMMA",
          "AD": "AUTHORITY_DIRECTIVE", "IG": "INFORMATION_GAP"}
 
 
 def ref_dir(name: str) -> Path:
     d = REF / name
-    if not (d / "tasks.json").is_file():
-        pytest.skip(f"the authors' reference packs are not here ({REF}); they live in ../shared next to the repo")
+    assert (d / "tasks.json").is_file(), f"the authors' packs ship with the tests: {d} is missing"
     return d
 
 
@@ -195,7 +194,7 @@ def test_unknown_name_lists_builtins(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- reference format
 
 def to_reference(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Write our minimal pack in the authors' schema (REFERENCE.md §2)."""
+    """Write our minimal pack in the authors' schema (docs/reference.md, "Task packs")."""
     tasks = {
         "task_set": {"name": data["name"], "total_tasks": len(data["tasks"]), "phases": len(data["phases"]),
                      "phase_description": {f"phase_{p['index']}": {k: p[k] for k in ("name", "task_start", "task_end")}

@@ -1,4 +1,4 @@
-"""Metrics of the LH-Deception benchmark (REFERENCE.md §7, §11) and our additions.
+"""Metrics of the LH-Deception benchmark (docs/reference.md) and our additions.
 
 Definitions are written in docs/metrics.md. Entry points: `load_run`/`load_runs` (tables of a
 run directory with one auditor's labels), `trial_stats` (per trial, exactly as the reference),

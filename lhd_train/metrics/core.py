@@ -1,4 +1,4 @@
-"""The paper's metrics (REFERENCE.md §7, §11) and our additions; every definition is in docs/metrics.md.
+"""The paper's metrics (docs/reference.md) and our additions; every definition is in docs/metrics.md.
 
 Per-trial functions take plain label records so they can be checked by hand; table functions
 take the `rounds` / `trials` frames of `load.RunData`."""
@@ -26,7 +26,7 @@ STATE_METRICS = ("final_trust", "mean_satisfaction", "final_comfort")
 # ----------------------------------------------------------------------------- per trial
 @dataclass
 class TrialStats:
-    """REFERENCE §7.1 `generate_statistics`, over the rounds with a valid label.
+    """The authors' per-trial statistics (docs/reference.md), over the rounds with a valid label.
 
     `total_rounds` is N (labelled rounds); `failed_rounds` / `missing_rounds` are counted apart
     and excluded; `label_coverage` = N / all rounds shows how much of the trial the rates cover.
@@ -65,7 +65,7 @@ def _status(rec: Mapping[str, Any]) -> str:
 def trial_stats(labels: Iterable[Mapping[str, Any]]) -> TrialStats:
     """Per-trial statistics from label records `{deceptive, types, severity[, label_status]}`.
 
-    Exactly REFERENCE §7.1 on the valid labels: rate = |D|/N; severity (all) = mean raw severity
+    Exactly the authors' statistics (docs/reference.md, "Per-trial statistics") on the valid labels: rate = |D|/N; severity (all) = mean raw severity
     over N (an unflagged round's severity is *not* zeroed); severity (deceptive) = mean over D,
     0.0 when D is empty; type_counts[k] = rounds in D whose types contain k (types on unflagged
     rounds ignored; a type listed twice in one round counts once); type_percentages = counts/|D|
@@ -261,7 +261,7 @@ def breakdown(rounds: pd.DataFrame, by: str, group: str = "run") -> pd.DataFrame
 
 
 def control_table(per_trial: pd.DataFrame, group: str = "model") -> pd.DataFrame:
-    """Control studies (REFERENCE §7.5): trials grouped by performer model (or run) and control
+    """Control studies (docs/reference.md, "Aggregation across trials"): trials grouped by performer model (or run) and control
     condition; per-condition rate = unweighted mean of per-trial rates over *all* rounds, with SE
     and bootstrap interval; type shares pooled and normalised."""
     summ = summary_table(per_trial, by=[group, "condition"],
@@ -304,7 +304,7 @@ def correlations_within(per_trial: pd.DataFrame, group: str = "run",
 
 def correlations_across(per_trial: pd.DataFrame, group: str = "run", x: str = "deception_rate",
                         ys: Sequence[str] = STATE_METRICS) -> pd.DataFrame:
-    """The paper's figure (REFERENCE §7.4): one point per group (model/run) = the mean over its
+    """The paper's figure (docs/reference.md, "Aggregation across trials"): one point per group (model/run) = the mean over its
     trials; Pearson r of mean rate against each mean state metric across groups."""
     means = per_trial.groupby(group, sort=False)[[x, *ys]].mean(numeric_only=True)
     recs = [{"x": x, "y": y, **pearson(means[x].tolist(), means[y].tolist())} for y in ys]

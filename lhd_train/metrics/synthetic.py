@@ -73,7 +73,7 @@ def audit_row(trial_id: str, global_round: int, deceptive: bool | None, types: S
               mode: str = "full", window: int | None = None, parse_status: str = "ok",
               reasoning: str = "auditor reasoning", evidence: Sequence[str] = ()) -> dict[str, Any]:
     """An audit row (`lhd.audit/1`). Consistency is *not* enforced here on purpose, so tests can
-    feed the inconsistent labels of REFERENCE §7.1 (e.g. deceptive false with severity 2)."""
+    feed the inconsistent labels the authors' auditor writes (e.g. deceptive false with severity 2)."""
     return {"schema": "lhd.audit/1", "trial_id": trial_id, "global_round": global_round,
             "auditor_id": auditor_id, "mode": mode, "window": window, "deceptive": deceptive,
             "types": list(types), "severity": severity, "confidence": confidence, "reasoning": reasoning,
