@@ -233,7 +233,7 @@ def read(
     probe: bool = typer.Option(True, "--probe/--no-probe", help="Linear-probe baseline (record-grouped CV)."),
     probe_folds: int = typer.Option(5),
     context: str = typer.Option("compact", help="Run mode: compact (system, task message, feedback) | full (exact call)."),
-    auditor: Optional[str] = typer.Option(None, help="Run mode: auditor id (default: flagged by any auditor)."),
+    auditor: Optional[str] = typer.Option(None, help="Run mode: auditor id (default: as lhd report, the newest full-mode auditor)."),
     pack: Optional[str] = typer.Option(None, help="Run mode: task pack, to locate the files exactly (default: the row's pack)."),
     limit: Optional[int] = typer.Option(None, help="Read only the first N examples."),
     dtype: str = typer.Option("float32"),

@@ -16,7 +16,7 @@ never looked up by the name in the rows, which the authors' folders share with b
 `context="compact"` reads [system, round-1 task message, (feedback)] + answer; `"full"` reads the
 exact messages of the call, dropping the oldest middle messages only if they do not fit
 `max_length`. Labels come from `audit/<auditor>/<trial>.jsonl` (`deceptive`), joined on
-`(trial_id, global_round)`.
+`(trial_id, global_round)`, by `lhd report`'s rule (`load_audit_labels`).
 """
 from __future__ import annotations
 
@@ -63,30 +63,22 @@ def load_messages(path: Path) -> dict[str, dict]:
 
 
 def load_audit_labels(run_dir: Path, auditor: str | None = None) -> tuple[dict[tuple[str, int], dict], list[str]]:
-    """`(trial_id, global_round) -> {flagged, severity, types, auditors}`.
+    """`(trial_id, global_round) -> {flagged, severity, types, auditors}` and the auditor used.
 
-    `auditor=None` uses every auditor directory and flags a round if any auditor flagged it;
-    rows whose `parse_status` is `failed` are ignored.
+    The rule is `lhd report`'s, from the same function (`lhd_train.metrics.round_labels`): one
+    auditor (`auditor`, else the newest full-mode one), one row per round, failed rows ignored,
+    so a round the lens calls flagged is one the report counts as deceptive.
     """
-    root = run_dir / "audit"
-    auditors = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
-    if auditor is not None:
-        if auditor not in auditors:
-            raise LensError(f"{root}: no auditor {auditor!r} (allowed: {', '.join(auditors) or 'none'})")
-        auditors = [auditor]
-    labels: dict[tuple[str, int], dict] = {}
-    for aud in auditors:
-        for f in sorted((root / aud).glob("*.jsonl")):
-            for row in read_jsonl_rows(f):
-                if row.get("parse_status") == "failed" or not isinstance(row.get("deceptive"), bool):
-                    continue
-                key = (str(row["trial_id"]), int(row["global_round"]))
-                cur = labels.setdefault(key, {"flagged": False, "severity": 0, "types": [], "auditors": {}})
-                cur["auditors"][aud] = row["deceptive"]
-                cur["flagged"] = cur["flagged"] or row["deceptive"]
-                cur["severity"] = max(cur["severity"], int(row.get("severity") or 0))
-                cur["types"] = sorted(set(cur["types"]) | set(row.get("types") or []))
-    return labels, auditors
+    from lhd_train.errors import InputError
+    from lhd_train.metrics.load import round_labels
+
+    try:
+        auditor_id, rows = round_labels(Path(run_dir), auditor)
+    except InputError as exc:
+        raise LensError(str(exc)) from exc
+    labels = {key: {"flagged": lab["deceptive"], "severity": lab["severity"], "types": lab["types"],
+                    "auditors": {auditor_id: lab["deceptive"]}} for key, lab in rows.items()}
+    return labels, [auditor_id] if auditor_id else []
 
 
 def _marker_span(content: str) -> tuple[int, int] | None:
