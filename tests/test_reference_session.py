@@ -16,7 +16,6 @@ import pytest
 from typer.testing import CliRunner
 
 from lhd_train.cli import app
-from lhd_train.reference_import import import_reference
 from lhd_train.store import read_jsonl
 
 SESSIONS = Path(__file__).resolve().parent / "data" / "reference-sessions"
