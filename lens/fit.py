@@ -1,11 +1,11 @@
-"""Fitting the Jacobian lens `J_l = E[∂h_final/∂h_l]` (LENS-NOTES §1.2).
+"""Fitting the Jacobian lens `J_l = E[∂h_final/∂h_l]` (docs/lens-background.md §1).
 
 Per prompt (token ids `[T]`, valid positions `V = [skip_first, T-1)`):
 
     J_l^(p) = mean_{t in V} sum_{t' in V, t' >= t} ∂h_final[t'] / ∂h_l[t]
 
 computed with one forward and `ceil(k / dim_batch)` backward passes, where `k = d_model` output
-dimensions (or `k` arbitrary directions `C`, giving `C·J_l`; LENS-NOTES §5.4). Each backward
+dimensions (or `k` arbitrary directions `C`, giving `C·J_l`; docs/lens-background.md §8). Each backward
 carries `dim_batch` cotangents at once, either as rows of a prompt replicated along the batch
 (`method="replicate"`, the reference's semantics) or as a batched gradient over one forward
 (`method="vmap"`, `autograd.grad(..., is_grads_batched=True)`). Row `i` of a cotangent is the
@@ -417,7 +417,7 @@ def shard_slice(n: int, shard_index: int, num_shards: int) -> tuple[int, int]:
 
 
 def entitlement_directions(model: Any, token_ids: Sequence[int]) -> torch.Tensor:
-    """Rows `g ⊙ w_tau` (final-norm gain times unembedding row) for targeted fits (LENS-NOTES §5.4)."""
+    """Rows `g ⊙ w_tau` (final-norm gain times unembedding row) for targeted fits (docs/lens-background.md §8)."""
     W = model.head.weight[torch.as_tensor(list(token_ids), device=model.device)].float()
     g = getattr(model.norm, "weight", None)
     return W * (g.float()[None, :] if g is not None else 1.0)

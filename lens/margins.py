@@ -1,4 +1,4 @@
-"""Entitlement token sets and margins (LENS-NOTES §4.4–§4.5).
+"""Entitlement token sets and margins (docs/lens-background.md §6).
 
 Token sets S (supported), N (not entitled), R (refuted) are frozen word lists. Each word is
 tried in four surface forms (with / without a leading space, lower / Capitalised); a form is kept

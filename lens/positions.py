@@ -21,7 +21,7 @@ POSITION_CLASSES = (RECORD, QUESTION, DECISION)
 #: last prompt token (whose next-token distribution is the model's answer).
 ANCHORS = {RECORD: "record_end", QUESTION: "question_end", DECISION: "decision"}
 #: spans read as the mean of the hidden states over all their tokens (`<name>_mean`) instead of at
-#: their last token: the gold evidence line (LENS-NOTES §4.3, r_evid)
+#: their last token: the gold evidence line (docs/lens-background.md §5, r_evid)
 POOLED_SPANS = frozenset({"evidence"})
 
 

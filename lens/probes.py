@@ -1,4 +1,4 @@
-"""Entitlement probe sets built from task packs' own files (LENS-NOTES §4.2–§4.3).
+"""Entitlement probe sets built from task packs' own files (docs/lens-background.md §5).
 
 Numeric facts are extracted from the files (CSV rows, JSON number fields, `Key: number` text
 lines). Each fact gives a minimal set of claims over the *same record* (the task's files):

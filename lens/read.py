@@ -112,7 +112,7 @@ def collect(
             final[ro.name] = float(m["m_E"][-1, dec])  # the last block is always readable
             stated[ro.name] = float(m["m_E"][-1, claim_cols].mean()) if claim_cols else final[ro.name]
         # The model's own (stated) margin: the last block's readout is the model's logits. Read at
-        # the end of the answer's asserted claims (mean over them) when it has any (LENS-NOTES §4.3,
+        # the end of the answer's asserted claims (mean over them) when it has any (docs/lens-background.md §5,
         # performer regime), else at the decision position (the verifier regime's d).
         out.examples.append({**base, "n_tokens": n_tok, "n_prompt_tokens": tag.n_prompt,
                              "stated_m_E": stated.get("logit", next(iter(stated.values()), float("nan"))),
@@ -164,7 +164,7 @@ def probe_rows(col: Collected, classes: Sequence[Any], set_of_class: dict[str, S
 def gap_within_stated_supported(margins_df: Any, examples_df: Any, *, n_layers: int, band: Sequence[float],
                                 n_boot: int, seed: int) -> list[dict]:
     """AUROC of the gap against the flag among rounds whose stated margin says "supported" (> 0):
-    the answer-controlled comparison of LENS-NOTES §4.6 (what the answer asserts is held fixed, so
+    the answer-controlled comparison of docs/lens-background.md §7 (what the answer asserts is held fixed, so
     only the internal side can separate). z-scores use every unflagged round, as for the full gap;
     per layer × anchor, and over the workspace band (mean z(m_E) over its layers)."""
     import math

@@ -2,7 +2,7 @@
 
 - `ToyResidualModel`: a `LensModel` whose blocks are `h <- h + scale·W_l h` applied to every
   position independently, with a LayerNorm and a linear head. Its Jacobian lens is known in
-  closed form: `J_l = prod_{m=l+1..target} (I + scale·W_m)` (LENS-NOTES §2, T2).
+  closed form: `J_l = prod_{m=l+1..target} (I + scale·W_m)` (docs/lens-background.md §4, T2).
 - `ByteTokenizer`: bytes + 1, BOS = 0.
 - `build_tiny_hf`: a random tiny Llama / Qwen2 / Qwen3 with a locally trained byte-level BPE
   tokenizer and a chat template imitating Llama 3 (header tokens, `| trim`, a default system

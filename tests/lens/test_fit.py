@@ -1,4 +1,4 @@
-"""Fitting: LENS-NOTES §2 T1, T2, T3 (identity), T5, T6, T7, T9, T12, T13, T17 and a reference cross-check."""
+"""Fitting: docs/lens-background.md §4 checks T1, T2, T3 (identity), T5, T6, T7, T9, T12, T13, T17 and a reference cross-check."""
 from __future__ import annotations
 
 import math

@@ -36,7 +36,7 @@ def test_spans_map_to_their_tokens(which, llama, qwen):
     # the record ends on the closing tag, before the claim; decision is the last prompt token (the prefill)
     p = tag.positions
     assert p["record_end"] < p["claim_end"] < p["question_end"] < p["user_turn_end"] < p["decision"]
-    # the evidence is read as the mean over its tokens (LENS-NOTES §4.3 r_evid), not at its last token
+    # the evidence is read as the mean over its tokens (docs/lens-background.md §5, r_evid), not at its last token
     assert "evidence_end" not in p and tag.pooled["evidence_mean"] == tag.spans["evidence"]
     assert max(tag.pooled["evidence_mean"]) <= p["record_end"] and tag.classes["evidence_mean"] == RECORD
     assert p["decision"] == len(tag.input_ids) - 1

@@ -226,7 +226,7 @@ def test_read_run_end_to_end(tmp_path, tiny_dirs):
     assert (e["stated_position"] == "claims").all() and (e["n_claims"] == 1).all()
     last = m[(m["readout"] == "logit") & (m["layer"] == m["layer"].max()) & (m["position"] == "claim_1")]
     assert last.set_index("example_id")["m_E"].sub(e["stated_m_E"]).abs().max() < 1e-6
-    # the gap inside the stated-supported cell (answer-controlled, LENS-NOTES §4.6)
+    # the gap inside the stated-supported cell (answer-controlled, docs/lens-background.md §7)
     cell = table[table["metric"].str.startswith("gap within stated-supported")]
     n_cell = int((e["stated_m_E"] > 0).sum())
     assert len(cell) and ((cell["n_pos"] + cell["n_neg"]) == n_cell).all()
