@@ -120,3 +120,13 @@ def test_repair_on_request_changes_the_numbers_and_says_so(tmp_path: Path) -> No
     run = _csv(rep / "tables" / "runs.csv")[0]
     assert run["n_repaired_labels"] == "1"
     assert "changed by the consistency rules" in (rep / "summary.md").read_text()
+
+
+def test_every_reader_accepts_imported_rows(imported: Path, tmp_path: Path) -> None:
+    """Rows with the fields the authors never saved set to null (calls, token counts, attempts)."""
+    from lhd_train.data.contexts import load_contexts
+    from lhd_train.export import export_run
+
+    ctxs = load_contexts(imported)
+    assert len(ctxs) == 8 and all(c.supervisor_eval is None for c in ctxs)
+    assert export_run(imported, tmp_path / "export").num_rows == 8
