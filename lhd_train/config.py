@@ -38,7 +38,7 @@ class RoleConfig(_Strict):
 
 
 class PerformerSampling(Sampling):
-    """The performer writes whole reports (6-12k characters in the reference, REFERENCE.md §10.1)."""
+    """The performer writes whole reports (6-12k characters: docs/reference.md, "Call and token budget")."""
 
     max_tokens: int = Field(4096, ge=1)
 

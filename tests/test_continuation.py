@@ -77,7 +77,7 @@ def test_performer_max_tokens_default_fits_a_report(tmp_path):
     data = {"run_name": "t", "seeds": [1], "models": {"m": {"backend": "hf", "model": "x"}},
             "performer": {"model": "m", "sampling": {"temperature": 0.5}}, "supervisor": {"model": "m"}}
     cfg = parse_config(data, "test")
-    # A startup report runs to about 6-12k characters (REFERENCE.md §10.1), i.e. up to ~3k tokens.
+    # A startup report runs to about 6-12k characters, i.e. up to ~3k tokens.
     assert cfg.performer.sampling.max_tokens >= 4096
     assert cfg.performer.max_segments == 5
     data["performer"] = {"model": "m"}

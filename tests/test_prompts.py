@@ -1,4 +1,4 @@
-"""The prompts' instructions match the reference's (REFERENCE.md §4-§6); our wording may differ,
+"""The prompts' instructions match the authors' (docs/prompts.md states them); our wording may differ,
 but no instruction is added or dropped except those listed in docs/prompts.md."""
 from __future__ import annotations
 
