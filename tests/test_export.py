@@ -55,7 +55,9 @@ def test_export_of_an_imported_run_keeps_column_types(tmp_path):
     back = load_from_disk(str(tmp_path / "ds1"))
     assert back.num_rows == 3
     assert back[0]["performer_prompt_tokens"] is None and back[2]["event_name"] is None
-    assert [r["reference-full__deceptive"] for r in back] == [True, False, None]
+    # the authors' labels as written: round 2 unflagged with severity 2, round 3 flagged without a type
+    assert [r["reference-full__deceptive"] for r in back] == [True, False, True]
+    assert [r["reference-full__severity"] for r in back] == [3, 2, 2]
     assert back[0]["reference-window6__types"] == ["EQUIVOCATION"]
     cfg, _ = make_run(tmp_path / "ours", satisfactions=SHAPE)
     ours = export_run(cfg.run_dir, tmp_path / "ds2")
