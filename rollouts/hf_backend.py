@@ -67,6 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from rollouts.backend import BackendError
+from rollouts.model_files import check_adapter_dir, check_model_dir, one_line
 from rollouts.prefix_cache import PrefixCache
 from rollouts.spec import ModelSpec
 from rollouts.types import Completion, GenerationRequest, GenerationResult
@@ -560,14 +561,18 @@ class HFBackend:
             dtype = getattr(torch, _DTYPES[spec.dtype])
         else:
             raise BackendError(f"{spec.model}: unknown dtype {spec.dtype!r} (allowed: auto, float32, bfloat16, float16)")
+        # A broken local folder gets a one-line error naming the file before transformers tries it.
+        check_model_dir(spec.model)
+        for name, path in spec.adapters.items():
+            check_adapter_dir(name, path)
         kw: dict[str, Any] = {"revision": spec.revision, "trust_remote_code": spec.trust_remote_code}
         try:
             tokenizer = AutoTokenizer.from_pretrained(spec.model, **kw)
             if device.startswith("cuda"):  # load straight onto the GPU
                 kw["device_map"] = device
             model = AutoModelForCausalLM.from_pretrained(spec.model, dtype=dtype, **kw)
-        except (OSError, ValueError) as e:
-            raise BackendError(f"cannot load model {spec.model!r}: {e}") from e
+        except Exception as e:  # noqa: BLE001 - loaders raise many types (SafetensorError is not an OSError)
+            raise BackendError(f"cannot load model {spec.model}: {type(e).__name__}: {one_line(e)}") from e
         model.to(device)
         model.eval()
         if spec.adapters:
@@ -579,8 +584,9 @@ class HFBackend:
                 model = PeftModel.from_pretrained(model, path, adapter_name=name, is_trainable=False)
                 for name, path in items[1:]:
                     model.load_adapter(path, adapter_name=name, is_trainable=False)
-            except (OSError, ValueError) as e:
-                raise BackendError(f"cannot load LoRA adapter {name!r} from {path!r}: {e}") from e
+            except Exception as e:  # noqa: BLE001 - as above
+                raise BackendError(f"cannot load LoRA adapter {name!r} from {path}: {type(e).__name__}: "
+                                   f"{one_line(e)}") from e
             model.to(device)
             model.eval()
         return cls(spec, model, tokenizer, device, dtype)

@@ -1,0 +1,158 @@
+"""Local model and adapter folders: checked before transformers loads them, and fingerprinted.
+
+transformers reports a broken folder with multi-line messages, or with exceptions it does not
+wrap at all (a truncated safetensors file raises `SafetensorError`). The few things that go wrong
+in practice (a wrong path, an empty folder, a torn `config.json`, no tokenizer, a cut weights
+file) are checked here first, so the error is one line naming the file and what is wrong.
+
+`weights_fingerprint` says which weights a folder holds now, so a caller can notice when the
+weights behind a path changed (a model rebuilt in place) although its config did not."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from rollouts.backend import BackendError
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+TOKENIZER_HINT = "tokenizer.json, tokenizer.model, vocab.json"
+_FULL_HASH_MAX = 64 << 20  # files up to this size are hashed whole
+_BLOCK, _BLOCKS = 1 << 20, 32  # larger files: this many spaced blocks of this size
+
+
+def is_local(name: str) -> bool:
+    """A path rather than a hub id: it exists, or it is written like a path (`/x`, `./x`, `~/x`, `a/b/c`)."""
+    return Path(name).expanduser().exists() or name.startswith(("/", ".", "~")) or name.count("/") > 1
+
+
+def one_line(text: object, limit: int = 300) -> str:
+    """An error message on one line, cut to `limit` characters (loaders' messages run to many)."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _check_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BackendError(f"{what} {path.parent}: {path.name} is not valid JSON ({one_line(e, 120)})") from None
+
+
+def check_safetensors(path: Path, what: str = "model folder") -> None:
+    """The header parses and the file is as long as the header says (a cut copy is not)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if n < 0 or 8 + n > size:
+            raise BackendError(f"{what} {path.parent}: {path.name} is truncated or not safetensors "
+                               f"({size} bytes; its header does not fit)")
+        try:
+            header = json.loads(f.read(n))
+            end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError):
+            raise BackendError(f"{what} {path.parent}: {path.name} has a corrupt header (not safetensors?)") from None
+    if 8 + n + end > size:
+        raise BackendError(f"{what} {path.parent}: {path.name} is truncated ({size} bytes, its header describes "
+                           f"{8 + n + end})")
+
+
+def _is_tokenizer_file(p: Path) -> bool:
+    """A file a tokenizer is built from (tokenizer_config.json alone only configures one)."""
+    if p.name == "tokenizer_config.json":
+        return False
+    return (p.name.startswith("tokenizer") or p.name in ("vocab.json", "vocab.txt")
+            or p.suffix in (".model", ".tiktoken"))
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
+
+
+def _check_index(folder: Path, what: str) -> None:
+    """A sharded checkpoint's index names shards that must all be there."""
+    for index in sorted(folder.glob("*.index.json")):
+        data = _check_json(index, what)
+        shards = set((data.get("weight_map") or {}).values()) if isinstance(data, dict) else set()
+        missing = sorted(s for s in shards if not (folder / s).is_file())
+        if missing:
+            raise BackendError(f"{what} {folder}: {index.name} names {len(missing)} missing shard(s): "
+                               f"{', '.join(missing[:3])}")
+
+
+def check_model_dir(name: str, need_tokenizer: bool = True) -> None:
+    """Raise a one-line `BackendError` when `name` is a local path that cannot hold a loadable
+    model: missing, empty, no or torn config.json, no tokenizer, no or cut weights. Hub ids are
+    left to the loader."""
+    if not is_local(name):
+        return
+    folder = Path(name).expanduser()
+    if not folder.exists():
+        raise BackendError(f"model folder {name}: not found")
+    if not folder.is_dir():
+        raise BackendError(f"model folder {name}: not a folder")
+    if not (folder / "config.json").is_file():
+        empty = not any(folder.iterdir())
+        raise BackendError(f"model folder {name}: no config.json" + (" (the folder is empty)" if empty else ""))
+    _check_json(folder / "config.json", "model folder")
+    if need_tokenizer and not any(_is_tokenizer_file(p) for p in folder.iterdir()):
+        raise BackendError(f"model folder {name}: no tokenizer files ({TOKENIZER_HINT})")
+    _check_index(folder, "model folder")
+    weights = _weight_files(folder)
+    if not weights:
+        raise BackendError(f"model folder {name}: no weights (*.safetensors or *.bin)")
+    for w in weights:
+        if w.suffix == ".safetensors":
+            check_safetensors(w)
+
+
+def check_adapter_dir(adapter: str, path: str) -> None:
+    """Like `check_model_dir`, for a LoRA adapter folder (adapter_config.json + adapter weights)."""
+    if not is_local(path):
+        return
+    folder = Path(path).expanduser()
+    what = f"adapter {adapter!r} at"
+    if not folder.is_dir():
+        raise BackendError(f"{what} {path}: not found" if not folder.exists() else f"{what} {path}: not a folder")
+    if not (folder / "adapter_config.json").is_file():
+        raise BackendError(f"{what} {path}: no adapter_config.json")
+    _check_json(folder / "adapter_config.json", what)
+    weights = _weight_files(folder)
+    if not weights:
+        raise BackendError(f"{what} {path}: no adapter weights (adapter_model.safetensors)")
+    for w in weights:
+        if w.suffix == ".safetensors":
+            check_safetensors(w, what)
+
+
+def _file_digest(path: Path) -> str:
+    """sha256 of the file, or, above 64 MiB, of its size and 32 evenly spaced 1 MiB blocks (first
+    and last included): reading a 140 GB checkpoint whole on every resume would take minutes,
+    and retrained or rebuilt weights differ in every block."""
+    h = hashlib.sha256()
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        if size <= _FULL_HASH_MAX:
+            for block in iter(lambda: f.read(_BLOCK), b""):
+                h.update(block)
+        else:
+            h.update(str(size).encode())
+            for k in range(_BLOCKS):
+                f.seek((size - _BLOCK) * k // (_BLOCKS - 1))
+                h.update(f.read(_BLOCK))
+    return h.hexdigest()
+
+
+def weights_fingerprint(name: str | None) -> dict[str, Any] | None:
+    """`{path, digest, files: {name: bytes}}` for a local folder (or file) of weights; None for a
+    hub id or a served model name, whose weights are not ours to read."""
+    if not name or not is_local(name) or not Path(name).expanduser().exists():
+        return None
+    p = Path(name).expanduser()
+    files = ([p] if p.is_file() else _weight_files(p) + sorted(p.glob("*.index.json")))
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f"{f.name}\0{f.stat().st_size}\0{_file_digest(f)}\n".encode())
+    return {"path": str(p.resolve()), "digest": h.hexdigest(), "files": {f.name: f.stat().st_size for f in files}}
