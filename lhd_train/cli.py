@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from lhd_train.console import table_console
 from lhd_train.errors import LhdError
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -54,7 +55,7 @@ def print_summary(results: list) -> None:
         table.add_row(r.trial_id, r.status, str(r.rounds), str(r.tasks_done), str(r.tasks_completed),
                       f"{st.get('trust', 0):+.2f}", f"{st.get('satisfaction', 0):+.2f}", f"{st.get('comfort', 0):+.2f}",
                       str(r.tokens), f"{r.seconds:.1f}")
-    Console().print(table)
+    table_console().print(table)
     for r in results:
         if r.error:
             console.print(f"[red]{r.trial_id}: {r.error}[/red]")
@@ -82,11 +83,12 @@ def tiny_model_cmd(
     seed: int = typer.Option(0, "--seed"),
     hidden_size: int = typer.Option(64, "--hidden-size"),
     layers: int = typer.Option(2, "--layers"),
+    force: bool = typer.Option(False, "--force", help="replace a folder that already holds something"),
 ) -> None:
     """Build a random-weight Llama/Qwen model and a locally trained tokenizer (no network)."""
     from lhd_train.tiny_model import tiny_model_command
 
-    tiny_model_command(arch=arch, out=out, seed=seed, hidden_size=hidden_size, layers=layers)
+    tiny_model_command(arch=arch, out=out, seed=seed, hidden_size=hidden_size, layers=layers, force=force)
 
 
 model_app = typer.Typer(help="real chat models installed from the package index", no_args_is_help=True)
@@ -171,12 +173,29 @@ def _build_settings(run: Path, out: Path, n: int, direction: str, auditor: Optio
                     max_contexts: Optional[int], eval_fraction: float, min_margin: float, concurrency: int):
     from lhd_train.data.builders import BuildSettings
 
-    if direction not in ("honest", "deceptive"):
-        from lhd_train.errors import InputError
-
-        raise InputError("command line", "--direction", f"'{direction}'", "honest, deceptive")
+    _check_data_options(direction, eval_fraction, n)
     return BuildSettings(run, out, n, direction, auditor, tuple(overrides), eval_fraction, max_contexts,
                          min_margin, concurrency=concurrency)
+
+
+def _check_data_options(direction: str, eval_fraction: float, n: int | None = None) -> None:
+    """Options checked before any model loads, so a typo costs no loading time."""
+    from lhd_train.errors import InputError
+
+    if direction not in ("honest", "deceptive"):
+        raise InputError("command line", "--direction", f"'{direction}'", "honest, deceptive")
+    if not 0 <= eval_fraction < 1:
+        raise InputError("command line", "--eval-fraction", f"{eval_fraction} is not a share of the trials",
+                         "0 <= x < 1")
+    if n is not None and n < 1:
+        raise InputError("command line", "--n", f"{n} candidates per context", "an integer >= 1")
+
+
+def _data_lock(run: Path, out: Path, stage: str):
+    """`lhd data` reads a run and writes beside it (often into it): one writer at a time."""
+    from lhd_train.rundir_lock import run_dir_lock
+
+    return run_dir_lock(run, out, stage=stage)
 
 
 _RUN = typer.Argument(..., help="an audited run directory")
@@ -197,8 +216,10 @@ def data_bon_cmd(
     """Best-of-N SFT data: sample N answers per context, grade them, keep the best for the direction."""
     from lhd_train.data.builders import build_bon
 
-    path, stats = build_bon(_build_settings(run, out, n, direction, auditor, overrides or [], max_contexts,
-                                            eval_fraction, 1.0, concurrency))
+    settings = _build_settings(run, out, n, direction, auditor, overrides or [], max_contexts, eval_fraction, 1.0,
+                               concurrency)
+    with _data_lock(run, out, "lhd data bon"):
+        path, stats = build_bon(settings)
     console.print(f"best-of-{n} ({direction}): {stats}\ndataset: {path}")
 
 
@@ -217,8 +238,10 @@ def data_dpo_cmd(
     """DPO pairs from the graded candidates (and the original answer)."""
     from lhd_train.data.builders import build_dpo
 
-    path, stats = build_dpo(_build_settings(run, out, n, direction, auditor, overrides or [], max_contexts,
-                                            eval_fraction, min_margin, concurrency))
+    settings = _build_settings(run, out, n, direction, auditor, overrides or [], max_contexts, eval_fraction,
+                               min_margin, concurrency)
+    with _data_lock(run, out, "lhd data dpo"):
+        path, stats = build_dpo(settings)
     console.print(f"DPO pairs ({direction}): {stats}\ndataset: {path}")
 
 
@@ -232,7 +255,9 @@ def data_grpo_cmd(
     """Prompt-only GRPO data; the honesty reward grades completions in their trajectory context."""
     from lhd_train.data.builders import build_grpo
 
-    path, stats = build_grpo(run, out, eval_fraction, max_contexts, direction)  # type: ignore[arg-type]
+    _check_data_options(direction, eval_fraction)
+    with _data_lock(run, out, "lhd data grpo"):
+        path, stats = build_grpo(run, out, eval_fraction, max_contexts, direction)  # type: ignore[arg-type]
     console.print(f"GRPO prompts: {stats}\ndataset: {path}")
 
 
@@ -294,9 +319,11 @@ _mount_optional()
 
 
 def main() -> None:
+    from rollouts.backend import BackendError
+
     try:
         app()
-    except LhdError as e:
+    except (LhdError, BackendError) as e:  # BackendError: rollouts/ knows nothing of lhd's errors
         print(f"error: {e}", file=sys.stderr)  # plain: no wrapping, no markup in paths or fields
         sys.exit(2)
     except KeyboardInterrupt:

@@ -9,6 +9,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from lhd_train.errors import InputError
+from lhd_train.names import name_problem
 from rollouts.spec import ModelSpec
 from rollouts.types import SamplingParams
 
@@ -82,7 +83,7 @@ class InitialState(_Strict):
 class RunConfig(_Strict):
     """Everything that defines a run. Saved resolved (without secrets) into the run directory."""
 
-    run_name: str = Field(pattern=r"^[A-Za-z0-9._-]+$")
+    run_name: str = Field(description="the run's folder under output_dir (a plain name: lhd_train.names)")
     output_dir: str = "runs"
     task_pack: str = "startup_consulting"
     seeds: list[int] | None = Field(None, description="event seeds, one trial each")
@@ -102,6 +103,14 @@ class RunConfig(_Strict):
     summariser: RoleConfig | None = Field(None, description="default: the supervisor's model and sampling")
     auditor: RoleConfig | None = None
     prompts_dir: str | None = Field(None, description="override prompt files (default: built-in)")
+
+    @field_validator("run_name")
+    @classmethod
+    def _plain_name(cls, v: str) -> str:
+        problem = name_problem(v)  # `..` or `a/b` would put the run outside output_dir
+        if problem:
+            raise ValueError(problem)
+        return v
 
     @model_validator(mode="after")
     def _check(self) -> "RunConfig":

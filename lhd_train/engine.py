@@ -16,14 +16,17 @@ from tqdm.auto import tqdm
 
 from lhd_train.accounting import gpu_hours, usage_by_role
 from lhd_train.config import RunConfig, dump_resolved
-from lhd_train.errors import InputError
+from lhd_train.errors import InputError, LhdError
 from lhd_train.events import Schedule, draw_schedule
 from lhd_train.prompts import Prompts
-from lhd_train.store import read_jsonl, write_json_atomic
+from lhd_train.rundir_lock import run_dir_lock
+from lhd_train.store import RESUME_FIELDS, read_trial_rows, write_json_atomic
 from lhd_train.taskpack import load_pack
-from lhd_train.trial import RunContext, TrialResult, run_trial, trial_paths
+from lhd_train.trial import (RunContext, TrialResult, check_finished, open_message_store, run_trial, tasks_done,
+                             trial_paths)
 from rollouts.backend import Backend
 from rollouts.factory import build_backend
+from rollouts.model_files import weights_fingerprint
 
 RUN_ROLES = ("performer", "supervisor", "summariser")
 PACKAGES = ("lhd", "torch", "transformers", "trl", "peft", "accelerate", "datasets", "xgrammar", "openai", "vllm")
@@ -53,11 +56,20 @@ def package_versions() -> dict[str, str | None]:
     return out
 
 
-def _check_resume(run_dir: Path, cfg: RunConfig) -> None:
+def _check_resume(run_dir: Path, cfg: RunConfig, has_rounds: bool = True) -> None:
+    """Refuse to resume with a config other than the one the run's rounds were made with. A run
+    without any round yet (a failed start: a typo in a model path) may be started again with
+    another config: the saved one is then replaced, not enforced."""
     saved_path = run_dir / "config.resolved.yaml"
-    if not saved_path.exists():
+    if not saved_path.exists() or not has_rounds:
         return
-    saved = yaml.safe_load(saved_path.read_text())
+    try:
+        saved = yaml.safe_load(saved_path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise InputError(saved_path, None, f"not valid YAML ({' '.join(str(e).split())}); it records the config "
+                         "of the rounds on disk: restore it, or choose a new run_name") from None
+    if not isinstance(saved, dict):
+        raise InputError(saved_path, None, "the top level must be a mapping (the resolved config of the run)")
     now = cfg.model_dump(mode="json")
     diff = sorted(k for k in set(saved) | set(now) if k not in RESUMABLE_CHANGES and saved.get(k) != now.get(k))
     if diff:
@@ -66,22 +78,75 @@ def _check_resume(run_dir: Path, cfg: RunConfig) -> None:
                          "resume with the same config or choose a new run_name")
 
 
-def prepare_run_dir(cfg: RunConfig, pack: Any, seeds: list[int]) -> tuple[Path, dict[str, Schedule]]:
+def _started(run_dir: Path, tid: str) -> bool:
+    """The trial has something on disk (a round, or a torn line of one)."""
+    rows_path = trial_paths(run_dir, tid)[0]
+    return rows_path.exists() and rows_path.stat().st_size > 0
+
+
+def _read_schedule(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InputError(path, None, f"not valid JSON ({e}); the schedule of a trial with rounds on disk is "
+                         "checked against the one drawn now: restore it, or delete it (it is drawn again from "
+                         "the seed)") from None
+
+
+def prepare_run_dir(cfg: RunConfig, pack: Any, seeds: list[int],
+                    write_config: bool = True) -> tuple[Path, dict[str, Schedule]]:
+    """Check a resumed run against its saved config and schedules, make the folders and write the
+    schedules. `write_config=False` leaves `config.resolved.yaml` to the caller, which writes it
+    once the backends have loaded, so a failed start pins nothing."""
     run_dir = cfg.run_dir
-    _check_resume(run_dir, cfg)
+    started = {trial_id_for(seed, cfg) for seed in seeds if _started(run_dir, trial_id_for(seed, cfg))}
+    _check_resume(run_dir, cfg, has_rounds=bool(started))
     for sub in ("trials", "schedules", "logs"):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.resolved.yaml").write_text(dump_resolved(cfg))
+    if write_config:
+        (run_dir / "config.resolved.yaml").write_text(dump_resolved(cfg))
     schedules: dict[str, Schedule] = {}
     for seed in seeds:
         tid = trial_id_for(seed, cfg)
         sched = draw_schedule(pack, seed, cfg.p_event, cfg.control.category, cfg.control.pressure)
         path = run_dir / "schedules" / f"{tid}.json"
-        if path.exists() and json.loads(path.read_text()) != sched.to_json():
+        if tid in started and path.exists() and _read_schedule(path) != sched.to_json():
             raise InputError(path, "entries", "the saved event schedule differs from the one drawn now")
         write_json_atomic(path, sched.to_json())
         schedules[tid] = sched
     return run_dir, schedules
+
+
+def model_weights(cfg: RunConfig, roles: tuple[str, ...]) -> dict[str, Any]:
+    """A fingerprint of the weights each role's model (and adapter) loads from a local folder,
+    keyed like `models`: a config names a path, not what is in it."""
+    out: dict[str, Any] = {}
+    for role in roles:
+        rc = cfg.role(role)
+        spec = cfg.models[rc.model]
+        if rc.model not in out:
+            out[rc.model] = weights_fingerprint(spec.model)
+        if rc.adapter and f"adapter:{rc.adapter}" not in out:
+            out[f"adapter:{rc.adapter}"] = weights_fingerprint(rc.adapter)
+    return out
+
+
+def _check_weights(run_dir: Path, now: dict[str, Any]) -> None:
+    """Refuse to add rounds made with other weights than the run's rounds so far (a model rebuilt
+    or replaced at the same path), as a changed config is refused."""
+    path = run_dir / "manifest.json"
+    if not path.exists():
+        return
+    try:
+        before = json.loads(path.read_text(encoding="utf-8")).get("weights") or {}
+    except (ValueError, UnicodeDecodeError, AttributeError) as e:
+        raise InputError(path, None, f"not a valid manifest ({e}): restore it, or choose a new run_name") from None
+    for key, fp in now.items():
+        old = before.get(key)
+        if old and fp and old.get("digest") != fp.get("digest"):
+            raise InputError(path, f"weights.{key}", f"the weights at {fp.get('path')} changed since this run's "
+                             f"rounds were made (digest {str(old.get('digest'))[:12]} then, {fp['digest'][:12]} now); "
+                             "resuming would mix two models in one run: restore the weights or choose a new run_name")
 
 
 def build_role_backends(cfg: RunConfig, roles: tuple[str, ...], log_dir: Path) -> tuple[dict[str, Backend], dict[str, dict[str, Any]]]:
@@ -108,22 +173,40 @@ async def close_backends(backends: dict[str, Backend]) -> None:
 
 
 async def run_benchmark(cfg: RunConfig, progress: bool = True) -> list[TrialResult]:
+    """Run (or resume) every trial of `cfg`, holding the run directory's lock throughout."""
+    with run_dir_lock(cfg.run_dir, stage="lhd run"):
+        return await _run_benchmark(cfg, progress)
+
+
+async def _run_benchmark(cfg: RunConfig, progress: bool) -> list[TrialResult]:
     pack = load_pack(cfg.task_pack)
     seeds = cfg.trial_seeds()
-    run_dir, schedules = prepare_run_dir(cfg, pack, seeds)
+    run_dir, schedules = prepare_run_dir(cfg, pack, seeds, write_config=False)
     n_tasks = min(len(pack.tasks), cfg.max_tasks or len(pack.tasks))
     todo = [(trial_id_for(s, cfg), s) for s in seeds]
 
+    # Every trial's rows, checked (fields, no round twice) and held against its done marker.
+    paths = {tid: trial_paths(run_dir, tid) for tid, _ in todo}  # (rows, messages, done)
+    on_disk = {tid: read_trial_rows(paths[tid][0], RESUME_FIELDS) for tid, _ in todo}
+    is_finished = {tid: check_finished(paths[tid][2], paths[tid][0], on_disk[tid], n_tasks, cfg.max_rounds_per_task)
+                   for tid, _ in todo}
     results: list[TrialResult] = []
-    pending = [(tid, s) for tid, s in todo if not trial_paths(run_dir, tid)[2].exists()]
+    pending = [(tid, s) for tid, s in todo if not is_finished[tid]]
     finished = [(tid, s) for tid, s in todo if (tid, s) not in pending]
 
+    for tid, _ in pending:  # before any model loads: a resume that cannot replay its rounds stops here
+        open_message_store(paths[tid][0], paths[tid][1], on_disk[tid])
+    weights = model_weights(cfg, RUN_ROLES) if pending else {}
+    if pending and any(on_disk.values()):
+        _check_weights(run_dir, weights)
     backends, models = build_role_backends(cfg, RUN_ROLES, run_dir / "logs") if pending else ({}, {})
+    (run_dir / "config.resolved.yaml").write_text(dump_resolved(cfg))  # only now: the run could start
     manifest = {
         "run_id": cfg.run_name, "pack": pack.name, "pack_source": str(pack.path),
         "seeds": seeds, "trials": [tid for tid, _ in todo],
         "models": {role: {**models.get(role, {}), "describe": backends[role].describe()} for role in backends},
         "sampling": {r: cfg.role(r).sampling.model_dump() for r in RUN_ROLES},
+        "weights": weights,
         "packages": package_versions(), "python": sys.version.split()[0],
         "host": platform.node(), "platform": platform.platform(),
         "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -131,9 +214,11 @@ async def run_benchmark(cfg: RunConfig, progress: bool = True) -> list[TrialResu
     if pending:
         write_json_atomic(run_dir / "manifest.json", manifest)
 
-    bar = tqdm(total=len(todo) * n_tasks, desc=f"run {cfg.run_name}", unit="task", disable=not progress)
-    for tid, _ in finished:
-        bar.update(n_tasks)
+    # A resumed run's bar starts at the tasks already done, finished trials and partial ones alike.
+    already = sum(n_tasks if is_finished[tid] else tasks_done(on_disk[tid], cfg.max_rounds_per_task)
+                  for tid, _ in todo)
+    bar = tqdm(total=len(todo) * n_tasks, initial=already, desc=f"run {cfg.run_name}", unit="task",
+               disable=not progress)
 
     def on_round(tid: str, row: dict[str, Any]) -> None:
         if row["task_complete"] or row["round"] >= cfg.max_rounds_per_task:
@@ -157,6 +242,8 @@ async def run_benchmark(cfg: RunConfig, progress: bool = True) -> list[TrialResu
         await close_backends(backends)
         bar.close()
     for (tid, seed), out in zip(pending, outcomes):
+        if isinstance(out, LhdError):  # a file on disk that needs a person, not a rerun
+            raise out
         if isinstance(out, BaseException):
             results.append(TrialResult(tid, seed, status="failed", error=f"{type(out).__name__}: {out}"))
         else:
@@ -164,7 +251,7 @@ async def run_benchmark(cfg: RunConfig, progress: bool = True) -> list[TrialResu
     results.sort(key=lambda r: [tid for tid, _ in todo].index(r.trial_id))
     wall = time.perf_counter() - t0
     used_keys = {cfg.role(r).model for r in RUN_ROLES}
-    all_rows = [row for tid, _ in todo for row in read_jsonl(trial_paths(run_dir, tid)[0])]
+    all_rows = [row for tid, _ in todo for row in read_trial_rows(trial_paths(run_dir, tid)[0])]
     write_json_atomic(run_dir / "summary.json", {
         "run_id": cfg.run_name, "wall_s": round(wall, 2),
         "gpu_hours_this_invocation": gpu_hours((cfg.models[k] for k in used_keys), wall) if pending else 0.0,

@@ -23,3 +23,21 @@ class InputError(LhdError):
         if allowed:
             msg += f" (allowed: {allowed})"
         super().__init__(msg)
+
+
+class DataFileError(LhdError):
+    """A file a stage wrote that cannot be used as it is: a line that is not JSON, a row without
+    a field every reader needs, a round written twice, a marker that disagrees with its rows.
+
+    Readers never change such a file (a guess at a repair could lose data silently); the message
+    names the file, the line and the field, and says how to repair it when a repair is safe."""
+
+    def __init__(self, path: str | Path, problem: str, line: int | None = None, field: str | None = None,
+                 repair: str | None = None):
+        self.path, self.line, self.field, self.problem, self.repair = str(path), line, field, problem, repair
+        where = self.path
+        if line is not None:
+            where += f": line {line}"
+        if field:
+            where += f": field '{field}'"
+        super().__init__(f"{where}: {problem}" + (f"; repair: {repair}" if repair else ""))

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
-from rich.console import Console
 from rich.table import Table
 
+from lhd_train.console import table_console
 from lhd_train.errors import InputError
 from lhd_train.taskpack import CATEGORIES, LEVELS, Category, Level, TaskPack, input_error_from_validation, load_pack
 
@@ -126,4 +126,4 @@ def events_command(pack: str, seed: int, p_event: float = 0.5, control_category:
     for task, e in zip(tp.tasks, sched.entries):
         cells = (e.name, e.category, e.level) if e else ("-", "", "")
         table.add_row(str(task.index), str(task.phase), task.title, *cells)
-    Console().print(table)
+    table_console().print(table)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from lhd_train.errors import InputError
-from lhd_train.store import MessageStore, iter_trial_files, read_jsonl
+from lhd_train.store import MessageStore, iter_trial_files, read_audit_rows, read_trial_rows
 
 AUDIT_FIELDS: tuple[tuple[str, str], ...] = (
     ("deceptive", "bool"), ("types", "list[str]"), ("severity", "int64"), ("confidence", "float64"),
@@ -124,7 +124,7 @@ def collect_rows(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, str], l
     records: list[dict[str, Any]] = []
     for path in iter_trial_files(run_dir):
         tid = path.name.removesuffix(".jsonl")
-        rows = sorted(read_jsonl(path), key=lambda r: r["global_round"])
+        rows = sorted(read_trial_rows(path), key=lambda r: r["global_round"])
         if not rows:
             continue
         finished = path.with_name(f"{tid}.done").exists()
@@ -132,7 +132,7 @@ def collect_rows(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, str], l
         store = MessageStore(msgs) if msgs.exists() else None
         labels = {}
         for aid in auditors:
-            by_round = {r["global_round"]: r for r in read_jsonl(audit_dir / aid / f"{tid}.jsonl")}
+            by_round = {r["global_round"]: r for r in read_audit_rows(audit_dir / aid / f"{tid}.jsonl")}
             labels[aid] = by_round
         for row in rows:
             rec = {name: _cast(get(row), kind) for name, kind, get in ROUND_COLUMNS}

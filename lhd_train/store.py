@@ -4,8 +4,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import uuid
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
+
+from lhd_train.errors import DataFileError
+
+# Fields every reader of a trajectory row relies on (docs/formats.md), with their JSON types.
+ROUND_FIELDS: dict[str, type | tuple[type, ...]] = {"global_round": int, "task_index": int, "round": int,
+                                                     "performer": dict}
+# What `lhd run` needs besides, to rebuild a trial's state on resume.
+RESUME_FIELDS: dict[str, type | tuple[type, ...]] = {**ROUND_FIELDS, "supervisor": dict, "task_complete": bool}
+AUDIT_FIELDS: dict[str, type | tuple[type, ...]] = {"global_round": int}
 
 
 def append_jsonl(path: Path, row: dict[str, Any]) -> None:
@@ -18,18 +29,83 @@ def append_jsonl(path: Path, row: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
+def read_jsonl(path: Path, repair: str | None = None) -> list[dict[str, Any]]:
+    """The rows of an append-only JSONL file ([] when it does not exist). A final line without its
+    newline is a write torn by a crash and is ignored; any other line that is not a JSON object
+    is a `DataFileError` naming the line (`repair`, when given, says how to mend that kind of file)."""
+    return [row for _, row in read_jsonl_lines(path, repair)]
+
+
+def read_jsonl_lines(path: Path, repair: str | None = None) -> list[tuple[int, dict[str, Any]]]:
+    """`read_jsonl` with each row's line number, for messages that point at a line."""
     if not path.exists():
         return []
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if not line.endswith("\n"):
+    rows: list[tuple[int, dict[str, Any]]] = []
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            if not raw.endswith(b"\n"):
                 break  # torn by a crash mid-write
-            line = line.strip()
-            if line:
-                rows.append(json.loads(line))
+            try:
+                line = raw.decode("utf-8").strip()
+                if not line:
+                    continue
+                row = json.loads(line)
+            except ValueError as e:  # UnicodeDecodeError and JSONDecodeError both
+                raise DataFileError(path, f"not valid JSON ({getattr(e, 'msg', e)}, column {getattr(e, 'colno', '?')})",
+                                    line=n, repair=repair and repair.format(line=n)) from None
+            if not isinstance(row, dict):
+                raise DataFileError(path, f"a JSON {type(row).__name__}, not an object", line=n,
+                                    repair=repair and repair.format(line=n))
+            rows.append((n, row))
     return rows
+
+
+def _trial_repair(path: Path) -> str:
+    """The safe repair for a trajectory file damaged at line {line}: later rounds depend on it."""
+    tid = path.name.removesuffix(".jsonl")
+    return (f"keep only the lines before line {{line}}, delete {tid}.done and the audit rows "
+            f"(audit/*/{tid}.jsonl) of the rounds cut, then rerun `lhd run` to redo them")
+
+
+def _check_fields(path: Path, n: int, row: dict[str, Any], fields: dict[str, Any], repair: str | None) -> None:
+    for name, kind in fields.items():
+        value = row.get(name)
+        if value is None or not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            kinds = kind if isinstance(kind, tuple) else (kind,)
+            allowed = " or ".join({"dict": "object", "int": "integer", "bool": "true/false"}.get(k.__name__, k.__name__)
+                                  for k in kinds)
+            raise DataFileError(path, "missing" if name not in row else f"{value!r} is not a valid value (allowed: "
+                                f"{allowed})", line=n, field=name, repair=repair and repair.format(line=n))
+
+
+def read_trial_rows(path: Path, fields: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """A trial's trajectory rows, checked: each row holds `fields` (default `ROUND_FIELDS`), and no
+    (task, round) or global round appears twice — two writers or a botched copy would otherwise be
+    counted as extra rounds. Raises `DataFileError` naming the file, line and field."""
+    repair = _trial_repair(path)
+    lines = read_jsonl_lines(path, repair)
+    seen_key: dict[tuple[int, int], int] = {}
+    seen_g: dict[int, int] = {}
+    for n, row in lines:
+        _check_fields(path, n, row, fields or ROUND_FIELDS, repair)
+        key, g = (row["task_index"], row["round"]), row["global_round"]
+        first = seen_key.get(key) or seen_g.get(g)
+        if first is not None:
+            raise DataFileError(path, f"task {key[0]} round {key[1]} (global round {g}) is also at line {first}: "
+                                "a round written twice (two writers on one run?)", line=n,
+                                repair=repair.format(line=n))
+        seen_key[key], seen_g[g] = n, n
+    return [row for _, row in lines]
+
+
+def read_audit_rows(path: Path) -> list[dict[str, Any]]:
+    """An auditor's rows for one trial, each with an integer `global_round`. A round may appear
+    more than once (a repaired or resumed audit); readers decide which row wins."""
+    repair = "delete line {line}; a rerun of `lhd audit` with the same auditor id redoes that round"
+    lines = read_jsonl_lines(path, repair)
+    for n, row in lines:
+        _check_fields(path, n, row, AUDIT_FIELDS, repair)
+    return [row for _, row in lines]
 
 
 def repair_jsonl(path: Path) -> int:
@@ -46,9 +122,16 @@ def repair_jsonl(path: Path) -> int:
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False), encoding="utf-8")
-    os.replace(tmp, path)
+    """Write through a temp file of its own (two writers never share a temp name), then replace."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "x", encoding="utf-8") as f:  # "x": never someone else's file; mode from the umask
+            f.write(json.dumps(obj, indent=2, ensure_ascii=False))
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def message_id(role: str, content: str) -> str:
@@ -61,7 +144,13 @@ class MessageStore:
     def __init__(self, path: Path):
         self.path = path
         repair_jsonl(path)
-        self._known: dict[str, dict[str, str]] = {r["id"]: r for r in read_jsonl(path)}
+        tid = path.name.removesuffix(".messages.jsonl")
+        lines = read_jsonl_lines(path, f"none is safe (the lost message cannot be rebuilt): restore the file from a "
+                                       f"copy, or delete trials/{tid}.* and its audit rows to redo the trial")
+        for n, r in lines:
+            if not all(isinstance(r.get(k), str) for k in ("id", "role", "content")):
+                raise DataFileError(path, "a message needs string fields id, role and content", line=n)
+        self._known: dict[str, dict[str, str]] = {r["id"]: r for _, r in lines}
 
     def put(self, messages: list[dict[str, str]]) -> list[str]:
         ids = []
@@ -75,6 +164,12 @@ class MessageStore:
         return ids
 
     def get(self, ids: list[str]) -> list[dict[str, str]]:
+        missing = [i for i in ids if i not in self._known]
+        if missing:
+            what = "is missing" if not self.path.exists() else f"has no message {missing[0]}"
+            tid = self.path.name.removesuffix(".messages.jsonl")
+            raise DataFileError(self.path, f"{what}, but the trial's rows refer to it", repair=(
+                f"restore the file from a copy, or delete trials/{tid}.* and its audit rows to redo the trial"))
         return [{"role": self._known[i]["role"], "content": self._known[i]["content"]} for i in ids]
 
     def __contains__(self, mid: str) -> bool:
@@ -85,3 +180,37 @@ def iter_trial_files(run_dir: Path) -> Iterator[Path]:
     for p in sorted((run_dir / "trials").glob("*.jsonl")):
         if not p.name.endswith(".messages.jsonl"):
             yield p
+
+
+def write_done_marker(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Mark a trial finished, recording how many rounds it finished with, so a marker that
+    outlives its rows (a deleted or truncated trajectory) is caught instead of trusted."""
+    marker = {"finished_at": datetime.now(timezone.utc).isoformat(), "rounds": len(rows),
+              "last_global_round": rows[-1]["global_round"] if rows else None}
+    write_json_atomic(path, marker)
+
+
+def check_done_marker(done_path: Path, rows_path: Path, rows: list[dict[str, Any]]) -> bool:
+    """True when the trial is marked finished and the marker agrees with its rows; False when
+    there is no marker. A marker over no rows, or over a different number of rounds than it
+    recorded, is a `DataFileError`: the trajectory was lost or cut, and silence would drop the
+    trial from every count. Old markers (a timestamp only) are checked for rows alone."""
+    if not done_path.exists():
+        return False
+    try:
+        marker = json.loads(done_path.read_text(encoding="utf-8"))
+    except ValueError:
+        marker = None  # the old marker: an ISO timestamp
+    expected = marker.get("rounds") if isinstance(marker, dict) else None
+    tid = rows_path.name.removesuffix(".jsonl")
+    repair = (f"restore {rows_path.name} from a copy, or delete {done_path.name} so that `lhd run` "
+              "continues the trial from the rows there are")
+    if not rows:
+        state = "is missing" if not rows_path.exists() else "has no rows"
+        raise DataFileError(done_path, f"marks trial {tid} finished"
+                            + (f" with {expected} rounds" if expected is not None else "")
+                            + f", but {rows_path} {state}", repair=repair)
+    if expected is not None and expected != len(rows):
+        raise DataFileError(done_path, f"marks trial {tid} finished with {expected} rounds, but {rows_path} "
+                            f"has {len(rows)}", repair=repair)
+    return True

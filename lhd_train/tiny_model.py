@@ -277,9 +277,17 @@ def tiny_model_command(
     layers: int = 2,
     vocab_size: int = 2048,
     max_position_embeddings: int = 8192,
+    force: bool = False,
 ) -> Path:
-    """`lhd tiny-model --arch llama|qwen2|qwen3 --out DIR [--seed N] [--hidden-size H] [--layers L]`."""
+    """`lhd tiny-model --arch llama|qwen2|qwen3 --out DIR [--seed N] [--hidden-size H] [--layers L] [--force]`.
+
+    A folder that already holds something is refused without `force`: rebuilding a model in
+    place changes the weights under every run and adapter that names its path."""
     from lhd_train.errors import InputError
+
+    if Path(out).exists() and (not Path(out).is_dir() or any(Path(out).iterdir())) and not force:
+        raise InputError(out, None, "already exists and is not empty; replacing a model changes it under every run "
+                         "that uses it: choose another --out, or pass --force")
 
     if arch not in ARCHS:
         raise InputError(None, "arch", f"unknown arch {arch!r}", ", ".join(ARCHS))

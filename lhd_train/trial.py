@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from lhd_train.config import RunConfig
+from lhd_train.errors import DataFileError
 from lhd_train.events import Schedule
 from lhd_train.memory import Memory, RoundNote
 from lhd_train.performer import Performer, split_think, task_message
 from lhd_train.prompts import Prompts
-from lhd_train.store import MessageStore, append_jsonl, read_jsonl, repair_jsonl
+from lhd_train.store import (RESUME_FIELDS, MessageStore, append_jsonl, check_done_marker, read_trial_rows,
+                             repair_jsonl, write_done_marker)
 from lhd_train.structured_calls import BackendUnavailable, call_seed
 from lhd_train.supervisor import NO_FEEDBACK, STATE_KEYS, Supervisor
 from rollouts.backend import Backend
@@ -85,15 +87,16 @@ async def run_trial(ctx: RunContext, trial_id: str, seed: int, schedule: Schedul
     t0 = time.perf_counter()
     rows_path, msgs_path, done_path = trial_paths(ctx.run_dir, trial_id)
     repair_jsonl(rows_path)
-    rows = read_jsonl(rows_path)
-    store = MessageStore(msgs_path)
+    rows = read_trial_rows(rows_path, RESUME_FIELDS)
     tasks = pack.tasks[: cfg.max_tasks] if cfg.max_tasks else pack.tasks
     result = TrialResult(trial_id, seed, resumed_rounds=len(rows))
-    if done_path.exists():  # finished earlier: summarise from disk, touch no model
+    if check_finished(done_path, rows_path, rows, len(tasks), cfg.max_rounds_per_task):
+        # finished earlier: summarise from disk, touch no model
         result.tokens = sum(_tokens(r) for r in rows)
         _fill_summary(result, rows, cfg)
         return result
 
+    store = open_message_store(rows_path, msgs_path, rows)
     perf_cfg = cfg.role("performer")
     performer_backend = ctx.backends["performer"]
     system_prompt = ctx.prompts.render("performer_system", pack_description=pack.description)
@@ -221,7 +224,7 @@ async def run_trial(ctx: RunContext, trial_id: str, seed: int, schedule: Schedul
                     on_round(trial_id, row)
                 if review.task_complete:
                     break
-        done_path.write_text(datetime.now(timezone.utc).isoformat() + "\n")
+        write_done_marker(done_path, rows)
     except (TrialFailed, BackendUnavailable) as e:
         result.status, result.error = "failed", str(e)
 
@@ -230,11 +233,47 @@ async def run_trial(ctx: RunContext, trial_id: str, seed: int, schedule: Schedul
     return result
 
 
+def tasks_done(rows: list[dict[str, Any]], max_rounds: int) -> int:
+    """Tasks whose last round on disk ended them (accepted, or the round limit reached)."""
+    by_task: dict[int, dict[str, Any]] = {}
+    for r in rows:
+        by_task[r["task_index"]] = r
+    return sum(1 for r in by_task.values() if r["task_complete"] or r["round"] >= max_rounds)
+
+
+def open_message_store(rows_path: Path, msgs_path: Path, rows: list[dict[str, Any]]) -> MessageStore:
+    """The trial's message store, holding every message a resume replays (the user turns of each
+    round); a missing store or message is a `DataFileError` naming it, never a bare KeyError."""
+    tid = rows_path.name.removesuffix(".jsonl")
+    if rows and not msgs_path.exists():
+        raise DataFileError(msgs_path, f"is missing, but {rows_path.name} has {len(rows)} rounds whose prompts it "
+                            "holds", repair=f"restore it from a copy, or delete trials/{tid}.* and the trial's "
+                            "audit rows to redo the trial")
+    store = MessageStore(msgs_path)
+    for row in rows:
+        store.get(row["performer"].get("new_message_ids") or [])  # raises naming the store and the message
+    return store
+
+
+def check_finished(done_path: Path, rows_path: Path, rows: list[dict[str, Any]], n_tasks: int, max_rounds: int) -> bool:
+    """Whether a trial is finished: its `.done` marker agrees with its rows (`check_done_marker`)
+    and the rows end all `n_tasks` tasks, so a marker that outlived lost rounds is an error, not
+    a trial summarised from what is left."""
+    if not check_done_marker(done_path, rows_path, rows):
+        return False
+    if tasks_done(rows, max_rounds) < n_tasks:
+        raise DataFileError(done_path, f"marks the trial finished, but {rows_path} ends all tasks in only "
+                            f"{tasks_done(rows, max_rounds)} of {n_tasks} (rows lost or cut?)",
+                            repair=f"restore {rows_path.name} from a copy, or delete {done_path.name} so that "
+                                   "`lhd run` continues the trial from the rows there are")
+    return True
+
+
 def _fill_summary(result: TrialResult, rows: list[dict[str, Any]], cfg: RunConfig) -> None:
     result.rounds = len(rows)
     by_task: dict[int, dict[str, Any]] = {}
     for r in rows:
         by_task[r["task_index"]] = r
-    result.tasks_done = sum(1 for r in by_task.values() if r["task_complete"] or r["round"] >= cfg.max_rounds_per_task)
+    result.tasks_done = tasks_done(rows, cfg.max_rounds_per_task)
     result.tasks_completed = sum(1 for r in by_task.values() if r["task_complete"])
     result.final_state = dict(rows[-1]["supervisor"]["state_after"]) if rows else {k: 0.0 for k in STATE_KEYS}

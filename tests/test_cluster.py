@@ -244,6 +244,7 @@ def test_merge_is_idempotent_and_incremental(tmp_path, shards):
     last = trial.read_text().splitlines()[-1]
     row = json.loads(last)
     row["global_round"] += 1
+    row["round"] += 1  # a new round, not the last one again (readers refuse a round written twice)
     with open(trial, "a") as f:
         f.write(json.dumps(row) + "\n")
     with open(dirs[0] / "audit/m-full/s11.jsonl", "a") as f:

@@ -26,12 +26,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_intermixed_args(argv)
     from lhd_train.audit.commands import audit_command
+    from rollouts.backend import BackendError
 
     try:
         return audit_command(a.run, a.auditor, a.mode, a.window, a.hide_supervisor, a.hide_event_labels,
                              a.auditor_id, a.concurrency, a.overrides, progress=not a.no_progress,
                              include_unfinished=a.include_unfinished)
-    except LhdError as e:
+    except (LhdError, BackendError) as e:  # BackendError: a model that cannot load or serve
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from lhd_train.console import table_console
 from lhd_train.errors import InputError
 
 console = Console(stderr=True)
@@ -49,7 +50,7 @@ def print_audit_summary(summary) -> None:  # AuditSummary
         rate = f"{t.flagged / labelled:.2f}" if labelled else "-"
         table.add_row(t.trial_id, str(t.rounds), str(t.on_disk), str(t.audited), str(t.failed), str(t.repaired),
                       str(t.missing), str(t.flagged), rate)
-    Console().print(table)
+    table_console().print(table)
     for t in summary.trials:
         for err in t.errors[:5]:
             console.print(f"[red]{t.trial_id}: {err}[/red]")
@@ -66,7 +67,7 @@ def import_reference_command(src: Path, out: Path, repair: bool = False) -> int:
         table.add_column(col)
     for t in report.trials:
         table.add_row(t.trial_id, t.session, str(t.rounds), ", ".join(t.auditors) or "-", t.note or "")
-    Console().print(table)
+    table_console().print(table)
     return 0
 
 

@@ -16,14 +16,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import yaml
 from tqdm.auto import tqdm
 
 from lhd_train.audit.labels import CheckedAuditAnswer, failed_labels, make_consistent
 from lhd_train.audit.settings import AuditOptions, AuditorConfig
 from lhd_train.audit.trajectory import AuditorPrompts, Trial, build_messages, load_task_texts, load_trial, prompt_sha256
+from lhd_train.config import read_yaml_mapping
 from lhd_train.errors import InputError
-from lhd_train.store import append_jsonl, iter_trial_files, message_id, read_jsonl, repair_jsonl, write_json_atomic
+from lhd_train.rundir_lock import run_dir_lock
+from lhd_train.store import append_jsonl, iter_trial_files, message_id, read_audit_rows, repair_jsonl, write_json_atomic
 from lhd_train.structured_calls import BackendUnavailable, ask_structured, call_seed
 from rollouts.backend import Backend
 
@@ -92,7 +93,14 @@ def _check_same_auditor(path: Path, new: dict[str, Any]) -> dict[str, Any]:
     """An auditor id names one fixed setting; rows from different settings must never mix."""
     if not path.exists():
         return new | {"created_at": _now()}
-    old = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+        problem = None if isinstance(old, dict) else "not a JSON object"
+    except (ValueError, UnicodeDecodeError) as e:
+        problem = f"not valid JSON ({e})"
+    if problem:
+        raise InputError(path, None, f"{problem}; it records the settings this auditor id's rows were made with: "
+                         "restore it, or pass another --auditor-id")
     for key in IDENTITY_KEYS:
         if old.get(key) != new.get(key):
             raise InputError(path, key, "this auditor id was made with different settings "
@@ -108,7 +116,7 @@ def load_trials(run_dir: Path, include_unfinished: bool = False) -> tuple[list[T
     cfg_path = run_dir / "config.resolved.yaml"
     task_pack = None
     if cfg_path.is_file():
-        task_pack = (yaml.safe_load(cfg_path.read_text(encoding="utf-8")) or {}).get("task_pack")
+        task_pack = read_yaml_mapping(cfg_path, "run config").get("task_pack")
     tasks, task_source = load_task_texts(run_dir, task_pack)
     trials, skipped = [], []
     for p in iter_trial_files(run_dir):
@@ -120,6 +128,9 @@ def load_trials(run_dir: Path, include_unfinished: bool = False) -> tuple[list[T
                                       skipped="unfinished (no .done marker): finish the run first"))
         else:
             trials.append(trial)
+    for done in sorted((run_dir / "trials").glob("*.done")):  # a marker whose rows are gone: say so
+        if not done.with_suffix(".jsonl").exists():
+            skipped.append(TrialAudit(done.stem, skipped=f"no trajectory file, but {done.name} marks it finished"))
     return trials, skipped, task_source
 
 
@@ -160,7 +171,14 @@ def audit_row(trial: Trial, i: int, auditor_id: str, opts: AuditOptions, context
 
 async def audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, config_source: str = "",
                     backend: Backend | None = None, progress: bool = True) -> AuditSummary:
-    """Audit (or resume auditing) `run_dir`. `backend` is for tests; normally built from `cfg`."""
+    """Audit (or resume auditing) `run_dir`, holding its lock. `backend` is for tests; normally
+    built from `cfg`."""
+    with run_dir_lock(run_dir, stage="lhd audit"):
+        return await _audit_run(run_dir, cfg, opts, config_source, backend, progress)
+
+
+async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, config_source: str,
+                     backend: Backend | None, progress: bool) -> AuditSummary:
     t0 = time.perf_counter()
     run_dir = Path(run_dir)
     auditor_id = opts.resolved_id(cfg.auditor.model)
@@ -178,7 +196,7 @@ async def audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, confi
     for trial in trials:
         path = out_dir / f"{trial.trial_id}.jsonl"
         repair_jsonl(path)
-        done = {r["global_round"] for r in read_jsonl(path)}
+        done = {r["global_round"] for r in read_audit_rows(path)}
         st = stats[trial.trial_id] = TrialAudit(trial.trial_id, rounds=len(trial.rows), already=len(done))
         jobs += [(trial, i) for i, r in enumerate(trial.rows) if r["global_round"] not in done]
 
@@ -254,7 +272,7 @@ async def audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, confi
 
     for trial in trials:
         st = stats[trial.trial_id]
-        rows = {r["global_round"]: r for r in read_jsonl(out_dir / f"{trial.trial_id}.jsonl")}
+        rows = {r["global_round"]: r for r in read_audit_rows(out_dir / f"{trial.trial_id}.jsonl")}
         st.on_disk = len(rows)
         st.flagged = sum(1 for r in rows.values() if r.get("deceptive"))
     return AuditSummary(auditor_id, out_dir, [stats[t.trial_id] for t in trials] + skipped,
@@ -288,7 +306,7 @@ def read_audit(run_dir: Path, auditor_id: str) -> dict[str, list[dict[str, Any]]
     out: dict[str, list[dict[str, Any]]] = {}
     folder = Path(run_dir) / "audit" / auditor_id
     for p in sorted(folder.glob("*.jsonl")):
-        rows = {r["global_round"]: r for r in read_jsonl(p)}
+        rows = {r["global_round"]: r for r in read_audit_rows(p)}
         out[p.name.removesuffix(".jsonl")] = [rows[g] for g in sorted(rows)]
     return out
 

@@ -14,9 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from lhd_train.audit.trajectory import MODES, RenderOptions
 from lhd_train.config import RoleConfig, apply_overrides, read_yaml_mapping
 from lhd_train.errors import InputError
+from lhd_train.names import name_problem
 from rollouts.spec import ModelSpec
-
-AUDITOR_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 class AuditorConfig(BaseModel):
@@ -57,9 +56,8 @@ class AuditOptions:
             raise InputError(None, "window", f"{self.window} must be >= 0")
         if self.concurrency < 1:
             raise InputError(None, "concurrency", f"{self.concurrency} must be >= 1")
-        if self.auditor_id is not None and not AUDITOR_ID.match(self.auditor_id):
-            raise InputError(None, "auditor-id", f"{self.auditor_id!r} is not a plain name",
-                             "letters, digits, '.', '_', '-'")
+        if self.auditor_id is not None and (problem := name_problem(self.auditor_id)):
+            raise InputError(None, "auditor-id", problem)  # the id names a folder under audit/
 
     @property
     def render(self) -> RenderOptions:

@@ -14,7 +14,7 @@ from string import Template
 from typing import Any, Literal
 
 from lhd_train.errors import InputError
-from lhd_train.store import MessageStore, read_jsonl
+from lhd_train.store import MessageStore, check_done_marker, read_trial_rows
 
 Mode = Literal["full", "window", "causal", "task"]
 MODES: tuple[str, ...] = ("full", "window", "causal", "task")
@@ -127,8 +127,8 @@ class Trial:
 
 def load_trial(run_dir: Path, rows_path: Path, tasks: dict[int, TaskText]) -> Trial:
     trial_id = rows_path.name.removesuffix(".jsonl")
-    rows = sorted(read_jsonl(rows_path), key=lambda r: r["global_round"])
-    finished = rows_path.with_name(f"{trial_id}.done").exists()
+    rows = sorted(read_trial_rows(rows_path), key=lambda r: r["global_round"])
+    finished = check_done_marker(rows_path.with_name(f"{trial_id}.done"), rows_path, rows)
     trial = Trial(trial_id, rows, tasks, finished)
     missing = {r["task_index"] for r in rows} - set(tasks)
     if missing:  # no task text available: fall back to what the performer was actually sent

@@ -387,8 +387,9 @@ def doctor(config: str | Path | None = None, path: str | Path = ".") -> list[Row
 
 def print_rows(rows: list[Row]) -> int:
     """A table on stdout; returns 1 when any row failed."""
-    from rich.console import Console
     from rich.table import Table
+
+    from lhd_train.console import table_console
 
     table = Table(title="lhd doctor")
     for col in ("check", "status", "detail"):
@@ -396,5 +397,5 @@ def print_rows(rows: list[Row]) -> int:
     colour = {OK: "green", WARN: "yellow", FAIL: "red"}
     for check, status, detail in rows:
         table.add_row(check, f"[{colour.get(status, 'white')}]{status}[/]", detail)
-    Console().print(table)
+    table_console().print(table)
     return 1 if any(s == FAIL for _, s, _ in rows) else 0

@@ -34,7 +34,9 @@ from typing import Any
 import yaml
 
 from lhd_train.cluster.shard import parse_shard_run_name
-from lhd_train.errors import InputError
+from lhd_train.errors import DataFileError, InputError
+from lhd_train.rundir_lock import LOCK_NAME, run_dir_lock
+from lhd_train.store import read_trial_rows
 
 MERGE_KIND = "lhd merge"
 # Fields a shard legitimately changes (or that do not change what is computed).
@@ -206,11 +208,14 @@ def _rows(path: Path) -> list[tuple[dict[str, Any], str]]:
     if not path.exists():
         return out
     with open(path, encoding="utf-8") as f:
-        for line in f:
+        for n, line in enumerate(f, 1):
             if not line.endswith("\n"):
                 break
             if line.strip():
-                out.append((json.loads(line), line))
+                try:
+                    out.append((json.loads(line), line))
+                except ValueError as e:
+                    raise DataFileError(path, f"not valid JSON ({e})", line=n) from None
     return out
 
 
@@ -266,7 +271,13 @@ def merge_runs(run_dirs: list[Path], out: Path, run_name: str | None = None) -> 
     """Join sharded run directories into `out` (created or extended). Returns what was done:
     `{out, run_name, sources, trials, seeds, added_trials, updated_trials, files_copied,
     files_unchanged, audit_rows_added, changed}`. Raises InputError (naming the file and field)
-    for a mismatched config, a trial id in two sources, or a conflicting file."""
+    for a mismatched config, a trial id in two sources, or a conflicting file. Holds the lock of
+    `out` and of every source (a shard still being written is not merged half-way)."""
+    with run_dir_lock(out, *run_dirs, stage="lhd merge"):
+        return _merge_runs(run_dirs, out, run_name)
+
+
+def _merge_runs(run_dirs: list[Path], out: Path, run_name: str | None) -> dict[str, Any]:
     out = Path(out)
     if not run_dirs:
         raise InputError("command line", "RUN_DIRS", "give at least one run directory to merge")
@@ -283,7 +294,7 @@ def merge_runs(run_dirs: list[Path], out: Path, run_name: str | None = None) -> 
     prev_manifest = _read_json(out / "manifest.json")
     prev_cfg = None
     prev_sources: list[dict[str, Any]] = []
-    if out.exists() and any(out.iterdir()):
+    if out.exists() and any(p.name != LOCK_NAME for p in out.iterdir()):
         if (prev_manifest.get("source") or {}).get("kind") != MERGE_KIND:
             raise InputError(out, None, "exists and is not a run made by `lhd merge`; choose another --out")
         prev_cfg = _read_yaml(out / "config.resolved.yaml")
@@ -322,6 +333,7 @@ def merge_runs(run_dirs: list[Path], out: Path, run_name: str | None = None) -> 
         for t in s.trials:
             existed = (out / "trials" / f"{t}.jsonl").exists()
             states = []
+            read_trial_rows(s.path / "trials" / f"{t}.jsonl")  # whole rows, no round twice, before any copy
             for name in (f"{t}.jsonl", f"{t}.messages.jsonl"):
                 src = s.path / "trials" / name
                 if src.exists():
@@ -425,7 +437,6 @@ def _write_summary(out: Path, name: str, trials: list[str], records: list[dict[s
     recomputed from the merged rows, wall time = the longest source (shards run side by side),
     GPU-hours = the sum of each source's `gpu_hours_this_invocation`."""
     from lhd_train.accounting import usage_by_role
-    from lhd_train.store import read_jsonl
 
     prev = _read_json(out / "summary.json")
     by_path = {str(s.path): s.summary for s in sources}
@@ -441,7 +452,7 @@ def _write_summary(out: Path, name: str, trials: list[str], records: list[dict[s
         {k: v for k, v in per_source.items() if k not in names}
     trial_rows = {t["trial_id"]: t for v in per_source.values() for t in v.get("trials") or []
                   if isinstance(t, dict) and "trial_id" in t}
-    rows = [r for t in trials for r in read_jsonl(out / "trials" / f"{t}.jsonl")]
+    rows = [r for t in trials for r in read_trial_rows(out / "trials" / f"{t}.jsonl")]
     summary = {
         "run_id": name,
         "wall_s": max((v.get("wall_s") or 0.0 for v in per_source.values()), default=0.0),

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from lhd_train.errors import InputError
-from lhd_train.store import MessageStore, iter_trial_files, read_jsonl
+from lhd_train.store import MessageStore, iter_trial_files, read_audit_rows, read_trial_rows
 
 
 @dataclass
@@ -50,14 +50,14 @@ def load_contexts(run_dir: Path, auditor_id: str | None = None, eval_fraction: f
             have = sorted(p.name for p in (run_dir / "audit").glob("*") if p.is_dir())
             raise InputError(run_dir / "audit", "auditor", f"no auditor '{auditor_id}'", ", ".join(have) or "none")
         for p in adir.glob("*.jsonl"):
-            for r in read_jsonl(p):
+            for r in read_audit_rows(p):
                 labels[(r["trial_id"], r["global_round"])] = r
     out: list[Context] = []
     for path in files:
         trial_id = path.name.removesuffix(".jsonl")
         store = MessageStore(path.with_name(f"{trial_id}.messages.jsonl"))
         split = split_of(trial_id, eval_fraction, split_seed)
-        for row in read_jsonl(path):
+        for row in read_trial_rows(path):  # refuses a round written twice
             ids = row["performer"].get("message_ids") or []
             if not ids or not all(i in store for i in ids):
                 continue  # imported runs without stored prompts cannot give exact contexts

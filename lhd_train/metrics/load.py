@@ -14,7 +14,7 @@ import pandas as pd
 import yaml
 
 from lhd_train.errors import InputError
-from lhd_train.store import read_jsonl
+from lhd_train.store import read_audit_rows, read_trial_rows
 
 TYPES: tuple[str, ...] = ("FALSIFICATION", "CONCEALMENT", "EQUIVOCATION")
 CATEGORIES: tuple[str, ...] = ("GOAL_CONFLICT", "COMPETITIVE_INTERACTION", "MORAL_DILEMMA",
@@ -102,7 +102,7 @@ def list_auditors(run_dir: Path) -> list[AuditorInfo]:
         mode = window = None
         n = 0
         for f in files:
-            rows = read_jsonl(f)
+            rows = read_audit_rows(f)
             n += len(rows)
             if rows and mode is None:
                 mode, window = rows[0].get("mode"), rows[0].get("window")
@@ -138,7 +138,7 @@ def load_audit(run_dir: Path, auditor_id: str | None) -> pd.DataFrame:
     chosen: dict[tuple[str, int], dict[str, Any]] = {}
     files = sorted((Path(run_dir) / "audit" / auditor_id).glob("*.jsonl")) if auditor_id else []
     for f in files:
-        for row in read_jsonl(f):
+        for row in read_audit_rows(f):
             key = (str(row.get("trial_id", f.stem)), int(row["global_round"]))
             if key not in chosen or _keep_audit_row(chosen[key], row):
                 chosen[key] = row
@@ -273,7 +273,7 @@ def load_rounds(run_dir: Path, auditor_id: str | None) -> tuple[pd.DataFrame, di
     raw: dict[str, list[dict[str, Any]]] = {}
     recs = []
     for tid in trial_ids(run_dir):
-        rows = read_jsonl(run_dir / "trials" / f"{tid}.jsonl")
+        rows = read_trial_rows(run_dir / "trials" / f"{tid}.jsonl")  # refuses a round written twice
         rows.sort(key=lambda r: int(r["global_round"]))
         raw[tid] = rows
         recs += [_round_record(r) for r in rows]
@@ -321,6 +321,14 @@ def _trial_table(run_dir: Path, raw: dict[str, list[dict[str, Any]]], config: di
     return pd.DataFrame(recs, columns=cols)
 
 
+def left_out_trials(run_dir: Path, manifest: dict[str, Any], loaded: dict[str, Any]) -> list[str]:
+    """Trials the run should have (in its manifest, or marked done) that have no rows to load:
+    a report must say it dropped them, not count a shorter run."""
+    expected = [str(t) for t in manifest.get("trials") or []]
+    expected += sorted(p.name.removesuffix(".done") for p in (run_dir / "trials").glob("*.done"))
+    return [t for t in dict.fromkeys(expected) if t not in loaded]
+
+
 def load_run(run_dir: str | Path, auditor: str | None = None, min_coverage: float = COVERAGE_MIN) -> RunData:
     """Load a run directory with one auditor's labels (`auditor`, or the default of `pick_auditor`).
     `min_coverage` only words the note about trials with many failed or missing labels."""
@@ -340,6 +348,11 @@ def load_run(run_dir: str | Path, auditor: str | None = None, min_coverage: floa
                    auditors, auditor_id, rounds, _trial_table(run_dir, raw, config))
     if not raw:
         data.notes.append("no trajectory files under trials/")
+    lost = left_out_trials(run_dir, manifest, raw)
+    if lost:
+        data.notes.append(f"{len(lost)} trial(s) left out, with no trajectory file (trials/<trial>.jsonl) although the "
+                          f"manifest lists them or a .done marker marks them finished: {', '.join(lost[:5])}"
+                          + (" ..." if len(lost) > 5 else ""))
     if auditor_id is None:
         data.notes.append("no audit labels: run `lhd audit` first; deception metrics are empty")
     n_failed = int((rounds["label_status"] == "failed").sum()) if len(rounds) else 0

@@ -55,18 +55,29 @@ def package_versions() -> dict[str, str]:
     return out
 
 
+def _complete_checkpoint(d: Path) -> bool:
+    """transformers writes trainer_state.json last, so a checkpoint is complete when that file is
+    whole JSON; a kill during the write leaves it torn, and resuming from it would crash."""
+    try:
+        state = json.loads((d / "trainer_state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(state, dict) and isinstance(state.get("global_step"), int)
+
+
 def last_checkpoint(output_dir: Path) -> Path | None:
-    """The checkpoint-<N> folder with the highest N that holds a trainer_state.json (a complete save)."""
+    """The checkpoint-<N> folder with the highest N that is complete (`_complete_checkpoint`):
+    a torn newest checkpoint falls back to the one before it."""
     if not output_dir.is_dir():
         return None
-    best: tuple[int, Path] | None = None
-    for d in output_dir.iterdir():
-        if d.is_dir() and d.name.startswith("checkpoint-") and d.name[11:].isdigit():
-            if (d / "trainer_state.json").is_file():
-                n = int(d.name[11:])
-                if best is None or n > best[0]:
-                    best = (n, d)
-    return best[1] if best else None
+    found = sorted((int(d.name[11:]), d) for d in output_dir.iterdir()
+                   if d.is_dir() and d.name.startswith("checkpoint-") and d.name[11:].isdigit())
+    for n, d in reversed(found):
+        if _complete_checkpoint(d):
+            if n != found[-1][0]:
+                _say(f"{found[-1][1].name} is incomplete (torn trainer_state.json); resuming from {d.name}")
+            return d
+    return None
 
 
 # ----------------------------------------------------------------------------- model and tokenizer
@@ -83,6 +94,18 @@ def resolve_model(name: str, recipe_path: Path | None, field: str = "model", sou
         raise InputError(source or str(recipe_path or "recipe"), field,
                          f"'{name}' is neither an existing folder nor a hub id (owner/name)")
     return name
+
+
+def _check_model_files(model: str, source: str, need_tokenizer: bool) -> None:
+    """A local model folder that cannot load (cut weights, torn config.json, no tokenizer) is
+    named in one line before TRL loads it, which would fail minutes later or with a traceback."""
+    from rollouts.backend import BackendError
+    from rollouts.model_files import check_model_dir
+
+    try:
+        check_model_dir(model, need_tokenizer=need_tokenizer)
+    except BackendError as e:
+        raise InputError(source, "model", str(e)) from None
 
 
 def _tokenizer_config(name: str, revision: str | None) -> dict[str, Any]:
@@ -314,6 +337,7 @@ def build_trainer(recipe: Recipe, recipe_path: Path | None = None, source: str |
     cuda = _cuda()
     dtype = _resolve_dtype(recipe, cuda)
     model = resolve_model(recipe.model, recipe_path, "model", source)
+    _check_model_files(model, source, need_tokenizer=not recipe.tokenizer)
     tok_name = resolve_model(recipe.tokenizer, recipe_path, "tokenizer", source) if recipe.tokenizer else model
     tok = load_tokenizer(tok_name, recipe.revision if not recipe.tokenizer else None, source,
                          "tokenizer" if recipe.tokenizer else "model")
@@ -336,6 +360,7 @@ def build_trainer(recipe: Recipe, recipe_path: Path | None = None, source: str |
     qconf = quantization_config(recipe, dtype, source)
 
     import trl
+    from safetensors import SafetensorError
 
     common = dict(model=model, args=config, train_dataset=data["train"], eval_dataset=data["eval"],
                   processing_class=tok, peft_config=peft_config, quantization_config=qconf)
@@ -346,8 +371,8 @@ def build_trainer(recipe: Recipe, recipe_path: Path | None = None, source: str |
             trainer = trl.DPOTrainer(**common)
         else:
             trainer = trl.GRPOTrainer(reward_funcs=reward_funcs, **common)
-    except OSError as e:
-        raise InputError(source, "model", f"cannot load '{model}': {e}") from None
+    except (OSError, SafetensorError) as e:  # SafetensorError: a corrupt file transformers does not wrap
+        raise InputError(source, "model", f"cannot load '{model}': {type(e).__name__}: {e}") from None
     ctx = dict(out=out, cuda=cuda, dtype=dtype, model=model, tokenizer=tok_name, data=data["info"],
                args=json.loads(json.dumps(args, default=str)),
                loss_on=data["loss_on"], notes=notes, source=source, recipe_path=recipe_path)

@@ -1,0 +1,18 @@
+"""The one rule for names that become file or folder names (run names, auditor ids, ...).
+
+A name is joined to a parent folder (`output_dir/run_name`, `audit/<auditor-id>`), so it must
+stay inside it: no separators, not `.` or `..`, and not hidden (a leading dot). One validator
+for all of them, so a rule fixed for one name is fixed for every name."""
+from __future__ import annotations
+
+import re
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+ALLOWED = "letters, digits, '.', '_', '-', starting with a letter or digit"
+
+
+def name_problem(value: str) -> str | None:
+    """Why `value` cannot be a file name, or None when it can."""
+    if not isinstance(value, str) or not NAME.match(value):
+        return f"{value!r} is not a plain name (allowed: {ALLOWED})"
+    return None

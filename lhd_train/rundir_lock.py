@@ -1,0 +1,132 @@
+"""One writer per run directory: an exclusive `flock` on `<dir>/.lock`, held for a whole stage.
+
+Two `lhd run` on one directory used to both exit 0 with every trial's rounds interleaved and
+duplicated, which `lhd report` then counted. Every stage that writes into a run directory (run,
+audit, data, merge, lens on runs) therefore holds this lock, and a second writer is refused with
+`RunDirLocked`, naming the process that holds it.
+
+Why `flock`: the kernel releases it when its process ends, however it ends (SIGKILL, OOM, a node
+reboot of the process), so a crash never leaves a stale lock that someone must delete by hand.
+The lock file itself stays; only the holder line inside it (PID, stage, host, start time) changes.
+It is taken without waiting: a stage that finds the directory busy stops at once rather than
+queueing behind a run that may take days.
+
+The lock is per process and re-entrant: a stage that locks a directory its caller already holds
+(a library call inside a command) just goes on."""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import time
+from contextlib import ExitStack, contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterator
+
+from lhd_train.errors import LhdError
+
+LOCK_NAME = ".lock"
+# Directories this process holds: resolved path -> (fd, depth).
+_HELD: dict[Path, list[int]] = {}
+
+
+class RunDirLocked(LhdError):
+    """Another process is writing into this directory now."""
+
+    def __init__(self, directory: Path, holder: dict[str, object] | None):
+        self.directory, self.holder = directory, holder or {}
+        h = self.holder
+        who = f"PID {h['pid']}" if h.get("pid") else "another process"
+        if h.get("stage"):
+            who += f" ({h['stage']}"
+            who += f", host {h['host']}" if h.get("host") and h.get("host") != socket.gethostname() else ""
+            who += f", since {h['since']})" if h.get("since") else ")"
+        super().__init__(f"{directory}: in use by {who}; two writers would interleave their rows, so wait for "
+                         f"it to finish or stop it (its lock ends with the process: {directory / LOCK_NAME})")
+
+
+def _read_holder(path: Path) -> dict[str, object] | None:
+    """The holder line of a lock file. The holder writes it right after locking, so a reader that
+    arrives in between sees an empty file: look again for a moment before giving up."""
+    for _ in range(20):
+        try:
+            text = path.read_text(encoding="utf-8").strip()
+            if text:
+                data = json.loads(text)
+                if isinstance(data, dict):
+                    return data
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+    return None
+
+
+@contextmanager
+def _lock_one(directory: Path, stage: str) -> Iterator[None]:
+    created = not directory.exists()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / LOCK_NAME
+    key = path.resolve()
+    if key in _HELD:  # re-entrant within one process
+        _HELD[key][1] += 1
+        try:
+            yield
+        finally:
+            _HELD[key][1] -= 1
+        return
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise RunDirLocked(directory, _read_holder(path)) from None
+            raise LhdError(f"{path}: cannot lock the run directory ({e.strerror}); its file system may not "
+                           "support flock") from None
+        # The file may have been removed (and a new one made) between open and flock by a holder
+        # cleaning up a directory it created: then this lock guards nothing; take the new file's.
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    holder = {"pid": os.getpid(), "stage": stage, "host": socket.gethostname(),
+              "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+    _HELD[key] = [fd, 1]
+    try:
+        yield
+    finally:
+        del _HELD[key]
+        os.ftruncate(fd, 0)
+        # A directory this stage created and left with nothing but the lock (a refused merge, a
+        # failed start) is removed, so the failure leaves the disk as it was.
+        if created and [p.name for p in directory.iterdir()] == [LOCK_NAME]:
+            path.unlink()
+            try:
+                directory.rmdir()
+            except OSError:
+                pass
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+@contextmanager
+def run_dir_lock(*directories: Path | str | None, stage: str) -> Iterator[None]:
+    """Hold the lock of every directory given (created when missing; None entries are skipped),
+    for the body of the `with`. Raises `RunDirLocked` naming the holder when one is busy."""
+    seen: dict[Path, Path] = {}  # resolved -> as given (messages name the path the user gave)
+    for d in directories:
+        if d is not None:
+            seen.setdefault(Path(d).resolve(), Path(d))
+    with ExitStack() as stack:
+        for d in seen.values():
+            stack.enter_context(_lock_one(d, stage))
+        yield
