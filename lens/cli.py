@@ -48,6 +48,13 @@ def _clean_errors(fn):
     return wrapper
 
 
+def _out_lock(*dirs: Path | None, stage: str):
+    """lhd's run-directory lock (lhd_train.rundir_lock) on the folders a lens command reads or writes."""
+    from lhd_train.rundir_lock import run_dir_lock
+
+    return run_dir_lock(*dirs, stage=stage)
+
+
 def parse_layers(spec: str | None) -> list[int] | None:
     """`all` / empty → None (every block below the target); else `0,3,5-8,-2`."""
     if spec is None or spec.strip().lower() in ("", "all"):
@@ -125,34 +132,35 @@ def fit(
     from lens.model import load_hf
     from lens.store import save_lens
 
-    _set_threads(threads)
-    spec = CorpusSpec(path=str(corpus), format=corpus_format, text_field=text_field, split=split, n_prompts=n_prompts,
-                      min_chars=min_chars, chunk_chars=chunk_chars, chat=chat)
-    prompts, recipe = load_corpus(spec)
-    index, count = _parse_shard(shard)
-    a, b = shard_slice(len(prompts), index, count)
-    prompts = prompts[a:b]
-    recipe["slice"] = [a, b]
-    if not prompts:
-        raise LensError(f"shard {index}/{count} of {recipe['n_available']} prompts is empty")
-    m, tok = load_hf(model, dtype=dtype, device=device, revision=revision, attn_implementation=attn)
-    settings = FitSettings(target_layer=target_layer, source_layers=parse_layers(source_layers), skip_first=skip_first,
-                           max_length=max_length, chat=chat, dim_batch=dim_batch, method=method)
-    options = FitOptions(checkpoint_every=checkpoint_every, resume=resume, stop_at_delta=stop_at_delta,
-                         min_prompts=min_prompts, progress=progress)
-    meta = {"model_id": model, "revision": m.revision, "corpus": recipe, "model_dtype": dtype,
-            "shard": {"index": index, "count": count, "slice": [a, b]}}
-    out.mkdir(parents=True, exist_ok=True)
-    result = fit_lens(m, tok, prompts, settings, out_dir=out, options=options, meta=meta)
-    save_lens(result.lens, out, dtype=save_dtype)
-    write_fit_outputs(result, out)
-    r = result.report
-    sh = r["split_half_rel_diff"]
-    typer.echo(
-        f"lens: {out}  layers {r['source_layers'][0]}..{r['source_layers'][-1]} -> target {result.lens.target_layer}, "
-        f"{r['n_prompts']} prompts ({r['n_skipped']} skipped), {r['seconds_per_prompt'] or 0:.3f} s/prompt, "
-        f"last Δmean {r['delta_mean_last']}, split-half max {max(sh.values()) if sh else 'n/a'}"
-    )
+    with _out_lock(out, stage="lhd lens fit"):  # one fit per --out: two would clobber one checkpoint
+        _set_threads(threads)
+        spec = CorpusSpec(path=str(corpus), format=corpus_format, text_field=text_field, split=split, n_prompts=n_prompts,
+                          min_chars=min_chars, chunk_chars=chunk_chars, chat=chat)
+        prompts, recipe = load_corpus(spec)
+        index, count = _parse_shard(shard)
+        a, b = shard_slice(len(prompts), index, count)
+        prompts = prompts[a:b]
+        recipe["slice"] = [a, b]
+        if not prompts:
+            raise LensError(f"shard {index}/{count} of {recipe['n_available']} prompts is empty")
+        m, tok = load_hf(model, dtype=dtype, device=device, revision=revision, attn_implementation=attn)
+        settings = FitSettings(target_layer=target_layer, source_layers=parse_layers(source_layers), skip_first=skip_first,
+                               max_length=max_length, chat=chat, dim_batch=dim_batch, method=method)
+        options = FitOptions(checkpoint_every=checkpoint_every, resume=resume, stop_at_delta=stop_at_delta,
+                             min_prompts=min_prompts, progress=progress)
+        meta = {"model_id": model, "revision": m.revision, "corpus": recipe, "model_dtype": dtype,
+                "shard": {"index": index, "count": count, "slice": [a, b]}}
+        out.mkdir(parents=True, exist_ok=True)
+        result = fit_lens(m, tok, prompts, settings, out_dir=out, options=options, meta=meta)
+        save_lens(result.lens, out, dtype=save_dtype)
+        write_fit_outputs(result, out)
+        r = result.report
+        sh = r["split_half_rel_diff"]
+        typer.echo(
+            f"lens: {out}  layers {r['source_layers'][0]}..{r['source_layers'][-1]} -> target {result.lens.target_layer}, "
+            f"{r['n_prompts']} prompts ({r['n_skipped']} skipped), {r['seconds_per_prompt'] or 0:.3f} s/prompt, "
+            f"last Δmean {r['delta_mean_last']}, split-half max {max(sh.values()) if sh else 'n/a'}"
+        )
 
 
 @app.command()
@@ -253,36 +261,37 @@ def read(
     _set_threads(threads)
     if (probes is None) == (run is None):
         raise LensError("give exactly one of --probes FILE or --run RUN")
-    m, tok = load_hf(model, dtype=dtype, device=device, revision=revision, attn_implementation=attn)
-    lz = load_lens(lens, model=m, target_layer=target_layer) if lens is not None else None
-    if lz is not None and lz.meta.get("model_id") not in (None, model):
-        log.warning("the lens was fitted on %s; reading %s (d_model and layer count match)", lz.meta.get("model_id"), model)
-    words = load_token_sets_file(token_sets) if token_sets else None
-    ts = resolve_token_sets(tok, words, model_type=getattr(m, "model_type", None), fallback=token_fallback)
-    cfg = ReadConfig(max_length=max_length, answer_tokens=answer_tokens, n_boot=bootstrap, seed=seed, probe=probe,
-                     probe_folds=probe_folds, progress=progress)
-    if probes is not None:
-        from lens.probes import read_probes
+    with _out_lock(run, out, stage="lhd lens read"):  # the run read whole, and --out, with no writer in between
+        m, tok = load_hf(model, dtype=dtype, device=device, revision=revision, attn_implementation=attn)
+        lz = load_lens(lens, model=m, target_layer=target_layer) if lens is not None else None
+        if lz is not None and lz.meta.get("model_id") not in (None, model):
+            log.warning("the lens was fitted on %s; reading %s (d_model and layer count match)", lz.meta.get("model_id"), model)
+        words = load_token_sets_file(token_sets) if token_sets else None
+        ts = resolve_token_sets(tok, words, model_type=getattr(m, "model_type", None), fallback=token_fallback)
+        cfg = ReadConfig(max_length=max_length, answer_tokens=answer_tokens, n_boot=bootstrap, seed=seed, probe=probe,
+                         probe_folds=probe_folds, progress=progress)
+        if probes is not None:
+            from lens.probes import read_probes
 
-        rows = read_probes(probes)
-        if limit:
-            rows = rows[:limit]
-        summary = read_probe_set(m, tok, lz, rows, ts, out, cfg)
-    else:
-        p = None
-        if pack:
-            from lens.probes import load_pack_any
+            rows = read_probes(probes)
+            if limit:
+                rows = rows[:limit]
+            summary = read_probe_set(m, tok, lz, rows, ts, out, cfg)
+        else:
+            p = None
+            if pack:
+                from lens.probes import load_pack_any
 
-            p, _ = load_pack_any(pack)
-        summary = read_run(m, tok, lz, run, ts, out, cfg, context=context, auditor=auditor, pack=p)
-    typer.echo(f"read {summary['n_examples']} examples -> {out}")
-    md = Path(summary["files"]["auroc_md"])
-    if md.is_file():
-        em = summary.get("emergence") or []
-        for e in em:
-            typer.echo(f"  {e['metric']} · {e['readout']} · {e['position_class']}: emergence layer "
-                       f"{e['emergence_layer']}, best {e['best_auroc'] if e['best_auroc'] is None else round(e['best_auroc'], 3)} "
-                       f"at layer {e['best_layer']}")
+                p, _ = load_pack_any(pack)
+            summary = read_run(m, tok, lz, run, ts, out, cfg, context=context, auditor=auditor, pack=p)
+        typer.echo(f"read {summary['n_examples']} examples -> {out}")
+        md = Path(summary["files"]["auroc_md"])
+        if md.is_file():
+            em = summary.get("emergence") or []
+            for e in em:
+                typer.echo(f"  {e['metric']} · {e['readout']} · {e['position_class']}: emergence layer "
+                           f"{e['emergence_layer']}, best {e['best_auroc'] if e['best_auroc'] is None else round(e['best_auroc'], 3)} "
+                           f"at layer {e['best_layer']}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -216,13 +216,22 @@ def _save_checkpoint(path: Path, state: _State, settings: dict) -> None:
 
 
 def _load_checkpoint(path: Path, settings: dict, device: torch.device) -> _State:
-    obj = torch.load(str(path), map_location="cpu", weights_only=True)
-    saved = json.loads(obj["settings"])
+    try:
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+        saved = json.loads(obj["settings"])
+    except Exception as exc:  # noqa: BLE001 - a torn or foreign file fails in many ways
+        why = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+        raise LensError(f"{path}: not a readable fit checkpoint ({why}); delete it to start the fit again, "
+                        "or pass --no-resume") from None
     diff = {k: (saved.get(k), settings.get(k)) for k in set(saved) | set(settings) if saved.get(k) != settings.get(k)}
     if diff:
         lines = "; ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in sorted(diff.items()))
         raise LensError(f"{path}: cannot resume with different settings ({lines}); use another --out or --no-resume")
-    return _State.from_dict(obj, device)
+    try:
+        return _State.from_dict(obj, device)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise LensError(f"{path}: not a complete fit checkpoint (field {exc}); delete it to start the fit again, "
+                        "or pass --no-resume") from None
 
 
 def fit_lens(

@@ -277,15 +277,22 @@ def load_hf(
     """Load a causal LM and its tokenizer (local dir or Hub id; offline unless HF_HUB_OFFLINE is unset)."""
     from transformers import AutoModelForCausalLM
 
+    from rollouts.backend import BackendError
+    from rollouts.model_files import check_model_dir, one_line
+
     dev = pick_device(device)
+    torch_dtype = parse_dtype(dtype)
     try:
+        check_model_dir(str(model_id))  # a broken local folder: one line naming the file
         hf = AutoModelForCausalLM.from_pretrained(
-            model_id, dtype=parse_dtype(dtype), revision=revision, attn_implementation=attn_implementation
+            model_id, dtype=torch_dtype, revision=revision, attn_implementation=attn_implementation
         )
-    except OSError as exc:
-        raise LensError(f"cannot load model {model_id!r}: {exc}") from exc
+        tok = load_tokenizer(model_id, revision=revision)
+    except BackendError as exc:
+        raise LensError(str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - loaders raise many types (SafetensorError is not an OSError)
+        raise LensError(f"cannot load model {model_id}: {type(exc).__name__}: {one_line(exc)}") from exc
     hf.to(dev)
-    tok = load_tokenizer(model_id, revision=revision)
     rev = revision or _local_revision(model_id)
     return HFLensModel(hf, name=str(model_id), revision=rev), tok
 

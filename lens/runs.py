@@ -248,13 +248,15 @@ def load_run_examples(
         tasks, tasks_source = run_task_texts(run)
     if not tasks:
         log.info("%s: the run's task texts are unknown; files and prompts are located by markers", run)
+    from lhd_train.store import read_trial_rows
+
     examples: list[ReadExample] = []
     n_rows = 0
     for path in sorted(trials_dir.glob("*.jsonl")):
         if path.name.endswith(".messages.jsonl"):
             continue
         store = load_messages(path.with_name(path.name[: -len(".jsonl")] + ".messages.jsonl"))
-        rows = read_jsonl_rows(path)
+        rows = read_trial_rows(path)  # the rows `lhd report` reads: checked, no round twice
         n_rows += len(rows)
         round1 = {int(r["task_index"]): r for r in rows if int(r.get("round", 0)) == 1}
         for row in rows:

@@ -147,15 +147,24 @@ def _load_dir(d: Path, *, model: Any, verify: bool) -> Lens:
     side, weights = d / SIDECAR, d / WEIGHTS
     if not side.is_file() or not weights.is_file():
         raise LensError(f"{d}: missing {SIDECAR} or {WEIGHTS}")
-    meta = json.loads(side.read_text())
+    try:
+        meta = json.loads(side.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise LensError(f"{side}: not valid JSON ({exc}); save the lens again (`lhd lens fit` resumes from its "
+                        "checkpoint)") from None
+    if not isinstance(meta, dict):
+        raise LensError(f"{side}: not a JSON object (a lens sidecar)")
     if meta.get("format") != FORMAT:
         raise LensError(f"{side}: format {meta.get('format')!r}, expected {FORMAT!r}")
     if verify:
         digest = sha256_file(weights)
         if digest != meta.get("sha256"):
             raise LensError(f"{weights}: sha256 {digest[:12]}… does not match the sidecar ({str(meta.get('sha256'))[:12]}…)")
-    raw = load_file(str(weights))
-    J = {int(k.split(".", 1)[1]): v.float() for k, v in raw.items()}
+    try:
+        raw = load_file(str(weights))
+        J = {int(k.split(".", 1)[1]): v.float() for k, v in raw.items()}
+    except Exception as exc:  # noqa: BLE001 - SafetensorError and friends: a torn or foreign file
+        raise LensError(f"{weights}: cannot read the lens matrices ({type(exc).__name__}: {exc})") from None
     if sorted(J) != sorted(meta.get("source_layers", [])):
         raise LensError(f"{d}: layers in {WEIGHTS} {sorted(J)} differ from the sidecar {meta.get('source_layers')}")
     _check_against_model(J, int(meta["d_model"]), str(d), model)
