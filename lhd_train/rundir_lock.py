@@ -67,7 +67,6 @@ def _read_holder(path: Path) -> dict[str, object] | None:
 @contextmanager
 def _lock_one(directory: Path, stage: str) -> Iterator[None]:
     created = not directory.exists()
-    directory.mkdir(parents=True, exist_ok=True)
     path = directory / LOCK_NAME
     key = path.resolve()
     if key in _HELD:  # re-entrant within one process
@@ -78,7 +77,11 @@ def _lock_one(directory: Path, stage: str) -> Iterator[None]:
             _HELD[key][1] -= 1
         return
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise LhdError(f"{path}: cannot create the lock file ({e.strerror}); is the folder writable?") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
