@@ -36,7 +36,9 @@ def usage_by_role(rows: Iterable[dict[str, Any]], audit_rows: Iterable[dict[str,
 def gpus_of(spec: ModelSpec) -> int:
     """GPUs a model occupies: servers by their parallel sizes; in-process models one if on CUDA."""
     if spec.backend == "vllm":
-        return spec.tensor_parallel_size * spec.data_parallel_size
+        from rollouts.vllm_server import vllm_device
+
+        return 0 if vllm_device(spec) == "cpu" else spec.tensor_parallel_size * spec.data_parallel_size
     if spec.backend == "hf" and spec.device.startswith("cuda"):
         return 1
     if spec.backend == "hf" and spec.device == "auto":

