@@ -205,8 +205,9 @@ async def _run_benchmark(cfg: RunConfig, progress: bool) -> list[TrialResult]:
     weights = model_weights(cfg, RUN_ROLES) if pending else {}
     if pending and any(on_disk.values()):
         _check_weights(run_dir, weights)
+    resolved = dump_resolved(cfg)  # the config as given, whatever building the backends does with it
     backends, models = build_role_backends(cfg, RUN_ROLES, run_dir / "logs") if pending else ({}, {})
-    (run_dir / "config.resolved.yaml").write_text(dump_resolved(cfg))  # only now: the run could start
+    (run_dir / "config.resolved.yaml").write_text(resolved)  # only now: the run could start
     manifest = {
         "run_id": cfg.run_name, "pack": pack.name, "pack_source": str(pack.path),
         "seeds": seeds, "trials": [tid for tid, _ in todo],
