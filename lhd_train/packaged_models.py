@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from lhd_train.errors import InputError
+from lhd_train.tiny_model import chatml_template
 
 PROVENANCE = "lhd_model.json"
 
@@ -39,22 +40,8 @@ class PackagedModel:
 
 
 # SmolLM2's own template is ChatML that inserts a default system prompt when the conversation has
-# none. This is the same rendering, with generation markers around assistant content + <|im_end|>.
-_SMOLLM2_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{%- if loop.first and message['role'] != 'system' -%}"
-    "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}"
-    "{%- endif -%}"
-    "{%- if message['role'] == 'assistant' -%}"
-    "{{ '<|im_start|>assistant\\n' }}"
-    "{%- generation -%}{{ message['content'] + '<|im_end|>' }}{%- endgeneration -%}"
-    "{{ '\\n' }}"
-    "{%- else -%}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
-)
+# none; ours renders the same text, with generation markers around assistant content.
+_SMOLLM2_TEMPLATE = chatml_template("You are a helpful AI assistant named SmolLM, trained by Hugging Face")
 
 MODELS: dict[str, PackagedModel] = {
     "smollm2-135m": PackagedModel(

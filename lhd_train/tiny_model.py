@@ -35,19 +35,29 @@ QWEN2_PRETOKENIZE_REGEX = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 
-# ChatML with generation markers around assistant content (TRL assistant_only_loss needs them).
-CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{%- if message['role'] == 'assistant' -%}"
-    "{{ '<|im_start|>assistant\\n' }}"
-    "{%- generation -%}{{ message['content'] + '<|im_end|>' }}{%- endgeneration -%}"
-    "{{ '\\n' }}"
-    "{%- else -%}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
-)
+def chatml_template(default_system: str | None = None) -> str:
+    """ChatML with generation markers around assistant content (TRL assistant_only_loss needs them).
+
+    `default_system`: a system turn inserted when the conversation has none (as some models'
+    own templates do, e.g. SmolLM2's)."""
+    system = ("{%- if loop.first and message['role'] != 'system' -%}"
+              "{{ '<|im_start|>system\\n" + default_system + "<|im_end|>\\n' }}"
+              "{%- endif -%}") if default_system else ""
+    return (
+        "{%- for message in messages -%}" + system +
+        "{%- if message['role'] == 'assistant' -%}"
+        "{{ '<|im_start|>assistant\\n' }}"
+        "{%- generation -%}{{ message['content'] + '<|im_end|>' }}{%- endgeneration -%}"
+        "{{ '\\n' }}"
+        "{%- else -%}"
+        "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+        "{%- endif -%}"
+        "{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
+    )
+
+
+CHAT_TEMPLATE = chatml_template()
 
 SIDECAR = "lhd_tiny.json"
 
