@@ -42,6 +42,7 @@ fail() {
     exit 1
 }
 
+mkdir -p "$(dirname "$VENV")" || { echo "vllm-env: FAILED: cannot create $(dirname "$VENV")" >&2; exit 1; }
 # Only one build at a time (two `make test` in one checkout would otherwise race in one venv).
 exec 9> "$VENV.lock"
 flock 9 || fail "cannot lock $VENV.lock"
