@@ -49,8 +49,10 @@ def cuda_visible() -> bool:
 def vllm_device(spec: ModelSpec) -> str:
     """'cuda' or 'cpu': the spec's `device`, or for `auto` whether a GPU is visible."""
     d = spec.device.lower()
-    if d == "cpu" or d.startswith("cuda"):
-        return "cpu" if d == "cpu" else "cuda"
+    if d == "cpu":
+        return "cpu"
+    if d.startswith("cuda"):
+        return "cuda"
     if d != "auto":
         raise BackendError(f"model '{spec.model}': device '{spec.device}' is not one vllm knows (auto, cpu, cuda)")
     return "cuda" if spec.gpus or cuda_visible() else "cpu"
