@@ -45,10 +45,11 @@ def say(text: str) -> None:
 class Step:
     title: str
     args: tuple[str, ...]
+    done: str | None = None  # for commands that do not resume: skip the step when this file exists
 
 
-def step(title: str, *args: str) -> Step:
-    return Step(title, tuple(args))
+def step(title: str, *args: str, done: str | None = None) -> Step:
+    return Step(title, tuple(args), done)
 
 
 class Lane:
@@ -65,6 +66,9 @@ class Lane:
     def run(self) -> None:
         for s in self.steps:
             cmd = f"lhd {' '.join(shlex.quote(a) for a in s.args)}"
+            if s.done and Path(s.done).exists():
+                say(f"   [{self.name}] {s.title}: done already ({s.done})")
+                continue
             if self.log is None:
                 say(f"\n== {s.title} ==\n$ {cmd}")
             t = time.time()
@@ -144,9 +148,10 @@ SMOLLM2 = Profile(
     recipe="recipes/smollm2/sft-honest.yaml",
     algo="sft",
     # Best-of-N rather than DPO: a row needs only one unflagged, on-task answer among the original
-    # and its candidates, while a DPO pair also needs a flagged one a severity point worse — with
-    # one context that often does not exist. And SFT trains in half the time of DPO.
-    data_args=("bon", "--n", "2", "--max-contexts", "1", "--eval-fraction", "0"),
+    # and its candidate, while a DPO pair also needs a flagged one a severity point worse — with
+    # one context that often does not exist. And SFT trains in half the time of DPO. Each graded
+    # answer costs ~5k prompt tokens (auditor + supervisor), hence one context and one candidate.
+    data_args=("bon", "--n", "1", "--max-contexts", "1", "--eval-fraction", "0"),
     audit_mode="full",
     lens_build=("--max-facts-per-task", "1", "--model", "runs/models/smollm2-135m"),
     # The lens graph spans only the blocks it fits (25-28 -> 29): its cost grows with depth x
@@ -155,7 +160,7 @@ SMOLLM2 = Profile(
               "--dim-batch", "16", "--threads", "1"),
     lens_read=("--limit", "12", "--bootstrap", "200", "--threads", "1"),
     cut="2 trials x 1 task x 1 round (of 14 tasks x up to 3 rounds), 128-token answers, "
-        "best-of-2 data from 1 context, 2 training steps, lens on 4 blocks and 12 probes",
+        "best of 2 answers (original + 1 sample) for 1 context, 2 training steps, lens on 4 blocks and 12 probes",
 )
 
 TINY = Profile(
@@ -198,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         step("lens: fit a Jacobian lens on the pack's task texts", "lens", "fit", p.model, "--corpus",
              f"{lens_dir}/corpus.jsonl", *p.lens_fit, "--out", f"{lens_dir}/jlens"),
         step("lens: entitlement margins by layer and position", "lens", "read", p.model, "--lens",
-             f"{lens_dir}/jlens", "--probes", f"{lens_dir}/probes.jsonl", *p.lens_read, "--out", f"{lens_dir}/read"),
+             f"{lens_dir}/jlens", "--probes", f"{lens_dir}/probes.jsonl", *p.lens_read, "--out", f"{lens_dir}/read",
+             done=f"{lens_dir}/read/summary.json"),
     ], log=Path(lens_dir) / "demo.log").start()
     say(f"the lens runs alongside; its output goes to {lens.log}")
 
@@ -232,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             say(f"  {took:6.0f}s  {title}")
     say("Results:")
     for path in (f"{run_dir}/trials", f"{run_dir}/audit", adapter, f"{adapter_run_dir}/trials",
-                 f"{report_dir}/report.html", f"{report_dir}/runs (viewer pages)", f"{lens_dir}/read"):
+                 f"{report_dir}/report.html", f"{report_dir}/trials/ (viewer pages, linked from the report)", f"{lens_dir}/read"):
         say(f"  {path}")
     return 0
 
