@@ -29,10 +29,12 @@ demo: env
 vllm-env:
 	bash scripts/install_vllm_cpu.sh
 
-# A failed vLLM build does not stop the tests: the real-vLLM tests then skip, printing why.
+# A failed vLLM build or a local Slurm that cannot start does not stop the tests: the real-vLLM and
+# the Slurm tests then skip, printing why. The Slurm daemons are left running (`scripts/local_slurm.sh stop`).
 test: env
 	bash scripts/install_chromium.sh
 	-bash scripts/install_vllm_cpu.sh
+	-bash scripts/local_slurm.sh start
 	$(BIN)/python -m pytest -q -ra
 
 clean:

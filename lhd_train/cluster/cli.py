@@ -2,6 +2,7 @@
 
     lhd slurm render STAGE CONFIG [--var k=v ...] [--dry-run] [--out FILE]
     lhd slurm vars STAGE
+    lhd slurm status RUN [--shards N] [--json] [--no-slurm]
     lhd merge RUN_DIRS... --out RUN [--run-name NAME]
     lhd data merge PARTS... --out DIR
     lhd doctor [--config CONFIG] [--path DIR] [--json]
@@ -60,6 +61,24 @@ def register(app: typer.Typer, data_app: Optional[typer.Typer] = None) -> None:
             raise InputError("command line", "STAGE", f"unknown stage '{stage}'", ", ".join(STAGES))
         for k, v in sorted({**COMMON, **STAGE_VARS[stage]}.items()):
             typer.echo(f"{k} = {json.dumps(v)}")
+
+    @slurm_app.command("status")
+    def slurm_status_cmd(
+        run: Path = typer.Argument(..., help="the run config, or the (merged) run directory runs/<run_name>"),
+        shards: Optional[int] = typer.Option(None, "--shards", min=1, help="shard count (default: the shard "
+                                             "directories on disk, else the rollout array's size)"),
+        as_json: bool = typer.Option(False, "--json", help="rows as JSON"),
+        no_slurm: bool = typer.Option(False, "--no-slurm", help="read the run directories only"),
+    ) -> None:
+        """Pending, running, finished or failed: every shard and stage of a run, from squeue/scontrol/sacct
+        (jobs named by `lhd slurm render`) and from the run directories."""
+        from lhd_train.cluster.status import print_status, run_status, status_json
+
+        st = run_status(run, shards, use_slurm=not no_slurm)
+        if as_json:
+            typer.echo(json.dumps(status_json(st), indent=1))
+        else:
+            print_status(st)
 
     @app.command("merge")
     def merge_cmd(

@@ -32,6 +32,7 @@ import yaml
 from lhd_train.errors import InputError
 
 STAGES = ("rollout", "audit", "data", "train", "lens", "merge")
+DEVICES = ("cuda", "cpu")  # `--var device=`: GPU nodes (default) or a CPU-only partition
 ROOT = Path(__file__).resolve().parents[2]
 TASK = "${SLURM_ARRAY_TASK_ID}"
 ACCELERATE_CONFIGS = {"zero3": "configs/accelerate/zero3.yaml", "fsdp2": "configs/accelerate/fsdp2.yaml"}
@@ -44,6 +45,7 @@ COMMON: dict[str, Any] = {
     "nodes": 1,
     "gpus_per_node": None,  # default: worked out from the config
     "gpu_directive": "gpus-per-node",  # or "gres" (#SBATCH --gres=gpu:N)
+    "device": "cuda",  # or "cpu": a partition without GPUs (no GPU lines, OMP/MKL threads = cpus)
     "cpus": 16,  # --cpus-per-task
     "mem": "128G",
     "exclusive": False,
@@ -125,6 +127,16 @@ def _resolve_vars(stage: str, given: dict[str, Any]) -> dict[str, Any]:
             raise InputError("command line", f"--var {key}", f"{v[key]!r} is not a whole number >= 0")
     if v.get("shards") is not None and v["shards"] < 1:
         raise InputError("command line", "--var shards", "must be at least 1")
+    if v["device"] not in DEVICES:
+        raise InputError("command line", "--var device", f"'{v['device']}'", ", ".join(DEVICES))
+    if v["device"] == "cpu":
+        if given.get("gpus_per_node"):
+            raise InputError("command line", "--var gpus_per_node",
+                             f"{given['gpus_per_node']} GPUs with device=cpu (a partition without GPUs)", "0")
+        if stage == "train":
+            raise InputError("command line", "--var device", "the train stage needs GPUs (accelerate with "
+                             "DeepSpeed/FSDP); device=cpu is for rollout, audit, data, lens and merge", "cuda")
+        v["gpus_per_node"] = 0
     if v["gpu_directive"] not in ("gpus-per-node", "gres"):
         raise InputError("command line", "--var gpu_directive", f"'{v['gpu_directive']}'", "gpus-per-node, gres")
     return v
@@ -253,7 +265,8 @@ def _plan_rollout(config: Path, v: dict[str, Any]) -> Plan:
     for k in keys:
         spec = cfg.models[k]
         if spec.backend == "vllm":
-            device = "cpu" if spec.device == "cpu" else "cuda"  # rendered for the cluster's nodes, not this one
+            # rendered for the cluster's nodes, not this one
+            device = "cpu" if spec.device == "cpu" or v["device"] == "cpu" else "cuda"
             argv = ["vllm", *vllm_command(spec, 0, k, device, exe="vllm")[1:]]
             cmd = " ".join(q(c) for c in argv).replace("--port 0", "--port <free port>")
             servers.append("".join(f"{n}={v} " for n, v in vllm_env(spec, device).items()) + cmd)
@@ -431,7 +444,10 @@ PLANNERS = {"rollout": _plan_rollout, "audit": _plan_audit, "data": _plan_data, 
 def plan_stage(stage: str, config: Path, **vars: Any) -> tuple[Plan, dict[str, Any]]:
     v = _resolve_vars(stage, vars)
     plan = PLANNERS[stage](Path(config), v)
-    if v["gpus_per_node"] is None:
+    if v["device"] == "cpu":
+        plan.notes.append(f"device=cpu: no GPUs requested; models run on the node's CPUs "
+                          f"(OMP_NUM_THREADS={v['cpus']})")
+    elif v["gpus_per_node"] is None:
         v["gpus_per_node"] = plan.gpus
     elif stage in ("rollout", "audit", "data") and v["gpus_per_node"] < plan.gpus:
         plan.warnings.append(f"gpus_per_node={v['gpus_per_node']} but the models of this stage need {plan.gpus}")
@@ -458,6 +474,8 @@ def _context(plan: Plan, v: dict[str, Any], config: Path, merge_script: str | No
     if v["offline"]:
         exports["HF_HUB_OFFLINE"] = "1"
     exports.update({"HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false"})
+    if v["device"] == "cpu":  # torch and MKL use this many threads, the CPUs the job was given
+        exports.update({"OMP_NUM_THREADS": str(v["cpus"]), "MKL_NUM_THREADS": str(v["cpus"])})
     exports.update({str(k): str(val) for k, val in v["env"].items()})
     return {**v, "stage": plan.stage, "config": str(config), "plan": plan, "array": plan.array,
             "commands": plan.commands, "merge_commands": plan.merge_commands, "notes": plan.notes,
