@@ -108,7 +108,15 @@ def ended(job: int) -> bool:
 
 
 def status(config: Path, *extra: str) -> dict:
+    """`lhd slurm status CONFIG --json`, through the CLI."""
     return json.loads(sh(*LHD, "slurm", "status", str(config), "--json", *extra))
+
+
+def status_here(config: Path) -> dict:
+    """The same rows in this process (no interpreter start per poll, which would slow the jobs)."""
+    from lhd_train.cluster.status import run_status, status_json
+
+    return status_json(run_status(config))
 
 
 def rows_of(st: dict, stage: str, part: str = "") -> dict:
@@ -166,7 +174,7 @@ def flow(slurm_cluster, tiny_llama_dir, tmp_path_factory):
     merge_name = f"lhd-rollout-{name}-merge"
 
     def snap():
-        seen.append(status(cfg))
+        seen.append(status_here(cfg))
 
     snap()
     merge = wait_until(lambda: jobs_named(merge_name, after=array), "task 0 to submit the merge job", on_tick=snap)
@@ -248,10 +256,11 @@ def test_scancel_mid_run_then_resume(flow, tiny_llama_dir):
     are on disk, then resubmitted: every row written before the cancel is kept byte for byte, and
     the finished trials equal the unsharded run's."""
     work, name = flow["work"], flow["name"]
-    cfg = write_config(work / "resume.yaml", tiny_llama_dir, name, work / "resume-runs")
+    name = f"{name}r"  # its own job names: status finds a run's jobs by name
+    cfg = write_config(work / "resume.yaml", tiny_llama_dir, name, work / "runs")
     script = render("rollout", cfg, work / "jobs" / "resume.sbatch", "shards=2", cwd=work)
     job = sbatch(script, "--array=1", cwd=work)
-    shard = work / "resume-runs" / f"{name}-shard1of2"
+    shard = work / "runs" / f"{name}-shard1of2"
     trials = [shard / "trials" / f"s{s}.jsonl" for s in SEEDS[2:]]
 
     def some_rows():
@@ -355,7 +364,7 @@ def test_cpu_render(tmp_path):
         assert "--gpus-per-node" not in header and "--gres" not in header and "nvidia-smi" not in text, stage
         assert "export OMP_NUM_THREADS=3" in text and "export MKL_NUM_THREADS=3" in text
         assert "device=cpu: no GPUs requested" in text
-    assert "#SBATCH --gpus-per-node=1" in render_slurm("rollout", cfg)  # the default still asks for a GPU
+    assert "#SBATCH --gpus-per-node=1" in render_slurm("lens", cfg, corpus="c.txt")  # the default asks for a GPU
     lens = [c for c in dry_run_commands("lens", cfg, corpus="c.txt", device="cpu") if c.startswith("lhd lens fit")]
     assert lens and all("--device cpu" in c for c in lens)
     with pytest.raises(InputError, match="train stage needs GPUs"):
@@ -378,11 +387,11 @@ def test_status_from_run_directories(tmp_path):
 
     cfg = write_config(tmp_path / "c.yaml", tmp_path, "c", tmp_path / "runs")
     runs = tmp_path / "runs"
-    _fake_run(runs / "c-shard0of3", [11, 12], 2, [11, 12])
-    _fake_run(runs / "c-shard1of3", [13], 1, [])
+    _fake_run(runs / "c-shard0of3", [11], 2, [11])  # 4 seeds in 3 shards: [11], [12], [13, 14]
+    _fake_run(runs / "c-shard1of3", [12], 1, [])
     st = run_status(cfg, use_slurm=False)
     got = [(r.stage, r.part, r.status, r.detail) for r in st.rows]
-    assert got == [("rollout", "shard 0/3", "finished", "2/2 trials done, 4 rows"),
+    assert got == [("rollout", "shard 0/3", "finished", "1/1 trials done, 2 rows"),
                    ("rollout", "shard 1/3", "incomplete", "0/1 trials done, 1 rows"),
                    ("rollout", "shard 2/3", "not started", "no run directory")]
     # The merged run directory works as RUN too (it finds its shards next to it).
