@@ -7,7 +7,7 @@ from rollouts.spec import ModelSpec
 
 def build_backend(spec: ModelSpec, name: str = "", log_dir: str | None = None) -> Backend:
     if spec.backend == "hf":
-        from rollouts.hf_backend import HFBackend
+        from rollouts.hf import HFBackend
 
         return HFBackend.from_spec(spec)
     if spec.backend == "openai":

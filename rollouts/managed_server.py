@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rollouts.backend import BackendError
 
-_LIVE: "weakref.WeakSet[ManagedServer]" = weakref.WeakSet()
+_LIVE: weakref.WeakSet[ManagedServer] = weakref.WeakSet()
 
 
 def _die_with_parent() -> None:
@@ -79,7 +79,8 @@ class ManagedServer:
                 return
             time.sleep(0.5)
         self.stop()
-        raise BackendError(f"server not healthy after {timeout_s:.0f}s; log {self.log_path}:\n{log_tail(self.log_path)}")
+        raise BackendError(
+            f"server not healthy after {timeout_s:.0f}s; log {self.log_path}:\n{log_tail(self.log_path)}")
 
     def healthy(self) -> bool:
         try:

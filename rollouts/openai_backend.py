@@ -61,7 +61,7 @@ class OpenAIBackend:
         self.stats = {"requests": 0, "retries": 0, "failures": 0}
 
     @classmethod
-    def from_spec(cls, spec: ModelSpec) -> "OpenAIBackend":
+    def from_spec(cls, spec: ModelSpec) -> OpenAIBackend:
         if not spec.base_url:
             raise BackendError(f"model '{spec.model}': backend openai needs base_url")
         tok = None

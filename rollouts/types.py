@@ -5,7 +5,7 @@ Backends know nothing about deception: they take chat messages plus sampling par
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, asdict
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 Message = dict[str, str]  # {"role": "system"|"user"|"assistant", "content": str}

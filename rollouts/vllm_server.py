@@ -171,7 +171,7 @@ class VLLMBackend(ManagedServerBackend):
     kind = "vllm"
 
     @classmethod
-    def from_spec(cls, spec: ModelSpec, name: str = "", log_dir: str | None = None) -> "VLLMBackend":
+    def from_spec(cls, spec: ModelSpec, name: str = "", log_dir: str | None = None) -> VLLMBackend:
         exe = find_vllm(spec)
         if exe is None:
             raise BackendError(
@@ -196,7 +196,7 @@ class TransformersServeBackend(ManagedServerBackend):
     kind = "transformers-serve"
 
     @classmethod
-    def from_spec(cls, spec: ModelSpec, name: str = "", log_dir: str | None = None) -> "TransformersServeBackend":
+    def from_spec(cls, spec: ModelSpec, name: str = "", log_dir: str | None = None) -> TransformersServeBackend:
         port = free_port()
         log = Path(log_dir or ".") / f"transformers-serve-{name or 'model'}-{port}.log"
         server = ManagedServer(transformers_serve_command(spec, port), port, log)

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Literal
 
 import pytest
 from pydantic import BaseModel, Field
 
 from rollouts.backend import Backend
-from rollouts.hf_backend import HFBackend
+from rollouts.hf import HFBackend
 from rollouts.spec import ModelSpec
 from rollouts.structured import parse_json_output, schema_for
 from rollouts.types import GenerationRequest, SamplingParams
@@ -343,9 +346,9 @@ def test_rows_of_very_different_lengths_decode_as_alone(which, request, monkeypa
     of 10 to ~1500 tokens (and budgets that end rows at different steps, so finished rows are
     dropped, and a small growth step, so the cache grows several times) gets the tokens it gets
     alone, and alone matches `model.generate`."""
-    import rollouts.hf_backend as hf_backend
+    import rollouts.hf.decode as hf_decode
 
-    monkeypatch.setattr(hf_backend, "_CAPACITY_STEP", 8)
+    monkeypatch.setattr(hf_decode, "_CAPACITY_STEP", 8)
     backend = request.getfixturevalue(which)
     contents = ["x", "short question", "mid " * 150, "the long report " * 300, "q " * 40]
     budgets = [45, 5, 37, 12, 30]
@@ -399,7 +402,7 @@ def test_nucleus_floor_keeps_exactly_the_top_p_set():
     """The values-only nucleus (numpy sort) keeps the same tokens as sorting with indices."""
     import torch
 
-    from rollouts.hf_backend import _nucleus_floor
+    from rollouts.hf.sampling import _nucleus_floor
 
     g = torch.Generator().manual_seed(0)
     for scale in (0.1, 1.0, 5.0):
@@ -413,3 +416,23 @@ def test_nucleus_floor_keeps_exactly_the_top_p_set():
         mass = (probs * keep).sum(dim=-1)
         assert bool((mass[:5] >= top_p[:5, 0] - 1e-5).all())
         assert int(keep[0].sum()) < int(keep[2].sum()) < 2048
+
+
+# ---------------------------------------------------------------- package layout
+def test_rollouts_modules_stay_under_500_lines():
+    """The hf backend was one 1,080-line file with five concerns; `rollouts/hf/` splits them.
+    Keep every rollouts module navigable."""
+    import rollouts
+
+    root = Path(rollouts.__file__).parent
+    sizes = {str(p.relative_to(root)): len(p.read_text().splitlines()) for p in root.rglob("*.py")}
+    assert {name: n for name, n in sizes.items() if n > 500} == {}
+
+
+def test_factory_imports_the_hf_package_only_when_used():
+    """`rollouts/hf/` imports torch, transformers and xgrammar at module level; that is fine only
+    because `rollouts.factory` imports the package when an hf backend is built."""
+    code = ("import sys, rollouts.factory, rollouts.types, rollouts.spec; "
+            "print([m for m in ('rollouts.hf', 'torch', 'transformers', 'xgrammar') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 import torch
 
-from rollouts.hf_backend import HFBackend
-from rollouts.prefix_cache import PrefixCache, common_prefix
+from rollouts.hf import HFBackend
+from rollouts.hf.prefix_cache import PrefixCache, common_prefix
 from rollouts.spec import ModelSpec
 from rollouts.types import GenerationRequest, SamplingParams
 

@@ -79,7 +79,7 @@ def check_hf_constrained(ctx: Ctx) -> tuple[bool, str]:
 
     from pydantic import BaseModel, Field
 
-    from rollouts.hf_backend import HFBackend
+    from rollouts.hf import HFBackend
     from rollouts.spec import ModelSpec
     from rollouts.structured import parse_json_output, schema_for
     from rollouts.types import GenerationRequest, SamplingParams

@@ -21,8 +21,9 @@ Used from the backend's decode thread only (the backend serialises its batches),
 from __future__ import annotations
 
 import collections
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

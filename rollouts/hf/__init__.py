@@ -1,0 +1,17 @@
+"""`hf` backend: transformers in-process, batched across concurrent callers, per-row sampling,
+JSON-schema constrained decoding with xgrammar. CPU-capable (tests, tiny demo, lens).
+
+Imported only when an `hf` backend is built (`rollouts/factory.py`): its modules import torch,
+transformers and xgrammar at module level.
+
+  backend.py       `HFBackend`: construction, tokens, grammars, the request queue and worker
+  rows.py          a request (`Pending`) and its n rows (`Row`): the unit of work
+  decode.py        one batched decode: our own loop over a left-padded cache, or `model.generate`
+  kv_buffer.py     that loop's preallocated key/value buffers (a transformers `DynamicLayer`)
+  prefix_cache.py  keys/values reused across requests (what vLLM's prefix caching does)
+  sampling.py      the per-row sampler: temperature, top-p, per-row seeded generators
+  json_guard.py    the JSON termination guarantee: closing paths within the token budget
+"""
+from rollouts.hf.backend import HFBackend
+
+__all__ = ["HFBackend"]

@@ -1,0 +1,464 @@
+"""`HFBackend`: the public class of the `hf` backend, and its request queue and worker.
+
+How a call flows:
+  `await backend.generate([req])` → the request is tokenised with the chat template, checked
+  against the context length, expanded into `n` rows and queued. One worker task per event
+  loop takes up to `max_batch_size` queued rows (waiting up to `batch_wait_ms` to fill; rows of
+  one batch share one LoRA adapter), decodes them together in a thread (`asyncio.to_thread`,
+  `rollouts/hf/decode.py`), and resolves each request when all of its rows are done.
+
+Token accounting: `Completion.token_ids` are the generated tokens without the final stop
+token; `completion_tokens` is their sum over the n completions. Text is decoded with special
+tokens skipped; think text is left in place (the performer strips it).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import hashlib
+import inspect
+import json
+import logging
+import threading
+import time
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import transformers
+import xgrammar as xgr
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+from rollouts.backend import BackendError
+from rollouts.hf.decode import decode_batch
+from rollouts.hf.json_guard import Closer, Grammar
+from rollouts.hf.prefix_cache import PrefixCache
+from rollouts.hf.rows import Pending, Row
+from rollouts.hf.sampling import row_seed
+from rollouts.model_files import check_adapter_dir, check_model_dir, one_line
+from rollouts.spec import ModelSpec
+from rollouts.types import Completion, GenerationRequest, GenerationResult
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+           "float16": "float16", "fp16": "float16", "half": "float16"}
+_ENCODE_CACHE_SIZE = 128  # chat-template encodings kept (see `encode_chat`)
+
+
+class HFBackend:
+    """transformers in-process backend. Build with `HFBackend.from_spec(spec)`."""
+
+    def __init__(self, spec: ModelSpec, model: Any, tokenizer: Any, device: str, dtype: Any):
+        self.spec = spec
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = device
+        self.dtype = dtype
+        self.model_id = spec.model
+        cfg = self._base_model().config
+        self.vocab_size = int(getattr(cfg.get_text_config(), "vocab_size", None) or len(tokenizer))  # lm_head rows
+        self.n_tokenizer = min(len(tokenizer), self.vocab_size)
+        text_cfg = cfg.get_text_config()
+        self.max_model_len = int(spec.max_model_len or getattr(text_cfg, "max_position_embeddings", 0) or 10**9)
+        # Our decode loop keeps every layer's full key/value history and calls the model with the
+        # transformers 5 forward arguments; other models (sliding-window or linear-attention
+        # layers, remote code with another signature) decode with `model.generate` instead.
+        params = inspect.signature(self._base_model().forward).parameters
+        self._own_loop = (all(t == "full_attention" for t in getattr(text_cfg, "layer_types", None) or [])
+                          and not getattr(text_cfg, "sliding_window", None)
+                          and all(p in params for p in ("cache", "position_ids", "logits_to_keep")))
+        gen_cfg = self._base_model().generation_config
+        stops: list[int] = []
+        eos = getattr(gen_cfg, "eos_token_id", None)
+        for t in ([eos] if isinstance(eos, int) else list(eos or [])) + [tokenizer.eos_token_id]:
+            if t is not None and int(t) not in stops and int(t) < self.vocab_size:
+                stops.append(int(t))
+        if not stops:
+            raise BackendError(f"{spec.model}: tokenizer and generation config define no eos token")
+        self.stop_ids = stops
+        self.stop_set = set(stops)
+        pad = tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else stops[0])
+        special = {int(i) for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items() if t.special}
+        special |= {int(i) for i in tokenizer.all_special_ids if i is not None}
+        self.special_ids = {i for i in special if i < self.vocab_size}
+        banned = sorted(self.special_ids - self.stop_set)
+        self.banned_ids_tensor = torch.tensor(banned, dtype=torch.long, device=device) if banned else None
+        self._orig_generation_config = gen_cfg
+        # A clean generation config so no processor from the model's own defaults (repetition
+        # penalty, top_k, suppress tokens, ...) alters the logits our sampler sees.
+        self._base_model().generation_config = GenerationConfig(
+            eos_token_id=stops, pad_token_id=self.pad_id, bos_token_id=getattr(gen_cfg, "bos_token_id", None))
+        self._tok_lock = threading.Lock()
+        self._encoded: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+        self._run_lock = threading.Lock()
+        self._grammar_lock = threading.Lock()
+        self._grammars: dict[str, Grammar] = {}
+        self._xgr_info = None
+        self._compiler = None
+        self._closer: Closer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: collections.deque[Row] = collections.deque()
+        self._wakeup: asyncio.Event | None = None
+        self._worker: asyncio.Task | None = None
+        self._inflight: list[Row] = []
+        self._closed = False
+        self.prefix_cache = PrefixCache(int(spec.prefix_cache_gib * 2**30) if spec.enable_prefix_caching else 0)
+        self.batches_run = 0
+        self.busy_s = 0.0  # time spent inside batched decodes: the backend's own cost
+        # where busy_s goes (our decode loop; on CUDA without synchronising, so only indicative)
+        self.timings: dict[str, float] = collections.Counter(prefill_s=0.0, forward_s=0.0, sample_s=0.0)
+        self.stats: dict[str, int] = collections.Counter(
+            batches=0, rows=0, max_batch_rows=0, decode_steps=0, json_rows=0,
+            json_rejections=0, json_unguarded_rows=0, prefill_tokens=0, prefix_reused_tokens=0,
+            prefix_matches_ignored=0)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_spec(cls, spec: ModelSpec) -> HFBackend:
+        if spec.backend != "hf":
+            raise BackendError(f"HFBackend needs a spec with backend 'hf', got {spec.backend!r}")
+        device = spec.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise BackendError(f"{spec.model}: device {device!r} requested but CUDA is not available")
+        if spec.dtype == "auto":
+            dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+        elif spec.dtype in _DTYPES:
+            dtype = getattr(torch, _DTYPES[spec.dtype])
+        else:
+            raise BackendError(
+                f"{spec.model}: unknown dtype {spec.dtype!r} (allowed: auto, float32, bfloat16, float16)")
+        # A broken local folder gets a one-line error naming the file before transformers tries it.
+        check_model_dir(spec.model)
+        for name, path in spec.adapters.items():
+            check_adapter_dir(name, path)
+        kw: dict[str, Any] = {"revision": spec.revision, "trust_remote_code": spec.trust_remote_code}
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(spec.model, **kw)
+            if device.startswith("cuda"):  # load straight onto the GPU
+                kw["device_map"] = device
+            model = AutoModelForCausalLM.from_pretrained(spec.model, dtype=dtype, **kw)
+        except Exception as e:  # noqa: BLE001 - loaders raise many types (SafetensorError is not an OSError)
+            raise BackendError(f"cannot load model {spec.model}: {type(e).__name__}: {one_line(e)}") from e
+        model.to(device)
+        model.eval()
+        if spec.adapters:
+            from peft import PeftModel
+
+            items = list(spec.adapters.items())
+            try:
+                name, path = items[0]
+                model = PeftModel.from_pretrained(model, path, adapter_name=name, is_trainable=False)
+                for name, path in items[1:]:
+                    model.load_adapter(path, adapter_name=name, is_trainable=False)
+            except Exception as e:  # noqa: BLE001 - as above
+                raise BackendError(f"cannot load LoRA adapter {name!r} from {path}: {type(e).__name__}: "
+                                   f"{one_line(e)}") from e
+            model.to(device)
+            model.eval()
+        return cls(spec, model, tokenizer, device, dtype)
+
+    def _base_model(self) -> Any:
+        m = self.model
+        if hasattr(m, "get_base_model") and getattr(self.spec, "adapters", None):
+            return m.get_base_model()
+        return m
+
+    # ------------------------------------------------------------------ tokens
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """Prompt token ids: the chat template with the assistant generation prompt. The last
+        `_ENCODE_CACHE_SIZE` results are kept: callers count a prompt's tokens (`count_tokens`)
+        and then submit the same messages, and tokenising an 8k-token prompt takes ~10 ms on the
+        event loop."""
+        try:
+            key: Any = tuple(tuple(sorted(m.items())) for m in messages)
+            hash(key)
+        except (AttributeError, TypeError):  # unusual message values: no caching
+            key = None
+        with self._tok_lock:
+            hit = self._encoded.get(key) if key is not None else None
+            if hit is not None:
+                self._encoded.move_to_end(key)
+                return hit.tolist()
+            ids = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+            if ids and isinstance(ids[0], list):
+                ids = ids[0]
+            ids = [int(i) for i in ids]
+            if key is not None:
+                self._encoded[key] = np.array(ids, dtype=np.int64)
+                while len(self._encoded) > _ENCODE_CACHE_SIZE:
+                    self._encoded.popitem(last=False)
+        return ids
+
+    def count_tokens(self, messages: list[dict[str, str]]) -> int:
+        return len(self.encode_chat(messages))
+
+    def decode(self, ids: list[int]) -> str:
+        with self._tok_lock:
+            return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    # ------------------------------------------------------------------ grammars
+    @property
+    def vocab_type(self) -> Any:
+        """xgrammar's detected vocabulary type (BYTE_LEVEL for byte-level BPE tokenizers)."""
+        self._ensure_xgrammar()
+        return self._xgr_info.vocab_type
+
+    @property
+    def closer(self) -> Closer:
+        self._ensure_xgrammar()
+        assert self._closer is not None
+        return self._closer
+
+    def _ensure_xgrammar(self) -> None:
+        with self._grammar_lock:
+            if self._xgr_info is not None:
+                return
+            info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,
+                                                      stop_token_ids=self.stop_ids)
+            self._compiler = xgr.GrammarCompiler(info)
+            self._closer = Closer(info, self.stop_ids, self.special_ids, self.vocab_size)
+            self._xgr_info = info
+
+    def grammar_for(self, schema: dict[str, Any]) -> Grammar:
+        """Compiled grammar (and its start-state closing path) for a JSON schema, cached by the
+        schema's canonical JSON. Raises ValueError for schemas xgrammar rejects."""
+        key = json.dumps(schema, separators=(",", ":"))  # key order kept: it is the output order
+        with self._grammar_lock:
+            hit = self._grammars.get(key)
+        if hit is not None:
+            return hit
+        self._ensure_xgrammar()
+        try:
+            compiled = self._compiler.compile_json_schema(key, any_whitespace=False)
+        except Exception as e:  # xgrammar raises RuntimeError/ValueError subclasses
+            raise ValueError(f"JSON schema not supported by xgrammar: {e}") from e
+        start = xgr.GrammarMatcher(compiled, override_stop_tokens=self.stop_ids)
+        path = self.closer.path(start, cap=1 << 16)
+        grammar = Grammar(compiled, path)
+        with self._grammar_lock:
+            self._grammars.setdefault(key, grammar)
+            return self._grammars[key]
+
+    # ------------------------------------------------------------------ public API
+    async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        if not requests:
+            return []
+        futures = [await self._submit(r) for r in requests]
+        return list(await asyncio.gather(*futures))
+
+    def describe(self) -> dict[str, Any]:
+        try:
+            xgr_version = version("xgrammar")
+        except PackageNotFoundError:  # pragma: no cover
+            xgr_version = None
+        cfg = self._base_model().config
+        cfg_file = Path(self.spec.model) / "config.json"
+        cfg_text = cfg_file.read_bytes() if cfg_file.is_file() else cfg.to_json_string().encode()
+        return {
+            "backend": "hf",
+            "model": self.spec.model,
+            "model_path": str(Path(self.spec.model).resolve()) if Path(self.spec.model).exists() else self.spec.model,
+            "revision": self.spec.revision or getattr(cfg, "_commit_hash", None),
+            "dtype": str(self.dtype).replace("torch.", ""),
+            "device": self.device,
+            "architectures": getattr(cfg, "architectures", None),
+            "vocab_size": self.vocab_size,
+            "max_model_len": self.max_model_len,
+            "adapters": dict(self.spec.adapters),
+            "max_batch_size": self.spec.max_batch_size,
+            "batch_wait_ms": self.spec.batch_wait_ms,
+            "prefix_cache_gib": self.spec.prefix_cache_gib if self.spec.enable_prefix_caching else 0,
+            "config_sha256": hashlib.sha256(cfg_text).hexdigest(),
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+            "xgrammar": xgr_version,
+        }
+
+    async def aclose(self) -> None:
+        self._closed = True
+        worker = self._worker
+        if self._wakeup is not None:
+            self._wakeup.set()
+        if worker is not None and not worker.done():
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # pragma: no cover
+                loop = None
+            if loop is self._loop:
+                try:
+                    await asyncio.wait_for(asyncio.shield(worker), timeout=1.0)
+                except (TimeoutError, asyncio.CancelledError):
+                    worker.cancel()
+            else:
+                worker.cancel()
+        self._fail_queued("backend closed")
+        self._fail_rows(self._inflight, "backend closed during generation")
+        self._worker = None
+        if self._run_lock.acquire(blocking=False):  # free the cached keys/values unless a batch
+            try:                                     # still runs (then they go with the backend)
+                self.prefix_cache.clear()
+            finally:
+                self._run_lock.release()
+
+    # ------------------------------------------------------------------ queue and worker
+    def _error_result(self, pending_t0: float, error: str, prompt_ids: list[int] | None = None) -> GenerationResult:
+        return GenerationResult(
+            completions=[], prompt_tokens=len(prompt_ids or []), latency_s=time.perf_counter() - pending_t0,
+            model_id=self.model_id, error=error, prompt_token_ids=prompt_ids)
+
+    def _adapter_name(self, adapter: str | None) -> str | None:
+        if adapter is None:
+            return None
+        if adapter in self.spec.adapters:
+            return adapter
+        for name, path in self.spec.adapters.items():
+            if adapter == path or Path(adapter).resolve() == Path(path).resolve():
+                return name
+        raise KeyError(adapter)
+
+    async def _submit(self, req: GenerationRequest) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future = loop.create_future()
+        t0 = time.perf_counter()
+
+        def fail(msg: str, prompt_ids: list[int] | None = None) -> asyncio.Future:
+            fut.set_result(self._error_result(t0, msg, prompt_ids))
+            return fut
+
+        if self._closed:
+            return fail("backend closed")
+        s = req.sampling
+        if s.n < 1 or s.max_tokens < 1:
+            return fail(f"invalid sampling params: n={s.n}, max_tokens={s.max_tokens} (both must be >= 1)")
+        if s.temperature < 0 or not (0 < s.top_p <= 1):
+            return fail(f"invalid sampling params: temperature={s.temperature} (>= 0), top_p={s.top_p} (0 < p <= 1)")
+        try:
+            adapter = self._adapter_name(req.adapter)
+        except KeyError:
+            known = ", ".join(sorted(self.spec.adapters)) or "none configured"
+            return fail(f"unknown adapter {req.adapter!r} (known: {known})")
+        try:
+            prompt_ids = self.encode_chat(req.messages)
+        except Exception as e:  # template errors: bad roles, missing content, ...
+            return fail(f"chat template failed: {type(e).__name__}: {e}")
+        if len(prompt_ids) >= self.max_model_len:
+            return fail(f"prompt too long: {len(prompt_ids)} tokens, but the model's max length is "
+                        f"{self.max_model_len} tokens (max_model_len / max_position_embeddings)", prompt_ids)
+        grammar = None
+        if req.json_schema is not None:
+            try:
+                grammar = self._grammars.get(json.dumps(req.json_schema, separators=(",", ":")))
+                if grammar is None:  # compile off the event loop
+                    grammar = await asyncio.to_thread(self.grammar_for, req.json_schema)
+            except (TypeError, ValueError) as e:
+                return fail(str(e), prompt_ids)
+        max_tokens = min(s.max_tokens, self.max_model_len - len(prompt_ids))
+        pending = Pending(req, fut, t0, prompt_ids, [None] * s.n, s.n)
+        self._ensure_worker(loop)
+        for j in range(s.n):
+            self._queue.append(Row(
+                pending=pending, j=j, prompt_ids=prompt_ids, max_tokens=max_tokens,
+                temperature=float(s.temperature), top_p=float(s.top_p), seed=row_seed(s.seed, j),
+                grammar=grammar, adapter=adapter))
+        assert self._wakeup is not None
+        self._wakeup.set()
+        return fut
+
+    def _ensure_worker(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._loop is not loop or self._worker is None or self._worker.done():
+            if self._loop is not loop:  # rows of a finished loop can never be delivered
+                self._queue = collections.deque()
+                self._inflight = []
+            self._loop = loop
+            self._wakeup = asyncio.Event()
+            self._worker = loop.create_task(self._work(), name="hf-backend-worker")
+
+    def _take_batch(self) -> list[Row]:
+        first = self._queue[0]
+        batch: list[Row] = []
+        keep: collections.deque[Row] = collections.deque()
+        while self._queue:
+            r = self._queue.popleft()
+            if len(batch) < self.spec.max_batch_size and r.adapter == first.adapter:
+                batch.append(r)
+            else:
+                keep.append(r)
+        self._queue = keep
+        return batch
+
+    async def _work(self) -> None:
+        assert self._wakeup is not None
+        wakeup = self._wakeup
+        wait_s = self.spec.batch_wait_ms / 1000.0
+        while not self._closed:
+            if not self._queue:
+                wakeup.clear()
+                await wakeup.wait()
+                continue
+            if len(self._queue) < self.spec.max_batch_size and wait_s > 0:
+                deadline = time.perf_counter() + wait_s
+                while len(self._queue) < self.spec.max_batch_size and not self._closed:
+                    left = deadline - time.perf_counter()
+                    if left <= 0:
+                        break
+                    wakeup.clear()
+                    try:
+                        await asyncio.wait_for(wakeup.wait(), timeout=left)
+                    except TimeoutError:
+                        break
+            if self._closed or not self._queue:
+                continue
+            batch = self._take_batch()
+            self._inflight = batch
+            try:
+                error = await asyncio.to_thread(self._run_batch, batch)
+            except Exception as e:  # never let one bad batch kill the worker
+                log.exception("hf backend batch failed")
+                error = f"generation failed: {type(e).__name__}: {e}"
+            self._deliver(batch, error)
+            self._inflight = []
+        self._fail_queued("backend closed")
+
+    def _deliver(self, batch: list[Row], error: str | None) -> None:
+        for r in batch:
+            p = r.pending
+            if p.future.done():
+                continue
+            if error is not None:
+                p.future.set_result(self._error_result(p.t0, error, p.prompt_ids))
+                continue
+            p.completions[r.j] = Completion(text=self.decode(r.tokens), token_ids=list(r.tokens),
+                                            finish_reason=r.finish or "length")
+            p.remaining -= 1
+            if p.remaining == 0:
+                comps = [c for c in p.completions if c is not None]
+                p.future.set_result(GenerationResult(
+                    completions=comps, prompt_tokens=len(p.prompt_ids),
+                    completion_tokens=sum(len(c.token_ids or []) for c in comps),
+                    cached_tokens=p.cached_tokens, latency_s=time.perf_counter() - p.t0, model_id=self.model_id,
+                    prompt_token_ids=list(p.prompt_ids)))
+
+    def _fail_queued(self, msg: str) -> None:
+        rows, self._queue = list(self._queue), collections.deque()
+        self._fail_rows(rows, msg)
+
+    def _fail_rows(self, rows: list[Row], msg: str) -> None:
+        for r in rows:
+            if not r.pending.future.done() and not r.pending.future.get_loop().is_closed():
+                r.pending.future.set_result(self._error_result(r.pending.t0, msg, r.pending.prompt_ids))
+
+    # ------------------------------------------------------------------ one batched decode (decode.py)
+    def _run_batch(self, rows: list[Row]) -> str | None:
+        """Decode `rows` together (in a worker thread). Fills each row's tokens and finish."""
+        t_start = time.perf_counter()
+        try:
+            return decode_batch(self, rows)
+        finally:
+            self.busy_s += time.perf_counter() - t_start
