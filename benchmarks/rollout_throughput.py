@@ -154,36 +154,44 @@ def spec_for(kind: str, model: Path, trials: int, vllm: str | None) -> dict[str,
     return spec
 
 
-def bench_backend(kind: str, model: Path, trials: int, tasks: int, vllm: str | None, tmp: Path) -> dict[str, Any]:
+def bench_backend(kind: str, model: Path, trials: int, tasks: int, vllm: str | None, tmp: Path,
+                  save: Any = lambda out: None) -> dict[str, Any]:
+    """One backend, every mode. `save(out)` is called after each mode, so a run cut short (or one
+    that goes on while the machine gets busy) keeps the modes it measured, each with the load
+    average seen when it ended."""
     spec = spec_for(kind, model, trials, vllm)
     if kind == "vllm":
         os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # enables /reset_prefix_cache between modes
     t0 = time.perf_counter()
     backend = build_backend(ModelSpec.model_validate(spec), name="m", log_dir=str(tmp / "logs"))
     startup = time.perf_counter() - t0
-    out: dict[str, Any] = {"backend": kind, "startup_s": round(startup, 1), "describe": backend.describe()}
+    modes: dict[str, dict[str, Any]] = {}
+    out: dict[str, Any] = {"backend": kind, "startup_s": round(startup, 1), "describe": backend.describe(),
+                           "modes": modes}
+
+    def done(mode: str, wall: float, results: list[GenerationResult]) -> None:
+        modes[mode] = {"wall_s": round(wall, 1), **usage(results), "load_avg_1m": round(os.getloadavg()[0], 2)}
+        m = modes[mode]
+        print(f"[{kind}] {mode}: {m['wall_s']:.1f} s, {m['requests']} requests, {m['errors']} errors, "
+              f"load average {m['load_avg_1m']}", file=sys.stderr, flush=True)
+        save(out)
+
     try:
         # warm-up: one short trial (grammar compilation, first-call allocations, OS caches)
         run_engine(backend, make_cfg(tmp / kind, spec, "warmup", 1, 1, 1))
-        modes: dict[str, dict[str, Any]] = {}
         reset_cache(backend)
         wall, rec = run_engine(backend, make_cfg(tmp / kind, spec, "sequential", trials, tasks, 1))
-        modes["sequential"] = {"wall_s": wall, **usage(rec.results)}
+        done("sequential", wall, rec.results)
         out["cache_reset"] = reset_cache(backend)
         wall, rec = run_engine(backend, make_cfg(tmp / kind, spec, "engine", trials, tasks, trials))
-        modes["engine"] = {"wall_s": wall, **usage(rec.results)}
-        n_chains = len({k for k, _ in rec.calls})
-        out["engine_chains"] = n_chains
+        out["engine_chains"] = len({k for k, _ in rec.calls})
+        done("engine", wall, rec.results)
         reset_cache(backend)
         wall, res = replay(backend, rec.calls, chains=True)
-        modes["replay"] = {"wall_s": wall, **usage(res)}
+        done("replay", wall, res)
         reset_cache(backend)
         wall, res = replay(backend, rec.calls, chains=False)
-        modes["flat"] = {"wall_s": wall, **usage(res)}
-        out["modes"] = modes
-        for mode, m in modes.items():
-            print(f"[{kind}] {mode}: {m['wall_s']:.1f} s, {m['requests']} requests, {m['errors']} errors",
-                  file=sys.stderr, flush=True)
+        done("flat", wall, res)
     finally:
         asyncio.run(backend.aclose())
     return out
@@ -207,15 +215,25 @@ def main() -> None:
             build_packaged_model("smollm2-135m", args.model)
         else:
             raise SystemExit(f"{args.model}: no model there")
-    reports = []
+    reports: list[dict[str, Any]] = []
+
+    def save(_: Any) -> None:
+        if args.json:
+            args.json.write_text(json.dumps(reports, indent=2, default=str) + "\n")
+
     with tempfile.TemporaryDirectory() as tmp:
         for kind in [k.strip() for k in args.backends.split(",") if k.strip()]:
-            reports.append(bench_backend(kind, args.model, args.trials, args.tasks, args.vllm, Path(tmp)))
+            rep = {"backend": kind, "modes": {}}
+            reports.append(rep)
+            rep.update(bench_backend(kind, args.model, args.trials, args.tasks, args.vllm, Path(tmp),
+                                     lambda out, rep=rep: (rep.update(out), save(None))))
+            save(None)
 
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"load average {os.getloadavg()[0]:.2f}, torch {torch.__version__}")
     print(f"workload: {args.trials} trials x {args.tasks} tasks x 1 round, {args.model.name}")
-    head = f"{'backend':<8}{'mode':<12}{'requests':>9}{'prompt tok':>11}{'cached':>9}{'gen tok':>9}{'errors':>7}{'wall s':>9}"
+    head = (f"{'backend':<8}{'mode':<12}{'requests':>9}{'prompt tok':>11}{'cached':>9}{'gen tok':>9}"
+            f"{'errors':>7}{'wall s':>9}")
     print(head)
     for rep in reports:
         for mode, m in rep["modes"].items():
@@ -228,8 +246,7 @@ def main() -> None:
               f"{m['engine']['wall_s'] / m['replay']['wall_s'] - 1:+.1%}; flat replay / sequential "
               f"{m['sequential']['wall_s'] / m['flat']['wall_s']:.2f}x; trials seen as chains: "
               f"{rep['engine_chains']}; cache between modes: {rep.get('cache_reset')}")
-    if args.json:
-        args.json.write_text(json.dumps(reports, indent=2, default=str) + "\n")
+    save(None)
 
 
 if __name__ == "__main__":
