@@ -139,10 +139,12 @@ def trial_rows(path: Path) -> list[dict]:
 SEEDS = [11, 12, 13, 14]
 
 
-def write_config(path: Path, model_dir: Path, run_name: str, output_dir: Path) -> Path:
+def write_config(path: Path, model_dir: Path, run_name: str, output_dir: Path, concurrency: int = 2) -> Path:
+    """One task of at most 2 rounds per trial: a round prefills ~15k tokens (no prefix cache, for
+    determinism), about 10 s per round on a busy 2-core machine."""
     cfg = {
         "run_name": run_name, "output_dir": str(output_dir), "task_pack": "startup_consulting", "seeds": SEEDS,
-        "max_tasks": 2, "max_rounds_per_task": 2, "concurrency": 2, "memory_window": 2,
+        "max_tasks": 1, "max_rounds_per_task": 2, "concurrency": concurrency, "memory_window": 2,
         "models": {"tiny": {"backend": "hf", "model": str(model_dir), "device": "cpu", "max_batch_size": 1,
                             "enable_prefix_caching": False}},
         "performer": {"model": "tiny", "sampling": {"temperature": 1.0, "max_tokens": 24}},
@@ -257,7 +259,8 @@ def test_scancel_mid_run_then_resume(flow, tiny_llama_dir):
     the finished trials equal the unsharded run's."""
     work, name = flow["work"], flow["name"]
     name = f"{name}r"  # its own job names: status finds a run's jobs by name
-    cfg = write_config(work / "resume.yaml", tiny_llama_dir, name, work / "runs")
+    # one trial at a time, so the second trial is still to come when the first one's row appears
+    cfg = write_config(work / "resume.yaml", tiny_llama_dir, name, work / "runs", concurrency=1)
     script = render("rollout", cfg, work / "jobs" / "resume.sbatch", "shards=2", cwd=work)
     job = sbatch(script, "--array=1", cwd=work)
     shard = work / "runs" / f"{name}-shard1of2"
@@ -301,7 +304,8 @@ def test_scancel_mid_run_then_resume(flow, tiny_llama_dir):
 @pytest.mark.slurm
 def test_audit_and_lens_jobs(flow):
     work, name, cfg = flow["work"], flow["name"], flow["cfg"]
-    audit = render("audit", cfg, work / "jobs" / "audit.sbatch", "concurrency=4", cwd=work)
+    audit = render("audit", cfg, work / "jobs" / "audit.sbatch", "mode=window", "window=1", "concurrency=4",
+                   cwd=work)
     corpus = work / "corpus.txt"
     corpus.write_text("\n\n".join(
         f"Paragraph {i}: the consultant reports to the supervisor about the quarterly numbers, the client "
