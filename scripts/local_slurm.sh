@@ -7,6 +7,8 @@
 #   bash scripts/local_slurm.sh stop     # stop slurmd, slurmctld, munged (state and logs are kept)
 #
 # Idempotent: `start` on a running cluster only checks it; `stop` on a stopped one does nothing.
+# A start after a stop begins with an empty queue (slurmctld -c): jobs left by an interrupted test
+# session do not come back.
 # No systemd: the daemons are started directly. The node is this host with its CPUs and memory,
 # no GPUs (no GRES), proctrack/linuxproc (no cgroups needed), select/cons_tres with CR_CPU (memory
 # is not a consumable, so a job's --mem only has to fit the node). Finished jobs stay visible:
@@ -143,7 +145,7 @@ start() {
   stop_daemons quiet
   write_conf
   start_munge
-  /usr/sbin/slurmctld -i || die "slurmctld did not start (see $LOG/slurmctld.log)"
+  /usr/sbin/slurmctld -c || die "slurmctld did not start (see $LOG/slurmctld.log)"
   for _ in $(seq 50); do scontrol ping >/dev/null 2>&1 && break; sleep 0.2; done
   scontrol ping >/dev/null 2>&1 || die "slurmctld does not answer \`scontrol ping\` (see $LOG/slurmctld.log)"
   /usr/sbin/slurmd || die "slurmd did not start (see $LOG/slurmd.log; \`slurmd -C\` shows what it detects)"
