@@ -146,7 +146,9 @@ def slurm_jobs(names: set[str]) -> tuple[list[Job], str | None]:
     """The jobs with one of `names`, from squeue, then scontrol, then sacct (first source wins per
     job or array task), and a note when Slurm's commands are not on PATH."""
     if shutil.which("squeue") is None:
-        return [], "Slurm commands not found (no squeue on PATH): states come from the run directory only"
+        return [], "Slurm commands not found (no squeue on PATH): states come from the run directories only"
+    if _run(["squeue", "-h", "-o", "%i"]) is None:
+        return [], "squeue failed (controller down or unreachable?): states come from the run directories only"
     seen: dict[tuple[int, int | None], Job] = {}
     for source in (_squeue, _scontrol, _sacct):
         for j in source(names):
