@@ -49,8 +49,8 @@ def _clean_errors(fn):
 
 
 def _out_lock(*dirs: Path | None, stage: str):
-    """lhd's run-directory lock (lhd_train.rundir_lock) on the folders a lens command reads or writes."""
-    from lhd_train.rundir_lock import run_dir_lock
+    """lhd's run-directory lock (lhd_train.rundir.lock) on the folders a lens command reads or writes."""
+    from lhd_train.rundir.lock import run_dir_lock
 
     return run_dir_lock(*dirs, stage=stage)
 

@@ -5,7 +5,6 @@ list), which goes into the lens sidecar and is compared on resume.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 import torch
 
 from lens.errors import LensError
+from lhd_train.rundir.files import sha256_file
 
 
 @dataclass
@@ -27,14 +27,6 @@ class CorpusSpec:
     chunk_chars: int = 0  # >0: join all texts and re-cut into pieces of this many characters
     skip_headers: bool = True  # drop WikiText-style "= Title =" lines
     chat: bool = False  # wrap each text in the model's chat template (user half / assistant half)
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _detect(path: Path) -> str:
@@ -107,10 +99,10 @@ def load_corpus(spec: CorpusSpec) -> tuple[list[str], dict[str, Any]]:
     fingerprint = ""
     if fmt == "text":
         texts = _paragraphs(path.read_text(encoding="utf-8"))
-        fingerprint = _sha256_file(path)
+        fingerprint = sha256_file(path)
     elif fmt == "jsonl":
         texts = _read_jsonl(path, spec.text_field)
-        fingerprint = _sha256_file(path)
+        fingerprint = sha256_file(path)
     elif fmt == "dataset":
         texts, fingerprint = _read_dataset(path, spec.text_field, spec.split)
     else:

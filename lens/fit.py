@@ -36,7 +36,8 @@ from lens.corpus import encode_prompt
 from lens.errors import LensError
 from lens.model import LensModel, capture, normalise_layer, run
 from lens.positions import valid_position_mask
-from lens.store import Lens, atomic_write_bytes, atomic_write_text
+from lens.store import Lens
+from lhd_train.rundir.files import atomic_write, atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +213,7 @@ class _State:
 
 def _save_checkpoint(path: Path, state: _State, settings: dict) -> None:
     payload = state.to_dict(settings)
-    atomic_write_bytes(path, lambda tmp: torch.save(payload, tmp))
+    atomic_write(path, lambda tmp: torch.save(payload, tmp))
 
 
 def _load_checkpoint(path: Path, settings: dict, device: torch.device) -> _State:

@@ -327,7 +327,7 @@ def load_pack_any(name_or_path: str) -> tuple[Any, str]:
 
 
 def write_probes(rows: Iterable[dict], path: str | Path) -> Counter:
-    from lens.store import atomic_write_text
+    from lhd_train.rundir.files import atomic_write_text
 
     rows = list(rows)
     atomic_write_text(Path(path), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))

@@ -17,7 +17,7 @@ import pandas as pd
 
 from lens.positions import POSITION_CLASSES
 from lens.stats import bootstrap_auroc, emergence_layer
-from lens.store import atomic_write_text
+from lhd_train.rundir.files import atomic_write_text
 
 READOUT_ORDER = ["jacobian", "logit", "probe", "stated"]
 

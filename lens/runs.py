@@ -20,7 +20,6 @@ exact messages of the call, dropping the oldest middle messages only if they do 
 """
 from __future__ import annotations
 
-import json
 import logging
 import re
 from pathlib import Path
@@ -38,28 +37,17 @@ _FILES_END = [re.compile(r"^--- end of [^\n]+ ---$", re.M), re.compile(r"</files
 _FILES_STOP = [re.compile(r"CURRENT EXTERNAL EVENTS"), re.compile(r"^=== WHAT IS HAPPENING AT WORK", re.M)]
 
 
-def read_jsonl_rows(path: Path) -> list[dict]:
-    """Rows of an append-only JSONL file; a final line without newline is a torn write and ignored."""
-    rows = []
-    text = path.read_text(encoding="utf-8")
-    lines = text.split("\n")
-    complete = lines[:-1]  # the last piece is "" or a torn line
-    if lines[-1].strip():
-        log.warning("%s: ignoring a torn final line", path)
-    for lineno, line in enumerate(complete, 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise LensError(f"{path}:{lineno}: not JSON ({exc})") from exc
-    return rows
-
-
 def load_messages(path: Path) -> dict[str, dict]:
+    """A trial's message store, read through `lhd_train.rundir` (a torn last line is ignored)."""
+    from lhd_train.errors import LhdError
+    from lhd_train.rundir.files import read_jsonl
+
     if not path.is_file():
         raise LensError(f"{path}: message store missing")
-    return {r["id"]: {"role": r["role"], "content": r["content"]} for r in read_jsonl_rows(path)}
+    try:
+        return {r["id"]: {"role": r["role"], "content": r["content"]} for r in read_jsonl(path)}
+    except LhdError as exc:
+        raise LensError(str(exc)) from exc
 
 
 def load_audit_labels(run_dir: Path, auditor: str | None = None) -> tuple[dict[tuple[str, int], dict], list[str]]:
@@ -174,16 +162,15 @@ def run_task_texts(run_dir: str | Path) -> tuple[dict[int, Any], str]:
     from lhd_train.audit.trajectory import load_task_texts
     from lhd_train.errors import InputError
 
-    run = Path(run_dir)
-    task_pack = None
-    cfg_path, manifest_path = run / "config.resolved.yaml", run / "manifest.json"
-    if cfg_path.is_file():
-        import yaml
+    from lhd_train.rundir.files import read_json_mapping, read_yaml_mapping
+    from lhd_train.rundir.layout import RunDir
 
-        task_pack = (yaml.safe_load(cfg_path.read_text(encoding="utf-8")) or {}).get("task_pack")
-    if not task_pack and manifest_path.is_file():
-        task_pack = json.loads(manifest_path.read_text(encoding="utf-8")).get("pack_source")
+    run = Path(run_dir)
+    rd = RunDir(run)
     try:
+        task_pack = read_yaml_mapping(rd.config, missing_ok=True).get("task_pack")
+        if not task_pack:
+            task_pack = read_json_mapping(rd.manifest).get("pack_source")
         tasks, source = load_task_texts(run, str(task_pack) if task_pack else None)
     except InputError as exc:
         raise LensError(str(exc)) from exc
@@ -235,9 +222,12 @@ def load_run_examples(
     """Examples for every round of every trial, labelled `True/False` (flagged) or None (not audited).
 
     `pack` overrides the task texts the run used (see `run_task_texts`)."""
+    from lhd_train.rundir.layout import RunDir, TrialFiles
+    from lhd_train.rundir.store import read_trial_rows
+
     run = Path(run_dir)
-    trials_dir = run / "trials"
-    if not trials_dir.is_dir():
+    rd = RunDir(run)
+    if not rd.is_run():
         raise LensError(f"{run}: not a run directory (no trials/)")
     if context not in ("compact", "full"):
         raise LensError(f"unknown context {context!r} (allowed: compact, full)")
@@ -248,14 +238,10 @@ def load_run_examples(
         tasks, tasks_source = run_task_texts(run)
     if not tasks:
         log.info("%s: the run's task texts are unknown; files and prompts are located by markers", run)
-    from lhd_train.store import read_trial_rows
-
     examples: list[ReadExample] = []
     n_rows = 0
-    for path in sorted(trials_dir.glob("*.jsonl")):
-        if path.name.endswith(".messages.jsonl"):
-            continue
-        store = load_messages(path.with_name(path.name[: -len(".jsonl")] + ".messages.jsonl"))
+    for path in rd.rows_files():
+        store = load_messages(TrialFiles.from_rows(path).messages)
         rows = read_trial_rows(path)  # the rows `lhd report` reads: checked, no round twice
         n_rows += len(rows)
         round1 = {int(r["task_index"]): r for r in rows if int(r.get("round", 0)) == 1}

@@ -11,11 +11,7 @@ tensor}, "n_prompts", "source_layers", "d_model"`, e.g. the Neuronpedia lenses),
 """
 from __future__ import annotations
 
-import datetime as _dt
-import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -23,6 +19,7 @@ from typing import Any, Sequence
 import torch
 
 from lens.errors import LensError
+from lhd_train.rundir.files import atomic_write, atomic_write_text, sha256_file, utc_now
 
 FORMAT = "lhd.jlens/1"
 WEIGHTS = "lens.safetensors"
@@ -58,39 +55,6 @@ class Lens:
         return self.J.get(layer)
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with Path(path).open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def atomic_write_bytes(path: Path, write) -> None:
-    """Write through a temp file in the same directory, then `os.replace` (never a half-written file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    def write(tmp):
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-
-    atomic_write_bytes(path, write)
-
-
 def save_lens(lens: Lens, out_dir: str | Path, *, dtype: str = "float16") -> Path:
     from safetensors.torch import save_file
 
@@ -99,7 +63,7 @@ def save_lens(lens: Lens, out_dir: str | Path, *, dtype: str = "float16") -> Pat
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {f"layer.{l}": J.to(SAVE_DTYPES[dtype]).contiguous().cpu() for l, J in sorted(lens.J.items())}
-    atomic_write_bytes(out / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"format": FORMAT}))
+    atomic_write(out / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"format": FORMAT}))
     meta = dict(lens.meta)
     meta.update(
         format=FORMAT,
@@ -109,7 +73,7 @@ def save_lens(lens: Lens, out_dir: str | Path, *, dtype: str = "float16") -> Pat
         dtype=dtype,
         file=WEIGHTS,
         sha256=sha256_file(out / WEIGHTS),
-        saved_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        saved_at=utc_now(),
     )
     lens.meta = meta
     atomic_write_text(out / SIDECAR, json.dumps(meta, indent=2, sort_keys=True) + "\n")

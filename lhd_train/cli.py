@@ -193,7 +193,7 @@ def _check_data_options(direction: str, eval_fraction: float, n: int | None = No
 
 def _data_lock(run: Path, out: Path, stage: str):
     """`lhd data` reads a run and writes beside it (often into it): one writer at a time."""
-    from lhd_train.rundir_lock import run_dir_lock
+    from lhd_train.rundir.lock import run_dir_lock
 
     return run_dir_lock(run, out, stage=stage)
 

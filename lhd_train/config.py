@@ -9,7 +9,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from lhd_train.errors import InputError
-from lhd_train.names import name_problem
+from lhd_train.rundir.files import read_yaml_mapping
+from lhd_train.rundir.names import name_problem
 from rollouts.spec import ModelSpec
 from rollouts.types import SamplingParams
 
@@ -83,7 +84,7 @@ class InitialState(_Strict):
 class RunConfig(_Strict):
     """Everything that defines a run. Saved resolved (without secrets) into the run directory."""
 
-    run_name: str = Field(description="the run's folder under output_dir (a plain name: lhd_train.names)")
+    run_name: str = Field(description="the run's folder under output_dir (a plain name: lhd_train.rundir.names)")
     output_dir: str = "runs"
     task_pack: str = "startup_consulting"
     seeds: list[int] | None = Field(None, description="event seeds, one trial each")
@@ -192,20 +193,6 @@ def parse_config(data: dict[str, Any], source: str | Path) -> RunConfig:
         if first["type"] == "extra_forbidden":
             msg = "unknown field"
         raise InputError(source, _loc(first), msg + extra) from None
-
-
-def read_yaml_mapping(path: str | Path, what: str = "file") -> dict[str, Any]:
-    """A YAML file whose top level is a mapping, or an InputError naming the file."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(path, None, f"{what} not found")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as e:
-        raise InputError(path, None, f"not valid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise InputError(path, None, "the top level must be a mapping")
-    return data
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:

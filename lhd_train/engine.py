@@ -4,14 +4,10 @@ from __future__ import annotations
 import asyncio
 import json
 import platform
-import sys
 import time
-from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import yaml
 from tqdm.auto import tqdm
 
 from lhd_train.accounting import gpu_hours, usage_by_role
@@ -19,17 +15,17 @@ from lhd_train.config import RunConfig, dump_resolved
 from lhd_train.errors import InputError, LhdError
 from lhd_train.events import Schedule, draw_schedule
 from lhd_train.prompts import Prompts
-from lhd_train.rundir_lock import run_dir_lock
-from lhd_train.store import RESUME_FIELDS, read_trial_rows, write_json_atomic
+from lhd_train.rundir.files import package_versions, python_version, read_yaml_mapping, utc_now, write_json_atomic
+from lhd_train.rundir.layout import SCHEDULES, TRIALS, LOGS, RunDir
+from lhd_train.rundir.lock import run_dir_lock
+from lhd_train.rundir.store import RESUME_FIELDS, read_trial_rows
 from lhd_train.taskpack import load_pack
-from lhd_train.trial import (RunContext, TrialResult, check_finished, open_message_store, run_trial, tasks_done,
-                             trial_paths)
+from lhd_train.trial import RunContext, TrialResult, check_finished, open_message_store, run_trial, tasks_done
 from rollouts.backend import Backend
 from rollouts.factory import build_backend
 from rollouts.model_files import weights_fingerprint
 
 RUN_ROLES = ("performer", "supervisor", "summariser")
-PACKAGES = ("lhd", "torch", "transformers", "trl", "peft", "accelerate", "datasets", "xgrammar", "openai", "vllm")
 # Fields that may change between a run and its resumption without changing what is computed.
 RESUMABLE_CHANGES = {"concurrency", "output_dir"}
 
@@ -46,30 +42,18 @@ def trial_id_for(seed: int, cfg: RunConfig) -> str:
     return tid
 
 
-def package_versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for name in PACKAGES:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
-
-
 def _check_resume(run_dir: Path, cfg: RunConfig, has_rounds: bool = True) -> None:
     """Refuse to resume with a config other than the one the run's rounds were made with. A run
     without any round yet (a failed start: a typo in a model path) may be started again with
     another config: the saved one is then replaced, not enforced."""
-    saved_path = run_dir / "config.resolved.yaml"
+    saved_path = RunDir(run_dir).config
     if not saved_path.exists() or not has_rounds:
         return
     try:
-        saved = yaml.safe_load(saved_path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise InputError(saved_path, None, f"not valid YAML ({' '.join(str(e).split())}); it records the config "
-                         "of the rounds on disk: restore it, or choose a new run_name") from None
-    if not isinstance(saved, dict):
-        raise InputError(saved_path, None, "the top level must be a mapping (the resolved config of the run)")
+        saved = read_yaml_mapping(saved_path, "resolved config")
+    except InputError as e:
+        raise InputError(saved_path, None, f"{' '.join(e.problem.split())}; it records the config of the rounds on "
+                         "disk: restore it, or choose a new run_name") from None
     now = cfg.model_dump(mode="json")
     diff = sorted(k for k in set(saved) | set(now) if k not in RESUMABLE_CHANGES and saved.get(k) != now.get(k))
     if diff:
@@ -80,7 +64,7 @@ def _check_resume(run_dir: Path, cfg: RunConfig, has_rounds: bool = True) -> Non
 
 def _started(run_dir: Path, tid: str) -> bool:
     """The trial has something on disk (a round, or a torn line of one)."""
-    rows_path = trial_paths(run_dir, tid)[0]
+    rows_path = RunDir(run_dir).trial(tid).rows
     return rows_path.exists() and rows_path.stat().st_size > 0
 
 
@@ -101,15 +85,16 @@ def prepare_run_dir(cfg: RunConfig, pack: Any, seeds: list[int],
     run_dir = cfg.run_dir
     started = {trial_id_for(seed, cfg) for seed in seeds if _started(run_dir, trial_id_for(seed, cfg))}
     _check_resume(run_dir, cfg, has_rounds=bool(started))
-    for sub in ("trials", "schedules", "logs"):
+    rd = RunDir(run_dir)
+    for sub in (TRIALS, SCHEDULES, LOGS):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
     if write_config:
-        (run_dir / "config.resolved.yaml").write_text(dump_resolved(cfg))
+        rd.config.write_text(dump_resolved(cfg))
     schedules: dict[str, Schedule] = {}
     for seed in seeds:
         tid = trial_id_for(seed, cfg)
         sched = draw_schedule(pack, seed, cfg.p_event, cfg.control.category, cfg.control.pressure)
-        path = run_dir / "schedules" / f"{tid}.json"
+        path = rd.schedule(tid)
         if tid in started and path.exists() and _read_schedule(path) != sched.to_json():
             raise InputError(path, "entries", "the saved event schedule differs from the one drawn now")
         write_json_atomic(path, sched.to_json())
@@ -134,7 +119,7 @@ def model_weights(cfg: RunConfig, roles: tuple[str, ...]) -> dict[str, Any]:
 def _check_weights(run_dir: Path, now: dict[str, Any]) -> None:
     """Refuse to add rounds made with other weights than the run's rounds so far (a model rebuilt
     or replaced at the same path), as a changed config is refused."""
-    path = run_dir / "manifest.json"
+    path = RunDir(run_dir).manifest
     if not path.exists():
         return
     try:
@@ -192,34 +177,35 @@ async def _run_benchmark(cfg: RunConfig, progress: bool) -> list[TrialResult]:
     todo = [(trial_id_for(s, cfg), s) for s in seeds]
 
     # Every trial's rows, checked (fields, no round twice) and held against its done marker.
-    paths = {tid: trial_paths(run_dir, tid) for tid, _ in todo}  # (rows, messages, done)
-    on_disk = {tid: read_trial_rows(paths[tid][0], RESUME_FIELDS) for tid, _ in todo}
-    is_finished = {tid: check_finished(paths[tid][2], paths[tid][0], on_disk[tid], n_tasks, cfg.max_rounds_per_task)
+    rd = RunDir(run_dir)
+    files = {tid: rd.trial(tid) for tid, _ in todo}
+    on_disk = {tid: read_trial_rows(files[tid].rows, RESUME_FIELDS) for tid, _ in todo}
+    is_finished = {tid: check_finished(files[tid].done, files[tid].rows, on_disk[tid], n_tasks, cfg.max_rounds_per_task)
                    for tid, _ in todo}
     results: list[TrialResult] = []
     pending = [(tid, s) for tid, s in todo if not is_finished[tid]]
     finished = [(tid, s) for tid, s in todo if (tid, s) not in pending]
 
     for tid, _ in pending:  # before any model loads: a resume that cannot replay its rounds stops here
-        open_message_store(paths[tid][0], paths[tid][1], on_disk[tid])
+        open_message_store(files[tid].rows, files[tid].messages, on_disk[tid])
     weights = model_weights(cfg, RUN_ROLES) if pending else {}
     if pending and any(on_disk.values()):
         _check_weights(run_dir, weights)
     resolved = dump_resolved(cfg)  # the config as given, whatever building the backends does with it
-    backends, models = build_role_backends(cfg, RUN_ROLES, run_dir / "logs") if pending else ({}, {})
-    (run_dir / "config.resolved.yaml").write_text(resolved)  # only now: the run could start
+    backends, models = build_role_backends(cfg, RUN_ROLES, rd.logs_dir) if pending else ({}, {})
+    rd.config.write_text(resolved)  # only now: the run could start
     manifest = {
         "run_id": cfg.run_name, "pack": pack.name, "pack_source": str(pack.path),
         "seeds": seeds, "trials": [tid for tid, _ in todo],
         "models": {role: {**models.get(role, {}), "describe": backends[role].describe()} for role in backends},
         "sampling": {r: cfg.role(r).sampling.model_dump() for r in RUN_ROLES},
         "weights": weights,
-        "packages": package_versions(), "python": sys.version.split()[0],
+        "packages": package_versions(), "python": python_version(),
         "host": platform.node(), "platform": platform.platform(),
-        "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "started_at": utc_now(),
     }
     if pending:
-        write_json_atomic(run_dir / "manifest.json", manifest)
+        write_json_atomic(rd.manifest, manifest)
 
     # A resumed run's bar starts at the tasks already done, finished trials and partial ones alike.
     already = sum(n_tasks if is_finished[tid] else tasks_done(on_disk[tid], cfg.max_rounds_per_task)
@@ -258,8 +244,8 @@ async def _run_benchmark(cfg: RunConfig, progress: bool) -> list[TrialResult]:
     results.sort(key=lambda r: [tid for tid, _ in todo].index(r.trial_id))
     wall = time.perf_counter() - t0
     used_keys = {cfg.role(r).model for r in RUN_ROLES}
-    all_rows = [row for tid, _ in todo for row in read_trial_rows(trial_paths(run_dir, tid)[0])]
-    write_json_atomic(run_dir / "summary.json", {
+    all_rows = [row for tid, _ in todo for row in read_trial_rows(files[tid].rows)]
+    write_json_atomic(rd.summary, {
         "run_id": cfg.run_name, "wall_s": round(wall, 2),
         "gpu_hours_this_invocation": gpu_hours((cfg.models[k] for k in used_keys), wall) if pending else 0.0,
         "usage_by_role": usage_by_role(all_rows),

@@ -12,7 +12,6 @@ assistant's content, so TRL can train on assistant tokens only. The folder gets 
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from lhd_train.errors import InputError
+from lhd_train.rundir.files import sha256_file
 from lhd_train.tiny_model import chatml_template
 
 PROVENANCE = "lhd_model.json"
@@ -85,14 +85,6 @@ def _spec(name: str) -> PackagedModel:
     if name not in MODELS:
         raise InputError(None, "model", f"unknown packaged model '{name}'", ", ".join(MODELS))
     return MODELS[name]
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_provenance(folder: str | Path) -> dict[str, Any] | None:

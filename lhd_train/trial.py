@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
@@ -17,15 +16,14 @@ from lhd_train.events import Schedule
 from lhd_train.memory import Memory, RoundNote
 from lhd_train.performer import Performer, split_think, task_message
 from lhd_train.prompts import Prompts
-from lhd_train.store import (RESUME_FIELDS, MessageStore, append_jsonl, check_done_marker, read_trial_rows,
-                             repair_jsonl, write_done_marker)
+from lhd_train.rundir.files import append_jsonl, repair_jsonl, utc_now
+from lhd_train.rundir.layout import RunDir, TrialFiles
+from lhd_train.rundir.rows import ROW_SCHEMA
+from lhd_train.rundir.store import RESUME_FIELDS, MessageStore, check_done_marker, read_trial_rows, write_done_marker
 from lhd_train.structured_calls import BackendUnavailable, call_seed
 from lhd_train.supervisor import NO_FEEDBACK, STATE_KEYS, Supervisor
 from rollouts.backend import Backend
 from rollouts.types import SamplingParams
-
-ROW_SCHEMA = "lhd.round/1"
-
 
 class TrialFailed(RuntimeError):
     """The trial cannot go on now (a model unreachable). Finished rounds are on disk; rerun resumes."""
@@ -57,11 +55,6 @@ class TrialResult:
     resumed_rounds: int = 0
 
 
-def trial_paths(run_dir: Path, trial_id: str) -> tuple[Path, Path, Path]:
-    base = run_dir / "trials"
-    return base / f"{trial_id}.jsonl", base / f"{trial_id}.messages.jsonl", base / f"{trial_id}.done"
-
-
 def _note_from_row(row: dict[str, Any], task_prompt: str) -> RoundNote:
     sup = row["supervisor"]
     return RoundNote(
@@ -85,7 +78,8 @@ async def run_trial(ctx: RunContext, trial_id: str, seed: int, schedule: Schedul
                     on_round: Callable[[str, dict[str, Any]], None] | None = None) -> TrialResult:
     cfg, pack = ctx.cfg, ctx.pack
     t0 = time.perf_counter()
-    rows_path, msgs_path, done_path = trial_paths(ctx.run_dir, trial_id)
+    files = RunDir(ctx.run_dir).trial(trial_id)
+    rows_path, msgs_path, done_path = files.rows, files.messages, files.done
     repair_jsonl(rows_path)
     rows = read_trial_rows(rows_path, RESUME_FIELDS)
     tasks = pack.tasks[: cfg.max_tasks] if cfg.max_tasks else pack.tasks
@@ -214,7 +208,7 @@ async def run_trial(ctx: RunContext, trial_id: str, seed: int, schedule: Schedul
                     },
                     "task_complete": review.task_complete,
                     "models": ctx.models,
-                    "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    "timestamp": utc_now(),
                 }
                 append_jsonl(rows_path, row)
                 rows.append(row)
@@ -244,7 +238,7 @@ def tasks_done(rows: list[dict[str, Any]], max_rounds: int) -> int:
 def open_message_store(rows_path: Path, msgs_path: Path, rows: list[dict[str, Any]]) -> MessageStore:
     """The trial's message store, holding every message a resume replays (the user turns of each
     round); a missing store or message is a `DataFileError` naming it, never a bare KeyError."""
-    tid = rows_path.name.removesuffix(".jsonl")
+    tid = TrialFiles.from_rows(rows_path).trial_id
     if rows and not msgs_path.exists():
         raise DataFileError(msgs_path, f"is missing, but {rows_path.name} has {len(rows)} rounds whose prompts it "
                             "holds", repair=f"restore it from a copy, or delete trials/{tid}.* and the trial's "

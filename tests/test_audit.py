@@ -26,7 +26,7 @@ from lhd_train.config import parse_config
 from lhd_train.engine import prepare_run_dir, trial_id_for
 from lhd_train.errors import InputError
 from lhd_train.prompts import Prompts
-from lhd_train.store import read_jsonl
+from lhd_train.rundir.files import read_jsonl
 from lhd_train.taskpack import CATEGORIES, load_pack
 from lhd_train.trial import RunContext, run_trial
 from scripted import ScriptedBackend, supervisor_script

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lhd_train.store import read_jsonl
+from lhd_train.rundir.files import read_jsonl
 
 RUN = "h"  # run_name of every run in this file
 SEED = 11
@@ -168,7 +168,7 @@ def test_a_second_run_on_the_same_directory_is_refused(lone, tmp_path, tiny_llam
 HOLD = """
 import sys, time
 from pathlib import Path
-from lhd_train.rundir_lock import run_dir_lock
+from lhd_train.rundir.lock import run_dir_lock
 with run_dir_lock(Path(sys.argv[1]), stage="test holder"):
     print("locked", flush=True)
     time.sleep(600)
@@ -205,7 +205,7 @@ def test_every_writing_stage_refuses_a_locked_run(held, monkeypatch, capsys, tmp
     assert snapshot(run_dir) == before
     assert not (tmp_path / "merged").exists()  # a refused merge leaves --out as it was
 
-    from lhd_train.rundir_lock import run_dir_lock
+    from lhd_train.rundir.lock import run_dir_lock
 
     holder.send_signal(signal.SIGKILL)  # a crash releases the lock: nothing stale is left behind
     holder.wait()
@@ -215,7 +215,7 @@ def test_every_writing_stage_refuses_a_locked_run(held, monkeypatch, capsys, tmp
 
 def test_json_files_are_replaced_through_unique_temp_names(tmp_path, monkeypatch):
     """Two writers of one file must not share a temp name (before: `<name>.tmp` for everyone)."""
-    from lhd_train import store
+    from lhd_train.rundir import files
 
     seen = []
     real = os.replace
@@ -224,9 +224,9 @@ def test_json_files_are_replaced_through_unique_temp_names(tmp_path, monkeypatch
         seen.append(str(src))
         real(src, dst)
 
-    monkeypatch.setattr(store.os, "replace", spy)
-    store.write_json_atomic(tmp_path / "a.json", {"x": 1})
-    store.write_json_atomic(tmp_path / "a.json", {"x": 2})
+    monkeypatch.setattr(files.os, "replace", spy)
+    files.write_json_atomic(tmp_path / "a.json", {"x": 1})
+    files.write_json_atomic(tmp_path / "a.json", {"x": 2})
     assert len(set(seen)) == 2
     assert json.loads((tmp_path / "a.json").read_text()) == {"x": 2}
     assert [p.name for p in tmp_path.iterdir()] == ["a.json"]

@@ -263,7 +263,7 @@ def scripted_run(tmp_path, performer_text: str | None = None):
     from lhd_train.config import parse_config
     from lhd_train.events import draw_schedule
     from lhd_train.prompts import Prompts
-    from lhd_train.store import append_jsonl
+    from lhd_train.rundir.files import append_jsonl
     from lhd_train.taskpack import load_pack
     from lhd_train.trial import RunContext, run_trial
 

@@ -12,8 +12,9 @@ import yaml
 from lhd_train.audit import AuditOptions, audit_run, load_auditor_config
 from lhd_train.config import parse_config
 from lhd_train.errors import InputError
-from lhd_train.reference_import import import_reference
-from lhd_train.store import MessageStore, read_jsonl
+from lhd_train.rundir.reference_import import import_reference
+from lhd_train.rundir.files import read_jsonl
+from lhd_train.rundir.store import MessageStore
 from scripted import ScriptedBackend
 
 SESSION = "startup_consulting_20250101_120000_seed42_model_some-model"

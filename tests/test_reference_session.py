@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from lhd_train.cli import app
-from lhd_train.store import read_jsonl
+from lhd_train.rundir.files import read_jsonl
 
 SESSIONS = Path(__file__).resolve().parent / "data" / "reference-sessions"
 S1, S2 = "s390185437", "s960523766"
@@ -125,7 +125,7 @@ def test_repair_on_request_changes_the_numbers_and_says_so(tmp_path: Path) -> No
 def test_every_reader_accepts_imported_rows(imported: Path, tmp_path: Path) -> None:
     """Rows with the fields the authors never saved set to null (calls, token counts, attempts)."""
     from lhd_train.data.contexts import load_contexts
-    from lhd_train.export import export_run
+    from lhd_train.rundir.export import export_run
 
     ctxs = load_contexts(imported)
     assert len(ctxs) == 8 and all(c.supervisor_eval is None for c in ctxs)

@@ -9,9 +9,10 @@ import pytest
 from lhd_train.config import parse_config
 from lhd_train.events import draw_schedule
 from lhd_train.prompts import Prompts
-from lhd_train.store import read_jsonl
+from lhd_train.rundir.files import read_jsonl
 from lhd_train.taskpack import load_pack
-from lhd_train.trial import RunContext, run_trial, trial_paths
+from lhd_train.rundir.layout import RunDir
+from lhd_train.trial import RunContext, run_trial
 from scripted import ScriptedBackend, supervisor_script
 
 
@@ -32,7 +33,7 @@ def run(cfg, backend, seed=7):
                      {"performer": backend, "supervisor": backend, "summariser": backend}, {})
     sched = draw_schedule(pack, seed, cfg.p_event)
     res = asyncio.run(run_trial(ctx, f"s{seed}", seed, sched))
-    rows = read_jsonl(trial_paths(cfg.run_dir, f"s{seed}")[0])
+    rows = read_jsonl(RunDir(cfg.run_dir).trial(f"s{seed}").rows)
     return res, rows
 
 
@@ -142,7 +143,7 @@ def test_resume_after_failure_matches_uninterrupted(tmp_path):
     cfg = make_cfg(tmp_path / "b", max_tasks=3)
     res, part = run(cfg, ScriptedBackend(dying))
     assert res.status == "failed" and 0 < len(part) < len(full_rows)
-    assert not trial_paths(cfg.run_dir, "s7")[2].exists()
+    assert not RunDir(cfg.run_dir).trial("s7").done.exists()
 
     # The rerun continues the same script where it stopped.
     res2, rows = run(cfg, ScriptedBackend(script))

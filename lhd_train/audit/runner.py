@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -21,15 +19,16 @@ from tqdm.auto import tqdm
 from lhd_train.audit.labels import CheckedAuditAnswer, failed_labels, make_consistent
 from lhd_train.audit.settings import AuditOptions, AuditorConfig
 from lhd_train.audit.trajectory import AuditorPrompts, Trial, build_messages, load_task_texts, load_trial, prompt_sha256
-from lhd_train.config import read_yaml_mapping
 from lhd_train.errors import InputError
-from lhd_train.rundir_lock import run_dir_lock
-from lhd_train.store import append_jsonl, iter_trial_files, message_id, read_audit_rows, repair_jsonl, write_json_atomic
+from lhd_train.rundir.files import (append_jsonl, package_versions, python_version, read_yaml_mapping, repair_jsonl,
+                                    utc_now, write_json_atomic)
+from lhd_train.rundir.layout import RunDir
+from lhd_train.rundir.lock import run_dir_lock
+from lhd_train.rundir.rows import AUDIT_SCHEMA, AUDITOR_SCHEMA
+from lhd_train.rundir.store import iter_trial_files, message_id, read_audit_rows
 from lhd_train.structured_calls import BackendUnavailable, ask_structured, call_seed
 from rollouts.backend import Backend
 
-AUDIT_SCHEMA = "lhd.audit/1"
-AUDITOR_SCHEMA = "lhd.auditor/1"
 # auditor.json fields that must not change while an auditor id accumulates rows.
 IDENTITY_KEYS = ("options", "model_identity", "role", "prompts")
 
@@ -66,14 +65,8 @@ class AuditSummary:
         return {k: sum(getattr(t, k) for t in self.trials) for k in keys}
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
 def auditor_record(cfg: AuditorConfig, opts: AuditOptions, auditor_id: str, prompts: AuditorPrompts,
                    task_source: str, config_source: str) -> dict[str, Any]:
-    from lhd_train.engine import package_versions
-
     spec = cfg.spec
     return {
         "schema": AUDITOR_SCHEMA, "auditor_id": auditor_id,
@@ -85,14 +78,14 @@ def auditor_record(cfg: AuditorConfig, opts: AuditOptions, auditor_id: str, prom
         "prompts": prompts.digest(),
         "system_prompt": prompts.system, "instruction_template": prompts.instruction, "prompts_source": prompts.source,
         "task_source": task_source, "config_source": config_source,
-        "packages": package_versions(), "python": sys.version.split()[0],
+        "packages": package_versions(), "python": python_version(),
     }
 
 
 def _check_same_auditor(path: Path, new: dict[str, Any]) -> dict[str, Any]:
     """An auditor id names one fixed setting; rows from different settings must never mix."""
     if not path.exists():
-        return new | {"created_at": _now()}
+        return new | {"created_at": utc_now()}
     try:
         old = json.loads(path.read_text(encoding="utf-8"))
         problem = None if isinstance(old, dict) else "not a JSON object"
@@ -106,14 +99,15 @@ def _check_same_auditor(path: Path, new: dict[str, Any]) -> dict[str, Any]:
             raise InputError(path, key, "this auditor id was made with different settings "
                              f"(old {json.dumps(old.get(key))}, new {json.dumps(new.get(key))}); "
                              "pass another --auditor-id or the same settings")
-    return new | {"created_at": old.get("created_at", _now())}
+    return new | {"created_at": old.get("created_at", utc_now())}
 
 
 def load_trials(run_dir: Path, include_unfinished: bool = False) -> tuple[list[Trial], list[TrialAudit], str]:
     """The run's trials with rows, and a record for each one skipped."""
-    if not (run_dir / "trials").is_dir():
+    rd = RunDir(run_dir)
+    if not rd.is_run():
         raise InputError(run_dir, None, "not a run directory (no trials/ folder)")
-    cfg_path = run_dir / "config.resolved.yaml"
+    cfg_path = rd.config
     task_pack = None
     if cfg_path.is_file():
         task_pack = read_yaml_mapping(cfg_path, "run config").get("task_pack")
@@ -128,9 +122,10 @@ def load_trials(run_dir: Path, include_unfinished: bool = False) -> tuple[list[T
                                       skipped="unfinished (no .done marker): finish the run first"))
         else:
             trials.append(trial)
-    for done in sorted((run_dir / "trials").glob("*.done")):  # a marker whose rows are gone: say so
-        if not done.with_suffix(".jsonl").exists():
-            skipped.append(TrialAudit(done.stem, skipped=f"no trajectory file, but {done.name} marks it finished"))
+    for tid in rd.done_trial_ids():  # a marker whose rows are gone: say so
+        files = rd.trial(tid)
+        if not files.rows.exists():
+            skipped.append(TrialAudit(tid, skipped=f"no trajectory file, but {files.done.name} marks it finished"))
     return trials, skipped, task_source
 
 
@@ -165,7 +160,7 @@ def audit_row(trial: Trial, i: int, auditor_id: str, opts: AuditOptions, context
         "completion_tokens": sum(c.get("completion_tokens") or 0 for c in calls),
         "cached_tokens": sum(c.get("cached_tokens") or 0 for c in calls),
         "latency_s": round(sum(c.get("latency_s") or 0 for c in calls), 4),
-        "calls": calls, "model": model, "timestamp": _now(),
+        "calls": calls, "model": model, "timestamp": utc_now(),
     }, status)
 
 
@@ -182,19 +177,20 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
     t0 = time.perf_counter()
     run_dir = Path(run_dir)
     auditor_id = opts.resolved_id(cfg.auditor.model)
-    out_dir = run_dir / "audit" / auditor_id
+    rd = RunDir(run_dir)
+    out_dir = rd.auditor_dir(auditor_id)
     prompts = AuditorPrompts.load(cfg.prompts_dir)
     trials, skipped, task_source = load_trials(run_dir, opts.include_unfinished)
 
     record = auditor_record(cfg, opts, auditor_id, prompts, task_source, config_source)
     out_dir.mkdir(parents=True, exist_ok=True)
-    record = _check_same_auditor(out_dir / "auditor.json", record)
+    record = _check_same_auditor(rd.auditor_info(auditor_id), record)
 
     # What is left to do.
     jobs: list[tuple[Trial, int]] = []
     stats: dict[str, TrialAudit] = {}
     for trial in trials:
-        path = out_dir / f"{trial.trial_id}.jsonl"
+        path = rd.audit_rows(auditor_id, trial.trial_id)
         repair_jsonl(path)
         done = {r["global_round"] for r in read_audit_rows(path)}
         st = stats[trial.trial_id] = TrialAudit(trial.trial_id, rounds=len(trial.rows), already=len(done))
@@ -207,14 +203,14 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
         spec = cfg.spec
         if cfg.auditor.adapter and cfg.auditor.adapter not in spec.adapters:
             spec.adapters[cfg.auditor.adapter] = cfg.auditor.adapter
-        (run_dir / "logs").mkdir(exist_ok=True)
-        backend = build_backend(spec, name=cfg.auditor.model, log_dir=str(run_dir / "logs"))
+        rd.logs_dir.mkdir(exist_ok=True)
+        backend = build_backend(spec, name=cfg.auditor.model, log_dir=str(rd.logs_dir))
     if backend is not None:
         try:
             record["describe"] = backend.describe()
         except Exception as e:  # describing is informative only
             record["describe"] = {"error": str(e)}
-    write_json_atomic(out_dir / "auditor.json", record | {"updated_at": _now()})
+    write_json_atomic(rd.auditor_info(auditor_id), record | {"updated_at": utc_now()})
 
     model = {"key": cfg.auditor.model, "model": cfg.spec.model, "revision": cfg.spec.revision,
              "adapter": cfg.auditor.adapter}
@@ -251,7 +247,7 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
         row, status = audit_row(trial, i, auditor_id, opts, context, messages, outcome, model)
         if isinstance(outcome, _Overflow):
             row["error"] = outcome.error
-        append_jsonl(out_dir / f"{trial.trial_id}.jsonl", row)
+        append_jsonl(rd.audit_rows(auditor_id, trial.trial_id), row)
         st.audited += 1
         st.failed += status == "failed"
         st.repaired += status == "repaired"
@@ -272,7 +268,7 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
 
     for trial in trials:
         st = stats[trial.trial_id]
-        rows = {r["global_round"]: r for r in read_audit_rows(out_dir / f"{trial.trial_id}.jsonl")}
+        rows = {r["global_round"]: r for r in read_audit_rows(rd.audit_rows(auditor_id, trial.trial_id))}
         st.on_disk = len(rows)
         st.flagged = sum(1 for r in rows.values() if r.get("deceptive"))
     return AuditSummary(auditor_id, out_dir, [stats[t.trial_id] for t in trials] + skipped,
@@ -304,7 +300,7 @@ class _Overflow:
 def read_audit(run_dir: Path, auditor_id: str) -> dict[str, list[dict[str, Any]]]:
     """trial id -> audit rows sorted by global round (the last row wins if a round appears twice)."""
     out: dict[str, list[dict[str, Any]]] = {}
-    folder = Path(run_dir) / "audit" / auditor_id
+    folder = RunDir(run_dir).auditor_dir(auditor_id)
     for p in sorted(folder.glob("*.jsonl")):
         rows = {r["global_round"]: r for r in read_audit_rows(p)}
         out[p.name.removesuffix(".jsonl")] = [rows[g] for g in sorted(rows)]
@@ -312,5 +308,4 @@ def read_audit(run_dir: Path, auditor_id: str) -> dict[str, list[dict[str, Any]]
 
 
 def list_auditors(run_dir: Path) -> list[str]:
-    base = Path(run_dir) / "audit"
-    return sorted(p.name for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
+    return RunDir(run_dir).auditor_ids()

@@ -12,9 +12,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from lhd_train.audit.trajectory import MODES, RenderOptions
-from lhd_train.config import RoleConfig, apply_overrides, read_yaml_mapping
+from lhd_train.config import RoleConfig, apply_overrides
+from lhd_train.rundir.files import read_yaml_mapping
 from lhd_train.errors import InputError
-from lhd_train.names import name_problem
+from lhd_train.rundir.layout import RunDir
+from lhd_train.rundir.names import name_problem
 from rollouts.spec import ModelSpec
 
 
@@ -108,7 +110,7 @@ def load_auditor_config(run_dir: Path, auditor_config: Path | None = None,
         if unknown:
             raise InputError(source, unknown[0], "unknown key", ", ".join(AuditorConfig.model_fields))
     else:
-        source = run_dir / "config.resolved.yaml"
+        source = RunDir(run_dir).config
         if not source.is_file():
             raise InputError(source, None, "not found: is this a run directory? (or pass --auditor CONFIG)")
         full = _read_yaml(source)

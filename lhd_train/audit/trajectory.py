@@ -6,7 +6,6 @@ audited in `full` mode gets a byte-identical prefix (a prefix-caching engine com
 and a rerun rebuilds exactly the prompt a row's `prompt_sha256` names."""
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,12 +13,13 @@ from string import Template
 from typing import Any, Literal
 
 from lhd_train.errors import InputError
-from lhd_train.store import MessageStore, check_done_marker, read_trial_rows
+from lhd_train.rundir.files import sha256_text
+from lhd_train.rundir.layout import RunDir, TrialFiles
+from lhd_train.rundir.store import MessageStore, check_done_marker, read_trial_rows
 
 Mode = Literal["full", "window", "causal", "task"]
 MODES: tuple[str, ...] = ("full", "window", "causal", "task")
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
-TASKS_SIDECAR = "tasks.json"  # task texts stored in the run directory (written by import-reference)
 
 
 @dataclass(frozen=True)
@@ -63,15 +63,11 @@ class AuditorPrompts:
                              "$global_round, $task_index, $task_round") from None
 
     def digest(self) -> dict[str, str]:
-        return {"system_sha256": sha256(self.system), "instruction_sha256": sha256(self.instruction)}
-
-
-def sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
+        return {"system_sha256": sha256_text(self.system), "instruction_sha256": sha256_text(self.instruction)}
 
 
 def prompt_sha256(messages: list[dict[str, str]]) -> str:
-    return sha256(json.dumps(messages, ensure_ascii=False, separators=(",", ":")))
+    return sha256_text(json.dumps(messages, ensure_ascii=False, separators=(",", ":")))
 
 
 # ---------------------------------------------------------------- task texts
@@ -82,7 +78,7 @@ def load_task_texts(run_dir: Path, task_pack: str | None) -> tuple[dict[int, Tas
     Order: the run's own `tasks.json` (imported runs carry the exact texts); the pack named in
     the run config (relative paths tried from the working directory, then the run directory);
     else an empty map, and the performer's round-1 message is shown instead (see `round1_text`)."""
-    sidecar = run_dir / TASKS_SIDECAR
+    sidecar = RunDir(run_dir).tasks
     if sidecar.is_file():
         try:
             data = json.loads(sidecar.read_text(encoding="utf-8"))
@@ -126,13 +122,14 @@ class Trial:
 
 
 def load_trial(run_dir: Path, rows_path: Path, tasks: dict[int, TaskText]) -> Trial:
-    trial_id = rows_path.name.removesuffix(".jsonl")
+    files = TrialFiles.from_rows(rows_path)
+    trial_id = files.trial_id
     rows = sorted(read_trial_rows(rows_path), key=lambda r: r["global_round"])
-    finished = check_done_marker(rows_path.with_name(f"{trial_id}.done"), rows_path, rows)
+    finished = check_done_marker(files.done, rows_path, rows)
     trial = Trial(trial_id, rows, tasks, finished)
     missing = {r["task_index"] for r in rows} - set(tasks)
     if missing:  # no task text available: fall back to what the performer was actually sent
-        msgs_path = rows_path.with_name(f"{trial_id}.messages.jsonl")
+        msgs_path = files.messages
         store = MessageStore(msgs_path) if msgs_path.exists() else None
         for r in rows:
             if r["round"] == 1 and r["task_index"] in missing and store is not None:

@@ -27,7 +27,6 @@ import os
 import re
 import shutil
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +34,13 @@ import yaml
 
 from lhd_train.cluster.shard import parse_shard_run_name
 from lhd_train.errors import DataFileError, InputError
-from lhd_train.rundir_lock import LOCK_NAME, run_dir_lock
-from lhd_train.store import read_trial_rows
+from lhd_train.rundir.files import read_json_mapping as _read_json
+from lhd_train.rundir.files import read_yaml_mapping as _read_yaml
+from lhd_train.rundir.files import sha256_file as _sha
+from lhd_train.rundir.files import utc_now as _now
+from lhd_train.rundir.layout import AUDITOR_INFO, CONFIG, LOCK, SUMMARY, TASKS, RunDir
+from lhd_train.rundir.lock import run_dir_lock
+from lhd_train.rundir.store import read_trial_rows
 
 MERGE_KIND = "lhd merge"
 # Fields a shard legitimately changes (or that do not change what is computed).
@@ -44,30 +48,6 @@ IGNORED_CONFIG_KEYS = ("run_name", "seeds", "num_trials", "seed", "concurrency",
 # auditor.json fields that define an auditor id (lhd_train.audit.runner.IDENTITY_KEYS).
 AUDITOR_IDENTITY = ("options", "model_identity", "role", "prompts")
 _MISSING = object()
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as e:
-        raise InputError(path, None, f"cannot read: {e}") from None
-    if not isinstance(data, dict):
-        raise InputError(path, None, "the top level must be a mapping")
-    return data
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise InputError(path, None, f"not valid JSON: {e}") from None
-    return data if isinstance(data, dict) else {}
 
 
 def _first_difference(a: Any, b: Any, prefix: str = "") -> tuple[str, Any, Any] | None:
@@ -89,14 +69,6 @@ def comparable_config(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def _show(v: Any) -> str:
     return "(absent)" if v is _MISSING else json.dumps(v, default=str)
-
-
-def _sha(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @dataclass
@@ -132,10 +104,9 @@ class Source:
 
 
 def _trial_ids(run_dir: Path) -> set[str]:
-    ids = {p.name[: -len(".jsonl")] for p in (run_dir / "trials").glob("*.jsonl")
-           if not p.name.endswith(".messages.jsonl")}
-    ids |= {p.name[: -len(".done")] for p in (run_dir / "trials").glob("*.done")}
-    ids |= {p.stem for p in (run_dir / "schedules").glob("*.json")}
+    rd = RunDir(run_dir)
+    ids = set(rd.trial_ids()) | set(rd.done_trial_ids())
+    ids |= {p.stem for p in rd.schedules_dir.glob("*.json")}
     return ids
 
 
@@ -143,16 +114,17 @@ def _load_source(path: Path, order: int) -> Source:
     path = Path(path)
     if not path.is_dir():
         raise InputError(path, None, "run directory not found")
-    cfg_path = path / "config.resolved.yaml"
-    if not cfg_path.is_file() or not (path / "trials").is_dir():
-        raise InputError(path, None, "not a run directory (needs config.resolved.yaml and trials/)")
+    rd = RunDir(path)
+    cfg_path = rd.config
+    if not cfg_path.is_file() or not rd.is_run():
+        raise InputError(path, None, f"not a run directory (needs {CONFIG} and trials/)")
     config = _read_yaml(cfg_path)
-    manifest = _read_json(path / "manifest.json")
+    manifest = _read_json(rd.manifest)
     ids = _trial_ids(path)
     rank = {t: k for k, t in enumerate(manifest.get("trials") or [])}
     trials = sorted(ids, key=lambda t: (rank.get(t, len(rank)), t))
     parsed = parse_shard_run_name(str(config.get("run_name") or path.name))
-    return Source(path.resolve(), config, manifest, _read_json(path / "summary.json"), trials,
+    return Source(path.resolve(), config, manifest, _read_json(rd.summary), trials,
                   (parsed[1], parsed[2]) if parsed else None, order)
 
 
@@ -291,22 +263,23 @@ def _merge_runs(run_dirs: list[Path], out: Path, run_name: str | None) -> dict[s
     sources = [_load_source(p, k) for k, p in enumerate(paths)]
 
     # An existing merged run: its config takes part in the comparison, its sources are kept.
-    prev_manifest = _read_json(out / "manifest.json")
+    ro = RunDir(out)
+    prev_manifest = _read_json(ro.manifest)
     prev_cfg = None
     prev_sources: list[dict[str, Any]] = []
-    if out.exists() and any(p.name != LOCK_NAME for p in out.iterdir()):
+    if out.exists() and any(p.name != LOCK for p in out.iterdir()):
         if (prev_manifest.get("source") or {}).get("kind") != MERGE_KIND:
             raise InputError(out, None, "exists and is not a run made by `lhd merge`; choose another --out")
-        prev_cfg = _read_yaml(out / "config.resolved.yaml")
+        prev_cfg = _read_yaml(ro.config)
         prev_sources = list(prev_manifest["source"].get("sources") or [])
 
-    ref_path, ref = (out / "config.resolved.yaml", prev_cfg) if prev_cfg is not None else \
-        (sources[0].path / "config.resolved.yaml", sources[0].config)
+    ref_path, ref = (ro.config, prev_cfg) if prev_cfg is not None else \
+        (RunDir(sources[0].path).config, sources[0].config)
     for s in sources:
         d = _first_difference(comparable_config(ref), comparable_config(s.config))
         if d:
             fld, a, b = d
-            raise InputError(s.path / "config.resolved.yaml", fld,
+            raise InputError(RunDir(s.path).config, fld,
                              f"differs from {ref_path} ({_show(a)} there, {_show(b)} here); only runs of one config "
                              f"can be merged (ignored: {', '.join(IGNORED_CONFIG_KEYS)})")
 
@@ -328,40 +301,40 @@ def _merge_runs(run_dirs: list[Path], out: Path, run_name: str | None) -> dict[s
     audit_pending: dict[Path, list[str]] = {}
     auditors: dict[str, tuple[Path, dict[str, Any]]] = {}
     for aid_dir in sorted((out / "audit").glob("*/")):
-        _check_auditor(aid_dir / "auditor.json", auditors, aid_dir.name)
+        _check_auditor(aid_dir / AUDITOR_INFO, auditors, aid_dir.name)
     for s in _ordered(sources):
         for t in s.trials:
-            existed = (out / "trials" / f"{t}.jsonl").exists()
+            src_t, out_t = RunDir(s.path).trial(t), ro.trial(t)
+            existed = out_t.rows.exists()
             states = []
-            read_trial_rows(s.path / "trials" / f"{t}.jsonl")  # whole rows, no round twice, before any copy
-            for name in (f"{t}.jsonl", f"{t}.messages.jsonl"):
-                src = s.path / "trials" / name
+            read_trial_rows(src_t.rows)  # whole rows, no round twice, before any copy
+            for src, dst in ((src_t.rows, out_t.rows), (src_t.messages, out_t.messages)):
                 if src.exists():
-                    states.append(_plan_append_only(src, out / "trials" / name, plan, f"trials/{name}"))
-            done = s.path / "trials" / f"{t}.done"
+                    states.append(_plan_append_only(src, dst, plan, f"trials/{dst.name}"))
+            done = src_t.done
             if done.exists():
-                if (out / "trials" / f"{t}.done").exists():
+                if out_t.done.exists():
                     plan.unchanged += 1
                 else:
-                    plan.copies.append((done, out / "trials" / f"{t}.done", "new"))
+                    plan.copies.append((done, out_t.done, "new"))
                     states.append("grown")
-            sched = s.path / "schedules" / f"{t}.json"
+            sched = RunDir(s.path).schedule(t)
             if sched.exists():
-                _plan_identical(sched, out / "schedules" / f"{t}.json", plan, f"schedules/{t}.json")
-            if not existed and (s.path / "trials" / f"{t}.jsonl").exists():
+                _plan_identical(sched, ro.schedule(t), plan, f"schedules/{sched.name}")
+            if not existed and src_t.rows.exists():
                 plan.added_trials.append(t)
             elif "grown" in states:
                 plan.updated_trials.append(t)
         for aid_dir in sorted((s.path / "audit").glob("*/")):
             aid = aid_dir.name
-            _check_auditor(aid_dir / "auditor.json", auditors, aid)
-            _plan_audit(aid_dir, out / "audit" / aid, plan, audit_pending)
-            if (aid_dir / "auditor.json").exists() and not (out / "audit" / aid / "auditor.json").exists() \
-                    and not any(d == out / "audit" / aid / "auditor.json" for _, d, _ in plan.copies):
-                plan.copies.append((aid_dir / "auditor.json", out / "audit" / aid / "auditor.json", "new"))
-        tasks = s.path / "tasks.json"
+            _check_auditor(aid_dir / AUDITOR_INFO, auditors, aid)
+            _plan_audit(aid_dir, ro.auditor_dir(aid), plan, audit_pending)
+            if (aid_dir / AUDITOR_INFO).exists() and not ro.auditor_info(aid).exists() \
+                    and not any(d == ro.auditor_info(aid) for _, d, _ in plan.copies):
+                plan.copies.append((aid_dir / AUDITOR_INFO, ro.auditor_info(aid), "new"))
+        tasks = RunDir(s.path).tasks
         if tasks.exists():
-            _plan_identical(tasks, out / "tasks.json", plan, "tasks.json")
+            _plan_identical(tasks, ro.tasks, plan, TASKS)
         for f in sorted((s.path / "logs").rglob("*")) if (s.path / "logs").is_dir() else []:
             if f.is_file():
                 dst = out / "logs" / s.run_name / f.relative_to(s.path / "logs")
@@ -404,7 +377,7 @@ def _merge_runs(run_dirs: list[Path], out: Path, run_name: str | None) -> dict[s
                      "source": {"kind": MERGE_KIND, "sources": ordered}})
     manifest_text = json.dumps(manifest, indent=2, ensure_ascii=False)
 
-    for path, text in ((out / "config.resolved.yaml", cfg_text), (out / "manifest.json", manifest_text)):
+    for path, text in ((ro.config, cfg_text), (ro.manifest, manifest_text)):
         body = text.encode("utf-8")
         if not path.exists() or path.read_bytes() != body:
             plan.writes.append((path, body))
@@ -438,7 +411,7 @@ def _write_summary(out: Path, name: str, trials: list[str], records: list[dict[s
     GPU-hours = the sum of each source's `gpu_hours_this_invocation`."""
     from lhd_train.accounting import usage_by_role
 
-    prev = _read_json(out / "summary.json")
+    prev = _read_json(RunDir(out).summary)
     by_path = {str(s.path): s.summary for s in sources}
     per_source = dict(prev.get("by_source") or {})
     for rec in records:
@@ -452,7 +425,7 @@ def _write_summary(out: Path, name: str, trials: list[str], records: list[dict[s
         {k: v for k, v in per_source.items() if k not in names}
     trial_rows = {t["trial_id"]: t for v in per_source.values() for t in v.get("trials") or []
                   if isinstance(t, dict) and "trial_id" in t}
-    rows = [r for t in trials for r in read_trial_rows(out / "trials" / f"{t}.jsonl")]
+    rows = [r for t in trials for r in read_trial_rows(RunDir(out).trial(t).rows)]
     summary = {
         "run_id": name,
         "wall_s": max((v.get("wall_s") or 0.0 for v in per_source.values()), default=0.0),
@@ -465,10 +438,10 @@ def _write_summary(out: Path, name: str, trials: list[str], records: list[dict[s
                       for k, v in per_source.items()},
     }
     body = json.dumps(summary, indent=2, ensure_ascii=False).encode("utf-8")
-    path = out / "summary.json"
+    path = RunDir(out).summary
     if path.exists() and path.read_bytes() == body:
         return False
-    tmp = path.with_name("summary.json.merge-tmp")
+    tmp = path.with_name(f"{SUMMARY}.merge-tmp")
     tmp.write_bytes(body)
     os.replace(tmp, path)
     return True

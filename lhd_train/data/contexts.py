@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from lhd_train.errors import InputError
-from lhd_train.store import MessageStore, iter_trial_files, read_audit_rows, read_trial_rows
+from lhd_train.rundir.layout import RunDir, TrialFiles
+from lhd_train.rundir.store import MessageStore, iter_trial_files, read_audit_rows, read_trial_rows
 
 
 @dataclass
@@ -45,17 +46,19 @@ def load_contexts(run_dir: Path, auditor_id: str | None = None, eval_fraction: f
         raise InputError(run_dir, "trials", "no trial files: is this a run directory (runs/<run>)?")
     labels: dict[tuple[str, int], dict[str, Any]] = {}
     if auditor_id:
-        adir = run_dir / "audit" / auditor_id
+        rd = RunDir(run_dir)
+        adir = rd.auditor_dir(auditor_id)
         if not adir.is_dir():
-            have = sorted(p.name for p in (run_dir / "audit").glob("*") if p.is_dir())
-            raise InputError(run_dir / "audit", "auditor", f"no auditor '{auditor_id}'", ", ".join(have) or "none")
+            have = rd.auditor_ids()
+            raise InputError(rd.audit_dir, "auditor", f"no auditor '{auditor_id}'", ", ".join(have) or "none")
         for p in adir.glob("*.jsonl"):
             for r in read_audit_rows(p):
                 labels[(r["trial_id"], r["global_round"])] = r
     out: list[Context] = []
     for path in files:
-        trial_id = path.name.removesuffix(".jsonl")
-        store = MessageStore(path.with_name(f"{trial_id}.messages.jsonl"))
+        tf = TrialFiles.from_rows(path)
+        trial_id = tf.trial_id
+        store = MessageStore(tf.messages)
         split = split_of(trial_id, eval_fraction, split_seed)
         for row in read_trial_rows(path):  # refuses a round written twice
             ids = row["performer"].get("message_ids") or []

@@ -16,7 +16,8 @@ from lhd_train.audit.settings import AuditorConfig
 from lhd_train.audit.trajectory import AuditorPrompts, RenderOptions, Trial, build_messages, load_task_texts, load_trial
 from lhd_train.config import RoleConfig
 from lhd_train.data.contexts import Context
-from lhd_train.store import append_jsonl, read_jsonl, repair_jsonl
+from lhd_train.rundir.files import append_jsonl, read_jsonl, read_yaml_mapping, repair_jsonl
+from lhd_train.rundir.layout import RunDir
 from lhd_train.structured_calls import ask_structured, call_seed
 from lhd_train.supervisor import Evaluation
 from rollouts.backend import Backend
@@ -101,11 +102,9 @@ class Grader:
     def _trial(self, trial_id: str) -> Trial:
         if trial_id not in self._trials:
             if self._tasks is None:
-                import yaml
-
-                cfg = yaml.safe_load((self.run_dir / "config.resolved.yaml").read_text()) or {}
+                cfg = read_yaml_mapping(RunDir(self.run_dir).config, "run config")
                 self._tasks, _ = load_task_texts(self.run_dir, cfg.get("task_pack"))
-            self._trials[trial_id] = load_trial(self.run_dir, self.run_dir / "trials" / f"{trial_id}.jsonl", self._tasks)
+            self._trials[trial_id] = load_trial(self.run_dir, RunDir(self.run_dir).trial(trial_id).rows, self._tasks)
         return self._trials[trial_id]
 
     def key(self, ctx: Context, text: str) -> str:

@@ -36,10 +36,11 @@ class _Judge:
         import yaml
 
         from lhd_train.config import parse_config
+        from lhd_train.rundir.layout import RunDir
         from rollouts.factory import build_backend
 
         acfg, _ = load_auditor_config(self.run_dir, self.auditor_config, list(self.overrides))
-        saved = self.run_dir / "config.resolved.yaml"
+        saved = RunDir(self.run_dir).config
         cfg = parse_config(yaml.safe_load(saved.read_text()), saved)
         self.cache.parent.mkdir(parents=True, exist_ok=True)
         auditor = build_backend(acfg.spec, name=acfg.auditor.model, log_dir=str(self.cache.parent))

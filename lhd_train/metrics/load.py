@@ -4,17 +4,18 @@ Everything downstream (metrics, report, viewer) works on these tables, so the ru
 audit row counts live here only: see docs/metrics.md, "Inputs"."""
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 
 from lhd_train.errors import InputError
-from lhd_train.store import read_audit_rows, read_trial_rows
+from lhd_train.rundir.files import read_json_mapping as _read_json
+from lhd_train.rundir.files import read_yaml_mapping
+from lhd_train.rundir.layout import RunDir
+from lhd_train.rundir.store import read_audit_rows, read_trial_rows
 
 TYPES: tuple[str, ...] = ("FALSIFICATION", "CONCEALMENT", "EQUIVOCATION")
 CATEGORIES: tuple[str, ...] = ("GOAL_CONFLICT", "COMPETITIVE_INTERACTION", "MORAL_DILEMMA",
@@ -63,31 +64,11 @@ class RunData:
         return float(self.config.get("completion_threshold", 0.2))
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise InputError(path, None, f"not valid JSON: {e}") from None
-    return data if isinstance(data, dict) else {}
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        raise InputError(path, None, f"not valid YAML: {e}") from None
-    return data if isinstance(data, dict) else {}
-
-
 def trial_ids(run_dir: Path) -> list[str]:
     """Trials with a trajectory file, in the manifest's order when it has one."""
-    found = sorted(p.name[: -len(".jsonl")] for p in (run_dir / "trials").glob("*.jsonl")
-                   if not p.name.endswith(".messages.jsonl"))
-    order = _read_json(run_dir / "manifest.json").get("trials") or []
+    rd = RunDir(run_dir)
+    found = rd.trial_ids()
+    order = _read_json(rd.manifest).get("trials") or []
     rank = {t: i for i, t in enumerate(order)}
     return sorted(found, key=lambda t: (rank.get(t, len(rank)), t))
 
@@ -95,7 +76,7 @@ def trial_ids(run_dir: Path) -> list[str]:
 def list_auditors(run_dir: Path) -> list[AuditorInfo]:
     """Every `audit/<id>/` folder with at least one JSONL file, oldest first."""
     out = []
-    for d in sorted((run_dir / "audit").glob("*/")):
+    for d in sorted(RunDir(run_dir).audit_dir.glob("*/")):
         files = sorted(d.glob("*.jsonl"))
         if not files:
             continue
@@ -117,7 +98,7 @@ def pick_auditor(run_dir: Path, auditor: str | None, auditors: list[AuditorInfo]
     ids = [a.auditor_id for a in auditors]
     if auditor is not None:
         if auditor not in ids:
-            raise InputError(run_dir / "audit", "auditor", f"no audit labels from auditor '{auditor}'",
+            raise InputError(RunDir(run_dir).audit_dir, "auditor", f"no audit labels from auditor '{auditor}'",
                              ", ".join(ids) or "none: run `lhd audit` first")
         return auditor
     if not auditors:
@@ -136,7 +117,7 @@ def load_audit(run_dir: Path, auditor_id: str | None) -> pd.DataFrame:
     """One row per (trial_id, global_round) labelled by this auditor (empty for None); a round
     labelled twice keeps the row `_keep_audit_row` prefers."""
     chosen: dict[tuple[str, int], dict[str, Any]] = {}
-    files = sorted((Path(run_dir) / "audit" / auditor_id).glob("*.jsonl")) if auditor_id else []
+    files = sorted(RunDir(run_dir).auditor_dir(auditor_id).glob("*.jsonl")) if auditor_id else []
     for f in files:
         for row in read_audit_rows(f):
             key = (str(row.get("trial_id", f.stem)), int(row["global_round"]))
@@ -273,7 +254,7 @@ def load_rounds(run_dir: Path, auditor_id: str | None) -> tuple[pd.DataFrame, di
     raw: dict[str, list[dict[str, Any]]] = {}
     recs = []
     for tid in trial_ids(run_dir):
-        rows = read_trial_rows(run_dir / "trials" / f"{tid}.jsonl")  # refuses a round written twice
+        rows = read_trial_rows(RunDir(run_dir).trial(tid).rows)  # refuses a round written twice
         rows.sort(key=lambda r: int(r["global_round"]))
         raw[tid] = rows
         recs += [_round_record(r) for r in rows]
@@ -299,7 +280,7 @@ def load_rounds(run_dir: Path, auditor_id: str | None) -> tuple[pd.DataFrame, di
 def _trial_table(run_dir: Path, raw: dict[str, list[dict[str, Any]]], config: dict[str, Any]) -> pd.DataFrame:
     recs = []
     for tid, rows in raw.items():
-        sched = _read_json(run_dir / "schedules" / f"{tid}.json")
+        sched = _read_json(RunDir(run_dir).schedule(tid))
         entries = sched.get("entries") or []
         last = (rows[-1].get("supervisor") or {}).get("state_after", {}) if rows else {}
         sats = [((r.get("supervisor") or {}).get("state_after") or {}).get("satisfaction") for r in rows]
@@ -307,7 +288,7 @@ def _trial_table(run_dir: Path, raw: dict[str, list[dict[str, Any]]], config: di
         recs.append({
             "trial_id": tid, "seed": _seed_of(tid, rows, sched),
             "condition": trial_condition(tid, sched or None, config),
-            "done": (run_dir / "trials" / f"{tid}.done").exists(),
+            "done": RunDir(run_dir).trial(tid).done.exists(),
             "n_rounds": len(rows), "n_tasks": len({r["task_index"] for r in rows}),
             "n_event_tasks": sum(e is not None for e in entries) if entries else
             len({r["task_index"] for r in rows if r.get("event")}),
@@ -325,7 +306,7 @@ def left_out_trials(run_dir: Path, manifest: dict[str, Any], loaded: dict[str, A
     """Trials the run should have (in its manifest, or marked done) that have no rows to load:
     a report must say it dropped them, not count a shorter run."""
     expected = [str(t) for t in manifest.get("trials") or []]
-    expected += sorted(p.name.removesuffix(".done") for p in (run_dir / "trials").glob("*.done"))
+    expected += RunDir(run_dir).done_trial_ids()
     return [t for t in dict.fromkeys(expected) if t not in loaded]
 
 
@@ -333,10 +314,11 @@ def load_run(run_dir: str | Path, auditor: str | None = None, min_coverage: floa
     """Load a run directory with one auditor's labels (`auditor`, or the default of `pick_auditor`).
     `min_coverage` only words the note about trials with many failed or missing labels."""
     run_dir = Path(run_dir)
-    if not (run_dir / "trials").is_dir():
+    rd = RunDir(run_dir)
+    if not rd.is_run():
         raise InputError(run_dir, None, "not a run directory (no trials/ folder)")
-    manifest = _read_json(run_dir / "manifest.json")
-    config = _read_yaml(run_dir / "config.resolved.yaml")
+    manifest = _read_json(rd.manifest)
+    config = read_yaml_mapping(rd.config, missing_ok=True)
     auditors = list_auditors(run_dir)
     auditor_id = pick_auditor(run_dir, auditor, auditors)
     rounds, raw = load_rounds(run_dir, auditor_id)

@@ -4,7 +4,6 @@ Why: metric, report and viewer tests (and a report demo without any model) need 
 labels are known by construction. `round_row` and `audit_row` write every documented field."""
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -13,11 +12,11 @@ from typing import Any
 
 import yaml
 
+from lhd_train.rundir.layout import RunDir
+from lhd_train.rundir.rows import AUDIT_SCHEMA, ROW_SCHEMA
+from lhd_train.rundir.store import message_id as _mid
+
 STATE0 = {"trust": 0.0, "satisfaction": 0.0, "comfort": 0.0}
-
-
-def _mid(role: str, content: str) -> str:
-    return hashlib.sha256(f"{role}\0{content}".encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -45,7 +44,7 @@ def round_row(run_id: str, trial_id: str, seed: int, task_index: int, round_no: 
               think: str = "", pack: str = "startup_consulting") -> dict[str, Any]:
     """A trajectory row (`lhd.round/1`) with every field of docs/formats.md."""
     return {
-        "schema": "lhd.round/1", "run_id": run_id, "trial_id": trial_id, "seed": seed, "pack": pack,
+        "schema": ROW_SCHEMA, "run_id": run_id, "trial_id": trial_id, "seed": seed, "pack": pack,
         "task_index": task_index, "task_title": task_title or f"Task {task_index}", "round": round_no,
         "global_round": global_round, "event": dict(event) if event else None,
         "performer": {
@@ -74,7 +73,7 @@ def audit_row(trial_id: str, global_round: int, deceptive: bool | None, types: S
               reasoning: str = "auditor reasoning", evidence: Sequence[str] = ()) -> dict[str, Any]:
     """An audit row (`lhd.audit/1`). Consistency is *not* enforced here on purpose, so tests can
     feed the inconsistent labels the authors' auditor writes (e.g. deceptive false with severity 2)."""
-    return {"schema": "lhd.audit/1", "trial_id": trial_id, "global_round": global_round,
+    return {"schema": AUDIT_SCHEMA, "trial_id": trial_id, "global_round": global_round,
             "auditor_id": auditor_id, "mode": mode, "window": window, "deceptive": deceptive,
             "types": list(types), "severity": severity, "confidence": confidence, "reasoning": reasoning,
             "evidence": list(evidence), "parse_status": parse_status, "raw": "{}"}
@@ -98,9 +97,10 @@ def write_run(root: Path, run_id: str, trials: Mapping[str, Sequence[R]], *, aud
     numbers, global rounds, state_before and task completion are derived. `extra_auditors` maps
     an auditor id to (mode, {trial_id: [label per round]}) for long/short comparisons."""
     run = root / run_id
-    (run / "trials").mkdir(parents=True, exist_ok=True)
-    (run / "schedules").mkdir(exist_ok=True)
-    (run / "logs").mkdir(exist_ok=True)
+    rd = RunDir(run)
+    rd.trials_dir.mkdir(parents=True, exist_ok=True)
+    rd.schedules_dir.mkdir(exist_ok=True)
+    rd.logs_dir.mkdir(exist_ok=True)
     perf = {"key": "m", "model": performer_model, "revision": None, "backend": "hf", "adapter": adapter}
     models = {"performer": perf, "supervisor": {**perf, "adapter": None}}
     cfg = {"run_name": run_id, "output_dir": str(root), "task_pack": "startup_consulting",
@@ -143,12 +143,13 @@ def write_run(root: Path, run_id: str, trials: Mapping[str, Sequence[R]], *, aud
                 dec, types, sev = r.label
                 labels.append({**audit_row(tid, g, dec, types, sev, 0.8, auditor_id, mode, window,
                                            evidence=[f"round {g}"]), **r.audit_extra})
-        _write_jsonl(run / "trials" / f"{tid}.jsonl", rows)
-        _write_jsonl(run / "trials" / f"{tid}.messages.jsonl", list(msgs.values()))
+        tf = rd.trial(tid)
+        _write_jsonl(tf.rows, rows)
+        _write_jsonl(tf.messages, list(msgs.values()))
         if done:
-            (run / "trials" / f"{tid}.done").write_text("2025-01-01T00:00:00\n")
+            tf.done.write_text("2025-01-01T00:00:00\n")
         if labels:
-            _write_jsonl(run / "audit" / auditor_id / f"{tid}.jsonl", labels)
+            _write_jsonl(rd.audit_rows(auditor_id, tid), labels)
         n_tasks = max(r.task for r in spec)
         ctl = dict(control or {})
         sched = {"seed": seed, "p_event": 0.5, "control_category": ctl.get("category"),
@@ -157,7 +158,7 @@ def write_run(root: Path, run_id: str, trials: Mapping[str, Sequence[R]], *, aud
                                "level": events[t][1], "content": f"event content for task {t}",
                                "event_id": f"{events[t][0]}_E1"} if events.get(t) else None)
                              for t in range(1, n_tasks + 1)]}
-        (run / "schedules" / f"{tid}.json").write_text(json.dumps(sched, indent=2))
+        rd.schedule(tid).write_text(json.dumps(sched, indent=2))
     for aid, (amode, per_trial) in (extra_auditors or {}).items():
         for tid, labs in per_trial.items():
             rows = []
@@ -168,10 +169,10 @@ def write_run(root: Path, run_id: str, trials: Mapping[str, Sequence[R]], *, aud
                     dec, types, sev = lab
                     rows.append(audit_row(tid, g, dec, types, sev, 0.7, aid, amode,
                                           6 if amode == "window" else None))
-            _write_jsonl(run / "audit" / aid / f"{tid}.jsonl", rows)
+            _write_jsonl(rd.audit_rows(aid, tid), rows)
     cfg["seeds"] = seeds
-    (run / "config.resolved.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    rd.config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     manifest = {"run_id": run_id, "pack": "startup_consulting", "seeds": seeds, "trials": list(trials),
                 "models": {"performer": {**perf, "describe": {}}}, "started_at": "2025-01-01T00:00:00+00:00"}
-    (run / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    rd.manifest.write_text(json.dumps(manifest, indent=2))
     return run

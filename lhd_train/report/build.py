@@ -59,19 +59,18 @@ def runs_table_ctx(runs: list[RunData], m: RunMetrics, min_coverage: float = COV
 
 def compute_table_ctx(runs: list[RunData]) -> dict[str, Any]:
     """Requests and tokens per role (from the rows, so exact across resumes) and GPU-hours."""
-    import json
-
     from lhd_train.accounting import usage_by_role
-    from lhd_train.store import iter_trial_files, read_jsonl
+    from lhd_train.rundir.files import read_json_mapping, read_jsonl
+    from lhd_train.rundir.layout import RunDir
 
     cols = ["run", "role", "requests", "prompt tokens", "completion tokens", "cached prompt tokens",
             "model time (s)", "GPU-hours (run)"]
     rows = []
     for run in runs:
-        trial_rows = [r for p in iter_trial_files(run.path) for r in read_jsonl(p)]
-        audit_rows = [r for p in (run.path / "audit").glob("*/*.jsonl") for r in read_jsonl(p)]
-        summary = run.path / "summary.json"
-        gpu_h = json.loads(summary.read_text()).get("gpu_hours_this_invocation") if summary.exists() else None
+        rd = RunDir(run.path)
+        trial_rows = [r for p in rd.rows_files() for r in read_jsonl(p)]
+        audit_rows = [r for p in rd.audit_dir.glob("*/*.jsonl") for r in read_jsonl(p)]
+        gpu_h = read_json_mapping(rd.summary).get("gpu_hours_this_invocation")
         for role, u in usage_by_role(trial_rows, audit_rows).items():
             rows.append([run.key, role, fmt(u["requests"]), fmt(u["prompt_tokens"]), fmt(u["completion_tokens"]),
                          fmt(u["cached_tokens"]), fmt(u["latency_s"], 1), fmt(gpu_h, 3) if gpu_h is not None else "–"])

@@ -15,7 +15,8 @@ from lhd_train.metrics.core import trial_stats
 from lhd_train.metrics.load import STATES, RunData, load_audit, load_run
 from lhd_train.report.plots import data_uri, plot_states
 from lhd_train.report.render import fmt, render_page, signed
-from lhd_train.store import read_jsonl
+from lhd_train.rundir.files import read_jsonl
+from lhd_train.rundir.layout import RunDir
 
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -75,9 +76,10 @@ def _audit_view(rec: dict[str, Any], auditor_id: str, mode: str | None, primary:
 def trial_context(run: RunData, trial_id: str, other_audits: dict[str, pd.DataFrame] | None = None,
                   states_png: bytes | None = None) -> dict[str, Any]:
     """Everything the trial template shows, as plain strings and lists."""
-    rows = read_jsonl(run.path / "trials" / f"{trial_id}.jsonl")
+    files = RunDir(run.path).trial(trial_id)
+    rows = read_jsonl(files.rows)
     rows.sort(key=lambda r: int(r["global_round"]))
-    messages = {m["id"]: m for m in read_jsonl(run.path / "trials" / f"{trial_id}.messages.jsonl")}
+    messages = {m["id"]: m for m in read_jsonl(files.messages)}
     tr = run.rounds[run.rounds["trial_id"] == trial_id]
     primary = {int(g): rec for g, rec in zip(tr["global_round"], tr.to_dict("records"))}
     others: dict[str, dict[int, dict[str, Any]]] = {}

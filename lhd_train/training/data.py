@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from lhd_train.errors import InputError
+from lhd_train.rundir.files import sha256_file
 
 DATA_SIDECAR = "lhd_data.json"
 REQUIRED = {
@@ -57,13 +58,10 @@ def sha256_files(path: Path) -> dict[str, Any]:
     files = []
     total = hashlib.sha256()
     for f in data_files(path):
-        h = hashlib.sha256()
-        with f.open("rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
+        digest = sha256_file(f)
         rel = f.name if path.is_file() else str(f.relative_to(path))
-        files.append({"name": rel, "bytes": f.stat().st_size, "sha256": h.hexdigest()})
-        total.update(rel.encode() + b"\0" + h.hexdigest().encode() + b"\n")
+        files.append({"name": rel, "bytes": f.stat().st_size, "sha256": digest})
+        total.update(rel.encode() + b"\0" + digest.encode() + b"\n")
     return {"sha256": total.hexdigest(), "files": files}
 
 

@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
-from lhd_train.config import apply_overrides, read_yaml_mapping
+from lhd_train.config import apply_overrides
+from lhd_train.rundir.files import read_yaml_mapping
 from lhd_train.errors import InputError
 
 ALGOS = ("sft", "dpo", "grpo")

@@ -12,18 +12,17 @@ recipe (and TRL's defaults: bf16, gradient checkpointing) is kept.
 """
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import json
 import math
 import os
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from lhd_train.errors import InputError
+from lhd_train.rundir.files import package_versions, python_version, utc_now
 from lhd_train.training import data as data_mod
 from lhd_train.training.recipe import Recipe, dump_recipe, load_recipe
 from lhd_train.training.rewards import build_rewards, check_reward_columns
@@ -32,27 +31,10 @@ ADAPTER_SUBDIR = "adapter"
 ADAPTER_META = "lhd_adapter.json"
 RUN_META = "lhd_run.json"
 SCHEMA = "lhd.adapter/1"
-VERSION_PACKAGES = ("lhd", "torch", "transformers", "trl", "peft", "accelerate", "datasets", "tokenizers",
-                    "bitsandbytes", "wandb", "vllm", "deepspeed")
 
 
 def _say(msg: str) -> None:
     print(f"lhd train: {msg}", file=sys.stderr, flush=True)
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def package_versions() -> dict[str, str]:
-    out = {}
-    for name in VERSION_PACKAGES:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    out["python"] = sys.version.split()[0]
-    return out
 
 
 def _complete_checkpoint(d: Path) -> bool:
@@ -435,7 +417,7 @@ def _finished(args: Any, ckpt_state: dict[str, Any], step: int) -> bool:
 
 def train(recipe: Recipe, recipe_path: Path | None = None, source: str | None = None) -> Path:
     """Train the adapter a recipe describes; resume when output_dir has a checkpoint. Returns the adapter dir."""
-    started = _now()
+    started = utc_now()
     t0 = time.time()
     trainer, ctx = build_trainer(recipe, recipe_path, source)
     out: Path = ctx["out"]
@@ -498,9 +480,9 @@ def train(recipe: Recipe, recipe_path: Path | None = None, source: str | None = 
                 "train": {k: _finite(v) for k, v in (result.metrics or {}).items()},
                 "eval": {k: _finite(v) for k, v in (eval_metrics or {}).items()} or None,
             },
-            "versions": package_versions(),
+            "versions": {k: v for k, v in package_versions().items() if v} | {"python": python_version()},
             "started_at": started,
-            "finished_at": _now(),
+            "finished_at": utc_now(),
         }
         (adapter_dir / ADAPTER_META).write_text(json.dumps(meta, indent=2, default=str) + "\n", encoding="utf-8")
         (adapter_dir / "log_history.json").write_text(json.dumps(history, indent=1, default=str) + "\n",

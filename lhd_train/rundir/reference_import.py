@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -24,14 +22,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from lhd_train.audit.labels import Labels, make_consistent
-from lhd_train.audit.runner import AUDIT_SCHEMA, AUDITOR_SCHEMA
-from lhd_train.audit.trajectory import TASKS_SIDECAR
 from lhd_train.config import CATEGORIES, LEVELS, parse_config
 from lhd_train.errors import InputError
 from lhd_train.performer import task_message
 from lhd_train.prompts import Prompts
-from lhd_train.store import MessageStore, append_jsonl, write_json_atomic
-from lhd_train.trial import ROW_SCHEMA
+from lhd_train.rundir.files import append_jsonl, package_versions, python_version, utc_now, write_json_atomic
+from lhd_train.rundir.layout import RunDir
+from lhd_train.rundir.rows import AUDIT_SCHEMA, AUDITOR_SCHEMA, ROW_SCHEMA
+from lhd_train.rundir.store import MessageStore
 
 SOURCE_KIND = "reference-import"
 SESSION_NAME = re.compile(
@@ -372,25 +370,22 @@ class ImportReport:
 
 
 def _reset_trial(run_dir: Path, trial_id: str) -> None:
-    for p in (run_dir / "trials").glob(f"{trial_id}.*"):
-        if p.name in (f"{trial_id}.jsonl", f"{trial_id}.messages.jsonl", f"{trial_id}.done"):
-            p.unlink()
-    audit = run_dir / "audit"
-    if audit.is_dir():
-        for folder in audit.iterdir():
-            if folder.name.startswith("reference-") and (folder / f"{trial_id}.jsonl").exists():
-                (folder / f"{trial_id}.jsonl").unlink()
+    rd = RunDir(run_dir)
+    for p in (rd.trial(trial_id).rows, rd.trial(trial_id).messages, rd.trial(trial_id).done):
+        p.unlink(missing_ok=True)
+    for aid in rd.auditor_ids():
+        if aid.startswith("reference-") and rd.audit_rows(aid, trial_id).exists():
+            rd.audit_rows(aid, trial_id).unlink()
 
 
 def import_reference(src: Path, out: Path, repair: bool = False) -> ImportReport:
     """Import one session folder, or every session folder directly under `src`, into run `out`.
     Labels are kept as the authors wrote them unless `repair` (docs/auditing.md). Re-importing
     replaces the imported trials; a run not made by this importer is refused."""
-    from lhd_train.engine import package_versions
-
     sessions = find_sessions(Path(src))
     out = Path(out)
-    manifest_path = out / "manifest.json"
+    rd = RunDir(out)
+    manifest_path = rd.manifest
     manifest: dict[str, Any] = {}
     if manifest_path.exists():
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
@@ -398,18 +393,19 @@ def import_reference(src: Path, out: Path, repair: bool = False) -> ImportReport
             raise InputError(out, None, "exists and was not made by import-reference; choose another --out")
     elif out.exists() and any(out.iterdir()):
         raise InputError(out, None, "exists and is not an imported run; choose another --out")
-    (out / "trials").mkdir(parents=True, exist_ok=True)
+    rd.trials_dir.mkdir(parents=True, exist_ok=True)
     run_id = re.sub(r"[^A-Za-z0-9._-]+", "_", out.resolve().name) or "imported"
     prompts = Prompts()
 
     sources = dict((manifest.get("source") or {}).get("sessions") or {})
-    sidecar = out / TASKS_SIDECAR
+    sidecar = rd.tasks
     all_tasks: dict[int, dict[str, Any]] = {}
     if sidecar.exists():
         all_tasks = {int(t["index"]): t for t in json.loads(sidecar.read_text(encoding="utf-8"))["tasks"]}
     auditors: dict[str, dict[str, Any]] = {}
-    for p in sorted((out / "audit").glob("reference-*/auditor.json")):
-        auditors[p.parent.name] = json.loads(p.read_text(encoding="utf-8"))
+    for p in rd.auditor_infos():
+        if p.parent.name.startswith("reference-"):
+            auditors[p.parent.name] = json.loads(p.read_text(encoding="utf-8"))
     report: list[ImportedTrial] = []
     ref_cfg: dict[str, Any] = {}
 
@@ -418,7 +414,8 @@ def import_reference(src: Path, out: Path, repair: bool = False) -> ImportReport
         cfg_data, cfg_name = _session_config(s.path)
         ref_cfg = ref_cfg or cfg_data
         _reset_trial(out, s.trial_id)
-        store = MessageStore(out / "trials" / f"{s.trial_id}.messages.jsonl")
+        files = rd.trial(s.trial_id)
+        store = MessageStore(files.messages)
         rows, tasks = convert_session(s, result, run_id, prompts, store,
                                       (cfg_data.get("llm_api_config") or {}).get("manager"))
         for idx, t in tasks.items():
@@ -427,14 +424,14 @@ def import_reference(src: Path, out: Path, repair: bool = False) -> ImportReport
                                  "differs from the same task in another imported session; import different task "
                                  "packs into different runs")
             all_tasks[idx] = t
-        rows_path = out / "trials" / f"{s.trial_id}.jsonl"
+        rows_path = files.rows
         for row in rows:
             append_jsonl(rows_path, row)
         total = result.metadata.total_tasks
         complete = result.experiment.error_info is None and (total is None or len(tasks) >= total)
         note = None
         if complete:
-            (out / "trials" / f"{s.trial_id}.done").write_text(datetime.now(timezone.utc).isoformat() + "\n")
+            files.done.write_text(utc_now("auto") + "\n")
         else:
             note = "incomplete session (error_info or missing tasks): audit with --include-unfinished"
         by_round = {r["global_round"]: r for r in rows}
@@ -442,9 +439,8 @@ def import_reference(src: Path, out: Path, repair: bool = False) -> ImportReport
         det_sources: dict[str, str] = {}
         for aid, (path, window) in newest_detectors(s.path).items():
             det: RefDetector = _load(RefDetector, path)
-            folder = out / "audit" / aid
-            folder.mkdir(parents=True, exist_ok=True)
-            apath = folder / f"{s.trial_id}.jsonl"
+            rd.auditor_dir(aid).mkdir(parents=True, exist_ok=True)
+            apath = rd.audit_rows(aid, s.trial_id)
             counts = {"ok": 0, "repaired": 0, "unmatched": 0}
             written = []
             for d in sorted(det.round_detections, key=lambda d: d.global_round):
@@ -481,11 +477,11 @@ def import_reference(src: Path, out: Path, repair: bool = False) -> ImportReport
 
     write_json_atomic(sidecar, {"source": SOURCE_KIND, "tasks": [all_tasks[k] for k in sorted(all_tasks)]})
     for aid, info in auditors.items():
-        write_json_atomic(out / "audit" / aid / "auditor.json", info)
+        write_json_atomic(rd.auditor_info(aid), info)
     _write_config(out, run_id, sources, ref_cfg)
     write_json_atomic(manifest_path, {
         "run_id": run_id, "source": {"kind": SOURCE_KIND, "sessions": sources,
-                                     "imported_at": datetime.now(timezone.utc).isoformat(timespec="seconds")},
+                                     "imported_at": utc_now()},
         "pack": manifest.get("pack") or sessions[0].pack,
         "seeds": sorted({v["seed"] for v in sources.values()}), "trials": sorted(sources),
         "models": {
@@ -493,7 +489,7 @@ def import_reference(src: Path, out: Path, repair: bool = False) -> ImportReport
                           "revision": None, "backend": "reference", "adapter": None},
             "supervisor": {"key": "supervisor", "model": (ref_cfg.get("llm_api_config") or {}).get("manager"),
                            "revision": None, "backend": "reference", "adapter": None}},
-        "packages": package_versions(), "python": sys.version.split()[0],
+        "packages": package_versions(), "python": python_version(),
     })
     return ImportReport(out, report)
 
@@ -524,8 +520,8 @@ def _write_config(out: Path, run_id: str, sources: dict[str, dict[str, Any]], re
                    "supervisor": {"backend": "openai", "model": str(api.get("manager") or "unknown")}},
         "performer": {"model": "performer"}, "supervisor": {"model": "supervisor"},
     }
-    parse_config(data, out / "config.resolved.yaml")  # proves every tool can load it
+    parse_config(data, RunDir(out).config)  # proves every tool can load it
     text = yaml.safe_dump(data, sort_keys=False)
     header = ("# Imported from the reference implementation by `lhd import-reference` (source: reference-import).\n"
               "# Not runnable: the models are labels only. Audit with `lhd audit RUN --auditor CONFIG`.\n")
-    (out / "config.resolved.yaml").write_text(header + text, encoding="utf-8")
+    RunDir(out).config.write_text(header + text, encoding="utf-8")

@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from lhd_train.errors import InputError
-from lhd_train.store import MessageStore, iter_trial_files, read_audit_rows, read_trial_rows
+from lhd_train.rundir.files import read_json_mapping
+from lhd_train.rundir.layout import RunDir, TrialFiles
+from lhd_train.rundir.store import MessageStore, read_audit_rows, read_trial_rows
 
 AUDIT_FIELDS: tuple[tuple[str, str], ...] = (
     ("deceptive", "bool"), ("types", "list[str]"), ("severity", "int64"), ("confidence", "float64"),
@@ -110,10 +112,11 @@ def _cast(value: Any, kind: str) -> Any:
 def collect_rows(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, str], list[str]]:
     """Flat records for every round, their column types, and the auditor ids found."""
     run_dir = Path(run_dir)
-    if not (run_dir / "trials").is_dir():
+    rd = RunDir(run_dir)
+    if not rd.is_run():
         raise InputError(run_dir, None, "not a run directory (no trials/ folder)")
-    audit_dir = run_dir / "audit"
-    auditors = sorted(p.name for p in audit_dir.iterdir() if p.is_dir()) if audit_dir.is_dir() else []
+    audit_dir = rd.audit_dir
+    auditors = rd.auditor_ids()
     for aid in auditors:
         if SEP in aid:
             raise InputError(audit_dir / aid, None, f"an auditor id containing {SEP!r} cannot be exported")
@@ -122,17 +125,16 @@ def collect_rows(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, str], l
         types |= {f"{aid}{SEP}{f}": kind for f, kind in AUDIT_FIELDS}
 
     records: list[dict[str, Any]] = []
-    for path in iter_trial_files(run_dir):
-        tid = path.name.removesuffix(".jsonl")
+    for path in rd.rows_files():
+        tf = TrialFiles.from_rows(path)
         rows = sorted(read_trial_rows(path), key=lambda r: r["global_round"])
         if not rows:
             continue
-        finished = path.with_name(f"{tid}.done").exists()
-        msgs = path.with_name(f"{tid}.messages.jsonl")
-        store = MessageStore(msgs) if msgs.exists() else None
+        finished = tf.done.exists()
+        store = MessageStore(tf.messages) if tf.messages.exists() else None
         labels = {}
         for aid in auditors:
-            by_round = {r["global_round"]: r for r in read_audit_rows(audit_dir / aid / f"{tid}.jsonl")}
+            by_round = {r["global_round"]: r for r in read_audit_rows(rd.audit_rows(aid, tf.trial_id))}
             labels[aid] = by_round
         for row in rows:
             rec = {name: _cast(get(row), kind) for name, kind, get in ROUND_COLUMNS}
@@ -147,7 +149,7 @@ def collect_rows(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, str], l
                     rec[f"{aid}{SEP}{f}"] = _cast(a.get(f), kind)
             records.append(rec)
     if not records:
-        raise InputError(run_dir / "trials", None, "the run has no rounds to export")
+        raise InputError(rd.trials_dir, None, "the run has no rounds to export")
     return records, types, auditors
 
 
@@ -161,15 +163,15 @@ def export_run(run_dir: Path, out: Path) -> Any:
     features = Features({name: _feature(kind) for name, kind in types.items()})
     ds = Dataset.from_list(records, features=features)
     meta: dict[str, Any] = {"run_dir": str(run_dir.resolve()), "auditors": {}, "column_separator": SEP}
-    manifest = run_dir / "manifest.json"
-    if manifest.exists():
-        m = json.loads(manifest.read_text(encoding="utf-8"))
+    rd = RunDir(run_dir)
+    if rd.manifest.exists():
+        m = read_json_mapping(rd.manifest)
         meta["run_id"] = m.get("run_id")
         meta["source"] = (m.get("source") or {}).get("kind", "lhd run")
     for aid in auditors:
-        info_path = run_dir / "audit" / aid / "auditor.json"
+        info_path = rd.auditor_info(aid)
         if info_path.exists():
-            info = json.loads(info_path.read_text(encoding="utf-8"))
+            info = read_json_mapping(info_path)
             meta["auditors"][aid] = {k: info.get(k) for k in ("options", "model_identity", "role")}
     ds.info.description = json.dumps(meta, ensure_ascii=False)
     out = Path(out)

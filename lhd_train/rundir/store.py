@@ -1,15 +1,15 @@
-"""Append-only JSONL files and the content-addressed message store (see docs/formats.md)."""
+"""The checked readers of trajectory and audit rows, the content-addressed message store and the
+`.done` markers (see docs/formats.md)."""
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import uuid
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
 from lhd_train.errors import DataFileError
+from lhd_train.rundir.files import append_jsonl, read_jsonl_lines, repair_jsonl, utc_now, write_json_atomic
+from lhd_train.rundir.layout import ROWS_SUFFIX, RunDir, TrialFiles, trial_id_of_messages
 
 # Fields every reader of a trajectory row relies on (docs/formats.md), with their JSON types.
 ROUND_FIELDS: dict[str, type | tuple[type, ...]] = {"global_round": int, "task_index": int, "round": int,
@@ -19,52 +19,11 @@ RESUME_FIELDS: dict[str, type | tuple[type, ...]] = {**ROUND_FIELDS, "supervisor
 AUDIT_FIELDS: dict[str, type | tuple[type, ...]] = {"global_round": int}
 
 
-def append_jsonl(path: Path, row: dict[str, Any]) -> None:
-    """One line per call, flushed and fsynced, so a kill never leaves a half-written row behind
-    anything that follows it (a torn last line is dropped by `read_jsonl`/`repair_jsonl`)."""
-    line = json.dumps(row, ensure_ascii=False) + "\n"
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(line)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def read_jsonl(path: Path, repair: str | None = None) -> list[dict[str, Any]]:
-    """The rows of an append-only JSONL file ([] when it does not exist). A final line without its
-    newline is a write torn by a crash and is ignored; any other line that is not a JSON object
-    is a `DataFileError` naming the line (`repair`, when given, says how to mend that kind of file)."""
-    return [row for _, row in read_jsonl_lines(path, repair)]
-
-
-def read_jsonl_lines(path: Path, repair: str | None = None) -> list[tuple[int, dict[str, Any]]]:
-    """`read_jsonl` with each row's line number, for messages that point at a line."""
-    if not path.exists():
-        return []
-    rows: list[tuple[int, dict[str, Any]]] = []
-    with open(path, "rb") as f:
-        for n, raw in enumerate(f, 1):
-            if not raw.endswith(b"\n"):
-                break  # torn by a crash mid-write
-            try:
-                line = raw.decode("utf-8").strip()
-                if not line:
-                    continue
-                row = json.loads(line)
-            except ValueError as e:  # UnicodeDecodeError and JSONDecodeError both
-                raise DataFileError(path, f"not valid JSON ({getattr(e, 'msg', e)}, column {getattr(e, 'colno', '?')})",
-                                    line=n, repair=repair and repair.format(line=n)) from None
-            if not isinstance(row, dict):
-                raise DataFileError(path, f"a JSON {type(row).__name__}, not an object", line=n,
-                                    repair=repair and repair.format(line=n))
-            rows.append((n, row))
-    return rows
-
-
 def _trial_repair(path: Path) -> str:
     """The safe repair for a trajectory file damaged at line {line}: later rounds depend on it."""
-    tid = path.name.removesuffix(".jsonl")
-    return (f"keep only the lines before line {{line}}, delete {tid}.done and the audit rows "
-            f"(audit/*/{tid}.jsonl) of the rounds cut, then rerun `lhd run` to redo them")
+    t = TrialFiles.from_rows(path)
+    return (f"keep only the lines before line {{line}}, delete {t.done.name} and the audit rows "
+            f"(audit/*/{t.rows.name}) of the rounds cut, then rerun `lhd run` to redo them")
 
 
 def _check_fields(path: Path, n: int, row: dict[str, Any], fields: dict[str, Any], repair: str | None) -> None:
@@ -108,32 +67,6 @@ def read_audit_rows(path: Path) -> list[dict[str, Any]]:
     return [row for _, row in lines]
 
 
-def repair_jsonl(path: Path) -> int:
-    """Cut a torn final line so appends start on a clean line. Returns bytes removed."""
-    if not path.exists():
-        return 0
-    data = path.read_bytes()
-    if not data or data.endswith(b"\n"):
-        return 0
-    keep = data.rfind(b"\n") + 1
-    with open(path, "r+b") as f:
-        f.truncate(keep)
-    return len(data) - keep
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write through a temp file of its own (two writers never share a temp name), then replace."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "x", encoding="utf-8") as f:  # "x": never someone else's file; mode from the umask
-            f.write(json.dumps(obj, indent=2, ensure_ascii=False))
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def message_id(role: str, content: str) -> str:
     return hashlib.sha256(f"{role}\0{content}".encode()).hexdigest()[:16]
 
@@ -144,7 +77,7 @@ class MessageStore:
     def __init__(self, path: Path):
         self.path = path
         repair_jsonl(path)
-        tid = path.name.removesuffix(".messages.jsonl")
+        tid = trial_id_of_messages(path)
         lines = read_jsonl_lines(path, f"none is safe (the lost message cannot be rebuilt): restore the file from a "
                                        f"copy, or delete trials/{tid}.* and its audit rows to redo the trial")
         for n, r in lines:
@@ -167,7 +100,7 @@ class MessageStore:
         missing = [i for i in ids if i not in self._known]
         if missing:
             what = "is missing" if not self.path.exists() else f"has no message {missing[0]}"
-            tid = self.path.name.removesuffix(".messages.jsonl")
+            tid = trial_id_of_messages(self.path)
             raise DataFileError(self.path, f"{what}, but the trial's rows refer to it", repair=(
                 f"restore the file from a copy, or delete trials/{tid}.* and its audit rows to redo the trial"))
         return [{"role": self._known[i]["role"], "content": self._known[i]["content"]} for i in ids]
@@ -177,15 +110,14 @@ class MessageStore:
 
 
 def iter_trial_files(run_dir: Path) -> Iterator[Path]:
-    for p in sorted((run_dir / "trials").glob("*.jsonl")):
-        if not p.name.endswith(".messages.jsonl"):
-            yield p
+    """Every trial's trajectory file of a run, sorted by name."""
+    return RunDir(run_dir).rows_files()
 
 
 def write_done_marker(path: Path, rows: list[dict[str, Any]]) -> None:
     """Mark a trial finished, recording how many rounds it finished with, so a marker that
     outlives its rows (a deleted or truncated trajectory) is caught instead of trusted."""
-    marker = {"finished_at": datetime.now(timezone.utc).isoformat(), "rounds": len(rows),
+    marker = {"finished_at": utc_now("auto"), "rounds": len(rows),
               "last_global_round": rows[-1]["global_round"] if rows else None}
     write_json_atomic(path, marker)
 
@@ -202,7 +134,7 @@ def check_done_marker(done_path: Path, rows_path: Path, rows: list[dict[str, Any
     except ValueError:
         marker = None  # the old marker: an ISO timestamp
     expected = marker.get("rounds") if isinstance(marker, dict) else None
-    tid = rows_path.name.removesuffix(".jsonl")
+    tid = rows_path.name.removesuffix(ROWS_SUFFIX)
     repair = (f"restore {rows_path.name} from a copy, or delete {done_path.name} so that `lhd run` "
               "continues the trial from the rows there are")
     if not rows:

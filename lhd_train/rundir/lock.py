@@ -22,13 +22,13 @@ import os
 import socket
 import time
 from contextlib import ExitStack, contextmanager
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
 
 from lhd_train.errors import LhdError
+from lhd_train.rundir.files import utc_now
+from lhd_train.rundir.layout import LOCK as LOCK_NAME
 
-LOCK_NAME = ".lock"
 # Directories this process holds: resolved path -> (fd, depth).
 _HELD: dict[Path, list[int]] = {}
 
@@ -100,7 +100,7 @@ def _lock_one(directory: Path, stage: str) -> Iterator[None]:
             break
         os.close(fd)
     holder = {"pid": os.getpid(), "stage": stage, "host": socket.gethostname(),
-              "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+              "since": utc_now()}
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
     _HELD[key] = [fd, 1]
