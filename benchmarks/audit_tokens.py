@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from lhd_train.audit.trajectory import AuditorPrompts, RenderOptions, build_messages, load_task_texts, load_trial  # noqa: E402
-from lhd_train.config import parse_config  # noqa: E402
+from lhd_train.config.run import parse_config  # noqa: E402
 from lhd_train.events import draw_schedule  # noqa: E402
 from lhd_train.prompts import Prompts  # noqa: E402
 from lhd_train.taskpack import load_pack  # noqa: E402

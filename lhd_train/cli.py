@@ -11,6 +11,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from lhd_train.config.auditor import DEFAULT_OPTIONS as AUDIT_DEFAULTS
+from lhd_train.config.vocab import MODES
 from lhd_train.console import table_console
 from lhd_train.errors import LhdError
 
@@ -30,7 +32,7 @@ def run_cmd(
                                         "the trials, in <run_name>-shard<INDEX>of<COUNT>"),
 ) -> None:
     """Run (or resume) the benchmark: N trials concurrently, one JSONL row per finished round."""
-    from lhd_train.config import load_config
+    from lhd_train.config.run import load_config
     from lhd_train.engine import run_benchmark
 
     cfg = load_config(config, overrides or [])
@@ -122,12 +124,12 @@ def audit_cmd(
     run: Path = typer.Argument(..., help="run directory (runs/<run>)"),
     overrides: Optional[list[str]] = typer.Argument(None, help="key.sub=value overrides of the auditor config"),
     auditor: Optional[Path] = typer.Option(None, "--auditor", help="auditor config YAML (models: + auditor:); default: the run's config"),
-    mode: str = typer.Option("full", "--mode", help="full | window | causal | task"),
-    window: int = typer.Option(6, "--window", help="R for --mode window: 2R+1 rounds around the target"),
+    mode: str = typer.Option(AUDIT_DEFAULTS.mode, "--mode", help=" | ".join(MODES)),
+    window: int = typer.Option(AUDIT_DEFAULTS.window, "--window", help="R for --mode window: 2R+1 rounds around the target"),
     hide_supervisor: bool = typer.Option(False, "--hide-supervisor", help="hide the supervisor's private reasoning and states"),
     hide_event_labels: bool = typer.Option(False, "--hide-event-labels", help="hide event names, categories and pressure levels"),
     auditor_id: Optional[str] = typer.Option(None, "--auditor-id", help="folder under audit/ (default: <model>-<mode>)"),
-    concurrency: int = typer.Option(64, "--concurrency", help="rounds in flight at once"),
+    concurrency: int = typer.Option(AUDIT_DEFAULTS.concurrency, "--concurrency", help="rounds in flight at once"),
     include_unfinished: bool = typer.Option(False, "--include-unfinished", help="also audit trials without a .done marker"),
     no_progress: bool = typer.Option(False, "--no-progress", help="hide the progress bar"),
 ) -> None:

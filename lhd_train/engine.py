@@ -11,7 +11,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from lhd_train.accounting import gpu_hours, usage_by_role
-from lhd_train.config import RunConfig, dump_resolved
+from lhd_train.config.run import RunConfig, dump_resolved
 from lhd_train.errors import InputError, LhdError
 from lhd_train.events import Schedule, draw_schedule
 from lhd_train.prompts import Prompts

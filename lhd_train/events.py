@@ -11,12 +11,14 @@ import random
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 from rich.table import Table
 
 from lhd_train.console import table_console
 from lhd_train.errors import InputError
-from lhd_train.taskpack import CATEGORIES, LEVELS, Category, Level, TaskPack, input_error_from_validation, load_pack
+from lhd_train.config.base import validate
+from lhd_train.config.vocab import CATEGORIES, LEVELS, Category, Level
+from lhd_train.taskpack import TaskPack, load_pack
 
 NONE = "NONE"
 # The reference's spelling of "no control"; accepted so its command lines carry over.
@@ -56,10 +58,7 @@ class Schedule(BaseModel):
 
     @classmethod
     def from_json(cls, data: dict[str, Any], source: str | Path | None = None) -> Schedule:
-        try:
-            return cls.model_validate(data)
-        except ValidationError as err:
-            raise input_error_from_validation(err, source, cls) from None
+        return validate(cls, data, source)
 
 
 def _control(value: str | None, choices: tuple[str, ...], field: str) -> str | None:

@@ -8,13 +8,12 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from lhd_train.config.vocab import STATES
 from lhd_train.memory import Memory, RoundNote
 from lhd_train.prompts import Prompts
 from lhd_train.structured_calls import BackendUnavailable, ask_structured, call_record
 from rollouts.backend import Backend
 from rollouts.types import GenerationRequest, SamplingParams
-
-STATE_KEYS = ("trust", "satisfaction", "comfort")
 
 
 class Evaluation(BaseModel):
@@ -154,10 +153,10 @@ class Supervisor:
         status = ev.status
         if ev.value is not None:
             evaluation = ev.value.model_dump()
-            self.state = {k: float(evaluation[k]) for k in STATE_KEYS}
+            self.state = {k: float(evaluation[k]) for k in STATES}
             eval_reply = calls[-1]["raw"]
             fb_user = self.prompts.render("supervisor_feedback", threshold=self.threshold,
-                                          **{k: f"{self.state[k]:+.2f}" for k in STATE_KEYS})
+                                          **{k: f"{self.state[k]:+.2f}" for k in STATES})
             fb = await ask_structured(
                 self.backend,
                 lambda note: [system, {"role": "user", "content": eval_user}, {"role": "assistant", "content": eval_reply},

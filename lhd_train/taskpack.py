@@ -12,20 +12,15 @@ import json
 import re
 from functools import cached_property
 from pathlib import Path
-from types import UnionType
-from typing import Annotated, Any, Callable, Literal, NoReturn, Union, get_args, get_origin
+from typing import Annotated, Any, Callable, Literal, NoReturn
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationInfo, field_validator
 
+from lhd_train.config.base import StrictModel, validate
+from lhd_train.config.vocab import CATEGORIES, LEVELS, Category, Level
 from lhd_train.errors import InputError
 
-Category = Literal["GOAL_CONFLICT", "COMPETITIVE_INTERACTION", "MORAL_DILEMMA", "AUTHORITY_DIRECTIVE",
-                   "INFORMATION_GAP"]
-Level = Literal["LOW", "MEDIUM", "HIGH", "CRITICAL"]
 FileType = Literal["text", "csv", "json"]
-# The reference's order: its sampler indexes categories and levels in exactly this order.
-CATEGORIES: tuple[str, ...] = get_args(Category)
-LEVELS: tuple[str, ...] = get_args(Level)
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "packs"
 NATIVE_FILE = "pack.json"
@@ -35,8 +30,8 @@ REF_EVENTS_FILE = "event_set.json"
 
 # ---------------------------------------------------------------- in-memory model
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class _Frozen(StrictModel):
+    model_config = ConfigDict(frozen=True)
 
 
 class TaskFile(_Frozen):
@@ -163,77 +158,8 @@ def check_file_content(file_type: str, content: str) -> None:
                 raise ValueError(f"line {line_no} has {len(row)} columns, the header has {len(header)}")
 
 
-# ---------------------------------------------------------------- pydantic errors -> InputError
-
-def _unwrap(ann: Any) -> Any:
-    while get_origin(ann) is Annotated:
-        ann = get_args(ann)[0]
-    if get_origin(ann) in (Union, UnionType):
-        args = [a for a in get_args(ann) if a is not type(None)]
-        if len(args) == 1:
-            return _unwrap(args[0])
-    return ann
-
-
-def _annotation_at(root: type[BaseModel], loc: tuple[Any, ...]) -> Any:
-    ann: Any = root
-    for part in loc:
-        ann = _unwrap(ann)
-        if isinstance(ann, type) and issubclass(ann, BaseModel) and isinstance(part, str):
-            field = ann.model_fields.get(part)
-            if field is None:
-                return None
-            ann = field.annotation
-        elif get_origin(ann) is list and isinstance(part, int):
-            ann = get_args(ann)[0]
-        elif get_origin(ann) is dict:
-            ann = get_args(ann)[1]
-        else:
-            return None
-    return _unwrap(ann)
-
-
-def field_path(loc: tuple[Any, ...]) -> str:
-    """('tasks', 3, 'files', 0, 'type') -> 'tasks[3].files[0].type'."""
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-_TYPE_WORDS = {"model_type": "an object", "dict_type": "an object", "list_type": "a list",
-               "string_type": "a string", "int_type": "an integer", "float_type": "a number",
-               "bool_type": "true or false"}
-
-
-def input_error_from_validation(err: ValidationError, source: str | Path | None, root: type[BaseModel]) -> InputError:
-    """Turn the first pydantic error into one InputError with a readable field path and allowed values."""
-    e = err.errors(include_url=False)[0]
-    loc, kind = tuple(e["loc"]), e["type"]
-    allowed = None
-    if kind == "missing":
-        problem = "is required"
-    elif kind == "extra_forbidden":
-        problem = "unknown key"
-        parent = _annotation_at(root, loc[:-1])
-        if isinstance(parent, type) and issubclass(parent, BaseModel):
-            allowed = ", ".join(parent.model_fields)
-    elif kind == "literal_error":
-        problem = f"{e['input']!r} is not allowed"
-        ann = _annotation_at(root, loc)
-        allowed = ", ".join(map(str, get_args(ann))) if get_origin(ann) is Literal else None
-    elif kind in _TYPE_WORDS:
-        problem = f"must be {_TYPE_WORDS[kind]} (got {type(e['input']).__name__})"
-    else:
-        problem = str(e["msg"]).removeprefix("Value error, ")
-    return InputError(source, field_path(loc) or None, problem, allowed)
-
-
 def _validate(model: type[BaseModel], data: Any, source: Path) -> Any:
-    try:
-        return model.model_validate(data)
-    except ValidationError as err:
-        raise input_error_from_validation(err, source, model) from None
+    return validate(model, data, source)
 
 
 def _read_json(path: Path) -> Any:
@@ -318,8 +244,10 @@ def _phase_of(task_index: int, phases: list[Phase]) -> int:
 
 # ---------------------------------------------------------------- our format: pack.json
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+class _Strict(StrictModel):
+    """pack.json is hand-written: types are checked strictly too (no "1" for 1)."""
+
+    model_config = ConfigDict(strict=True)
 
 
 class _FileSpec(_Strict):

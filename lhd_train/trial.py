@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from lhd_train.config import RunConfig
+from lhd_train.config.run import RunConfig
+from lhd_train.config.vocab import STATES
 from lhd_train.errors import DataFileError
 from lhd_train.events import Schedule
 from lhd_train.memory import Memory, RoundNote
@@ -21,7 +22,7 @@ from lhd_train.rundir.layout import RunDir, TrialFiles
 from lhd_train.rundir.rows import ROW_SCHEMA
 from lhd_train.rundir.store import RESUME_FIELDS, MessageStore, check_done_marker, read_trial_rows, write_done_marker
 from lhd_train.structured_calls import BackendUnavailable, call_seed
-from lhd_train.supervisor import NO_FEEDBACK, STATE_KEYS, Supervisor
+from lhd_train.supervisor import NO_FEEDBACK, Supervisor
 from rollouts.backend import Backend
 from rollouts.types import SamplingParams
 
@@ -270,4 +271,4 @@ def _fill_summary(result: TrialResult, rows: list[dict[str, Any]], cfg: RunConfi
         by_task[r["task_index"]] = r
     result.tasks_done = tasks_done(rows, cfg.max_rounds_per_task)
     result.tasks_completed = sum(1 for r in by_task.values() if r["task_complete"])
-    result.final_state = dict(rows[-1]["supervisor"]["state_after"]) if rows else {k: 0.0 for k in STATE_KEYS}
+    result.final_state = dict(rows[-1]["supervisor"]["state_after"]) if rows else {k: 0.0 for k in STATES}

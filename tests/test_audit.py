@@ -22,12 +22,13 @@ import yaml
 from lhd_train.audit import AuditOptions, audit_run, context_indices, load_auditor_config, window_bounds
 from lhd_train.audit.labels import make_consistent
 from lhd_train.audit.trajectory import AuditorPrompts, RenderOptions, build_messages, load_task_texts, load_trial
-from lhd_train.config import parse_config
+from lhd_train.config.run import parse_config
 from lhd_train.engine import prepare_run_dir, trial_id_for
 from lhd_train.errors import InputError
 from lhd_train.prompts import Prompts
 from lhd_train.rundir.files import read_jsonl
-from lhd_train.taskpack import CATEGORIES, load_pack
+from lhd_train.config.vocab import CATEGORIES
+from lhd_train.taskpack import load_pack
 from lhd_train.trial import RunContext, run_trial
 from scripted import ScriptedBackend, supervisor_script
 

@@ -23,7 +23,7 @@ from lhd_train.cluster import (STAGES, dry_run_commands, merge_runs, parse_shard
 from lhd_train.cluster.merge import merge_datasets
 from lhd_train.cluster.shard import parse_shard_run_name, shard_bounds
 from lhd_train.cluster.slurm import list_templates, parse_vars
-from lhd_train.config import load_config, parse_config
+from lhd_train.config.run import load_config, parse_config
 from lhd_train.errors import InputError
 from rollouts.spec import ModelSpec
 
@@ -660,7 +660,7 @@ def test_example_configs_load():
     assert all(s.base_url for s in cfg.models.values())
     assert cfg.models["judge"].api_key_env == "SUPERVISOR_API_KEY"
     # the auditor example validates and gives the audit job its 4 GPUs
-    from lhd_train.audit.settings import AuditorConfig
+    from lhd_train.config.auditor import AuditorConfig
 
     aud = ROOT / "configs/examples/auditor-llama70b.yaml"
     acfg = AuditorConfig.model_validate(yaml.safe_load(aud.read_text()))

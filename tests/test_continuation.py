@@ -2,7 +2,7 @@
 partial answer as an assistant turn, then a request to go on), up to `max_segments` segments."""
 from __future__ import annotations
 
-from lhd_train.config import parse_config
+from lhd_train.config.run import parse_config
 from lhd_train.prompts import Prompts
 from rollouts.types import Completion, GenerationResult
 from scripted import ScriptedBackend, supervisor_script

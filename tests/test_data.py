@@ -7,7 +7,7 @@ import json
 import pytest
 from datasets import load_from_disk
 
-from lhd_train.config import parse_config
+from lhd_train.config.run import parse_config
 from lhd_train.data.builders import (BuildSettings, Scored, build_bon, build_dpo, build_grpo, select_best,
                                      select_pair)
 from lhd_train.data.contexts import load_contexts, split_of

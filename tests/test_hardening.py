@@ -109,7 +109,7 @@ def essence(run_dir: Path) -> dict[str, object]:
 @pytest.fixture(scope="module")
 def lone(tmp_path_factory, tiny_llama_dir) -> Path:
     """A finished run, made once (in this process) and copied by every test that changes it."""
-    from lhd_train.config import load_config
+    from lhd_train.config.run import load_config
     from lhd_train.engine import run_benchmark
 
     base = tmp_path_factory.mktemp("lone")
@@ -448,7 +448,7 @@ def test_names_that_would_leave_their_folder_are_refused(name, tmp_path, monkeyp
     cfg = write_config(tmp_path / "out" / "run.yaml", tiny_llama_dir, tmp_path / "out" / "runs")
     one_error(*cli(monkeypatch, capsys, "run", str(cfg), f"run_name={name}", "--no-progress"), "run_name")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["run.yaml"]
-    from lhd_train.audit.settings import AuditOptions
+    from lhd_train.config.auditor import AuditOptions
     from lhd_train.errors import InputError
 
     with pytest.raises(InputError, match="auditor-id"):
@@ -532,7 +532,7 @@ def test_data_options_are_checked_before_any_model_loads(copy, monkeypatch, caps
 
 
 def test_a_resumed_run_starts_its_progress_bar_at_the_work_done(copy, capsys):
-    from lhd_train.config import load_config
+    from lhd_train.config.run import load_config
     from lhd_train.engine import run_benchmark
 
     cfg, run_dir = copy

@@ -260,7 +260,7 @@ def scripted_run(tmp_path, performer_text: str | None = None):
     an audit that flags every even global round. Returns the run directory."""
     from scripted import ScriptedBackend, supervisor_script
 
-    from lhd_train.config import parse_config
+    from lhd_train.config.run import parse_config
     from lhd_train.events import draw_schedule
     from lhd_train.prompts import Prompts
     from lhd_train.rundir.files import append_jsonl

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from lhd_train.audit import AuditOptions, audit_run, load_auditor_config
-from lhd_train.config import parse_config
+from lhd_train.config.run import parse_config
 from lhd_train.errors import InputError
 from lhd_train.rundir.reference_import import import_reference
 from lhd_train.rundir.files import read_jsonl

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from lhd_train.config import parse_config
+from lhd_train.config.run import parse_config
 from lhd_train.events import draw_schedule
 from lhd_train.prompts import Prompts
 from lhd_train.rundir.files import read_jsonl

@@ -201,11 +201,11 @@ def _error(fn, *args, **kwargs) -> str:
 
 
 def test_recipe_validation_errors(tmp_path):
-    from lhd_train.training.recipe import load_recipe
+    from lhd_train.config.recipe import load_recipe
 
     sft = RECIPES / "tiny" / "sft-honest.yaml"
     msg = _error(load_recipe, sft, ["colour=blue"])
-    assert "sft-honest.yaml" in msg and "'colour'" in msg and "unknown field" in msg
+    assert "sft-honest.yaml" in msg and "'colour'" in msg and "unknown key" in msg
     msg = _error(load_recipe, sft, ["direction=sideways"])
     assert "'direction'" in msg and "honest" in msg
     msg = _error(load_recipe, sft, ["trainer.learnig_rate=0.1"])
@@ -243,7 +243,7 @@ def test_recipe_validation_errors(tmp_path):
 
 def test_every_shipped_recipe_builds_its_trainer_config(tmp_path):
     """All recipes validate, and TRL's config accepts their trainer arguments (CPU adjustments applied)."""
-    from lhd_train.training.recipe import load_recipe
+    from lhd_train.config.recipe import load_recipe
     from lhd_train.training.runner import build_config, trainer_arguments
 
     recipes = sorted(RECIPES.rglob("*.yaml"))
@@ -309,7 +309,7 @@ def test_input_errors_about_data_model_and_rewards(llama, data, tmp_path):
 
 def test_reward_registry_is_pluggable():
     from lhd_train.errors import InputError
-    from lhd_train.training.recipe import RewardSpec
+    from lhd_train.config.recipe import RewardSpec
     from lhd_train.training.rewards import REWARDS, build_rewards, register_reward
 
     @register_reward("test_shout", replace=True)
@@ -548,7 +548,7 @@ def test_grpo_raises_the_mean_reward_of_a_learnable_reward(learnable, tmp_path):
 def test_sft_trains_only_the_selected_last_turn_by_default(tmp_path):
     """Best-of-N rows end with the selected answer after the performer's own earlier answers
     (possibly deceptive): without an `sft:` section only that last turn is trained."""
-    from lhd_train.training.recipe import load_recipe
+    from lhd_train.config.recipe import load_recipe
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text("algo: sft\nmodel: m\ndirection: honest\ndata: {train: d}\noutput_dir: o\n")

@@ -203,7 +203,7 @@ def test_role_adapters_reach_the_server_but_not_the_config(tmp_path, monkeypatch
     written (it is saved and compared when a run resumes), and every role's adapter is known
     before the server starts."""
     import lhd_train.engine as engine
-    from lhd_train.config import parse_config
+    from lhd_train.config.run import parse_config
 
     seen: list[ModelSpec] = []
     monkeypatch.setattr(engine, "build_backend", lambda spec, name="", log_dir=None: seen.append(spec) or object())
@@ -288,7 +288,7 @@ def _train_marker_adapter(model_dir: Path, out: Path) -> Path:
 def _mini_pack(folder: Path, n_tasks: int = 2) -> Path:
     """A two-task pack with short texts: the built-in packs' files make 6k-token prompts, which a
     LoRA prefill on CPU takes minutes over. The pipeline is the same."""
-    from lhd_train.taskpack import CATEGORIES
+    from lhd_train.config.vocab import CATEGORIES
 
     folder.mkdir(parents=True, exist_ok=True)
     tasks = [{"index": i, "title": f"Status note {i}", "prompt": f"Write status note {i} for the board, in two sentences.",
@@ -305,7 +305,8 @@ def _mini_pack(folder: Path, n_tasks: int = 2) -> Path:
 
 
 def _run_config(out: Path, model_dir: Path, adapter: Path):
-    from lhd_train.config import apply_overrides, parse_config
+    from lhd_train.config.base import apply_overrides
+    from lhd_train.config.run import parse_config
 
     data = {
         "run_name": "vllm-cpu", "output_dir": str(out), "task_pack": str(_mini_pack(out / "pack")), "seeds": [SEED],

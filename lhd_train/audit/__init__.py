@@ -2,13 +2,11 @@
 
 `audit_run` labels every round of a run with one auditor (full, window, causal or task mode);
 `make_consistent` is the one place where contradictory labels are repaired."""
-from lhd_train.audit.labels import TYPES, AuditAnswer, Labels, make_consistent
+from lhd_train.audit.labels import AuditAnswer, Labels, make_consistent
 from lhd_train.audit.runner import AuditSummary, audit_run, list_auditors, read_audit
-from lhd_train.audit.settings import AuditOptions, AuditorConfig, load_auditor_config
-from lhd_train.audit.trajectory import MODES, RenderOptions, build_messages, context_indices, window_bounds
+from lhd_train.audit.trajectory import build_messages, context_indices, window_bounds
 
 __all__ = [
-    "TYPES", "MODES", "AuditAnswer", "Labels", "make_consistent", "AuditSummary", "audit_run", "list_auditors",
-    "read_audit", "AuditOptions", "AuditorConfig", "load_auditor_config", "RenderOptions", "build_messages",
-    "context_indices", "window_bounds",
+    "AuditAnswer", "Labels", "make_consistent", "AuditSummary", "audit_run", "list_auditors",
+    "read_audit", "build_messages", "context_indices", "window_bounds",
 ]

@@ -7,6 +7,8 @@ import os
 import sys
 from pathlib import Path
 
+from lhd_train.config.auditor import DEFAULT_OPTIONS as AUDIT_DEFAULTS
+from lhd_train.config.vocab import MODES
 from lhd_train.errors import LhdError
 
 
@@ -16,12 +18,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run", type=Path)
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides of the auditor config")
     p.add_argument("--auditor", type=Path, default=None, help="auditor config YAML (models: + auditor:)")
-    p.add_argument("--mode", default="full", choices=["full", "window", "causal", "task"])
-    p.add_argument("--window", type=int, default=6, help="R for --mode window (2R+1 rounds)")
+    p.add_argument("--mode", default=AUDIT_DEFAULTS.mode, choices=MODES)
+    p.add_argument("--window", type=int, default=AUDIT_DEFAULTS.window, help="R for --mode window (2R+1 rounds)")
     p.add_argument("--hide-supervisor", action="store_true")
     p.add_argument("--hide-event-labels", action="store_true")
     p.add_argument("--auditor-id", default=None)
-    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--concurrency", type=int, default=AUDIT_DEFAULTS.concurrency)
     p.add_argument("--include-unfinished", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_intermixed_args(argv)

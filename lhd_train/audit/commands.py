@@ -8,20 +8,22 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from lhd_train.config.auditor import DEFAULT_OPTIONS as AUDIT_DEFAULTS
 from lhd_train.console import table_console
 from lhd_train.errors import InputError
 
 console = Console(stderr=True)
 
 
-def audit_command(run: Path, auditor_config: Path | None = None, mode: str = "full", window: int = 6,
-                  hide_supervisor: bool = False, hide_event_labels: bool = False, auditor_id: str | None = None,
-                  concurrency: int = 64, overrides: list[str] | None = None, progress: bool = True,
+def audit_command(run: Path, auditor_config: Path | None = None, mode: str = AUDIT_DEFAULTS.mode,
+                  window: int = AUDIT_DEFAULTS.window, hide_supervisor: bool = False, hide_event_labels: bool = False,
+                  auditor_id: str | None = None, concurrency: int = AUDIT_DEFAULTS.concurrency,
+                  overrides: list[str] | None = None, progress: bool = True,
                   include_unfinished: bool = False) -> int:
     """Audit a run; print a summary. Returns the exit status: 0 when every round of every audited
     trial has a row, 3 when some are missing (rerun the same command to finish them)."""
     from lhd_train.audit.runner import audit_run
-    from lhd_train.audit.settings import AuditOptions, load_auditor_config
+    from lhd_train.config.auditor import AuditOptions, load_auditor_config
 
     run = Path(run)
     if not run.is_dir():

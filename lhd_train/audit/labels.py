@@ -6,12 +6,11 @@ auditor, the grader and (when asked) the reference import apply exactly the same
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-TYPES = ("FALSIFICATION", "CONCEALMENT", "EQUIVOCATION")
-DeceptionType = Literal["FALSIFICATION", "CONCEALMENT", "EQUIVOCATION"]
+from lhd_train.config.vocab import TYPES, DeceptionType
 
 
 class AuditAnswer(BaseModel):

@@ -17,7 +17,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from lhd_train.audit.labels import CheckedAuditAnswer, failed_labels, make_consistent
-from lhd_train.audit.settings import AuditOptions, AuditorConfig
+from lhd_train.config.auditor import AuditOptions, AuditorConfig
 from lhd_train.audit.trajectory import AuditorPrompts, Trial, build_messages, load_task_texts, load_trial, prompt_sha256
 from lhd_train.errors import InputError
 from lhd_train.rundir.files import (append_jsonl, package_versions, python_version, read_yaml_mapping, repair_jsonl,

@@ -10,15 +10,15 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
-from typing import Any, Literal
+from typing import Any
 
+from lhd_train.config.auditor import DEFAULT_OPTIONS, RenderOptions
+from lhd_train.config.vocab import MODES
 from lhd_train.errors import InputError
 from lhd_train.rundir.files import sha256_text
 from lhd_train.rundir.layout import RunDir, TrialFiles
 from lhd_train.rundir.store import MessageStore, check_done_marker, read_trial_rows
 
-Mode = Literal["full", "window", "causal", "task"]
-MODES: tuple[str, ...] = ("full", "window", "causal", "task")
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
 
 
@@ -28,14 +28,6 @@ class TaskText:
     title: str
     prompt: str
     files: tuple[tuple[str, str], ...] = ()  # (name, content)
-
-
-@dataclass(frozen=True)
-class RenderOptions:
-    """What the auditor may see. Defaults match the reference (everything shown)."""
-
-    hide_supervisor: bool = False  # private evaluation reasoning, states, feedback reasoning
-    hide_event_labels: bool = False  # event name, category, pressure (the name encodes the category)
 
 
 @dataclass
@@ -155,7 +147,7 @@ def window_bounds(n: int, i: int, radius: int) -> tuple[int, int]:
     return start, end
 
 
-def context_indices(trial: Trial, i: int, mode: str, window: int = 6) -> list[int]:
+def context_indices(trial: Trial, i: int, mode: str, window: int = DEFAULT_OPTIONS.window) -> list[int]:
     """Indices (into trial.rows) of the rounds shown as history when auditing round index i."""
     n = len(trial.rows)
     if mode == "full":

@@ -132,7 +132,7 @@ def check_hf_constrained(ctx: Ctx) -> tuple[bool, str]:
 def check_trl_lora(ctx: Ctx) -> tuple[bool, str]:
     from datasets import Dataset
 
-    from lhd_train.training.recipe import parse_recipe
+    from lhd_train.config.recipe import parse_recipe
     from lhd_train.training.runner import train
 
     assert ctx.model_dir is not None

@@ -146,7 +146,7 @@ def _resolve_vars(stage: str, given: dict[str, Any]) -> dict[str, Any]:
 
 
 def _load_run_config(config: Path):
-    from lhd_train.config import load_config
+    from lhd_train.config.run import load_config
 
     return load_config(config)
 
@@ -277,7 +277,7 @@ def _plan_rollout(config: Path, v: dict[str, Any]) -> Plan:
 
 def _auditor_models(config: Path, v: dict[str, Any], cfg: Any) -> tuple[dict[str, Any], str | None]:
     if v.get("auditor"):
-        from lhd_train.audit.settings import AuditorConfig
+        from lhd_train.config.auditor import AuditorConfig
 
         data = _read_yaml(Path(v["auditor"]))
         try:

@@ -17,17 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from tqdm.auto import tqdm
 
-from lhd_train.audit.settings import load_auditor_config
-from lhd_train.config import RoleConfig, parse_config
+from lhd_train.config.auditor import load_auditor_config
+from lhd_train.config.run import RoleConfig, load_saved_config
 from lhd_train.data.contexts import Context, load_contexts
 from lhd_train.data.grading import Grade, Grader
 from lhd_train.errors import InputError
 from lhd_train.performer import split_think
 from lhd_train.rundir.files import append_jsonl, package_versions, read_jsonl, repair_jsonl, write_json_atomic
-from lhd_train.rundir.layout import RunDir
 from lhd_train.structured_calls import call_seed
 from rollouts.backend import Backend
 from rollouts.factory import build_backend
@@ -66,10 +64,7 @@ class BuildSettings:
 
 def _role_backends(s: BuildSettings) -> tuple[Any, Backend, Backend, Any, Backend, RoleConfig]:
     """The run's performer and supervisor models and the auditor, one backend per distinct spec."""
-    saved = RunDir(s.run_dir).config
-    if not saved.is_file():
-        raise InputError(saved, None, "not found: is this a run directory?")
-    cfg = parse_config(yaml.safe_load(saved.read_text()), saved)
+    cfg = load_saved_config(s.run_dir)
     acfg, _ = load_auditor_config(s.run_dir, s.auditor_config, list(s.overrides))
     (s.out / "logs").mkdir(parents=True, exist_ok=True)
     built: dict[str, Backend] = {}

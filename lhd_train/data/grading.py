@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from lhd_train.audit.labels import CheckedAuditAnswer, make_consistent
-from lhd_train.audit.settings import AuditorConfig
+from lhd_train.config.auditor import AuditorConfig
 from lhd_train.audit.trajectory import AuditorPrompts, RenderOptions, Trial, build_messages, load_task_texts, load_trial
-from lhd_train.config import RoleConfig
+from lhd_train.config.run import RoleConfig
 from lhd_train.data.contexts import Context
 from lhd_train.rundir.files import append_jsonl, read_jsonl, read_yaml_mapping, repair_jsonl
 from lhd_train.rundir.layout import RunDir

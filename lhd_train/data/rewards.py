@@ -10,7 +10,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from lhd_train.audit.settings import load_auditor_config
+from lhd_train.config.auditor import load_auditor_config
 from lhd_train.data.contexts import Context, load_contexts
 from lhd_train.data.grading import Grade, Grader
 from lhd_train.performer import split_think
@@ -33,15 +33,11 @@ class _Judge:
         self.contexts: dict[tuple[str, int], Context] = {}
 
     def _build(self) -> Grader:
-        import yaml
-
-        from lhd_train.config import parse_config
-        from lhd_train.rundir.layout import RunDir
+        from lhd_train.config.run import load_saved_config
         from rollouts.factory import build_backend
 
         acfg, _ = load_auditor_config(self.run_dir, self.auditor_config, list(self.overrides))
-        saved = RunDir(self.run_dir).config
-        cfg = parse_config(yaml.safe_load(saved.read_text()), saved)
+        cfg = load_saved_config(self.run_dir)
         self.cache.parent.mkdir(parents=True, exist_ok=True)
         auditor = build_backend(acfg.spec, name=acfg.auditor.model, log_dir=str(self.cache.parent))
         sup_spec = cfg.models[cfg.supervisor.model]

@@ -33,7 +33,6 @@ from lhd_train.metrics.horizon import (
     horizon_table,
 )
 from lhd_train.metrics.load import (
-    TYPES,
     RunData,
     list_auditors,
     load_audit,
@@ -45,7 +44,7 @@ from lhd_train.metrics.load import (
 )
 
 __all__ = [
-    "TYPES", "Chain", "RoundFlag", "RunData", "RunMetrics", "TrialStats", "bootstrap_ci", "breakdown",
+    "Chain", "RoundFlag", "RunData", "RunMetrics", "TrialStats", "bootstrap_ci", "breakdown",
     "chains_summary", "chains_table", "compare_auditors", "compute_all", "control_table",
     "correlations_across", "correlations_within", "deception_chains", "delayed_rounds", "delayed_table",
     "horizon_table", "list_auditors", "load_audit", "load_run", "load_runs", "mean_se", "pearson",

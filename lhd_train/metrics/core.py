@@ -14,7 +14,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from lhd_train.metrics.load import CATEGORIES, COVERAGE_MIN, LEVELS, NO_EVENT, OK_STATUSES, TYPES, RunData
+from lhd_train.config.vocab import CATEGORIES, LEVELS, TYPES
+from lhd_train.metrics.load import COVERAGE_MIN, NO_EVENT, OK_STATUSES, RunData
 
 BOOT_RESAMPLES = 10_000
 BOOT_SEED = 0

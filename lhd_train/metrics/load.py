@@ -11,21 +11,16 @@ from typing import Any
 
 import pandas as pd
 
+from lhd_train.config.vocab import STATES, TYPES
 from lhd_train.errors import InputError
 from lhd_train.rundir.files import read_json_mapping as _read_json
 from lhd_train.rundir.files import read_yaml_mapping
 from lhd_train.rundir.layout import RunDir
 from lhd_train.rundir.store import read_audit_rows, read_trial_rows
 
-TYPES: tuple[str, ...] = ("FALSIFICATION", "CONCEALMENT", "EQUIVOCATION")
-CATEGORIES: tuple[str, ...] = ("GOAL_CONFLICT", "COMPETITIVE_INTERACTION", "MORAL_DILEMMA",
-                               "AUTHORITY_DIRECTIVE", "INFORMATION_GAP")
-LEVELS: tuple[str, ...] = ("LOW", "MEDIUM", "HIGH", "CRITICAL")
 NO_EVENT = "none"
-STATES: tuple[str, ...] = ("trust", "satisfaction", "comfort")
 OK_STATUSES = ("ok", "retried", "repaired")  # a label that counts; "failed" and "missing" do not
 COVERAGE_MIN = 0.9  # a trial whose valid labels cover less than this share of its rounds is flagged
-MODES = ("full", "window", "causal", "task")
 
 
 @dataclass

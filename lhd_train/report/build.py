@@ -14,7 +14,8 @@ import pandas as pd
 from lhd_train.errors import InputError
 from lhd_train.metrics.core import RunMetrics, compute_all
 from lhd_train.metrics.horizon import chains_summary, chains_table, delayed_table, horizon_table
-from lhd_train.metrics.load import COVERAGE_MIN, TYPES, RunData, load_runs
+from lhd_train.config.vocab import TYPES
+from lhd_train.metrics.load import COVERAGE_MIN, RunData, load_runs
 from lhd_train.report import plots
 from lhd_train.report.render import ci, fmt, pm, render_page
 from lhd_train.report.viewer import safe_name, states_plot, write_run_pages

@@ -15,7 +15,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from lhd_train.metrics.load import STATES, TYPES
+from lhd_train.config.vocab import STATES, TYPES
 
 PRESSURE_COLORS = {"CRITICAL": "#8b0000", "HIGH": "#e74c3c", "MEDIUM": "#f5b7b1", "LOW": "#d6eaf8",
                    "none": "#eeeeee"}

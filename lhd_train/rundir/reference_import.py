@@ -19,10 +19,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from lhd_train.audit.labels import Labels, make_consistent
-from lhd_train.config import CATEGORIES, LEVELS, parse_config
+from lhd_train.config.base import validate
+from lhd_train.config.run import parse_config
+from lhd_train.config.vocab import CATEGORIES, LEVELS
 from lhd_train.errors import InputError
 from lhd_train.performer import task_message
 from lhd_train.prompts import Prompts
@@ -126,16 +128,11 @@ class RefDetector(_L):
 
 
 def _load(model: type[BaseModel], path: Path) -> Any:
-    from lhd_train.taskpack import input_error_from_validation
-
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise InputError(path, None, f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        raise input_error_from_validation(e, path, model) from None
+    return validate(model, data, path)
 
 
 # ---------------------------------------------------------------- session discovery

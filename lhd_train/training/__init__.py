@@ -4,7 +4,7 @@ Heavy imports (torch, transformers, trl) happen inside the functions, so importi
 """
 from __future__ import annotations
 
-from lhd_train.training.recipe import Recipe, load_recipe, parse_recipe
+from lhd_train.config.recipe import Recipe, load_recipe, parse_recipe
 from lhd_train.training.rewards import REWARDS, register_reward, register_reward_function
 
 __all__ = ["Recipe", "load_recipe", "parse_recipe", "REWARDS", "register_reward", "register_reward_function",

@@ -1,29 +1,24 @@
-"""Run configuration: YAML → typed models, `key.sub=value` overrides, errors that name the field."""
+"""Run configuration (`lhd run CONFIG`): the typed models of a run config, loaded through `config.base`."""
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from lhd_train.config.base import StrictModel
+from lhd_train.config.base import read_config, relative_to_file, validate
+from lhd_train.config.vocab import CATEGORIES, LEVELS, ROLES
 from lhd_train.errors import InputError
 from lhd_train.rundir.files import read_yaml_mapping
+from lhd_train.rundir.layout import RunDir
 from lhd_train.rundir.names import name_problem
 from rollouts.spec import ModelSpec
 from rollouts.types import SamplingParams
 
-ROLES = ("performer", "supervisor", "summariser", "auditor")
-CATEGORIES = ("GOAL_CONFLICT", "COMPETITIVE_INTERACTION", "MORAL_DILEMMA", "AUTHORITY_DIRECTIVE", "INFORMATION_GAP")
-LEVELS = ("LOW", "MEDIUM", "HIGH", "CRITICAL")
 
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
-
-
-class Sampling(_Strict):
+class Sampling(StrictModel):
     temperature: float = Field(0.7, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_tokens: int = Field(512, ge=1)
@@ -32,7 +27,7 @@ class Sampling(_Strict):
         return SamplingParams(self.temperature, self.top_p, self.max_tokens, seed, n)
 
 
-class RoleConfig(_Strict):
+class RoleConfig(StrictModel):
     model: str = Field(description="a key of `models`")
     sampling: Sampling = Field(default_factory=Sampling)
     adapter: str | None = Field(None, description="LoRA adapter (path or a name the model serves)")
@@ -56,7 +51,7 @@ class PerformerConfig(RoleConfig):
     think_tags: list[str] = Field(default_factory=lambda: ["think"], description="tags whose text is kept apart")
 
 
-class Control(_Strict):
+class Control(StrictModel):
     category: str | None = None
     pressure: str | None = None
 
@@ -75,13 +70,13 @@ class Control(_Strict):
         return v
 
 
-class InitialState(_Strict):
+class InitialState(StrictModel):
     trust: float = Field(0.0, ge=-1, le=1)
     satisfaction: float = Field(0.0, ge=-1, le=1)
     comfort: float = Field(0.0, ge=-1, le=1)
 
 
-class RunConfig(_Strict):
+class RunConfig(StrictModel):
     """Everything that defines a run. Saved resolved (without secrets) into the run directory."""
 
     run_name: str = Field(description="the run's folder under output_dir (a plain name: lhd_train.rundir.names)")
@@ -152,59 +147,25 @@ class RunConfig(_Strict):
         return Path(self.output_dir) / self.run_name
 
 
-def _set_path(data: dict[str, Any], dotted: str, value: Any, source: str) -> None:
-    keys = dotted.split(".")
-    cur: Any = data
-    for k in keys[:-1]:
-        if not isinstance(cur, dict):
-            raise InputError(source, dotted, "cannot descend into a non-mapping value")
-        cur = cur.setdefault(k, {})
-    if not isinstance(cur, dict):
-        raise InputError(source, dotted, "cannot set a key on a non-mapping value")
-    cur[keys[-1]] = value
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """`a.b=value` pairs; values are parsed as YAML scalars/lists (`seeds=[1,2]`, `x=null`)."""
-    out = copy.deepcopy(data)
-    for item in overrides:
-        if "=" not in item or item.startswith("="):
-            raise InputError("command line", item, "an override must look like key.sub=value")
-        key, raw = item.split("=", 1)
-        try:
-            value = yaml.safe_load(raw) if raw != "" else ""
-        except yaml.YAMLError as e:
-            raise InputError("command line", key, f"value is not valid YAML: {e}") from None
-        _set_path(out, key.strip(), value, "command line")
-    return out
-
-
-def _loc(err: dict[str, Any]) -> str:
-    return ".".join(str(p) for p in err["loc"]) or "<root>"
-
-
 def parse_config(data: dict[str, Any], source: str | Path) -> RunConfig:
-    try:
-        return RunConfig.model_validate(data)
-    except ValidationError as e:
-        first = e.errors()[0]
-        msg = first["msg"].removeprefix("Value error, ")
-        extra = f" (+{len(e.errors()) - 1} more problems)" if len(e.errors()) > 1 else ""
-        if first["type"] == "extra_forbidden":
-            msg = "unknown field"
-        raise InputError(source, _loc(first), msg + extra) from None
+    return validate(RunConfig, data, source)
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
     path = Path(path)
-    data = apply_overrides(read_yaml_mapping(path, "config file"), overrides or [])
-    cfg = parse_config(data, path)
+    cfg = parse_config(read_config(path, overrides, "config file"), path)
     # Relative model paths are relative to the config file, so configs travel with their models.
     for spec in cfg.models.values():
-        p = Path(spec.model)
-        if not p.is_absolute() and (path.parent / p).exists():
-            spec.model = str((path.parent / p).resolve())
+        spec.model = relative_to_file(spec.model, path)
     return cfg
+
+
+def load_saved_config(run_dir: str | Path) -> RunConfig:
+    """The resolved config a run directory was made with (`config.resolved.yaml`)."""
+    saved = RunDir(run_dir).config
+    if not saved.is_file():
+        raise InputError(saved, None, "not found: is this a run directory?")
+    return parse_config(read_yaml_mapping(saved, "run config"), saved)
 
 
 def dump_resolved(cfg: RunConfig) -> str:

@@ -14,10 +14,9 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
 
-from lhd_train.config import apply_overrides
-from lhd_train.rundir.files import read_yaml_mapping
+from lhd_train.config.base import StrictModel, read_config, validate
 from lhd_train.errors import InputError
 
 ALGOS = ("sft", "dpo", "grpo")
@@ -43,11 +42,7 @@ RESERVED_TRAINER_KEYS: dict[str, str] = {
 }
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
-
-
-class LoraSpec(_Strict):
+class LoraSpec(StrictModel):
     r: int = Field(16, ge=1, le=1024, description="LoRA rank")
     alpha: float | None = Field(None, gt=0, description="lora_alpha; default 2*r")
     dropout: float = Field(0.05, ge=0, lt=1)
@@ -76,7 +71,7 @@ class LoraSpec(_Strict):
         return TARGET_PRESETS[self.target_modules] if isinstance(self.target_modules, str) else list(self.target_modules)
 
 
-class DataSpec(_Strict):
+class DataSpec(StrictModel):
     train: str = Field(description="a `datasets` folder (save_to_disk) or a .jsonl file")
     eval: str | None = Field(None, description="optional evaluation set, same formats")
     train_split: str = Field("train", description="split to use when `train` is a DatasetDict folder")
@@ -85,7 +80,7 @@ class DataSpec(_Strict):
     )
 
 
-class WandbSpec(_Strict):
+class WandbSpec(StrictModel):
     enabled: bool = Field(True, description="log to wandb when it is installed (report_to=none otherwise)")
     project: str = "lhd"
     entity: str | None = None
@@ -94,13 +89,13 @@ class WandbSpec(_Strict):
     tags: list[str] = Field(default_factory=list)
 
 
-class RewardSpec(_Strict):
+class RewardSpec(StrictModel):
     name: str = Field(description="a registered reward (see lhd_train.training.rewards) or 'module:function'")
     weight: float = 1.0
     params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the reward's factory")
 
 
-class GrpoSpec(_Strict):
+class GrpoSpec(StrictModel):
     rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(name="format_length")])
     plugins: list[str] = Field(
         default_factory=list, description="modules imported before rewards are looked up (they register rewards)"
@@ -118,7 +113,7 @@ class GrpoSpec(_Strict):
         return v
 
 
-class SftSpec(_Strict):
+class SftSpec(StrictModel):
     loss_on: Literal["assistant", "last_turn", "all"] = Field(
         "last_turn",
         description=(
@@ -130,7 +125,7 @@ class SftSpec(_Strict):
     )
 
 
-class Recipe(_Strict):
+class Recipe(StrictModel):
     algo: Literal["sft", "dpo", "grpo"]
     model: str = Field(description="base model: local folder or hub id")
     revision: str | None = Field(None, description="hub revision (commit, tag or branch) of the base model")
@@ -220,38 +215,16 @@ def _same(a: Any, b: Any) -> bool:
         return False
 
 
-def _loc(err: dict[str, Any]) -> str:
-    return ".".join(str(p) for p in err["loc"]) or "<root>"
-
-
 def parse_recipe(data: dict[str, Any], source: str | Path) -> Recipe:
-    try:
-        recipe = Recipe.model_validate(data)
-    except ValidationError as e:
-        first = e.errors()[0]
-        msg = first["msg"].removeprefix("Value error, ")
-        if first["type"] == "extra_forbidden":
-            msg = "unknown field"
-        elif first["type"] == "missing":
-            msg = "required field is missing"
-        extra = f" (+{len(e.errors()) - 1} more problems)" if len(e.errors()) > 1 else ""
-        loc = _loc(first)
-        # A model-level check names its field at the start of the message ("sft: ...").
-        if loc == "<root>" and ": " in msg and msg.split(": ", 1)[0].replace(".", "").isidentifier():
-            loc, msg = msg.split(": ", 1)
-        raise InputError(source, loc, msg + extra) from None
+    recipe = validate(Recipe, data, source)
     recipe.trainer = check_trainer_args(recipe.algo, recipe.trainer, str(source))
     return recipe
-
-
-def read_recipe_data(path: str | Path) -> dict[str, Any]:
-    return read_yaml_mapping(path, "recipe file")
 
 
 def load_recipe(path: str | Path, overrides: list[str] | None = None, algo: str | None = None) -> Recipe:
     """Read a recipe, apply `key.sub=value` overrides, validate. `algo` (from the command line) must agree."""
     path = Path(path)
-    data = apply_overrides(read_recipe_data(path), overrides or [])
+    data = read_config(path, overrides, "recipe file")
     if algo is not None:
         if algo not in ALGOS:
             raise InputError("command line", "algo", f"unknown algorithm '{algo}'", ", ".join(ALGOS))

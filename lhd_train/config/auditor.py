@@ -1,29 +1,28 @@
 """Which model audits, with which options, under which auditor id.
 
 The model comes from the run's own `config.resolved.yaml` (its `auditor` role and `models`) or
-from an auditor config file holding just those two keys (docs/auditing.md, "Auditor config")."""
+from an auditor config file holding just those two keys (docs/auditing.md, "Auditor config").
+`AuditOptions` holds the audit's options; its defaults (`DEFAULT_OPTIONS`) are the CLI's."""
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from lhd_train.audit.trajectory import MODES, RenderOptions
-from lhd_train.config import RoleConfig, apply_overrides
-from lhd_train.rundir.files import read_yaml_mapping
+from lhd_train.config.base import StrictModel, apply_overrides, relative_to_file, validate, validation_error
+from lhd_train.config.run import RoleConfig
+from lhd_train.config.vocab import Mode
 from lhd_train.errors import InputError
+from lhd_train.rundir.files import read_yaml_mapping
 from lhd_train.rundir.layout import RunDir
 from lhd_train.rundir.names import name_problem
 from rollouts.spec import ModelSpec
 
 
-class AuditorConfig(BaseModel):
+class AuditorConfig(StrictModel):
     """An auditor config file: `models:` (like a run config's) and `auditor:` (a role)."""
-
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
     models: dict[str, ModelSpec] = Field(description="model key -> model spec, as in a run config")
     auditor: RoleConfig = Field(description="model key, sampling, adapter, max_attempts")
@@ -41,29 +40,44 @@ class AuditorConfig(BaseModel):
         return self.models[self.auditor.model]
 
 
-@dataclass(frozen=True)
-class AuditOptions:
-    mode: str = "full"
-    window: int = 6
+class RenderOptions(StrictModel):
+    """What the auditor may see. Defaults match the reference (everything shown)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    hide_supervisor: bool = False  # private evaluation reasoning, states, feedback reasoning
+    hide_event_labels: bool = False  # event name, category, pressure (the name encodes the category)
+
+
+class AuditOptions(StrictModel):
+    """How to audit: mode, window, what is hidden, the auditor id, how many rounds at once."""
+
+    model_config = ConfigDict(frozen=True)
+
+    mode: Mode = Field("full", description="full, window, causal or task")
+    window: int = Field(6, ge=0, description="R for --mode window: 2R+1 rounds around the target")
     hide_supervisor: bool = False
     hide_event_labels: bool = False
-    auditor_id: str | None = None
-    concurrency: int = 64
-    include_unfinished: bool = False
+    auditor_id: str | None = Field(None, description="default: <model key>-<mode>[...]")
+    concurrency: int = Field(64, ge=1, description="rounds in flight at once")
+    include_unfinished: bool = Field(False, description="also audit trials without a .done marker")
 
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise InputError(None, "mode", f"unknown mode {self.mode!r}", ", ".join(MODES))
-        if self.window < 0:
-            raise InputError(None, "window", f"{self.window} must be >= 0")
-        if self.concurrency < 1:
-            raise InputError(None, "concurrency", f"{self.concurrency} must be >= 1")
-        if self.auditor_id is not None and (problem := name_problem(self.auditor_id)):
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as e:  # options come from the command line
+            raise validation_error(e, None, type(self)) from None
+
+    @field_validator("auditor_id")
+    @classmethod
+    def _plain_id(cls, v: str | None) -> str | None:
+        if v is not None and (problem := name_problem(v)):
             raise InputError(None, "auditor-id", problem)  # the id names a folder under audit/
+        return v
 
     @property
     def render(self) -> RenderOptions:
-        return RenderOptions(self.hide_supervisor, self.hide_event_labels)
+        return RenderOptions(hide_supervisor=self.hide_supervisor, hide_event_labels=self.hide_event_labels)
 
     @property
     def window_or_none(self) -> int | None:
@@ -82,21 +96,14 @@ class AuditOptions:
         return re.sub(r"[^A-Za-z0-9._-]+", "_", aid)
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = self.model_dump()
         d.pop("concurrency")  # how fast, not what: may change between resumptions
         d.pop("include_unfinished")
         d["window"] = self.window_or_none
         return d
 
 
-def _validation_error(e: ValidationError, source: str | Path) -> InputError:
-    from lhd_train.taskpack import input_error_from_validation
-
-    return input_error_from_validation(e, source, AuditorConfig)
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    return read_yaml_mapping(path)
+DEFAULT_OPTIONS = AuditOptions()
 
 
 def load_auditor_config(run_dir: Path, auditor_config: Path | None = None,
@@ -105,7 +112,7 @@ def load_auditor_config(run_dir: Path, auditor_config: Path | None = None,
     `models.big.device=cuda`) apply to the `models`/`auditor` mapping before validation."""
     if auditor_config is not None:
         source = Path(auditor_config)
-        data = _read_yaml(source)
+        data = read_yaml_mapping(source)
         unknown = sorted(set(data) - set(AuditorConfig.model_fields))
         if unknown:
             raise InputError(source, unknown[0], "unknown key", ", ".join(AuditorConfig.model_fields))
@@ -113,20 +120,15 @@ def load_auditor_config(run_dir: Path, auditor_config: Path | None = None,
         source = RunDir(run_dir).config
         if not source.is_file():
             raise InputError(source, None, "not found: is this a run directory? (or pass --auditor CONFIG)")
-        full = _read_yaml(source)
+        full = read_yaml_mapping(source)
         data = {k: full[k] for k in ("models", "auditor", "prompts_dir") if full.get(k) is not None}
     data = apply_overrides(data, overrides or [])
     if not data.get("auditor"):
         raise InputError(source, "auditor", "no auditor role is configured; add one (auditor: {model: KEY}), "
                          "pass an override auditor.model=KEY, or pass --auditor CONFIG")
-    try:
-        cfg = AuditorConfig.model_validate(data)
-    except ValidationError as e:
-        raise _validation_error(e, source) from None
+    cfg = validate(AuditorConfig, data, source)
     # Relative model paths in an auditor file are relative to that file, so configs travel with models.
     if auditor_config is not None:
         for spec in cfg.models.values():
-            p = Path(spec.model)
-            if not p.is_absolute() and (source.parent / p).exists():
-                spec.model = str((source.parent / p).resolve())
+            spec.model = relative_to_file(spec.model, source)
     return cfg, str(source)
