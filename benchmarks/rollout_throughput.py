@@ -42,7 +42,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import lhd_train.engine as engine  # noqa: E402
+import lhd_train.bench.engine as engine  # noqa: E402
 from lhd_train.config.run import parse_config  # noqa: E402
 from rollouts.factory import build_backend  # noqa: E402
 from rollouts.spec import ModelSpec  # noqa: E402

@@ -1,4 +1,7 @@
 """`python -m lens ...` runs the same commands as `lhd lens ...`."""
-from lens.cli import app
+import sys
 
-app(prog_name="python -m lens")
+from lens.cli import app
+from lhd_train.cli import guarded
+
+sys.exit(guarded(lambda: app(prog_name="python -m lens")))

@@ -34,16 +34,13 @@ def _clean_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from lhd_train.errors import LhdError, report_error
+
         _setup_logging()
         try:
-            from lhd_train.errors import LhdError as base
-        except Exception:  # pragma: no cover
-            base = LensError
-        try:
             return fn(*args, **kwargs)
-        except (LensError, base) as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(2)
+        except LhdError as exc:  # LensError is one
+            raise typer.Exit(report_error(exc)) from None
 
     return wrapper
 
@@ -84,16 +81,6 @@ def _set_threads(n: int | None) -> None:
         torch.set_num_threads(n)
 
 
-def _parse_shard(spec: str | None) -> tuple[int, int]:
-    if not spec:
-        return 0, 1
-    try:
-        i, n = spec.split("/")
-        return int(i), int(n)
-    except ValueError:
-        raise LensError(f"bad --shard {spec!r} (format INDEX/COUNT, e.g. 0/4)") from None
-
-
 @app.command()
 @_clean_errors
 def fit(
@@ -128,7 +115,8 @@ def fit(
 ):
     """Fit J_l = E[∂h_final/∂h_l] on a corpus and save it (safetensors + JSON sidecar)."""
     from lens.corpus import CorpusSpec, load_corpus
-    from lens.fit import FitOptions, FitSettings, fit_lens, shard_slice, write_fit_outputs
+    from lens.fit import FitOptions, FitSettings, fit_lens, write_fit_outputs
+    from lhd_train.cluster.shard import parse_shard, shard_bounds
     from lens.model import load_hf
     from lens.store import save_lens
 
@@ -137,8 +125,8 @@ def fit(
         spec = CorpusSpec(path=str(corpus), format=corpus_format, text_field=text_field, split=split, n_prompts=n_prompts,
                           min_chars=min_chars, chunk_chars=chunk_chars, chat=chat)
         prompts, recipe = load_corpus(spec)
-        index, count = _parse_shard(shard)
-        a, b = shard_slice(len(prompts), index, count)
+        index, count = parse_shard(shard) if shard else (0, 1)
+        a, b = shard_bounds(len(prompts), index, count)
         prompts = prompts[a:b]
         recipe["slice"] = [a, b]
         if not prompts:

@@ -5,11 +5,8 @@ message instead of a traceback.
 """
 from __future__ import annotations
 
-try:  # the project's base class; lens stays importable on its own if it is missing
-    from lhd_train.errors import LhdError as _Base
-except Exception:  # pragma: no cover - only without lhd_train
-    _Base = Exception
+from lhd_train.errors import LhdError
 
 
-class LensError(_Base):
+class LensError(LhdError):
     """Bad input or an inconsistent lens/model/probe combination, with a message that says what to do."""

@@ -419,13 +419,6 @@ def write_fit_outputs(result: FitResult, out_dir: str | Path) -> None:
     atomic_write_text(out / CONVERGENCE, buf.getvalue())
 
 
-def shard_slice(n: int, shard_index: int, num_shards: int) -> tuple[int, int]:
-    """Contiguous, disjoint `[start, end)` of `n` prompts for shard `shard_index` of `num_shards`."""
-    if num_shards < 1 or not 0 <= shard_index < num_shards:
-        raise LensError(f"shard {shard_index} of {num_shards} is not valid (need 0 <= index < num_shards)")
-    return (n * shard_index) // num_shards, (n * (shard_index + 1)) // num_shards
-
-
 def entitlement_directions(model: Any, token_ids: Sequence[int]) -> torch.Tensor:
     """Rows `g ⊙ w_tau` (final-norm gain times unembedding row) for targeted fits (docs/lens-background.md §8)."""
     W = model.head.weight[torch.as_tensor(list(token_ids), device=model.device)].float()

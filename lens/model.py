@@ -2,7 +2,7 @@
 
 The lens only touches a model through `LensModel`: its decoder blocks (whose outputs are the
 residual stream `h_l`, *before* the final norm), the final norm, and the unembedding. Anything
-that implements it (the HF adapter below, the toy in `lens.toy`) can be fitted and read.
+that implements it (the HF adapter below, the toy in tests/support/lens_toy.py) can be fitted and read.
 
 Block outputs are captured with forward hooks inside a context manager (`capture`), which can
 also (a) root the autograd graph at one block output, (b) edit a block output, and (c) stop the

@@ -316,11 +316,11 @@ def render_probe(row: dict) -> tuple[list[dict], list[Span], str]:
 
 
 def load_pack_any(name_or_path: str) -> tuple[Any, str]:
-    """`lhd_train.taskpack.load_pack` (the project's pack loader) and the pack's name."""
+    """`lhd_train.bench.taskpack.load_pack` (the project's pack loader) and the pack's name."""
     try:
-        from lhd_train.taskpack import load_pack
+        from lhd_train.bench.taskpack import load_pack
     except ImportError as exc:
-        raise LensError(f"cannot import lhd_train.taskpack.load_pack ({exc}); task packs are loaded through it") from exc
+        raise LensError(f"cannot import lhd_train.bench.taskpack.load_pack ({exc}); task packs are loaded through it") from exc
     pack = load_pack(name_or_path)
     name = getattr(pack, "name", None) or Path(str(name_or_path)).name
     return pack, str(name)

@@ -18,3 +18,7 @@ def table_console(stderr: bool = False) -> Console:
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console = Console(stderr=stderr, width=LOG_WIDTH)
     return console
+
+
+# Messages (progress notes, paths written, errors) go to stderr; tables and JSON to stdout.
+console = Console(stderr=True)

@@ -131,11 +131,13 @@ def _strings_in(obj: Any) -> list[str]:
 
 def builtin_corpus() -> list[str]:
     """Text of the built-in task packs and prompt files, plus the synthetic corpus."""
-    here = Path(__file__).parent
+    from lhd_train.bench.prompts import BUILTIN_DIR as prompts
+    from lhd_train.bench.taskpack import BUILTIN_DIR as packs
+
     texts: list[str] = []
-    pack_files = sorted((here / "packs").glob("*/pack.json"))
+    pack_files = sorted(packs.glob("*/pack.json"))
     try:
-        from lhd_train.taskpack import load_pack, pack_text_corpus  # type: ignore[attr-defined]
+        from lhd_train.bench.taskpack import load_pack, pack_text_corpus  # type: ignore[attr-defined]
 
         for f in pack_files:
             texts.extend(pack_text_corpus(load_pack(f.parent.name)))
@@ -146,7 +148,6 @@ def builtin_corpus() -> list[str]:
                 texts.extend(_strings_in(json.loads(f.read_text(encoding="utf-8"))))
             except (OSError, ValueError):
                 continue
-    prompts = here / "prompts"
     if prompts.is_dir():
         for f in sorted(prompts.iterdir()):
             if f.is_file() and f.suffix in (".md", ".txt", ".jinja"):

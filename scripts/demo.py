@@ -247,7 +247,7 @@ def write_lens_corpus(path: Path) -> None:
     """One JSONL row per task: the task description the performer is given."""
     import json
 
-    from lhd_train.taskpack import load_pack
+    from lhd_train.bench.taskpack import load_pack
 
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = [json.dumps({"text": f"{t.title}\n\n{t.prompt}"}) for t in load_pack("startup_consulting").tasks]

@@ -21,16 +21,17 @@ import yaml
 
 from lhd_train.audit import AuditOptions, audit_run, context_indices, load_auditor_config, window_bounds
 from lhd_train.audit.labels import make_consistent
-from lhd_train.audit.trajectory import AuditorPrompts, RenderOptions, build_messages, load_task_texts, load_trial
+from lhd_train.config.auditor import RenderOptions
+from lhd_train.audit.trajectory import AuditorPrompts, build_messages, load_task_texts, load_trial
 from lhd_train.config.run import parse_config
-from lhd_train.engine import prepare_run_dir, trial_id_for
+from lhd_train.bench.engine import prepare_run_dir, trial_id_for
 from lhd_train.errors import InputError
-from lhd_train.prompts import Prompts
+from lhd_train.bench.prompts import Prompts
 from lhd_train.rundir.files import read_jsonl
 from lhd_train.config.vocab import CATEGORIES
-from lhd_train.taskpack import load_pack
-from lhd_train.trial import RunContext, run_trial
-from scripted import ScriptedBackend, supervisor_script
+from lhd_train.bench.taskpack import load_pack
+from lhd_train.bench.trial import RunContext, run_trial
+from support.scripted import ScriptedBackend, supervisor_script
 
 # Task 1: 2 rounds, task 2: 3 rounds (fails), tasks 3 and 4: 1 round each -> 7 rounds.
 SHAPE = [0.1, 0.5, 0.1, 0.1, 0.1, 0.5, 0.5]
@@ -448,7 +449,7 @@ def _rounds_per_trial(run_dir: Path, tids: list[str]) -> dict[str, int]:
 def test_resume_after_sigkill_finishes_only_missing_rounds(tmp_path, tiny_llama_dir):
     """A real kill: the auditor runs as its own process on the tiny model and gets SIGKILL once
     rows are on disk; the rerun (in-process, same code path as the CLI) finishes the rest."""
-    from lhd_train.audit.commands import audit_command
+    from lhd_train.cli.audit import audit_command
 
     cfg, tids = make_run(tmp_path, seeds=(11, 12), satisfactions=SHAPE, auditor_model=str(tiny_llama_dir))
     out = cfg.run_dir / "audit" / "tiny-full"

@@ -61,15 +61,6 @@ def test_shards_cover_the_grid_exactly_once(length, n):
         assert p == items[a:b]
 
 
-def test_shard_split_matches_the_lens_split():
-    from lens.fit import shard_slice
-
-    for length in (0, 5, 17, 100):
-        for n in (1, 3, 4):
-            for i in range(n):
-                assert shard_bounds(length, i, n) == shard_slice(length, i, n)
-
-
 def test_shard_names_and_configs(tmp_path):
     assert shard_run_name("exp", 2, 4) == "exp-shard2of4"
     assert parse_shard_run_name("exp-shard2of4") == ("exp", 2, 4)
@@ -113,8 +104,8 @@ def make_cfg(tmp_path, **kw):
 def scripted_engine(monkeypatch):
     import asyncio
 
-    import lhd_train.engine as engine
-    from scripted import ScriptedBackend
+    import lhd_train.bench.engine as engine
+    from support.scripted import ScriptedBackend
 
     def fake_backends(cfg, roles, log_dir):
         b = ScriptedBackend(reply)
@@ -137,7 +128,7 @@ AUDITOR = {"schema": "lhd.auditor/1", "auditor_id": "m-full", "options": {"mode"
 
 
 def add_audit(run_dir: Path, auditor: dict | None = None) -> None:
-    from lhd_train.metrics.synthetic import audit_row
+    from support.synthetic import audit_row
 
     adir = run_dir / "audit" / "m-full"
     adir.mkdir(parents=True, exist_ok=True)
@@ -447,7 +438,7 @@ def test_rendered_script_contents(run_configs):
     for piece in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
                   'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1', '--machine_rank "$SLURM_PROCID"',
                   "srun --nodes=\"$SLURM_NNODES\" --ntasks-per-node=1", "configs/accelerate/zero3.yaml",
-                  "-m lhd_train.training dpo recipes/qwen2.5-7b-instruct/dpo-honest.yaml"):
+                  "-m lhd_train.finetune dpo recipes/qwen2.5-7b-instruct/dpo-honest.yaml"):
         assert piece.replace("recipes/", str(ROOT / "recipes") + "/") in text or piece in text, piece
     fsdp = render_slurm("train", ROOT / "recipes/qwen3-8b/sft-honest.yaml", accelerate="fsdp2")
     assert "configs/accelerate/fsdp2.yaml" in fsdp and "trainer.gradient_checkpointing=false" in fsdp
@@ -497,7 +488,7 @@ def test_dry_run_commands(run_configs):
     for rank, c in enumerate(launches):
         assert c.startswith(f"accelerate launch --machine_rank {rank} --config_file configs/accelerate/zero3.yaml "
                             "--num_machines 3 --num_processes 12 --main_process_ip \"$MAIN_PROCESS_IP\"")
-        assert c.endswith(f"-m lhd_train.training dpo {rec}")
+        assert c.endswith(f"-m lhd_train.finetune dpo {rec}")
     lens = dry_run_commands("lens", ROOT / "configs/models/qwen3-8b.yaml", corpus="c.txt", shards=3, n_prompts=300)
     fits = [c for c in lens if c.startswith("lhd lens fit")]
     assert [re.search(r"--shard (\S+)", c).group(1) for c in fits] == ["0/3", "1/3", "2/3"]
@@ -705,7 +696,7 @@ def test_torchrun_two_processes_train_sft_lora(tmp_path, tiny_llama_dir):
     Dataset.from_list(rows).save_to_disk(str(tmp_path / "sft"))
     torchrun = Path(PY).with_name("torchrun")
     cmd = [str(torchrun) if torchrun.exists() else "torchrun", "--nproc_per_node", "2", "--master_port",
-           str(free_port()), "-m", "lhd_train.training", "sft", str(ROOT / "recipes/tiny/sft-honest.yaml"),
+           str(free_port()), "-m", "lhd_train.finetune", "sft", str(ROOT / "recipes/tiny/sft-honest.yaml"),
            f"model={tiny_llama_dir}", f"data.train={tmp_path / 'sft'}", f"output_dir={tmp_path / 'out'}",
            "trainer.max_steps=3", "trainer.save_steps=100", "trainer.per_device_train_batch_size=2",
            "wandb.enabled=false"]

@@ -8,16 +8,16 @@ import pytest
 from datasets import load_from_disk
 
 from lhd_train.config.run import parse_config
-from lhd_train.data.builders import (BuildSettings, Scored, build_bon, build_dpo, build_grpo, select_best,
+from lhd_train.finetune.datasets import (BuildSettings, Scored, build_bon, build_dpo, build_grpo, select_best,
                                      select_pair)
-from lhd_train.data.contexts import load_contexts, split_of
-from lhd_train.data.grading import Grade, swap_answer
-from lhd_train.engine import prepare_run_dir
-from lhd_train.events import draw_schedule
-from lhd_train.prompts import Prompts
-from lhd_train.taskpack import load_pack
-from lhd_train.trial import RunContext, run_trial
-from scripted import ScriptedBackend, supervisor_script
+from lhd_train.finetune.contexts import load_contexts, split_of
+from lhd_train.finetune.grading import Grade, swap_answer
+from lhd_train.bench.engine import prepare_run_dir
+from lhd_train.bench.events import draw_schedule
+from lhd_train.bench.prompts import Prompts
+from lhd_train.bench.taskpack import load_pack
+from lhd_train.bench.trial import RunContext, run_trial
+from support.scripted import ScriptedBackend, supervisor_script
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +129,7 @@ def test_bon_dpo_grpo_datasets_on_tiny_model(small_run, tmp_path):
 
 @pytest.mark.slow
 def test_honesty_reward_grades_in_context(small_run, tmp_path):
-    from lhd_train.training.rewards import build_rewards
+    from lhd_train.finetune.rewards import build_rewards
 
     class Spec:
         def __init__(self, name, params):
@@ -151,8 +151,8 @@ def test_grader_view_does_not_invent_a_supervisor_reaction(tmp_path):
     """The candidate answer was never shown to the supervisor: the auditor's view must say so,
     not claim the task stayed incomplete and no feedback was given."""
     from lhd_train.audit.trajectory import AuditorPrompts, load_task_texts, load_trial
-    from lhd_train.data.grading import candidate_view
-    from lhd_train.metrics.synthetic import R, write_run
+    from lhd_train.finetune.grading import candidate_view
+    from support.synthetic import R, write_run
 
     run = write_run(tmp_path, "g", {"s1": [R(1, None, (0.1, 0.5, 0.1), (False, [], 0), feedback="Good, done."),
                                            R(2, None, (0.2, 0.6, 0.1), (False, [], 0), feedback="Also done.")]})

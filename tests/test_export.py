@@ -6,12 +6,12 @@ import json
 import pytest
 from datasets import load_from_disk
 
-from lhd_train.audit.commands import export_command
+from lhd_train.cli.audit import export_command
 from lhd_train.errors import InputError
 from lhd_train.rundir.export import ROUND_COLUMNS, export_run
 from lhd_train.rundir.reference_import import import_reference
 from lhd_train.rundir.files import read_jsonl
-from scripted import ScriptedBackend
+from support.scripted import ScriptedBackend
 from test_audit import SHAPE, answer, audit, auditor_script, make_run
 from test_reference_import import write_session
 

@@ -110,7 +110,7 @@ def essence(run_dir: Path) -> dict[str, object]:
 def lone(tmp_path_factory, tiny_llama_dir) -> Path:
     """A finished run, made once (in this process) and copied by every test that changes it."""
     from lhd_train.config.run import load_config
-    from lhd_train.engine import run_benchmark
+    from lhd_train.bench.engine import run_benchmark
 
     base = tmp_path_factory.mktemp("lone")
     cfg_path = write_config(base / "run.yaml", tiny_llama_dir, base / "runs")
@@ -387,7 +387,7 @@ def test_a_garbage_line_in_the_message_store(copy, monkeypatch, capsys):
 
 
 def test_a_garbage_line_in_audit_rows(copy, monkeypatch, capsys, tmp_path):
-    from lhd_train.metrics.synthetic import audit_row
+    from support.synthetic import audit_row
 
     _, run_dir = copy
     p = run_dir / "audit" / "a" / f"s{SEED}.jsonl"
@@ -505,7 +505,7 @@ def test_corrupt_lens_files_are_lens_errors(tmp_path, monkeypatch, capsys, tiny_
 
 
 def test_a_torn_trainer_state_falls_back_to_the_previous_checkpoint(tmp_path):
-    from lhd_train.training.runner import last_checkpoint
+    from lhd_train.finetune.trainer import last_checkpoint
 
     for step, state in ((2, '{"global_step": 2}'), (4, '{"global_step": 4}'), (6, '{"global_st')):
         (tmp_path / f"checkpoint-{step}").mkdir()
@@ -533,7 +533,7 @@ def test_data_options_are_checked_before_any_model_loads(copy, monkeypatch, caps
 
 def test_a_resumed_run_starts_its_progress_bar_at_the_work_done(copy, capsys):
     from lhd_train.config.run import load_config
-    from lhd_train.engine import run_benchmark
+    from lhd_train.bench.engine import run_benchmark
 
     cfg, run_dir = copy
     rows = read_jsonl(trial_file(run_dir))
@@ -548,8 +548,8 @@ def test_a_resumed_run_starts_its_progress_bar_at_the_work_done(copy, capsys):
 
 
 def test_tables_keep_their_width_in_a_log(monkeypatch, capsys):
-    from lhd_train.cli import print_summary
-    from lhd_train.trial import TrialResult
+    from lhd_train.cli.run import print_summary
+    from lhd_train.bench.trial import TrialResult
 
     monkeypatch.delenv("COLUMNS", raising=False)
     print_summary([TrialResult("s390185437-cat-AUTHORITY_DIRECTIVE-lvl-CRITICAL", 1, rounds=40, tasks_done=14,

@@ -31,7 +31,7 @@ from lhd_train.metrics import (
     type_distribution,
 )
 from lhd_train.metrics.horizon import chains_summary, delayed_table, horizon_table
-from lhd_train.metrics.synthetic import R, audit_row, write_run
+from support.synthetic import R, audit_row, write_run
 
 F, C, E = "FALSIFICATION", "CONCEALMENT", "EQUIVOCATION"
 
@@ -256,16 +256,16 @@ def test_control_table_and_correlations_across_runs(tmp_path):
 
 
 def scripted_run(tmp_path, performer_text: str | None = None):
-    """A 3-task run written by the real trial loop (lhd_train.trial) on a scripted backend, with
+    """A 3-task run written by the real trial loop (lhd_train.bench.trial) on a scripted backend, with
     an audit that flags every even global round. Returns the run directory."""
-    from scripted import ScriptedBackend, supervisor_script
+    from support.scripted import ScriptedBackend, supervisor_script
 
     from lhd_train.config.run import parse_config
-    from lhd_train.events import draw_schedule
-    from lhd_train.prompts import Prompts
+    from lhd_train.bench.events import draw_schedule
+    from lhd_train.bench.prompts import Prompts
     from lhd_train.rundir.files import append_jsonl
-    from lhd_train.taskpack import load_pack
-    from lhd_train.trial import RunContext, run_trial
+    from lhd_train.bench.taskpack import load_pack
+    from lhd_train.bench.trial import RunContext, run_trial
 
     cfg = parse_config({"run_name": "real", "output_dir": str(tmp_path), "seeds": [7], "max_tasks": 3,
                         "models": {"m": {"backend": "hf", "model": "unused"}},
@@ -291,7 +291,7 @@ def scripted_run(tmp_path, performer_text: str | None = None):
 
 
 def test_loader_reads_rows_written_by_the_trial_loop(tmp_path):
-    """The real writer (lhd_train.trial) and this loader agree on docs/formats.md."""
+    """The real writer (lhd_train.bench.trial) and this loader agree on docs/formats.md."""
     run = load_run(scripted_run(tmp_path))
     # satisfaction 0.1 then 0.5: task 1 takes two rounds, tasks 2 and 3 one each.
     assert run.rounds["task_index"].tolist() == [1, 1, 2, 3]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from lhd_train.prompts import BUILTIN_DIR, Prompts
+from lhd_train.bench.prompts import BUILTIN_DIR, Prompts
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "prompts.md"
 

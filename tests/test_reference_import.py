@@ -15,7 +15,7 @@ from lhd_train.errors import InputError
 from lhd_train.rundir.reference_import import import_reference
 from lhd_train.rundir.files import read_jsonl
 from lhd_train.rundir.store import MessageStore
-from scripted import ScriptedBackend
+from support.scripted import ScriptedBackend
 
 SESSION = "startup_consulting_20250101_120000_seed42_model_some-model"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from lhd_train.cli import app
+from lhd_train.cli.app import app
 from lhd_train.rundir.files import read_jsonl
 
 SESSIONS = Path(__file__).resolve().parent / "data" / "reference-sessions"
@@ -96,7 +96,7 @@ def test_labels_are_imported_as_written(imported: Path) -> None:
 
 
 def test_imported_supervisor_rows_without_call_records_are_accounted() -> None:
-    from lhd_train.accounting import usage_by_role
+    from lhd_train.bench.accounting import usage_by_role
 
     row = {"performer": {"attempts": None}, "supervisor": {"calls": None}}
     usage = usage_by_role([row, row], [{"calls": None}])
@@ -124,7 +124,7 @@ def test_repair_on_request_changes_the_numbers_and_says_so(tmp_path: Path) -> No
 
 def test_every_reader_accepts_imported_rows(imported: Path, tmp_path: Path) -> None:
     """Rows with the fields the authors never saved set to null (calls, token counts, attempts)."""
-    from lhd_train.data.contexts import load_contexts
+    from lhd_train.finetune.contexts import load_contexts
     from lhd_train.rundir.export import export_run
 
     ctxs = load_contexts(imported)

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from lhd_train.metrics.synthetic import R, write_run
-from lhd_train.report import build_report, view_command
-from lhd_train.report.headless import Browser, find_chromium
+from support.synthetic import R, write_run
+from lhd_train.report import build_report, build_viewer
+from lhd_train.report.chromium import find_chromium
+from support.browser import Browser
 
 F, C, E = "FALSIFICATION", "CONCEALMENT", "EQUIVOCATION"
 # Each part would change the title, set a global, log an error or open a dialog if it ran.
@@ -115,11 +116,11 @@ def test_pages_are_self_contained_and_escape_model_text(report: Path):
 
 
 def test_view_command_writes_index_and_pages(runs, tmp_path):
-    index = view_command(runs[0], tmp_path / "view", None)
+    index = build_viewer(runs[0], tmp_path / "view", None)
     assert index.name == "index.html"
     assert sorted(p.name for p in (tmp_path / "view").glob("s*.html")) == ["s1.html", "s2.html", "s3.html"]
     assert 'href="s1.html"' in index.read_text()
-    default = view_command(runs[1], None, None)
+    default = build_viewer(runs[1], None, None)
     assert default == runs[1] / "view" / "index.html"
 
 
@@ -201,7 +202,7 @@ def test_viewer_on_a_run_written_by_the_trial_loop(browser, tmp_path):
     from test_metrics import scripted_run
 
     run = scripted_run(tmp_path, performer_text="Plan: " + PAYLOAD)
-    index = view_command(run, tmp_path / "view", None)
+    index = build_viewer(run, tmp_path / "view", None)
     page = browser.open(index)
     _assert_clean(page)
     page.close()

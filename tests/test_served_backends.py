@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import lhd_train.engine as engine
+import lhd_train.bench.engine as engine
 from lhd_train.config.run import parse_config
 from lhd_train.rundir.files import read_jsonl
 from rollouts.openai_backend import OpenAIBackend, _is_transient

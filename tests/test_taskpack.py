@@ -12,7 +12,7 @@ import pytest
 
 from lhd_train.errors import InputError
 from lhd_train.config.vocab import CATEGORIES, LEVELS
-from lhd_train.taskpack import TaskPack, list_builtin_packs, load_pack, pack_text_corpus
+from lhd_train.bench.taskpack import TaskPack, list_builtin_packs, load_pack, pack_text_corpus
 
 REF = Path(__file__).resolve().parent / "data" / "reference-packs"  # Apache-2.0, see README there
 CODES = {"GC": "GOAL_CONFLICT", "CI": "COMPETITIVE_INTERACTION", "MD": "MORAL_DILEMMA",

@@ -121,7 +121,7 @@ def data(tmp_path_factory) -> dict[str, Path]:
 
 
 def train(algo: str, model: Path, data_path: Path, out: Path, *overrides: str) -> tuple[Path, dict]:
-    from lhd_train.training import train_command
+    from lhd_train.finetune.trainer import train_command
 
     adapter = train_command(algo, RECIPES / "tiny" / f"{algo}-honest.yaml",
                             [f"model={model}", f"data.train={data_path}", f"output_dir={out}", *overrides])
@@ -244,7 +244,7 @@ def test_recipe_validation_errors(tmp_path):
 def test_every_shipped_recipe_builds_its_trainer_config(tmp_path):
     """All recipes validate, and TRL's config accepts their trainer arguments (CPU adjustments applied)."""
     from lhd_train.config.recipe import load_recipe
-    from lhd_train.training.runner import build_config, trainer_arguments
+    from lhd_train.finetune.trainer import build_config, trainer_arguments
 
     recipes = sorted(RECIPES.rglob("*.yaml"))
     assert len(recipes) >= 10
@@ -262,7 +262,7 @@ def test_every_shipped_recipe_builds_its_trainer_config(tmp_path):
 
 
 def test_input_errors_about_data_model_and_rewards(llama, data, tmp_path):
-    from lhd_train.training import train_command
+    from lhd_train.finetune.trainer import train_command
 
     def err(algo: str, *ov: str) -> str:
         return _error(train_command, algo, RECIPES / "tiny" / f"{algo}-honest.yaml",
@@ -281,7 +281,7 @@ def test_input_errors_about_data_model_and_rewards(llama, data, tmp_path):
     msg = err("grpo", f"data.train={data['grpo']}", "grpo.rewards=[{name: format_length}]",
               "trainer.per_device_train_batch_size=3", "trainer.num_generations=4")
     assert "'trainer'" in msg and "divisible" in msg
-    from lhd_train.training.rewards import REWARDS, register_reward
+    from lhd_train.finetune.rewards import REWARDS, register_reward
 
     @register_reward("test_needs_trial", replace=True)
     def needs_trial(direction: str):
@@ -310,7 +310,7 @@ def test_input_errors_about_data_model_and_rewards(llama, data, tmp_path):
 def test_reward_registry_is_pluggable():
     from lhd_train.errors import InputError
     from lhd_train.config.recipe import RewardSpec
-    from lhd_train.training.rewards import REWARDS, build_rewards, register_reward
+    from lhd_train.finetune.rewards import REWARDS, build_rewards, register_reward
 
     @register_reward("test_shout", replace=True)
     def shout(direction: str, bonus: float = 1.0):
@@ -338,7 +338,7 @@ def test_reward_registry_is_pluggable():
             assert funcs[2](prompts=[None] * 3, completions=comps, score=[cached, 2.0, None]) == \
                 [sign * 0.9, sign * 2.0, None]
         # `module:function` names a factory without registering it.
-        funcs, _ = build_rewards([RewardSpec(name="lhd_train.training.rewards:format_length")], "honest")
+        funcs, _ = build_rewards([RewardSpec(name="lhd_train.finetune.rewards:format_length")], "honest")
         assert funcs[0].__name__ == "format_length"
         with pytest.raises(InputError, match="cannot import"):
             build_rewards(specs[:1], "honest", plugins=["no_such_module_xyz"])
@@ -351,7 +351,7 @@ def test_tokenizer_class_and_template_checks(request, tmp_path_factory, llama):
     without {% generation %} markers that TRL cannot patch are detected (SFT then trains on the last turn)."""
     from transformers import PreTrainedTokenizerFast
 
-    from lhd_train.training.runner import load_tokenizer, template_supports_assistant_mask
+    from lhd_train.finetune.trainer import load_tokenizer, template_supports_assistant_mask
 
     qwen2 = _fixture_or_build(request, tmp_path_factory, "tiny_qwen2_dir", "qwen2")
     tok = load_tokenizer(str(qwen2))
@@ -389,7 +389,7 @@ def test_dpo_trains_saves_and_reloads(llama, data, tmp_path):
 
 
 def test_grpo_trains_with_registered_rewards(llama, data, tmp_path):
-    from lhd_train.training.rewards import REWARDS, register_reward
+    from lhd_train.finetune.rewards import REWARDS, register_reward
 
     calls = []
 
@@ -428,10 +428,10 @@ def test_training_killed_midway_resumes_from_its_checkpoint(llama, data, tmp_pat
     common = [f"model={llama}", f"data.train={data['sft']}", f"output_dir={out}", "trainer.save_steps=2",
               "trainer.save_total_limit=null"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "lhd_train.training", "sft", str(recipe), *common,
+    proc = subprocess.Popen([sys.executable, "-m", "lhd_train.finetune", "sft", str(recipe), *common,
                              "trainer.max_steps=100000"],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    from lhd_train.training.runner import last_checkpoint
+    from lhd_train.finetune.trainer import last_checkpoint
 
     deadline = time.time() + 180
     try:
@@ -453,7 +453,7 @@ def test_training_killed_midway_resumes_from_its_checkpoint(llama, data, tmp_pat
     k = int(ckpt.name.split("-")[1])
     assert k >= 2
 
-    from lhd_train.training import train_command
+    from lhd_train.finetune.trainer import train_command
 
     adapter = train_command("sft", recipe, [*common, f"trainer.max_steps={k + 3}"])
     meta = json.loads((adapter / "lhd_adapter.json").read_text())

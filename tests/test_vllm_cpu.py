@@ -94,7 +94,7 @@ def test_cuda_command_is_unchanged():
 
 
 def test_vllm_on_cpu_uses_no_gpu_hours(monkeypatch):
-    from lhd_train.accounting import gpu_hours
+    from lhd_train.bench.accounting import gpu_hours
 
     monkeypatch.setattr(vllm_server, "cuda_visible", lambda: False)
     spec = ModelSpec(backend="vllm", model="m")
@@ -202,7 +202,7 @@ def test_role_adapters_reach_the_server_but_not_the_config(tmp_path, monkeypatch
     """`performer.adapter=DIR` makes the managed server load DIR; the config keeps its spec as
     written (it is saved and compared when a run resumes), and every role's adapter is known
     before the server starts."""
-    import lhd_train.engine as engine
+    import lhd_train.bench.engine as engine
     from lhd_train.config.run import parse_config
 
     seen: list[ModelSpec] = []
@@ -340,7 +340,7 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     if problem:
         pytest.skip(problem)
     smollm2_dir: Path = request.getfixturevalue("smollm2_dir")  # built only when vLLM can run
-    import lhd_train.engine as engine
+    import lhd_train.bench.engine as engine
     from lhd_train.rundir.files import read_jsonl
     from rollouts.managed_server import ManagedServer
 
@@ -507,7 +507,7 @@ def test_lora_adapter_from_lhd_train_is_served_and_routed(served):
 @pytest.mark.vllm
 @pytest.mark.timeout(2400)
 def test_audit_on_the_same_server_reads_the_shared_prefix_from_cache(served):
-    from lhd_train.audit.commands import audit_command
+    from lhd_train.cli.audit import audit_command
     from lhd_train.rundir.files import read_jsonl
 
     # Labels from a 135M model are not the point here (it loops inside the label lists), so the

@@ -9,7 +9,6 @@ from pathlib import Path
 
 from lhd_train.config.auditor import DEFAULT_OPTIONS as AUDIT_DEFAULTS
 from lhd_train.config.vocab import MODES
-from lhd_train.errors import LhdError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,16 +26,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--include-unfinished", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_intermixed_args(argv)
-    from lhd_train.audit.commands import audit_command
-    from rollouts.backend import BackendError
+    from lhd_train.cli import guarded
+    from lhd_train.cli.audit import audit_command
 
-    try:
-        return audit_command(a.run, a.auditor, a.mode, a.window, a.hide_supervisor, a.hide_event_labels,
-                             a.auditor_id, a.concurrency, a.overrides, progress=not a.no_progress,
-                             include_unfinished=a.include_unfinished)
-    except (LhdError, BackendError) as e:  # BackendError: a model that cannot load or serve
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return guarded(lambda: audit_command(a.run, a.auditor, a.mode, a.window, a.hide_supervisor, a.hide_event_labels,
+                                         a.auditor_id, a.concurrency, a.overrides, progress=not a.no_progress,
+                                         include_unfinished=a.include_unfinished))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from lhd_train.rundir.layout import RunDir
 from lhd_train.rundir.lock import run_dir_lock
 from lhd_train.rundir.rows import AUDIT_SCHEMA, AUDITOR_SCHEMA
 from lhd_train.rundir.store import iter_trial_files, message_id, read_audit_rows
-from lhd_train.structured_calls import BackendUnavailable, ask_structured, call_seed
+from lhd_train.bench.structured_calls import BackendUnavailable, ask_structured, call_seed
 from rollouts.backend import Backend
 
 # auditor.json fields that must not change while an auditor id accumulates rows.

@@ -12,6 +12,7 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
+from lhd_train.bench.prompts import BUILTIN_DIR as PROMPTS_DIR
 from lhd_train.config.auditor import DEFAULT_OPTIONS, RenderOptions
 from lhd_train.config.vocab import MODES
 from lhd_train.errors import InputError
@@ -19,7 +20,6 @@ from lhd_train.rundir.files import sha256_text
 from lhd_train.rundir.layout import RunDir, TrialFiles
 from lhd_train.rundir.store import MessageStore, check_done_marker, read_trial_rows
 
-PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def load_task_texts(run_dir: Path, task_pack: str | None) -> tuple[dict[int, Tas
             raise InputError(sidecar, "tasks", f"cannot be read: {e}") from None
         return tasks, str(sidecar)
     if task_pack:
-        from lhd_train.taskpack import load_pack
+        from lhd_train.bench.taskpack import load_pack
 
         for candidate in (task_pack, str(run_dir / task_pack)):
             try:

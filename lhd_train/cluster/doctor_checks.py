@@ -349,7 +349,7 @@ def check_hf_env() -> Row:
 
 def check_chromium() -> Row:
     try:
-        from lhd_train.report.headless import find_chromium
+        from lhd_train.report.chromium import find_chromium
 
         path = find_chromium()
     except Exception:  # noqa: BLE001

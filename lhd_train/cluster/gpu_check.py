@@ -133,7 +133,7 @@ def check_trl_lora(ctx: Ctx) -> tuple[bool, str]:
     from datasets import Dataset
 
     from lhd_train.config.recipe import parse_recipe
-    from lhd_train.training.runner import train
+    from lhd_train.finetune.trainer import train
 
     assert ctx.model_dir is not None
     rows = [{"messages": [{"role": "system", "content": "You report progress to your supervisor."},

@@ -409,7 +409,7 @@ def _write_summary(out: Path, name: str, trials: list[str], records: list[dict[s
     """`summary.json` of the merged run: per-trial results from the sources' summaries, usage
     recomputed from the merged rows, wall time = the longest source (shards run side by side),
     GPU-hours = the sum of each source's `gpu_hours_this_invocation`."""
-    from lhd_train.accounting import usage_by_role
+    from lhd_train.bench.accounting import usage_by_role
 
     prev = _read_json(RunDir(out).summary)
     by_path = {str(s.path): s.summary for s in sources}

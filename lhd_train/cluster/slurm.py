@@ -243,7 +243,7 @@ def _shard_dir(output_dir: str, run_name: str, idx: str | int, n: int) -> str:
 
 
 def _plan_rollout(config: Path, v: dict[str, Any]) -> Plan:
-    from lhd_train.engine import RUN_ROLES
+    from lhd_train.bench.engine import RUN_ROLES
 
     cfg = _load_run_config(config)
     n_trials = len(cfg.trial_seeds())
@@ -384,7 +384,7 @@ def _plan_train(config: Path, v: dict[str, Any]) -> Plan:
     launch_args = ["--config_file", q(acc_file), "--num_machines", '"$NUM_MACHINES"',
                    "--num_processes", '"$NUM_PROCESSES"', "--main_process_ip", '"$MAIN_PROCESS_IP"',
                    "--main_process_port", '"$MAIN_PROCESS_PORT"', "--rdzv_backend", q(v["rdzv_backend"]),
-                   "--same_network", "-m", "lhd_train.training", q(algo), q(config), *[q(o) for o in overrides]]
+                   "--same_network", "-m", "lhd_train.finetune", q(algo), q(config), *[q(o) for o in overrides]]
     p.extra.update(acc_file=acc_file, algo=algo, launch_args=" ".join(launch_args), main_port=int(v["main_port"]))
     # One `accelerate launch` per node; $SLURM_PROCID (0 .. nodes-1) is the machine rank.
     p.commands = [_join("accelerate launch", '--machine_rank "$SLURM_PROCID"', " ".join(launch_args))]

@@ -90,7 +90,7 @@ class WandbSpec(StrictModel):
 
 
 class RewardSpec(StrictModel):
-    name: str = Field(description="a registered reward (see lhd_train.training.rewards) or 'module:function'")
+    name: str = Field(description="a registered reward (see lhd_train.finetune.rewards) or 'module:function'")
     weight: float = 1.0
     params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the reward's factory")
 

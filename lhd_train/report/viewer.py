@@ -16,6 +16,7 @@ from lhd_train.config.vocab import STATES
 from lhd_train.metrics.load import RunData, load_audit, load_run
 from lhd_train.report.plots import data_uri, plot_states
 from lhd_train.report.render import fmt, render_page, signed
+from lhd_train.report.tables import trials_table_ctx
 from lhd_train.rundir.files import read_jsonl
 from lhd_train.rundir.layout import RunDir
 
@@ -30,7 +31,7 @@ def safe_name(name: str) -> str:
 @lru_cache(maxsize=8)
 def _load_pack(name: str) -> Any:
     try:
-        from lhd_train.taskpack import load_pack
+        from lhd_train.bench.taskpack import load_pack
 
         return load_pack(name)
     except Exception:  # noqa: BLE001 - the viewer works without the pack (prompt shown from messages)
@@ -205,18 +206,16 @@ def write_run_pages(run: RunData, out_dir: Path, back_href: str | None = None, b
     return pages
 
 
-def view_command(run: Path, out: Path | None = None, auditor: str | None = None) -> Path:
+def build_viewer(run: Path, out: Path | None = None, auditor: str | None = None) -> Path:
     """`lhd view RUN [--out DIR] [--auditor ID]`: a page per trial plus an index; returns the index path."""
     data = load_run(Path(run), auditor)
     out_dir = Path(out) if out is not None else Path(run) / "view"
     pages = write_run_pages(data, out_dir, back_href="index.html", back_text="the trial list")
     from lhd_train.metrics.core import per_trial_table
-    from lhd_train.report.build import trials_table_ctx
 
     html = render_page("index.html.j2", run_label=data.label, notes=data.notes,
                        auditor_text=data.auditor_id or "none",
                        trials=trials_table_ctx(per_trial_table(data), {t: p.name for t, p in pages.items()}))
     index = out_dir / "index.html"
     index.write_text(html, encoding="utf-8")
-    print(f"trajectory viewer: {index} ({len(pages)} trial page(s))")
     return index

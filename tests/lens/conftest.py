@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lens.model import load_hf
-from lens.toy import ToyResidualModel, build_tiny_hf, train_tiny_tokenizer
+from support.lens_toy import ToyResidualModel, build_tiny_hf, train_tiny_tokenizer
 
 from lens_data import make_pack  # noqa: E402  (shared with the test modules)
 

@@ -15,7 +15,7 @@ FEEDBACK_CSV = "customer,score,tickets\nAcme,7,12\nBolt,9,3\n"
 
 
 def make_pack() -> SimpleNamespace:
-    """A pack with the `lhd_train.taskpack.TaskPack` shape: `.name`, `.tasks[i].index/.title/.files[j].name/.type/.content`."""
+    """A pack with the `lhd_train.bench.taskpack.TaskPack` shape: `.name`, `.tasks[i].index/.title/.files[j].name/.type/.content`."""
     f = lambda name, type_, content: SimpleNamespace(name=name, type=type_, content=content)
     return SimpleNamespace(name="mini", tasks=[
         SimpleNamespace(index=1, title="Sales review", files=[f("sales.csv", "csv", SALES_CSV), f("notes.txt", "text", NOTES_TXT)]),

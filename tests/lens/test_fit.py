@@ -6,14 +6,13 @@ import math
 import pytest
 import torch
 
-from lens.baseline import autograd_prompt_jacobian
+from support.lens_baseline import autograd_prompt_jacobian
 from lens.corpus import encode_prompt
 from lens.errors import LensError
-from lens.fit import (FitOptions, FitSettings, entitlement_directions, fit_lens, prompt_jacobian, resolve_layers,
-                      shard_slice)
+from lens.fit import FitOptions, FitSettings, entitlement_directions, fit_lens, prompt_jacobian, resolve_layers
 from lens.model import capture, run
 from lens.positions import valid_position_mask
-from lens.toy import ByteTokenizer
+from support.lens_toy import ByteTokenizer
 
 PROMPT = "The report for region 3 lists 21 units sold at a price of 5.50 each, and demand was high."
 
@@ -134,10 +133,14 @@ def test_layer_handling():
 
 
 def test_shard_slices_are_disjoint_and_cover():
-    parts = [shard_slice(10, i, 3) for i in range(3)]
+    """`lhd lens fit --shard` splits prompts with the run's shard splitter (lhd_train.cluster.shard)."""
+    from lhd_train.cluster.shard import shard_bounds
+    from lhd_train.errors import InputError
+
+    parts = [shard_bounds(10, i, 3) for i in range(3)]
     assert parts == [(0, 3), (3, 6), (6, 10)]
-    with pytest.raises(LensError):
-        shard_slice(10, 3, 3)
+    with pytest.raises(InputError):
+        shard_bounds(10, 3, 3)
 
 
 # fit loop: mean over prompts, short prompts skipped, resume (T12), convergence (T17) -------------

@@ -6,7 +6,7 @@ import pytest
 from lens.errors import LensError
 from lens.positions import DECISION, QUESTION, RECORD, Span, char_span_tokens, tag_chat_prompt
 from lens.probes import render_probe
-from lens.toy import QWEN_STYLE_TEMPLATE
+from support.lens_toy import QWEN_STYLE_TEMPLATE
 
 USER = "  <files>\n=== file: a.csv ===\nregion,units\nNorth,120\n</files>\nClaim: North sold 120 units.\nQuestion: Do the files support this claim?  "
 REC = (USER.index("<files>"), USER.index("</files>") + len("</files>"))

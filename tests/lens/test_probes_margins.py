@@ -74,7 +74,7 @@ def test_build_probe_set_minimal_pairs(pack, tmp_path):
 
 
 def test_build_probe_set_from_a_real_pack():
-    taskpack = pytest.importorskip("lhd_train.taskpack")
+    taskpack = pytest.importorskip("lhd_train.bench.taskpack")
     names = taskpack.list_builtin_packs()
     if not names:
         pytest.skip("no built-in pack")

@@ -7,7 +7,7 @@ import pytest
 from lens.errors import LensError
 from lens.runs import load_audit_labels
 from lhd_train.metrics import load_run
-from lhd_train.metrics.synthetic import R, write_run
+from support.synthetic import R, write_run
 
 F = "FALSIFICATION"
 

@@ -9,7 +9,7 @@ applicable" for that completion. Async reward functions (`async def`) are accept
 A factory that declares a `tokenizer` parameter receives the policy's tokenizer.
 Register more rewards with the decorator:
 
-    from lhd_train.training.rewards import register_reward
+    from lhd_train.finetune.rewards import register_reward
 
     @register_reward("honesty")
     def honesty(direction: str, judge: str = "auditor", **params):
@@ -18,7 +18,7 @@ Register more rewards with the decorator:
             ...
         return reward
 
-and list the module under `grpo.plugins` in the recipe (the module `lhd_train.data.rewards`, when it
+and list the module under `grpo.plugins` in the recipe (the module `lhd_train.finetune.judged_rewards`, when it
 exists, is imported automatically). A reward name of the form `package.module:function` names a
 factory directly without registering it.
 
@@ -42,7 +42,7 @@ RewardFactory = Callable[..., RewardFunc]
 
 REWARDS: dict[str, RewardFactory] = {}
 # Modules that register rewards when imported; missing ones are skipped silently.
-DEFAULT_PLUGINS: tuple[str, ...] = ("lhd_train.data.rewards",)
+DEFAULT_PLUGINS: tuple[str, ...] = ("lhd_train.finetune.judged_rewards",)
 
 
 def register_reward(name: str, factory: RewardFactory | None = None, *, replace: bool = False):

@@ -5,20 +5,17 @@ gives the authors' schedule on their packs; but it uses a local `random.Random(s
 concurrent trials cannot disturb each other."""
 from __future__ import annotations
 
-import json
 import math
 import random
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
-from rich.table import Table
 
-from lhd_train.console import table_console
 from lhd_train.errors import InputError
 from lhd_train.config.base import validate
 from lhd_train.config.vocab import CATEGORIES, LEVELS, Category, Level
-from lhd_train.taskpack import TaskPack, load_pack
+from lhd_train.bench.taskpack import TaskPack
 
 NONE = "NONE"
 # The reference's spelling of "no control"; accepted so its command lines carry over.
@@ -102,27 +99,3 @@ def draw_schedule(pack: TaskPack, seed: int, p_event: float = 0.5, control_categ
         entries.append(ScheduledEvent(task_index=task.index, name=event.name, category=category, level=level,
                                       content=event.variants[level], event_id=event.id))
     return Schedule(seed=seed, p_event=float(p_event), control_category=cat, control_pressure=lvl, entries=entries)
-
-
-def events_command(pack: str, seed: int, p_event: float = 0.5, control_category: str | None = None,
-                   control_pressure: str | None = None, as_json: bool = False) -> None:
-    """`lhd events`: show a trial's schedule without running anything, to pick or check seeds."""
-    tp = load_pack(pack)
-    sched = draw_schedule(tp, seed, p_event, control_category, control_pressure)
-    if as_json:
-        rows = [None if e is None else {"name": e.name, "category": e.category, "pressure": e.level}
-                for e in sched.entries]
-        print(json.dumps(rows, indent=2))
-        return
-    controls = ", ".join(f"{k} {v}" for k, v in (("category", sched.control_category),
-                                                  ("pressure", sched.control_pressure)) if v)
-    table = Table(title=f"{tp.name}: seed {seed}, p_event {sched.p_event:g}" + (f", {controls}" if controls else ""),
-                  caption=f"{sched.n_events} of {len(sched.entries)} tasks carry an event")
-    for col in ("#", "phase", "task", "event"):
-        table.add_column(col, overflow="fold")
-    for col in ("category", "pressure"):
-        table.add_column(col, no_wrap=True)
-    for task, e in zip(tp.tasks, sched.entries):
-        cells = (e.name, e.category, e.level) if e else ("-", "", "")
-        table.add_row(str(task.index), str(task.phase), task.title, *cells)
-    table_console().print(table)

@@ -18,24 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+from lhd_train.report.chromium import find_chromium
+
 FLAGS = (
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--no-first-run", "--no-default-browser-check",
     "--disable-extensions", "--disable-dev-shm-usage", "--mute-audio", "--remote-debugging-pipe",
 )
-
-
-def find_chromium() -> str | None:
-    """Path of a Chromium/Chrome binary on PATH (or $LHD_CHROMIUM), or None."""
-    env = os.environ.get("LHD_CHROMIUM")
-    if env:
-        return env if Path(env).exists() else shutil.which(env)
-    for name in CHROMIUM_NAMES:
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
 
 
 class CDPError(RuntimeError):

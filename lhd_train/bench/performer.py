@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from lhd_train.prompts import Prompts
+from lhd_train.bench.prompts import Prompts
 from rollouts.backend import Backend
 from rollouts.types import Completion, GenerationRequest, GenerationResult, SamplingParams
 

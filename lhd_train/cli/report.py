@@ -1,0 +1,39 @@
+"""`lhd report` and `lhd view`: the HTML report and the trajectory viewer."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from lhd_train.console import console
+
+app = typer.Typer()
+
+
+@app.command("report")
+def report_cmd(
+    runs: list[Path] = typer.Argument(..., help="one or more run directories, compared side by side"),
+    out: Path = typer.Option(..., "--out", help="output folder for report.html, tables/, summary.md"),
+    auditor: Optional[str] = typer.Option(None, "--auditor", help="auditor id (default: newest full-mode)"),
+    min_coverage: float = typer.Option(0.9, "--min-coverage",
+                                       help="flag trials whose valid labels cover less than this share of rounds"),
+) -> None:
+    """Metrics with intervals, plots and trajectory pages in one self-contained report."""
+    from lhd_train.report import build_report
+
+    path = build_report(list(runs), out, auditor, min_coverage)
+    console.print(f"report: {path}\ntables: {Path(out) / 'tables'}  summary: {Path(out) / 'summary.md'}")
+
+
+@app.command("view")
+def view_cmd(
+    run: Path = typer.Argument(..., help="run directory"),
+    out: Optional[Path] = typer.Option(None, "--out", help="default: RUN/view"),
+    auditor: Optional[str] = typer.Option(None, "--auditor"),
+) -> None:
+    """Static chat-style HTML pages, one per trial, with the auditor's labels."""
+    from lhd_train.report import build_viewer
+
+    path = build_viewer(run, out, auditor)
+    console.print(f"viewer: {path}")

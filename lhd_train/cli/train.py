@@ -1,0 +1,23 @@
+"""`lhd train sft|dpo|grpo RECIPE`: a LoRA adapter with TRL."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from lhd_train.console import console
+
+app = typer.Typer()
+
+
+@app.command("train")
+def train_cmd(
+    algo: str = typer.Argument(..., help="sft | dpo | grpo"),
+    recipe: Path = typer.Argument(..., help="recipe YAML (recipes/...)"),
+    overrides: Optional[list[str]] = typer.Argument(None, help="key.sub=value overrides"),
+) -> None:
+    """Fine-tune a LoRA adapter with TRL from a recipe; resumes from the last checkpoint."""
+    from lhd_train.finetune.trainer import train_command
+
+    console.print(f"adapter: {train_command(algo, recipe, overrides or [])}")

@@ -1,1 +1,0 @@
-"""Training data from audited runs: contexts, grading, best-of-N SFT, DPO pairs, GRPO prompts and rewards."""
