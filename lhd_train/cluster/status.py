@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from lhd_train.errors import InputError
+from lhd_train.rundir.layout import RunDir, is_rows_file
 
 PENDING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED", "STOPPED"}
 RUNNING = {"RUNNING", "CONFIGURING", "COMPLETING", "RESIZING", "SIGNALING", "STAGE_OUT"}
@@ -191,7 +192,7 @@ def _locate(run: Path) -> tuple[str, Path, list[str] | None, str | None]:
     config or a run directory."""
     run = Path(run)
     if run.is_file():
-        from lhd_train.config import load_config
+        from lhd_train.config.run import load_config
 
         cfg = load_config(run)
         model = cfg.models[cfg.performer.model].model if cfg.performer else None
@@ -210,13 +211,13 @@ def _dir_progress(run_dir: Path, trial_ids: list[str] | None) -> tuple[str, str]
         try:
             import yaml
 
-            cfg = yaml.safe_load((run_dir / "config.resolved.yaml").read_text()) or {}
+            cfg = yaml.safe_load(RunDir(run_dir).config.read_text()) or {}
             trial_ids = [f"s{s}" for s in cfg.get("seeds") or []] or None
         except (OSError, ValueError):
             trial_ids = None
     if trial_ids is None:
-        trial_ids = sorted(p.name[:-6] for p in tdir.glob("*.jsonl") if not p.name.endswith(".messages.jsonl"))
-    done = sum((tdir / f"{t}.done").exists() for t in trial_ids)
+        trial_ids = RunDir(run_dir).trial_ids()
+    done = sum(RunDir(run_dir).trial(t).done.exists() for t in trial_ids)
     rows = 0
     for t in trial_ids:
         p = tdir / f"{t}.jsonl"
@@ -280,9 +281,9 @@ def run_status(run: Path, shards: int | None = None, use_slurm: bool = True) -> 
             st.rows.append(Row("rollout", f"shard {i}/{n}", s or d_status, detail, label, raw))
     merged = output_dir / run_name
     manifest = {}
-    if (merged / "manifest.json").is_file():
+    if RunDir(merged).manifest.is_file():
         try:
-            manifest = json.loads((merged / "manifest.json").read_text())
+            manifest = json.loads(RunDir(merged).manifest.read_text())
         except ValueError:
             manifest = {}
     is_merge = (manifest.get("source") or {}).get("kind") == "lhd merge"
@@ -320,7 +321,7 @@ def _rows_per_trial(run_dir: Path) -> dict[str, int]:
     out = {}
     base = run_dir / "trials" if (run_dir / "trials").is_dir() else run_dir
     for p in base.glob("*.jsonl"):
-        if p.name.endswith(".messages.jsonl"):
+        if not is_rows_file(p):
             continue
         with open(p, "rb") as f:
             out[p.name[:-6]] = sum(1 for line in f if line.endswith(b"\n"))
