@@ -19,7 +19,8 @@ from typing import Any, Callable
 import pytest
 import yaml
 
-from lhd_train.audit import AuditOptions, audit_run, context_indices, load_auditor_config, window_bounds
+from lhd_train.audit import audit_run, context_indices, window_bounds
+from lhd_train.config.auditor import AuditOptions, load_auditor_config
 from lhd_train.audit.labels import make_consistent
 from lhd_train.config.auditor import RenderOptions
 from lhd_train.audit.trajectory import AuditorPrompts, build_messages, load_task_texts, load_trial

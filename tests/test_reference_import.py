@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lhd_train.audit import AuditOptions, audit_run, load_auditor_config
+from lhd_train.audit import audit_run
+from lhd_train.config.auditor import AuditOptions, load_auditor_config
 from lhd_train.config.run import parse_config
 from lhd_train.errors import InputError
 from lhd_train.rundir.reference_import import import_reference

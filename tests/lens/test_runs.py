@@ -17,7 +17,7 @@ from lens.runs import load_run_examples, run_task_texts
 
 from lens_data import make_pack
 
-BUILTIN = Path(__file__).resolve().parents[2] / "lhd_train" / "packs" / "startup_consulting" / "pack.json"
+BUILTIN = Path(__file__).resolve().parents[2] / "lhd_train" / "bench" / "packs" / "startup_consulting" / "pack.json"
 
 
 def _authors_copy(root: Path) -> tuple[Path, dict]:
