@@ -18,7 +18,8 @@ def report_error(exc: BaseException) -> int:
 class InputError(LhdError):
     """Bad user input: a config, override, task pack or data file that does not validate."""
 
-    def __init__(self, source: str | Path | None, field: str | None, problem: str, allowed: str | None = None):
+    def __init__(self, source: str | Path | None, field: str | None, problem: str, allowed: str | None = None,
+                 more: int = 0):
         self.source = str(source) if source is not None else None
         self.field = field
         self.problem = problem
@@ -29,6 +30,8 @@ class InputError(LhdError):
         msg = f"{where}: {problem}"
         if allowed:
             msg += f" (allowed: {allowed})"
+        if more:  # further problems found in the same input
+            msg += f" (+{more} more problems)"
         super().__init__(msg)
 
 

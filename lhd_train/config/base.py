@@ -94,10 +94,7 @@ def validation_error(err: ValidationError, source: str | Path | None, root: type
     where = field_path(loc) or None
     if where is None and ": " in problem and problem.split(": ", 1)[0].replace(".", "").isidentifier():
         where, problem = problem.split(": ", 1)
-    n = len(err.errors())
-    if n > 1:
-        problem += f" (+{n - 1} more problems)"
-    return InputError(source, where, problem, allowed)
+    return InputError(source, where, problem, allowed, more=len(err.errors()) - 1)
 
 
 def validate(model: type[M], data: Any, source: str | Path | None) -> M:
