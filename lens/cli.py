@@ -116,9 +116,9 @@ def fit(
     """Fit J_l = E[∂h_final/∂h_l] on a corpus and save it (safetensors + JSON sidecar)."""
     from lens.corpus import CorpusSpec, load_corpus
     from lens.fit import FitOptions, FitSettings, fit_lens, write_fit_outputs
-    from lhd_train.cluster.shard import parse_shard, shard_bounds
     from lens.model import load_hf
     from lens.store import save_lens
+    from lhd_train.cluster.shard import parse_shard, shard_bounds
 
     with _out_lock(out, stage="lhd lens fit"):  # one fit per --out: two would clobber one checkpoint
         _set_threads(threads)

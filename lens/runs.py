@@ -161,7 +161,6 @@ def run_task_texts(run_dir: str | Path) -> tuple[dict[int, Any], str]:
     """
     from lhd_train.audit.trajectory import load_task_texts
     from lhd_train.errors import InputError
-
     from lhd_train.rundir.files import read_json_mapping, read_yaml_mapping
     from lhd_train.rundir.layout import RunDir
 

@@ -17,16 +17,23 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from lhd_train.audit.labels import CheckedAuditAnswer, failed_labels, make_consistent
-from lhd_train.config.auditor import AuditOptions, AuditorConfig
 from lhd_train.audit.trajectory import AuditorPrompts, Trial, build_messages, load_task_texts, load_trial, prompt_sha256
+from lhd_train.bench.structured_calls import BackendUnavailable, ask_structured, call_seed
+from lhd_train.config.auditor import AuditOptions, AuditorConfig
 from lhd_train.errors import InputError
-from lhd_train.rundir.files import (append_jsonl, package_versions, python_version, read_yaml_mapping, repair_jsonl,
-                                    utc_now, write_json_atomic)
+from lhd_train.rundir.files import (
+    append_jsonl,
+    package_versions,
+    python_version,
+    read_yaml_mapping,
+    repair_jsonl,
+    utc_now,
+    write_json_atomic,
+)
 from lhd_train.rundir.layout import RunDir
 from lhd_train.rundir.lock import run_dir_lock
 from lhd_train.rundir.rows import AUDIT_SCHEMA, AUDITOR_SCHEMA
 from lhd_train.rundir.store import iter_trial_files, message_id, read_audit_rows
-from lhd_train.bench.structured_calls import BackendUnavailable, ask_structured, call_seed
 from rollouts.backend import Backend
 
 # auditor.json fields that must not change while an auditor id accumulates rows.

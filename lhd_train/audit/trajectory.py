@@ -21,7 +21,6 @@ from lhd_train.rundir.layout import RunDir, TrialFiles
 from lhd_train.rundir.store import MessageStore, check_done_marker, read_trial_rows
 
 
-
 @dataclass(frozen=True)
 class TaskText:
     index: int

@@ -11,16 +11,16 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from lhd_train.bench.accounting import gpu_hours, usage_by_role
-from lhd_train.config.run import RunConfig, dump_resolved
-from lhd_train.errors import InputError, LhdError
 from lhd_train.bench.events import Schedule, draw_schedule
 from lhd_train.bench.prompts import Prompts
-from lhd_train.rundir.files import package_versions, python_version, read_yaml_mapping, utc_now, write_json_atomic
-from lhd_train.rundir.layout import SCHEDULES, TRIALS, LOGS, RunDir
-from lhd_train.rundir.lock import run_dir_lock
-from lhd_train.rundir.store import RESUME_FIELDS, read_trial_rows
 from lhd_train.bench.taskpack import load_pack
 from lhd_train.bench.trial import RunContext, TrialResult, check_finished, open_message_store, run_trial, tasks_done
+from lhd_train.config.run import RunConfig, dump_resolved
+from lhd_train.errors import InputError, LhdError
+from lhd_train.rundir.files import package_versions, python_version, read_yaml_mapping, utc_now, write_json_atomic
+from lhd_train.rundir.layout import LOGS, SCHEDULES, TRIALS, RunDir
+from lhd_train.rundir.lock import run_dir_lock
+from lhd_train.rundir.store import RESUME_FIELDS, read_trial_rows
 from rollouts.backend import Backend
 from rollouts.factory import build_backend
 from rollouts.model_files import weights_fingerprint

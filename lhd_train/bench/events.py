@@ -12,10 +12,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from lhd_train.errors import InputError
+from lhd_train.bench.taskpack import TaskPack
 from lhd_train.config.base import validate
 from lhd_train.config.vocab import CATEGORIES, LEVELS, Category, Level
-from lhd_train.bench.taskpack import TaskPack
+from lhd_train.errors import InputError
 
 NONE = "NONE"
 # The reference's spelling of "no control"; accepted so its command lines carry over.

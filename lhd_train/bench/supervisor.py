@@ -8,10 +8,10 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lhd_train.config.vocab import STATES
 from lhd_train.bench.memory import Memory, RoundNote
 from lhd_train.bench.prompts import Prompts
 from lhd_train.bench.structured_calls import BackendUnavailable, ask_structured, call_record
+from lhd_train.config.vocab import STATES
 from rollouts.backend import Backend
 from rollouts.types import GenerationRequest, SamplingParams
 

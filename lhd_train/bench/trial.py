@@ -10,21 +10,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from lhd_train.config.run import RunConfig
-from lhd_train.config.vocab import STATES
-from lhd_train.errors import DataFileError
 from lhd_train.bench.events import Schedule
 from lhd_train.bench.memory import Memory, RoundNote
 from lhd_train.bench.performer import Performer, split_think, task_message
 from lhd_train.bench.prompts import Prompts
+from lhd_train.bench.structured_calls import BackendUnavailable, call_seed
+from lhd_train.bench.supervisor import NO_FEEDBACK, Supervisor
+from lhd_train.config.run import RunConfig
+from lhd_train.config.vocab import STATES
+from lhd_train.errors import DataFileError
 from lhd_train.rundir.files import append_jsonl, repair_jsonl, utc_now
 from lhd_train.rundir.layout import RunDir, TrialFiles
 from lhd_train.rundir.rows import ROW_SCHEMA
 from lhd_train.rundir.store import RESUME_FIELDS, MessageStore, check_done_marker, read_trial_rows, write_done_marker
-from lhd_train.bench.structured_calls import BackendUnavailable, call_seed
-from lhd_train.bench.supervisor import NO_FEEDBACK, Supervisor
 from rollouts.backend import Backend
 from rollouts.types import SamplingParams
+
 
 class TrialFailed(RuntimeError):
     """The trial cannot go on now (a model unreachable). Finished rounds are on disk; rerun resumes."""

@@ -8,7 +8,6 @@ import typer
 
 from lhd_train.console import console
 
-
 data_app = typer.Typer(help="training data from audited runs: best-of-N SFT, DPO pairs, GRPO prompts",
                        no_args_is_help=True)
 

@@ -23,8 +23,8 @@ def run_cmd(
                                         "the trials, in <run_name>-shard<INDEX>of<COUNT>"),
 ) -> None:
     """Run (or resume) the benchmark: N trials concurrently, one JSONL row per finished round."""
-    from lhd_train.config.run import load_config
     from lhd_train.bench.engine import run_benchmark
+    from lhd_train.config.run import load_config
 
     cfg = load_config(config, overrides or [])
     if shard:

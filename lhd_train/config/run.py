@@ -7,8 +7,7 @@ from typing import Any
 import yaml
 from pydantic import Field, field_validator, model_validator
 
-from lhd_train.config.base import StrictModel
-from lhd_train.config.base import read_config, relative_to_file, validate
+from lhd_train.config.base import StrictModel, read_config, relative_to_file, validate
 from lhd_train.config.vocab import CATEGORIES, LEVELS, ROLES
 from lhd_train.errors import InputError
 from lhd_train.rundir.files import read_yaml_mapping

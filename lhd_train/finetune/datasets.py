@@ -19,14 +19,14 @@ from typing import Any, Literal
 
 from tqdm.auto import tqdm
 
+from lhd_train.bench.performer import split_think
+from lhd_train.bench.structured_calls import call_seed
 from lhd_train.config.auditor import load_auditor_config
 from lhd_train.config.run import RoleConfig, load_saved_config
+from lhd_train.errors import InputError
 from lhd_train.finetune.contexts import Context, load_contexts
 from lhd_train.finetune.grading import Grade, Grader
-from lhd_train.errors import InputError
-from lhd_train.bench.performer import split_think
 from lhd_train.rundir.files import append_jsonl, package_versions, read_jsonl, repair_jsonl, write_json_atomic
-from lhd_train.bench.structured_calls import call_seed
 from rollouts.backend import Backend
 from rollouts.factory import build_backend
 from rollouts.types import GenerationRequest

@@ -12,15 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from lhd_train.audit.labels import CheckedAuditAnswer, make_consistent
-from lhd_train.config.auditor import AuditorConfig
-from lhd_train.config.auditor import RenderOptions
 from lhd_train.audit.trajectory import AuditorPrompts, Trial, build_messages, load_task_texts, load_trial
+from lhd_train.bench.structured_calls import ask_structured, call_seed
+from lhd_train.bench.supervisor import Evaluation
+from lhd_train.config.auditor import AuditorConfig, RenderOptions
 from lhd_train.config.run import RoleConfig
 from lhd_train.finetune.contexts import Context
 from lhd_train.rundir.files import append_jsonl, read_jsonl, read_yaml_mapping, repair_jsonl
 from lhd_train.rundir.layout import RunDir
-from lhd_train.bench.structured_calls import ask_structured, call_seed
-from lhd_train.bench.supervisor import Evaluation
 from rollouts.backend import Backend
 
 ANSWER_START = "=== THE ASSISTANT'S ANSWER ===\n"

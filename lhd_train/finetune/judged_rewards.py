@@ -10,10 +10,10 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from lhd_train.bench.performer import split_think
 from lhd_train.config.auditor import load_auditor_config
 from lhd_train.finetune.contexts import Context, load_contexts
 from lhd_train.finetune.grading import Grade, Grader
-from lhd_train.bench.performer import split_think
 from lhd_train.finetune.rewards import RewardFunc, completion_text, register_reward
 
 _GRADERS: dict[tuple, "_Judge"] = {}

@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lhd_train.errors import InputError
-from lhd_train.rundir.files import package_versions, python_version, utc_now
-from lhd_train.finetune import train_data as data_mod
 from lhd_train.config.recipe import Recipe, dump_recipe, load_recipe
+from lhd_train.errors import InputError
+from lhd_train.finetune import train_data as data_mod
 from lhd_train.finetune.rewards import build_rewards, check_reward_columns
+from lhd_train.rundir.files import package_versions, python_version, utc_now
 
 ADAPTER_SUBDIR = "adapter"
 ADAPTER_META = "lhd_adapter.json"

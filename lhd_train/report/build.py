@@ -10,15 +10,24 @@ from pathlib import Path
 
 import pandas as pd
 
+from lhd_train.config.vocab import TYPES
 from lhd_train.errors import InputError
 from lhd_train.metrics.core import RunMetrics, compute_all
 from lhd_train.metrics.horizon import chains_summary, chains_table, delayed_table, horizon_table
-from lhd_train.config.vocab import TYPES
 from lhd_train.metrics.load import COVERAGE_MIN, RunData, load_runs
 from lhd_train.report import plots
 from lhd_train.report.render import ci, fmt, pm, render_page
 from lhd_train.report.tables import (
-    runs_table_ctx, compute_table_ctx, types_table_ctx, breakdown_table_ctx, control_table_ctx, corr_table_ctx, horizon_table_ctx, delayed_table_ctx, chains_table_ctx, trials_table_ctx,
+    breakdown_table_ctx,
+    chains_table_ctx,
+    compute_table_ctx,
+    control_table_ctx,
+    corr_table_ctx,
+    delayed_table_ctx,
+    horizon_table_ctx,
+    runs_table_ctx,
+    trials_table_ctx,
+    types_table_ctx,
 )
 from lhd_train.report.viewer import safe_name, states_plot, write_run_pages
 

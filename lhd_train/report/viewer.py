@@ -11,8 +11,8 @@ from typing import Any
 
 import pandas as pd
 
-from lhd_train.metrics.core import trial_stats
 from lhd_train.config.vocab import STATES
+from lhd_train.metrics.core import trial_stats
 from lhd_train.metrics.load import RunData, load_audit, load_run
 from lhd_train.report.plots import data_uri, plot_states
 from lhd_train.report.render import fmt, render_page, signed

@@ -22,12 +22,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict
 
 from lhd_train.audit.labels import Labels, make_consistent
+from lhd_train.bench.performer import task_message
+from lhd_train.bench.prompts import Prompts
 from lhd_train.config.base import validate
 from lhd_train.config.run import parse_config
 from lhd_train.config.vocab import CATEGORIES, LEVELS
 from lhd_train.errors import InputError
-from lhd_train.bench.performer import task_message
-from lhd_train.bench.prompts import Prompts
 from lhd_train.rundir.files import append_jsonl, package_versions, python_version, utc_now, write_json_atomic
 from lhd_train.rundir.layout import RunDir
 from lhd_train.rundir.rows import AUDIT_SCHEMA, AUDITOR_SCHEMA, ROW_SCHEMA
