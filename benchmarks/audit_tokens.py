@@ -22,14 +22,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from lhd_train.config.auditor import RenderOptions  # noqa: E402
+from support.scripted import ScriptedBackend  # noqa: E402
+
 from lhd_train.audit.trajectory import AuditorPrompts, build_messages, load_task_texts, load_trial  # noqa: E402
-from lhd_train.config.run import parse_config  # noqa: E402
 from lhd_train.bench.events import draw_schedule  # noqa: E402
 from lhd_train.bench.prompts import Prompts  # noqa: E402
 from lhd_train.bench.taskpack import load_pack  # noqa: E402
 from lhd_train.bench.trial import RunContext, run_trial  # noqa: E402
-from support.scripted import ScriptedBackend  # noqa: E402
+from lhd_train.config.auditor import RenderOptions  # noqa: E402
+from lhd_train.config.run import parse_config  # noqa: E402
 
 
 def play(out: Path, rounds_per_task: int, answer_chars: int) -> Path:

@@ -29,10 +29,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the toy models and the baseline
 
-from lens.fit import prompt_jacobian  # noqa: E402
-from lens.model import load_hf  # noqa: E402
 from support.lens_baseline import autograd_prompt_jacobian  # noqa: E402
 from support.lens_toy import build_tiny_hf  # noqa: E402
+
+from lens.fit import prompt_jacobian  # noqa: E402
+from lens.model import load_hf  # noqa: E402
 
 
 def timed(fn) -> tuple[float, float, object]:

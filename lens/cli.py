@@ -7,7 +7,6 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -89,8 +88,8 @@ def fit(
     out: Path = typer.Option(..., help="Output dir: lens.safetensors, lens.json, fit_report.json, convergence.csv, checkpoint.pt."),
     corpus_format: str = typer.Option("auto", "--format", help="auto | text | jsonl | dataset"),
     text_field: str = typer.Option("text", help="JSONL / dataset column with the text."),
-    split: Optional[str] = typer.Option(None, help="Split of a DatasetDict (default train)."),
-    n_prompts: Optional[int] = typer.Option(100, help="Use the first N prompts (before sharding)."),
+    split: str | None = typer.Option(None, help="Split of a DatasetDict (default train)."),
+    n_prompts: int | None = typer.Option(100, help="Use the first N prompts (before sharding)."),
     min_chars: int = typer.Option(0, help="Drop texts shorter than this (the reference uses 600)."),
     chunk_chars: int = typer.Option(0, help="Join and re-cut the corpus into pieces of this many characters (0 = off)."),
     chat: bool = typer.Option(False, "--chat/--no-chat", help="Wrap each text in the model's chat template."),
@@ -102,16 +101,16 @@ def fit(
     method: str = typer.Option("replicate", help="replicate (reference: prompt repeated along the batch) | vmap (batched grads)."),
     dtype: str = typer.Option("float32", help="Model dtype: float32 | bfloat16 | float16."),
     device: str = typer.Option("auto"),
-    revision: Optional[str] = typer.Option(None, help="Model revision (recorded in the sidecar)."),
+    revision: str | None = typer.Option(None, help="Model revision (recorded in the sidecar)."),
     attn: str = typer.Option("eager", help="attn_implementation."),
     save_dtype: str = typer.Option("float16", help="dtype of the saved matrices."),
     checkpoint_every: int = typer.Option(10, help="Checkpoint every N prompts (0 = only at the end)."),
     resume: bool = typer.Option(True, "--resume/--no-resume", help="Continue from OUT/checkpoint.pt if present."),
-    shard: Optional[str] = typer.Option(None, help="INDEX/COUNT: fit a contiguous, disjoint slice of the prompts."),
+    shard: str | None = typer.Option(None, help="INDEX/COUNT: fit a contiguous, disjoint slice of the prompts."),
     stop_at_delta: float = typer.Option(0.0, help="Early stop when the mean Δmean of the last 10 prompts is below this."),
     min_prompts: int = typer.Option(100, help="... but not before this many prompts."),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
-    threads: Optional[int] = typer.Option(None, help="torch CPU threads (1 is fastest for tiny models on a busy CPU)."),
+    threads: int | None = typer.Option(None, help="torch CPU threads (1 is fastest for tiny models on a busy CPU)."),
 ):
     """Fit J_l = E[∂h_final/∂h_l] on a corpus and save it (safetensors + JSON sidecar)."""
     from lens.corpus import CorpusSpec, load_corpus
@@ -175,8 +174,8 @@ def probe_build(
     seed: int = typer.Option(0),
     deleted: bool = typer.Option(True, "--deleted/--no-deleted",
                                  help="Also add NOT_ENTITLED rows whose record has the evidence line deleted."),
-    model: Optional[str] = typer.Option(None, help="Check the token sets against this model's tokenizer."),
-    token_sets: Optional[Path] = typer.Option(None, help="JSON {S, N, R} word/id lists (with --model)."),
+    model: str | None = typer.Option(None, help="Check the token sets against this model's tokenizer."),
+    token_sets: Path | None = typer.Option(None, help="JSON {S, N, R} word/id lists (with --model)."),
     token_fallback: str = typer.Option("strict", help="strict | first-token"),
 ):
     """Build SUPPORTED / REFUTED / NOT_ENTITLED claims from a pack's own files."""
@@ -216,12 +215,12 @@ def _model_type(model: str) -> str | None:
 def read(
     model: str = typer.Argument(..., help="HF model id or local model dir."),
     out: Path = typer.Option(..., help="Output dir (margins.parquet, auroc.csv/.md, heatmap.png, summary.json)."),
-    lens: Optional[Path] = typer.Option(None, help="Lens dir (lens.json + lens.safetensors) or a published jlens .pt; "
+    lens: Path | None = typer.Option(None, help="Lens dir (lens.json + lens.safetensors) or a published jlens .pt; "
                                                    "without it only the logit lens and the probe are read."),
-    probes: Optional[Path] = typer.Option(None, help="Probe set JSONL from `lhd lens probe build`."),
-    run: Optional[Path] = typer.Option(None, help="Benchmark run dir (docs/formats.md)."),
-    target_layer: Optional[int] = typer.Option(None, help="Target layer of a .pt lens (default: last block)."),
-    token_sets: Optional[Path] = typer.Option(None, help="JSON {S, N, R}: words or token ids, replacing the defaults."),
+    probes: Path | None = typer.Option(None, help="Probe set JSONL from `lhd lens probe build`."),
+    run: Path | None = typer.Option(None, help="Benchmark run dir (docs/formats.md)."),
+    target_layer: int | None = typer.Option(None, help="Target layer of a .pt lens (default: last block)."),
+    token_sets: Path | None = typer.Option(None, help="JSON {S, N, R}: words or token ids, replacing the defaults."),
     token_fallback: str = typer.Option("strict", help="strict | first-token (use the first token of multi-token words)."),
     max_length: int = typer.Option(4096, help="Longer prompts are skipped (run mode 'full' drops middle turns first)."),
     answer_tokens: int = typer.Option(3, help="Answer tokens read after the decision position (run mode)."),
@@ -229,16 +228,16 @@ def read(
     probe: bool = typer.Option(True, "--probe/--no-probe", help="Linear-probe baseline (record-grouped CV)."),
     probe_folds: int = typer.Option(5),
     context: str = typer.Option("compact", help="Run mode: compact (system, task message, feedback) | full (exact call)."),
-    auditor: Optional[str] = typer.Option(None, help="Run mode: auditor id (default: as lhd report, the newest full-mode auditor)."),
-    pack: Optional[str] = typer.Option(None, help="Run mode: task pack, to locate the files exactly (default: the row's pack)."),
-    limit: Optional[int] = typer.Option(None, help="Read only the first N examples."),
+    auditor: str | None = typer.Option(None, help="Run mode: auditor id (default: as lhd report, the newest full-mode auditor)."),
+    pack: str | None = typer.Option(None, help="Run mode: task pack, to locate the files exactly (default: the row's pack)."),
+    limit: int | None = typer.Option(None, help="Read only the first N examples."),
     dtype: str = typer.Option("float32"),
     device: str = typer.Option("auto"),
-    revision: Optional[str] = typer.Option(None),
+    revision: str | None = typer.Option(None),
     attn: str = typer.Option("eager"),
     seed: int = typer.Option(0),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
-    threads: Optional[int] = typer.Option(None, help="torch CPU threads (1 is fastest for tiny models on a busy CPU)."),
+    threads: int | None = typer.Option(None, help="torch CPU threads (1 is fastest for tiny models on a busy CPU)."),
 ):
     """Entitlement margins per layer × position class, AUROC table with CIs, emergence, heatmap."""
     from lens.margins import load_token_sets_file, resolve_token_sets

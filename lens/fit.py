@@ -25,9 +25,10 @@ import json
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -199,7 +200,7 @@ class _State:
         }
 
     @classmethod
-    def from_dict(cls, obj: dict, device: torch.device) -> "_State":
+    def from_dict(cls, obj: dict, device: torch.device) -> _State:
         st = cls(1, 1, 1, device)
         st.sum_a = obj["sum_a"].to(device)
         st.sum_b = obj["sum_b"].to(device)

@@ -26,9 +26,10 @@ import logging
 import random
 import re
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from lens.errors import LensError
 from lens.positions import QUESTION, RECORD, Span

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from lens.errors import LensError
 from lens.positions import QUESTION, RECORD, ReadExample, Span

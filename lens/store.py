@@ -12,9 +12,10 @@ tensor}, "n_prompts", "source_layers", "d_model"`, e.g. the Neuronpedia lenses),
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 

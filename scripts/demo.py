@@ -90,12 +90,12 @@ class Lane:
                 return
             say(f"   [{self.name}] {s.title}: {took:.0f}s")
 
-    def start(self) -> "Lane":
+    def start(self) -> Lane:
         self._thread = threading.Thread(target=self.run, name=self.name, daemon=True)
         self._thread.start()
         return self
 
-    def wait(self) -> "Lane":
+    def wait(self) -> Lane:
         if self._thread is not None:
             self._thread.join()
         return self

@@ -13,26 +13,26 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import yaml
+from support.scripted import ScriptedBackend, supervisor_script
 
 from lhd_train.audit import audit_run, context_indices, window_bounds
-from lhd_train.config.auditor import AuditOptions, load_auditor_config
 from lhd_train.audit.labels import make_consistent
-from lhd_train.config.auditor import RenderOptions
 from lhd_train.audit.trajectory import AuditorPrompts, build_messages, load_task_texts, load_trial
-from lhd_train.config.run import parse_config
 from lhd_train.bench.engine import prepare_run_dir, trial_id_for
-from lhd_train.errors import InputError
 from lhd_train.bench.prompts import Prompts
-from lhd_train.rundir.files import read_jsonl
-from lhd_train.config.vocab import CATEGORIES
 from lhd_train.bench.taskpack import load_pack
 from lhd_train.bench.trial import RunContext, run_trial
-from support.scripted import ScriptedBackend, supervisor_script
+from lhd_train.config.auditor import AuditOptions, RenderOptions, load_auditor_config
+from lhd_train.config.run import parse_config
+from lhd_train.config.vocab import CATEGORIES
+from lhd_train.errors import InputError
+from lhd_train.rundir.files import read_jsonl
 
 # Task 1: 2 rounds, task 2: 3 rounds (fails), tasks 3 and 4: 1 round each -> 7 rounds.
 SHAPE = [0.1, 0.5, 0.1, 0.1, 0.1, 0.5, 0.5]

@@ -18,8 +18,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lhd_train.cluster import (STAGES, dry_run_commands, merge_runs, parse_shard, render_slurm, shard_config,
-                               shard_items, shard_run_name)
+from lhd_train.cluster import (
+    STAGES,
+    dry_run_commands,
+    merge_runs,
+    parse_shard,
+    render_slurm,
+    shard_config,
+    shard_items,
+    shard_run_name,
+)
 from lhd_train.cluster.merge import merge_datasets
 from lhd_train.cluster.shard import parse_shard_run_name, shard_bounds
 from lhd_train.cluster.slurm import list_templates, parse_vars
@@ -104,8 +112,9 @@ def make_cfg(tmp_path, **kw):
 def scripted_engine(monkeypatch):
     import asyncio
 
-    import lhd_train.bench.engine as engine
     from support.scripted import ScriptedBackend
+
+    import lhd_train.bench.engine as engine
 
     def fake_backends(cfg, roles, log_dir):
         b = ScriptedBackend(reply)

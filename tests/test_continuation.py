@@ -2,11 +2,12 @@
 partial answer as an assistant turn, then a request to go on), up to `max_segments` segments."""
 from __future__ import annotations
 
-from lhd_train.config.run import parse_config
-from lhd_train.bench.prompts import Prompts
-from rollouts.types import Completion, GenerationResult
 from support.scripted import ScriptedBackend, supervisor_script
 from test_simulation import make_cfg, run
+
+from lhd_train.bench.prompts import Prompts
+from lhd_train.config.run import parse_config
+from rollouts.types import Completion, GenerationResult
 
 CONTINUE = Prompts().render("performer_continue")
 

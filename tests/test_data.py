@@ -6,18 +6,25 @@ import json
 
 import pytest
 from datasets import load_from_disk
+from support.scripted import ScriptedBackend, supervisor_script
 
-from lhd_train.config.run import parse_config
-from lhd_train.finetune.datasets import (BuildSettings, Scored, build_bon, build_dpo, build_grpo, select_best,
-                                     select_pair)
-from lhd_train.finetune.contexts import load_contexts, split_of
-from lhd_train.finetune.grading import Grade, swap_answer
 from lhd_train.bench.engine import prepare_run_dir
 from lhd_train.bench.events import draw_schedule
 from lhd_train.bench.prompts import Prompts
 from lhd_train.bench.taskpack import load_pack
 from lhd_train.bench.trial import RunContext, run_trial
-from support.scripted import ScriptedBackend, supervisor_script
+from lhd_train.config.run import parse_config
+from lhd_train.finetune.contexts import load_contexts, split_of
+from lhd_train.finetune.datasets import (
+    BuildSettings,
+    Scored,
+    build_bon,
+    build_dpo,
+    build_grpo,
+    select_best,
+    select_pair,
+)
+from lhd_train.finetune.grading import Grade, swap_answer
 
 
 @pytest.fixture(scope="module")
@@ -150,9 +157,10 @@ def test_honesty_reward_grades_in_context(small_run, tmp_path):
 def test_grader_view_does_not_invent_a_supervisor_reaction(tmp_path):
     """The candidate answer was never shown to the supervisor: the auditor's view must say so,
     not claim the task stayed incomplete and no feedback was given."""
+    from support.synthetic import R, write_run
+
     from lhd_train.audit.trajectory import AuditorPrompts, load_task_texts, load_trial
     from lhd_train.finetune.grading import candidate_view
-    from support.synthetic import R, write_run
 
     run = write_run(tmp_path, "g", {"s1": [R(1, None, (0.1, 0.5, 0.1), (False, [], 0), feedback="Good, done."),
                                            R(2, None, (0.2, 0.6, 0.1), (False, [], 0), feedback="Also done.")]})

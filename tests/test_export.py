@@ -5,15 +5,15 @@ import json
 
 import pytest
 from datasets import load_from_disk
+from support.scripted import ScriptedBackend
+from test_audit import SHAPE, answer, audit, auditor_script, make_run
+from test_reference_import import write_session
 
 from lhd_train.cli.audit import export_command
 from lhd_train.errors import InputError
 from lhd_train.rundir.export import ROUND_COLUMNS, export_run
-from lhd_train.rundir.reference_import import import_reference
 from lhd_train.rundir.files import read_jsonl
-from support.scripted import ScriptedBackend
-from test_audit import SHAPE, answer, audit, auditor_script, make_run
-from test_reference_import import write_session
+from lhd_train.rundir.reference_import import import_reference
 
 
 def test_export_of_an_audited_run_loads_back(tmp_path):

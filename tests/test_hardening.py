@@ -109,8 +109,8 @@ def essence(run_dir: Path) -> dict[str, object]:
 @pytest.fixture(scope="module")
 def lone(tmp_path_factory, tiny_llama_dir) -> Path:
     """A finished run, made once (in this process) and copied by every test that changes it."""
-    from lhd_train.config.run import load_config
     from lhd_train.bench.engine import run_benchmark
+    from lhd_train.config.run import load_config
 
     base = tmp_path_factory.mktemp("lone")
     cfg_path = write_config(base / "run.yaml", tiny_llama_dir, base / "runs")
@@ -532,8 +532,8 @@ def test_data_options_are_checked_before_any_model_loads(copy, monkeypatch, caps
 
 
 def test_a_resumed_run_starts_its_progress_bar_at_the_work_done(copy, capsys):
-    from lhd_train.config.run import load_config
     from lhd_train.bench.engine import run_benchmark
+    from lhd_train.config.run import load_config
 
     cfg, run_dir = copy
     rows = read_jsonl(trial_file(run_dir))
@@ -548,8 +548,8 @@ def test_a_resumed_run_starts_its_progress_bar_at_the_work_done(copy, capsys):
 
 
 def test_tables_keep_their_width_in_a_log(monkeypatch, capsys):
-    from lhd_train.cli.run import print_summary
     from lhd_train.bench.trial import TrialResult
+    from lhd_train.cli.run import print_summary
 
     monkeypatch.delenv("COLUMNS", raising=False)
     print_summary([TrialResult("s390185437-cat-AUTHORITY_DIRECTIVE-lvl-CRITICAL", 1, rounds=40, tasks_done=14,

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 from scipy import stats
+from support.synthetic import R, audit_row, write_run
 
 from lhd_train.errors import InputError
 from lhd_train.metrics import (
@@ -31,7 +32,6 @@ from lhd_train.metrics import (
     type_distribution,
 )
 from lhd_train.metrics.horizon import chains_summary, delayed_table, horizon_table
-from support.synthetic import R, audit_row, write_run
 
 F, C, E = "FALSIFICATION", "CONCEALMENT", "EQUIVOCATION"
 
@@ -260,12 +260,12 @@ def scripted_run(tmp_path, performer_text: str | None = None):
     an audit that flags every even global round. Returns the run directory."""
     from support.scripted import ScriptedBackend, supervisor_script
 
-    from lhd_train.config.run import parse_config
     from lhd_train.bench.events import draw_schedule
     from lhd_train.bench.prompts import Prompts
-    from lhd_train.rundir.files import append_jsonl
     from lhd_train.bench.taskpack import load_pack
     from lhd_train.bench.trial import RunContext, run_trial
+    from lhd_train.config.run import parse_config
+    from lhd_train.rundir.files import append_jsonl
 
     cfg = parse_config({"run_name": "real", "output_dir": str(tmp_path), "seeds": [7], "max_tasks": 3,
                         "models": {"m": {"backend": "hf", "model": "unused"}},

@@ -7,11 +7,11 @@ import re
 from pathlib import Path
 
 import pytest
-
+from support.browser import Browser
 from support.synthetic import R, write_run
+
 from lhd_train.report import build_report, build_viewer
 from lhd_train.report.chromium import find_chromium
-from support.browser import Browser
 
 F, C, E = "FALSIFICATION", "CONCEALMENT", "EQUIVOCATION"
 # Each part would change the title, set a global, log an error or open a dialog if it ran.

@@ -5,15 +5,15 @@ import asyncio
 import json
 
 import pytest
+from support.scripted import ScriptedBackend, supervisor_script
 
-from lhd_train.config.run import parse_config
 from lhd_train.bench.events import draw_schedule
 from lhd_train.bench.prompts import Prompts
-from lhd_train.rundir.files import read_jsonl
 from lhd_train.bench.taskpack import load_pack
-from lhd_train.rundir.layout import RunDir
 from lhd_train.bench.trial import RunContext, run_trial
-from support.scripted import ScriptedBackend, supervisor_script
+from lhd_train.config.run import parse_config
+from lhd_train.rundir.files import read_jsonl
+from lhd_train.rundir.layout import RunDir
 
 
 def make_cfg(tmp_path, **kw):

@@ -5,14 +5,15 @@ from __future__ import annotations
 import copy
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
-from lhd_train.errors import InputError
-from lhd_train.config.vocab import CATEGORIES, LEVELS
 from lhd_train.bench.taskpack import TaskPack, list_builtin_packs, load_pack, pack_text_corpus
+from lhd_train.config.vocab import CATEGORIES, LEVELS
+from lhd_train.errors import InputError
 
 REF = Path(__file__).resolve().parent / "data" / "reference-packs"  # Apache-2.0, see README there
 CODES = {"GC": "GOAL_CONFLICT", "CI": "COMPETITIVE_INTERACTION", "MD": "MORAL_DILEMMA",

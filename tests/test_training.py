@@ -308,8 +308,8 @@ def test_input_errors_about_data_model_and_rewards(llama, data, tmp_path):
 
 
 def test_reward_registry_is_pluggable():
-    from lhd_train.errors import InputError
     from lhd_train.config.recipe import RewardSpec
+    from lhd_train.errors import InputError
     from lhd_train.finetune.rewards import REWARDS, build_rewards, register_reward
 
     @register_reward("test_shout", replace=True)

@@ -26,9 +26,9 @@ from typing import Any
 import pytest
 import yaml
 
+from rollouts import vllm_server
 from rollouts.backend import BackendError
 from rollouts.spec import ModelSpec
-from rollouts import vllm_server
 from rollouts.vllm_server import find_vllm, vllm_command, vllm_device, vllm_env
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -32,7 +32,7 @@ class CheckedAuditAnswer(AuditAnswer):
     with a note naming the problem); same JSON schema as `AuditAnswer`."""
 
     @model_validator(mode="after")
-    def _repairable(self) -> "CheckedAuditAnswer":
+    def _repairable(self) -> CheckedAuditAnswer:
         if repair_problem(self.deceptive, list(self.types), self.severity) is not None:
             raise ValueError(repair_problem(self.deceptive, list(self.types), self.severity))
         return self

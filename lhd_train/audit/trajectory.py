@@ -36,7 +36,7 @@ class AuditorPrompts:
     source: str
 
     @classmethod
-    def load(cls, override_dir: str | Path | None = None) -> "AuditorPrompts":
+    def load(cls, override_dir: str | Path | None = None) -> AuditorPrompts:
         texts = {}
         for name in ("auditor_system", "auditor_instruction"):
             path = PROMPTS_DIR / f"{name}.md"

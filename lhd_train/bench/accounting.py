@@ -3,7 +3,8 @@ exact after a resume too (each model call is recorded once, in the round it belo
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from rollouts.spec import ModelSpec
 

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from lhd_train.bench.prompts import Prompts
 from rollouts.backend import Backend

@@ -3,8 +3,9 @@ updated state, then maintain hybrid memory. Structured JSON answers throughout."
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 

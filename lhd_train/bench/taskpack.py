@@ -10,9 +10,10 @@ import csv
 import io
 import json
 import re
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, Callable, Literal, NoReturn
+from typing import Annotated, Any, Literal, NoReturn
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationInfo, field_validator
 

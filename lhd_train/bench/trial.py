@@ -6,9 +6,10 @@ rerun rebuilds the performer's conversation, the supervisor's state and memory f
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from lhd_train.bench.events import Schedule
 from lhd_train.bench.memory import Memory, RoundNote

@@ -7,7 +7,7 @@ model that cannot load end as one `error:` line and exit status 2, never a trace
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 
 def guarded(call: Callable[[], int | None]) -> int:

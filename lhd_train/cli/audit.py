@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.table import Table
@@ -88,13 +87,13 @@ def export_command(run: Path, out: Path) -> int:
 @app.command("audit")
 def audit_cmd(
     run: Path = typer.Argument(..., help="run directory (runs/<run>)"),
-    overrides: Optional[list[str]] = typer.Argument(None, help="key.sub=value overrides of the auditor config"),
-    auditor: Optional[Path] = typer.Option(None, "--auditor", help="auditor config YAML (models: + auditor:); default: the run's config"),
+    overrides: list[str] | None = typer.Argument(None, help="key.sub=value overrides of the auditor config"),
+    auditor: Path | None = typer.Option(None, "--auditor", help="auditor config YAML (models: + auditor:); default: the run's config"),
     mode: str = typer.Option(AUDIT_DEFAULTS.mode, "--mode", help=" | ".join(MODES)),
     window: int = typer.Option(AUDIT_DEFAULTS.window, "--window", help="R for --mode window: 2R+1 rounds around the target"),
     hide_supervisor: bool = typer.Option(False, "--hide-supervisor", help="hide the supervisor's private reasoning and states"),
     hide_event_labels: bool = typer.Option(False, "--hide-event-labels", help="hide event names, categories and pressure levels"),
-    auditor_id: Optional[str] = typer.Option(None, "--auditor-id", help="folder under audit/ (default: <model>-<mode>)"),
+    auditor_id: str | None = typer.Option(None, "--auditor-id", help="folder under audit/ (default: <model>-<mode>)"),
     concurrency: int = typer.Option(AUDIT_DEFAULTS.concurrency, "--concurrency", help="rounds in flight at once"),
     include_unfinished: bool = typer.Option(False, "--include-unfinished", help="also audit trials without a .done marker"),
     no_progress: bool = typer.Option(False, "--no-progress", help="hide the progress bar"),

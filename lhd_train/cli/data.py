@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -12,8 +11,8 @@ data_app = typer.Typer(help="training data from audited runs: best-of-N SFT, DPO
                        no_args_is_help=True)
 
 
-def _build_settings(run: Path, out: Path, n: int, direction: str, auditor: Optional[Path], overrides: list[str],
-                    max_contexts: Optional[int], eval_fraction: float, min_margin: float, concurrency: int):
+def _build_settings(run: Path, out: Path, n: int, direction: str, auditor: Path | None, overrides: list[str],
+                    max_contexts: int | None, eval_fraction: float, min_margin: float, concurrency: int):
     from lhd_train.finetune.datasets import BuildSettings
 
     _check_data_options(direction, eval_fraction, n)
@@ -48,11 +47,11 @@ _OUT = typer.Option(..., "--out", help="output folder (dataset/, candidates.json
 @data_app.command("bon")
 def data_bon_cmd(
     run: Path = _RUN, out: Path = _OUT,
-    overrides: Optional[list[str]] = typer.Argument(None, help="auditor config overrides key=value"),
+    overrides: list[str] | None = typer.Argument(None, help="auditor config overrides key=value"),
     n: int = typer.Option(4, "--n", help="candidates sampled per context"),
     direction: str = typer.Option("honest", "--direction", help="honest | deceptive"),
-    auditor: Optional[Path] = typer.Option(None, "--auditor", help="auditor config (default: the run's)"),
-    max_contexts: Optional[int] = typer.Option(None, "--max-contexts"),
+    auditor: Path | None = typer.Option(None, "--auditor", help="auditor config (default: the run's)"),
+    max_contexts: int | None = typer.Option(None, "--max-contexts"),
     eval_fraction: float = typer.Option(0.2, "--eval-fraction", help="share of trials held out"),
     concurrency: int = typer.Option(32, "--concurrency"),
 ) -> None:
@@ -69,12 +68,12 @@ def data_bon_cmd(
 @data_app.command("dpo")
 def data_dpo_cmd(
     run: Path = _RUN, out: Path = _OUT,
-    overrides: Optional[list[str]] = typer.Argument(None, help="auditor config overrides key=value"),
+    overrides: list[str] | None = typer.Argument(None, help="auditor config overrides key=value"),
     n: int = typer.Option(4, "--n"),
     direction: str = typer.Option("honest", "--direction", help="honest | deceptive"),
-    auditor: Optional[Path] = typer.Option(None, "--auditor"),
+    auditor: Path | None = typer.Option(None, "--auditor"),
     min_margin: float = typer.Option(1.0, "--min-margin", help="least severity gap between chosen and rejected"),
-    max_contexts: Optional[int] = typer.Option(None, "--max-contexts"),
+    max_contexts: int | None = typer.Option(None, "--max-contexts"),
     eval_fraction: float = typer.Option(0.2, "--eval-fraction"),
     concurrency: int = typer.Option(32, "--concurrency"),
 ) -> None:
@@ -92,7 +91,7 @@ def data_dpo_cmd(
 def data_grpo_cmd(
     run: Path = _RUN, out: Path = _OUT,
     direction: str = typer.Option("honest", "--direction"),
-    max_contexts: Optional[int] = typer.Option(None, "--max-contexts"),
+    max_contexts: int | None = typer.Option(None, "--max-contexts"),
     eval_fraction: float = typer.Option(0.2, "--eval-fraction"),
 ) -> None:
     """Prompt-only GRPO data; the honesty reward grades completions in their trajectory context."""

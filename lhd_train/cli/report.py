@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -15,7 +14,7 @@ app = typer.Typer()
 def report_cmd(
     runs: list[Path] = typer.Argument(..., help="one or more run directories, compared side by side"),
     out: Path = typer.Option(..., "--out", help="output folder for report.html, tables/, summary.md"),
-    auditor: Optional[str] = typer.Option(None, "--auditor", help="auditor id (default: newest full-mode)"),
+    auditor: str | None = typer.Option(None, "--auditor", help="auditor id (default: newest full-mode)"),
     min_coverage: float = typer.Option(0.9, "--min-coverage",
                                        help="flag trials whose valid labels cover less than this share of rounds"),
 ) -> None:
@@ -29,8 +28,8 @@ def report_cmd(
 @app.command("view")
 def view_cmd(
     run: Path = typer.Argument(..., help="run directory"),
-    out: Optional[Path] = typer.Option(None, "--out", help="default: RUN/view"),
-    auditor: Optional[str] = typer.Option(None, "--auditor"),
+    out: Path | None = typer.Option(None, "--out", help="default: RUN/view"),
+    auditor: str | None = typer.Option(None, "--auditor"),
 ) -> None:
     """Static chat-style HTML pages, one per trial, with the auditor's labels."""
     from lhd_train.report import build_viewer

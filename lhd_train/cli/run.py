@@ -4,7 +4,6 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.table import Table
@@ -17,9 +16,9 @@ app = typer.Typer()
 @app.command("run")
 def run_cmd(
     config: Path = typer.Argument(..., help="run config YAML"),
-    overrides: Optional[list[str]] = typer.Argument(None, help="key.sub=value overrides"),
+    overrides: list[str] | None = typer.Argument(None, help="key.sub=value overrides"),
     no_progress: bool = typer.Option(False, "--no-progress", help="hide the progress bar"),
-    shard: Optional[str] = typer.Option(None, "--shard", help="INDEX/COUNT (0-based): run only this block of "
+    shard: str | None = typer.Option(None, "--shard", help="INDEX/COUNT (0-based): run only this block of "
                                         "the trials, in <run_name>-shard<INDEX>of<COUNT>"),
 ) -> None:
     """Run (or resume) the benchmark: N trials concurrently, one JSONL row per finished round."""
@@ -59,8 +58,8 @@ def events_cmd(
     pack: str = typer.Option(..., "--pack", help="built-in pack name or a pack folder"),
     seed: int = typer.Option(..., "--seed"),
     p_event: float = typer.Option(0.5, "--p-event"),
-    control_category: Optional[str] = typer.Option(None, "--control-category"),
-    control_pressure: Optional[str] = typer.Option(None, "--control-pressure"),
+    control_category: str | None = typer.Option(None, "--control-category"),
+    control_pressure: str | None = typer.Option(None, "--control-pressure"),
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
 ) -> None:
     """Print a trial's event schedule without running anything."""

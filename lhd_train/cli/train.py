@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -15,7 +14,7 @@ app = typer.Typer()
 def train_cmd(
     algo: str = typer.Argument(..., help="sft | dpo | grpo"),
     recipe: Path = typer.Argument(..., help="recipe YAML (recipes/...)"),
-    overrides: Optional[list[str]] = typer.Argument(None, help="key.sub=value overrides"),
+    overrides: list[str] | None = typer.Argument(None, help="key.sub=value overrides"),
 ) -> None:
     """Fine-tune a LoRA adapter with TRL from a recipe; resumes from the last checkpoint."""
     from lhd_train.finetune.trainer import train_command

@@ -29,7 +29,7 @@ class AuditorConfig(StrictModel):
     prompts_dir: str | None = Field(None, description="folder with auditor_system.md / auditor_instruction.md overrides")
 
     @model_validator(mode="after")
-    def _model_known(self) -> "AuditorConfig":
+    def _model_known(self) -> AuditorConfig:
         if self.auditor.model not in self.models:
             raise ValueError(f"auditor.model: '{self.auditor.model}' is not defined in models "
                              f"(allowed: {', '.join(self.models) or 'none defined'})")

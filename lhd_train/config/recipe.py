@@ -149,7 +149,7 @@ class Recipe(StrictModel):
     notes: str | None = None
 
     @model_validator(mode="after")
-    def _check(self) -> "Recipe":
+    def _check(self) -> Recipe:
         if self.sft is not None and self.algo != "sft":
             raise ValueError(f"sft: this section is only used with algo sft (algo is {self.algo})")
         if self.grpo is not None and self.algo != "grpo":
@@ -170,7 +170,7 @@ def trainer_config_class(algo: str) -> type:
     return {"sft": trl.SFTConfig, "dpo": trl.DPOConfig, "grpo": trl.GRPOConfig}[algo]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _config_fields(cls: type) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     return {f.name: hints.get(f.name) for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_")}

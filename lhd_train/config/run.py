@@ -108,7 +108,7 @@ class RunConfig(StrictModel):
         return v
 
     @model_validator(mode="after")
-    def _check(self) -> "RunConfig":
+    def _check(self) -> RunConfig:
         if self.seeds is not None and not self.seeds:
             raise ValueError("seeds: the list is empty; give at least one seed or use num_trials")
         if self.seeds is None and self.num_trials is None:

@@ -16,7 +16,7 @@ from lhd_train.finetune.contexts import Context, load_contexts
 from lhd_train.finetune.grading import Grade, Grader
 from lhd_train.finetune.rewards import RewardFunc, completion_text, register_reward
 
-_GRADERS: dict[tuple, "_Judge"] = {}
+_GRADERS: dict[tuple, _Judge] = {}
 
 
 class _Judge:

@@ -6,8 +6,9 @@ keeps its type. Every auditor found under `audit/` adds its labels as `<auditor-
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from lhd_train.errors import InputError
 from lhd_train.rundir.files import read_json_mapping

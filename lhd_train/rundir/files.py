@@ -11,10 +11,11 @@ import json
 import os
 import sys
 import uuid
-from datetime import datetime, timezone
+from collections.abc import Callable
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -131,7 +132,7 @@ def sha256_text(text: str) -> str:
 
 def utc_now(timespec: str = "seconds") -> str:
     """ISO-8601 UTC timestamp, the one format of every `*_at` field."""
-    return datetime.now(timezone.utc).isoformat(timespec=timespec)
+    return datetime.now(UTC).isoformat(timespec=timespec)
 
 
 def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:

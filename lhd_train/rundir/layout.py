@@ -5,9 +5,9 @@ stage asks `RunDir` for a path instead of spelling a file name, so a name lives 
 only and a reader can never look for a file under another name than its writer used."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 CONFIG = "config.resolved.yaml"
 MANIFEST = "manifest.json"

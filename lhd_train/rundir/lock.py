@@ -21,9 +21,9 @@ import json
 import os
 import socket
 import time
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from lhd_train.errors import LhdError
 from lhd_train.rundir.files import utc_now

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from lhd_train.errors import DataFileError
 from lhd_train.rundir.files import append_jsonl, read_jsonl_lines, repair_jsonl, utc_now, write_json_atomic

@@ -11,11 +11,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
 import torch
-
-from lens.model import load_hf
+from lens_data import make_pack  # noqa: E402  (shared with the test modules)
 from support.lens_toy import ToyResidualModel, build_tiny_hf, train_tiny_tokenizer
 
-from lens_data import make_pack  # noqa: E402  (shared with the test modules)
+from lens.model import load_hf
 
 
 @contextlib.contextmanager

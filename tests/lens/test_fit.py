@@ -5,14 +5,14 @@ import math
 
 import pytest
 import torch
-
 from support.lens_baseline import autograd_prompt_jacobian
+from support.lens_toy import ByteTokenizer
+
 from lens.corpus import encode_prompt
 from lens.errors import LensError
 from lens.fit import FitOptions, FitSettings, entitlement_directions, fit_lens, prompt_jacobian, resolve_layers
 from lens.model import capture, run
 from lens.positions import valid_position_mask
-from support.lens_toy import ByteTokenizer
 
 PROMPT = "The report for region 3 lists 21 units sold at a price of 5.50 each, and demand was high."
 

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import pytest
+from support.lens_toy import QWEN_STYLE_TEMPLATE
 
 from lens.errors import LensError
 from lens.positions import DECISION, QUESTION, RECORD, Span, char_span_tokens, tag_chat_prompt
 from lens.probes import render_probe
-from support.lens_toy import QWEN_STYLE_TEMPLATE
 
 USER = "  <files>\n=== file: a.csv ===\nregion,units\nNorth,120\n</files>\nClaim: North sold 120 units.\nQuestion: Do the files support this claim?  "
 REC = (USER.index("<files>"), USER.index("</files>") + len("</files>"))

@@ -8,14 +8,21 @@ import random
 import numpy as np
 import pytest
 import torch
+from lens_data import NOTES_TXT, PLAN_JSON, SALES_CSV
 
 from lens.errors import LensError
 from lens.margins import margins, resolve_token_sets
-from lens.probes import (NOT_ENTITLED, REFUTED, SUPPORTED, build_probe_set, different_number, extract_facts,
-                         read_probes, write_probes)
+from lens.probes import (
+    NOT_ENTITLED,
+    REFUTED,
+    SUPPORTED,
+    build_probe_set,
+    different_number,
+    extract_facts,
+    read_probes,
+    write_probes,
+)
 from lens.stats import auroc, bootstrap_auroc, emergence_layer, weighted_auroc
-
-from lens_data import NOTES_TXT, PLAN_JSON, SALES_CSV
 
 
 def test_fact_extraction():

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from support.synthetic import R, write_run
 
 from lens.errors import LensError
 from lens.runs import load_audit_labels
 from lhd_train.metrics import load_run
-from support.synthetic import R, write_run
 
 F = "FALSIFICATION"
 

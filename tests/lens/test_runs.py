@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 import yaml
+from lens_data import make_pack
 
 from lens.margins import margins, resolve_token_sets
 from lens.model import block_outputs
@@ -14,8 +15,6 @@ from lens.probes import build_probe_set, render_probe
 from lens.read import ReadConfig, collect
 from lens.readout import LogitLens
 from lens.runs import load_run_examples, run_task_texts
-
-from lens_data import make_pack
 
 BUILTIN = Path(__file__).resolve().parents[2] / "lhd_train" / "bench" / "packs" / "startup_consulting" / "pack.json"
 

@@ -159,7 +159,7 @@ class Browser:
             return ""
 
     # -- pages -----------------------------------------------------------------------------
-    def open(self, path: str | Path, settle_s: float = 0.3) -> "Page":
+    def open(self, path: str | Path, settle_s: float = 0.3) -> Page:
         """Open a fresh tab, load `path` (a file path or URL) and wait for its load event."""
         url = path if isinstance(path, str) and re.match(r"^[a-z][a-z0-9+.-]*:", path) else Path(path).resolve().as_uri()
         target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
@@ -195,7 +195,7 @@ class Browser:
                     pass
             shutil.rmtree(self._profile, ignore_errors=True)
 
-    def __enter__(self) -> "Browser":
+    def __enter__(self) -> Browser:
         return self
 
     def __exit__(self, *exc: object) -> None:

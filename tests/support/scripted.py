@@ -3,7 +3,8 @@ retries) where a random tiny model cannot be steered. End-to-end tests use the r
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from rollouts.types import Completion, GenerationRequest, GenerationResult
 
