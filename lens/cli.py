@@ -117,7 +117,7 @@ def fit(
     from lens.fit import FitOptions, FitSettings, fit_lens, write_fit_outputs
     from lens.model import load_hf
     from lens.store import save_lens
-    from lhd_train.cluster.shard import parse_shard, shard_bounds
+    from lhd_train.ops.shard import parse_shard, shard_bounds
 
     with _out_lock(out, stage="lhd lens fit"):  # one fit per --out: two would clobber one checkpoint
         _set_threads(threads)

@@ -4,7 +4,7 @@
 # on the GPU compared with the same fit on the CPU. Prints one line per check:
 #   CHECK <name>: PASS|FAIL <detail>
 #
-# usage: scripts/gpu_check.sh [WHEELS_DIR] [-- extra args for python -m lhd_train.cluster.gpu_check]
+# usage: scripts/gpu_check.sh [WHEELS_DIR] [-- extra args for python -m lhd_train.ops.gpu_check]
 #   WHEELS_DIR  a folder of wheels (trl, xgrammar, datasets, ... and their dependencies) for a machine
 #               that has only PyTorch (CUDA), transformers, peft and accelerate; whatever does not import
 #               is installed from it with `pip install --no-index --find-links WHEELS_DIR`.
@@ -50,7 +50,7 @@ for mod in torch transformers peft accelerate; do
 done
 
 timeout --kill-after=20 "${GPU_CHECK_TIMEOUT:-480}" \
-  "$PY" -m lhd_train.cluster.gpu_check --device "${GPU_CHECK_DEVICE:-cuda}" "$@"
+  "$PY" -m lhd_train.ops.gpu_check --device "${GPU_CHECK_DEVICE:-cuda}" "$@"
 rc=$?
 [[ $rc -eq 124 ]] && echo "CHECK timeout: FAIL gpu_check ran past ${GPU_CHECK_TIMEOUT:-480} s"
 exit $rc

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lhd_train.cluster import (
+from lhd_train.ops import (
     STAGES,
     dry_run_commands,
     merge_runs,
@@ -28,9 +28,9 @@ from lhd_train.cluster import (
     shard_items,
     shard_run_name,
 )
-from lhd_train.cluster.merge import merge_datasets
-from lhd_train.cluster.shard import parse_shard_run_name, shard_bounds
-from lhd_train.cluster.slurm import list_templates, parse_vars
+from lhd_train.ops.merge import merge_datasets
+from lhd_train.ops.shard import parse_shard_run_name, shard_bounds
+from lhd_train.ops.slurm import list_templates, parse_vars
 from lhd_train.config.run import load_config, parse_config
 from lhd_train.errors import InputError
 from rollouts.spec import ModelSpec
@@ -527,12 +527,12 @@ def test_render_errors(run_configs):
 
 
 def test_cli_commands(tmp_path, run_configs):
-    """The typer wiring, through `python -m lhd_train.cluster` (the same commands `lhd` mounts)."""
+    """The typer wiring of the slurm and doctor commands, through the `lhd` app."""
     from typer.testing import CliRunner
 
-    from lhd_train.cluster.cli import standalone_app
+    from lhd_train.cli.app import app
 
-    app, cli = standalone_app(), CliRunner()
+    cli = CliRunner()
     r = cli.invoke(app, ["slurm", "render", "rollout", str(run_configs[0]), "--var", "shards=2", "--dry-run"])
     assert r.exit_code == 0, r.output
     assert f"lhd run {run_configs[0]} --shard 1/2 --no-progress" in r.output
@@ -552,8 +552,8 @@ def test_cli_commands(tmp_path, run_configs):
 
 
 def test_doctor_rows(tmp_path, run_configs, monkeypatch):
-    from lhd_train.cluster import doctor
-    from lhd_train.cluster import doctor_checks as doctor_mod
+    from lhd_train.ops import doctor
+    from lhd_train.ops import doctor_checks as doctor_mod
 
     monkeypatch.setattr(doctor_mod, "hub_cache_dir", lambda: tmp_path / "empty-hub")
 
@@ -575,7 +575,7 @@ def test_doctor_rows(tmp_path, run_configs, monkeypatch):
 
 
 def test_doctor_finds_cached_models_and_vllm_pin_problems(tmp_path, monkeypatch):
-    from lhd_train.cluster import doctor_checks as d
+    from lhd_train.ops import doctor_checks as d
 
     cache = tmp_path / "hub"
     snap = cache / "models--org--m" / "snapshots" / ("a" * 40)
@@ -680,7 +680,7 @@ def test_example_configs_load():
 @pytest.mark.slow
 def test_gpu_check_cpu_smoke(tmp_path):
     """`scripts/gpu_check.sh` is for a GPU machine; its Python part runs every check on the CPU too."""
-    r = subprocess.run([PY, "-m", "lhd_train.cluster.gpu_check", "--device", "cpu", "--fast", "--work",
+    r = subprocess.run([PY, "-m", "lhd_train.ops.gpu_check", "--device", "cpu", "--fast", "--work",
                         str(tmp_path)], capture_output=True, text=True, env=ENV, timeout=240, cwd=ROOT)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("CHECK ")]
     assert [ln.split(":")[0] for ln in lines] == ["CHECK cuda", "CHECK tiny_model", "CHECK hf_constrained_json",

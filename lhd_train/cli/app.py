@@ -1,8 +1,7 @@
 """The `lhd` typer app, assembled from one module per command group.
 
-Each group module defines its commands on a typer app of its own; the cluster tools register
-theirs (slurm, merge, data merge, doctor) through `lhd_train.cluster.cli.register`, and the lens
-app (same wheel) is mounted as `lhd lens`."""
+Each group module defines its commands on a typer app of its own (the Slurm, merge and doctor
+commands call into `lhd_train.ops`), and the lens app (same wheel) is mounted as `lhd lens`."""
 from __future__ import annotations
 
 import os
@@ -10,8 +9,7 @@ import os
 import typer
 
 from lens.cli import app as lens_app
-from lhd_train.cli import audit, data, models, report, run, train
-from lhd_train.cluster.cli import register as register_cluster
+from lhd_train.cli import audit, data, doctor, merge, models, report, run, slurm, train
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -20,5 +18,7 @@ app = typer.Typer(help="lhd: long-horizon deception workbench", no_args_is_help=
 for group in (run, models, audit, train, report):
     app.add_typer(group.app)
 app.add_typer(data.data_app, name="data")
-register_cluster(app, data.data_app)  # slurm render|vars, merge, data merge, doctor
+app.add_typer(slurm.slurm_app, name="slurm")
+for group in (merge, doctor):
+    app.add_typer(group.app)
 app.add_typer(lens_app, name="lens", help="Jacobian lens: fit, probe sets, margin readouts")

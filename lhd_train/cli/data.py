@@ -1,4 +1,4 @@
-"""`lhd data bon|dpo|grpo`: training data from an audited run (`lhd data merge` is cluster's)."""
+"""`lhd data bon|dpo|grpo`: training data from an audited run; `lhd data merge` joins the datasets of shard runs."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -101,3 +101,15 @@ def data_grpo_cmd(
     with _data_lock(run, out, "lhd data grpo"):
         path, stats = build_grpo(run, out, eval_fraction, max_contexts, direction)  # type: ignore[arg-type]
     console.print(f"GRPO prompts: {stats}\ndataset: {path}")
+
+
+@data_app.command("merge")
+def data_merge_cmd(
+    parts: list[Path] = typer.Argument(..., help="dataset folders built from shard runs"),
+    out: Path = typer.Option(..., "--out", help="output folder (dataset/ and dataset.json)"),
+) -> None:
+    """Join datasets built from shard runs (splits are by trial, so the union is exact)."""
+    from lhd_train.ops.merge import merge_datasets
+
+    r = merge_datasets(list(parts), out)
+    typer.echo(f"dataset: {r['out']} ({r['rows']}) from {r['parts']} parts")

@@ -27,7 +27,7 @@ def run_cmd(
 
     cfg = load_config(config, overrides or [])
     if shard:
-        from lhd_train.cluster import parse_shard, shard_config
+        from lhd_train.ops import parse_shard, shard_config
 
         cfg = shard_config(cfg, *parse_shard(shard))
     results = asyncio.run(run_benchmark(cfg, progress=not no_progress))

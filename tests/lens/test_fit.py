@@ -133,8 +133,8 @@ def test_layer_handling():
 
 
 def test_shard_slices_are_disjoint_and_cover():
-    """`lhd lens fit --shard` splits prompts with the run's shard splitter (lhd_train.cluster.shard)."""
-    from lhd_train.cluster.shard import shard_bounds
+    """`lhd lens fit --shard` splits prompts with the run's shard splitter (lhd_train.ops.shard)."""
+    from lhd_train.ops.shard import shard_bounds
     from lhd_train.errors import InputError
 
     parts = [shard_bounds(10, i, 3) for i in range(3)]

@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from lhd_train.cluster.shard import parse_shard_run_name
+from lhd_train.ops.shard import parse_shard_run_name
 from lhd_train.errors import DataFileError, InputError
 from lhd_train.rundir.files import read_json_mapping as _read_json
 from lhd_train.rundir.files import read_yaml_mapping as _read_yaml

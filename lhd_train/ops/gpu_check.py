@@ -1,4 +1,4 @@
-"""`python -m lhd_train.cluster.gpu_check [--device cuda|cpu]`: what can be checked on one GPU
+"""`python -m lhd_train.ops.gpu_check [--device cuda|cpu]`: what can be checked on one GPU
 without network, in a few minutes (scripts/gpu_check.sh wraps it).
 
 Checks, one line each on stdout: `CHECK <name>: PASS|FAIL <detail>`
@@ -221,7 +221,7 @@ CHECKS: list[tuple[str, Callable[[Ctx], tuple[bool, str]]]] = [
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lhd_train.cluster.gpu_check", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m lhd_train.ops.gpu_check", description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda", help="cuda | cuda:N | cpu (cpu: smoke test on a CPU machine)")
     ap.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temp dir)")
     ap.add_argument("--only", default=None, help="comma-separated check names")

@@ -1,0 +1,71 @@
+"""`lhd slurm render|vars|status`: sbatch scripts for every stage, and where a run's jobs stand."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from lhd_train.ops.slurm import STAGES
+
+slurm_app = typer.Typer(help="sbatch scripts for every stage (rollout, audit, data, train, lens, merge)",
+                        no_args_is_help=True)
+
+
+@slurm_app.command("render")
+def slurm_render_cmd(
+    stage: str = typer.Argument(..., help=" | ".join(STAGES)),
+    config: Path = typer.Argument(..., help="run config (rollout, audit, data, merge), recipe (train), "
+                                            "model/run config (lens)"),
+    var: list[str] | None = typer.Option(None, "--var", help="KEY=VALUE, value as YAML; repeat "
+                                         "(see `lhd slurm vars STAGE`)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the commands the job(s) would run instead"),
+    out: Path | None = typer.Option(None, "--out", help="write the script here (and create its logs dir)"),
+) -> None:
+    """Print the filled sbatch script of a stage (or, with --dry-run, the commands it runs)."""
+    from lhd_train.ops.slurm import dry_run_commands, parse_vars, render_slurm
+
+    values = parse_vars(var or [])
+    if dry_run:
+        typer.echo("\n".join(dry_run_commands(stage, config, **values)))
+        return
+    text = render_slurm(stage, config, **values)
+    if out is None:
+        typer.echo(text, nl=False)
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    logs = values.get("logs_dir", "logs/slurm")
+    Path(str(logs)).mkdir(parents=True, exist_ok=True)
+    typer.echo(f"wrote {out}; submit from here with: sbatch {out}", err=True)
+
+
+@slurm_app.command("vars")
+def slurm_vars_cmd(stage: str = typer.Argument(..., help=" | ".join(STAGES))) -> None:
+    """The variables a stage's template takes, with their defaults."""
+    from lhd_train.errors import InputError
+    from lhd_train.ops.slurm import COMMON, STAGE_VARS
+
+    if stage not in STAGE_VARS:
+        raise InputError("command line", "STAGE", f"unknown stage '{stage}'", ", ".join(STAGES))
+    for k, v in sorted({**COMMON, **STAGE_VARS[stage]}.items()):
+        typer.echo(f"{k} = {json.dumps(v)}")
+
+
+@slurm_app.command("status")
+def slurm_status_cmd(
+    run: Path = typer.Argument(..., help="the run config, or the (merged) run directory runs/<run_name>"),
+    shards: int | None = typer.Option(None, "--shards", min=1, help="shard count (default: the shard "
+                                      "directories on disk, else the rollout array's size)"),
+    as_json: bool = typer.Option(False, "--json", help="rows as JSON"),
+    no_slurm: bool = typer.Option(False, "--no-slurm", help="read the run directories only"),
+) -> None:
+    """Pending, running, finished or failed: every shard and stage of a run, from squeue/scontrol/sacct
+    (jobs named by `lhd slurm render`) and from the run directories."""
+    from lhd_train.ops.status import print_status, run_status, status_json
+
+    st = run_status(run, shards, use_slurm=not no_slurm)
+    if as_json:
+        typer.echo(json.dumps(status_json(st), indent=1))
+    else:
+        print_status(st)
