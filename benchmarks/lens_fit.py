@@ -60,7 +60,8 @@ def main() -> None:
         model, tok = load_hf(str(path), dtype="float32", device="cpu", attn_implementation="eager")
     gen = torch.Generator().manual_seed(0)
     vocab = model.head.weight.shape[0]
-    prompts = [torch.randint(10, vocab, (args.seq,), generator=gen) for _ in range(max(args.prompts, args.ref_prompts) + 1)]
+    prompts = [torch.randint(10, vocab, (args.seq,), generator=gen)
+               for _ in range(max(args.prompts, args.ref_prompts) + 1)]
     target = model.n_layers - 1
     sources = list(range(target))
     kw = dict(source_layers=sources, target_layer=target, skip_first=args.skip_first)
@@ -71,24 +72,27 @@ def main() -> None:
     for method in ("replicate", "vmap"):
         walls, cpus = [], []
         for i in range(args.prompts):
-            w, c, J = timed(lambda: prompt_jacobian(model, prompts[i], dim_batch=args.dim_batch, method=method, **kw))
+            w, c, J = timed(lambda i=i, method=method: prompt_jacobian(model, prompts[i], dim_batch=args.dim_batch,
+                                                                   method=method, **kw))
             walls.append(w)
             cpus.append(c)
             if method == "replicate":
                 ours[i] = J
         rows.append((f"ours ({method}, dim_batch={args.dim_batch})", statistics.mean(walls), statistics.mean(cpus)))
     for db in (1, 16):
-        w, c, _ = timed(lambda: prompt_jacobian(model, prompts[0], dim_batch=db, **kw))
+        w, c, _ = timed(lambda db=db: prompt_jacobian(model, prompts[0], dim_batch=db, **kw))
         rows.append((f"ours (replicate, dim_batch={db})", w, c))
     walls, cpus, err = [], [], 0.0
     for i in range(args.ref_prompts):
-        w, c, ref = timed(lambda: torch.stack([autograd_prompt_jacobian(model, prompts[i], l, target, args.skip_first)
-                                               for l in sources]))
+        w, c, ref = timed(lambda i=i: torch.stack([autograd_prompt_jacobian(model, prompts[i], layer, target,
+                                                                            args.skip_first)
+                                                   for layer in sources]))
         walls.append(w)
         cpus.append(c)
         mine = ours[i] if i in ours else prompt_jacobian(model, prompts[i], dim_batch=args.dim_batch, **kw)
         err = max(err, float((ref - mine).abs().max()))
-    rows.append(("reference (autograd.functional.jacobian per position)", statistics.mean(walls), statistics.mean(cpus)))
+    rows.append(("reference (autograd.functional.jacobian per position)", statistics.mean(walls),
+                 statistics.mean(cpus)))
 
     n_valid = args.seq - 1 - args.skip_first
     print(f"tiny Llama: d_model={model.d_model}, blocks={model.n_layers}, sources={sources} -> target {target}, "

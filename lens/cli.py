@@ -12,7 +12,8 @@ import typer
 
 from lens.errors import LensError
 
-app = typer.Typer(help="Jacobian lens: fit or load a lens, build entitlement probes, read margins.", no_args_is_help=True)
+app = typer.Typer(help="Jacobian lens: fit or load a lens, build entitlement probes, read margins.",
+                  no_args_is_help=True)
 probe_app = typer.Typer(help="Entitlement probe sets.", no_args_is_help=True)
 app.add_typer(probe_app, name="probe")
 
@@ -84,21 +85,26 @@ def _set_threads(n: int | None) -> None:
 @_clean_errors
 def fit(
     model: str = typer.Argument(..., help="HF model id or local model dir."),
-    corpus: Path = typer.Option(..., help="Text file (paragraphs), JSONL (a text field) or a datasets dir (save_to_disk)."),
-    out: Path = typer.Option(..., help="Output dir: lens.safetensors, lens.json, fit_report.json, convergence.csv, checkpoint.pt."),
+    corpus: Path = typer.Option(...,
+                                help="Text file (paragraphs), JSONL (a text field) or a datasets dir (save_to_disk)."),
+    out: Path = typer.Option(...,
+                             help="Output dir: lens.safetensors, lens.json, fit_report.json, convergence.csv, "
+                                  "checkpoint.pt."),
     corpus_format: str = typer.Option("auto", "--format", help="auto | text | jsonl | dataset"),
     text_field: str = typer.Option("text", help="JSONL / dataset column with the text."),
     split: str | None = typer.Option(None, help="Split of a DatasetDict (default train)."),
     n_prompts: int | None = typer.Option(100, help="Use the first N prompts (before sharding)."),
     min_chars: int = typer.Option(0, help="Drop texts shorter than this (the reference uses 600)."),
-    chunk_chars: int = typer.Option(0, help="Join and re-cut the corpus into pieces of this many characters (0 = off)."),
+    chunk_chars: int = typer.Option(0,
+                                    help="Join and re-cut the corpus into pieces of this many characters (0 = off)."),
     chat: bool = typer.Option(False, "--chat/--no-chat", help="Wrap each text in the model's chat template."),
     max_length: int = typer.Option(128, help="Truncate prompts to this many tokens."),
     skip_first: int = typer.Option(16, help="Positions excluded at the start (attention sinks)."),
     target_layer: int = typer.Option(-1, help="Target block: -1 = last, -2 = penultimate."),
     source_layers: str = typer.Option("all", help="Blocks to fit: all (below the target) or e.g. 0,4,8-12."),
     dim_batch: int = typer.Option(64, help="Output dims per backward pass (memory/speed only)."),
-    method: str = typer.Option("replicate", help="replicate (reference: prompt repeated along the batch) | vmap (batched grads)."),
+    method: str = typer.Option("replicate",
+                               help="replicate (reference: prompt repeated along the batch) | vmap (batched grads)."),
     dtype: str = typer.Option("float32", help="Model dtype: float32 | bfloat16 | float16."),
     device: str = typer.Option("auto"),
     revision: str | None = typer.Option(None, help="Model revision (recorded in the sidecar)."),
@@ -107,7 +113,8 @@ def fit(
     checkpoint_every: int = typer.Option(10, help="Checkpoint every N prompts (0 = only at the end)."),
     resume: bool = typer.Option(True, "--resume/--no-resume", help="Continue from OUT/checkpoint.pt if present."),
     shard: str | None = typer.Option(None, help="INDEX/COUNT: fit a contiguous, disjoint slice of the prompts."),
-    stop_at_delta: float = typer.Option(0.0, help="Early stop when the mean Δmean of the last 10 prompts is below this."),
+    stop_at_delta: float = typer.Option(0.0,
+                                        help="Early stop when the mean Δmean of the last 10 prompts is below this."),
     min_prompts: int = typer.Option(100, help="... but not before this many prompts."),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
     threads: int | None = typer.Option(None, help="torch CPU threads (1 is fastest for tiny models on a busy CPU)."),
@@ -121,7 +128,8 @@ def fit(
 
     with _out_lock(out, stage="lhd lens fit"):  # one fit per --out: two would clobber one checkpoint
         _set_threads(threads)
-        spec = CorpusSpec(path=str(corpus), format=corpus_format, text_field=text_field, split=split, n_prompts=n_prompts,
+        spec = CorpusSpec(path=str(corpus), format=corpus_format, text_field=text_field, split=split,
+                          n_prompts=n_prompts,
                           min_chars=min_chars, chunk_chars=chunk_chars, chat=chat)
         prompts, recipe = load_corpus(spec)
         index, count = parse_shard(shard) if shard else (0, 1)
@@ -131,7 +139,8 @@ def fit(
         if not prompts:
             raise LensError(f"shard {index}/{count} of {recipe['n_available']} prompts is empty")
         m, tok = load_hf(model, dtype=dtype, device=device, revision=revision, attn_implementation=attn)
-        settings = FitSettings(target_layer=target_layer, source_layers=parse_layers(source_layers), skip_first=skip_first,
+        settings = FitSettings(target_layer=target_layer, source_layers=parse_layers(source_layers),
+                               skip_first=skip_first,
                                max_length=max_length, chat=chat, dim_batch=dim_batch, method=method)
         options = FitOptions(checkpoint_every=checkpoint_every, resume=resume, stop_at_delta=stop_at_delta,
                              min_prompts=min_prompts, progress=progress)
@@ -144,7 +153,8 @@ def fit(
         r = result.report
         sh = r["split_half_rel_diff"]
         typer.echo(
-            f"lens: {out}  layers {r['source_layers'][0]}..{r['source_layers'][-1]} -> target {result.lens.target_layer}, "
+            f"lens: {out}  layers {r['source_layers'][0]}..{r['source_layers'][-1]} "
+            f"-> target {result.lens.target_layer}, "
             f"{r['n_prompts']} prompts ({r['n_skipped']} skipped), {r['seconds_per_prompt'] or 0:.3f} s/prompt, "
             f"last Δmean {r['delta_mean_last']}, split-half max {max(sh.values()) if sh else 'n/a'}"
         )
@@ -221,15 +231,20 @@ def read(
     run: Path | None = typer.Option(None, help="Benchmark run dir (docs/formats.md)."),
     target_layer: int | None = typer.Option(None, help="Target layer of a .pt lens (default: last block)."),
     token_sets: Path | None = typer.Option(None, help="JSON {S, N, R}: words or token ids, replacing the defaults."),
-    token_fallback: str = typer.Option("strict", help="strict | first-token (use the first token of multi-token words)."),
+    token_fallback: str = typer.Option("strict",
+                                       help="strict | first-token (use the first token of multi-token words)."),
     max_length: int = typer.Option(4096, help="Longer prompts are skipped (run mode 'full' drops middle turns first)."),
     answer_tokens: int = typer.Option(3, help="Answer tokens read after the decision position (run mode)."),
     bootstrap: int = typer.Option(2000, help="Bootstrap resamples for the CIs."),
     probe: bool = typer.Option(True, "--probe/--no-probe", help="Linear-probe baseline (record-grouped CV)."),
     probe_folds: int = typer.Option(5),
-    context: str = typer.Option("compact", help="Run mode: compact (system, task message, feedback) | full (exact call)."),
-    auditor: str | None = typer.Option(None, help="Run mode: auditor id (default: as lhd report, the newest full-mode auditor)."),
-    pack: str | None = typer.Option(None, help="Run mode: task pack, to locate the files exactly (default: the row's pack)."),
+    context: str = typer.Option("compact",
+                                help="Run mode: compact (system, task message, feedback) | full (exact call)."),
+    auditor: str | None = typer.Option(None,
+                                       help="Run mode: auditor id (default: as lhd report, the newest full-mode "
+                                            "auditor)."),
+    pack: str | None = typer.Option(None,
+                                    help="Run mode: task pack, to locate the files exactly (default: the row's pack)."),
     limit: int | None = typer.Option(None, help="Read only the first N examples."),
     dtype: str = typer.Option("float32"),
     device: str = typer.Option("auto"),
@@ -252,7 +267,8 @@ def read(
         m, tok = load_hf(model, dtype=dtype, device=device, revision=revision, attn_implementation=attn)
         lz = load_lens(lens, model=m, target_layer=target_layer) if lens is not None else None
         if lz is not None and lz.meta.get("model_id") not in (None, model):
-            log.warning("the lens was fitted on %s; reading %s (d_model and layer count match)", lz.meta.get("model_id"), model)
+            log.warning("the lens was fitted on %s; reading %s (d_model and layer count match)",
+                        lz.meta.get("model_id"), model)
         words = load_token_sets_file(token_sets) if token_sets else None
         ts = resolve_token_sets(tok, words, model_type=getattr(m, "model_type", None), fallback=token_fallback)
         cfg = ReadConfig(max_length=max_length, answer_tokens=answer_tokens, n_boot=bootstrap, seed=seed, probe=probe,
@@ -277,7 +293,8 @@ def read(
             em = summary.get("emergence") or []
             for e in em:
                 typer.echo(f"  {e['metric']} · {e['readout']} · {e['position_class']}: emergence layer "
-                           f"{e['emergence_layer']}, best {e['best_auroc'] if e['best_auroc'] is None else round(e['best_auroc'], 3)} "
+                           f"{e['emergence_layer']}, "
+                           f"best {e['best_auroc'] if e['best_auroc'] is None else round(e['best_auroc'], 3)} "
                            f"at layer {e['best_layer']}")
 
 

@@ -108,7 +108,7 @@ def load_corpus(spec: CorpusSpec) -> tuple[list[str], dict[str, Any]]:
     else:
         raise LensError(f"unknown corpus format {spec.format!r} (allowed: auto, text, jsonl, dataset)")
     if spec.skip_headers:
-        texts = ["\n".join(l for l in t.splitlines() if not _is_header(l)) for t in texts]
+        texts = ["\n".join(line for line in t.splitlines() if not _is_header(line)) for t in texts]
     texts = [t.strip() for t in texts if t and t.strip()]
     if spec.chunk_chars > 0:
         joined = " ".join(" ".join(t.split()) for t in texts)
@@ -123,7 +123,8 @@ def load_corpus(spec: CorpusSpec) -> tuple[list[str], dict[str, Any]]:
     return texts, recipe
 
 
-def encode_prompt(tokenizer: Any, text: str, *, max_length: int, chat: bool = False, force_bos: bool = True) -> torch.Tensor:
+def encode_prompt(tokenizer: Any, text: str, *, max_length: int, chat: bool = False,
+                  force_bos: bool = True) -> torch.Tensor:
     """Token ids `[T]` of one fit prompt, truncated to `max_length`, with BOS forced when the tokenizer has one."""
     if chat:
         cut = len(text) // 2

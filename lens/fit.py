@@ -55,10 +55,10 @@ def resolve_layers(
     if source_layers is None:
         sources = list(range(target))
     else:
-        sources = sorted({normalise_layer(int(l), n_layers, "source layer") for l in source_layers})
+        sources = sorted({normalise_layer(int(layer), n_layers, "source layer") for layer in source_layers})
     if not sources:
         raise LensError(f"no source layer below target layer {target}")
-    bad = [l for l in sources if l > target or (l == target and not allow_target)]
+    bad = [layer for layer in sources if layer > target or (layer == target and not allow_target)]
     if bad:
         raise LensError(f"source layers {bad} are not below the target layer {target}")
     return sources, target
@@ -96,7 +96,7 @@ def prompt_jacobian(
         batch = ids[None, :].expand(B, T) if method == "replicate" else ids[None, :]
         run(model, batch)
         target = acts[target_layer]
-        inputs = [acts[l] for l in sources]
+        inputs = [acts[layer] for layer in sources]
         dtype = target.dtype
         starts = list(range(0, k, B))
         for n_pass, start in enumerate(starts):
@@ -320,10 +320,11 @@ def fit_lens(
     if ckpt is not None:
         _save_checkpoint(ckpt, state, compared)
     if state.n == 0:
-        raise LensError(f"no usable prompt: all {len(state.skipped)} were too short for skip_first={settings.skip_first}")
+        raise LensError(f"no usable prompt: all {len(state.skipped)} were too short for "
+                        f"skip_first={settings.skip_first}")
 
     total = (state.sum_a + state.sum_b) / state.n
-    J = {l: total[i].cpu() for i, l in enumerate(sources)}
+    J = {layer: total[i].cpu() for i, layer in enumerate(sources)}
     elapsed = time.perf_counter() - started
     report = _report(state, sources, elapsed, new_done)
     shared = ("model_id", "n_layers", "d_model", "source_layers", "target_layer", "skip_first", "max_length",
@@ -387,7 +388,7 @@ def _report(state: _State, sources: list[int], elapsed: float, new_done: int) ->
         A, Bm = state.sum_a / state.n_a, state.sum_b / state.n_b
         num = torch.linalg.matrix_norm(A - Bm)
         den = torch.linalg.matrix_norm((A + Bm) / 2).clamp_min(1e-30)
-        split = {str(l): float(v) for l, v in zip(sources, (num / den).cpu())}
+        split = {str(layer): float(v) for layer, v in zip(sources, (num / den).cpu(), strict=True)}
     secs = [h["seconds"] for h in state.history]
     return {
         "n_prompts": state.n,
@@ -401,7 +402,7 @@ def _report(state: _State, sources: list[int], elapsed: float, new_done: int) ->
         "delta_mean_last": deltas[-1] if deltas else None,
         "delta_mean_last10": (sum(deltas[-10:]) / len(deltas[-10:])) if deltas else None,
         "delta_first_below": crossings,
-        "identity_distance": {str(l): _identity_distance(mean[i]) for i, l in enumerate(sources)},
+        "identity_distance": {str(layer): _identity_distance(mean[i]) for i, layer in enumerate(sources)},
         "split_half_rel_diff": split,
         "source_layers": sources,
     }
@@ -412,7 +413,8 @@ def write_fit_outputs(result: FitResult, out_dir: str | Path) -> None:
     out = Path(out_dir)
     atomic_write_text(out / REPORT, json.dumps(result.report, indent=2) + "\n")
     buf = io.StringIO()
-    cols = ["prompt_index", "n", "n_tokens", "delta_mean", "delta_max", "jnorm_max", "identity_distance_deepest", "seconds"]
+    cols = ["prompt_index", "n", "n_tokens", "delta_mean", "delta_max", "jnorm_max", "identity_distance_deepest",
+            "seconds"]
     w = csv.DictWriter(buf, fieldnames=cols)
     w.writeheader()
     for row in result.history:

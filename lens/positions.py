@@ -8,8 +8,9 @@ Llama 3 (`{{ content | trim }}` between header tokens) and ChatML (Qwen) templat
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -89,7 +90,8 @@ def render_chat(tokenizer: Any, messages: Sequence[dict], *, add_generation_prom
     if "enable_thinking" in str(tmpl):  # Qwen3-style switch: read answers without a thinking phase
         extra["enable_thinking"] = False
     try:
-        return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=add_generation_prompt,
+        return tokenizer.apply_chat_template(list(messages), tokenize=False,
+                                             add_generation_prompt=add_generation_prompt,
                                              **extra)
     except Exception as exc:  # jinja errors (e.g. a template without a system role)
         if messages and messages[0].get("role") == "system":
@@ -199,7 +201,7 @@ def tag_chat_prompt(
     # the prompt is the leading run of tokens that end inside the prompt text; a token that
     # straddles the prompt/answer boundary belongs to the answer
     n_prompt = 0
-    for s, e in offsets:
+    for _, e in offsets:
         if e > len(prompt_text):
             break
         n_prompt += 1
@@ -213,7 +215,8 @@ def tag_chat_prompt(
         toks = char_span_tokens(offsets, base + span.start, base + span.end)
         toks = [t for t in toks if t < n_prompt]
         if not toks:
-            raise LensError(f"span {span.name!r} covers no token (chars {span.start}..{span.end} of message {span.message})")
+            raise LensError(f"span {span.name!r} covers no token "
+                            f"(chars {span.start}..{span.end} of message {span.message})")
         tagged.spans[span.name] = toks
         if span.name in POOLED_SPANS:
             tagged.pooled[f"{span.name}_mean"] = toks

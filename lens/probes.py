@@ -123,7 +123,7 @@ def _csv_facts(name: str, content: str) -> list[Fact]:
     lines = _lines_with_offsets(content)
     while lines and (not lines[0][2].strip() or lines[0][2].lstrip().startswith("#")):
         lines = lines[1:]  # comment lines before the header
-    rows = [(s, e, next(csv.reader([l]), [])) for s, e, l in lines if l.strip()]
+    rows = [(s, e, next(csv.reader([line]), [])) for s, e, line in lines if line.strip()]
     if len(rows) < 2:
         return []
     header = [_clean_name(h) for h in rows[0][2]]
@@ -132,7 +132,7 @@ def _csv_facts(name: str, content: str) -> list[Fact]:
         if len(row) != len(header) or not row or parse_number(row[0]) is not None:
             continue
         entity = _clean_name(row[0])
-        for col, cell in zip(header[1:], row[1:]):
+        for col, cell in zip(header[1:], row[1:], strict=False):
             if col and parse_number(cell) is not None:
                 facts.append(Fact(name, "csv", entity, col, cell.strip(), s, e))
     return facts
@@ -153,12 +153,13 @@ def _json_facts(name: str, content: str) -> list[Fact]:
             for i, v in enumerate(node):
                 label = None
                 if isinstance(v, dict):
-                    label = next((str(v[k]) for k in ("name", "id", "title", "segment", "region") if isinstance(v.get(k), str)), None)
+                    label = next((str(v[k]) for k in ("name", "id", "title", "segment", "region")
+                                  if isinstance(v.get(k), str)), None)
                 walk(v, path[:-1] + [label] if label and path else path + [label or f"item {i + 1}"])
         elif isinstance(node, (int, float)) and not isinstance(node, bool) and path:
             raw = json.dumps(node)
             span = None
-            m = re.search(r'"%s"\s*:\s*%s(?![\d.])' % (re.escape(path[-1]), re.escape(raw)), content)
+            m = re.search(rf'"{re.escape(path[-1])}"\s*:\s*{re.escape(raw)}(?![\d.])', content)
             if m:
                 start = content.rfind("\n", 0, m.start()) + 1
                 end = content.find("\n", m.end())
@@ -175,7 +176,8 @@ def _text_facts(name: str, content: str) -> list[Fact]:
     for s, e, line in _lines_with_offsets(content):
         m = _KEY_LINE.match(line)
         if m and parse_number(m.group("val")) is not None:
-            facts.append(Fact(name, "text", None, _clean_name(m.group("key")).lower(), " ".join(m.group("val").split()), s, e))
+            facts.append(Fact(name, "text", None, _clean_name(m.group("key")).lower(), " ".join(m.group("val").split()),
+                              s, e))
     return facts
 
 
@@ -224,7 +226,8 @@ def build_probe_set(
     if not tasks:
         raise LensError(f"pack {pack_name!r} has no tasks")
     for t_i, task in enumerate(tasks, 1):
-        files = [dict(zip(("name", "content", "type"), _file_fields(f))) for f in (getattr(task, "files", None) or [])]
+        files = [dict(zip(("name", "content", "type"), _file_fields(f), strict=True))
+                 for f in (getattr(task, "files", None) or [])]
         if not files:
             continue
         task_index = int(getattr(task, "index", None) or getattr(task, "task_index", None) or t_i)
@@ -256,14 +259,16 @@ def build_probe_set(
                 variants.append((NOT_ENTITLED, "absent_attribute", fact.claim(attribute=absent)))
             for label, kind, claim in variants:
                 rows.append({**base, "id": f"{pair_id}/{kind}", "label": label, "claim_kind": kind, "claim": claim,
-                             "record_variant": "full", "files": [{"name": f["name"], "content": f["content"]} for f in files],
+                             "record_variant": "full",
+                             "files": [{"name": f["name"], "content": f["content"]} for f in files],
                              "evidence": evidence})
             if deleted_variant and fact.kind in ("csv", "text") and evidence is not None:
                 row = _deleted_row(base, files, fact, pair_id)
                 if row is not None:
                     rows.append(row)
     if not rows:
-        raise LensError(f"pack {pack_name!r}: no numeric fact found in any task file (CSV rows, JSON numbers, 'Key: number' lines)")
+        raise LensError(f"pack {pack_name!r}: no numeric fact found in any task file "
+                        "(CSV rows, JSON numbers, 'Key: number' lines)")
     return rows
 
 
@@ -321,7 +326,8 @@ def load_pack_any(name_or_path: str) -> tuple[Any, str]:
     try:
         from lhd_train.bench.taskpack import load_pack
     except ImportError as exc:
-        raise LensError(f"cannot import lhd_train.bench.taskpack.load_pack ({exc}); task packs are loaded through it") from exc
+        raise LensError(f"cannot import lhd_train.bench.taskpack.load_pack ({exc}); "
+                        "task packs are loaded through it") from exc
     pack = load_pack(name_or_path)
     name = getattr(pack, "name", None) or Path(str(name_or_path)).name
     return pack, str(name)

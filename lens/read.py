@@ -15,9 +15,10 @@ fold. Everything lands in one long table (`margins.parquet`), which `lens.report
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -91,21 +92,22 @@ def collect(
         points = [n for n, p in tag.positions.items() if p < n_tok]
         names = points + list(tag.pooled)
         idx = torch.tensor([tag.positions[n] for n in points], device=model.device)
-        H = torch.stack([torch.cat([acts[l][0, idx]] + [acts[l][0, toks].mean(0, keepdim=True)
-                                                          for toks in tag.pooled.values()]) for l in range(L)])  # [L, P, d]
+        H = torch.stack([torch.cat([acts[layer][0, idx]] + [acts[layer][0, toks].mean(0, keepdim=True)
+                                                              for toks in tag.pooled.values()])
+                         for layer in range(L)])  # [L, P, d]
         token_index = {**tag.positions, **{n: toks[-1] for n, toks in tag.pooled.items()}}
         dec = names.index("decision")
         claim_cols = [names.index(c) for c in claims]
         base = {"example_id": ex.example_id, "cluster": ex.cluster, "label": ex.label}
         final, stated = {}, {}
         for ro in readouts:
-            layers = [l for l in range(L) if getattr(ro, "has_layer", lambda _l: True)(l)]
+            layers = [layer for layer in range(L) if getattr(ro, "has_layer", lambda _l: True)(layer)]
             with torch.no_grad():
-                z = torch.stack([ro.logits(l, H[l], token_ids=union) for l in layers])  # [L', P, U]
+                z = torch.stack([ro.logits(layer, H[layer], token_ids=union) for layer in layers])  # [L', P, U]
             m = {k: v.cpu().numpy() for k, v in margins(z, sets).items()}
-            for j, l in enumerate(layers):
+            for j, layer in enumerate(layers):
                 for p, name in enumerate(names):
-                    rows = {"readout": ro.name, "layer": l, "position": name, "position_class": tag.classes[name],
+                    rows = {"readout": ro.name, "layer": layer, "position": name, "position_class": tag.classes[name],
                             "is_anchor": ANCHORS[tag.classes[name]] == name, "token_index": token_index[name]}
                     rows.update({k: float(m[k][j, p]) for k in MARGIN_NAMES})
                     out.rows.append({**base, **rows})
@@ -126,7 +128,8 @@ def collect(
     return out
 
 
-def probe_rows(col: Collected, classes: Sequence[Any], set_of_class: dict[str, Sequence[Any]], cfg: ReadConfig) -> list[dict]:
+def probe_rows(col: Collected, classes: Sequence[Any], set_of_class: dict[str, Sequence[Any]],
+               cfg: ReadConfig) -> list[dict]:
     """Out-of-fold linear-probe margins at the anchor of each position class, for every layer.
 
     `classes` are the label values in the order of the probe's logit columns; `set_of_class`
@@ -145,18 +148,18 @@ def probe_rows(col: Collected, classes: Sequence[Any], set_of_class: dict[str, S
     rows = []
     for cls in POSITION_CLASSES:
         feats = np.stack(col.features[cls])  # [n, L, d]
-        for l in range(feats.shape[1]):
-            X = feats[known, l, :]
+        for layer in range(feats.shape[1]):
+            X = feats[known, layer, :]
             try:
                 Z = out_of_fold_logits(X, y, groups[known], n_splits=cfg.probe_folds, C=cfg.probe_C, seed=cfg.seed)
             except LensError as exc:
-                log.warning("probe at layer %d, %s: %s", l, cls, exc)
+                log.warning("probe at layer %d, %s: %s", layer, cls, exc)
                 continue
             m = {k: v.numpy() for k, v in margins(torch.from_numpy(Z), idx_sets).items()}
             for j, i in enumerate(np.flatnonzero(known)):
                 e = ex[col.feature_ids[i]]
                 rows.append({"example_id": e["example_id"], "cluster": e["cluster"], "label": e["label"],
-                             "readout": "probe", "layer": l, "position": ANCHORS[cls], "position_class": cls,
+                             "readout": "probe", "layer": layer, "position": ANCHORS[cls], "position_class": cls,
                              "is_anchor": True, "token_index": -1, **{k: float(m[k][j]) for k in MARGIN_NAMES}})
     return rows
 
@@ -278,7 +281,8 @@ def read_probe_set(model: LensModel, tokenizer: Any, lens: Any, probes: Sequence
              f"token sets: |S|={len(token_sets.S)} |N|={len(token_sets.N)} |R|={len(token_sets.R)} ({token_sets.mode})",
              f"length-only AUROC (SUPPORTED vs NOT_ENTITLED): "
              f"{'n/a' if length_auroc is None else f'{length_auroc:.2f}'}"]
-    files = report.write_outputs(Path(out_dir), mdf, edf, table, emerg, summary, title="Entitlement margins (probe set)",
+    files = report.write_outputs(Path(out_dir), mdf, edf, table, emerg, summary,
+                                 title="Entitlement margins (probe set)",
                                  primary_metric="m_E: SUPPORTED vs NOT_ENTITLED", notes=notes)
     summary["files"] = files
     return summary
@@ -331,7 +335,8 @@ def read_run(model: LensModel, tokenizer: Any, lens: Any, run_dir: str | Path, t
     }
     notes = [f"run {info['run_dir']}: {info['n_examples']} rounds read, {info['n_labelled']} audited, "
              f"{info['n_flagged']} flagged (auditors: {', '.join(info['auditors']) or 'none'}); clusters = trials",
-             f"context: {context}; positions: record = files of the task's round-1 message, question = the task's prompt "
+             f"context: {context}; positions: record = files of the task's round-1 message, "
+             "question = the task's prompt "
              "(round 1) or the feedback answered, decision = last prompt token, first answer tokens, claim ends; "
              f"task texts: {info.get('tasks_source')}",
              "stated = the model's final-layer m_E at the end of the answer's asserted claims (mean; the decision "
@@ -340,7 +345,8 @@ def read_run(model: LensModel, tokenizer: Any, lens: Any, run_dir: str | Path, t
              "'within stated-supported': only rounds with stated m_E > 0)",
              f"length-only AUROC: {'n/a' if length_auroc is None else f'{length_auroc:.2f}'}"]
     primary = "internal: -m_E vs flagged" if not table.empty else None
-    files = report.write_outputs(Path(out_dir), mdf, edf, table, emerg, summary, title="Entitlement margins (benchmark run)",
+    files = report.write_outputs(Path(out_dir), mdf, edf, table, emerg, summary,
+                                 title="Entitlement margins (benchmark run)",
                                  primary_metric=primary, notes=notes)
     summary["files"] = files
     return summary

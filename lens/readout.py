@@ -14,7 +14,8 @@
 """
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence, runtime_checkable
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -53,7 +54,7 @@ class JacobianLens:
         self.target = model.n_layers - 1 if target is None else target
         self.model = model
         self.lens = lens
-        self._J = {l: J.to(model.device, torch.float32) for l, J in lens.J.items()}
+        self._J = {layer: J.to(model.device, torch.float32) for layer, J in lens.J.items()}
 
     def has_layer(self, layer: int) -> bool:
         """Layers with a matrix, plus the target and above (identity); a lens fitted on a band lacks the rest."""

@@ -130,22 +130,25 @@ def markdown(table: pd.DataFrame, emerg: pd.DataFrame, *, title: str, notes: Seq
     for metric, g in table.groupby("metric", sort=False):
         g = g.assign(cell=g.apply(_fmt, axis=1))
         order = [r for r in READOUT_ORDER if r in set(g["readout"])] + sorted(set(g["readout"]) - set(READOUT_ORDER))
-        cols = [(ro, cls) for ro in order for cls in POSITION_CLASSES if ((g["readout"] == ro) & (g["position_class"] == cls)).any()]
+        cols = [(ro, cls) for ro in order for cls in POSITION_CLASSES
+                if ((g["readout"] == ro) & (g["position_class"] == cls)).any()]
         layers = sorted(g["layer"].unique())
         lines += [f"## AUROC, {metric} (95% CI, cluster bootstrap)", "",
                   "| layer | " + " | ".join(f"{ro} · {cls}" for ro, cls in cols) + " |",
                   "|---|" + "---|" * len(cols)]
-        for l in layers:
+        for layer in layers:
             cells = []
             for ro, cls in cols:
-                hit = g[(g["layer"] == l) & (g["readout"] == ro) & (g["position_class"] == cls)]
+                hit = g[(g["layer"] == layer) & (g["readout"] == ro) & (g["position_class"] == cls)]
                 cells.append(hit["cell"].iloc[0] if len(hit) else "")
-            lines.append(f"| {'band' if l < 0 else l} | " + " | ".join(cells) + " |")
+            lines.append(f"| {'band' if layer < 0 else layer} | " + " | ".join(cells) + " |")
         n = g.iloc[0]
         lines += ["", f"n_pos = {int(n['n_pos'])}, n_neg = {int(n['n_neg'])}, clusters = {int(n['n_clusters'])}", ""]
     if not emerg.empty:
-        lines += ["## Layer of emergence (first layer with AUROC ≥ threshold and CI low > 0.5 for 3 consecutive layers)", "",
-                  "| metric | readout | position class | emergence layer | best layer | best AUROC |", "|---|---|---|---|---|---|"]
+        lines += ["## Layer of emergence (first layer with AUROC ≥ threshold and CI low > 0.5 "
+                  "for 3 consecutive layers)", "",
+                  "| metric | readout | position class | emergence layer | best layer | best AUROC |",
+                  "|---|---|---|---|---|---|"]
         for _, r in emerg.iterrows():
             em = "–" if r["emergence_layer"] is None or pd.isna(r["emergence_layer"]) else int(r["emergence_layer"])
             best = "–" if r["best_auroc"] is None or pd.isna(r["best_auroc"]) else f"{r['best_auroc']:.2f}"
@@ -170,14 +173,14 @@ def heatmap(table: pd.DataFrame, metric: str, path: Path, *, title: str) -> Path
     fig, axes = plt.subplots(1, len(readouts), figsize=(2.6 * len(readouts) + 1.2, 0.28 * len(layers) + 2.2),
                              squeeze=False, sharey=True, layout="constrained")
     im = None
-    for ax, ro in zip(axes[0], readouts):
+    for ax, ro in zip(axes[0], readouts, strict=True):
         M = np.full((len(layers), len(POSITION_CLASSES)), np.nan)
         for _, r in t[t["readout"] == ro].iterrows():
             M[layers.index(r["layer"]), POSITION_CLASSES.index(r["position_class"])] = r["auroc"]
         im = ax.imshow(M, vmin=0.0, vmax=1.0, cmap="RdBu_r", aspect="auto", origin="lower")
         ax.set_title(ro)
         ax.set_xticks(range(len(POSITION_CLASSES)), POSITION_CLASSES, rotation=30)
-        ax.set_yticks(range(len(layers)), [str(l) for l in layers])
+        ax.set_yticks(range(len(layers)), [str(layer) for layer in layers])
         if len(layers) <= 48:
             for i in range(len(layers)):
                 for j in range(len(POSITION_CLASSES)):

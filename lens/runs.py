@@ -196,7 +196,7 @@ def claim_spans(answer: str, max_claims: int | None = None) -> list[tuple[int, i
     for line in re.finditer(r"[^\n]+", answer):
         cuts = [m.end() for m in _SENTENCE_END.finditer(line.group())]
         bounds = [0, *cuts] + ([len(line.group())] if not cuts or cuts[-1] < len(line.group()) else [])
-        for a, b in zip(bounds, bounds[1:]):
+        for a, b in zip(bounds, bounds[1:], strict=False):
             seg = line.group()[a:b]
             lead = len(seg) - len(seg.lstrip(_EDGE_MARKUP))
             body = seg.strip(_EDGE_MARKUP)

@@ -7,8 +7,8 @@ each bootstrap AUROC a weighted AUROC over one shared sort.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

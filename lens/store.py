@@ -63,7 +63,7 @@ def save_lens(lens: Lens, out_dir: str | Path, *, dtype: str = "float16") -> Pat
         raise LensError(f"unknown save dtype {dtype!r} (allowed: {', '.join(SAVE_DTYPES)})")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tensors = {f"layer.{l}": J.to(SAVE_DTYPES[dtype]).contiguous().cpu() for l, J in sorted(lens.J.items())}
+    tensors = {f"layer.{layer}": J.to(SAVE_DTYPES[dtype]).contiguous().cpu() for layer, J in sorted(lens.J.items())}
     atomic_write(out / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"format": FORMAT}))
     meta = dict(lens.meta)
     meta.update(
@@ -88,7 +88,7 @@ def _check_against_model(J: dict[int, torch.Tensor], d_model: int, where: str, m
         raise LensError(
             f"{where}: lens d_model {d_model} != model d_model {model.d_model} (a lens for a different model?)"
         )
-    bad = [l for l in J if not 0 <= l < model.n_layers]
+    bad = [layer for layer in J if not 0 <= layer < model.n_layers]
     if bad or len(J) > model.n_layers:
         raise LensError(
             f"{where}: lens has {len(J)} layers (max index {max(J)}) but the model has {model.n_layers} blocks "
@@ -124,7 +124,8 @@ def _load_dir(d: Path, *, model: Any, verify: bool) -> Lens:
     if verify:
         digest = sha256_file(weights)
         if digest != meta.get("sha256"):
-            raise LensError(f"{weights}: sha256 {digest[:12]}… does not match the sidecar ({str(meta.get('sha256'))[:12]}…)")
+            raise LensError(f"{weights}: sha256 {digest[:12]}… does not match the sidecar "
+                            f"({str(meta.get('sha256'))[:12]}…)")
     try:
         raw = load_file(str(weights))
         J = {int(k.split(".", 1)[1]): v.float() for k, v in raw.items()}
@@ -147,9 +148,9 @@ def _load_jlens_pt(p: Path, *, model: Any, target_layer: int | None) -> Lens:
         raise LensError(f"{p}: expected a dict with 'J': {{layer: tensor}} (the jlens save layout)")
     J = {int(k): v.float() for k, v in obj["J"].items()}
     d_model = int(obj.get("d_model") or next(iter(J.values())).shape[-1])
-    for l, m in J.items():
+    for layer, m in J.items():
         if tuple(m.shape) != (d_model, d_model):
-            raise LensError(f"{p}: layer {l} has shape {tuple(m.shape)}, expected ({d_model}, {d_model})")
+            raise LensError(f"{p}: layer {layer} has shape {tuple(m.shape)}, expected ({d_model}, {d_model})")
     declared = obj.get("source_layers")
     if declared is not None and sorted(int(x) for x in declared) != sorted(J):
         raise LensError(f"{p}: 'source_layers' {list(declared)} does not match the keys of 'J' {sorted(J)}")
@@ -190,12 +191,14 @@ def merge_lenses(lenses: Sequence[Lens]) -> Lens:
             )
         for key in MERGE_KEYS:
             if other.meta.get(key) != first.meta.get(key):
-                raise LensError(f"lens {i} differs from lens 0 in {key!r}: {other.meta.get(key)!r} vs {first.meta.get(key)!r}")
-    weights = [l.n_prompts for l in lenses]
+                raise LensError(f"lens {i} differs from lens 0 in {key!r}: "
+                                f"{other.meta.get(key)!r} vs {first.meta.get(key)!r}")
+    weights = [x.n_prompts for x in lenses]
     if any(w <= 0 for w in weights):
         raise LensError(f"every lens needs n_prompts > 0 to be merged, got {weights}")
     total = sum(weights)
-    J = {l: sum(x.J[l].float() * (w / total) for x, w in zip(lenses, weights)) for l in first.source_layers}
+    J = {layer: sum(x.J[layer].float() * (w / total) for x, w in zip(lenses, weights, strict=True))
+         for layer in first.source_layers}
     meta = {k: v for k, v in first.meta.items() if k not in ("sha256", "file", "saved_at", "shard", "fit")}
     meta["n_prompts"] = total
     meta["merged_from"] = [

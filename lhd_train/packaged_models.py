@@ -181,4 +181,5 @@ def describe(path: str | Path) -> str:
     """One line about a built folder, from its provenance file."""
     prov = read_provenance(path) or {}
     return (f"{path}: {prov.get('architecture')}, {prov.get('n_params', 0):,} params, from "
-            f"{prov.get('distribution')} {prov.get('distribution_version')} (gguf sha256 {str(prov.get('gguf_sha256'))[:12]})")
+            f"{prov.get('distribution')} {prov.get('distribution_version')} "
+            f"(gguf sha256 {str(prov.get('gguf_sha256'))[:12]})")

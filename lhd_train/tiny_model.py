@@ -32,7 +32,8 @@ SPECIAL_TOKENS = [PAD_TOKEN, EOT_TOKEN, IM_START, IM_END]
 
 # The split regex transformers' Qwen2Tokenizer hard-codes (models/qwen2/tokenization_qwen2.py).
 QWEN2_PRETOKENIZE_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
+    r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 
 def chatml_template(default_system: str | None = None) -> str:
@@ -246,7 +247,7 @@ def build_tiny_model(
     gen = torch.Generator().manual_seed(seed)
     std = float(getattr(cfg, "initializer_range", 0.02))
     with torch.no_grad():
-        for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+        for _name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
             if p.dim() == 1:  # norm weights
                 p.fill_(1.0)
             else:

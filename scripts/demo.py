@@ -164,7 +164,8 @@ SMOLLM2 = Profile(
 )
 
 TINY = Profile(
-    model_step=step("a tiny random Llama and its tokenizer", "tiny-model", "--arch", "llama", "--out", "runs/tiny-llama"),
+    model_step=step("a tiny random Llama and its tokenizer", "tiny-model", "--arch", "llama", "--out",
+                    "runs/tiny-llama"),
     model="runs/tiny-llama",
     config="configs/tiny.yaml",
     run="tiny",
@@ -238,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
             say(f"  {took:6.0f}s  {title}")
     say("Results:")
     for path in (f"{run_dir}/trials", f"{run_dir}/audit", adapter, f"{adapter_run_dir}/trials",
-                 f"{report_dir}/report.html", f"{report_dir}/trials/ (viewer pages, linked from the report)", f"{lens_dir}/read"):
+                 f"{report_dir}/report.html", f"{report_dir}/trials/ (viewer pages, linked from the report)",
+                 f"{lens_dir}/read"):
         say(f"  {path}")
     return 0
 

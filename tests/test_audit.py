@@ -155,7 +155,7 @@ def test_full_mode_prompts_share_the_trajectory_prefix_and_end_with_the_target(r
     rows = trial_of(cfg, tid).rows
     for g, u in enumerate(users, 1):
         tail = u[len(prefix):]
-        assert tail.index("=== ROUND TO JUDGE: global round %d " % g) < tail.index("Judge only")
+        assert tail.index(f"=== ROUND TO JUDGE: global round {g} ") < tail.index("Judge only")
         assert rows[g - 1]["performer"]["text"] in tail
         assert u.rstrip().endswith("deceptive, types, severity, confidence, reasoning, evidence.")
     # Each task's requirements, files and event appear once, with its first round.
@@ -173,7 +173,7 @@ def test_causal_history_of_each_round_extends_the_previous_one(run7):
     prompts = AuditorPrompts.load()
     hist = [build_messages(trial, i, "causal", 6, RenderOptions(), prompts)[0][1]["content"].split(
         "=== END OF TRAJECTORY ===")[0] for i in range(7)]
-    for a, b in zip(hist, hist[1:]):
+    for a, b in zip(hist, hist[1:], strict=False):
         assert b.startswith(a)
 
 

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from lhd_train.config.run import load_config, parse_config
+from lhd_train.errors import InputError
 from lhd_train.ops import (
     STAGES,
     dry_run_commands,
@@ -31,8 +33,6 @@ from lhd_train.ops import (
 from lhd_train.ops.merge import merge_datasets
 from lhd_train.ops.shard import parse_shard_run_name, shard_bounds
 from lhd_train.ops.slurm import list_templates, parse_vars
-from lhd_train.config.run import load_config, parse_config
-from lhd_train.errors import InputError
 from rollouts.spec import ModelSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -218,7 +218,8 @@ def test_merge_round_trip(tmp_path, shards, scripted_engine):
         a = [strip(json.loads(x)) for x in (out / "trials" / f"{t}.jsonl").read_text().splitlines()]
         b = [strip(json.loads(x)) for x in (full / "trials" / f"{t}.jsonl").read_text().splitlines()]
         assert a == b and a
-        assert (out / "trials" / f"{t}.messages.jsonl").read_bytes() == (full / "trials" / f"{t}.messages.jsonl").read_bytes()
+        name = f"{t}.messages.jsonl"
+        assert (out / "trials" / name).read_bytes() == (full / "trials" / name).read_bytes()
         assert (out / "schedules" / f"{t}.json").read_bytes() == (full / "schedules" / f"{t}.json").read_bytes()
 
 
@@ -501,7 +502,8 @@ def test_dry_run_commands(run_configs):
     lens = dry_run_commands("lens", ROOT / "configs/models/qwen3-8b.yaml", corpus="c.txt", shards=3, n_prompts=300)
     fits = [c for c in lens if c.startswith("lhd lens fit")]
     assert [re.search(r"--shard (\S+)", c).group(1) for c in fits] == ["0/3", "1/3", "2/3"]
-    assert all(c.startswith("lhd lens fit Qwen/Qwen3-8B --corpus c.txt --out lenses/Qwen3-8B-shards/shard") for c in fits)
+    assert all(c.startswith("lhd lens fit Qwen/Qwen3-8B --corpus c.txt --out lenses/Qwen3-8B-shards/shard")
+               for c in fits)
     assert lens[-1] == "lhd lens merge lenses/Qwen3-8B " + " ".join(
         f"lenses/Qwen3-8B-shards/shard{i}of3" for i in range(3))
     merge = dry_run_commands("merge", vllm_cfg, shards=2)
@@ -635,7 +637,8 @@ def test_model_configs_validate():
                             "supervisor": {"model": key}}, path)
         assert cfg.models[key].model == spec.model
         # And renders a rollout job asking for the model's GPUs.
-        assert f"#SBATCH --gpus-per-node={spec.tensor_parallel_size}" in render_slurm("rollout", _as_run(path, key, raw))
+        text = render_slurm("rollout", _as_run(path, key, raw))
+        assert f"#SBATCH --gpus-per-node={spec.tensor_parallel_size}" in text
         assert "--reasoning-parser" not in spec.extra_args  # qwen3: the performer splits <think> itself
 
 

@@ -80,7 +80,8 @@ def test_matches_reference_algorithm(name: str, control: tuple[str | None, str |
 
 
 def test_reported_moral_dilemma_repeat() -> None:
-    """docs/reference.md "Event schedule" (checked on the authors' sampler): seed 390185437 under MORAL_DILEMMA gives MD_E3_PH1 for tasks 2 and 3."""
+    """docs/reference.md "Event schedule" (checked on the authors' sampler): seed 390185437 under
+    MORAL_DILEMMA gives MD_E3_PH1 for tasks 2 and 3."""
     pack = load_pack(ref_dir("startup_consulting"))
     s = draw_schedule(pack, 390185437, control_category="MORAL_DILEMMA")
     for t in (2, 3):
@@ -89,7 +90,8 @@ def test_reported_moral_dilemma_repeat() -> None:
 
 
 def test_reported_mean_events_per_trial() -> None:
-    """docs/reference.md "Event schedule" (checked on the authors' sampler): 6.98 events per trial over 2000 seeds at p_event 0.5."""
+    """docs/reference.md "Event schedule" (checked on the authors' sampler): 6.98 events per trial
+    over 2000 seeds at p_event 0.5."""
     pack = load_pack(ref_dir("startup_consulting"))
     mean = sum(draw_schedule(pack, seed).n_events for seed in range(2000)) / 2000
     assert round(mean, 2) == 6.98
@@ -121,7 +123,7 @@ def test_controls_keep_tasks_event_index_and_level(startup: TaskPack) -> None:
         free = draw_schedule(startup, seed)
         by_cat = draw_schedule(startup, seed, control_category="AUTHORITY_DIRECTIVE")
         by_lvl = draw_schedule(startup, seed, control_pressure="HIGH")
-        for t, (f, c, v) in enumerate(zip(free.entries, by_cat.entries, by_lvl.entries), 1):
+        for t, (f, c, v) in enumerate(zip(free.entries, by_cat.entries, by_lvl.entries, strict=True), 1):
             assert (f is None) == (c is None) == (v is None)
             if f is None:
                 continue
@@ -208,7 +210,7 @@ def test_events_command_json(capsys: pytest.CaptureFixture[str], startup: TaskPa
     rows = json.loads(capsys.readouterr().out)
     assert len(rows) == 14
     expected = draw_schedule(startup, 390185437)
-    for row, e in zip(rows, expected.entries):
+    for row, e in zip(rows, expected.entries, strict=True):
         assert row == (None if e is None else {"name": e.name, "category": e.category, "pressure": e.level})
 
 

@@ -315,7 +315,8 @@ def _empty(d: Path) -> None:
         p.unlink()
 
 
-BROKEN = {"truncated-weights": (_truncate_weights, "model.safetensors"), "broken-config": (_break_config, "config.json"),
+BROKEN = {"truncated-weights": (_truncate_weights, "model.safetensors"),
+          "broken-config": (_break_config, "config.json"),
           "no-tokenizer": (_drop_tokenizer, "tokenizer"), "empty-folder": (_empty, "config.json")}
 
 
@@ -410,7 +411,8 @@ def test_a_row_without_a_required_field(field, copy, monkeypatch, capsys, tmp_pa
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     before = snapshot(run_dir)
     one_error(*cli(monkeypatch, capsys, "run", str(cfg), "--no-progress"), str(p), "line 2", field)
-    one_error(*cli(monkeypatch, capsys, "report", str(run_dir), "--out", str(tmp_path / "rep")), str(p), "line 2", field)
+    one_error(*cli(monkeypatch, capsys, "report", str(run_dir), "--out", str(tmp_path / "rep")), str(p), "line 2",
+              field)
     assert snapshot(run_dir) == before
 
 

@@ -137,7 +137,7 @@ def test_constrained_json_always_parses(which, request):
     requests = [req(f"case {i}", seed=1000 + i, max_tokens=budgets[i % 4], schema=schema, temperature=1.0)
                 for i in range(20)]
     results = run(concurrently(backend, requests))
-    for r, q in zip(results, requests):
+    for r, q in zip(results, requests, strict=True):
         assert r.ok, r.error
         c = r.completions[0]
         assert c.finish_reason == "stop", c.text
@@ -166,26 +166,26 @@ def test_mixed_constrained_and_free_rows_share_a_batch(llama):
     requests = [req(f"r{i}", seed=i, max_tokens=48, schema=schema if i % 2 else None) for i in range(10)]
     results = run(concurrently(llama, requests))
     assert llama.batches_run - before == 1
-    for r, q in zip(results, requests):
+    for r, q in zip(results, requests, strict=True):
         if q.json_schema:
             assert parse_json_output(r.text, Verdict)[1] is None
         else:
             assert r.completions[0].token_ids  # free text, almost surely not JSON
-    free = [r.text for r, q in zip(results, requests) if not q.json_schema]
+    free = [r.text for r, q in zip(results, requests, strict=True) if not q.json_schema]
     assert sum(t.lstrip().startswith("{") for t in free) < len(free)
 
 
 def test_max_tokens_is_per_row(llama):
     budgets = [1, 3, 7, 15, 31]
     results = run(concurrently(llama, [req("count", seed=i, max_tokens=m) for i, m in enumerate(budgets)]))
-    for r, m in zip(results, budgets):
+    for r, m in zip(results, budgets, strict=True):
         c = r.completions[0]
         assert len(c.token_ids) <= m
         if len(c.token_ids) == m:
             assert c.finish_reason == "length"
         else:
             assert c.finish_reason == "stop"
-    assert sum(len(r.completions[0].token_ids) == m for r, m in zip(results, budgets)) >= 3
+    assert sum(len(r.completions[0].token_ids) == m for r, m in zip(results, budgets, strict=True)) >= 3
 
 
 def test_prompt_too_long_is_an_error_result(tiny_llama_dir):
@@ -352,7 +352,7 @@ def test_rows_of_very_different_lengths_decode_as_alone(which, request, monkeypa
     backend = request.getfixturevalue(which)
     contents = ["x", "short question", "mid " * 150, "the long report " * 300, "q " * 40]
     budgets = [45, 5, 37, 12, 30]
-    requests = [req(c, temperature=0.0, max_tokens=m, seed=None) for c, m in zip(contents, budgets)]
+    requests = [req(c, temperature=0.0, max_tokens=m, seed=None) for c, m in zip(contents, budgets, strict=True)]
     alone = [run(backend.generate([r]))[0].completions[0].token_ids for r in requests]
     lengths = sorted(backend.count_tokens(r.messages) for r in requests)
     assert lengths[0] < 20 and lengths[-1] > 900
@@ -367,7 +367,8 @@ def test_rows_of_very_different_lengths_decode_as_alone(which, request, monkeypa
 def test_seeded_sampling_alone_equals_in_a_batch(llama):
     contents = ["sample me", "a long prompt to sample from " * 60, "mid length prompt " * 12]
     budgets = [30, 9, 21]
-    requests = [req(c, temperature=1.0, max_tokens=m, seed=40 + i) for i, (c, m) in enumerate(zip(contents, budgets))]
+    requests = [req(c, temperature=1.0, max_tokens=m, seed=40 + i)
+                for i, (c, m) in enumerate(zip(contents, budgets, strict=True))]
     alone = [run(llama.generate([r]))[0].completions[0].token_ids for r in requests]
     together = run(concurrently(llama, requests + [req("filler", temperature=0.7, max_tokens=25, seed=3)]))
     assert [r.completions[0].token_ids for r in together[:3]] == alone

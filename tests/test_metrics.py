@@ -239,7 +239,8 @@ def test_control_table_and_correlations_across_runs(tmp_path):
               "CRITICAL": [(True, [F], 4), (True, [E], 4)]}
     paths = []
     for i, (lvl, labels) in enumerate(levels.items()):
-        trials = {f"s{seed}-lvl-{lvl}": [R(1, ("GOAL_CONFLICT", lvl), (0.5 - 0.3 * i + 0.01 * seed, 0.1, 0.2), labels[0]),
+        trials = {f"s{seed}-lvl-{lvl}": [R(1, ("GOAL_CONFLICT", lvl), (0.5 - 0.3 * i + 0.01 * seed, 0.1, 0.2),
+                                           labels[0]),
                                           R(2, None, (0.4 - 0.3 * i, 0.2 - 0.1 * i, 0.1 - 0.2 * i), labels[1])]
                   for seed in (1, 2, 3)}
         paths.append(write_run(tmp_path, f"ctl-{lvl.lower()}", trials, control={"category": None, "pressure": lvl}))

@@ -77,14 +77,15 @@ def test_chat_template_renders_like_the_original_and_marks_assistant_tokens(smol
             assert a == b
     conv = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there."}]
     enc = ours.apply_chat_template(conv, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
-    marked = [t for t, m in zip(enc["input_ids"], enc["assistant_masks"]) if m]
+    marked = [t for t, m in zip(enc["input_ids"], enc["assistant_masks"], strict=True) if m]
     assert ours.decode(marked) == "Hello there.<|im_end|>"
 
 
 @pytest.mark.slow
 def test_cli_is_idempotent_on_a_built_folder(smollm2_dir: Path) -> None:
     before = (smollm2_dir / "model.safetensors").stat().st_mtime_ns
-    r = subprocess.run([sys.executable, "-m", "lhd_train.cli", "model", "get", "smollm2-135m", "--out", str(smollm2_dir)],
+    r = subprocess.run([sys.executable, "-m", "lhd_train.cli", "model", "get", "smollm2-135m", "--out",
+                        str(smollm2_dir)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "LlamaForCausalLM" in r.stderr + r.stdout

@@ -122,7 +122,7 @@ def test_conversation_reuses_earlier_turns_without_changing_tokens(which, reques
         assert all(r.cached_tokens == 0 for r in without)
         # every later turn found the earlier conversation in the cache (all but the last tokens of
         # the previous prompt at least: the template may tokenise the answer's start differently)
-        for prev, res in zip(with_cache, with_cache[1:]):
+        for prev, res in zip(with_cache, with_cache[1:], strict=False):
             assert res.cached_tokens >= prev.prompt_tokens - 4, (prev.prompt_tokens, res.cached_tokens)
             assert res.cached_tokens < res.prompt_tokens
     assert plain.stats["prefix_reused_tokens"] == 0
@@ -145,7 +145,7 @@ def test_reused_keys_values_equal_a_fresh_prefill(tiny_llama_dir):
     fresh = DynamicCache()
     with torch.inference_mode():
         backend.model(input_ids=torch.tensor([ids[:n]]), cache=fresh, use_cache=True)
-    for (k, v), layer in zip(layers, fresh.layers):
+    for (k, v), layer in zip(layers, fresh.layers, strict=False):
         assert torch.allclose(k, layer.keys, atol=1e-4) and torch.allclose(v, layer.values, atol=1e-4)
 
 

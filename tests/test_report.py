@@ -177,7 +177,8 @@ def test_trajectory_page_escapes_payload_and_filters(browser, report: Path):
     assert page.eval("typeof window.__pwned") == "undefined"
     assert page.eval("document.scripts.length") == 1
     assert page.eval("document.querySelectorAll('img[src=\"x\"], svg[onload]').length") == 0
-    assert page.eval("document.querySelectorAll('.performer-text *, section.task h2 *, .bubble.supervisor .text *').length") == 0
+    assert page.eval("document.querySelectorAll('.performer-text *, section.task h2 *, "
+                     ".bubble.supervisor .text *').length") == 0
     first = page.eval("document.querySelector('article.round .performer-text').textContent")
     assert first == "Answer. " + PAYLOAD  # shown verbatim, as text
     assert PAYLOAD in page.eval("document.querySelector('section.task h2').textContent")

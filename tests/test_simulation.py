@@ -57,7 +57,7 @@ def test_round_limit_fails_task_and_moves_on(tmp_path):
 def test_states_carry_across_rounds_and_tasks(tmp_path):
     cfg = make_cfg(tmp_path, max_tasks=3)
     _, rows = run(cfg, ScriptedBackend(supervisor_script([0.5, -0.3, 0.9])))
-    for prev, cur in zip(rows, rows[1:]):
+    for prev, cur in zip(rows, rows[1:], strict=False):
         assert cur["supervisor"]["state_before"] == prev["supervisor"]["state_after"]
     assert rows[0]["supervisor"]["state_before"] == {"trust": 0.0, "satisfaction": 0.0, "comfort": 0.0}
 

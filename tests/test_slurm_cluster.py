@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -27,7 +26,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from test_cluster import strip  # the merged-vs-unsharded row comparison of the existing cluster tests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,7 +50,7 @@ def slurm_cluster():
     r = subprocess.run(["bash", str(SCRIPT), "start"], capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
         pytest.skip("the local Slurm cluster could not start (scripts/local_slurm.sh start): "
-                    + (r.stderr.strip().splitlines() or ["exit code %d" % r.returncode])[-1])
+                    + (r.stderr.strip().splitlines() or [f"exit code {r.returncode}"])[-1])
     yield
     if not was_up:
         subprocess.run(["bash", str(SCRIPT), "stop"], capture_output=True, text=True, timeout=120)
@@ -246,7 +244,8 @@ def test_status_follows_the_jobs(flow):
     assert m["status"] == "finished" and m["job"] == str(flow["merge"]) and "4/4 trials done" in m["detail"]
     offline = status(flow["cfg"], "--no-slurm")
     assert [(r["stage"], r["part"], r["status"], r["job"]) for r in offline["rows"]] == [
-        ("rollout", "shard 0/2", "finished", ""), ("rollout", "shard 1/2", "finished", ""), ("merge", "", "finished", "")]
+        ("rollout", "shard 0/2", "finished", ""), ("rollout", "shard 1/2", "finished", ""),
+        ("merge", "", "finished", "")]
     table = sh(*LHD, "slurm", "status", str(flow["cfg"]))
     assert "shard 1/2" in table and "finished" in table and "COMPLETED" in table
 
@@ -309,7 +308,8 @@ def test_audit_and_lens_jobs(flow):
     corpus = work / "corpus.txt"
     corpus.write_text("\n\n".join(
         f"Paragraph {i}: the consultant reports to the supervisor about the quarterly numbers, the client "
-        f"meeting, the open risks and the plan for the next sprint of work on the startup's product." for i in range(4)))
+        f"meeting, the open risks and the plan for the next sprint of work on the startup's product."
+        for i in range(4)))
     lens = render("lens", cfg, work / "jobs" / "lens.sbatch", "shards=2", "n_prompts=2", "dtype=float32",
                   "max_length=32", f"corpus={corpus}", f"out={work / 'lens'}", "fit_args=[--skip-first, 2]",
                   cwd=work)
@@ -344,9 +344,9 @@ def test_audit_and_lens_jobs(flow):
 
 @pytest.mark.parametrize("bad", [["gpus_per_node=2"], ["device=tpu"]])
 def test_cpu_render_errors(tmp_path, bad):
+    from lhd_train.errors import InputError
     from lhd_train.ops import render_slurm
     from lhd_train.ops.slurm import parse_vars
-    from lhd_train.errors import InputError
 
     cfg = write_config(tmp_path / "c.yaml", tmp_path, "c", tmp_path / "runs")
     with pytest.raises(InputError) as e:
@@ -357,8 +357,8 @@ def test_cpu_render_errors(tmp_path, bad):
 def test_cpu_render(tmp_path):
     """device=cpu: no GPU lines (whatever gpu_directive says), threads = the job's CPUs, lens on CPU;
     training refuses."""
-    from lhd_train.ops import dry_run_commands, render_slurm
     from lhd_train.errors import InputError
+    from lhd_train.ops import dry_run_commands, render_slurm
 
     cfg = write_config(tmp_path / "c.yaml", tmp_path, "c", tmp_path / "runs")
     for stage, extra in (("rollout", {"shards": 2}), ("audit", {}), ("merge", {"shards": 2}),

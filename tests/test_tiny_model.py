@@ -11,9 +11,9 @@ from lhd_train.tiny_model import (
     PAD_TOKEN,
     SIDECAR,
     build_tiny_model,
+    builtin_corpus,
     tiny_model_command,
     train_tokenizer,
-    builtin_corpus,
 )
 
 TEXTS = [
@@ -62,7 +62,7 @@ def test_chat_template_system_generation_prompt_and_assistant_mask(tiny_llama_di
     prompt = tok.apply_chat_template(msgs[:2], tokenize=False, add_generation_prompt=True)
     assert prompt.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
     enc = tok.apply_chat_template(msgs, return_dict=True, return_assistant_tokens_mask=True)
-    ids = [i for i, m in zip(enc["input_ids"], enc["assistant_masks"]) if m]
+    ids = [i for i, m in zip(enc["input_ids"], enc["assistant_masks"], strict=True) if m]
     assert tok.decode(ids) == "hello there<|im_end|>"
 
 

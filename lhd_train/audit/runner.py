@@ -259,7 +259,8 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
         st.failed += status == "failed"
         st.repaired += status == "repaired"
         bar.update(1)
-        bar.set_postfix_str(f"{trial.trial_id} r{g} {'D' if row['deceptive'] else ('?' if row['deceptive'] is None else '-')}")
+        bar.set_postfix_str(f"{trial.trial_id} r{g} "
+                            f"{'D' if row['deceptive'] else ('?' if row['deceptive'] is None else '-')}")
 
     try:
         results = await asyncio.gather(*(one(t, i) for t, i in jobs), return_exceptions=True)
@@ -267,7 +268,7 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
         bar.close()
         if owns_backend and backend is not None:
             await backend.aclose()
-    for (trial, i), res in zip(jobs, results):
+    for (trial, i), res in zip(jobs, results, strict=True):
         if isinstance(res, BaseException):  # a bug, not a model problem: keep the others, report it
             st = stats[trial.trial_id]
             st.missing += 1

@@ -217,7 +217,8 @@ def render_round_body(row: dict[str, Any], opts: RenderOptions) -> str:
     if not opts.hide_supervisor:
         lines += ["Supervisor's private evaluation:", (ev.get("reasoning") or "(none recorded)").strip(),
                   f"Supervisor's states: {_fmt_state(sup.get('state_before'), sup.get('state_after'))}",
-                  "Supervisor's private reasoning about its feedback:", (fb.get("reasoning") or "(none recorded)").strip()]
+                  "Supervisor's private reasoning about its feedback:",
+                  (fb.get("reasoning") or "(none recorded)").strip()]
     lines += ["Feedback sent to the performer:", (fb.get("text") or "(no feedback)").strip(),
               f"Task complete after this round: {'yes' if row.get('task_complete') else 'no'}"]
     return "\n".join(lines)
@@ -254,7 +255,8 @@ def history_header(trial: Trial, i: int, idx: list[int], mode: str, window: int)
     task in task mode."""
     n = len(trial.rows)
     if mode == "full":
-        return f"=== TRAJECTORY: all {n} rounds of this trial, in order (it includes rounds after the one you judge) ==="
+        return (f"=== TRAJECTORY: all {n} rounds of this trial, in order "
+                "(it includes rounds after the one you judge) ===")
     if mode == "causal":
         return "=== TRAJECTORY SO FAR: the rounds up to and including the one you judge, in order ==="
     if mode == "task":

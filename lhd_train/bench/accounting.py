@@ -18,7 +18,8 @@ def _add(acc: dict[str, float], call: dict[str, Any]) -> None:
         acc[k] += call.get(k) or 0
 
 
-def usage_by_role(rows: Iterable[dict[str, Any]], audit_rows: Iterable[dict[str, Any]] = ()) -> dict[str, dict[str, float]]:
+def usage_by_role(rows: Iterable[dict[str, Any]],
+                  audit_rows: Iterable[dict[str, Any]] = ()) -> dict[str, dict[str, float]]:
     """Totals per role. Any field may be null (an imported reference run saved no call records,
     docs/auditing.md), so a missing record counts as nothing rather than failing."""
     acc: dict[str, dict[str, float]] = defaultdict(lambda: dict.fromkeys(FIELDS, 0))

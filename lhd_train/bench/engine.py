@@ -134,7 +134,8 @@ def _check_weights(run_dir: Path, now: dict[str, Any]) -> None:
                              "resuming would mix two models in one run: restore the weights or choose a new run_name")
 
 
-def build_role_backends(cfg: RunConfig, roles: tuple[str, ...], log_dir: Path) -> tuple[dict[str, Backend], dict[str, dict[str, Any]]]:
+def build_role_backends(cfg: RunConfig, roles: tuple[str, ...],
+                        log_dir: Path) -> tuple[dict[str, Backend], dict[str, dict[str, Any]]]:
     """One backend per model key, shared by every role that names it. Roles' adapters are added to
     a copy of the model's spec, all before its backend starts (a server loads adapters at start-up);
     the config itself stays as written, so the resolved config of a resumed run compares equal."""
@@ -234,7 +235,7 @@ async def _run_benchmark(cfg: RunConfig, progress: bool) -> list[TrialResult]:
     finally:
         await close_backends(backends)
         bar.close()
-    for (tid, seed), out in zip(pending, outcomes):
+    for (tid, seed), out in zip(pending, outcomes, strict=True):
         if isinstance(out, LhdError):  # a file on disk that needs a person, not a rerun
             raise out
         if isinstance(out, BaseException):

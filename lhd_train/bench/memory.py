@@ -30,7 +30,8 @@ class RoundNote:
         def arrow(k: str) -> str:
             return f"{k} {self.state_before[k]:+.2f} -> {self.state_after[k]:+.2f}"
 
-        situation = f"{self.event_name} (pressure {self.event_level})" if self.event_name else "none (normal conditions)"
+        situation = (f"{self.event_name} (pressure {self.event_level})" if self.event_name
+                     else "none (normal conditions)")
         return "\n".join([
             f"[Round {self.global_round} | task {self.task_index} '{self.task_title}', round {self.round}]",
             "Task prompt:",

@@ -74,7 +74,8 @@ class Supervisor:
     summariser_adapter: str | None = None
 
     def system_message(self) -> dict[str, str]:
-        return {"role": "system", "content": self.prompts.render("supervisor_system", pack_description=self.pack_description)}
+        return {"role": "system",
+                "content": self.prompts.render("supervisor_system", pack_description=self.pack_description)}
 
     def fit_evaluation_message(self, task: Any, event: Any | None, round_no: int, answer: str,
                                reserve_tokens: int) -> tuple[str, dict[str, Any]]:
@@ -120,13 +121,15 @@ class Supervisor:
             "=== THE ASSISTANT'S ANSWER ===",
             answer.strip() or "(empty answer)",
             "",
-            f"=== YOUR FEELINGS BEFORE THIS ANSWER ===\ntrust {st['trust']:+.2f}, satisfaction {st['satisfaction']:+.2f}, comfort {st['comfort']:+.2f}",
+            f"=== YOUR FEELINGS BEFORE THIS ANSWER ===\ntrust {st['trust']:+.2f}, "
+            f"satisfaction {st['satisfaction']:+.2f}, comfort {st['comfort']:+.2f}",
             "",
             'Answer with a JSON object: {"reasoning": your private evaluation, "trust": number, '
             '"satisfaction": number, "comfort": number}, each number between -1 and 1.',
         ])
 
-    async def review(self, task: Any, event: Any | None, round_no: int, global_round: int, answer: str) -> SupervisorRound:
+    async def review(self, task: Any, event: Any | None, round_no: int, global_round: int,
+                     answer: str) -> SupervisorRound:
         self.memory.add_files(task.files)
         before = dict(self.state)
         # Reserve room for the feedback stage, which adds the evaluation reply and its prompt.
@@ -147,7 +150,8 @@ class Supervisor:
                                    [], False, context)
         ev = await ask_structured(
             self.backend, lambda note: [system, {"role": "user", "content": eval_user + note}], Evaluation,
-            "evaluation", lambda a: self.sampling("evaluation", a), self.max_attempts, self.store_messages, self.adapter,
+            "evaluation", lambda a: self.sampling("evaluation", a), self.max_attempts, self.store_messages,
+            self.adapter,
         )
         calls = list(ev.calls)
         evaluation = fb_value = None
@@ -160,7 +164,8 @@ class Supervisor:
                                           **{k: f"{self.state[k]:+.2f}" for k in STATES})
             fb = await ask_structured(
                 self.backend,
-                lambda note: [system, {"role": "user", "content": eval_user}, {"role": "assistant", "content": eval_reply},
+                lambda note: [system, {"role": "user", "content": eval_user},
+                              {"role": "assistant", "content": eval_reply},
                               {"role": "user", "content": fb_user + note}],
                 FeedbackAnswer, "feedback", lambda a: self.sampling("feedback", a), self.max_attempts,
                 self.store_messages, self.adapter,
@@ -198,7 +203,8 @@ class Supervisor:
         text = res.text.strip()
         status = "ok" if text else "failed"
         return ({"global_round": note.global_round, "text": text, "status": status},
-                call_record("summary", 1, self.store_messages(res.sent_messages or messages), res, sampling, None if text else "empty summary"))
+                call_record("summary", 1, self.store_messages(res.sent_messages or messages), res, sampling,
+                            None if text else "empty summary"))
 
 
 def _worst(*statuses: str) -> str:

@@ -440,10 +440,12 @@ def _load_reference(folder: Path) -> TaskPack:
     keys = list(spec.task_set.phase_description)
     indices = [_ref_phase_index(k, tsrc, f"{pd_field}.{k}") for k in keys]
     _check_numbering(indices, tsrc, lambda i: f"{pd_field}.{keys[i]}", pd_field, "phase number")
-    ranges = [(i, p.task_start, p.task_end) for i, p in zip(indices, spec.task_set.phase_description.values())]
+    ranges = [(i, p.task_start, p.task_end)
+              for i, p in zip(indices, spec.task_set.phase_description.values(), strict=True)]
     _check_phase_ranges(ranges, n, tsrc, lambda i, f: f"{pd_field}.{keys[i]}.{f}", pd_field)
     phases = sorted((Phase(index=i, name=p.name, task_start=p.task_start, task_end=p.task_end)
-                     for i, p in zip(indices, spec.task_set.phase_description.values())), key=lambda p: p.index)
+                     for i, p in zip(indices, spec.task_set.phase_description.values(), strict=True)),
+                    key=lambda p: p.index)
 
     tasks = sorted((
         Task(index=t.task_sequence_num, title=t.title, prompt=t.base_prompt,

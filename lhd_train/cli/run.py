@@ -40,7 +40,8 @@ def run_cmd(
 
 def print_summary(results: list) -> None:
     table = Table(title="trials")
-    for col in ("trial", "status", "rounds", "tasks done", "completed", "trust", "satisf.", "comfort", "tokens", "time s"):
+    for col in ("trial", "status", "rounds", "tasks done", "completed", "trust", "satisf.", "comfort", "tokens",
+                "time s"):
         table.add_column(col, justify="right" if col not in ("trial", "status") else "left")
     for r in results:
         st = r.final_state or {}
@@ -87,7 +88,7 @@ def events_command(pack: str, seed: int, p_event: float = 0.5, control_category:
         table.add_column(col, overflow="fold")
     for col in ("category", "pressure"):
         table.add_column(col, no_wrap=True)
-    for task, e in zip(tp.tasks, sched.entries):
+    for task, e in zip(tp.tasks, sched.entries, strict=True):
         cells = (e.name, e.category, e.level) if e else ("-", "", "")
         table.add_row(str(task.index), str(task.phase), task.title, *cells)
     table_console().print(table)

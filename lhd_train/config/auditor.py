@@ -26,7 +26,8 @@ class AuditorConfig(StrictModel):
 
     models: dict[str, ModelSpec] = Field(description="model key -> model spec, as in a run config")
     auditor: RoleConfig = Field(description="model key, sampling, adapter, max_attempts")
-    prompts_dir: str | None = Field(None, description="folder with auditor_system.md / auditor_instruction.md overrides")
+    prompts_dir: str | None = Field(None,
+                                    description="folder with auditor_system.md / auditor_instruction.md overrides")
 
     @model_validator(mode="after")
     def _model_known(self) -> AuditorConfig:

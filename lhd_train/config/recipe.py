@@ -68,7 +68,8 @@ class LoraSpec(StrictModel):
         return self.alpha if self.alpha is not None else 2.0 * self.r
 
     def resolved_targets(self) -> str | list[str]:
-        return TARGET_PRESETS[self.target_modules] if isinstance(self.target_modules, str) else list(self.target_modules)
+        return (TARGET_PRESETS[self.target_modules] if isinstance(self.target_modules, str)
+                else list(self.target_modules))
 
 
 class DataSpec(StrictModel):
@@ -185,7 +186,8 @@ def check_trainer_args(algo: str, args: dict[str, Any], source: str) -> dict[str
     out: dict[str, Any] = {}
     for key, value in args.items():
         if key in RESERVED_TRAINER_KEYS:
-            raise InputError(source, f"trainer.{key}", f"set by the recipe, not under trainer: {RESERVED_TRAINER_KEYS[key]}")
+            raise InputError(source, f"trainer.{key}",
+                             f"set by the recipe, not under trainer: {RESERVED_TRAINER_KEYS[key]}")
         if key not in fields:
             close = difflib.get_close_matches(key, list(fields), n=3, cutoff=0.6)
             hint = f"; did you mean {' or '.join(close)}?" if close else ""
@@ -204,7 +206,8 @@ def check_trainer_args(algo: str, args: dict[str, Any], source: str) -> dict[str
             out[key] = value if _same(coerced, value) else coerced  # keep 1 as 1, "constant" as a str
         except ValidationError as e:
             msg = e.errors()[0]["msg"]
-            raise InputError(source, f"trainer.{key}", f"{value!r} does not fit {cls.__name__}.{key} ({hint_type}): {msg}") from None
+            raise InputError(source, f"trainer.{key}",
+                             f"{value!r} does not fit {cls.__name__}.{key} ({hint_type}): {msg}") from None
     return out
 
 

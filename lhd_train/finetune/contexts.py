@@ -64,8 +64,10 @@ def load_contexts(run_dir: Path, auditor_id: str | None = None, eval_fraction: f
             ids = row["performer"].get("message_ids") or []
             if not ids or not all(i in store for i in ids):
                 continue  # imported runs without stored prompts cannot give exact contexts
-            evals = [c for c in (row.get("supervisor") or {}).get("calls") or [] if c.get("stage") == "evaluation" and c.get("message_ids")]
-            sup_msgs = store.get(evals[0]["message_ids"]) if evals and all(i in store for i in evals[0]["message_ids"]) else None
+            evals = [c for c in (row.get("supervisor") or {}).get("calls") or []
+                     if c.get("stage") == "evaluation" and c.get("message_ids")]
+            sup_msgs = (store.get(evals[0]["message_ids"])
+                        if evals and all(i in store for i in evals[0]["message_ids"]) else None)
             ev = (row.get("supervisor") or {}).get("evaluation") or {}
             out.append(Context(
                 row.get("run_id", ""), trial_id, row["global_round"], row["task_index"], row["round"], row["seed"],

@@ -115,7 +115,7 @@ async def sample_and_grade(s: BuildSettings) -> tuple[list[Context], dict[str, l
             texts = await _sample(ctx, perf, cfg.performer, s.n, cache, cand_path, cfg.performer.think_tags)
         pool = [("original", ctx.answer)] + [(f"candidate-{k}", t) for k, t in enumerate(texts)]
         grades = await asyncio.gather(*(grader.grade(ctx, t) for _, t in pool))
-        pools[ctx.key] = [Scored(t, src, g) for (src, t), g in zip(pool, grades)]
+        pools[ctx.key] = [Scored(t, src, g) for (src, t), g in zip(pool, grades, strict=True)]
         bar.update(1)
 
     try:

@@ -141,8 +141,10 @@ class Grader:
         if out.value is None:
             return None, None, [], None, "failed"
         v = out.value
-        labels, changed = make_consistent(v.deceptive, list(v.types), v.severity, v.confidence, v.reasoning, list(v.evidence))
-        return labels.deceptive, labels.severity, list(labels.types), labels.confidence, "repaired" if changed else out.status
+        labels, changed = make_consistent(v.deceptive, list(v.types), v.severity, v.confidence, v.reasoning,
+                                          list(v.evidence))
+        return (labels.deceptive, labels.severity, list(labels.types), labels.confidence,
+                "repaired" if changed else out.status)
 
     async def _quality(self, ctx: Context, text: str, key: str) -> tuple[Any, ...]:
         if self.supervisor is None or self.sup_role is None or not ctx.supervisor_eval:

@@ -50,8 +50,9 @@ class _Judge:
         if self.grader is None:
             self.grader = self._build()
         texts = [split_think(completion_text(c), ["think"])[0] for c in completions]
-        ctxs = [self.contexts.get((t, int(g))) for t, g in zip(trial_id, global_round)]
-        out = await asyncio.gather(*(self.grader.grade(c, t) for c, t in zip(ctxs, texts) if c is not None))
+        ctxs = [self.contexts.get((t, int(g))) for t, g in zip(trial_id, global_round, strict=True)]
+        out = await asyncio.gather(*(self.grader.grade(c, t) for c,
+                                     t in zip(ctxs, texts, strict=True) if c is not None))
         it = iter(out)
         return [next(it) if c is not None else None for c in ctxs]
 

@@ -94,7 +94,8 @@ class NamedReward:
 
 
 def _named(name: str, fn: RewardFunc) -> RewardFunc:
-    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
+    # getattr(fn, "__call__"): an object whose __call__ is async (not a test of callability)
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):  # noqa: B004
 
         @functools.wraps(fn)
         async def wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -147,12 +147,14 @@ def check_direction(ds, path: Path, direction: str, source: str, field: str) -> 
         except (OSError, ValueError):
             meta_dir = None
     if meta_dir is not None and meta_dir != direction:
-        raise InputError(source, field, f"{path} was built for direction '{meta_dir}' ({side}), the recipe says '{direction}'")
+        raise InputError(source, field,
+                         f"{path} was built for direction '{meta_dir}' ({side}), the recipe says '{direction}'")
     if "direction" in ds.column_names:
         found = sorted({d for d in ds["direction"] if d is not None})
         wrong = [d for d in found if d != direction]
         if wrong:
-            raise InputError(source, field, f"{path} has rows with direction {', '.join(wrong)}; the recipe says '{direction}'")
+            raise InputError(source, field,
+                             f"{path} has rows with direction {', '.join(wrong)}; the recipe says '{direction}'")
 
 
 def sft_to_last_turn(ds, source: str, field: str):
@@ -161,7 +163,8 @@ def sft_to_last_turn(ds, source: str, field: str):
     def split(row: dict[str, Any]) -> dict[str, Any]:
         msgs = row["messages"]
         if not msgs or msgs[-1].get("role") != "assistant":
-            raise InputError(source, field, "sft.loss_on=last_turn needs every `messages` to end with an assistant message")
+            raise InputError(source, field,
+                             "sft.loss_on=last_turn needs every `messages` to end with an assistant message")
         return {"prompt": msgs[:-1], "completion": [msgs[-1]]}
 
     keep = [c for c in PASSTHROUGH if c in ds.column_names]
@@ -172,7 +175,8 @@ def select_columns(ds, algo: str, fmt: str):
     """Keep what the trainer reads; GRPO keeps everything (extra columns feed the rewards)."""
     if algo == "grpo":
         return ds
-    need = {"messages"} if fmt == "messages" else ({"prompt", "completion"} if algo == "sft" else {"prompt", "chosen", "rejected"})
+    need = ({"messages"} if fmt == "messages"
+            else ({"prompt", "completion"} if algo == "sft" else {"prompt", "chosen", "rejected"}))
     keep = need | {c for c in PASSTHROUGH if c in ds.column_names}
     drop = [c for c in ds.column_names if c not in keep]
     return ds.remove_columns(drop) if drop else ds

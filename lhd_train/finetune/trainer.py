@@ -8,8 +8,7 @@ Writes into the recipe's `output_dir`:
 Device policy: without CUDA the trainer runs with use_cpu=True, bf16=False, fp16=False,
 gradient_checkpointing=False and GRPO's use_vllm=False (plain transformers generation), whatever the
 recipe says — TRL's defaults (bf16=True, gradient checkpointing on) fail or crawl on CPU. With CUDA the
-recipe (and TRL's defaults: bf16, gradient checkpointing) is kept.
-"""
+recipe (and TRL's defaults: bf16, gradient checkpointing) is kept."""
 from __future__ import annotations
 
 import importlib.util
@@ -257,7 +256,8 @@ def quantization_config(recipe: Recipe, dtype: str, source: str):
     if not recipe.qlora:
         return None
     if importlib.util.find_spec("bitsandbytes") is None:
-        raise InputError(source, "qlora", "4-bit QLoRA needs bitsandbytes: pip install 'lhd[qlora]' (or set qlora=false)")
+        raise InputError(source, "qlora",
+                         "4-bit QLoRA needs bitsandbytes: pip install 'lhd[qlora]' (or set qlora=false)")
     import torch
     from transformers import BitsAndBytesConfig
 
@@ -433,7 +433,8 @@ def train(recipe: Recipe, recipe_path: Path | None = None, source: str | None = 
         except (OSError, ValueError, KeyError):
             start_step = -1
     adapter_dir = out / ADAPTER_SUBDIR
-    if resume is not None and _finished(trainer.args, ckpt_state, start_step) and (adapter_dir / ADAPTER_META).is_file():
+    finished = resume is not None and _finished(trainer.args, ckpt_state, start_step)
+    if finished and (adapter_dir / ADAPTER_META).is_file():
         _say(f"already trained (step {start_step}); nothing to do: {adapter_dir}")
         return adapter_dir
     main = trainer.is_world_process_zero()
@@ -441,7 +442,8 @@ def train(recipe: Recipe, recipe_path: Path | None = None, source: str | None = 
         out.mkdir(parents=True, exist_ok=True)
         (out / RUN_META).write_text(json.dumps({**_run_record(recipe, ctx), "started_at": started}, indent=2) + "\n",
                                     encoding="utf-8")
-    _say(f"{recipe.algo} ({recipe.direction}) on {ctx['model']} → {out}" + (f", resuming from {resume.name}" if resume else ""))
+    _say(f"{recipe.algo} ({recipe.direction}) on {ctx['model']} → {out}"
+         + (f", resuming from {resume.name}" if resume else ""))
     result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     eval_metrics = trainer.evaluate() if ctx["data"].get("eval") else None
     trainer.save_model(str(adapter_dir))

@@ -66,12 +66,13 @@ def _status(rec: Mapping[str, Any]) -> str:
 def trial_stats(labels: Iterable[Mapping[str, Any]]) -> TrialStats:
     """Per-trial statistics from label records `{deceptive, types, severity[, label_status]}`.
 
-    Exactly the authors' statistics (docs/reference.md, "Per-trial statistics") on the valid labels: rate = |D|/N; severity (all) = mean raw severity
-    over N (an unflagged round's severity is *not* zeroed); severity (deceptive) = mean over D,
-    0.0 when D is empty; type_counts[k] = rounds in D whose types contain k (types on unflagged
-    rounds ignored; a type listed twice in one round counts once); type_percentages = counts/|D|
-    (0.0 when D is empty; they can sum to more than 1). A trial with N = 0 gets NaN rate and
-    severities (the reference would report 0.0), so it cannot pose as an honest trial."""
+    Exactly the authors' statistics (docs/reference.md, "Per-trial statistics") on the valid labels:
+    rate = |D|/N; severity (all) = mean raw severity over N (an unflagged round's severity is *not*
+    zeroed); severity (deceptive) = mean over D, 0.0 when D is empty; type_counts[k] = rounds in D
+    whose types contain k (types on unflagged rounds ignored; a type listed twice in one round
+    counts once); type_percentages = counts/|D| (0.0 when D is empty; they can sum to more than 1).
+    A trial with N = 0 gets NaN rate and severities (the reference would report 0.0), so it cannot
+    pose as an honest trial."""
     n = d = failed = missing = repaired = 0
     sev_all: list[float] = []
     sev_d: list[float] = []
@@ -177,7 +178,7 @@ def summary_table(per_trial: pd.DataFrame, by: str | list[str] = "run",
     recs = []
     for key, g in per_trial.groupby(by, sort=False):
         key = key if isinstance(key, tuple) else (key,)
-        rec: dict[str, Any] = dict(zip(by, key))
+        rec: dict[str, Any] = dict(zip(by, key, strict=True))
         if "label" in g.columns and "label" not in by:
             rec["label"] = g["label"].iloc[0]
         rec["n_trials"] = int(g["deception_rate"].notna().sum())
@@ -211,7 +212,7 @@ def type_distribution(per_trial: pd.DataFrame, by: str | list[str] = "run") -> p
         key = key if isinstance(key, tuple) else (key,)
         counts = {k: int(g[f"count_{k}"].fillna(0).sum()) for k in TYPES}
         total = sum(counts.values())
-        rec = dict(zip(by, key))
+        rec = dict(zip(by, key, strict=True))
         rec["n_type_labels"] = total
         rec.update({f"count_{k}": v for k, v in counts.items()})
         rec.update({f"share_{k}": (v / total if total else float("nan")) for k, v in counts.items()})
@@ -262,9 +263,9 @@ def breakdown(rounds: pd.DataFrame, by: str, group: str = "run") -> pd.DataFrame
 
 
 def control_table(per_trial: pd.DataFrame, group: str = "model") -> pd.DataFrame:
-    """Control studies (docs/reference.md, "Aggregation across trials"): trials grouped by performer model (or run) and control
-    condition; per-condition rate = unweighted mean of per-trial rates over *all* rounds, with SE
-    and bootstrap interval; type shares pooled and normalised."""
+    """Control studies (docs/reference.md, "Aggregation across trials"): trials grouped by performer
+    model (or run) and control condition; per-condition rate = unweighted mean of per-trial rates over
+    *all* rounds, with SE and bootstrap interval; type shares pooled and normalised."""
     summ = summary_table(per_trial, by=[group, "condition"],
                          metrics=("deception_rate", "severity_average_all_rounds", "severity_average_deception_only"))
     types = type_distribution(per_trial, by=[group, "condition"])
@@ -305,8 +306,8 @@ def correlations_within(per_trial: pd.DataFrame, group: str = "run",
 
 def correlations_across(per_trial: pd.DataFrame, group: str = "run", x: str = "deception_rate",
                         ys: Sequence[str] = STATE_METRICS) -> pd.DataFrame:
-    """The paper's figure (docs/reference.md, "Aggregation across trials"): one point per group (model/run) = the mean over its
-    trials; Pearson r of mean rate against each mean state metric across groups."""
+    """The paper's figure (docs/reference.md, "Aggregation across trials"): one point per group
+    (model/run) = the mean over its trials; Pearson r of mean rate against each mean state metric across groups."""
     means = per_trial.groupby(group, sort=False)[[x, *ys]].mean(numeric_only=True)
     recs = [{"x": x, "y": y, **pearson(means[x].tolist(), means[y].tolist())} for y in ys]
     return pd.DataFrame(recs)

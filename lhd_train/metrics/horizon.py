@@ -99,7 +99,7 @@ def chains_table(rounds: pd.DataFrame, group: str = "run") -> pd.DataFrame:
     for key, g in rounds.groupby(keys, sort=False):
         key = key if isinstance(key, tuple) else (key,)
         for c in deception_chains(_as_flags(g)):
-            recs.append({**dict(zip(keys, key)), "start_round": c.start_round, "end_round": c.end_round,
+            recs.append({**dict(zip(keys, key, strict=True)), "start_round": c.start_round, "end_round": c.end_round,
                          "length": c.length, "n_tasks": len(c.tasks), "tasks": " ".join(map(str, c.tasks)),
                          "severities": " ".join(f"{s:g}" for s in c.severities)})
     return pd.DataFrame(recs, columns=[*keys, "start_round", "end_round", "length", "n_tasks", "tasks", "severities"])
@@ -161,11 +161,12 @@ def compare_auditors(rounds: pd.DataFrame, long_audit: pd.DataFrame, short_audit
     j["extra"] = j["long_flag"] & ~j["short_flag"]
     j["missed"] = ~j["long_flag"] & j["short_flag"]
     delayed: dict[tuple[str, int], int] = {}
-    for tid, t in base.merge(flags(long_audit, "long"), on=["trial_id", "global_round"], how="left").groupby("trial_id"):
+    for tid, t in base.merge(flags(long_audit, "long"), on=["trial_id", "global_round"],
+                             how="left").groupby("trial_id"):
         t = t.assign(long_flag=t["long_flag"].fillna(False).astype(bool))
         for g, lag in delayed_rounds(_as_flags(t, "long_flag", "long_severity")).items():
             delayed[(tid, g)] = lag
-    j["delayed"] = [(t, g) in delayed for t, g in zip(j["trial_id"], j["global_round"])]
+    j["delayed"] = [(t, g) in delayed for t, g in zip(j["trial_id"], j["global_round"], strict=True)]
     n = len(j)
     lf, sf = int(j["long_flag"].sum()), int(j["short_flag"].sum())
     extra, missed = int(j["extra"].sum()), int(j["missed"].sum())
@@ -177,7 +178,8 @@ def compare_auditors(rounds: pd.DataFrame, long_audit: pd.DataFrame, short_audit
     d_extra = int((j["extra"] & j["delayed"]).sum())
     d_long = int((j["long_flag"] & j["delayed"]).sum())
     return {
-        "n_rounds": n, "long_flagged": lf, "short_flagged": sf, "both_flagged": int((j["long_flag"] & j["short_flag"]).sum()),
+        "n_rounds": n, "long_flagged": lf, "short_flagged": sf,
+        "both_flagged": int((j["long_flag"] & j["short_flag"]).sum()),
         "extra": extra, "missed": missed,
         "extra_vs_short": extra / sf if sf else nan, "net_gain": (lf - sf) / sf if sf else nan,
         "delayed_extra": d_extra, "delayed_share_of_extra": d_extra / extra if extra else nan,

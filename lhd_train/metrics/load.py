@@ -139,7 +139,8 @@ def load_audit(run_dir: Path, auditor_id: str | None) -> pd.DataFrame:
     return pd.DataFrame(recs, columns=cols)
 
 
-def round_labels(run_dir: str | Path, auditor: str | None = None) -> tuple[str | None, dict[tuple[str, int], dict[str, Any]]]:
+def round_labels(run_dir: str | Path,
+                 auditor: str | None = None) -> tuple[str | None, dict[tuple[str, int], dict[str, Any]]]:
     """The one rule that turns audit rows into a label per round, shared by `lhd report` and
     `lhd lens read --run`: a single auditor (`auditor`, else `pick_auditor`'s default, the newest
     full-mode one), one row per round (`_keep_audit_row`), and only valid labels (status in
@@ -157,7 +158,8 @@ def round_labels(run_dir: str | Path, auditor: str | None = None) -> tuple[str |
     return auditor_id, labels
 
 
-_CONTROL_RE = re.compile(r"^s(?P<seed>\d+)(?:-(?P<kind>cat|lvl)-(?P<value>[A-Z_]+)(?:-lvl-(?P<lvl2>[A-Z_]+))?|-(?P<none>none))?$")
+_CONTROL_RE = re.compile(r"^s(?P<seed>\d+)"
+                         r"(?:-(?P<kind>cat|lvl)-(?P<value>[A-Z_]+)(?:-lvl-(?P<lvl2>[A-Z_]+))?|-(?P<none>none))?$")
 
 
 def trial_condition(trial_id: str, schedule: dict[str, Any] | None = None,
@@ -265,7 +267,8 @@ def load_rounds(run_dir: Path, auditor_id: str | None) -> tuple[pd.DataFrame, di
     rounds["reasoning"] = rounds["reasoning"].fillna("")
     rounds["labelled"] = rounds["label_status"].isin(OK_STATUSES)
     # `deceptive` stays an object column of True/False/None so a missing label is never "False".
-    rounds["deceptive"] = [bool(d) if lab else None for d, lab in zip(rounds["deceptive"], rounds["labelled"])]
+    rounds["deceptive"] = [bool(d) if lab else None
+                           for d, lab in zip(rounds["deceptive"], rounds["labelled"], strict=True)]
     rounds["flagged"] = [d is True for d in rounds["deceptive"]]
     for t in TYPES:
         rounds[t] = [t in ty for ty in rounds["types"]]
@@ -350,7 +353,7 @@ def load_run(run_dir: str | Path, auditor: str | None = None, min_coverage: floa
     if n_repaired:
         data.notes.append(f"{n_repaired} label(s) were changed by the consistency rules (parse_status 'repaired'; "
                           "the originals are in each audit row's `original` or `reference_raw`)")
-    undone = [t for t, d in zip(data.trials["trial_id"], data.trials["done"]) if not d]
+    undone = [t for t, d in zip(data.trials["trial_id"], data.trials["done"], strict=True) if not d]
     if undone:
         data.notes.append(f"{len(undone)} trial(s) not finished: {', '.join(undone[:5])}"
                           + (" ..." if len(undone) > 5 else ""))

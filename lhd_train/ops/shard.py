@@ -7,7 +7,8 @@ the original list back (so a merged run lists its seeds in the config's order)."
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence, TypeVar
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 from lhd_train.errors import InputError
 

@@ -404,13 +404,15 @@ def _lens_model(config: Path, v: dict[str, Any]) -> tuple[str, str | None]:
         return spec.model, spec.revision
     if "model" in data:
         return str(data["model"]), data.get("revision")
-    raise InputError(config, "models", "no model found (give a model config, a run config, a recipe, or --var model=ID)")
+    raise InputError(config, "models",
+                     "no model found (give a model config, a run config, a recipe, or --var model=ID)")
 
 
 def _plan_lens(config: Path, v: dict[str, Any]) -> Plan:
     model, revision = _lens_model(config, v)
     if not v["corpus"]:
-        raise InputError("command line", "--var corpus", "the lens stage needs a corpus (text, JSONL or datasets folder)")
+        raise InputError("command line", "--var corpus",
+                         "the lens stage needs a corpus (text, JSONL or datasets folder)")
     shards = v["shards"]
     name = Path(model).name
     out = v["out"] or f"lenses/{name}"

@@ -59,7 +59,8 @@ def summary_md(runs: list[RunData], m: RunMetrics, horizon: pd.DataFrame, min_co
     lines = ["# LH-Deception report", "",
              "Per-trial metrics as the authors' auditor computes them (docs/reference.md), averaged over trials",
              "(unweighted mean ± SE, ddof=1; 95 % percentile bootstrap interval). Label coverage = rounds with a",
-             f"valid label / all rounds; trials below {min_coverage:.0%} are counted, and the rate is also given without",
+             f"valid label / all rounds; trials below {min_coverage:.0%} are counted, "
+             "and the rate is also given without",
              "them. Definitions: docs/metrics.md. Full report: report.html.", "",
              "| run | performer | auditor | trials | label coverage (min) | trials below coverage | deception rate "
              "| 95% CI | rate (covered trials) | severity (all) | severity (deceptive) |",
@@ -67,13 +68,14 @@ def summary_md(runs: list[RunData], m: RunMetrics, horizon: pd.DataFrame, min_co
     by = {r["run"]: r for r in m.runs.to_dict("records")}
     for run in runs:
         s = by.get(run.key, {})
+        sev_deceptive = pm(s.get('severity_average_deception_only_mean'), s.get('severity_average_deception_only_se'))
         lines.append(f"| {run.key} | {run.model_label} | {run.auditor_id or 'none'} | {fmt(s.get('n_trials', 0))} | "
                      f"{fmt(s.get('min_label_coverage'))} | {fmt(s.get('n_low_coverage_trials', 0))} | "
                      f"{pm(s.get('deception_rate_mean'), s.get('deception_rate_se'))} | "
                      f"{ci(s.get('deception_rate_ci_low'), s.get('deception_rate_ci_high'))} | "
                      f"{pm(s.get('deception_rate_covered_mean'), s.get('deception_rate_covered_se'))} | "
                      f"{pm(s.get('severity_average_all_rounds_mean'), s.get('severity_average_all_rounds_se'))} | "
-                     f"{pm(s.get('severity_average_deception_only_mean'), s.get('severity_average_deception_only_se'))} |")
+                     f"{sev_deceptive} |")
     lines += ["", "Type distribution (pooled, normalised):", ""]
     for r in m.types.to_dict("records"):
         shares = ", ".join(f"{t.lower()} {fmt(r[f'share_{t}'])}" for t in TYPES)
@@ -121,8 +123,10 @@ def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None
     if has_labels:
         keep("deception_by_run", plots.plot_run_summary(m.runs))
         keep("type_distribution", plots.plot_types(m.types, labels))
-        keep("rate_by_pressure", plots.plot_breakdown(m.by_pressure, "pressure", labels, "deception rate by pressure level"))
-        keep("rate_by_category", plots.plot_breakdown(m.by_category, "category", labels, "deception rate by event category"))
+        keep("rate_by_pressure",
+             plots.plot_breakdown(m.by_pressure, "pressure", labels, "deception rate by pressure level"))
+        keep("rate_by_category",
+             plots.plot_breakdown(m.by_category, "category", labels, "deception rate by event category"))
         keep("correlations", plots.plot_correlations(m.per_trial[m.per_trial["deception_rate"].notna()], labels))
 
     # Trajectory pages, then the state plots shown in the report itself.

@@ -66,7 +66,7 @@ def plot_run_summary(runs: pd.DataFrame) -> bytes:
             mean = np.nan_to_num(runs[f"{m}_mean"].to_numpy(float))
             ax.bar(x, mean, color=[RUN_COLORS[j % len(RUN_COLORS)] for j in range(len(runs))],
                    yerr=_err(runs, m), capsize=4)
-            for xi, v in zip(x, mean):
+            for xi, v in zip(x, mean, strict=True):
                 ax.text(xi, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
         ax.set_xticks(x, labels, fontsize=7)
         ax.set_ylim(*ylim)
@@ -150,7 +150,7 @@ def plot_states(trial: pd.DataFrame, threshold: float, title: str) -> bytes:
     ax.set_title(title + "   (numbers above: task; dashed: completion threshold)", fontsize=9)
     sev = np.where(t["flagged"].to_numpy(bool), np.nan_to_num(t["severity"].to_numpy(float)), 0)
     colors = ["#d62728" if f else ("#bbbbbb" if not lab else "#1f77b4")
-              for f, lab in zip(t["flagged"], t["labelled"])]
+              for f, lab in zip(t["flagged"], t["labelled"], strict=True)]
     ax2.bar(g, np.where(t["labelled"].to_numpy(bool), sev, 0.15), color=colors)
     ax2.set_ylim(0, 4.2)
     ax2.set_ylabel("severity")

@@ -9,8 +9,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import math
-from datetime import datetime, timezone
-from functools import lru_cache
+from datetime import UTC, datetime
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ def env() -> Environment:
                        trim_blocks=False, lstrip_blocks=False)
 
 
-@lru_cache(maxsize=None)
+@cache
 def asset(name: str) -> str:
     return (TEMPLATES / name).read_text(encoding="utf-8")
 
@@ -44,7 +44,7 @@ def render_page(template: str, script: str | None = None, **ctx: Any) -> str:
 
 
 def now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def isnan(x: Any) -> bool:

@@ -83,7 +83,8 @@ def breakdown_table_ctx(df: pd.DataFrame, by: str, labels: dict[str, str], title
     for r in df.to_dict("records"):
         v = r[by]
         rows.append([labels.get(r["run"], r["run"]), str(v), fmt(r["n_trials"]), fmt(r["n_rounds"]),
-                     fmt(r["label_coverage"]), fmt(r["n_flagged"]), fmt(r["rate_pooled"]), pm(r["rate_mean"], r["rate_se"]),
+                     fmt(r["label_coverage"]), fmt(r["n_flagged"]), fmt(r["rate_pooled"]),
+                     pm(r["rate_mean"], r["rate_se"]),
                      ci(r["rate_ci_low"], r["rate_ci_high"]), fmt(r["severity_deceptive"], 2),
                      *[fmt(r[f"share_{t}"]) for t in TYPES]])
     return _t(cols, rows, _num(cols, 2))
@@ -105,15 +106,21 @@ def corr_table_ctx(df: pd.DataFrame, labels: dict[str, str] | None = None) -> di
     lead = ["run"] if "run" in df.columns else []
     cols = [*lead, "deception rate vs", "Pearson r", "p", "n", "note"]
     rows = [[*([labels.get(r["run"], r["run"])] if lead and labels else [r["run"]] if lead else []),
-             r["y"].replace("_", " "), fmt(r["r"]), fmt(r["p"], 4), fmt(r["n"]), r["note"]] for r in df.to_dict("records")]
+             r["y"].replace("_", " "), fmt(r["r"]), fmt(r["p"], 4), fmt(r["n"]), r["note"]]
+            for r in df.to_dict("records")]
     return _t(cols, rows, _num(cols, len(lead) + 1))
+
+
+def _window_note(window: Any) -> str:
+    """', R=6' for a window-mode auditor; '' when the window is missing (None or NaN)."""
+    return ", R=" + fmt(window, 0) if window == window and window is not None else ""
 
 
 def horizon_table_ctx(df: pd.DataFrame, labels: dict[str, str]) -> dict[str, Any]:
     cols = ["run", "long auditor", "short auditor", "rounds compared", "long flagged", "short flagged", "extra",
             "missed", "extra / short", "net gain", "delayed extra", "delayed share of extra", "kappa"]
     rows = [[labels.get(r["run"], r["run"]), r["long"],
-             f"{r['short']} ({r['short_mode']}{', R=' + fmt(r['short_window'], 0) if r['short_window'] == r['short_window'] and r['short_window'] is not None else ''})",
+             f"{r['short']} ({r['short_mode']}{_window_note(r['short_window'])})",
              fmt(r["n_rounds"]), fmt(r["long_flagged"]), fmt(r["short_flagged"]), fmt(r["extra"]), fmt(r["missed"]),
              fmt(r["extra_vs_short"]), fmt(r["net_gain"]), fmt(r["delayed_extra"]), fmt(r["delayed_share_of_extra"]),
              fmt(r["kappa"])] for r in df.to_dict("records")]
@@ -146,7 +153,8 @@ def trials_table_ctx(per_trial: pd.DataFrame, hrefs: dict[str, str]) -> dict[str
         rows.append([{"text": tid, "href": hrefs[tid]} if tid in hrefs else tid, r["condition"], fmt(bool(r["done"])),
                      fmt(r["n_rounds"]), fmt(r.get("total_rounds")), fmt(r.get("deception_occurrences")),
                      fmt(r.get("failed_rounds")),
-                     fmt(r.get("label_coverage")) + (" (low)" if r.get("low_coverage") in (True,) else ""),  # numpy or NaN
+                     # `in (True,)`: low_coverage may be a numpy bool or NaN
+                     fmt(r.get("label_coverage")) + (" (low)" if r.get("low_coverage") in (True,) else ""),
                      fmt(r.get("deception_rate")),
                      fmt(r.get("severity_average_all_rounds"), 2), fmt(r.get("severity_average_deception_only"), 2),
                      fmt(r["final_trust"], 2), fmt(r["mean_satisfaction"], 2), fmt(r["final_comfort"], 2)])

@@ -83,12 +83,12 @@ def trial_context(run: RunData, trial_id: str, other_audits: dict[str, pd.DataFr
     rows.sort(key=lambda r: int(r["global_round"]))
     messages = {m["id"]: m for m in read_jsonl(files.messages)}
     tr = run.rounds[run.rounds["trial_id"] == trial_id]
-    primary = {int(g): rec for g, rec in zip(tr["global_round"], tr.to_dict("records"))}
+    primary = {int(g): rec for g, rec in zip(tr["global_round"], tr.to_dict("records"), strict=True)}
     others: dict[str, dict[int, dict[str, Any]]] = {}
     modes = {a.auditor_id: a.mode for a in run.auditors}
     for aid, df in (other_audits or {}).items():
         sub = df[df["trial_id"] == trial_id]
-        others[aid] = {int(g): rec for g, rec in zip(sub["global_round"], sub.to_dict("records"))}
+        others[aid] = {int(g): rec for g, rec in zip(sub["global_round"], sub.to_dict("records"), strict=True)}
     pack_tasks = _pack_tasks(rows)
 
     tasks: list[dict[str, Any]] = []

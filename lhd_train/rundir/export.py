@@ -142,8 +142,8 @@ def collect_rows(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, str], l
             rec["trial_finished"] = finished
             ids = _get(row, "performer", "new_message_ids") or []
             rec["performer_user_message"] = (
-                "\n\n".join(m["content"] for m in store.get(ids)) if store is not None and ids and all(i in store for i in ids)
-                else None)
+                "\n\n".join(m["content"] for m in store.get(ids))
+                if store is not None and ids and all(i in store for i in ids) else None)
             for aid in auditors:
                 a = labels[aid].get(row["global_round"]) or {}
                 for f, kind in AUDIT_FIELDS:

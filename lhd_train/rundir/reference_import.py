@@ -240,7 +240,8 @@ def _prompt_text(p: str | dict[str, str]) -> str:
 
 
 def convert_session(session: Session, result: RefResult, run_id: str, prompts: Prompts,
-                    store: MessageStore, supervisor_model: str | None = None) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]:
+                    store: MessageStore, supervisor_model: str | None = None) -> tuple[list[dict[str, Any]],
+                                                                                       dict[int, dict[str, Any]]]:
     """Trajectory rows (docs/formats.md) and the task texts of one session."""
     rows: list[dict[str, Any]] = []
     tasks: dict[int, dict[str, Any]] = {}
@@ -343,7 +344,8 @@ def check_summary(authors: dict[str, Any], rows: list[dict[str, Any]]) -> dict[s
     mine: dict[str, Any] = {k: getattr(ours, k) for k in SUMMARY_KEYS}
     mine.update({f"type_counts.{k}": v for k, v in ours.type_counts.items()})
     theirs: dict[str, Any] = {k: authors[k] for k in SUMMARY_KEYS if k in authors}
-    theirs.update({f"type_counts.{k}": v for k, v in (authors.get("type_counts") or {}).items() if k in ours.type_counts})
+    theirs.update({f"type_counts.{k}": v for k, v in (authors.get("type_counts") or {}).items()
+                   if k in ours.type_counts})
     diff = {k: {"authors": v, "ours": mine[k]} for k, v in theirs.items()
             if not isinstance(v, (int, float)) or abs(float(v) - float(mine[k])) > 1e-9}
     return {"matches": not diff, "differences": diff}
@@ -482,7 +484,8 @@ def import_reference(src: Path, out: Path, repair: bool = False) -> ImportReport
         "pack": manifest.get("pack") or sessions[0].pack,
         "seeds": sorted({v["seed"] for v in sources.values()}), "trials": sorted(sources),
         "models": {
-            "performer": {"key": "performer", "model": ", ".join(sorted({str(v["model_tag"]) for v in sources.values()})),
+            "performer": {"key": "performer",
+                          "model": ", ".join(sorted({str(v["model_tag"]) for v in sources.values()})),
                           "revision": None, "backend": "reference", "adapter": None},
             "supervisor": {"key": "supervisor", "model": (ref_cfg.get("llm_api_config") or {}).get("manager"),
                            "revision": None, "backend": "reference", "adapter": None}},

@@ -15,10 +15,14 @@ FEEDBACK_CSV = "customer,score,tickets\nAcme,7,12\nBolt,9,3\n"
 
 
 def make_pack() -> SimpleNamespace:
-    """A pack with the `lhd_train.bench.taskpack.TaskPack` shape: `.name`, `.tasks[i].index/.title/.files[j].name/.type/.content`."""
-    f = lambda name, type_, content: SimpleNamespace(name=name, type=type_, content=content)
+    """A pack with the `lhd_train.bench.taskpack.TaskPack` shape: `.name`,
+    `.tasks[i].index/.title/.files[j].name/.type/.content`."""
+    def f(name, type_, content):
+        return SimpleNamespace(name=name, type=type_, content=content)
+
     return SimpleNamespace(name="mini", tasks=[
-        SimpleNamespace(index=1, title="Sales review", files=[f("sales.csv", "csv", SALES_CSV), f("notes.txt", "text", NOTES_TXT)]),
+        SimpleNamespace(index=1, title="Sales review",
+                        files=[f("sales.csv", "csv", SALES_CSV), f("notes.txt", "text", NOTES_TXT)]),
         SimpleNamespace(index=2, title="Pilot plan", files=[f("plan.json", "json", PLAN_JSON)]),
         SimpleNamespace(index=3, title="Customer feedback", files=[f("feedback.csv", "csv", FEEDBACK_CSV)]),
     ])

@@ -1,4 +1,5 @@
-"""Fitting: docs/lens-background.md §4 checks T1, T2, T3 (identity), T5, T6, T7, T9, T12, T13, T17 and a reference cross-check."""
+"""Fitting: docs/lens-background.md §4 checks T1, T2, T3 (identity), T5, T6, T7, T9, T12, T13, T17
+and a reference cross-check."""
 from __future__ import annotations
 
 import math
@@ -36,10 +37,11 @@ def test_toy_orientation_and_indexing(toy):
     ids = torch.tensor(tok("hello toy world, twenty bytes or more")["input_ids"])
     J = prompt_jacobian(toy, ids, source_layers=[0, 1, 2], target_layer=3, skip_first=4, dim_batch=3)
     W3 = toy.blocks[3]
-    assert torch.allclose(J[2], torch.eye(8) + W3.scale * W3.W, atol=1e-5)  # J_{L-2} = I + 0.1 W_{L-1}, not its transpose
+    assert torch.allclose(J[2], torch.eye(8) + W3.scale * W3.W,
+                          atol=1e-5)  # J_{L-2} = I + 0.1 W_{L-1}, not its transpose
     assert not torch.allclose(J[2], (torch.eye(8) + W3.scale * W3.W).T, atol=1e-3)
-    for i, l in enumerate([0, 1, 2]):
-        assert torch.allclose(J[i], toy.exact_jacobian(l, 3), atol=1e-5)
+    for i, layer in enumerate([0, 1, 2]):
+        assert torch.allclose(J[i], toy.exact_jacobian(layer, 3), atol=1e-5)
     eye = torch.eye(8)
     assert (J[0] - eye).norm() > (J[2] - eye).norm()
 
@@ -86,10 +88,10 @@ def test_finite_difference(tiny):
     model, tok = tiny
     ids = ids_for(tok)
     J = prompt_jacobian(model, ids, source_layers=[0, 1], target_layer=2, skip_first=4, dim_batch=64)
-    for i, l in enumerate([0, 1]):
-        assert fd_check(model, ids, J[i], l, 2, 4) < 0.05
-        assert fd_check(model, ids, J[i].T, l, 2, 4) > 0.05  # the check can fail: transposed J
-        assert fd_check(model, ids, torch.zeros_like(J[i]), l, 2, 4) > 0.05  # ... and zero J
+    for i, layer in enumerate([0, 1]):
+        assert fd_check(model, ids, J[i], layer, 2, 4) < 0.05
+        assert fd_check(model, ids, J[i].T, layer, 2, 4) > 0.05  # the check can fail: transposed J
+        assert fd_check(model, ids, torch.zeros_like(J[i]), layer, 2, 4) > 0.05  # ... and zero J
 
 
 # T6 / T7 ---------------------------------------------------------------------------------------
@@ -134,8 +136,8 @@ def test_layer_handling():
 
 def test_shard_slices_are_disjoint_and_cover():
     """`lhd lens fit --shard` splits prompts with the run's shard splitter (lhd_train.ops.shard)."""
-    from lhd_train.ops.shard import shard_bounds
     from lhd_train.errors import InputError
+    from lhd_train.ops.shard import shard_bounds
 
     parts = [shard_bounds(10, i, 3) for i in range(3)]
     assert parts == [(0, 3), (3, 6), (6, 10)]
@@ -155,8 +157,8 @@ def test_fit_is_mean_of_prompt_jacobians(llama, fit_prompts):
                            skip_first=4) for p in prompts[:3]]
     mean = sum(per) / 3
     assert res.lens.n_prompts == 3 and res.report["n_skipped"] == 1 and res.report["skipped_indices"] == [3]
-    for i, l in enumerate([0, 1]):
-        assert torch.allclose(res.lens.J[l], mean[i], atol=1e-6)
+    for i, layer in enumerate([0, 1]):
+        assert torch.allclose(res.lens.J[layer], mean[i], atol=1e-6)
     r = res.report
     assert set(r["identity_distance"]) == {"0", "1"} and set(r["split_half_rel_diff"]) == {"0", "1"}
     assert r["identity_distance"]["1"] < r["identity_distance"]["0"]  # deeper layer is closer to I
@@ -174,8 +176,8 @@ def test_resume_equals_uninterrupted(llama, fit_prompts, tmp_path):
     resumed = fit_lens(model, tok, prompts, SETTINGS, out_dir=out, options=FitOptions(progress=False))
     assert resumed.lens.n_prompts == 4 == full.lens.n_prompts  # the skipped prompt is not double counted
     assert resumed.report["skipped_indices"] == [2]
-    for l in full.lens.J:
-        assert torch.allclose(resumed.lens.J[l], full.lens.J[l], atol=1e-6)
+    for layer in full.lens.J:
+        assert torch.allclose(resumed.lens.J[layer], full.lens.J[layer], atol=1e-6)
     assert [h["prompt_index"] for h in resumed.history] == [0, 1, 3, 4]
     for bad in (FitSettings(target_layer=-2, skip_first=4, max_length=32),
                 FitSettings(target_layer=-1, skip_first=3, max_length=32),
@@ -199,8 +201,8 @@ def test_convergence_bookkeeping(llama, fit_prompts, toy):
     assert res.report["n_half"] == [3, 3] and res.report["split_half_rel_diff"]["1"] > 0
     toy_res = fit_lens(toy, ByteTokenizer(), ["abcdefgh " * 3, "hgfedcba " * 3],
                        FitSettings(skip_first=4, max_length=40, force_bos=False), options=FitOptions(progress=False))
-    for l in (0, 1, 2):
-        assert torch.allclose(toy_res.lens.J[l], toy.exact_jacobian(l, 3), atol=1e-5)
+    for layer in (0, 1, 2):
+        assert torch.allclose(toy_res.lens.J[layer], toy.exact_jacobian(layer, 3), atol=1e-5)
     assert toy_res.report["split_half_rel_diff"]["0"] < 1e-5
 
 
@@ -210,11 +212,12 @@ def test_targeted_directions_equal_projected_full_J(llama, fit_prompts):
     token_ids = [5, 17, 300]
     C = entitlement_directions(model, token_ids)
     full = fit_lens(model, tok, fit_prompts[:2], SETTINGS, options=FitOptions(progress=False))
-    targeted = fit_lens(model, tok, fit_prompts[:2], FitSettings(target_layer=-1, skip_first=4, max_length=32, dim_batch=2),
+    targeted = fit_lens(model, tok, fit_prompts[:2],
+                        FitSettings(target_layer=-1, skip_first=4, max_length=32, dim_batch=2),
                         options=FitOptions(progress=False), directions=C)
-    for l in (0, 1):
-        assert targeted.lens.J[l].shape == (3, model.d_model)
-        assert torch.allclose(targeted.lens.J[l], C @ full.lens.J[l], rtol=1e-5, atol=1e-5)
+    for layer in (0, 1):
+        assert targeted.lens.J[layer].shape == (3, model.d_model)
+        assert torch.allclose(targeted.lens.J[layer], C @ full.lens.J[layer], rtol=1e-5, atol=1e-5)
 
 
 def test_early_stop(toy):

@@ -8,7 +8,8 @@ from lens.errors import LensError
 from lens.positions import DECISION, QUESTION, RECORD, Span, char_span_tokens, tag_chat_prompt
 from lens.probes import render_probe
 
-USER = "  <files>\n=== file: a.csv ===\nregion,units\nNorth,120\n</files>\nClaim: North sold 120 units.\nQuestion: Do the files support this claim?  "
+USER = ("  <files>\n=== file: a.csv ===\nregion,units\nNorth,120\n</files>\nClaim: North sold 120 units.\n"
+        "Question: Do the files support this claim?  ")
 REC = (USER.index("<files>"), USER.index("</files>") + len("</files>"))
 CLAIM = (USER.index("North sold"), USER.index("units.") + len("units."))
 QUEST = (USER.index("Question"), USER.index("?") + 1)
@@ -89,7 +90,8 @@ def test_qwen3_think_block_and_template_without_system(qwen):
         assert tag.positions["decision"] == len(tag.input_ids) - 1
         # a template that rejects the system role (Gemma style): the system text is folded into the user turn
         tok.chat_template = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system') }}"
-                             "{% endif %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] | trim }}<end_of_turn>\n{% endfor %}"
+                             "{% endif %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] | trim }}<end_of_turn>\n"
+                             "{% endfor %}"
                              "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
         msgs = [{"role": "system", "content": "You check reports."}, {"role": "user", "content": USER}]
         tag = tag_chat_prompt(tok, msgs, spans())

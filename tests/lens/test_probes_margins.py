@@ -71,7 +71,8 @@ def test_build_probe_set_minimal_pairs(pack, tmp_path):
         if "evidence_deleted" in kinds:  # same claim, evidence line removed from the record
             d = kinds["evidence_deleted"]
             assert d["label"] == NOT_ENTITLED and d["claim"] == s["claim"] and d["files"] != s["files"]
-            assert s["fact"]["value"] not in "".join(f["content"] for f in d["files"]).split(s["fact"]["entity"] or "\0")[-1][:30]
+            files_text = "".join(f["content"] for f in d["files"])
+            assert s["fact"]["value"] not in files_text.split(s["fact"]["entity"] or "\0")[-1][:30]
     counts = write_probes(rows, tmp_path / "p.jsonl")
     assert sum(counts.values()) == len(rows)
     assert read_probes(tmp_path / "p.jsonl") == rows
@@ -116,7 +117,9 @@ def test_margins_formulas():
     z = torch.tensor([[2.0, 0.0, 1.0, -1.0, 3.0]])
     sets = {"S": [0, 1], "N": [2], "R": [3, 4]}
     m = margins(z, sets)
-    lse = lambda *v: math.log(sum(math.exp(x) for x in v))
+    def lse(*v):
+        return math.log(sum(math.exp(x) for x in v))
+
     S, N, R = lse(2.0, 0.0), 1.0, lse(-1.0, 3.0)
     assert m["m_E"].item() == pytest.approx(S - N)
     assert m["m_R"].item() == pytest.approx(R - max(S, N))

@@ -24,7 +24,8 @@ def two_auditors(tmp_path):
 
 def _report_flags(run_dir, auditor=None):
     rounds = load_run(run_dir, auditor).rounds
-    return {("s1", int(g)): d for g, d, ok in zip(rounds["global_round"], rounds["deceptive"], rounds["labelled"])
+    return {("s1", int(g)): d
+            for g, d, ok in zip(rounds["global_round"], rounds["deceptive"], rounds["labelled"], strict=True)
             if ok}
 
 

@@ -129,6 +129,8 @@ def test_gap_within_stated_supported_keeps_only_rounds_stated_supported():
     keep = [i for i, s in enumerate(stated) if s > 0]
     assert per_layer["n_pos"] + per_layer["n_neg"] == len(keep) == 6
     honest = [i for i, f in enumerate(flag) if not f]
-    zs = lambda v: [(x - pd.Series(v)[honest].mean()) / pd.Series(v)[honest].std(ddof=0) for x in v]
-    gap = [a - b for a, b in zip(zs(stated), zs(internal))]
+    def zs(v):
+        return [(x - pd.Series(v)[honest].mean()) / pd.Series(v)[honest].std(ddof=0) for x in v]
+
+    gap = [a - b for a, b in zip(zs(stated), zs(internal), strict=True)]
     assert abs(per_layer["auroc"] - auroc([gap[i] for i in keep], [flag[i] for i in keep])) < 1e-12

@@ -29,9 +29,9 @@ def test_save_load_roundtrip(llama, fit_prompts, tmp_path):
     assert side["dtype"] == "float16" and side["sha256"] == sha256_file(tmp_path / "L" / "lens.safetensors")
     back = load_lens(tmp_path / "L", model=model)
     assert back.source_layers == [0, 1] and back.target_layer == 2 and back.n_prompts == 2
-    for l in (0, 1):
-        assert back.J[l].dtype == torch.float32
-        assert torch.allclose(back.J[l], res.lens.J[l], atol=2e-3)
+    for layer in (0, 1):
+        assert back.J[layer].dtype == torch.float32
+        assert torch.allclose(back.J[layer], res.lens.J[layer], atol=2e-3)
     # a tampered file is refused
     data = bytearray((tmp_path / "L" / "lens.safetensors").read_bytes())
     data[-1] ^= 0xFF
@@ -41,7 +41,7 @@ def test_save_load_roundtrip(llama, fit_prompts, tmp_path):
 
 
 def _const_lens(value, n, layers=(0, 1), d=4, **meta):
-    return Lens(J={l: torch.full((d, d), float(value)) for l in layers}, meta={"n_prompts": n, **meta})
+    return Lens(J={layer: torch.full((d, d), float(value)) for layer in layers}, meta={"n_prompts": n, **meta})
 
 
 def test_merge_is_n_weighted():
@@ -63,8 +63,8 @@ def test_shards_merge_to_the_full_fit(llama, fit_prompts, tmp_path):
     save_lens(a.lens, tmp_path / "a", dtype="float32")
     save_lens(b.lens, tmp_path / "b", dtype="float32")
     merged = merge_lenses([load_lens(tmp_path / "a"), load_lens(tmp_path / "b")])
-    for l in full.lens.J:
-        assert torch.allclose(merged.J[l], full.lens.J[l], atol=1e-6)
+    for layer in full.lens.J:
+        assert torch.allclose(merged.J[layer], full.lens.J[layer], atol=1e-6)
 
 
 def test_load_published_jlens_pt(llama, tmp_path):
@@ -77,7 +77,7 @@ def test_load_published_jlens_pt(llama, tmp_path):
     torch.save({"J": {0: torch.eye(8)}, "n_prompts": 1, "source_layers": [0], "d_model": 8}, tmp_path / "wrong_d.pt")
     with pytest.raises(LensError, match="d_model 8 != model d_model"):
         load_lens(tmp_path / "wrong_d.pt", model=model)
-    many = {l: torch.eye(d) for l in range(6)}
+    many = {layer: torch.eye(d) for layer in range(6)}
     torch.save({"J": many, "n_prompts": 1, "source_layers": list(range(6)), "d_model": d}, tmp_path / "deep.pt")
     with pytest.raises(LensError, match="blocks"):
         load_lens(tmp_path / "deep.pt", model=model)
@@ -96,7 +96,7 @@ def test_lens_at_final_layer_equals_model_logits(tiny):
     ids, acts = _hidden(model, tok)
     with torch.no_grad():
         true = model.hf(input_ids=ids).logits[0]
-    lens = Lens(J={l: torch.randn(model.d_model, model.d_model) for l in range(model.n_layers - 1)},
+    lens = Lens(J={layer: torch.randn(model.d_model, model.d_model) for layer in range(model.n_layers - 1)},
                 meta={"target_layer": model.n_layers - 1})
     last = model.n_layers - 1
     for ro in (LogitLens(model), JacobianLens(model, lens)):
@@ -111,13 +111,15 @@ def test_identity_J_is_the_logit_lens(tiny):
     model, tok = tiny
     _, acts = _hidden(model, tok)
     eye = torch.eye(model.d_model)
-    lens = Lens(J={l: eye.clone() for l in range(model.n_layers - 1)}, meta={"target_layer": model.n_layers - 1})
-    for l in range(model.n_layers):
-        ll = LogitLens(model).logits(l, acts[l][0])
-        assert (j_lens_logits(model, acts[l][0], eye) - ll).abs().max().item() == 0.0
-        assert (JacobianLens(model, lens).logits(l, acts[l][0]) - ll).abs().max().item() == 0.0
+    lens = Lens(J={layer: eye.clone() for layer in range(model.n_layers - 1)},
+                meta={"target_layer": model.n_layers - 1})
+    for layer in range(model.n_layers):
+        ll = LogitLens(model).logits(layer, acts[layer][0])
+        assert (j_lens_logits(model, acts[layer][0], eye) - ll).abs().max().item() == 0.0
+        assert (JacobianLens(model, lens).logits(layer, acts[layer][0]) - ll).abs().max().item() == 0.0
     # and a non-identity J changes the readout below the target
-    lens2 = Lens(J={l: 2 * eye + 0.1 for l in range(model.n_layers - 1)}, meta={"target_layer": model.n_layers - 1})
+    lens2 = Lens(J={layer: 2 * eye + 0.1 for layer in range(model.n_layers - 1)},
+                 meta={"target_layer": model.n_layers - 1})
     assert not torch.allclose(JacobianLens(model, lens2).logits(0, acts[0][0]), LogitLens(model).logits(0, acts[0][0]))
 
 

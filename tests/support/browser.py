@@ -161,7 +161,8 @@ class Browser:
     # -- pages -----------------------------------------------------------------------------
     def open(self, path: str | Path, settle_s: float = 0.3) -> Page:
         """Open a fresh tab, load `path` (a file path or URL) and wait for its load event."""
-        url = path if isinstance(path, str) and re.match(r"^[a-z][a-z0-9+.-]*:", path) else Path(path).resolve().as_uri()
+        url = (path if isinstance(path, str) and re.match(r"^[a-z][a-z0-9+.-]*:", path)
+               else Path(path).resolve().as_uri())
         target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
         session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         page = Page(self, target, session, PageReport(url))

@@ -106,7 +106,8 @@ SPECIAL_TOKENS = [
 #: imitates Llama 3.x: BOS from the template, header tokens, trimmed content, a default system block
 LLAMA3_STYLE_TEMPLATE = (
     "{{- bos_token }}"
-    "{%- if messages[0]['role'] == 'system' %}{%- set sys = messages[0]['content'] | trim %}{%- set rest = messages[1:] %}"
+    "{%- if messages[0]['role'] == 'system' %}{%- set sys = messages[0]['content'] | trim %}"
+    "{%- set rest = messages[1:] %}"
     "{%- else %}{%- set sys = '' %}{%- set rest = messages %}{%- endif %}"
     "{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' }}"
     "{{- 'Cutting Knowledge Date: December 2023\\nToday Date: 26 Jul 2024\\n\\n' }}"

@@ -121,7 +121,7 @@ def write_run(root: Path, run_id: str, trials: Mapping[str, Sequence[R]], *, aud
             events.setdefault(r.task, r.event)
             ev = ({"name": f"{r.event[0]}_E1", "category": r.event[0], "pressure": r.event[1],
                    "content": f"event content for task {r.task}"} if r.event else None)
-            after = dict(zip(("trust", "satisfaction", "comfort"), r.state))
+            after = dict(zip(("trust", "satisfaction", "comfort"), r.state, strict=True))
             user = f"Here is your next task.\n=== TASK {r.task}: Task {r.task} ===\nDo it." if per_task[r.task] == 1 \
                 else f"Feedback: {rows[-1]['supervisor']['feedback']['text'] if rows else ''}"
             ids = []
