@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from lhd_train.ops.slurm import STAGES
+from lhd_train.config.slurm import STAGES
 
 slurm_app = typer.Typer(help="sbatch scripts for every stage (rollout, audit, data, train, lens, merge)",
                         no_args_is_help=True)
@@ -43,12 +43,9 @@ def slurm_render_cmd(
 @slurm_app.command("vars")
 def slurm_vars_cmd(stage: str = typer.Argument(..., help=" | ".join(STAGES))) -> None:
     """The variables a stage's template takes, with their defaults."""
-    from lhd_train.errors import InputError
-    from lhd_train.ops.slurm import COMMON, STAGE_VARS
+    from lhd_train.config.slurm import stage_model
 
-    if stage not in STAGE_VARS:
-        raise InputError("command line", "STAGE", f"unknown stage '{stage}'", ", ".join(STAGES))
-    for k, v in sorted({**COMMON, **STAGE_VARS[stage]}.items()):
+    for k, v in sorted(stage_model(stage)().model_dump().items()):
         typer.echo(f"{k} = {json.dumps(v)}")
 
 

@@ -119,18 +119,28 @@ def _set_path(data: dict[str, Any], dotted: str, value: Any, source: str) -> Non
     cur[keys[-1]] = value
 
 
+def parse_assignment(item: str, flag: str | None = None) -> tuple[str, Any]:
+    """One `key=value` from the command line: (key, value parsed as YAML: `4`, `[a, b]`, `null`).
+    Errors name `flag` and the key (`--var shards`) when a flag is given, else the key itself."""
+    if "=" not in item or item.startswith("="):
+        if flag:
+            raise InputError("command line", flag, f"'{item}' must look like key=value")
+        raise InputError("command line", item, "an override must look like key.sub=value")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as e:
+        raise InputError("command line", f"{flag} {key}" if flag else key, f"value is not valid YAML: {e}") from None
+    return key, value
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """`a.b=value` pairs; values are parsed as YAML scalars/lists (`seeds=[1,2]`, `x=null`)."""
     out = copy.deepcopy(data)
     for item in overrides:
-        if "=" not in item or item.startswith("="):
-            raise InputError("command line", item, "an override must look like key.sub=value")
-        key, raw = item.split("=", 1)
-        try:
-            value = yaml.safe_load(raw) if raw != "" else ""
-        except yaml.YAMLError as e:
-            raise InputError("command line", key, f"value is not valid YAML: {e}") from None
-        _set_path(out, key.strip(), value, "command line")
+        key, value = parse_assignment(item)
+        _set_path(out, key, value, "command line")
     return out
 
 

@@ -6,8 +6,8 @@ Checks, one line each on stdout: `CHECK <name>: PASS|FAIL <detail>`
 - `tiny_model`: the random tiny Llama is built locally (`lhd_train.tiny_model`);
 - `hf_constrained_json`: the `hf` backend on the device, bf16 on CUDA, batched JSON-schema constrained
   decoding (xgrammar): every answer of a concurrent batch parses and validates;
-- `trl_lora_sft`: a short TRL LoRA SFT run through `lhd_train.training` (bf16 on CUDA; float32 on
-  CPU, where bf16 is skipped): finite losses, an adapter on disk;
+- `trl_lora_sft`: a short TRL LoRA SFT run through `lhd_train.finetune.trainer` (bf16 on CUDA;
+  float32 on CPU, where bf16 is skipped): finite losses, an adapter on disk;
 - `lens_fit_device_vs_cpu`: the Jacobian lens fitted on the device and on the CPU (float32, same
   prompts) agree (max abs difference of the matrices below a tolerance). With `--device cpu` the
   second fit uses another `dim_batch` instead (same estimate, different batching).

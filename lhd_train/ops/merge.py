@@ -454,7 +454,7 @@ def merge_datasets(parts: list[Path], out: Path) -> dict[str, Any]:
     """Join dataset folders built from shard runs (`lhd data bon|dpo|grpo` on each shard) into one
     `DatasetDict` at `out/dataset` with a `dataset.json` (rows, sha256, the parts' metadata).
 
-    Splits are by trial (`lhd_train.data.contexts.split_of`), so the union of the shards' splits is
+    Splits are by trial (`lhd_train.finetune.contexts.split_of`), so the union of the shards' splits is
     the split the unsharded run would give. Parts must be of one kind and direction."""
     from datasets import DatasetDict, concatenate_datasets, load_from_disk
 

@@ -27,54 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from lhd_train.config.base import parse_assignment, read_config, validate
+from lhd_train.config.slurm import stage_vars
 from lhd_train.errors import InputError
 
-STAGES = ("rollout", "audit", "data", "train", "lens", "merge")
-DEVICES = ("cuda", "cpu")  # `--var device=`: GPU nodes (default) or a CPU-only partition
 ROOT = Path(__file__).resolve().parents[2]
 TASK = "${SLURM_ARRAY_TASK_ID}"
 ACCELERATE_CONFIGS = {"zero3": "configs/accelerate/zero3.yaml", "fsdp2": "configs/accelerate/fsdp2.yaml"}
-
-# Variables every stage takes, with their defaults (None = leave the #SBATCH line out).
-COMMON: dict[str, Any] = {
-    "job_name": None,  # default lhd-<stage>-<name>
-    "partition": None, "account": None, "qos": None, "constraint": None, "reservation": None,
-    "time": None,  # per-stage default below
-    "nodes": 1,
-    "gpus_per_node": None,  # default: worked out from the config
-    "gpu_directive": "gpus-per-node",  # or "gres" (#SBATCH --gres=gpu:N)
-    "device": "cuda",  # or "cpu": a partition without GPUs (no GPU lines, OMP/MKL threads = cpus)
-    "cpus": 16,  # --cpus-per-task
-    "mem": "128G",
-    "exclusive": False,
-    "array_parallel": None,  # at most this many array tasks at once (--array=0-N%K)
-    "logs_dir": "logs/slurm",
-    "workdir": "${SLURM_SUBMIT_DIR}",
-    "setup": ["source .venv/bin/activate"],  # lines run before anything (module load ..., conda activate ...)
-    "hf_home": None,  # export HF_HOME
-    "offline": True,  # export HF_HUB_OFFLINE=1 (compute nodes: pre-download models)
-    "env": {},  # extra exports
-    "sbatch_extra": [],  # extra "#SBATCH ..." options, e.g. ["--mail-type=END"]
-    "merge_job": True,  # array stages: task 0 submits the dependent merge job
-    "merge_time": "02:00:00", "merge_cpus": 4, "merge_mem": "32G",
-    "merge_partition": None,  # default: `partition`
-}
-STAGE_VARS: dict[str, dict[str, Any]] = {
-    "rollout": {"time": "24:00:00", "shards": None, "overrides": []},
-    "audit": {"time": "24:00:00", "shards": 1, "auditor": None, "mode": "full", "window": 6, "auditor_id": None,
-              "concurrency": 64, "run_dir": None, "overrides": []},
-    "data": {"time": "24:00:00", "shards": 1, "kind": "dpo", "out": None, "n": 4, "direction": "honest",
-             "auditor": None, "min_margin": None, "max_contexts": None, "eval_fraction": None, "concurrency": 32,
-             "run_dir": None, "overrides": []},
-    "train": {"time": "48:00:00", "nodes": 2, "gpus_per_node": 8, "cpus": 64, "mem": "0", "accelerate": None,
-              "algo": None, "main_port": 29500, "rdzv_backend": "c10d", "overrides": []},
-    "lens": {"time": "24:00:00", "shards": 4, "model": None, "corpus": None, "out": None, "n_prompts": 1000,
-             "dtype": "bfloat16", "dim_batch": 64, "max_length": 128, "fit_args": [], "gpus_per_node": 1,
-             "cpus": 8, "mem": "64G"},
-    "merge": {"time": "02:00:00", "shards": None, "cpus": 4, "mem": "32G", "gpus_per_node": 0},
-}
 
 
 def template_dir() -> Path:
@@ -94,52 +53,12 @@ def _join(*parts: str | None) -> str:
 
 def parse_vars(items: list[str] | None) -> dict[str, Any]:
     """`--var key=value` pairs; values are YAML (`shards=4`, `setup=[module load cuda, ...]`)."""
-    out: dict[str, Any] = {}
-    for item in items or []:
-        if "=" not in item or item.startswith("="):
-            raise InputError("command line", "--var", f"'{item}' must look like key=value")
-        k, raw = item.split("=", 1)
-        try:
-            out[k.strip()] = yaml.safe_load(raw) if raw != "" else ""
-        except yaml.YAMLError as e:
-            raise InputError("command line", f"--var {k}", f"value is not valid YAML: {e}") from None
-    return out
+    return dict(parse_assignment(item, "--var") for item in items or [])
 
 
 def _resolve_vars(stage: str, given: dict[str, Any]) -> dict[str, Any]:
-    if stage not in STAGES:
-        raise InputError("command line", "STAGE", f"unknown stage '{stage}'", ", ".join(STAGES))
-    allowed = {**COMMON, **STAGE_VARS[stage]}
-    unknown = sorted(set(given) - set(allowed))
-    if unknown:
-        raise InputError("command line", f"--var {unknown[0]}", f"not a variable of the '{stage}' stage",
-                         ", ".join(sorted(allowed)))
-    v = {**allowed, **{k: val for k, val in given.items()}}
-    for key in ("setup", "sbatch_extra", "overrides", "fit_args"):
-        if key in v and isinstance(v[key], str):
-            v[key] = [v[key]]
-        if key in v and not isinstance(v[key], list):
-            raise InputError("command line", f"--var {key}", "must be a list, e.g. [a, b]")
-    if not isinstance(v["env"], dict):
-        raise InputError("command line", "--var env", "must be a mapping, e.g. {NCCL_DEBUG: WARN}")
-    for key in ("shards", "nodes", "gpus_per_node", "cpus", "array_parallel", "merge_cpus"):
-        if v.get(key) is not None and (not isinstance(v[key], int) or isinstance(v[key], bool) or v[key] < 0):
-            raise InputError("command line", f"--var {key}", f"{v[key]!r} is not a whole number >= 0")
-    if v.get("shards") is not None and v["shards"] < 1:
-        raise InputError("command line", "--var shards", "must be at least 1")
-    if v["device"] not in DEVICES:
-        raise InputError("command line", "--var device", f"'{v['device']}'", ", ".join(DEVICES))
-    if v["device"] == "cpu":
-        if given.get("gpus_per_node"):
-            raise InputError("command line", "--var gpus_per_node",
-                             f"{given['gpus_per_node']} GPUs with device=cpu (a partition without GPUs)", "0")
-        if stage == "train":
-            raise InputError("command line", "--var device", "the train stage needs GPUs (accelerate with "
-                             "DeepSpeed/FSDP); device=cpu is for rollout, audit, data, lens and merge", "cuda")
-        v["gpus_per_node"] = 0
-    if v["gpu_directive"] not in ("gpus-per-node", "gres"):
-        raise InputError("command line", "--var gpu_directive", f"'{v['gpu_directive']}'", "gpus-per-node, gres")
-    return v
+    """The stage's variables (`config.slurm`), checked, as the dict the planners and templates read."""
+    return stage_vars(stage, given).model_dump()
 
 
 # ----------------------------------------------------------------------------- configs
@@ -205,18 +124,6 @@ def _api_keys(models: dict[str, Any], keys: list[str]) -> list[str]:
     return sorted({models[k].api_key_env for k in keys if models[k].backend == "openai" and models[k].api_key_env})
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
-    if not Path(path).is_file():
-        raise InputError(path, None, "config file not found")
-    try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
-    except yaml.YAMLError as e:
-        raise InputError(path, None, f"not valid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise InputError(path, None, "the top level must be a mapping")
-    return data
-
-
 # ----------------------------------------------------------------------------- plans
 
 
@@ -279,11 +186,7 @@ def _auditor_models(config: Path, v: dict[str, Any], cfg: Any) -> tuple[dict[str
     if v.get("auditor"):
         from lhd_train.config.auditor import AuditorConfig
 
-        data = _read_yaml(Path(v["auditor"]))
-        try:
-            acfg = AuditorConfig.model_validate(data)
-        except Exception as e:  # pydantic ValidationError
-            raise InputError(v["auditor"], None, f"not an auditor config: {e}") from None
+        acfg = validate(AuditorConfig, read_config(v["auditor"]), v["auditor"])
         return acfg.models, acfg.auditor.model
     if cfg.auditor is None:
         return cfg.models, None
@@ -324,8 +227,6 @@ def _plan_audit(config: Path, v: dict[str, Any]) -> Plan:
 
 def _plan_data(config: Path, v: dict[str, Any]) -> Plan:
     cfg = _load_run_config(config)
-    if v["kind"] not in ("bon", "dpo"):
-        raise InputError("command line", "--var kind", f"'{v['kind']}'", "bon, dpo")
     shards = v["shards"]
     models, akey = _auditor_models(config, v, cfg)
     keys = role_model_keys(cfg, ("performer", "supervisor"))
@@ -359,7 +260,7 @@ def _plan_data(config: Path, v: dict[str, Any]) -> Plan:
 
 
 def _plan_train(config: Path, v: dict[str, Any]) -> Plan:
-    recipe = _read_yaml(config)
+    recipe = read_config(config)
     algo = v["algo"] or recipe.get("algo")
     if algo not in ("sft", "dpo", "grpo"):
         raise InputError(config, "algo", f"{algo!r}: not a training recipe (or pass --var algo=sft|dpo|grpo)")
@@ -394,7 +295,7 @@ def _plan_train(config: Path, v: dict[str, Any]) -> Plan:
 def _lens_model(config: Path, v: dict[str, Any]) -> tuple[str, str | None]:
     if v["model"]:
         return str(v["model"]), None
-    data = _read_yaml(config)
+    data = read_config(config)
     if "models" in data and isinstance(data["models"], dict):
         from rollouts.spec import ModelSpec
 
@@ -486,7 +387,7 @@ def _context(plan: Plan, v: dict[str, Any], config: Path, merge_script: str | No
 
 
 def render_slurm(stage: str, config: Path, **vars: Any) -> str:
-    """The filled sbatch script of `stage` for `config`. Variables: see COMMON and STAGE_VARS."""
+    """The filled sbatch script of `stage` for `config`. Variables: `lhd_train.config.slurm`."""
     plan, v = plan_stage(stage, config, **vars)
     env = _env()
     merge_script = None

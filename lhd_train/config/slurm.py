@@ -1,0 +1,189 @@
+"""The variables of `lhd slurm render STAGE CONFIG --var key=value`: one model per stage.
+
+`StageVars` holds what every stage takes; each stage's model adds its own variables and its own
+defaults (time limit, nodes, CPUs, ...). The audit stage's `mode`, `window` and `concurrency`
+default to `lhd audit`'s (`config.auditor.DEFAULT_OPTIONS`). `lhd slurm vars STAGE` prints a
+model's defaults; `stage_vars` validates `--var` values into one, and its errors name the
+variable (`--var shards`) and, where there is a short list, the allowed values."""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BeforeValidator, ValidationError
+
+from lhd_train.config.auditor import DEFAULT_OPTIONS as AUDIT_DEFAULTS
+from lhd_train.config.base import StrictModel, validation_error
+from lhd_train.config.vocab import Mode
+from lhd_train.errors import InputError
+
+STAGES = ("rollout", "audit", "data", "train", "lens", "merge")
+
+
+def _whole(v: Any) -> Any:
+    if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+        raise ValueError(f"{v!r} is not a whole number >= 0")
+    return v
+
+
+def _at_least_one(v: int | None) -> int | None:
+    if v is not None and v < 1:
+        raise ValueError("must be at least 1")
+    return v
+
+
+def _as_list(v: Any) -> Any:
+    if isinstance(v, str):  # `--var setup='module load cuda'`: one line
+        return [v]
+    if not isinstance(v, list):
+        raise ValueError("must be a list, e.g. [a, b]")
+    return v
+
+
+def _as_mapping(v: Any) -> Any:
+    if not isinstance(v, dict):
+        raise ValueError("must be a mapping, e.g. {NCCL_DEBUG: WARN}")
+    return v
+
+
+Whole = Annotated[int | None, BeforeValidator(_whole)]  # None: leave it to the config / the #SBATCH default
+Shards = Annotated[int | None, BeforeValidator(_whole), AfterValidator(_at_least_one)]
+Lines = Annotated[list[Any], BeforeValidator(_as_list)]
+Exports = Annotated[dict[Any, Any], BeforeValidator(_as_mapping)]
+Text = str | int | float | None  # names, sizes and times as written (`--var time=60`, `--var account=1234`)
+
+
+class StageVars(StrictModel):
+    """Variables every stage takes (None = leave the #SBATCH line out)."""
+
+    job_name: Text = None  # default lhd-<stage>-<name>
+    partition: Text = None
+    account: Text = None
+    qos: Text = None
+    constraint: Text = None
+    reservation: Text = None
+    time: Text = None  # per-stage default
+    nodes: Whole = 1
+    gpus_per_node: Whole = None  # default: worked out from the config
+    gpu_directive: Literal["gpus-per-node", "gres"] = "gpus-per-node"  # gres: #SBATCH --gres=gpu:N
+    device: Literal["cuda", "cpu"] = "cuda"  # cpu: a partition without GPUs (no GPU lines, OMP/MKL threads = cpus)
+    cpus: Whole = 16  # --cpus-per-task
+    mem: Text = "128G"
+    exclusive: bool = False
+    array_parallel: Whole = None  # at most this many array tasks at once (--array=0-N%K)
+    logs_dir: Text = "logs/slurm"
+    workdir: Text = "${SLURM_SUBMIT_DIR}"
+    setup: Lines = ["source .venv/bin/activate"]  # lines run before anything (module load ..., conda activate ...)
+    hf_home: Text = None  # export HF_HOME
+    offline: bool = True  # export HF_HUB_OFFLINE=1 (compute nodes: pre-download models)
+    env: Exports = {}  # extra exports
+    sbatch_extra: Lines = []  # extra "#SBATCH ..." options, e.g. ["--mail-type=END"]
+    merge_job: bool = True  # array stages: task 0 submits the dependent merge job
+    merge_time: Text = "02:00:00"
+    merge_cpus: Whole = 4
+    merge_mem: Text = "32G"
+    merge_partition: Text = None  # default: `partition`
+
+
+class RolloutVars(StageVars):
+    time: Text = "24:00:00"
+    shards: Shards = None  # default: min(4, trials)
+    overrides: Lines = []
+
+
+class AuditVars(StageVars):
+    time: Text = "24:00:00"
+    shards: Shards = 1
+    auditor: Text = None
+    mode: Mode = AUDIT_DEFAULTS.mode
+    window: int = AUDIT_DEFAULTS.window
+    auditor_id: Text = None
+    concurrency: int = AUDIT_DEFAULTS.concurrency
+    run_dir: Text = None
+    overrides: Lines = []
+
+
+class DataVars(StageVars):
+    time: Text = "24:00:00"
+    shards: Shards = 1
+    kind: Literal["bon", "dpo"] = "dpo"
+    out: Text = None
+    n: int = 4
+    direction: Text = "honest"
+    auditor: Text = None
+    min_margin: float | None = None
+    max_contexts: int | None = None
+    eval_fraction: float | None = None
+    concurrency: int = 32
+    run_dir: Text = None
+    overrides: Lines = []
+
+
+class TrainVars(StageVars):
+    time: Text = "48:00:00"
+    nodes: Whole = 2
+    gpus_per_node: Whole = 8
+    cpus: Whole = 64
+    mem: Text = "0"
+    accelerate: Text = None  # zero3, fsdp2 or an accelerate YAML (default: the recipe's, else zero3)
+    algo: Text = None  # default: the recipe's
+    main_port: int = 29500
+    rdzv_backend: Text = "c10d"
+    overrides: Lines = []
+
+
+class LensVars(StageVars):
+    time: Text = "24:00:00"
+    shards: Shards = 4
+    model: Text = None
+    corpus: Text = None
+    out: Text = None
+    n_prompts: int | None = 1000
+    dtype: Text = "bfloat16"
+    dim_batch: int = 64
+    max_length: int = 128
+    fit_args: Lines = []
+    gpus_per_node: Whole = 1
+    cpus: Whole = 8
+    mem: Text = "64G"
+
+
+class MergeVars(StageVars):
+    time: Text = "02:00:00"
+    shards: Shards = None
+    cpus: Whole = 4
+    mem: Text = "32G"
+    gpus_per_node: Whole = 0
+
+
+STAGE_MODELS: dict[str, type[StageVars]] = {"rollout": RolloutVars, "audit": AuditVars, "data": DataVars,
+                                            "train": TrainVars, "lens": LensVars, "merge": MergeVars}
+
+
+def stage_model(stage: str) -> type[StageVars]:
+    if stage not in STAGE_MODELS:
+        raise InputError("command line", "STAGE", f"unknown stage '{stage}'", ", ".join(STAGES))
+    return STAGE_MODELS[stage]
+
+
+def stage_vars(stage: str, given: dict[str, Any]) -> StageVars:
+    """The variables of `stage`: its defaults with `given` (`--var` values) on top, checked."""
+    model = stage_model(stage)
+    unknown = sorted(set(given) - set(model.model_fields))
+    if unknown:
+        raise InputError("command line", f"--var {unknown[0]}", f"not a variable of the '{stage}' stage",
+                         ", ".join(sorted(model.model_fields)))
+    try:
+        v = model.model_validate(given)
+    except ValidationError as err:
+        e = validation_error(err, "command line", model)
+        raise InputError("command line", f"--var {e.field}" if e.field else "--var", e.problem, e.allowed,
+                         more=len(err.errors()) - 1) from None
+    if v.device == "cpu":
+        if given.get("gpus_per_node"):
+            raise InputError("command line", "--var gpus_per_node",
+                             f"{given['gpus_per_node']} GPUs with device=cpu (a partition without GPUs)", "0")
+        if stage == "train":
+            raise InputError("command line", "--var device", "the train stage needs GPUs (accelerate with "
+                             "DeepSpeed/FSDP); device=cpu is for rollout, audit, data, lens and merge", "cuda")
+        v.gpus_per_node = 0
+    return v
