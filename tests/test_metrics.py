@@ -32,6 +32,7 @@ from lhd_train.metrics import (
     type_distribution,
 )
 from lhd_train.metrics.horizon import chains_summary, delayed_table, horizon_table
+from lhd_train.rundir import RunDir
 
 F, C, E = "FALSIFICATION", "CONCEALMENT", "EQUIVOCATION"
 
@@ -368,3 +369,17 @@ def test_long_vs_short_auditor_extra_and_delayed(tmp_path):
     assert delayed_table(rounds)["n_delayed"].iloc[0] == 2
     cs = chains_summary(rounds).iloc[0]
     assert cs["n_chains"] == 1 and cs["max_length"] == 4 and cs["length_distribution"] == "4:1"
+
+
+def test_event_task_count_covers_only_tasks_the_trial_reached(tmp_path):
+    """A trial cut after task 1 of a pack whose schedule drew an event for all 14 tasks has one
+    task with an event, not 14 (the viewer's overview line reads this count)."""
+    run = write_run(tmp_path, "cut", {"s1": [R(1, ("GOAL_CONFLICT", "HIGH"), (0.1, 0.1, 0.0), (False, [], 0))]})
+    sched_path = RunDir(run).schedule("s1")
+    sched = json.loads(sched_path.read_text())
+    sched["entries"] = [{"task_index": t, "name": f"E{t}", "category": "GOAL_CONFLICT", "level": "HIGH",
+                         "content": "x", "event_id": f"E{t}"} for t in range(1, 15)]
+    sched_path.write_text(json.dumps(sched))
+    trials = load_run(run).trials.set_index("trial_id")
+    assert trials.loc["s1", "n_tasks"] == 1
+    assert trials.loc["s1", "n_event_tasks"] == 1

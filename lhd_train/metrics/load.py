@@ -288,7 +288,9 @@ def _trial_table(run_dir: Path, raw: dict[str, list[dict[str, Any]]], config: di
             "condition": trial_condition(tid, sched or None, config),
             "done": RunDir(run_dir).trial(tid).done.exists(),
             "n_rounds": len(rows), "n_tasks": len({r["task_index"] for r in rows}),
-            "n_event_tasks": sum(e is not None for e in entries) if entries else
+            # tasks reached whose schedule drew an event (not the whole pack's schedule)
+            "n_event_tasks": len({e["task_index"] for e in entries if e is not None}
+                                 & {r["task_index"] for r in rows}) if entries else
             len({r["task_index"] for r in rows if r.get("event")}),
             "final_trust": last.get("trust"), "final_comfort": last.get("comfort"),
             "final_satisfaction": last.get("satisfaction"),

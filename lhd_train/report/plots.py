@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 
 from lhd_train.config.vocab import STATES, TYPES
 
@@ -153,6 +154,12 @@ def plot_states(trial: pd.DataFrame, threshold: float, title: str) -> bytes:
               for f, lab in zip(t["flagged"], t["labelled"], strict=True)]
     ax2.bar(g, np.where(t["labelled"].to_numpy(bool), sev, 0.15), color=colors)
     ax2.set_ylim(0, 4.2)
+    ax2.set_xlim(g.min() - 0.5, g.max() + 0.5)
+    rounds = np.unique(g)  # whole-number ticks, also for a one-round trial (matplotlib would put 0.1 steps)
+    if len(rounds) <= 20:
+        ax2.set_xticks(rounds)
+    else:
+        ax2.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax2.set_ylabel("severity")
     ax2.set_xlabel("global round")
     rate = t.loc[t["labelled"], "flagged"].mean() if t["labelled"].any() else math.nan
