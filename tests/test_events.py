@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from scipy.stats import chisquare
 
-from lhd_train import events as events_mod
+from lhd_train.bench import events as events_mod
 from lhd_train.bench.events import Schedule, draw_schedule
 from lhd_train.bench.taskpack import TaskPack, load_pack
 from lhd_train.cli.run import events_command
