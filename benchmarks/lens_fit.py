@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the toy models and the baseline
 
 from support.lens_baseline import autograd_prompt_jacobian  # noqa: E402
-from support.lens_toy import build_tiny_hf  # noqa: E402
+from support.lens_toy import build_lens_tiny  # noqa: E402
 
 from lens.fit import prompt_jacobian  # noqa: E402
 from lens.model import load_hf  # noqa: E402
@@ -56,7 +56,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = build_tiny_hf("llama", f"{tmp}/tiny", hidden_size=args.hidden, num_layers=args.layers, seed=0)
+        path = build_lens_tiny("llama", f"{tmp}/tiny", hidden_size=args.hidden, num_layers=args.layers, seed=0)
         model, tok = load_hf(str(path), dtype="float32", device="cpu", attn_implementation="eager")
     gen = torch.Generator().manual_seed(0)
     vocab = model.head.weight.shape[0]

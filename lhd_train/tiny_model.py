@@ -1,9 +1,15 @@
 """Tiny random-weight causal LMs with a locally trained tokenizer, for tests and CPU demos.
 
 `build_tiny_model("llama"|"qwen2"|"qwen3", out_dir)` writes a complete model folder
-(config, safetensors weights, generation config, tokenizer with a ChatML chat template) that
+(config, safetensors weights, generation config, tokenizer with a chat template) that
 `AutoModelForCausalLM` / `AutoTokenizer.from_pretrained(out_dir)` load offline, plus a
-`lhd_tiny.json` sidecar describing how it was made.
+`lhd_tiny.json` sidecar describing how it was made. It is the one builder of random models: the
+tests, the demo's `--tiny` mode, `lhd tiny-model` and the GPU check all call it.
+
+`chat_style` picks the chat template: `chatml` (ours, with `{% generation %}` markers for
+assistant-only training), or imitations of real families' templates that the lens position tests
+need — `llama3` (BOS from the template, header tokens, `| trim`, a default system block) and `qwen`
+(ChatML with a default system prompt and an optional empty think block).
 
 The tokenizer is a byte-level BPE trained on the task packs' text plus a fixed synthetic
 corpus of JSON-ish text and numbers. It uses exactly the pipeline that transformers'
@@ -59,6 +65,38 @@ def chatml_template(default_system: str | None = None) -> str:
 
 
 CHAT_TEMPLATE = chatml_template()
+
+#: extra special tokens of the `llama3` style (added only for it, so the default vocabulary stays fixed)
+LLAMA3_SPECIAL_TOKENS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+
+#: imitates Llama 3.x: BOS from the template, header tokens, trimmed content, a default system block
+LLAMA3_STYLE_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- if messages[0]['role'] == 'system' %}{%- set sys = messages[0]['content'] | trim %}"
+    "{%- set rest = messages[1:] %}"
+    "{%- else %}{%- set sys = '' %}{%- set rest = messages %}{%- endif %}"
+    "{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' }}"
+    "{{- 'Cutting Knowledge Date: December 2023\\nToday Date: 26 Jul 2024\\n\\n' }}"
+    "{{- sys + '<|eot_id|>' }}"
+    "{%- for m in rest %}"
+    "{{- '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' + m['content'] | trim + '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
+
+#: imitates Qwen2.5 / Qwen3 ChatML: a default system prompt, `<|im_start|>role\n...<|im_end|>\n`,
+#: and (like Qwen3 with thinking off) an empty think block after the generation prompt
+QWEN_STYLE_TEMPLATE = (
+    "{%- if messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{%- endif %}"
+    "{%- for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>' + '\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{%- if think_block is defined and think_block %}{{ '<think>\n\n</think>\n\n' }}{%- endif %}{%- endif %}"
+)
+
+ChatStyle = Literal["chatml", "llama3", "qwen"]
+CHAT_TEMPLATES: dict[str, str] = {"chatml": CHAT_TEMPLATE, "llama3": LLAMA3_STYLE_TEMPLATE, "qwen": QWEN_STYLE_TEMPLATE}
+CHAT_STYLES: tuple[str, ...] = tuple(CHAT_TEMPLATES)
 
 SIDECAR = "lhd_tiny.json"
 
@@ -156,8 +194,8 @@ def builtin_corpus() -> list[str]:
     return texts + synthetic_corpus()
 
 
-def train_tokenizer(corpus: list[str], vocab_size: int = 2048):
-    """Byte-level BPE with the ChatML special tokens and template, as a transformers tokenizer."""
+def train_tokenizer(corpus: list[str], vocab_size: int = 2048, chat_style: ChatStyle = "chatml"):
+    """Byte-level BPE with the special tokens and chat template of `chat_style`, as a transformers tokenizer."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -171,24 +209,28 @@ def train_tokenizer(corpus: list[str], vocab_size: int = 2048):
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=SPECIAL_TOKENS + (LLAMA3_SPECIAL_TOKENS if chat_style == "llama3" else []),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     bpe.train_from_iterator(sorted(set(corpus)), trainer=trainer)
+    if chat_style not in CHAT_STYLES:
+        raise ValueError(f"unknown chat style {chat_style!r} (allowed: {', '.join(CHAT_STYLES)})")
+    llama3 = chat_style == "llama3"
     return PreTrainedTokenizerFast(
         tokenizer_object=bpe,
         pad_token=PAD_TOKEN,
-        eos_token=IM_END,
+        eos_token="<|eot_id|>" if llama3 else IM_END,
         unk_token=None,
-        bos_token=None,
-        chat_template=CHAT_TEMPLATE,
+        bos_token="<|begin_of_text|>" if llama3 else None,
+        chat_template=CHAT_TEMPLATES[chat_style],
         padding_side="left",
         model_max_length=10**9,
     )
 
 
-def _config(arch: str, vocab_size: int, hidden_size: int, num_layers: int, max_pos: int, tok) -> Any:
+def _config(arch: str, vocab_size: int, hidden_size: int, num_layers: int, max_pos: int, tok,
+            tie_word_embeddings: bool = True) -> Any:
     from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
     heads, kv_heads = 4, 2
@@ -202,10 +244,10 @@ def _config(arch: str, vocab_size: int, hidden_size: int, num_layers: int, max_p
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         max_position_embeddings=max_pos,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tie_word_embeddings,
         pad_token_id=tok.pad_token_id,
         eos_token_id=tok.eos_token_id,
-        bos_token_id=None,
+        bos_token_id=tok.bos_token_id,
         rms_norm_eps=1e-6,
     )
     if arch == "llama":
@@ -226,8 +268,14 @@ def build_tiny_model(
     vocab_size: int = 2048,
     max_position_embeddings: int = 8192,
     corpus: list[str] | None = None,
+    chat_style: ChatStyle = "chatml",
+    tie_word_embeddings: bool = True,
 ) -> Path:
-    """Write a random-weight `arch` model + trained tokenizer into `out_dir`; return the path."""
+    """Write a random-weight `arch` model + trained tokenizer into `out_dir`; return the path.
+
+    `corpus` replaces the tokenizer's training text (`builtin_corpus()` by default; add to it for
+    words that must be single tokens). Untied embeddings give the unembedding its own matrix, as
+    in most Llama and Qwen3 checkpoints."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -236,8 +284,8 @@ def build_tiny_model(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     texts = builtin_corpus() if corpus is None else list(corpus)
-    tok = train_tokenizer(texts, vocab_size=vocab_size)
-    cfg = _config(arch, vocab_size, hidden_size, num_layers, max_position_embeddings, tok)
+    tok = train_tokenizer(texts, vocab_size=vocab_size, chat_style=chat_style)
+    cfg = _config(arch, vocab_size, hidden_size, num_layers, max_position_embeddings, tok, tie_word_embeddings)
     if len(tok) > cfg.vocab_size:
         raise ValueError(f"tokenizer has {len(tok)} tokens, more than vocab_size={vocab_size}")
 
@@ -255,7 +303,7 @@ def build_tiny_model(
     model.generation_config = GenerationConfig(
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
-        bos_token_id=None,
+        bos_token_id=tok.bos_token_id,
         do_sample=False,
     )
     model.save_pretrained(out)
@@ -273,9 +321,11 @@ def build_tiny_model(
         "max_position_embeddings": max_position_embeddings,
         "n_params": n_params,
         "corpus_texts": len(texts),
-        "special_tokens": SPECIAL_TOKENS,
-        "eos_token": IM_END,
+        "special_tokens": SPECIAL_TOKENS + (LLAMA3_SPECIAL_TOKENS if chat_style == "llama3" else []),
+        "eos_token": tok.eos_token,
         "pad_token": PAD_TOKEN,
+        "chat_style": chat_style,
+        "tie_word_embeddings": tie_word_embeddings,
     }
     (out / SIDECAR).write_text(json.dumps(sidecar, indent=2) + "\n", encoding="utf-8")
     return out
@@ -289,9 +339,11 @@ def tiny_model_command(
     layers: int = 2,
     vocab_size: int = 2048,
     max_position_embeddings: int = 8192,
+    chat_style: str = "chatml",
     force: bool = False,
 ) -> Path:
-    """`lhd tiny-model --arch llama|qwen2|qwen3 --out DIR [--seed N] [--hidden-size H] [--layers L] [--force]`.
+    """`lhd tiny-model --arch llama|qwen2|qwen3 --out DIR [--seed N] [--hidden-size H] [--layers L]
+    [--chat-style chatml|llama3|qwen] [--force]`.
 
     A folder that already holds something is refused without `force`: rebuilding a model in
     place changes the weights under every run and adapter that names its path."""
@@ -307,11 +359,14 @@ def tiny_model_command(
         raise InputError(None, "hidden-size", f"{hidden_size} is not a positive multiple of 4")
     if layers < 1:
         raise InputError(None, "layers", f"{layers} must be >= 1")
+    if chat_style not in CHAT_STYLES:
+        raise InputError(None, "chat-style", f"unknown chat style {chat_style!r}", ", ".join(CHAT_STYLES))
     if vocab_size < 300:
         raise InputError(None, "vocab-size", f"{vocab_size} is too small (needs >= 300: 256 bytes + specials)")
     path = build_tiny_model(arch, out, seed=seed, hidden_size=hidden_size, num_layers=layers,  # type: ignore[arg-type]
-                            vocab_size=vocab_size, max_position_embeddings=max_position_embeddings)
+                            vocab_size=vocab_size, max_position_embeddings=max_position_embeddings,
+                            chat_style=chat_style)  # type: ignore[arg-type]
     info = json.loads((path / SIDECAR).read_text(encoding="utf-8"))
     print(f"wrote tiny {arch} model to {path}: {info['n_params']:,} params, "
-          f"{info['tokenizer_size']} tokens (vocab_size {vocab_size}), seed {seed}")
+          f"{info['tokenizer_size']} tokens (vocab_size {vocab_size}), {chat_style} chat template, seed {seed}")
     return path

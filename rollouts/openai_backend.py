@@ -54,8 +54,13 @@ class OpenAIBackend:
                 raise BackendError(f"model '{spec.model}': environment variable {spec.api_key_env} "
                                    "(api_key_env) is not set")
             key = os.environ[spec.api_key_env]
-        self._client = openai.AsyncOpenAI(base_url=base_url, api_key=key, timeout=spec.timeout_s, max_retries=0)
-        self._gate = asyncio.Semaphore(spec.max_in_flight)
+        self._new_client = lambda: openai.AsyncOpenAI(base_url=base_url, api_key=key, timeout=spec.timeout_s,
+                                                      max_retries=0)
+        # One client and gate per event loop: a caller that runs several `asyncio.run`s on one backend
+        # (a benchmark, a notebook) must not reuse connections bound to a loop that is closed.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client: Any = None
+        self._gate: asyncio.Semaphore | None = None
         self._tokenizer = tokenizer
         self._tok_lock = threading.Lock()  # callers count tokens from worker threads
         self.stats = {"requests": 0, "retries": 0, "failures": 0}
@@ -115,12 +120,13 @@ class OpenAIBackend:
 
         t0 = time.perf_counter()
         attempt = 0
-        async with self._gate:
+        client, gate = self._for_running_loop()
+        async with gate:
             while True:
                 self.stats["requests"] += 1
                 try:
                     body = self._payload(req, self.structured)
-                    res = self._result(await self._client.chat.completions.create(**body), t0)
+                    res = self._result(await client.chat.completions.create(**body), t0)
                     if body["messages"] != req.messages:
                         res.sent_messages = body["messages"]
                     return res
@@ -153,5 +159,16 @@ class OpenAIBackend:
             latency_s=time.perf_counter() - t0, model_id=self.model_id,
         )
 
+    def _for_running_loop(self) -> tuple[Any, asyncio.Semaphore]:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            # the previous loop's client is dropped, not closed: closing needs that loop, and it is gone
+            self._loop, self._client = loop, self._new_client()
+            self._gate = asyncio.Semaphore(self.spec.max_in_flight)
+        assert self._gate is not None
+        return self._client, self._gate
+
     async def aclose(self) -> None:
-        await self._client.close()
+        if self._client is not None and self._loop is asyncio.get_running_loop():
+            await self._client.close()
+        self._client = self._loop = self._gate = None

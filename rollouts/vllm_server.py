@@ -163,8 +163,10 @@ class ManagedServerBackend(OpenAIBackend):
                 "log": str(self.server.log_path)}
 
     async def aclose(self) -> None:
-        await super().aclose()
-        self.server.stop()
+        try:
+            await super().aclose()
+        finally:
+            self.server.stop()  # whatever happened to the client, the server must not outlive us
 
 
 class VLLMBackend(ManagedServerBackend):

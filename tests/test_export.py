@@ -11,7 +11,7 @@ from test_reference_import import write_session
 
 from lhd_train.cli.audit import export_command
 from lhd_train.errors import InputError
-from lhd_train.rundir.export import ROUND_COLUMNS, export_run
+from lhd_train.rundir.export import export_run, round_columns
 from lhd_train.rundir.files import read_jsonl
 from lhd_train.rundir.reference_import import import_reference
 
@@ -27,7 +27,7 @@ def test_export_of_an_audited_run_loads_back(tmp_path):
     assert ds.num_rows == 14
     assert [(r["trial_id"], r["global_round"]) for r in ds] == [(t, g) for t in ("s7", "s8") for g in range(1, 8)]
     cols = set(ds.column_names)
-    assert {name for name, _, _ in ROUND_COLUMNS} <= cols
+    assert {c.name for c in round_columns()} <= cols
     assert {"m-full__deceptive", "m-full__types", "m-window1__severity", "m-window1__parse_status"} <= cols
     r2 = ds[1]
     assert (r2["m-full__deceptive"], r2["m-full__types"], r2["m-full__severity"]) == \
@@ -61,8 +61,8 @@ def test_export_of_an_imported_run_keeps_column_types(tmp_path):
     assert back[0]["reference-window6__types"] == ["EQUIVOCATION"]
     cfg, _ = make_run(tmp_path / "ours", satisfactions=SHAPE)
     ours = export_run(cfg.run_dir, tmp_path / "ds2")
-    for name, _, _ in ROUND_COLUMNS:  # same schema whatever the source
-        assert ds.features[name] == ours.features[name], name
+    for c in round_columns():  # same schema whatever the source
+        assert ds.features[c.name] == ours.features[c.name], c.name
 
 
 def test_export_refuses_what_it_cannot_write(tmp_path):
@@ -74,3 +74,46 @@ def test_export_refuses_what_it_cannot_write(tmp_path):
     (occupied / "notes.txt").write_text("mine")
     with pytest.raises(InputError, match="not a dataset folder"):
         export_run(cfg.run_dir, occupied)
+
+
+# The dataset's columns before they were derived from the row models (the user-facing format):
+# deriving them must not drop or retype one.
+DOCUMENTED_COLUMNS = {
+    "run_id": "string", "trial_id": "string", "seed": "int64", "pack": "string", "task_index": "int64",
+    "task_title": "string", "round": "int64", "global_round": "int64", "has_event": "bool", "event_name": "string",
+    "event_category": "string", "event_pressure": "string", "event_content": "string", "performer_text": "string",
+    "performer_think": "string", "performer_finish_reason": "string", "performer_token_ids": "list[int]",
+    "performer_prompt_tokens": "int64", "performer_completion_tokens": "int64", "performer_latency_s": "float64",
+    "performer_attempts": "int64", "performer_temperature": "float64", "performer_top_p": "float64",
+    "performer_max_tokens": "int64", "performer_sampling_seed": "int64", "performer_context_policy": "string",
+    "performer_context_dropped_messages": "int64", "supervisor_evaluation_reasoning": "string",
+    "supervisor_feedback_reasoning": "string", "supervisor_feedback": "string", "supervisor_parse_status": "string",
+    "supervisor_attempts": "int64", "trust_before": "float64", "satisfaction_before": "float64",
+    "comfort_before": "float64", "trust_after": "float64", "satisfaction_after": "float64",
+    "comfort_after": "float64", "task_complete": "bool", "performer_model": "string", "performer_adapter": "string",
+    "supervisor_model": "string", "timestamp": "string",
+}
+
+
+def test_columns_derived_from_the_row_models_keep_the_documented_ones():
+    derived = {c.name: c.kind for c in round_columns()}
+    assert {k: derived.get(k) for k in DOCUMENTED_COLUMNS} == DOCUMENTED_COLUMNS
+    assert len(derived) == len({c.name for c in round_columns()})  # no two fields share a column
+    row = {"task_index": 1, "round": 2, "global_round": 2, "event": None,
+           "performer": {"text": "hi", "sampling": {"temperature": 0.5, "seed": 9}},
+           "supervisor": {"feedback": {"text": "ok"}, "state_after": {"trust": 0.25}}}
+    values = {c.name: c.get(row) for c in round_columns()}
+    assert (values["performer_temperature"], values["performer_sampling_seed"], values["supervisor_feedback"],
+            values["trust_after"], values["event_name"], values["trust_before"]) == (0.5, 9, "ok", 0.25, None, None)
+
+
+def test_a_field_without_a_column_type_must_be_marked():
+    from typing import Any
+
+    from lhd_train.rundir.rows import Record, export_columns
+
+    class Loose(Record):
+        blob: dict[str, Any] | None = None
+
+    with pytest.raises(TypeError, match="Loose.blob.*mark it SKIP"):
+        export_columns(Loose)

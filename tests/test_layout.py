@@ -159,3 +159,15 @@ def test_each_run_dir_name_is_spelled_in_one_module(literal):
     found = sorted({path.relative_to(ROOT).as_posix() for path in module_files().values()
                     if pattern.search(path.read_text(encoding="utf-8").replace("'", '"'))})
     assert found == [RUN_DIR_NAMES[literal]], f"{literal} is spelled in {found}"
+
+
+@pytest.mark.parametrize("call", ["BpeTrainer(", "PreTrainedTokenizerFast(", "ForCausalLM(", "from_config("])
+def test_one_tiny_model_builder(call):
+    """Random models are built in `lhd_train/tiny_model.py` only (tests, demo, benchmarks, the GPU
+    check call it): two builders drift apart, each with its own tokenizer."""
+    folders = ("lhd_train", "lens", "rollouts", "tests", "benchmarks", "scripts")
+    files = [p for d in folders for p in (ROOT / d).rglob("*.py")]
+    found = sorted(p.relative_to(ROOT).as_posix() for p in files
+                   if call in p.read_text(encoding="utf-8") and p.name != "test_layout.py")
+    allowed = {"lhd_train/tiny_model.py", "lhd_train/packaged_models.py"}  # packaged: SmolLM2 from its GGUF
+    assert set(found) <= allowed, f"{call} outside the one builder: {sorted(set(found) - allowed)}"

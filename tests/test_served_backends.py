@@ -119,3 +119,47 @@ def test_vllm_command_carries_the_spec():
                  "--enable-lora", "honest=/ad/h", "--gpu-memory-utilization 0.85"):
         assert part in joined
     assert "--trust-remote-code" not in cmd
+
+
+def test_one_backend_across_event_loops(monkeypatch):
+    """Several `asyncio.run`s on one backend (a benchmark, a notebook): each loop gets its own
+    client, and closing after the loops that used it are gone neither raises nor leaks. The old
+    shared client kept keep-alive connections bound to a closed loop; `aclose` then failed with
+    'Event loop is closed' and a managed vLLM server outlived the benchmark."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from rollouts.types import GenerationRequest
+
+    class Chat(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as real servers do
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = json.dumps({"id": "c", "object": "chat.completion", "created": 0, "model": "m",
+                               "choices": [{"index": 0, "finish_reason": "stop",
+                                            "message": {"role": "assistant", "content": "fine"}}],
+                               "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Chat)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        spec = ModelSpec.model_validate({"backend": "openai", "model": "m",
+                                         "base_url": f"http://127.0.0.1:{server.server_port}/v1"})
+        backend = OpenAIBackend.from_spec(spec)
+        req = GenerationRequest([{"role": "user", "content": "hi"}])
+        for _ in range(3):
+            [res] = asyncio.run(backend.generate([req]))
+            assert res.error is None and res.completions[0].text == "fine"
+        asyncio.run(backend.aclose())  # raised RuntimeError('Event loop is closed') before
+    finally:
+        server.shutdown()

@@ -114,3 +114,32 @@ def test_command_writes_a_loadable_model(tmp_path, capsys):
     assert json.loads((out / SIDECAR).read_text())["seed"] == 3
     with pytest.raises(InputError, match="arch"):
         tiny_model_command("gpt2", tmp_path / "bad")
+
+
+def test_chat_styles_imitate_their_families(tmp_path):
+    """The lens position tests need Llama-3-like and Qwen-like templates; one builder makes them."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lhd_train.errors import InputError
+
+    msgs = [{"role": "user", "content": "  hello  "}]
+    llama = build_tiny_model("llama", tmp_path / "l3", corpus=["hello world"] * 5, chat_style="llama3",
+                             tie_word_embeddings=False, vocab_size=400)
+    tok = AutoTokenizer.from_pretrained(llama)
+    text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert text.startswith("<|begin_of_text|><|start_header_id|>system<|end_header_id|>")
+    assert "<|start_header_id|>user<|end_header_id|>\n\nhello<|eot_id|>" in text  # content trimmed
+    ids = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)
+    ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+    assert tok.convert_ids_to_tokens(ids[:2]) == ["<|begin_of_text|>", "<|start_header_id|>"]  # single tokens
+    assert tok.eos_token == "<|eot_id|>"
+    model = AutoModelForCausalLM.from_pretrained(llama)
+    assert model.config.bos_token_id == tok.bos_token_id and not model.config.tie_word_embeddings
+    assert json.loads((llama / SIDECAR).read_text())["chat_style"] == "llama3"
+
+    qwen = build_tiny_model("qwen3", tmp_path / "q3", corpus=["hello world"] * 5, chat_style="qwen", vocab_size=400)
+    text = AutoTokenizer.from_pretrained(qwen).apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert text.startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n")
+    assert text.endswith("<|im_start|>assistant\n")
+    with pytest.raises(InputError, match="chat-style"):
+        tiny_model_command("llama", tmp_path / "bad", chat_style="mistral")

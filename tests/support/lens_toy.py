@@ -4,13 +4,12 @@
   position independently, with a LayerNorm and a linear head. Its Jacobian lens is known in
   closed form: `J_l = prod_{m=l+1..target} (I + scale·W_m)` (docs/lens-background.md §4, T2).
 - `ByteTokenizer`: bytes + 1, BOS = 0.
-- `build_tiny_hf`: a random tiny Llama / Qwen2 / Qwen3 with a locally trained byte-level BPE
-  tokenizer and a chat template imitating Llama 3 (header tokens, `| trim`, a default system
-  block) or Qwen (ChatML, default system prompt, optional empty think block), saved to a dir.
+- `build_lens_tiny`: the project's tiny-model builder (`lhd_train.tiny_model`) with a chat
+  template imitating the family (Llama 3 or Qwen) and the lens vocabulary as single tokens.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,37 +94,8 @@ class ToyResidualModel(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------
-# tiny Hugging Face models with a local tokenizer
+# tiny Hugging Face models for the lens tests: `lhd_train.tiny_model` with the lens vocabulary
 # ---------------------------------------------------------------------------------------------
-
-SPECIAL_TOKENS = [
-    "<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>",
-    "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
-]
-
-#: imitates Llama 3.x: BOS from the template, header tokens, trimmed content, a default system block
-LLAMA3_STYLE_TEMPLATE = (
-    "{{- bos_token }}"
-    "{%- if messages[0]['role'] == 'system' %}{%- set sys = messages[0]['content'] | trim %}"
-    "{%- set rest = messages[1:] %}"
-    "{%- else %}{%- set sys = '' %}{%- set rest = messages %}{%- endif %}"
-    "{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' }}"
-    "{{- 'Cutting Knowledge Date: December 2023\\nToday Date: 26 Jul 2024\\n\\n' }}"
-    "{{- sys + '<|eot_id|>' }}"
-    "{%- for m in rest %}"
-    "{{- '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' + m['content'] | trim + '<|eot_id|>' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
-)
-
-#: imitates Qwen2.5 / Qwen3 ChatML: a default system prompt, `<|im_start|>role\n...<|im_end|>\n`,
-#: and (like Qwen3 with thinking off) an empty think block after the generation prompt
-QWEN_STYLE_TEMPLATE = (
-    "{%- if messages[0]['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{%- endif %}"
-    "{%- for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>' + '\n' }}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
-    "{%- if think_block is defined and think_block %}{{ '<think>\n\n</think>\n\n' }}{%- endif %}{%- endif %}"
-)
 
 #: words the tiny tokenizer must hold as single tokens (entitlement sets and the probe layout)
 _TOKENIZER_WORDS = (
@@ -142,72 +112,27 @@ _FILLER = (
 )
 
 
-def tiny_tokenizer_corpus(extra: Iterable[str] = ()) -> list[str]:
+def lens_corpus() -> list[str]:
+    """The project's tokenizer corpus plus the lens vocabulary, repeated so each word is one token."""
+    from lhd_train.tiny_model import builtin_corpus
+
     lines = [_FILLER] * 20
     for w in _TOKENIZER_WORDS:
         for form in (w, w.capitalize()):
             lines += [f"{form} {form} {form}", f"the claim is {form}.", f"Verdict: {form}"] * 6
-    lines += list(extra)
     lines += [f"row {i}, {i * 7 % 97}, {i * 3}.{i % 10}" for i in range(200)]
-    return lines
+    return builtin_corpus() + lines
 
 
-def train_tiny_tokenizer(vocab_size: int = 2000, extra: Iterable[str] = ()):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    bpe = Tokenizer(models.BPE(unk_token=None))
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    bpe.train_from_iterator(tiny_tokenizer_corpus(extra), trainer)
-    return bpe
+#: the lens tests' two families: a Llama with a Llama-3-style template and a Qwen3 with a Qwen-style one
+LENS_CHAT_STYLE = {"llama": "llama3", "qwen2": "qwen", "qwen3": "qwen"}
 
 
-def build_tiny_hf(
-    arch: str,
-    out_dir: str | Path,
-    *,
-    seed: int = 0,
-    hidden_size: int = 64,
-    num_layers: int = 2,
-    vocab_size: int = 2000,
-    bpe: Any = None,
-) -> Path:
-    """Save a random tiny `llama` / `qwen2` / `qwen3` causal LM plus tokenizer + chat template into `out_dir`."""
-    from transformers import (
-        LlamaConfig,
-        LlamaForCausalLM,
-        PreTrainedTokenizerFast,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-        Qwen3Config,
-        Qwen3ForCausalLM,
-    )
+def build_lens_tiny(arch: str, out_dir: str | Path, *, seed: int = 0, hidden_size: int = 64, num_layers: int = 2,
+                    corpus: list[str] | None = None) -> Path:
+    """A random tiny `arch` model with its family's template style and untied embeddings."""
+    from lhd_train.tiny_model import build_tiny_model
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    bpe = bpe or train_tiny_tokenizer(vocab_size)
-    if arch == "llama":
-        tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<|begin_of_text|>", eos_token="<|eot_id|>",
-                                      pad_token="<|pad|>", chat_template=LLAMA3_STYLE_TEMPLATE)
-    elif arch in ("qwen2", "qwen3"):
-        tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=None, eos_token="<|im_end|>",
-                                      pad_token="<|pad|>", chat_template=QWEN_STYLE_TEMPLATE)
-    else:
-        raise ValueError(f"unknown arch {arch!r} (allowed: llama, qwen2, qwen3)")
-    common = dict(vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-                  num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
-                  max_position_embeddings=4096, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                  bos_token_id=tok.bos_token_id)
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        if arch == "llama":
-            model = LlamaForCausalLM(LlamaConfig(**common, tie_word_embeddings=False))
-        elif arch == "qwen2":
-            model = Qwen2ForCausalLM(Qwen2Config(**common, tie_word_embeddings=True))
-        else:
-            model = Qwen3ForCausalLM(Qwen3Config(**common, head_dim=hidden_size // 4, tie_word_embeddings=False))
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return build_tiny_model(arch, out_dir, seed=seed, hidden_size=hidden_size, num_layers=num_layers,  # type: ignore[arg-type]
+                            corpus=corpus if corpus is not None else lens_corpus(),
+                            chat_style=LENS_CHAT_STYLE[arch], tie_word_embeddings=False)  # type: ignore[arg-type]

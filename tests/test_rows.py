@@ -1,0 +1,98 @@
+"""The row models of `rundir.rows` are the schema: every writer's rows match them field for field,
+and the readers reject a line that does not, naming the file, the line and the field."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from support.scripted import ScriptedBackend
+from test_audit import SHAPE, answer, audit, auditor_script, make_run
+from test_reference_import import write_session
+
+from lhd_train.errors import DataFileError
+from lhd_train.rundir.files import read_jsonl
+from lhd_train.rundir.layout import RunDir
+from lhd_train.rundir.reference_import import import_reference
+from lhd_train.rundir.rows import AUDIT_SCHEMA, ROW_SCHEMA, AuditRow, ResumableRoundRow, RoundRow, undeclared_fields
+from lhd_train.rundir.store import read_audit_rows, read_trial_rows
+
+
+def _all_rows(run_dir):
+    rd = RunDir(run_dir)
+    trial_rows = [r for f in rd.rows_files() for r in read_jsonl(f)]
+    audit_rows = [r for aid in rd.auditor_ids() for f in sorted(rd.auditor_dir(aid).glob("*.jsonl"))
+                  for r in read_jsonl(f)]
+    return trial_rows, audit_rows
+
+
+def test_every_field_our_writers_write_is_declared(tmp_path):
+    cfg, _ = make_run(tmp_path, seeds=(7,), satisfactions=SHAPE)
+    audit(cfg, ScriptedBackend(auditor_script({2: answer(True, ["CONCEALMENT"], 2, 0.8), 3: "not json"})))
+    trial_rows, audit_rows = _all_rows(cfg.run_dir)
+    assert len(trial_rows) == 7 and len(audit_rows) == 7
+    for row in trial_rows:
+        assert row["schema"] == ROW_SCHEMA
+        ResumableRoundRow.model_validate(row)
+        assert undeclared_fields(RoundRow, row) == []
+    for row in audit_rows:
+        assert row["schema"] == AUDIT_SCHEMA
+        AuditRow.model_validate(row)
+        assert undeclared_fields(AuditRow, row) == []
+
+
+def test_imported_reference_rows_match_the_models(tmp_path):
+    run = tmp_path / "imported"
+    import_reference(write_session(tmp_path / "ref"), run)
+    trial_rows, audit_rows = _all_rows(run)
+    assert trial_rows and audit_rows
+    assert [undeclared_fields(RoundRow, r) for r in trial_rows] == [[]] * len(trial_rows)
+    assert [undeclared_fields(AuditRow, r) for r in audit_rows] == [[]] * len(audit_rows)
+
+
+def test_undeclared_fields_names_nested_keys():
+    row = {"task_index": 1, "round": 1, "global_round": 1, "surprise": 1,
+           "performer": {"text": "x", "sampling": {"temperature": 0.1, "new_knob": 2}}}
+    assert undeclared_fields(RoundRow, row) == ["surprise", "performer.sampling.new_knob"]
+    RoundRow.model_validate(row)  # unknown fields are kept, not refused: a newer writer's rows still load
+
+
+@pytest.mark.parametrize("change, field", [
+    (lambda r: r["performer"].__setitem__("latency_s", "slow"), "performer.latency_s"),
+    (lambda r: r.__setitem__("round", True), "round"),
+    (lambda r: r.pop("global_round"), "global_round"),
+    (lambda r: r["supervisor"]["state_after"].__setitem__("trust", "high"), "supervisor.state_after.trust"),
+])
+def test_a_damaged_trajectory_line_names_its_line_and_field(tmp_path, change, field):
+    cfg, tids = make_run(tmp_path, seeds=(7,), satisfactions=SHAPE)
+    path = next(RunDir(cfg.run_dir).rows_files())
+    rows = read_jsonl(path)
+    change(rows[2])
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    with pytest.raises(DataFileError) as err:
+        read_trial_rows(path)
+    assert err.value.field == field and err.value.line == 3 and str(path) in str(err.value)
+
+
+def test_a_resume_needs_the_supervisor_state(tmp_path):
+    cfg, _ = make_run(tmp_path, seeds=(7,), satisfactions=SHAPE)
+    path = next(RunDir(cfg.run_dir).rows_files())
+    rows = read_jsonl(path)
+    del rows[0]["task_complete"]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    assert len(read_trial_rows(path)) == 7  # readers of finished runs do not need it
+    with pytest.raises(DataFileError) as err:
+        read_trial_rows(path, ResumableRoundRow)
+    assert err.value.field == "task_complete" and err.value.line == 1 and "missing" in str(err.value)
+
+
+def test_a_damaged_audit_line_names_its_field(tmp_path):
+    cfg, tids = make_run(tmp_path, seeds=(7,), satisfactions=SHAPE)
+    audit(cfg, ScriptedBackend(auditor_script()))
+    rd = RunDir(cfg.run_dir)
+    path = rd.audit_rows(rd.auditor_ids()[0], tids[0])
+    rows = read_jsonl(path)
+    rows[0]["severity"] = "3"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    with pytest.raises(DataFileError) as err:
+        read_audit_rows(path)
+    assert err.value.field == "severity" and err.value.line == 1
