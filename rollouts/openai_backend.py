@@ -54,8 +54,11 @@ class OpenAIBackend:
                 raise BackendError(f"model '{spec.model}': environment variable {spec.api_key_env} "
                                    "(api_key_env) is not set")
             key = os.environ[spec.api_key_env]
-        self._new_client = lambda: openai.AsyncOpenAI(base_url=base_url, api_key=key, timeout=spec.timeout_s,
-                                                      max_retries=0)
+        # Our own httpx client: the SDK's default one, when dropped, schedules its own close on whatever
+        # loop is running, which fails ("Event loop is closed") for a client of an earlier loop.
+        self._new_client = lambda: openai.AsyncOpenAI(
+            base_url=base_url, api_key=key, timeout=spec.timeout_s, max_retries=0,
+            http_client=openai.DefaultAsyncHttpxClient(timeout=spec.timeout_s))
         # One client and gate per event loop: a caller that runs several `asyncio.run`s on one backend
         # (a benchmark, a notebook) must not reuse connections bound to a loop that is closed.
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -96,3 +96,14 @@ def test_a_damaged_audit_line_names_its_field(tmp_path):
     with pytest.raises(DataFileError) as err:
         read_audit_rows(path)
     assert err.value.field == "severity" and err.value.line == 1
+
+
+def test_a_long_bad_value_is_shortened_in_the_error(tmp_path):
+    cfg, _ = make_run(tmp_path, seeds=(7,), satisfactions=SHAPE)
+    path = next(RunDir(cfg.run_dir).rows_files())
+    rows = read_jsonl(path)
+    rows[0]["performer"] = "x" * 5000  # a whole answer where the performer record belongs
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    with pytest.raises(DataFileError) as err:
+        read_trial_rows(path)
+    assert err.value.field == "performer" and "x" * 77 + "..." in str(err.value) and "x" * 100 not in str(err.value)

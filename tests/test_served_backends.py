@@ -121,7 +121,7 @@ def test_vllm_command_carries_the_spec():
     assert "--trust-remote-code" not in cmd
 
 
-def test_one_backend_across_event_loops(monkeypatch):
+def test_one_backend_across_event_loops(caplog):
     """Several `asyncio.run`s on one backend (a benchmark, a notebook): each loop gets its own
     client, and closing after the loops that used it are gone neither raises nor leaks. The old
     shared client kept keep-alive connections bound to a closed loop; `aclose` then failed with
@@ -157,9 +157,17 @@ def test_one_backend_across_event_loops(monkeypatch):
                                          "base_url": f"http://127.0.0.1:{server.server_port}/v1"})
         backend = OpenAIBackend.from_spec(spec)
         req = GenerationRequest([{"role": "user", "content": "hi"}])
+        import gc
+
         for _ in range(3):
             [res] = asyncio.run(backend.generate([req]))
             assert res.error is None and res.completions[0].text == "fine"
+            gc.collect()
         asyncio.run(backend.aclose())  # raised RuntimeError('Event loop is closed') before
+        gc.collect()
+        # nor may a dropped client try to close itself on a later loop (asyncio would log that task's
+        # failure); seen with managed vLLM in the throughput benchmark, not reproduced by this server
+        assert not [r for r in caplog.records if "Event loop is closed" in r.getMessage()
+                    or "never retrieved" in r.getMessage()]
     finally:
         server.shutdown()

@@ -31,15 +31,17 @@ def _check_row(path: Path, n: int, row: dict[str, Any], model: type[Record], rep
     except ValidationError as e:
         err = e.errors()[0]
         field = ".".join(str(part) for part in err["loc"]) or None
-        what = "missing" if err["type"] == "missing" else f"{err['input']!r} is not a valid value ({err['msg']})"
+        shown = repr(err["input"])
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        what = "missing" if err["type"] == "missing" else f"{shown} is not a valid value ({err['msg']})"
         raise DataFileError(path, what, line=n, field=field, repair=repair and repair.format(line=n)) from None
 
 
 def read_trial_rows(path: Path, model: type[Record] = RoundRow) -> list[dict[str, Any]]:
     """A trial's trajectory rows, checked: each row is a valid `model` (`ResumableRoundRow` for a
-    resume, which needs the supervisor's state), and no
-    (task, round) or global round appears twice — two writers or a botched copy would otherwise be
-    counted as extra rounds. Raises `DataFileError` naming the file, line and field."""
+    resume, which needs the supervisor's state), and no (task, round) or global round appears
+    twice — two writers or a botched copy would otherwise be counted as extra rounds. Raises
+    `DataFileError` naming the file, line and field."""
     repair = _trial_repair(path)
     lines = read_jsonl_lines(path, repair)
     seen_key: dict[tuple[int, int], int] = {}
