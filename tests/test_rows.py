@@ -106,4 +106,4 @@ def test_a_long_bad_value_is_shortened_in_the_error(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     with pytest.raises(DataFileError) as err:
         read_trial_rows(path)
-    assert err.value.field == "performer" and "x" * 77 + "..." in str(err.value) and "x" * 100 not in str(err.value)
+    assert err.value.field == "performer" and "x" * 76 + "..." in str(err.value) and "x" * 80 not in str(err.value)
