@@ -43,9 +43,14 @@ class ModelSpec(BaseModel):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     enable_prefix_caching: bool = Field(
         True, description="vllm and hf: reuse the keys/values of a prompt prefix computed by an earlier request")
-    prefix_cache_gib: float = Field(
-        2.0, ge=0, description="hf only: GiB of keys/values kept for reuse across requests (an 8B "
-        "Llama in bf16 needs 128 KiB per token: 16k tokens per GiB; the tiny test model 0.5 KiB)")
+    prefix_cache_gib: float | None = Field(
+        None, ge=0, description="hf only: GiB of keys/values kept for reuse across requests; default: "
+        "2 on CPU, a fifth of the free memory on CUDA (an 8B Llama in bf16 needs 128 KiB per token: 8k "
+        "tokens per GiB; the tiny test model 0.5 KiB)")
+    kv_budget_gib: float | None = Field(
+        None, gt=0, description="hf only: GiB one batch's keys/values and prefill may use (rows are "
+        "admitted until it is full); default: the free GPU memory after loading less a margin and the "
+        "prefix cache, on CPU the available memory (rollouts/hf/memory_plan.py)")
     max_lora_rank: int = 64
     extra_args: list[str] = Field(default_factory=list, description="vllm: extra CLI args")
     gpus: str | None = Field(None, description="vllm: CUDA_VISIBLE_DEVICES for the server")

@@ -32,8 +32,10 @@ import xgrammar as xgr
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from rollouts.backend import BackendError
-from rollouts.hf.decode import decode_batch
+from rollouts.hf.decode import decode_rows
+from rollouts.hf.device import device_context, free_memory, resolve_device
 from rollouts.hf.json_guard import Closer, Grammar
+from rollouts.hf.memory_plan import admit, batch_bytes, gib, model_shape, plan_budget
 from rollouts.hf.prefix_cache import PrefixCache
 from rollouts.hf.rows import Pending, Row
 from rollouts.hf.sampling import row_seed
@@ -106,7 +108,20 @@ class HFBackend:
         self._worker: asyncio.Task | None = None
         self._inflight: list[Row] = []
         self._closed = False
-        self.prefix_cache = PrefixCache(int(spec.prefix_cache_gib * 2**30) if spec.enable_prefix_caching else 0)
+        # Memory (rollouts/hf/memory_plan.py): measured once, now that the weights are loaded and
+        # before any batch has filled the allocator's cache.
+        try:
+            self.shape = model_shape(cfg, torch.finfo(dtype).bits // 8)
+        except ValueError as e:
+            raise BackendError(f"{spec.model}: {e}") from e
+        free, total = free_memory(device)
+        self.budget = plan_budget(device.split(":")[0], free, total, spec.kv_budget_gib, spec.prefix_cache_gib,
+                                  spec.enable_prefix_caching)
+        if self.budget.batch <= 0:
+            raise BackendError(f"{spec.model} on {device}: no memory left for keys/values after loading "
+                               f"({self.budget.source}); set kv_budget_gib, use a larger GPU, or serve it with vllm")
+        self.prefix_cache = PrefixCache(self.budget.prefix)
+        self.bitmask_kernel = "triton" if device.startswith("cuda") else "cpu"  # xgrammar's; see sampling.py
         self.batches_run = 0
         self.busy_s = 0.0  # time spent inside batched decodes: the backend's own cost
         # where busy_s goes (our decode loop; on CUDA without synchronising, so only indicative)
@@ -114,18 +129,14 @@ class HFBackend:
         self.stats: dict[str, int] = collections.Counter(
             batches=0, rows=0, max_batch_rows=0, decode_steps=0, json_rows=0,
             json_rejections=0, json_unguarded_rows=0, prefill_tokens=0, prefix_reused_tokens=0,
-            prefix_matches_ignored=0)
+            prefix_matches_ignored=0, oom_splits=0, oom_rows_failed=0)
 
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_spec(cls, spec: ModelSpec) -> HFBackend:
         if spec.backend != "hf":
             raise BackendError(f"HFBackend needs a spec with backend 'hf', got {spec.backend!r}")
-        device = spec.device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise BackendError(f"{spec.model}: device {device!r} requested but CUDA is not available")
+        device = resolve_device(spec.device, torch.cuda.device_count() if torch.cuda.is_available() else 0, spec.model)
         if spec.dtype == "auto":
             dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
         elif spec.dtype in _DTYPES:
@@ -274,7 +285,9 @@ class HFBackend:
             "adapters": dict(self.spec.adapters),
             "max_batch_size": self.spec.max_batch_size,
             "batch_wait_ms": self.spec.batch_wait_ms,
-            "prefix_cache_gib": self.spec.prefix_cache_gib if self.spec.enable_prefix_caching else 0,
+            "prefix_cache_gib": round(self.budget.prefix / 2**30, 3),
+            "kv_budget_gib": round(self.budget.batch / 2**30, 3),
+            "kv_bytes_per_token": self.shape.kv_bytes_per_token,
             "config_sha256": hashlib.sha256(cfg_text).hexdigest(),
             "transformers": transformers.__version__,
             "torch": torch.__version__,
@@ -360,6 +373,13 @@ class HFBackend:
             except (TypeError, ValueError) as e:
                 return fail(str(e), prompt_ids)
         max_tokens = min(s.max_tokens, self.max_model_len - len(prompt_ids))
+        need = batch_bytes(self.shape, [len(prompt_ids)], [max_tokens])
+        if need > self.budget.batch:  # never truncated: refused, with where to go instead
+            return fail(f"prompt too long for the hf backend's memory: {len(prompt_ids)} prompt tokens plus "
+                        f"{max_tokens} new need {gib(need)} of keys/values and prefill activations, more than "
+                        f"its batch budget of {gib(self.budget.batch)} on {self.device} ({self.budget.source}); "
+                        "serve long contexts with the vllm backend (paged keys/values), or lower max_tokens "
+                        "or raise kv_budget_gib", prompt_ids)
         pending = Pending(req, fut, t0, prompt_ids, [None] * s.n, s.n)
         self._ensure_worker(loop)
         for j in range(s.n):
@@ -381,17 +401,15 @@ class HFBackend:
             self._worker = loop.create_task(self._work(), name="hf-backend-worker")
 
     def _take_batch(self) -> list[Row]:
+        """The oldest row, then rows of its adapter in order of prompt length while the batch fits
+        the memory budget and `max_batch_size` (`memory_plan.admit`); queue order within it."""
         first = self._queue[0]
-        batch: list[Row] = []
-        keep: collections.deque[Row] = collections.deque()
-        while self._queue:
-            r = self._queue.popleft()
-            if len(batch) < self.spec.max_batch_size and r.adapter == first.adapter:
-                batch.append(r)
-            else:
-                keep.append(r)
-        self._queue = keep
-        return batch
+        same = [r for r in self._queue if r.adapter == first.adapter]
+        picked = admit(self.shape, self.budget.batch, [(len(r.prompt_ids), r.max_tokens) for r in same],
+                       self.spec.max_batch_size)
+        taken = {id(same[i]) for i in picked}
+        self._queue = collections.deque(r for r in self._queue if id(r) not in taken)
+        return [same[i] for i in sorted(picked)]
 
     async def _work(self) -> None:
         assert self._wakeup is not None
@@ -431,8 +449,8 @@ class HFBackend:
             p = r.pending
             if p.future.done():
                 continue
-            if error is not None:
-                p.future.set_result(self._error_result(p.t0, error, p.prompt_ids))
+            if error is not None or r.error is not None:
+                p.future.set_result(self._error_result(p.t0, error or r.error, p.prompt_ids))
                 continue
             p.completions[r.j] = Completion(text=self.decode(r.tokens), token_ids=list(r.tokens),
                                             finish_reason=r.finish or "length")
@@ -456,9 +474,11 @@ class HFBackend:
 
     # ------------------------------------------------------------------ one batched decode (decode.py)
     def _run_batch(self, rows: list[Row]) -> str | None:
-        """Decode `rows` together (in a worker thread). Fills each row's tokens and finish."""
+        """Decode `rows` together (in a worker thread, on the model's CUDA device: a new thread's
+        current device is 0). Fills each row's tokens and finish, or its error."""
         t_start = time.perf_counter()
         try:
-            return decode_batch(self, rows)
+            with device_context(self.device):
+                return decode_rows(self, rows)
         finally:
             self.busy_s += time.perf_counter() - t_start

@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList
 
+from rollouts.hf.device import release_cached
 from rollouts.hf.kv_buffer import BufferLayer
+from rollouts.hf.memory_plan import gib
 from rollouts.hf.rows import Row
 from rollouts.hf.sampling import RowSampler
 
@@ -42,6 +44,35 @@ _CAPACITY_STEP = 256
 # beats a full prefill once q <= P/2: (P, q) = (4000, 400) 20 ms vs 68 ms, (3000, 1000) 41 vs
 # 57 ms, (2000, 2000) 84 vs 58 ms, (300, 7000) 646 vs 167 ms. On CPU a shorter match is ignored.
 _CPU_REUSE_MAX_NEW_PER_CACHED = 0.5
+
+
+def decode_rows(backend: HFBackend, rows: list[Row]) -> str | None:
+    """`decode_batch`, and on an out-of-memory error the batch again in two halves (shorter
+    prompts in one, longer in the other), recursively; a row that runs out of memory alone gets
+    its own error and the others still finish. Every row's sampler restarts from its seed on a
+    retry (`RowSampler`), and a row's tokens do not depend on its batch, so a split changes no
+    output. Between tries the prefix cache is emptied and the allocator's cache released."""
+    try:
+        return decode_batch(backend, rows)
+    except torch.OutOfMemoryError:
+        pass  # retry outside the handler: its traceback still holds the failed attempt's tensors
+    with backend._run_lock:
+        backend.prefix_cache.clear()
+    release_cached(backend.device)
+    if backend._closed:
+        return "backend closed during generation"
+    if len(rows) == 1:
+        r = rows[0]
+        backend.stats["oom_rows_failed"] += 1
+        r.error = (f"out of memory on {backend.device} decoding this row alone: {len(r.prompt_ids)} prompt tokens "
+                   f"plus up to {r.max_tokens} new (batch budget {gib(backend.budget.batch)}); lower "
+                   "kv_budget_gib or max_tokens, or serve long contexts with the vllm backend")
+        return None
+    backend.stats["oom_splits"] += 1
+    ordered = sorted(rows, key=lambda r: len(r.prompt_ids))
+    half = len(ordered) // 2
+    first = decode_rows(backend, ordered[:half])
+    return decode_rows(backend, ordered[half:]) or first
 
 
 def decode_batch(backend: HFBackend, rows: list[Row]) -> str | None:

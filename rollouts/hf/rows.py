@@ -39,4 +39,5 @@ class Row:
     matcher: Any = None
     path: list[int] | None = None
     generator: Any = None
+    error: str | None = None  # set when this row alone ran out of memory (decode.decode_rows)
 

@@ -36,6 +36,26 @@ def row_seed(seed: int | None, j: int) -> int:
     return int.from_bytes(digest[:8], "big") & 0x7FFF_FFFF_FFFF_FFFF
 
 
+def apply_bitmask(backend: HFBackend, logits: Any, bitmask: Any, vocab_size: int, indices: list[int]) -> None:
+    """Mask the logits of rows `indices` with xgrammar's kernel `backend.bitmask_kernel`: its C++
+    kernel on CPU; on CUDA its Triton kernel, which needs Triton and a C compiler at run time to
+    build its launcher. When Triton cannot be imported or compiled, the backend switches for good
+    to xgrammar's torch-native kernel (same result, plain torch ops), with one warning."""
+    try:
+        xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab_size, indices=indices,
+                                        backend=backend.bitmask_kernel)
+        return
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 - Triton fails with ImportError, RuntimeError, its own errors
+        if backend.bitmask_kernel != "triton":
+            raise
+        log.warning("xgrammar's Triton bitmask kernel is unavailable (%s: %s); using its torch-native kernel",
+                    type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        backend.bitmask_kernel = "torch_native"
+    xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab_size, indices=indices, backend="torch_native")
+
+
 def _nucleus_floor(probs: Any, top_p: Any) -> Any:
     """Per row, the smallest probability top-p sampling keeps ([R, 1]): sort descending, keep
     tokens while the mass before them is below top_p. Only the sorted values are needed, and on
@@ -121,8 +141,7 @@ class RowSampler:
             if constrained:
                 for i in constrained:
                     rows[i].matcher.fill_next_token_bitmask(self.bitmask, i)
-                xgr.apply_token_bitmask_inplace(
-                    logits, self.bitmask.to(logits.device), vocab_size=min(vocab, b.vocab_size), indices=constrained)
+                apply_bitmask(b, logits, self.bitmask.to(logits.device), min(vocab, b.vocab_size), constrained)
                 if b.banned_ids_tensor is not None:
                     idx = torch.tensor(constrained, device=logits.device)
                     logits[idx.unsqueeze(1), b.banned_ids_tensor.unsqueeze(0)] = float("-inf")
