@@ -6,7 +6,10 @@ transformers and xgrammar at module level.
 
   backend.py       `HFBackend`: construction, tokens, grammars, the request queue and worker
   rows.py          a request (`Pending`) and its n rows (`Row`): the unit of work
-  decode.py        one batched decode: our own loop over a left-padded cache, or `model.generate`
+  decode.py        one batched decode: our own loop over a left-padded cache, or `model.generate`;
+                   an out-of-memory batch split in halves and retried
+  memory_plan.py   bytes per token and per batch from the model config, the budgets, row admission
+  device.py        `device` resolved to cpu or cuda:N, the worker thread's CUDA device, free memory
   kv_buffer.py     that loop's preallocated key/value buffers (a transformers `DynamicLayer`)
   prefix_cache.py  keys/values reused across requests (what vLLM's prefix caching does)
   sampling.py      the per-row sampler: temperature, top-p, per-row seeded generators

@@ -2,10 +2,11 @@
 
 How a call flows:
   `await backend.generate([req])` → the request is tokenised with the chat template, checked
-  against the context length, expanded into `n` rows and queued. One worker task per event
-  loop takes up to `max_batch_size` queued rows (waiting up to `batch_wait_ms` to fill; rows of
-  one batch share one LoRA adapter), decodes them together in a thread (`asyncio.to_thread`,
-  `rollouts/hf/decode.py`), and resolves each request when all of its rows are done.
+  against the context length and the memory budget, expanded into `n` rows and queued. One
+  worker task per event loop takes up to `max_batch_size` queued rows that fit the budget
+  (`rollouts/hf/memory_plan.py`; waiting up to `batch_wait_ms` to fill; rows of one batch share
+  one LoRA adapter), decodes them together in a thread (`asyncio.to_thread`, under the model's
+  CUDA device, `rollouts/hf/decode.py`), and resolves each request when all of its rows are done.
 
 Token accounting: `Completion.token_ids` are the generated tokens without the final stop
 token; `completion_tokens` is their sum over the n completions. Text is decoded with special
