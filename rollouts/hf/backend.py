@@ -379,8 +379,8 @@ class HFBackend:
             return fail(f"prompt too long for the hf backend's memory: {len(prompt_ids)} prompt tokens plus "
                         f"{max_tokens} new need {gib(need)} of keys/values and prefill activations, more than "
                         f"its batch budget of {gib(self.budget.batch)} on {self.device} ({self.budget.source}); "
-                        "serve long contexts with the vllm backend (paged keys/values), or lower max_tokens "
-                        "or raise kv_budget_gib", prompt_ids)
+                        "serve long contexts with the vllm backend (paged keys/values), or lower max_tokens, "
+                        "raise kv_budget_gib or lower prefix_cache_gib", prompt_ids)
         pending = Pending(req, fut, t0, prompt_ids, [None] * s.n, s.n)
         self._ensure_worker(loop)
         for j in range(s.n):
