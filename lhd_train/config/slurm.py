@@ -62,8 +62,9 @@ class StageVars(StrictModel):
     constraint: Text = None
     reservation: Text = None
     time: Text = None  # per-stage default
-    nodes: Whole = 1
+    nodes: Whole = 1  # only `train` uses more than one node; the other stages spread over nodes as array tasks
     gpus_per_node: Whole = None  # default: worked out from the config
+    max_gpus_per_node: Whole = 8  # GPUs a node of the partition has: a job that needs more is refused
     gpu_directive: Literal["gpus-per-node", "gres"] = "gpus-per-node"  # gres: #SBATCH --gres=gpu:N
     device: Literal["cuda", "cpu"] = "cuda"  # cpu: a partition without GPUs (no GPU lines, OMP/MKL threads = cpus)
     cpus: Whole = 16  # --cpus-per-task
@@ -120,11 +121,11 @@ class DataVars(StageVars):
 
 class TrainVars(StageVars):
     time: Text = "48:00:00"
-    nodes: Whole = 2
-    gpus_per_node: Whole = 8
+    nodes: Whole = None  # default: from the accelerate config (single_gpu: 1 node x 1 GPU; zero3/fsdp2: 1 x 8)
+    gpus_per_node: Whole = None
     cpus: Whole = 64
     mem: Text = "0"
-    accelerate: Text = None  # zero3, fsdp2 or an accelerate YAML (default: the recipe's, else zero3)
+    accelerate: Text = None  # single_gpu, zero3, fsdp2 or an accelerate YAML (default: the recipe's, else single_gpu)
     algo: Text = None  # default: the recipe's
     main_port: int = 29500
     rdzv_backend: Text = "c10d"
@@ -178,6 +179,10 @@ def stage_vars(stage: str, given: dict[str, Any]) -> StageVars:
         e = validation_error(err, "command line", model)
         raise InputError("command line", f"--var {e.field}" if e.field else "--var", e.problem, e.allowed,
                          more=len(err.errors()) - 1) from None
+    if stage != "train" and v.nodes != 1:
+        hint = "" if stage == "merge" else " (array tasks spread the work over nodes: --var shards=N)"
+        raise InputError("command line", "--var nodes", f"{v.nodes}: a {stage} job runs on one node and "
+                         f"another would sit idle{hint}", "1")
     if v.device == "cpu":
         if given.get("gpus_per_node"):
             raise InputError("command line", "--var gpus_per_node",

@@ -13,8 +13,11 @@ Stages (CONFIG is a run config unless noted):
   followed by a dependent `lhd merge` that picks up the audit rows.
 - `data`: `lhd data bon|dpo` on the merged run, or an array over shard run dirs (`shards=N`) and a
   dependent `lhd data merge`.
-- `train`: CONFIG is a training recipe. `srun` starts one `accelerate launch` per node (DeepSpeed
-  ZeRO-3 or FSDP2 config from `configs/accelerate/`), rendezvous at the first node of the allocation.
+- `train`: CONFIG is a training recipe, sized from its accelerate config (`slurm_train`): one
+  process on one GPU for `single_gpu.yaml`; otherwise `srun` starts one `accelerate launch` per
+  node (DeepSpeed ZeRO-3 or FSDP2), rendezvous at the first node of the allocation.
+GPU requests are checked against the partition (`slurm_gpus`): never more than a node has, never
+one GPU for two models.
 - `lens`: CONFIG is a model config (`configs/models/*.yaml`), a run config (the performer's model) or
   a recipe; array over prompt slices with `lhd lens fit --shard i/N`, then a dependent `lhd lens merge`.
 - `merge`: `lhd merge` of a rollout's shard run dirs (CPU only).
@@ -30,10 +33,11 @@ from typing import Any
 from lhd_train.config.base import parse_assignment, read_config, validate
 from lhd_train.config.slurm import stage_vars
 from lhd_train.errors import InputError
+from lhd_train.ops.slurm_gpus import node_gpus
+from lhd_train.ops.slurm_train import train_size
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK = "${SLURM_ARRAY_TASK_ID}"
-ACCELERATE_CONFIGS = {"zero3": "configs/accelerate/zero3.yaml", "fsdp2": "configs/accelerate/fsdp2.yaml"}
 
 
 def template_dir() -> Path:
@@ -79,45 +83,14 @@ def role_model_keys(cfg: Any, roles: tuple[str, ...]) -> list[str]:
     return keys
 
 
-def node_gpus(models: dict[str, Any], keys: list[str]) -> tuple[int, list[str], list[str]]:
-    """GPUs one node needs for the models `keys` (managed vLLM servers: tp × dp each, or the count
-    of its `gpus:` list; in-process hf on CUDA: 1; openai endpoints: 0), notes about where each
-    model runs, and warnings (servers that would share GPUs)."""
-    total, notes, warnings = 0, [], []
-    claimed: dict[str, str] = {}
-    managed_without_gpus = []
-    for k in keys:
-        spec = models[k]
-        if spec.backend == "vllm":
-            need = spec.tensor_parallel_size * spec.data_parallel_size
-            if spec.gpus:
-                ids = [g.strip() for g in spec.gpus.split(",") if g.strip()]
-                if len(ids) != need:
-                    warnings.append(f"model '{k}': gpus '{spec.gpus}' lists {len(ids)} GPUs but tensor_parallel_size x "
-                                    f"data_parallel_size = {need}")
-                for g in ids:
-                    if g in claimed:
-                        warnings.append(f"GPU {g} is given to both '{claimed[g]}' and '{k}'")
-                    claimed[g] = k
-                need = max(need, len(ids))
-            else:
-                managed_without_gpus.append(k)
-            total += need
-            notes.append(f"{k}: vllm serve {spec.model} on {need} GPU(s)"
-                         + (f" (CUDA_VISIBLE_DEVICES={spec.gpus})" if spec.gpus else "")
-                         + f", tp {spec.tensor_parallel_size}, dp {spec.data_parallel_size}")
-        elif spec.backend == "hf":
-            n = 0 if spec.device == "cpu" else 1
-            total += n
-            notes.append(f"{k}: in-process transformers ({spec.device}) {spec.model}")
-        elif spec.backend == "openai":
-            notes.append(f"{k}: remote endpoint {spec.base_url} ({spec.model}), no GPU here")
-        else:
-            notes.append(f"{k}: {spec.backend} {spec.model}")
-    if len(managed_without_gpus) > 1:
-        warnings.append("several managed vllm servers without `gpus:` (" + ", ".join(managed_without_gpus)
-                        + ") would all start on the same visible GPUs; give each model its own `gpus:` set")
-    return total, notes, warnings
+def _vllm_exes(models: dict[str, Any], keys: list[str], v: dict[str, Any]) -> dict[str, Any]:
+    """What the job's guard checks before `lhd` starts a managed vLLM server on a GPU: the models'
+    own `vllm_executable`s, and whether one falls back to $LHD_VLLM / `vllm` on PATH (the guard
+    exports it, so the checkout's CPU build in .venv-vllm is never picked up on a GPU node)."""
+    gpu = [models[k] for k in keys if models[k].backend == "vllm" and models[k].device.lower() != "cpu"
+           and v["device"] != "cpu"]
+    return {"vllm_default": any(not s.vllm_executable for s in gpu),
+            "vllm_exes": sorted({s.vllm_executable for s in gpu if s.vllm_executable})}
 
 
 def _api_keys(models: dict[str, Any], keys: list[str]) -> list[str]:
@@ -139,6 +112,7 @@ class Plan:
     merge_commands: list[str] = field(default_factory=list)  # the dependent job's commands
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    summary: list[str] = field(default_factory=list)  # what `lhd slurm render` also says on stderr
     required_env: list[str] = field(default_factory=list)
     gpus: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
@@ -159,9 +133,10 @@ def _plan_rollout(config: Path, v: dict[str, Any]) -> Plan:
         raise InputError("command line", "--var shards", f"{shards} shards for {n_trials} trials: some would be empty",
                          f"1 ... {n_trials}")
     keys = role_model_keys(cfg, RUN_ROLES)
-    gpus, notes, warnings = node_gpus(cfg.models, keys)
-    p = Plan("rollout", cfg.run_name, array=shards, gpus=gpus, notes=notes, warnings=warnings,
-             required_env=_api_keys(cfg.models, keys))
+    gpus, notes = node_gpus(cfg.models, keys, dict.fromkeys(keys, config), on_gpu=v["device"] != "cpu",
+                            limit=v["max_gpus_per_node"], why="`lhd run` starts every role's model at once: ")
+    p = Plan("rollout", cfg.run_name, array=shards, gpus=gpus, notes=notes, required_env=_api_keys(cfg.models, keys))
+    p.extra.update(_vllm_exes(cfg.models, keys, v))
     p.commands = [_join("lhd run", q(config), f"--shard {TASK}/{shards}", "--no-progress",
                         *[q(o) for o in v["overrides"]])]
     shard_dirs = [_shard_dir(cfg.output_dir, cfg.run_name, i, shards) for i in range(shards)]
@@ -182,15 +157,16 @@ def _plan_rollout(config: Path, v: dict[str, Any]) -> Plan:
     return p
 
 
-def _auditor_models(config: Path, v: dict[str, Any], cfg: Any) -> tuple[dict[str, Any], str | None]:
+def _auditor_models(config: Path, v: dict[str, Any], cfg: Any) -> tuple[dict[str, Any], str | None, Path]:
+    """The auditor's models, its key, and the file they come from."""
     if v.get("auditor"):
         from lhd_train.config.auditor import AuditorConfig
 
         acfg = validate(AuditorConfig, read_config(v["auditor"]), v["auditor"])
-        return acfg.models, acfg.auditor.model
+        return acfg.models, acfg.auditor.model, Path(str(v["auditor"]))
     if cfg.auditor is None:
-        return cfg.models, None
-    return cfg.models, cfg.auditor.model
+        return cfg.models, None, config
+    return cfg.models, cfg.auditor.model, config
 
 
 def _targets(cfg: Any, v: dict[str, Any], idx: str | int | None, shards: int) -> str:
@@ -207,12 +183,13 @@ def _targets(cfg: Any, v: dict[str, Any], idx: str | int | None, shards: int) ->
 def _plan_audit(config: Path, v: dict[str, Any]) -> Plan:
     cfg = _load_run_config(config)
     shards = v["shards"]
-    models, key = _auditor_models(config, v, cfg)
+    models, key, source = _auditor_models(config, v, cfg)
     if key is None:
         raise InputError(config, "auditor", "the run config has no auditor role; pass --var auditor=AUDITOR.yaml")
-    gpus, notes, warnings = node_gpus(models, [key])
-    p = Plan("audit", cfg.run_name, array=shards if shards > 1 else None, gpus=gpus, notes=notes, warnings=warnings,
+    gpus, notes = node_gpus(models, [key], {key: source}, on_gpu=v["device"] != "cpu", limit=v["max_gpus_per_node"])
+    p = Plan("audit", cfg.run_name, array=shards if shards > 1 else None, gpus=gpus, notes=notes,
              required_env=_api_keys(models, [key]))
+    p.extra.update(_vllm_exes(models, [key], v))
     idx = TASK if shards > 1 else None
     opts = ["--auditor " + q(v["auditor"]) if v["auditor"] else None, f"--mode {q(v['mode'])}",
             f"--window {int(v['window'])}" if v["mode"] == "window" else None,
@@ -228,9 +205,10 @@ def _plan_audit(config: Path, v: dict[str, Any]) -> Plan:
 def _plan_data(config: Path, v: dict[str, Any]) -> Plan:
     cfg = _load_run_config(config)
     shards = v["shards"]
-    models, akey = _auditor_models(config, v, cfg)
+    models, akey, asource = _auditor_models(config, v, cfg)
     keys = role_model_keys(cfg, ("performer", "supervisor"))
     all_models = dict(cfg.models)
+    sources: dict[str, str | Path] = dict.fromkeys(keys, config)
     if akey is not None:
         if akey in all_models and all_models[akey] != models[akey]:
             all_models[f"auditor:{akey}"] = models[akey]
@@ -239,10 +217,17 @@ def _plan_data(config: Path, v: dict[str, Any]) -> Plan:
             all_models[akey] = models[akey]
         if akey not in keys:
             keys.append(akey)
-    gpus, notes, warnings = node_gpus(all_models, keys)
+            sources[akey] = asource
+    # `lhd data` grades each context's candidates as soon as they are sampled, so the performer, the
+    # supervisor and the auditor are served at the same time (docs/cluster.md).
+    why = ("`lhd data` samples with the performer while the supervisor and the auditor grade, so all three run "
+           "at once (the run's own auditor shares the supervisor's server): ")
+    gpus, notes = node_gpus(all_models, keys, sources, on_gpu=v["device"] != "cpu", limit=v["max_gpus_per_node"],
+                            why=why)
     out = v["out"] or str(Path(cfg.run_dir) / "data" / f"{v['kind']}-{v['direction']}")
-    p = Plan("data", cfg.run_name, array=shards if shards > 1 else None, gpus=gpus, notes=notes, warnings=warnings,
+    p = Plan("data", cfg.run_name, array=shards if shards > 1 else None, gpus=gpus, notes=notes,
              required_env=_api_keys(all_models, keys))
+    p.extra.update(_vllm_exes(all_models, keys, v))
     target_out = q(out) if shards == 1 else q(str(Path(out) / "shard")) + TASK + q(f"of{shards}")
     opts = [f"--out {target_out}", f"--n {int(v['n'])}", f"--direction {q(v['direction'])}",
             "--auditor " + q(v["auditor"]) if v["auditor"] else None,
@@ -260,35 +245,35 @@ def _plan_data(config: Path, v: dict[str, Any]) -> Plan:
 
 
 def _plan_train(config: Path, v: dict[str, Any]) -> Plan:
-    recipe = read_config(config)
+    recipe = read_config(config, list(v["overrides"]), "recipe file")
     algo = v["algo"] or recipe.get("algo")
     if algo not in ("sft", "dpo", "grpo"):
         raise InputError(config, "algo", f"{algo!r}: not a training recipe (or pass --var algo=sft|dpo|grpo)")
-    acc = v["accelerate"]
-    if acc is None:
-        named = Path(str(recipe.get("accelerate_config") or "")).stem
-        acc = named if named in ACCELERATE_CONFIGS else "zero3"
-    if acc not in ACCELERATE_CONFIGS and not str(acc).endswith((".yaml", ".yml")):
-        raise InputError("command line", "--var accelerate", f"'{acc}'", "zero3, fsdp2 or a path to an accelerate YAML")
-    acc_file = ACCELERATE_CONFIGS.get(acc, acc)
-    gpn = v["gpus_per_node"]
-    if not gpn:
-        raise InputError("command line", "--var gpus_per_node", "training needs at least one GPU per node")
+    size = train_size(recipe, config, algo, v)
+    v["nodes"], v["gpus_per_node"] = size.nodes, size.gpus_per_node
     overrides = list(v["overrides"])
-    if acc == "fsdp2" and not any(o.startswith("trainer.gradient_checkpointing=") for o in overrides):
-        # fsdp2.yaml does activation checkpointing itself; both at once fail (configs/accelerate/fsdp2.yaml).
+    if size.fsdp_checkpointing and not any(o.startswith("trainer.gradient_checkpointing=") for o in overrides):
+        # FSDP does activation checkpointing itself; both at once fail (configs/accelerate/fsdp2.yaml).
         overrides.append("trainer.gradient_checkpointing=false")
     p = Plan("train", Path(config).stem if not recipe.get("output_dir") else Path(recipe["output_dir"]).name,
-             gpus=gpn)
-    p.notes = [f"{v['nodes']} node(s) x {gpn} GPU(s) = {v['nodes'] * gpn} processes, {acc_file}",
-               f"{algo} on {recipe.get('model')} -> {recipe.get('output_dir')}"]
-    launch_args = ["--config_file", q(acc_file), "--num_machines", '"$NUM_MACHINES"',
-                   "--num_processes", '"$NUM_PROCESSES"', "--main_process_ip", '"$MAIN_PROCESS_IP"',
-                   "--main_process_port", '"$MAIN_PROCESS_PORT"', "--rdzv_backend", q(v["rdzv_backend"]),
-                   "--same_network", "-m", "lhd_train.finetune", q(algo), q(config), *[q(o) for o in overrides]]
-    p.extra.update(acc_file=acc_file, algo=algo, launch_args=" ".join(launch_args), main_port=int(v["main_port"]))
-    # One `accelerate launch` per node; $SLURM_PROCID (0 .. nodes-1) is the machine rank.
-    p.commands = [_join("accelerate launch", '--machine_rank "$SLURM_PROCID"', " ".join(launch_args))]
+             gpus=size.gpus_per_node)
+    batch = size.batch_line(algo)
+    p.notes = [f"{size.nodes} node(s) x {size.gpus_per_node} GPU(s) = {size.processes} process(es), {size.acc_file}",
+               f"{algo} on {recipe.get('model')} -> {recipe.get('output_dir')}", batch]
+    p.summary = [f"lhd slurm render train: {size.nodes} node(s) x {size.gpus_per_node} GPU(s), {batch}"]
+    entry = ["-m", "lhd_train.finetune", q(algo), q(config), *[q(o) for o in overrides]]
+    p.extra.update(acc_file=size.acc_file, algo=algo, main_port=int(v["main_port"]), single=size.single)
+    if size.single:  # one process: no srun, no rendezvous
+        launch_args = ["--config_file", q(size.acc_file), "--num_machines", "1", "--num_processes", "1", *entry]
+        p.commands = [_join("accelerate launch", " ".join(launch_args))]
+    else:
+        launch_args = ["--config_file", q(size.acc_file), "--num_machines", '"$NUM_MACHINES"',
+                       "--num_processes", '"$NUM_PROCESSES"', "--main_process_ip", '"$MAIN_PROCESS_IP"',
+                       "--main_process_port", '"$MAIN_PROCESS_PORT"', "--rdzv_backend", q(v["rdzv_backend"]),
+                       "--same_network", *entry]
+        # One `accelerate launch` per node; $SLURM_PROCID (0 .. nodes-1) is the machine rank.
+        p.commands = [_join("accelerate launch", '--machine_rank "$SLURM_PROCID"', " ".join(launch_args))]
+    p.extra["launch_args"] = " ".join(launch_args)
     return p
 
 
@@ -350,14 +335,25 @@ def plan_stage(stage: str, config: Path, **vars: Any) -> tuple[Plan, dict[str, A
     if v["device"] == "cpu":
         plan.notes.append(f"device=cpu: no GPUs requested; models run on the node's CPUs "
                           f"(OMP_NUM_THREADS={v['cpus']})")
-    elif v["gpus_per_node"] is None:
-        v["gpus_per_node"] = plan.gpus
-    elif stage in ("rollout", "audit", "data") and v["gpus_per_node"] < plan.gpus:
-        plan.warnings.append(f"gpus_per_node={v['gpus_per_node']} but the models of this stage need {plan.gpus}")
+    else:
+        _check_gpu_request(stage, plan, v)
     v["job_name"] = v["job_name"] or f"lhd-{stage}-{plan.name}"
     if not plan.merge_commands:
         v["merge_job"] = False
     return plan, v
+
+
+def _check_gpu_request(stage: str, plan: Plan, v: dict[str, Any]) -> None:
+    """Fill in `gpus_per_node` (what the models need) and refuse a request no node can satisfy."""
+    if v["gpus_per_node"] is None:
+        v["gpus_per_node"] = plan.gpus
+    elif stage in ("rollout", "audit", "data") and v["gpus_per_node"] < plan.gpus:
+        raise InputError("command line", "--var gpus_per_node", f"{v['gpus_per_node']}, but the models of the "
+                         f"{stage} stage need {plan.gpus} GPUs on the node", f"at least {plan.gpus}")
+    limit = v["max_gpus_per_node"]
+    if limit is not None and v["gpus_per_node"] > limit:
+        raise InputError("command line", "--var gpus_per_node", f"{v['gpus_per_node']} GPUs per node, more than "
+                         f"the {limit} a node of the partition has (max_gpus_per_node)", f"at most {limit}")
 
 
 # ----------------------------------------------------------------------------- rendering
@@ -388,6 +384,12 @@ def _context(plan: Plan, v: dict[str, Any], config: Path, merge_script: str | No
 
 def render_slurm(stage: str, config: Path, **vars: Any) -> str:
     """The filled sbatch script of `stage` for `config`. Variables: `lhd_train.config.slurm`."""
+    return render_job(stage, config, **vars)[0]
+
+
+def render_job(stage: str, config: Path, **vars: Any) -> tuple[str, list[str]]:
+    """The filled sbatch script, and the lines `lhd slurm render` prints on stderr (the training
+    job's size and global batch)."""
     plan, v = plan_stage(stage, config, **vars)
     env = _env()
     merge_script = None
@@ -399,7 +401,7 @@ def render_slurm(stage: str, config: Path, **vars: Any) -> str:
         merge_script = env.get_template("_merge_job.sbatch.j2").render(**_context(mplan, mv, config, None))
         if "LHD_MERGE_JOB_EOF" in merge_script:
             raise InputError("command line", "--var", "a value contains the heredoc marker LHD_MERGE_JOB_EOF")
-    return env.get_template(f"{stage}.sbatch.j2").render(**_context(plan, v, config, merge_script))
+    return env.get_template(f"{stage}.sbatch.j2").render(**_context(plan, v, config, merge_script)), plan.summary
 
 
 def dry_run_commands(stage: str, config: Path, **vars: Any) -> list[str]:
@@ -409,7 +411,13 @@ def dry_run_commands(stage: str, config: Path, **vars: Any) -> list[str]:
     out: list[str] = [f"# WARNING: {w}" for w in plan.warnings]
     out += list(v["setup"])
     out += [f"export {k}={q(val)}" for k, val in _context(plan, v, config, None)["exports"].items()]
+    if plan.extra.get("vllm_default"):
+        out.append('export LHD_VLLM="$(command -v "${LHD_VLLM:-vllm}")"  # the job stops here without a vllm')
+    out += [f"command -v {q(exe)}  # vllm_executable, checked" for exe in plan.extra.get("vllm_exes", [])]
     if stage == "train":
+        out += [f"# {n}" for n in plan.notes]
+        if plan.extra["single"]:
+            return out + list(plan.commands)
         nodes = int(v["nodes"])
         procs = nodes * int(v["gpus_per_node"])
         out += ['export MAIN_PROCESS_IP=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)']

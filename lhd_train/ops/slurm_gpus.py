@@ -1,0 +1,111 @@
+"""The GPUs one node of a Slurm job needs for the models the job runs at the same time.
+
+A request the node cannot satisfy is refused when the script is rendered, not found on the node:
+more GPUs than a node of the partition has (`max_gpus_per_node`: Slurm would keep the job pending
+forever), a `gpus:` list whose length is not the server's tensor x data parallel size, or two
+models given the same GPU (the second vLLM server would fail for lack of free memory). `gpus:`
+and `device: cuda:N` are positions in the job's `CUDA_VISIBLE_DEVICES` (rollouts/gpus.py, which
+`lhd run` checks again on the node); a managed server without `gpus:` takes the first GPUs the job
+has (`0 .. tp x dp - 1`), as vLLM does with every GPU visible, and an hf model on `cuda` GPU 0."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lhd_train.errors import InputError
+
+
+@dataclass
+class _Claim:
+    key: str  # the model's key in the job (`auditor:` prefix when it comes from an auditor config)
+    positions: list[int]
+    how: str  # where the positions come from, for the error
+
+    def __str__(self) -> str:
+        return f"'{self.key}' ({self.how})"
+
+
+def _positions(source: str, field: str, gpus: str) -> list[int]:
+    out = []
+    for g in gpus.split(","):
+        g = g.strip()
+        if not g.isdigit():
+            raise InputError(source, field, f"'{gpus}': '{g}' is not a GPU position",
+                             "comma-separated whole numbers, positions in the job's CUDA_VISIBLE_DEVICES")
+        out.append(int(g))
+    if len(set(out)) != len(out):
+        raise InputError(source, field, f"'{gpus}' lists a GPU twice", "each position once")
+    return out
+
+
+def node_gpus(models: dict[str, Any], keys: list[str], sources: dict[str, str | Path], *, on_gpu: bool = True,
+              limit: int | None = None, why: str = "") -> tuple[int, list[str]]:
+    """GPUs one node needs for the models `keys`, which the job runs at the same time (managed
+    vLLM servers: tp x dp each at their `gpus:` positions; in-process hf on CUDA: 1; openai
+    endpoints: 0), and one note per model saying where it runs. `sources` names each model's
+    config file for the errors. With `on_gpu` (a GPU partition) the sets are checked: disjoint,
+    the right size, and in total at most `limit`; `why` says why the models run together."""
+    total, notes, claims, parts = 0, [], [], []
+    for k in keys:
+        spec, name = models[k], k.removeprefix("auditor:")
+        if spec.backend == "vllm" and spec.device.lower() != "cpu":
+            need = spec.tensor_parallel_size * spec.data_parallel_size
+            if spec.gpus:
+                field = f"models.{name}.gpus"
+                pos = _positions(str(sources[k]), field, spec.gpus)
+                if on_gpu and len(pos) != need:
+                    raise InputError(sources[k], field, f"'{spec.gpus}' lists {len(pos)} GPU(s) but "
+                                     f"tensor_parallel_size x data_parallel_size = {need}", f"{need} GPU positions")
+                claims.append(_Claim(k, pos, f"gpus: {spec.gpus}"))
+                need = max(need, len(pos))
+            else:
+                claims.append(_Claim(k, list(range(need)), f"no gpus:, so the job's first {need} GPU(s)"))
+            total += need
+            parts.append(f"{k} {need}")
+            notes.append(f"{k}: vllm serve {spec.model} on {need} GPU(s)"
+                         + (f" (GPU positions {spec.gpus})" if spec.gpus else "")
+                         + f", tp {spec.tensor_parallel_size}, dp {spec.data_parallel_size}")
+        elif spec.backend == "vllm":
+            notes.append(f"{k}: vllm serve {spec.model} on the CPU")
+        elif spec.backend == "hf":
+            n = 0 if spec.device.lower() == "cpu" else 1
+            total += n
+            if n:
+                parts.append(f"{k} 1")
+                index = spec.device.partition(":")[2]
+                if index and not index.isdigit():
+                    raise InputError(sources[k], f"models.{name}.device", f"'{spec.device}'", "auto, cpu, cuda, cuda:N")
+                claims.append(_Claim(k, [int(index or 0)], f"device: {spec.device}"))
+            notes.append(f"{k}: in-process transformers ({spec.device}) {spec.model}")
+        elif spec.backend == "openai":
+            notes.append(f"{k}: remote endpoint {spec.base_url} ({spec.model}), no GPU here")
+        else:
+            notes.append(f"{k}: {spec.backend} {spec.model}")
+    if not on_gpu:
+        return total, notes
+    # A position past the sum (e.g. `gpus: "4"` alone) still needs the GPUs before it in the job.
+    total = max([total] + [p + 1 for c in claims for p in c.positions])
+    if limit is not None and total > limit:
+        raise InputError(sources[keys[0]], "models",
+                         f"{why}one node needs {total} GPUs ({' + '.join(parts)}), more than the {limit} a node "
+                         "has; serve a model behind an `openai` endpoint started by another job, or use smaller "
+                         "tensor_parallel_size",
+                         f"at most {limit} GPUs per node (--var max_gpus_per_node=N for nodes with N GPUs)")
+    _check_disjoint(claims, sources, why)
+    return total, notes
+
+
+def _check_disjoint(claims: list[_Claim], sources: dict[str, str | Path], why: str) -> None:
+    owner: dict[int, _Claim] = {}
+    for c in claims:
+        for p in c.positions:
+            other = owner.get(p)
+            if other is None:
+                owner[p] = c
+                continue
+            name = c.key.removeprefix("auditor:")
+            field = "device" if c.how.startswith("device") else "gpus"
+            raise InputError(sources[c.key], f"models.{name}.{field}",
+                             f"{why}GPU position {p} is given to both {other} and {c}",
+                             "disjoint GPU sets: `gpus:` on vllm models, `device: cuda:N` on hf models")
