@@ -434,7 +434,7 @@ def test_rendered_script_contents(run_configs):
     assert "#SBATCH --array=0-3\n" in text and "#SBATCH --gpus-per-node=5" in text  # 8B on 1 GPU + 72B on 4
     assert "#SBATCH --partition=gpu" in text and "module load cuda" in text and "export HF_HOME=/scratch/hf" in text
     assert "lhd run " + str(vllm_cfg) + " --shard ${SLURM_ARRAY_TASK_ID}/4" in text
-    assert "CUDA_VISIBLE_DEVICES=1,2,3,4 vllm serve Qwen/Qwen2.5-72B-Instruct" in text
+    assert "[GPU positions 1,2,3,4] vllm serve Qwen/Qwen2.5-72B-Instruct" in text
     assert "--dependency=afterok:\"${SLURM_ARRAY_JOB_ID}\"" in text
     assert "lhd merge runs/llama8b-vs-qwen72b-shard0of4 runs/llama8b-vs-qwen72b-shard1of4" in text
     # A remote supervisor: one GPU for the performer, and the key must be in the environment.

@@ -151,7 +151,10 @@ def _plan_rollout(config: Path, v: dict[str, Any]) -> Plan:
             device = "cpu" if spec.device == "cpu" or v["device"] == "cpu" else "cuda"
             argv = ["vllm", *vllm_command(spec, 0, k, device, exe="vllm")[1:]]
             cmd = " ".join(q(c) for c in argv).replace("--port 0", "--port <free port>")
-            servers.append("".join(f"{n}={v} " for n, v in vllm_env(spec, device).items()) + cmd)
+            # On GPUs, `gpus:` are positions in the job's CUDA_VISIBLE_DEVICES, mapped on the node.
+            env = vllm_env(spec, device) if device == "cpu" else {}
+            where = f"[GPU positions {spec.gpus}] " if device != "cpu" and spec.gpus else ""
+            servers.append(where + "".join(f"{n}={v} " for n, v in env.items()) + cmd)
     p.extra["servers"] = servers
     p.extra["trials_per_shard"] = [((n_trials * (i + 1)) // shards) - ((n_trials * i) // shards) for i in range(shards)]
     return p
