@@ -6,15 +6,23 @@ in practice (a wrong path, an empty folder, a torn `config.json`, no tokenizer, 
 file) are checked here first, so the error is one line naming the file and what is wrong.
 
 `weights_fingerprint` says which weights a folder holds now, so a caller can notice when the
-weights behind a path changed (a model rebuilt in place) although its config did not."""
+weights behind a path changed (a model rebuilt in place) although its config did not.
+
+`counting_tokenizer` is the one rule by which served models (openai, vllm, transformers-serve)
+get the tokenizer that counts their prompts against the context window; `estimate_tokens` is the
+conservative count used when there is none."""
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 from rollouts.backend import BackendError
+from rollouts.spec import ModelSpec
+
+log = logging.getLogger(__name__)
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 TOKENIZER_HINT = "tokenizer.json, tokenizer.model, vocab.json"
@@ -156,3 +164,41 @@ def weights_fingerprint(name: str | None) -> dict[str, Any] | None:
     for f in files:
         h.update(f"{f.name}\0{f.stat().st_size}\0{_file_digest(f)}\n".encode())
     return {"path": str(p.resolve()), "digest": h.hexdigest(), "files": {f.name: f.stat().st_size for f in files}}
+
+
+# Fallback token count: 3 characters per token. English prose runs ~4 chars/token, but tokenisers
+# that split numbers into single digits (Qwen, SmolLM2) need ~3.3 on task-pack text, so 4 undercounts
+# and sends prompts over the window. Digit-dense text can still beat 3: only a tokenizer is exact.
+CHARS_PER_TOKEN_ESTIMATE = 3
+_MESSAGE_OVERHEAD = 4  # role and chat-template tokens per message
+_warned: set[str] = set()
+
+
+def estimate_tokens(messages: list[dict[str, str]]) -> int:
+    """A prompt's length in tokens without a tokenizer, erring on the long side."""
+    return sum(len(m["content"]) // CHARS_PER_TOKEN_ESTIMATE + _MESSAGE_OVERHEAD for m in messages)
+
+
+def counting_tokenizer(spec: ModelSpec) -> Any | None:
+    """The tokenizer that counts a served model's prompts: `tokenizer:` when given, else the model
+    itself, either a local folder or a hub id already in HF_HOME (never downloaded: nodes are often
+    offline, and a managed vLLM has fetched its model before this runs). None when the model's own
+    cannot be found: counts are then estimated, and a warning says so once per model. A `tokenizer:`
+    that does not load is a configuration error."""
+    from transformers import AutoTokenizer
+
+    name = spec.tokenizer or spec.model
+    try:
+        return AutoTokenizer.from_pretrained(name, revision=spec.revision, local_files_only=True,
+                                             trust_remote_code=spec.trust_remote_code)
+    except Exception as e:  # noqa: BLE001 - loaders raise OSError, ValueError, HFValidationError, ...
+        if spec.tokenizer:
+            raise BackendError(f"model '{spec.model}': tokenizer: '{spec.tokenizer}' does not load offline "
+                               f"(a local folder, or a hub id in HF_HOME): {one_line(e, 200)}") from None
+        if spec.model not in _warned:
+            _warned.add(spec.model)
+            log.warning("model '%s': no tokenizer found (not a local folder, not in HF_HOME), so prompt lengths are "
+                        "estimated at %d characters per token and digit-heavy prompts may still overflow the "
+                        "context; set `tokenizer:` on this model to a local folder with its tokenizer files for "
+                        "exact counts", spec.model, CHARS_PER_TOKEN_ESTIMATE)
+        return None

@@ -2,7 +2,13 @@
 
 Bounded in-flight requests, timeouts, retries with exponential backoff and full jitter on
 transient failures (429, 5xx, connection, timeout), none on client errors. API keys come from
-the environment variable the config names and are never stored or logged."""
+the environment variable the config names and are never stored or logged.
+
+Timeouts cover queue time too: a busy vLLM holds long-context requests in its waiting queue
+before it starts them. So a managed or local server gets an hour by default (a remote API ten
+minutes), and a request that times out against a managed server that is still alive fails at
+once instead of being resubmitted: vLLM aborts a request whose client left, so a resubmission
+starts from scratch at the back of the same queue."""
 from __future__ import annotations
 
 import asyncio
@@ -12,12 +18,45 @@ import random
 import threading
 import time
 from typing import Any
+from urllib.parse import urlparse
 
 from rollouts.backend import BackendError
+from rollouts.model_files import counting_tokenizer, estimate_tokens
 from rollouts.spec import ModelSpec
 from rollouts.types import Completion, GenerationRequest, GenerationResult
 
 SCHEMA_NOTE = "\n\nReply with one JSON object, and nothing else, that matches this JSON schema:\n{schema}"
+LOCAL_TIMEOUT_S = 3600.0  # managed or local servers: long prompts wait in a queue behind each other
+REMOTE_TIMEOUT_S = 600.0
+DEFAULT_IN_FLIGHT = 32
+MANAGED_BACKENDS = ("vllm", "transformers-serve")
+
+
+def is_local_server(spec: ModelSpec, base_url: str | None = None) -> bool:
+    """A server lhd starts, or one on this machine (loopback address)."""
+    host = urlparse(base_url or spec.base_url or "").hostname or ""
+    return spec.backend in MANAGED_BACKENDS or host in ("localhost", "::1") or host.startswith("127.")
+
+
+def request_timeout_s(spec: ModelSpec, base_url: str | None = None) -> float:
+    """`timeout_s`, or the default for where the server is."""
+    if spec.timeout_s is not None:
+        return spec.timeout_s
+    return LOCAL_TIMEOUT_S if is_local_server(spec, base_url) else REMOTE_TIMEOUT_S
+
+
+def max_in_flight(spec: ModelSpec) -> int:
+    """`max_in_flight`, or for vLLM the server's `--max-num-seqs` (so lhd can fill its batch), or 32."""
+    if spec.max_in_flight is not None:
+        return spec.max_in_flight
+    if spec.backend == "vllm":
+        args = list(spec.extra_args)
+        for i, a in enumerate(args):
+            value = args[i + 1] if a == "--max-num-seqs" and i + 1 < len(args) else (
+                a.split("=", 1)[1] if a.startswith("--max-num-seqs=") else None)
+            if value is not None and value.isdigit() and int(value) > 0:
+                return int(value)
+    return DEFAULT_IN_FLIGHT
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -42,6 +81,9 @@ class OpenAIBackend:
 
         self.spec = spec
         self.base_url = base_url
+        self.timeout_s = request_timeout_s(spec, base_url)
+        self.max_in_flight = max_in_flight(spec)
+        self.server: Any = None  # a ManagedServer, for the backends that start their own
         self.model_id = served_name or spec.model
         self.max_model_len = spec.max_model_len
         self.structured = structured or spec.structured_outputs
@@ -57,8 +99,8 @@ class OpenAIBackend:
         # Our own httpx client: the SDK's default one, when dropped, schedules its own close on whatever
         # loop is running, which fails ("Event loop is closed") for a client of an earlier loop.
         self._new_client = lambda: openai.AsyncOpenAI(
-            base_url=base_url, api_key=key, timeout=spec.timeout_s, max_retries=0,
-            http_client=openai.DefaultAsyncHttpxClient(timeout=spec.timeout_s))
+            base_url=base_url, api_key=key, timeout=self.timeout_s, max_retries=0,
+            http_client=openai.DefaultAsyncHttpxClient(timeout=self.timeout_s))
         # One client and gate per event loop: a caller that runs several `asyncio.run`s on one backend
         # (a benchmark, a notebook) must not reuse connections bound to a loop that is closed.
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -72,26 +114,26 @@ class OpenAIBackend:
     def from_spec(cls, spec: ModelSpec) -> OpenAIBackend:
         if not spec.base_url:
             raise BackendError(f"model '{spec.model}': backend openai needs base_url")
-        tok = None
-        if spec.tokenizer:
-            from transformers import AutoTokenizer
+        return cls(spec, spec.base_url, tokenizer=counting_tokenizer(spec))
 
-            tok = AutoTokenizer.from_pretrained(spec.tokenizer, revision=spec.revision,
-                                                trust_remote_code=spec.trust_remote_code)
-        return cls(spec, spec.base_url, tokenizer=tok)
+    @property
+    def exact_token_counts(self) -> bool:
+        """Whether `count_tokens` uses the model's tokenizer (else it estimates)."""
+        return self._tokenizer is not None
 
     def count_tokens(self, messages: list[dict[str, str]]) -> int:
-        """Exact with a local tokenizer; otherwise a conservative estimate (4 chars per token)."""
+        """Exact with a tokenizer; otherwise a conservative estimate (3 chars per token)."""
         if self._tokenizer is not None:
             with self._tok_lock:
                 return len(self._tokenizer.apply_chat_template(
                     messages, tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"])
-        return sum(len(m["content"]) // 4 + 4 for m in messages)
+        return estimate_tokens(messages)
 
     def describe(self) -> dict[str, Any]:
         return {"backend": "openai", "model": self.model_id, "revision": self.spec.revision,
                 "base_url": self.base_url, "api_key_env": self.spec.api_key_env,
-                "structured_outputs": self.structured}
+                "structured_outputs": self.structured, "timeout_s": self.timeout_s,
+                "max_in_flight": self.max_in_flight, "exact_token_counts": self.exact_token_counts}
 
     async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         return list(await asyncio.gather(*(self._one(r) for r in requests)))
@@ -140,6 +182,11 @@ class OpenAIBackend:
                         continue
                     return self._fail(f"{type(e).__name__}: {e}", t0)
                 except Exception as e:  # noqa: BLE001 - classified below
+                    if isinstance(e, openai.APITimeoutError) and self.server is not None and self.server.alive():
+                        return self._fail(
+                            f"{type(e).__name__}: no answer within timeout_s={self.timeout_s:.0f} s from the managed "
+                            "server, which is still running (the time includes its queue); not resubmitted, as the "
+                            "server dropped the request's work: raise timeout_s or lower max_in_flight", t0)
                     if not _is_transient(e) or attempt >= self.spec.max_retries:
                         return self._fail(f"{type(e).__name__}: {e}", t0)
                     attempt += 1
@@ -167,7 +214,7 @@ class OpenAIBackend:
         if self._loop is not loop:
             # the previous loop's client is dropped, not closed: closing needs that loop, and it is gone
             self._loop, self._client = loop, self._new_client()
-            self._gate = asyncio.Semaphore(self.spec.max_in_flight)
+            self._gate = asyncio.Semaphore(self.max_in_flight)
         assert self._gate is not None
         return self._client, self._gate
 

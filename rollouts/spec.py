@@ -29,13 +29,18 @@ class ModelSpec(BaseModel):
     # openai-compatible endpoints
     base_url: str | None = None
     api_key_env: str | None = Field(None, description="name of the env variable holding the key")
-    max_in_flight: int = Field(32, ge=1)
-    timeout_s: float = Field(600.0, gt=0)
+    max_in_flight: int | None = Field(
+        None, ge=1, description="requests in flight at once; default: vllm: the server's --max-num-seqs "
+        "in extra_args, otherwise 32")
+    timeout_s: float | None = Field(
+        None, gt=0, description="seconds one request may take, queue time included; default 3600 for a "
+        "managed or local (127.0.0.1/localhost) server, 600 for a remote API")
     max_retries: int = Field(5, ge=0)
     structured_outputs: Literal["auto", "response_format", "vllm", "prompt"] = Field(
         "auto", description="how JSON schemas reach the server (see rollouts/openai_backend.py)"
     )
-    tokenizer: str | None = Field(None, description="local tokenizer for exact token counts (openai backend)")
+    tokenizer: str | None = Field(None, description="openai and vllm: tokenizer (local folder or a hub id in "
+                                  "HF_HOME) for exact token counts; default: the model's own")
     startup_timeout_s: float = Field(900.0, gt=0, description="managed servers: wait this long for /health")
     # vllm serve
     tensor_parallel_size: int = Field(1, ge=1)

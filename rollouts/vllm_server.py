@@ -147,12 +147,14 @@ class ManagedServerBackend(OpenAIBackend):
     kind = "managed"
 
     def __init__(self, spec: ModelSpec, server: ManagedServer, served_name: str, structured: str):
-        server.start(spec.startup_timeout_s)
-        tok = None
-        if Path(spec.model).exists():  # exact token counts for local checkpoints
-            from transformers import AutoTokenizer
+        from rollouts.model_files import counting_tokenizer
 
-            tok = AutoTokenizer.from_pretrained(spec.model, trust_remote_code=spec.trust_remote_code)
+        server.start(spec.startup_timeout_s)
+        try:  # after start: the server has fetched its model into HF_HOME by now
+            tok = counting_tokenizer(spec)
+        except BackendError:
+            server.stop()
+            raise
         super().__init__(spec, server.base_url, served_name, structured, tok)
         self.server = server
         if self.max_model_len is None and tok is not None:

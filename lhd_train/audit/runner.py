@@ -210,6 +210,8 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
         spec = cfg.spec
         if cfg.auditor.adapter and cfg.auditor.adapter not in spec.adapters:
             spec.adapters[cfg.auditor.adapter] = cfg.auditor.adapter
+        if spec.max_in_flight is None:  # unset: --concurrency decides (a value set in the config is kept)
+            spec = spec.model_copy(update={"max_in_flight": opts.concurrency})
         rd.logs_dir.mkdir(exist_ok=True)
         backend = build_backend(spec, name=cfg.auditor.model, log_dir=str(rd.logs_dir))
     if backend is not None:
@@ -222,7 +224,7 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
     model = {"key": cfg.auditor.model, "model": cfg.spec.model, "revision": cfg.spec.revision,
              "adapter": cfg.auditor.adapter}
     rc = cfg.auditor
-    limit = exact_context_limit(backend)
+    limit, exact = context_limit(backend)
     gate = asyncio.Semaphore(opts.concurrency)
     cache: dict[tuple, str] = {}
     bar = tqdm(total=len(jobs), desc=f"audit {auditor_id}", unit="round", disable=not progress)
@@ -238,7 +240,9 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
             try:
                 n = await asyncio.to_thread(backend.count_tokens, messages) if limit else 0
                 if limit and n + rc.sampling.max_tokens > limit:
-                    outcome = _Overflow(f"prompt of {n} tokens + max_tokens {rc.sampling.max_tokens} exceeds "
+                    counted = "tokens" if exact else ("tokens (estimated: no tokenizer; set `tokenizer:` on the "
+                                                      "auditor's model for exact counts)")
+                    outcome = _Overflow(f"prompt of {n} {counted} + max_tokens {rc.sampling.max_tokens} exceeds "
                                         f"the model's context of {limit} tokens")
                 else:
                     outcome = await ask_structured(
@@ -283,15 +287,17 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
                         time.perf_counter() - t0)
 
 
-def exact_context_limit(backend: Backend | None) -> int | None:
-    """The model's context length, but only when the backend counts tokens exactly (a local
-    tokenizer): an estimate could mark a round failed for good that would in fact fit."""
+def context_limit(backend: Backend | None) -> tuple[int | None, bool]:
+    """The model's context length when known, and whether the backend counts tokens exactly. An
+    estimated count is still checked: it errs long (openai backends: 3 chars per token), and a
+    prompt sent over the window fails on every rerun, while the server's 400 would leave the
+    round missing for good. The row's error says when its count was an estimate."""
     if backend is None:
-        return None
+        return None, False
     exact = getattr(backend, "tokenizer", None) is not None or getattr(backend, "_tokenizer", None) is not None \
-        or getattr(backend, "exact_token_counts", False)
+        or bool(getattr(backend, "exact_token_counts", False))
     limit = getattr(backend, "max_model_len", None) or getattr(backend, "max_len", None)
-    return int(limit) if exact and limit else None
+    return (int(limit) if limit else None), exact
 
 
 @dataclass

@@ -116,9 +116,15 @@ class Performer:
         # Counting tokens of a long conversation takes ~10 ms: off the event loop, so other
         # trials keep submitting and the backend keeps decoding meanwhile.
         msgs, info = await asyncio.to_thread(self.build_messages)
+        limit = getattr(self.backend, "max_model_len", None)
+        if limit and info.prompt_tokens >= limit:  # the server would refuse it (a 400): never sent
+            error = (f"context overflow: the performer's prompt is {info.prompt_tokens} tokens with "
+                     f"{info.dropped_messages} earlier messages dropped (the current task's are kept), over the "
+                     f"model's context of {limit} tokens; raise max_model_len or shorten the task's files")
+            return Answer(GenerationResult([], model_id=getattr(self.backend, "model_id", ""), error=error),
+                          msgs, info, 0)
         [first] = await self.backend.generate([GenerationRequest(msgs, sampling(1), None, adapter)])
         results = [first]
-        limit = getattr(self.backend, "max_model_len", None)
         while (len(results) < max_segments and results[-1].error is None and results[-1].completions
                and results[-1].completions[0].finish_reason == "length"):
             k = len(results) + 1

@@ -33,6 +33,11 @@ def audit_command(run: Path, auditor_config: Path | None = None, mode: str = AUD
     opts = AuditOptions(mode=mode, window=window, hide_supervisor=hide_supervisor,
                         hide_event_labels=hide_event_labels, auditor_id=auditor_id, concurrency=concurrency,
                         include_unfinished=include_unfinished)
+    cap = cfg.spec.max_in_flight
+    if cap is not None and cap < concurrency and cfg.spec.backend != "hf":
+        console.print(f"[yellow]--concurrency {concurrency}: at most {cap} rounds are in flight, since "
+                      f"models.{cfg.auditor.model}.max_in_flight is {cap} in {source or 'the auditor config'}; "
+                      "raise it (or leave it unset) to send more[/yellow]")
     summary = asyncio.run(audit_run(run, cfg, opts, config_source=source, progress=progress))
     print_audit_summary(summary)
     if not summary.complete:
