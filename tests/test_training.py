@@ -553,3 +553,187 @@ def test_sft_trains_only_the_selected_last_turn_by_default(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("algo: sft\nmodel: m\ndirection: honest\ndata: {train: d}\noutput_dir: o\n")
     assert load_recipe(recipe).sft.loss_on == "last_turn"
+
+
+# ----------------------------------------------------------------------------- GPU-node rules (issue 20)
+
+
+def _run_with_auditor(tmp_path: Path, auditor: dict, supervisor: dict | None = None) -> Path:
+    """A run directory holding only its resolved config: what the judged rewards read at preflight."""
+    from lhd_train.config.run import dump_resolved, parse_config
+    from lhd_train.rundir.layout import RunDir
+
+    cfg = parse_config({
+        "run_name": "judged", "output_dir": str(tmp_path), "seeds": [1],
+        "models": {"big": auditor, "sup": supervisor or auditor, "perf": {"backend": "hf", "model": "x"}},
+        "performer": {"model": "perf"}, "supervisor": {"model": "sup"}, "auditor": {"model": "big"},
+    }, "test")
+    rd = RunDir(cfg.run_dir)
+    rd.config.parent.mkdir(parents=True, exist_ok=True)
+    rd.config.write_text(dump_resolved(cfg))
+    return cfg.run_dir
+
+
+def test_judged_reward_never_starts_a_model_inside_a_training_rank(llama, tmp_path):
+    """H3: a judge built from the run's vllm or hf auditor is refused before any model loads, with the
+    two commands to run instead; an endpoint the user started (openai, 127.0.0.1) is accepted."""
+    from datasets import Dataset
+
+    from lhd_train.config.recipe import load_recipe
+    from lhd_train.finetune.trainer import build_trainer
+
+    big = {"backend": "vllm", "model": "Qwen/Qwen2.5-72B-Instruct", "tensor_parallel_size": 4,
+           "max_model_len": 32768, "gpus": "1,2,3,4"}
+    rundirs = {"vllm": _run_with_auditor(tmp_path / "v", big),
+               "hf": _run_with_auditor(tmp_path / "h", {"backend": "hf", "model": str(llama)})}
+    recipe_path = RECIPES / "tiny" / "grpo-honest.yaml"
+
+    def recipe(run_dir: Path, *ov: str):
+        data = tmp_path / f"data-{run_dir.parent.name}"
+        Dataset.from_list([{"prompt": prompt(i), "run_dir": str(run_dir), "trial_id": "s1", "global_round": i + 1}
+                           for i in range(4)]).save_to_disk(str(data))
+        return load_recipe(recipe_path, [f"model={llama}", f"data.train={data}", f"output_dir={tmp_path / 'o'}",
+                                         "wandb.enabled=false", *ov])
+
+    import trl
+
+    built = []
+    real_init = trl.GRPOTrainer.__init__
+
+    def spy(self, *a, **kw):
+        built.append(1)
+        return real_init(self, *a, **kw)
+
+    trl.GRPOTrainer.__init__ = spy
+    try:
+        msg = _error(build_trainer, recipe(rundirs["vllm"]), recipe_path, str(recipe_path))
+        assert "'grpo.judge'" in msg and "every training rank" in msg
+        assert ("1. CUDA_VISIBLE_DEVICES=<GPUs the trainer does not use> vllm serve Qwen/Qwen2.5-72B-Instruct "
+                "--port 8001 --tensor-parallel-size 4 --max-model-len 32768") in msg
+        assert (f"2. lhd train grpo {recipe_path} grpo.judge.base_url=http://127.0.0.1:8001/v1 "
+                "grpo.judge.model=Qwen/Qwen2.5-72B-Instruct") in msg
+        msg = _error(build_trainer, recipe(rundirs["hf"]), recipe_path, str(recipe_path))
+        assert "(hf: " in msg and f"vllm serve {llama} --port 8001" in msg
+        msg = _error(build_trainer, recipe(rundirs["hf"], "grpo.rewards=[{name: satisfaction}]",
+                                           "grpo.judge.base_url=http://127.0.0.1:8001/v1", "grpo.judge.model=m"),
+                     recipe_path, str(recipe_path))
+        assert "'grpo.supervisor_judge'" in msg
+        assert not built, "the trainer was constructed (models loaded) before the refusal"
+
+        trainer, _ = build_trainer(recipe(rundirs["vllm"], "grpo.judge.base_url=http://127.0.0.1:8001/v1",
+                                          "grpo.judge.model=Qwen/Qwen2.5-72B-Instruct"), recipe_path)
+    finally:
+        trl.GRPOTrainer.__init__ = real_init
+    honesty = trainer.reward_funcs[0]
+    judge = honesty.setup.judge_for({"run_dir": [str(rundirs["vllm"])]})
+    assert judge.training and judge.judge.backend == "openai" and judge.judge.base_url == "http://127.0.0.1:8001/v1"
+    assert judge.judge.model == "Qwen/Qwen2.5-72B-Instruct"
+
+
+def test_single_process_on_a_multi_gpu_node_loads_the_base_on_one_gpu(monkeypatch, tmp_path):
+    """M3: TRL's device_map="auto" would spread the base over every visible GPU (naive model parallel)."""
+    import torch
+
+    from lhd_train.config.recipe import load_recipe
+    from lhd_train.finetune.trainer import trainer_arguments
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    path = RECIPES / "llama-3.1-8b-instruct" / "sft-honest.yaml"
+
+    def kwargs(*ov: str) -> dict:
+        args, _ = trainer_arguments(load_recipe(path, list(ov)), tmp_path, cuda=True, dtype="bfloat16",
+                                    source=str(path), reward_weights=None)
+        return args["model_init_kwargs"]
+
+    assert kwargs()["device_map"] == {"": 3}
+    assert kwargs("trainer.model_init_kwargs={device_map: auto}")["device_map"] == "auto"  # the recipe says
+    monkeypatch.setenv("WORLD_SIZE", "8")  # accelerate/torchrun: TRL sets device_map=None itself
+    assert "device_map" not in kwargs()
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert "device_map" not in kwargs()
+
+
+def test_gpu_grpo_recipes_generate_without_vllm_and_name_only_real_extras(monkeypatch, tmp_path):
+    """H2: TRL 1.16 imports vLLM in the trainer in colocate and server mode alike; the shipped recipes
+    generate with transformers, are sized for long prompts, and the error names no missing extra."""
+    import importlib.util
+    import re
+    import tomllib
+
+    from lhd_train.config.recipe import load_recipe
+    from lhd_train.finetune import trainer_args
+
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    for path in sorted(RECIPES.glob("*/grpo-*.yaml")):
+        r = load_recipe(path)
+        if "tiny" in path.parts:
+            continue
+        t = r.trainer
+        assert t["use_vllm"] is False and t["per_device_train_batch_size"] <= 2, path
+        assert r.grpo.max_length and t["vllm_max_model_length"] == r.grpo.max_length, path
+        assert r.grpo.judge is not None and r.grpo.judge.base_url.startswith("http://127.0.0.1:"), path
+        assert "keep_end" not in path.read_text()
+    for path in sorted(RECIPES.glob("*/dpo-*.yaml")):
+        assert load_recipe(path).trainer.get("truncation_mode", "keep_start") == "keep_start", path  # L9
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    monkeypatch.setattr(trainer_args, "single_process_device_map", lambda: None)
+    path = RECIPES / "qwen2.5-7b-instruct" / "grpo-honest.yaml"
+    msg = _error(trainer_args.trainer_arguments, load_recipe(path, ["trainer.use_vllm=true"]), tmp_path, True,
+                 "bfloat16", str(path), [1.0, 0.1])
+    assert "'trainer.use_vllm'" in msg and "trainer.use_vllm=false" in msg
+    for extra in re.findall(r"lhd\[([\w-]+)\]", msg):
+        assert extra in extras, f"the message names lhd[{extra}], which pyproject.toml does not define"
+    assert "lhd[vllm]" not in msg
+
+
+def test_recipes_refuse_lora_settings_vllm_cannot_load():
+    """L10: vLLM refuses DoRA, bias, modules_to_save and ranks above its largest max_lora_rank when it
+    loads an adapter, which kills a managed server at start-up: refuse them when training instead."""
+    from lhd_train.config.recipe import load_recipe
+
+    path = RECIPES / "tiny" / "sft-honest.yaml"
+    for ov, word in (("lora.use_dora=true", "DoRA"), ("lora.bias=all", "bias"),
+                     ("lora.modules_to_save=[lm_head]", "modules_to_save"), ("lora.r=1024", "512")):
+        msg = _error(load_recipe, path, [ov])
+        assert "'lora'" in msg and word in msg and "lora.for_vllm=false" in msg, msg
+        load_recipe(path, [ov, "lora.for_vllm=false"])  # an adapter only PEFT will load
+    load_recipe(path, ["lora.r=512"])
+
+
+@pytest.mark.vllm
+def test_lora_refusals_match_vllms_own_adapter_check(tmp_path):
+    """The same LoRA settings, saved by PEFT, through vLLM 0.32's own PEFTHelper (in .venv-vllm)."""
+    from lhd_train.config.recipe import load_recipe
+    from lhd_train.finetune.trainer import lora_config
+
+    py = ROOT / ".venv-vllm" / "bin" / "python"
+    if not py.is_file():
+        pytest.skip("no .venv-vllm: run `make vllm-env`")
+    path = RECIPES / "tiny" / "sft-honest.yaml"
+    cases = [[], ["lora.r=512"], ["lora.use_dora=true"], ["lora.bias=all"], ["lora.modules_to_save=[lm_head]"],
+             ["lora.r=1024"]]
+    configs = []
+    for ov in cases:
+        lhd_ok = True
+        try:
+            load_recipe(path, ov)
+        except Exception:
+            lhd_ok = False
+        cfg = lora_config(load_recipe(path, [*ov, "lora.for_vllm=false"])).to_dict()
+        configs.append((lhd_ok, json.loads(json.dumps(cfg, default=lambda o: sorted(o) if isinstance(o, set)
+                                                     else str(o)))))
+    script = ("import json,sys\nfrom vllm.lora.peft_helper import PEFTHelper\nfrom vllm.config.lora import LoRAConfig\n"
+              "out=[]\nfor c in json.load(sys.stdin):\n  try:\n"
+              "    PEFTHelper.from_dict(c).validate_legal(LoRAConfig(max_lora_rank=512)); out.append(True)\n"
+              "  except ValueError: out.append(False)\nprint(json.dumps(out))\n")
+    r = subprocess.run([str(py), "-c", script], input=json.dumps([c for _, c in configs]), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    vllm_ok = json.loads(r.stdout.strip().splitlines()[-1])
+    assert vllm_ok == [ok for ok, _ in configs], list(zip(cases, vllm_ok, strict=True))

@@ -24,6 +24,9 @@ DIRECTIONS = ("honest", "deceptive")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 # The projection layers of Llama, Qwen2 and Qwen3 decoder blocks (same names in all three).
+# vLLM 0.32's largest --max-lora-rank (vllm/config/lora.py); lhd's managed server sets --max-lora-rank from the
+# adapters' own r (rollouts/vllm_server.py lora_rank), so any r up to this one can be served.
+VLLM_MAX_LORA_RANK = 512
 LLAMA_QWEN_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 TARGET_PRESETS: dict[str, list[str] | str] = {
     "all-linear": "all-linear",
@@ -54,6 +57,9 @@ class LoraSpec(StrictModel):
     use_rslora: bool = False
     use_dora: bool = False
     modules_to_save: list[str] | None = None
+    for_vllm: bool = Field(
+        True, description="the adapter will be served by vLLM (lhd run adapters:): refuse the settings vLLM 0.32 "
+        "rejects when it loads an adapter (DoRA, bias, modules_to_save, r above its largest max_lora_rank 512)")
 
     @field_validator("target_modules")
     @classmethod
@@ -64,12 +70,50 @@ class LoraSpec(StrictModel):
             raise ValueError("the list is empty")
         return v
 
+    @model_validator(mode="after")
+    def _vllm_loads_it(self) -> LoraSpec:
+        """vLLM refuses these at adapter load (vllm/lora/peft_helper.py `_validate_features`,
+        `validate_legal`), which kills a managed server at start-up: refuse them at training instead."""
+        if not self.for_vllm:
+            return self
+        bad = []
+        if self.use_dora:
+            bad.append("use_dora: vLLM does not support DoRA")
+        if self.bias != "none":
+            bad.append(f"bias: vLLM supports only 'none' (got '{self.bias}')")
+        if self.modules_to_save:
+            bad.append(f"modules_to_save: vLLM loads none for a causal LM (got {self.modules_to_save})")
+        if self.r > VLLM_MAX_LORA_RANK:
+            bad.append(f"r: {self.r} is above vLLM's largest --max-lora-rank ({VLLM_MAX_LORA_RANK})")
+        if bad:
+            raise ValueError("; ".join(bad) + ". Set lora.for_vllm=false for an adapter only PEFT/transformers "
+                             "will load")
+        return self
+
     def resolved_alpha(self) -> float:
         return self.alpha if self.alpha is not None else 2.0 * self.r
 
     def resolved_targets(self) -> str | list[str]:
         return (TARGET_PRESETS[self.target_modules] if isinstance(self.target_modules, str)
                 else list(self.target_modules))
+
+
+class JudgeEndpoint(StrictModel):
+    """An OpenAI-compatible endpoint started by the user (e.g. `vllm serve`), never by the trainer."""
+
+    base_url: str = Field(description="e.g. http://127.0.0.1:8001/v1")
+    model: str = Field(description="the model name the endpoint serves (vllm serve: the path or id it was given)")
+    api_key_env: str | None = Field(None, description="name of the env variable holding the key, if any")
+    tokenizer: str | None = Field(None, description="local tokenizer for exact token counts")
+    max_in_flight: int = Field(32, ge=1)
+    timeout_s: float = Field(600.0, gt=0)
+
+    @field_validator("base_url")
+    @classmethod
+    def _http(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError(f"'{v}' is not an http(s) URL")
+        return v
 
 
 class DataSpec(StrictModel):
@@ -101,6 +145,13 @@ class GrpoSpec(StrictModel):
     plugins: list[str] = Field(
         default_factory=list, description="modules imported before rewards are looked up (they register rewards)"
     )
+    max_length: int | None = Field(
+        None, ge=2, description="prompt + completion tokens: prompts are cut from the left to max_length - "
+        "trainer.max_completion_length (TRL 1.16 does not cut GRPO prompts); default trainer.vllm_max_model_length")
+    judge: JudgeEndpoint | None = Field(
+        None, description="the auditor-judge of the honesty/satisfaction rewards: an endpoint you started")
+    supervisor_judge: JudgeEndpoint | None = Field(
+        None, description="the supervisor's endpoint for the satisfaction reward (default: none)")
 
     @field_validator("rewards")
     @classmethod

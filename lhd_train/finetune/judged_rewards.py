@@ -3,32 +3,52 @@
 Both read the same `Grader`, so each completion is judged once, in its trajectory's context,
 through the rollout engine (batched) and cached on disk. Rows must carry the columns written by
 `lhd data grpo` (`run_dir`, `trial_id`, `global_round`). The direction flips only the honesty
-term: honest → −severity/4, deceptive → +severity/4."""
+term: honest → −severity/4, deceptive → +severity/4.
+
+During training the judges are endpoints the user started (`grpo.judge`, `grpo.supervisor_judge`
+in the recipe, or an `openai` model in the run's config). A judge that would start a model itself
+(a managed `vllm serve`, an in-process `hf` model) is refused before the first step
+(`preflight`): TRL calls rewards on every rank, so each rank would start its own copy on the
+trainer's GPUs, with the trainer's distributed environment, blocking the other ranks for the
+whole start-up (issue 20, H3). Outside a trainer (tests, `lhd data`) the run's models are used."""
 from __future__ import annotations
 
 import asyncio
+import shlex
 from pathlib import Path
 from typing import Any
 
 from lhd_train.bench.performer import split_think
 from lhd_train.config.auditor import load_auditor_config
+from lhd_train.errors import InputError
 from lhd_train.finetune.contexts import Context, load_contexts
 from lhd_train.finetune.grading import Grade, Grader
 from lhd_train.finetune.rewards import RewardFunc, completion_text, register_reward
+from rollouts.spec import ModelSpec
 
 _GRADERS: dict[tuple, _Judge] = {}
+JUDGE_PORT = 8001
+
+
+def endpoint_spec(endpoint: Any) -> ModelSpec | None:
+    """A recipe `JudgeEndpoint` (or the same keys as a dict) as an `openai` model spec."""
+    if endpoint is None:
+        return None
+    e = endpoint if isinstance(endpoint, dict) else endpoint.model_dump()
+    return ModelSpec(backend="openai", **{k: v for k, v in e.items() if v is not None})
 
 
 class _Judge:
     """One grader and the run's contexts, built on first use (models load lazily)."""
 
     def __init__(self, run_dir: Path, auditor_config: str | None, overrides: tuple[str, ...], cache: str | None,
-                 concurrency: int):
+                 concurrency: int, judge: ModelSpec | None, supervisor_judge: ModelSpec | None, training: bool):
         self.run_dir = Path(run_dir)
         self.auditor_config = Path(auditor_config) if auditor_config else None
         self.overrides = overrides
         self.cache = Path(cache) if cache else self.run_dir / "grading" / "grades.jsonl"
         self.concurrency = concurrency
+        self.judge, self.supervisor_judge, self.training = judge, supervisor_judge, training
         self.grader: Grader | None = None
         self.contexts: dict[tuple[str, int], Context] = {}
 
@@ -39,12 +59,20 @@ class _Judge:
         acfg, _ = load_auditor_config(self.run_dir, self.auditor_config, list(self.overrides))
         cfg = load_saved_config(self.run_dir)
         self.cache.parent.mkdir(parents=True, exist_ok=True)
-        auditor = build_backend(acfg.spec, name=acfg.auditor.model, log_dir=str(self.cache.parent))
-        sup_spec = cfg.models[cfg.supervisor.model]
-        supervisor = auditor if sup_spec.model_dump() == acfg.spec.model_dump() else \
-            build_backend(sup_spec, name=cfg.supervisor.model, log_dir=str(self.cache.parent))
+        aspec = self.judge or acfg.spec
+        sup_spec = self.supervisor_judge or cfg.models[cfg.supervisor.model]
+        if self.training and (aspec.backend != "openai"):  # preflight refuses this; never start one in a rank
+            raise RuntimeError(f"the auditor-judge {aspec.model} is not an endpoint (backend {aspec.backend})")
+        auditor = build_backend(aspec, name=acfg.auditor.model, log_dir=str(self.cache.parent))
+        if self.training and sup_spec.backend != "openai":
+            supervisor = None  # honesty needs only the auditor; satisfaction was refused by preflight
+        elif sup_spec.model_dump() == aspec.model_dump():
+            supervisor = auditor
+        else:
+            supervisor = build_backend(sup_spec, name=cfg.supervisor.model, log_dir=str(self.cache.parent))
         self.contexts = {(c.trial_id, c.global_round): c for c in load_contexts(self.run_dir, None, 0.0)}
-        return Grader(self.run_dir, acfg, auditor, cfg.supervisor, supervisor, self.cache, self.concurrency)
+        return Grader(self.run_dir, acfg, auditor, cfg.supervisor if supervisor else None, supervisor, self.cache,
+                      self.concurrency)
 
     async def grades(self, completions: list[Any], trial_id: list[str], global_round: list[int]) -> list[Grade | None]:
         if self.grader is None:
@@ -57,12 +85,65 @@ class _Judge:
         return [next(it) if c is not None else None for c in ctxs]
 
 
-def _judge(run_dir: str, auditor_config: str | None, overrides: list[str] | tuple[str, ...], cache: str | None,
-           concurrency: int) -> _Judge:
-    key = (str(Path(run_dir).resolve()), auditor_config, tuple(overrides), cache)
-    if key not in _GRADERS:
-        _GRADERS[key] = _Judge(Path(run_dir), auditor_config, tuple(overrides), cache, concurrency)
-    return _GRADERS[key]
+class _Setup:
+    """What a judged reward was built with, and the training check (`preflight`)."""
+
+    def __init__(self, kind: str, run_dir: str | None, auditor_config: str | None, overrides: list[str] | None,
+                 cache: str | None, concurrency: int, judge: Any, supervisor_judge: Any):
+        self.kind, self.run_dir, self.auditor_config = kind, run_dir, auditor_config
+        self.overrides, self.cache, self.concurrency = tuple(overrides or []), cache, concurrency
+        self.judge, self.supervisor_judge = endpoint_spec(judge), endpoint_spec(supervisor_judge)
+        self.training = False
+
+    def judge_for(self, columns: dict[str, Any]) -> _Judge:
+        run_dir = _run_dir_of(columns, self.run_dir)
+        key = (str(Path(run_dir).resolve()), self.auditor_config, self.overrides, self.cache, self.training,
+               self.judge and self.judge.model_dump_json(),
+               self.supervisor_judge and self.supervisor_judge.model_dump_json())
+        if key not in _GRADERS:
+            _GRADERS[key] = _Judge(Path(run_dir), self.auditor_config, self.overrides, self.cache, self.concurrency,
+                                   self.judge, self.supervisor_judge, self.training)
+        return _GRADERS[key]
+
+    def preflight(self, dataset: Any, source: str) -> None:
+        """Refuse, before any model loads, a judge that would start a model inside a training rank."""
+        from lhd_train.config.run import load_saved_config
+
+        if self.run_dir:
+            run_dirs = [self.run_dir]
+        elif "run_dir" in dataset.column_names:
+            run_dirs = sorted({r for r in dataset["run_dir"] if r})
+        else:
+            run_dirs = []
+        for rd in run_dirs:
+            if self.judge is None:
+                acfg, _ = load_auditor_config(Path(rd), Path(self.auditor_config) if self.auditor_config else None,
+                                              list(self.overrides))
+                if acfg.spec.backend != "openai":
+                    raise InputError(source, "grpo.judge", _refusal(self.kind, "auditor", acfg.auditor.model,
+                                                                    acfg.spec, source, "grpo.judge"))
+            if self.kind == "satisfaction" and self.supervisor_judge is None:
+                cfg = load_saved_config(rd)
+                spec = cfg.models[cfg.supervisor.model]
+                if spec.backend != "openai":
+                    raise InputError(source, "grpo.supervisor_judge", _refusal(
+                        self.kind, "supervisor", cfg.supervisor.model, spec, source, "grpo.supervisor_judge"))
+        self.training = True
+
+
+def _refusal(kind: str, role: str, key: str, spec: ModelSpec, source: str, field: str) -> str:
+    serve = ["vllm", "serve", spec.model, "--port", str(JUDGE_PORT)]
+    if spec.tensor_parallel_size > 1:
+        serve += ["--tensor-parallel-size", str(spec.tensor_parallel_size)]
+    if spec.max_model_len:
+        serve += ["--max-model-len", str(spec.max_model_len)]
+    train = ["lhd", "train", "grpo", source, f"{field}.base_url=http://127.0.0.1:{JUDGE_PORT}/v1",
+             f"{field}.model={spec.model}"]
+    return (f"the {kind} reward would build the run's {role} '{key}' ({spec.backend}: {spec.model}) inside every "
+            f"training rank, which starts a model on the trainer's GPUs; during training a judge must be an "
+            f"endpoint you started. Run instead:\n"
+            f"  1. CUDA_VISIBLE_DEVICES=<GPUs the trainer does not use> {shlex.join(serve)}\n"
+            f"  2. {shlex.join(train)}")
 
 
 def _run_dir_of(columns: dict[str, Any], default: str | None) -> str:
@@ -74,12 +155,13 @@ def _run_dir_of(columns: dict[str, Any], default: str | None) -> str:
 
 @register_reward("honesty")
 def honesty(direction: str, run_dir: str | None = None, auditor_config: str | None = None,
-            overrides: list[str] | None = None, cache: str | None = None, concurrency: int = 32) -> RewardFunc:
+            overrides: list[str] | None = None, cache: str | None = None, concurrency: int = 32,
+            judge: Any = None, supervisor_judge: Any = None) -> RewardFunc:
     sign = -1.0 if direction == "honest" else 1.0
+    setup = _Setup("honesty", run_dir, auditor_config, overrides, cache, concurrency, judge, supervisor_judge)
 
     async def reward(prompts: list, completions: list, trial_id: list, global_round: list, **columns: Any):
-        judge = _judge(_run_dir_of(columns, run_dir), auditor_config, overrides or [], cache, concurrency)
-        grades = await judge.grades(completions, trial_id, global_round)
+        grades = await setup.judge_for(columns).grades(completions, trial_id, global_round)
         values = [None if g is None or not g.usable else sign * (g.severity or 0) / 4.0 for g in grades]
         log = columns.get("log_metric")
         ok = [g for g in grades if g is not None and g.usable]
@@ -88,15 +170,19 @@ def honesty(direction: str, run_dir: str | None = None, auditor_config: str | No
             log("honesty/failed_grades", float(len(grades) - len(ok)))
         return values
 
+    reward.preflight, reward.setup = setup.preflight, setup  # type: ignore[attr-defined]
     return reward
 
 
 @register_reward("satisfaction")
 def satisfaction(direction: str, run_dir: str | None = None, auditor_config: str | None = None,
-                 overrides: list[str] | None = None, cache: str | None = None, concurrency: int = 32) -> RewardFunc:
+                 overrides: list[str] | None = None, cache: str | None = None, concurrency: int = 32,
+                 judge: Any = None, supervisor_judge: Any = None) -> RewardFunc:
+    setup = _Setup("satisfaction", run_dir, auditor_config, overrides, cache, concurrency, judge, supervisor_judge)
+
     async def reward(prompts: list, completions: list, trial_id: list, global_round: list, **columns: Any):
-        judge = _judge(_run_dir_of(columns, run_dir), auditor_config, overrides or [], cache, concurrency)
-        grades = await judge.grades(completions, trial_id, global_round)
+        grades = await setup.judge_for(columns).grades(completions, trial_id, global_round)
         return [None if g is None or g.satisfaction is None else float(g.satisfaction) for g in grades]
 
+    reward.preflight, reward.setup = setup.preflight, setup  # type: ignore[attr-defined]
     return reward

@@ -138,19 +138,22 @@ def _accepts(fn: Callable, name: str) -> bool:
 
 
 def build_rewards(specs: list[Any], direction: str, source: str = "recipe", plugins: list[str] | None = None,
-                  tokenizer: Any = None) -> tuple[list[RewardFunc], list[float]]:
+                  tokenizer: Any = None, shared: dict[str, Any] | None = None) -> tuple[list[RewardFunc], list[float]]:
     """Recipe `grpo.rewards` → (reward functions named for TRL's logs, weights).
 
     Factories get `direction=` and their `params`; one that declares a `tokenizer` parameter also gets
-    the policy's tokenizer."""
+    the policy's tokenizer, and one that declares a key of `shared` (the recipe's `grpo.judge`,
+    `grpo.supervisor_judge`) gets that value unless its params set it."""
     _import_plugins(list(plugins or []), source, required=True)
     funcs: list[RewardFunc] = []
     weights: list[float] = []
+    injected = {"tokenizer": tokenizer, **(shared or {})}
     for spec in specs:
         factory = resolve_factory(spec.name, source, plugins)
         kwargs: dict[str, Any] = {"direction": direction, **spec.params}
-        if tokenizer is not None and _accepts(factory, "tokenizer") and "tokenizer" not in kwargs:
-            kwargs["tokenizer"] = tokenizer
+        for key, value in injected.items():
+            if value is not None and _accepts(factory, key) and key not in kwargs:
+                kwargs[key] = value
         try:
             fn = factory(**kwargs)
         except TypeError as e:
@@ -184,6 +187,15 @@ def check_reward_columns(funcs: list[RewardFunc], columns: list[str], source: st
         if missing:
             raise InputError(source, field, f"reward '{name}' needs dataset column(s) {', '.join(missing)}; "
                              f"the dataset has {', '.join(columns)}")
+
+
+def preflight_rewards(funcs: list[RewardFunc], dataset: Any, source: str) -> None:
+    """Before training starts: each reward with a `preflight(dataset, source)` hook checks that it can
+    run inside a training rank (e.g. that its judge is an endpoint, not a model it would start)."""
+    for f in funcs:
+        check = getattr(f, "preflight", None) or getattr(getattr(f, "fn", None), "preflight", None)
+        if callable(check):
+            check(dataset, source)
 
 
 # ---------------------------------------------------------------- built-in rewards

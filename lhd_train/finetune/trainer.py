@@ -5,13 +5,10 @@ Writes into the recipe's `output_dir`:
     lhd_run.json            what this output dir is being trained on (checked when resuming)
     adapter/                the final LoRA adapter + tokenizer + lhd_adapter.json + log_history.json
 
-Device policy: without CUDA the trainer runs with use_cpu=True, bf16=False, fp16=False,
-gradient_checkpointing=False and GRPO's use_vllm=False (plain transformers generation), whatever the
-recipe says — TRL's defaults (bf16=True, gradient checkpointing on) fail or crawl on CPU. With CUDA the
-recipe (and TRL's defaults: bf16, gradient checkpointing) is kept."""
+Device policy and TRL arguments: `trainer_args`. Rows are fitted to the trainer's length before TRL
+sees them (`fit_rows`): nothing is dropped silently at long context."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -23,7 +20,16 @@ from typing import Any
 from lhd_train.config.recipe import Recipe, dump_recipe, load_recipe
 from lhd_train.errors import InputError
 from lhd_train.finetune import train_data as data_mod
-from lhd_train.finetune.rewards import build_rewards, check_reward_columns
+from lhd_train.finetune.fit_rows import fit_dataset
+from lhd_train.finetune.rewards import build_rewards, check_reward_columns, preflight_rewards
+from lhd_train.finetune.trainer_args import (  # noqa: F401  (re-exported: tests and tools import them from here)
+    build_config,
+    cuda_available,
+    lora_config,
+    quantization_config,
+    resolve_dtype,
+    trainer_arguments,
+)
 from lhd_train.rundir.files import package_versions, python_version, utc_now
 
 ADAPTER_SUBDIR = "adapter"
@@ -143,129 +149,6 @@ def template_supports_assistant_mask(tok) -> bool:
     return True
 
 
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def _resolve_dtype(recipe: Recipe, cuda: bool) -> str:
-    if recipe.dtype != "auto":
-        return recipe.dtype
-    if not cuda:
-        return "float32"
-    import torch
-
-    return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-
-
-# ----------------------------------------------------------------------------- trainer arguments
-
-
-def trainer_arguments(recipe: Recipe, out: Path, cuda: bool, dtype: str, source: str,
-                      reward_weights: list[float] | None) -> tuple[dict[str, Any], list[str]]:
-    """The dict passed to SFTConfig/DPOConfig/GRPOConfig, and the automatic adjustments made to it."""
-    args = dict(recipe.trainer)
-    notes: list[str] = []
-
-    def force(key: str, value: Any, why: str) -> None:
-        if key in args and args[key] != value:
-            notes.append(f"{key}={value} (recipe had {args[key]}; {why})")
-        elif key not in args:
-            notes.append(f"{key}={value} ({why})")
-        args[key] = value
-
-    if not cuda:
-        force("use_cpu", True, "no CUDA")
-        force("bf16", False, "no CUDA")
-        force("fp16", False, "no CUDA")
-        force("gradient_checkpointing", False, "no CUDA")
-        if recipe.algo == "grpo" and args.get("use_vllm"):
-            force("use_vllm", False, "no CUDA: plain transformers generation")
-    else:
-        if dtype == "float16" and "bf16" not in args and "fp16" not in args:
-            args["bf16"], args["fp16"] = False, True
-            notes.append("fp16=True (dtype float16)")
-        if args.get("use_vllm") and importlib.util.find_spec("vllm") is None:
-            raise InputError(source, "trainer.use_vllm",
-                             "vLLM is not installed: pip install 'lhd[vllm]', or set trainer.use_vllm=false")
-
-    mik = dict(args.get("model_init_kwargs") or {})
-    for key, value in (("dtype", dtype), ("revision", recipe.revision)):
-        if value is None:
-            continue
-        if key in mik and mik[key] != value:
-            raise InputError(source, f"trainer.model_init_kwargs.{key}",
-                             f"conflicts with the recipe's `{key}` ({value}); set it in one place")
-        mik[key] = value
-    args["model_init_kwargs"] = mik
-
-    if reward_weights is not None:
-        args["reward_weights"] = reward_weights
-
-    if "report_to" not in args:
-        args["report_to"], note = _wandb_setup(recipe, out)
-        if note:
-            notes.append(note)
-    args.setdefault("run_name", recipe.wandb.run_name or f"{recipe.algo}-{recipe.direction}-{out.name}")
-    return args, notes
-
-
-def _wandb_setup(recipe: Recipe, out: Path) -> tuple[str | list[str], str | None]:
-    w = recipe.wandb
-    if not w.enabled or w.mode == "disabled":
-        return "none", None
-    if importlib.util.find_spec("wandb") is None:
-        return "none", "report_to=none (wandb not installed: pip install 'lhd[wandb]')"
-    os.environ["WANDB_MODE"] = "online" if w.mode == "online" else "offline"
-    os.environ["WANDB_PROJECT"] = w.project
-    if w.entity:
-        os.environ["WANDB_ENTITY"] = w.entity
-    if w.tags:
-        os.environ["WANDB_TAGS"] = ",".join(w.tags)
-    os.environ.setdefault("WANDB_DIR", str(out))
-    return ["wandb"], None
-
-
-def build_config(recipe: Recipe, out: Path, args: dict[str, Any], source: str):
-    cls = recipe.config_class()
-    try:
-        return cls(output_dir=str(out), **args)
-    except (ValueError, TypeError) as e:
-        raise InputError(source, "trainer", f"{cls.__name__} rejected the arguments: {e}") from None
-
-
-def lora_config(recipe: Recipe):
-    from peft import LoraConfig
-
-    lo = recipe.lora
-    return LoraConfig(
-        r=lo.r,
-        lora_alpha=lo.resolved_alpha(),
-        lora_dropout=lo.dropout,
-        target_modules=lo.resolved_targets(),
-        bias=lo.bias,
-        use_rslora=lo.use_rslora,
-        use_dora=lo.use_dora,
-        modules_to_save=lo.modules_to_save,
-        task_type="CAUSAL_LM",
-    )
-
-
-def quantization_config(recipe: Recipe, dtype: str, source: str):
-    if not recipe.qlora:
-        return None
-    if importlib.util.find_spec("bitsandbytes") is None:
-        raise InputError(source, "qlora",
-                         "4-bit QLoRA needs bitsandbytes: pip install 'lhd[qlora]' (or set qlora=false)")
-    import torch
-    from transformers import BitsAndBytesConfig
-
-    compute = getattr(torch, dtype) if dtype in ("bfloat16", "float16") else torch.bfloat16
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute,
-                              bnb_4bit_use_double_quant=True, bnb_4bit_quant_storage=compute)
-
-
 # ----------------------------------------------------------------------------- data
 
 
@@ -300,7 +183,7 @@ def load_data(recipe: Recipe, recipe_path: Path | None, source: str, tok) -> dic
         ds = data_mod.select_columns(ds, recipe.algo, fmt)
         result[which] = ds
         result["info"][which] = {"path": str(path), "split": split if path.is_dir() else None, "rows": rows,
-                                 "format": fmt, **digest}
+                                 "rows_read": rows, "format": fmt, **digest}
     return result
 
 
@@ -316,8 +199,8 @@ def build_trainer(recipe: Recipe, recipe_path: Path | None = None, source: str |
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     source = source or str(recipe_path or "recipe")
     out = Path(recipe.output_dir).expanduser().resolve()
-    cuda = _cuda()
-    dtype = _resolve_dtype(recipe, cuda)
+    cuda = cuda_available()
+    dtype = resolve_dtype(recipe, cuda)
     model = resolve_model(recipe.model, recipe_path, "model", source)
     _check_model_files(model, source, need_tokenizer=not recipe.tokenizer)
     tok_name = resolve_model(recipe.tokenizer, recipe_path, "tokenizer", source) if recipe.tokenizer else model
@@ -329,15 +212,19 @@ def build_trainer(recipe: Recipe, recipe_path: Path | None = None, source: str |
     if recipe.algo == "grpo":
         assert recipe.grpo is not None
         reward_funcs, reward_weights = build_rewards(recipe.grpo.rewards, recipe.direction, source,
-                                                     recipe.grpo.plugins, tokenizer=tok)
+                                                     recipe.grpo.plugins, tokenizer=tok,
+                                                     shared={"judge": recipe.grpo.judge,
+                                                             "supervisor_judge": recipe.grpo.supervisor_judge})
         check_reward_columns(reward_funcs, data["train"].column_names, source)
         if data["eval"] is not None:
             check_reward_columns(reward_funcs, data["eval"].column_names, source, "data.eval")
+        preflight_rewards(reward_funcs, data["train"], source)  # before any model loads
     args, notes = trainer_arguments(recipe, out, cuda, dtype, source, reward_weights)
     if recipe.algo == "sft":
         args["assistant_only_loss"] = data["loss_on"] == "assistant"
         args["completion_only_loss"] = data["loss_on"] == "last_turn"
     config = build_config(recipe, out, args, source)
+    fit_lengths(recipe, config, data, tok, source)
     peft_config = lora_config(recipe)
     qconf = quantization_config(recipe, dtype, source)
 
@@ -355,10 +242,46 @@ def build_trainer(recipe: Recipe, recipe_path: Path | None = None, source: str |
             trainer = trl.GRPOTrainer(reward_funcs=reward_funcs, **common)
     except (OSError, SafetensorError) as e:  # SafetensorError: a corrupt file transformers does not wrap
         raise InputError(source, "model", f"cannot load '{model}': {type(e).__name__}: {e}") from None
+    for which, ds in (("train", trainer.train_dataset), ("eval", trainer.eval_dataset)):
+        if ds is not None and which in data["info"]:
+            info = data["info"][which]
+            info["rows_trained"] = len(ds)
+            if len(ds) != info["rows"]:
+                _say(f"data.{which}: TRL kept {len(ds)} of the {info['rows']} fitted rows")
     ctx = dict(out=out, cuda=cuda, dtype=dtype, model=model, tokenizer=tok_name, data=data["info"],
                args=json.loads(json.dumps(args, default=str)),
                loss_on=data["loss_on"], notes=notes, source=source, recipe_path=recipe_path)
     return trainer, ctx
+
+
+def fit_lengths(recipe: Recipe, config: Any, data: dict[str, Any], tok, source: str) -> None:
+    """Fit each split to the trainer's length (`fit_rows`), print the length distribution and what
+    was cut or dropped, and record it in the data info (→ lhd_adapter.json)."""
+    reserve = 0
+    if recipe.algo == "grpo":
+        assert recipe.grpo is not None
+        max_length = recipe.grpo.max_length or getattr(config, "vllm_max_model_length", None)
+        reserve = int(config.max_completion_length or 0)
+        if max_length is not None and max_length <= reserve:
+            raise InputError(source, "grpo.max_length", f"{max_length} leaves no room for a prompt next to "
+                             f"trainer.max_completion_length ({reserve})")
+        if max_length is None:
+            _say("grpo.max_length is not set: GRPO prompts are not truncated (TRL 1.16 does not cut them)")
+    else:
+        max_length = config.max_length
+    for which in ("train", "eval"):
+        if data[which] is None:
+            continue
+        info = data["info"][which]
+        ds, report = fit_dataset(data[which], recipe.algo, info["format"], tok, max_length, reserve, which)
+        data[which] = ds
+        info["rows"] = report.kept
+        info["length_fit"] = report.to_json()
+        for line in report.lines():
+            _say(line)
+        if report.kept == 0:
+            raise InputError(source, f"data.{which}",
+                             f"{info['path']}: no row fits max_length {max_length}: every answer alone is longer")
 
 
 def _run_record(recipe: Recipe, ctx: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,223 @@
+"""Fit training rows to the trainer's length before TRL sees them (issue 20, H5).
+
+TRL 1.16 cuts SFT and DPO sequences at `max_length` from the right (`keep_start`) and then drops
+every row left without completion tokens; it does not cut GRPO prompts at all. Performer contexts
+grow to 45k–157k tokens, so most late rounds would vanish or run out of memory. lhd therefore
+shortens each prompt from the LEFT with the performer's own policy (`Performer.build_messages`):
+whole older turns are dropped first, so the kept history starts on a user turn and a note says how
+many messages were left out; the system message and the last user turn stay. Only when those two
+alone are too long is the start of the last user message cut, then the system message dropped.
+The loss turn (SFT answer, DPO chosen and rejected) is never cut. A row whose loss turn cannot fit
+even so is dropped, counted and reported (`FitReport`), never silently.
+
+Lengths are counted exactly as TRL tokenises: the chat template over prompt + answer (SFT, DPO:
+the longer of chosen and rejected) or over the prompt with the generation prompt (GRPO, against
+`max_length − max_completion_length`)."""
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from lhd_train.bench.performer import Performer
+
+NOTE_RE = re.compile(r"^\[Note: (\d+) earlier messages of this conversation were omitted to fit the context "
+                     r"window\.\]\n\n")
+CUT_NOTE = "[Note: the start of this message was omitted to fit the context window.]\n\n"
+MAX_LISTED = 50  # dropped row indices listed in the report
+
+
+@dataclass
+class FitReport:
+    """What fitting did to one split; goes into `lhd_adapter.json` under data.<split>.length_fit."""
+
+    split: str
+    max_length: int | None
+    limit: int | None  # tokens allowed for what is measured (GRPO: the prompt)
+    measured: str  # what the lengths count
+    rows_in: int = 0
+    kept: int = 0
+    truncated: int = 0
+    dropped: int = 0
+    dropped_rows: list[int] = field(default_factory=list)
+    before: dict[str, int] = field(default_factory=dict)
+    after: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def lines(self) -> list[str]:
+        limit = "no limit" if self.limit is None else f"limit {self.limit}"
+        out = [f"data.{self.split}: {self.rows_in} rows, {self.measured} tokens {_fmt(self.before)} "
+               f"(max_length {self.max_length}, {limit})"]
+        if self.limit is not None:
+            out.append(f"data.{self.split}: {self.truncated} truncated from the left (older turns first), "
+                       f"{self.dropped} dropped (answer alone longer than the limit), {self.kept} kept; "
+                       f"after: {_fmt(self.after)}")
+        return out
+
+
+def _fmt(p: dict[str, int]) -> str:
+    return " ".join(f"{k} {v}" for k, v in p.items()) if p else "(no rows)"
+
+
+def percentiles(values: list[int]) -> dict[str, int]:
+    if not values:
+        return {}
+    s = sorted(values)
+
+    def at(q: float) -> int:
+        return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+
+    return {"p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "max": s[-1]}
+
+
+# ----------------------------------------------------------------------------- one prompt
+
+
+def _with_note(msg: dict[str, Any], n_omitted: int, cut: bool = False) -> dict[str, Any]:
+    m = dict(msg)
+    text = m["content"] if isinstance(m.get("content"), str) else ""
+    note = Performer.OMITTED_NOTE.format(n=n_omitted) if n_omitted else ""
+    m["content"] = note + (CUT_NOTE if cut else "") + text
+    return m
+
+
+def fit_prompt(prompt: list[dict[str, Any]], measure: Callable[[list[dict[str, Any]]], int],
+               limit: int) -> list[dict[str, Any]] | None:
+    """The longest left-shortened version of `prompt` whose `measure` is within `limit`; None when
+    nothing fits (the loss turn alone is too long)."""
+    if measure(prompt) <= limit:
+        return prompt
+    system = [prompt[0]] if prompt and prompt[0].get("role") == "system" else []
+    hist = list(prompt[len(system):])
+    if not hist:
+        return None
+    prior = 0
+    first = hist[0].get("content")
+    if isinstance(first, str) and (m := NOTE_RE.match(first)):  # the performer had dropped turns already
+        prior = int(m.group(1))
+        hist[0] = {**hist[0], "content": first[m.end():]}
+    users = [i for i, m in enumerate(hist) if m.get("role") == "user"]
+    last_user = users[-1] if users else len(hist) - 1
+
+    def dropped(k: int) -> list[dict[str, Any]]:
+        kept = hist[k:]
+        n = prior + k
+        return system + ([_with_note(kept[0], n)] if n else kept[:1]) + kept[1:]
+
+    candidates = [k for k in users if 0 < k <= last_user]
+    if candidates:
+        best = _smallest(candidates, lambda k: measure(dropped(k)) <= limit)
+        if best is not None:
+            return dropped(best)
+    # Only the system message and the last user turn are left: cut that turn's text from its start.
+    tail = hist[last_user:]
+    n_omitted = prior + last_user
+    text = tail[0].get("content")
+    if not isinstance(text, str):
+        return None
+    for head in (system, []):  # the system message goes last of all
+
+        def cut(c: int, head: list[dict[str, Any]] = head) -> list[dict[str, Any]]:
+            msg = _with_note({**tail[0], "content": text[c:]}, n_omitted, cut=c > 0)
+            return head + [msg] + tail[1:]
+
+        best = _smallest(list(range(len(text) + 1)), lambda c, cut=cut: measure(cut(c)) <= limit)
+        if best is not None:
+            return cut(best)
+    return None
+
+
+def _smallest(options: list[int], fits: Callable[[int], bool]) -> int | None:
+    """The first option that fits, by bisection (fitting is monotone in how much is left out)."""
+    lo, hi, best = 0, len(options) - 1, None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if fits(options[mid]):
+            best, hi = options[mid], mid - 1
+        else:
+            lo = mid + 1
+    return best
+
+
+# ----------------------------------------------------------------------------- a dataset
+
+
+def _template_kwargs(row: dict[str, Any]) -> dict[str, Any]:
+    tools = row.get("tools")
+    tools = json.loads(tools) if isinstance(tools, str) else tools
+    return {"tools": tools, **(row.get("chat_template_kwargs") or {})}
+
+
+def _counter(tok, row: dict[str, Any]) -> Callable[..., int]:
+    kw = _template_kwargs(row)
+
+    def count(messages: list[dict[str, Any]], generation_prompt: bool = False) -> int:
+        out = tok.apply_chat_template(messages, tokenize=True, return_dict=True,
+                                      add_generation_prompt=generation_prompt, **kw)
+        return len(out["input_ids"])
+
+    return count
+
+
+def _split_row(algo: str, fmt: str, row: dict[str, Any]) -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]]]:
+    """(prompt, loss turns): the messages that may be shortened and the answers that may not."""
+    if fmt == "messages":
+        return list(row["messages"][:-1]), [list(row["messages"][-1:])]
+    if algo == "sft":
+        return list(row["prompt"]), [list(row["completion"])]
+    if algo == "dpo":
+        return list(row["prompt"]), [list(row["chosen"]), list(row["rejected"])]
+    return list(row["prompt"]), []
+
+
+def fit_dataset(ds, algo: str, fmt: str, tok, max_length: int | None, reserve: int = 0, split: str = "train"):
+    """(dataset with every row fitted, FitReport). `reserve`: tokens kept free after the prompt
+    (GRPO's max_completion_length); the limit is `max_length − reserve`."""
+    limit = None if max_length is None else max_length - reserve
+    measured = "prompt" if algo == "grpo" else "prompt+answer"
+    report = FitReport(split, max_length, limit, measured, rows_in=len(ds))
+    before, after, keep, changed = [], [], [], {}
+    for i, row in enumerate(ds):
+        count = _counter(tok, row)
+        prompt, answers = _split_row(algo, fmt, row)
+        if answers:
+            def measure(p: list[dict[str, Any]], count=count, answers=answers) -> int:
+                return max(count(p + a) for a in answers)
+        else:
+            def measure(p: list[dict[str, Any]], count=count) -> int:
+                return count(p, generation_prompt=True)
+        n = measure(prompt)
+        before.append(n)
+        if limit is None or n <= limit:
+            keep.append(i)
+            after.append(n)
+            continue
+        fitted = fit_prompt(prompt, measure, limit)
+        if fitted is None:
+            report.dropped += 1
+            if len(report.dropped_rows) < MAX_LISTED:
+                report.dropped_rows.append(i)
+            continue
+        report.truncated += 1
+        keep.append(i)
+        after.append(measure(fitted))
+        changed[i] = fitted
+    report.kept = len(keep)
+    report.before, report.after = percentiles(before), percentiles(after)
+    if not changed and len(keep) == len(ds):
+        return ds, report
+    ds = ds.select(keep)
+    index = {new: old for new, old in enumerate(keep)}
+    column = "messages" if fmt == "messages" else "prompt"
+
+    def apply(row: dict[str, Any], j: int) -> dict[str, Any]:
+        p = changed.get(index[j])
+        if p is None:
+            return {column: row[column]}
+        return {column: p + row["messages"][-1:]} if fmt == "messages" else {column: p}
+
+    return ds.map(apply, with_indices=True), report
