@@ -85,11 +85,12 @@ def _set_threads(n: int | None) -> None:
 @_clean_errors
 def fit(
     model: str = typer.Argument(..., help="HF model id or local model dir."),
-    corpus: Path = typer.Option(...,
-                                help="Text file (paragraphs), JSONL (a text field) or a datasets dir (save_to_disk)."),
-    out: Path = typer.Option(...,
-                             help="Output dir: lens.safetensors, lens.json, fit_report.json, convergence.csv, "
-                                  "checkpoint.pt."),
+    corpus: Path | None = typer.Option(None,
+                                       help="Text file (paragraphs), JSONL (a text field) or a datasets dir "
+                                            "(save_to_disk). Required unless --plan."),
+    out: Path | None = typer.Option(None,
+                                    help="Output dir: lens.safetensors, lens.json, fit_report.json, convergence.csv, "
+                                         "checkpoint.pt. Required unless --plan."),
     corpus_format: str = typer.Option("auto", "--format", help="auto | text | jsonl | dataset"),
     text_field: str = typer.Option("text", help="JSONL / dataset column with the text."),
     split: str | None = typer.Option(None, help="Split of a DatasetDict (default train)."),
@@ -102,15 +103,25 @@ def fit(
     skip_first: int = typer.Option(16, help="Positions excluded at the start (attention sinks)."),
     target_layer: int = typer.Option(-1, help="Target block: -1 = last, -2 = penultimate."),
     source_layers: str = typer.Option("all", help="Blocks to fit: all (below the target) or e.g. 0,4,8-12."),
-    dim_batch: int = typer.Option(64, help="Output dims per backward pass (memory/speed only)."),
+    dim_batch: int | None = typer.Option(None,
+                                         help="Output dims per backward pass (memory/speed only); default: the "
+                                              "largest of 128, 64, ... that fits the free GPU memory (64 on CPU)."),
     method: str = typer.Option("replicate",
                                help="replicate (reference: prompt repeated along the batch) | vmap (batched grads)."),
-    dtype: str = typer.Option("float32", help="Model dtype: float32 | bfloat16 | float16."),
+    dtype: str = typer.Option("auto", help="Model dtype: auto (bfloat16 on CUDA, float32 elsewhere) | float32 | "
+                                           "bfloat16 | float16."),
     device: str = typer.Option("auto"),
     revision: str | None = typer.Option(None, help="Model revision (recorded in the sidecar)."),
-    attn: str = typer.Option("eager", help="attn_implementation."),
+    attn: str = typer.Option("auto", help="attn_implementation: auto (sdpa; eager with --method vmap) | sdpa | eager."),
     save_dtype: str = typer.Option("float16", help="dtype of the saved matrices."),
-    checkpoint_every: int = typer.Option(10, help="Checkpoint every N prompts (0 = only at the end)."),
+    checkpoint_every: int = typer.Option(0, help="Also checkpoint every N prompts (0 = by time only)."),
+    checkpoint_minutes: float = typer.Option(30.0, help="Checkpoint when this many minutes passed since the last "
+                                                        "one (0 = only at the end)."),
+    plan: bool = typer.Option(False, "--plan",
+                              help="Print the memory and time plan and stop (reads config.json only, no weights)."),
+    memory_gib: float | None = typer.Option(None, help="Device memory budget for the plan, GiB (default: the free "
+                                                       "memory of the CUDA device; none on CPU)."),
+    tflops: float | None = typer.Option(None, help="Sustained TFLOP/s for the plan's time estimate."),
     resume: bool = typer.Option(True, "--resume/--no-resume", help="Continue from OUT/checkpoint.pt if present."),
     shard: str | None = typer.Option(None, help="INDEX/COUNT: fit a contiguous, disjoint slice of the prompts."),
     stop_at_delta: float = typer.Option(0.0,
@@ -122,10 +133,23 @@ def fit(
     """Fit J_l = E[∂h_final/∂h_l] on a corpus and save it (safetensors + JSON sidecar)."""
     from lens.corpus import CorpusSpec, load_corpus
     from lens.fit import FitOptions, FitSettings, fit_lens, write_fit_outputs
-    from lens.model import load_hf
+    from lens.model import load_hf, pick_device
+    from lens.plan import DEFAULT_DIM_BATCH, resolve_attn, resolve_dtype
     from lens.store import save_lens
     from lhd_train.ops.shard import parse_shard, shard_bounds
 
+    dev = pick_device(device)
+    dtype = resolve_dtype(dtype, dev)
+    attn = resolve_attn(attn, method)
+    the_plan = _fit_plan(model, revision, dev, dtype=dtype, attn=attn, method=method, dim_batch=dim_batch,
+                         max_length=max_length, source_layers=source_layers, target_layer=target_layer,
+                         memory_gib=memory_gib, tflops=tflops, required=plan)
+    if plan:
+        return
+    if corpus is None or out is None:
+        raise LensError("lhd lens fit needs --corpus FILE and --out DIR (or --plan to print the plan only)")
+    if the_plan is not None:
+        dim_batch = the_plan.dim_batch
     with _out_lock(out, stage="lhd lens fit"):  # one fit per --out: two would clobber one checkpoint
         _set_threads(threads)
         spec = CorpusSpec(path=str(corpus), format=corpus_format, text_field=text_field, split=split,
@@ -138,13 +162,13 @@ def fit(
         recipe["slice"] = [a, b]
         if not prompts:
             raise LensError(f"shard {index}/{count} of {recipe['n_available']} prompts is empty")
-        m, tok = load_hf(model, dtype=dtype, device=device, revision=revision, attn_implementation=attn)
+        m, tok = load_hf(model, dtype=dtype, device=str(dev), revision=revision, attn_implementation=attn)
         settings = FitSettings(target_layer=target_layer, source_layers=parse_layers(source_layers),
-                               skip_first=skip_first,
-                               max_length=max_length, chat=chat, dim_batch=dim_batch, method=method)
-        options = FitOptions(checkpoint_every=checkpoint_every, resume=resume, stop_at_delta=stop_at_delta,
-                             min_prompts=min_prompts, progress=progress)
-        meta = {"model_id": model, "revision": m.revision, "corpus": recipe, "model_dtype": dtype,
+                               skip_first=skip_first, max_length=max_length, chat=chat,
+                               dim_batch=dim_batch or DEFAULT_DIM_BATCH, method=method)
+        options = FitOptions(checkpoint_every=checkpoint_every, checkpoint_minutes=checkpoint_minutes, resume=resume,
+                             stop_at_delta=stop_at_delta, min_prompts=min_prompts, progress=progress)
+        meta = {"model_id": model, "revision": m.revision, "corpus": recipe, "model_dtype": dtype, "attn": attn,
                 "shard": {"index": index, "count": count, "slice": [a, b]}}
         out.mkdir(parents=True, exist_ok=True)
         result = fit_lens(m, tok, prompts, settings, out_dir=out, options=options, meta=meta)
@@ -158,6 +182,32 @@ def fit(
             f"{r['n_prompts']} prompts ({r['n_skipped']} skipped), {r['seconds_per_prompt'] or 0:.3f} s/prompt, "
             f"last Δmean {r['delta_mean_last']}, split-half max {max(sh.values()) if sh else 'n/a'}"
         )
+
+
+def _fit_plan(model: str, revision: str | None, dev, *, dtype: str, attn: str, method: str, dim_batch: int | None,
+              max_length: int, source_layers: str, target_layer: int, memory_gib: float | None,
+              tflops: float | None, required: bool):
+    """Print the plan of a fit (lens.plan) and return it; None when the config cannot be read and no plan was asked."""
+    from lens.fit import resolve_layers
+    from lens.model import free_memory, read_model_config
+    from lens.plan import GiB, ModelShape, plan_fit
+
+    try:
+        cfg, where = read_model_config(model, revision)
+        shape = ModelShape.parse(cfg, source=where)
+    except LensError as exc:
+        if required:
+            raise
+        log.warning("no memory plan: %s", exc)
+        return None
+    sources, target = resolve_layers(shape.n_layers, parse_layers(source_layers), target_layer)
+    budget = int(memory_gib * GiB) if memory_gib is not None else free_memory(dev)
+    p = plan_fit(shape, dtype=dtype, attn=attn, method=method, sources=sources, target=target, tokens=max_length,
+                 dim_batch=dim_batch, budget=budget, device_type=dev.type, tflops=tflops)
+    typer.echo("\n".join(p.lines()), err=not required)
+    if p.fits is False and not required:
+        log.warning("the plan does not fit the device memory; the fit may run out of memory (%s)", p.advice())
+    return p
 
 
 @app.command()
@@ -249,7 +299,8 @@ def read(
     dtype: str = typer.Option("float32"),
     device: str = typer.Option("auto"),
     revision: str | None = typer.Option(None),
-    attn: str = typer.Option("eager"),
+    attn: str = typer.Option("auto", help="attn_implementation: auto (sdpa: no gradients here, and no [heads, T, T] "
+                                          "scores at long context) | sdpa | eager."),
     seed: int = typer.Option(0),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
     threads: int | None = typer.Option(None, help="torch CPU threads (1 is fastest for tiny models on a busy CPU)."),
@@ -257,10 +308,12 @@ def read(
     """Entitlement margins per layer × position class, AUROC table with CIs, emergence, heatmap."""
     from lens.margins import load_token_sets_file, resolve_token_sets
     from lens.model import load_hf
+    from lens.plan import resolve_attn
     from lens.read import ReadConfig, read_probe_set, read_run
     from lens.store import load_lens
 
     _set_threads(threads)
+    attn = resolve_attn(attn, "replicate")
     if (probes is None) == (run is None):
         raise LensError("give exactly one of --probes FILE or --run RUN")
     with _out_lock(run, out, stage="lhd lens read"):  # the run read whole, and --out, with no writer in between

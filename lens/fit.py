@@ -13,8 +13,11 @@ unit vector `e_i` (or `C_i`) at every valid *target* position, so the gradient a
 `t` is already summed over `t'`; it is then averaged over valid *source* positions in fp32.
 
 The corpus estimate is the plain mean over prompts, accumulated as two fp32 running sums
-(even / odd prompts), which gives the split-half agreement for free. Checkpoints are written
-atomically and a resume refuses different settings.
+(even / odd prompts), which gives the split-half agreement for free. The sums live in host
+memory whatever the model's device (for an 8B model they are 3.9 GiB that the GPU needs for
+activations); each prompt's estimate is copied over once, through a pinned buffer on CUDA.
+Checkpoints hold both sums (exact resume), so they are written by wall time (every 30 minutes by
+default) rather than every few prompts, and atomically; a resume refuses different settings.
 """
 from __future__ import annotations
 
@@ -138,7 +141,8 @@ class FitSettings:
 
 @dataclass
 class FitOptions:
-    checkpoint_every: int = 10
+    checkpoint_every: int = 0  # also checkpoint every N new prompts (0 = by time only)
+    checkpoint_minutes: float = 30.0  # checkpoint when this much wall time passed since the last one (0 = off)
     resume: bool = True
     stop_at_delta: float = 0.0  # early stop when the mean of the last 10 Δmean is below this
     min_prompts: int = 100  # ... and at least this many prompts are done
@@ -169,12 +173,21 @@ def _identity_distance(M: torch.Tensor) -> float:
     return float(torch.linalg.matrix_norm(M - eye) / math.sqrt(d))
 
 
-class _State:
-    """Running sums and bookkeeping; what a checkpoint holds."""
+SUMS_DEVICE = torch.device("cpu")  # where the running sums live (docs/lens.md, "What is computed")
 
-    def __init__(self, n_src: int, k: int, d: int, device: torch.device):
-        self.sum_a = torch.zeros(n_src, k, d, dtype=torch.float32, device=device)
+
+def _now() -> float:
+    """Wall clock of the checkpoint cadence (a function, so a test can move time on)."""
+    return time.monotonic()
+
+
+class _State:
+    """Running sums (host memory, fp32) and bookkeeping; what a checkpoint holds."""
+
+    def __init__(self, n_src: int, k: int, d: int):
+        self.sum_a = torch.zeros(n_src, k, d, dtype=torch.float32, device=SUMS_DEVICE)
         self.sum_b = torch.zeros_like(self.sum_a)
+        self.staging: torch.Tensor | None = None  # pinned copy target for a per-prompt estimate on CUDA
         self.n_a = 0
         self.n_b = 0
         self.next_idx = 0
@@ -200,10 +213,10 @@ class _State:
         }
 
     @classmethod
-    def from_dict(cls, obj: dict, device: torch.device) -> _State:
-        st = cls(1, 1, 1, device)
-        st.sum_a = obj["sum_a"].to(device)
-        st.sum_b = obj["sum_b"].to(device)
+    def from_dict(cls, obj: dict) -> _State:
+        st = cls(1, 1, 1)
+        st.sum_a = obj["sum_a"].to(SUMS_DEVICE, torch.float32)
+        st.sum_b = obj["sum_b"].to(SUMS_DEVICE, torch.float32)
         st.n_a, st.n_b = int(obj["n_a"]), int(obj["n_b"])
         st.next_idx = int(obj["next_idx"])
         st.skipped = list(obj["skipped"])
@@ -217,7 +230,7 @@ def _save_checkpoint(path: Path, state: _State, settings: dict) -> None:
     atomic_write(path, lambda tmp: torch.save(payload, tmp))
 
 
-def _load_checkpoint(path: Path, settings: dict, device: torch.device) -> _State:
+def _load_checkpoint(path: Path, settings: dict) -> _State:
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
         saved = json.loads(obj["settings"])
@@ -230,7 +243,7 @@ def _load_checkpoint(path: Path, settings: dict, device: torch.device) -> _State
         lines = "; ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in sorted(diff.items()))
         raise LensError(f"{path}: cannot resume with different settings ({lines}); use another --out or --no-resume")
     try:
-        return _State.from_dict(obj, device)
+        return _State.from_dict(obj)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise LensError(f"{path}: not a complete fit checkpoint (field {exc}); delete it to start the fit again, "
                         "or pass --no-resume") from None
@@ -274,13 +287,14 @@ def fit_lens(
     }
     ckpt = Path(out_dir) / CHECKPOINT if out_dir is not None else None
     if ckpt is not None and ckpt.exists() and options.resume:
-        state = _load_checkpoint(ckpt, compared, model.device)
+        state = _load_checkpoint(ckpt, compared)
         log.info("resuming from %s: %d prompts done, next index %d", ckpt, state.n, state.next_idx)
     else:
-        state = _State(len(sources), k, d, model.device)
+        state = _State(len(sources), k, d)
 
     new_done = 0
     started = time.perf_counter()
+    last_ckpt, since_ckpt = _now(), 0
     bar = tqdm(total=len(prompts), initial=state.next_idx, desc="fit J-lens", unit="prompt",
                disable=not options.progress, dynamic_ncols=True)
     try:
@@ -304,6 +318,7 @@ def fit_lens(
             _accumulate(state, Jp, idx, len(ids), time.perf_counter() - t0)
             state.next_idx += 1
             new_done += 1
+            since_ckpt += 1
             bar.update(1)
             bar.set_postfix(delta=f"{state.history[-1]['delta_mean']:.2e}")
             if options.stop_at_delta > 0 and state.n >= options.min_prompts:
@@ -311,8 +326,9 @@ def fit_lens(
                 if len(recent) == 10 and sum(recent) / 10 < options.stop_at_delta:
                     state.stopped_early = True
                     log.info("early stop after %d prompts (mean Δ of last 10 < %g)", state.n, options.stop_at_delta)
-            if ckpt is not None and options.checkpoint_every > 0 and new_done % options.checkpoint_every == 0:
+            if ckpt is not None and _checkpoint_due(options, since_ckpt, _now() - last_ckpt):
                 _save_checkpoint(ckpt, state, compared)
+                last_ckpt, since_ckpt = _now(), 0
             if options.stop_after is not None and new_done >= options.stop_after:
                 break
     finally:
@@ -340,23 +356,46 @@ def fit_lens(
     return FitResult(lens=Lens(J=J, meta=lens_meta), report=report, history=state.history)
 
 
+def _checkpoint_due(options: FitOptions, prompts_since: int, seconds_since: float) -> bool:
+    """Every `checkpoint_every` prompts if set, and whenever `checkpoint_minutes` have passed.
+
+    A checkpoint holds both fp32 sums, `2·n_src·d²·4` bytes (4.2 GB for an 8B model): written
+    every 10 prompts that is about 400 GB per 1000 prompts, so the default is by time."""
+    if options.checkpoint_every > 0 and prompts_since >= options.checkpoint_every:
+        return True
+    return options.checkpoint_minutes > 0 and seconds_since >= 60 * options.checkpoint_minutes
+
+
+def _to_host(state: _State, Jp: torch.Tensor) -> torch.Tensor:
+    """The per-prompt estimate in host memory, next to the sums (one copy per prompt)."""
+    if Jp.device == SUMS_DEVICE:
+        return Jp
+    if Jp.device.type == "cuda":
+        if state.staging is None or state.staging.shape != Jp.shape:
+            state.staging = torch.empty(Jp.shape, dtype=torch.float32, pin_memory=True)
+        return state.staging.copy_(Jp)
+    return Jp.to(SUMS_DEVICE)
+
+
 def _accumulate(state: _State, Jp: torch.Tensor, idx: int, n_tokens: int, seconds: float) -> None:
     """Add one prompt's estimate to its half; Δ per layer = ||M_new − M_old||_F / ||M_new||_F.
 
-    Works one layer at a time so the temporaries stay one `k×d` matrix (big models keep the
-    running sums on the GPU)."""
+    Works one layer at a time so the temporaries stay one `k×d` matrix, with as few passes over it
+    as the bookkeeping allows (host memory bandwidth is the cost: 31 layers of 67 MB for an 8B)."""
+    Jp = _to_host(state, Jp)
     n_old = state.n
     target_sum = state.sum_a if n_old % 2 == 0 else state.sum_b
     other_sum = state.sum_b if n_old % 2 == 0 else state.sum_a
     rel, id_deepest = [], float("nan")
     for i in range(Jp.shape[0]):
-        old_total = target_sum[i] + other_sum[i]
-        new_mean = (old_total + Jp[i]) / (n_old + 1)
+        total = torch.add(target_sum[i], other_sum[i])
+        if n_old > 0:  # ||J_p − M_old|| / (n+1) = ||M_new − M_old||
+            diff = torch.linalg.matrix_norm(torch.add(Jp[i], total, alpha=-1.0 / n_old)) / (n_old + 1)
+        total.add_(Jp[i])  # now n_old + 1 times the new mean
         if n_old > 0:
-            diff = torch.linalg.matrix_norm(Jp[i] - old_total / n_old) / (n_old + 1)
-            rel.append(float(diff / torch.linalg.matrix_norm(new_mean).clamp_min(1e-30)))
+            rel.append(float(diff / (torch.linalg.matrix_norm(total) / (n_old + 1)).clamp_min(1e-30)))
         if i == Jp.shape[0] - 1:
-            id_deepest = _identity_distance(new_mean)
+            id_deepest = _identity_distance(total.div_(n_old + 1))
         target_sum[i] += Jp[i]
     if n_old % 2 == 0:
         state.n_a += 1

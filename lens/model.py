@@ -247,6 +247,41 @@ def pick_device(device: str = "auto") -> torch.device:
     return torch.device(device)
 
 
+def free_memory(device: torch.device) -> int | None:
+    """Free bytes on a CUDA device (what a fit may plan with), None elsewhere or without CUDA."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    free, _total = torch.cuda.mem_get_info(device)
+    return int(free)
+
+
+def read_model_config(model_id: str, revision: str | None = None) -> tuple[dict, str]:
+    """The model's `config.json` as a dict and where it was read: a local dir, else the HF cache (no download)."""
+    local = Path(model_id) / "config.json"
+    if Path(model_id).is_dir():
+        path = local
+    else:
+        from huggingface_hub import try_to_load_from_cache
+
+        try:
+            found = try_to_load_from_cache(str(model_id), "config.json", revision=revision)
+        except ValueError:  # not a valid Hub id (e.g. a path that does not exist)
+            found = None
+        if not isinstance(found, str):
+            raise LensError(f"{model_id}: not a model dir, and no config.json for it in the local Hugging Face "
+                            "cache; pass a local model dir (a folder holding at least config.json)")
+        path = Path(found)
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise LensError(f"{path}: missing; a model dir needs config.json") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise LensError(f"{path}: not readable JSON ({type(exc).__name__}: {exc})") from None
+    if not isinstance(cfg, dict):
+        raise LensError(f"{path}: expected a JSON object")
+    return cfg, str(path)
+
+
 def load_tokenizer(model_id: str, revision: str | None = None):
     """AutoTokenizer, except for local dirs saved as a plain `tokenizers` backend.
 
@@ -273,7 +308,7 @@ def load_hf(
     dtype: str = "float32",
     device: str = "auto",
     revision: str | None = None,
-    attn_implementation: str = "eager",
+    attn_implementation: str = "eager",  # the CLI passes lens.plan.resolve_attn's choice
 ) -> tuple[HFLensModel, Any]:
     """Load a causal LM and its tokenizer (local dir or Hub id; offline unless HF_HUB_OFFLINE is unset)."""
     from transformers import AutoModelForCausalLM
