@@ -183,6 +183,31 @@ def test_a_task_too_long_for_the_window_is_not_sent(hub_cache, tiny_qwen2_dir):
     assert ans.result.error.startswith("context overflow") and "context of 512 tokens" in ans.result.error
 
 
+def test_the_supervisor_shows_fewer_rounds_by_real_counts(hub_cache, tiny_qwen2_dir):
+    """The supervisor's memory fit counted a hub-id model at 4 chars/token: with figures in the
+    answers it kept every round and its prompt was over the budget (then over the window)."""
+    from lhd_train.bench.memory import Memory, RoundNote
+    from lhd_train.bench.prompts import Prompts
+    from lhd_train.bench.supervisor import Supervisor
+    from lhd_train.bench.taskpack import Task
+
+    tok = real_tokenizer(tiny_qwen2_dir)
+    window, reserve = 4096, 600
+    backend = OpenAIBackend.from_spec(ModelSpec(backend="openai", model=HUB_ID, base_url="http://127.0.0.1:9/v1",
+                                                max_model_len=window))
+    state = {"trust": 0.0, "satisfaction": 0.0, "comfort": 0.0}
+    memory = Memory(window=7)
+    for g in range(1, 7):
+        memory.push(RoundNote(g, g, f"Task {g}", 1, None, digits_turns(1)[1]["content"], "ok", state, state,
+                              "fine", True, f"Check the figures of task {g}."), None)
+    sup = Supervisor(backend, backend, Prompts(), "A small team.", 0.2, 3, memory, dict(state))
+    task = Task(index=7, title="Year", prompt="Sum up the year.", files=[], phase=1)
+    text, info = sup.fit_evaluation_message(task, None, 1, "The year is done.", reserve)
+    real = prompt_len(tok, [sup.system_message(), {"role": "user", "content": text}])
+    assert info["fits"] and real == info["prompt_tokens"] <= window - reserve
+    assert info["recent_rounds_shown"] < 6
+
+
 def test_tokenizer_field_is_honoured_for_vllm_and_a_hub_id_loads_offline(hub_cache, tiny_qwen2_dir):
     from rollouts.model_files import counting_tokenizer
 
@@ -296,7 +321,7 @@ def test_max_in_flight_fills_vllms_max_num_seqs():
     explicit = ModelSpec(backend="vllm", model="m", max_in_flight=8, extra_args=["--max-num-seqs", "64"])
     assert max_in_flight(explicit) == 8
     assert max_in_flight(ModelSpec(backend="openai", model="m", base_url="http://x/v1")) == 32
-    server = ChatServer(delay_s=1.0)
+    server = ChatServer(delay_s=1.5)
     try:
         spec = ModelSpec(backend="vllm", model="m", extra_args=["--max-num-seqs", "48"])
         backend = OpenAIBackend(spec, server.url, "m", "prompt")
@@ -312,7 +337,7 @@ def test_max_in_flight_fills_vllms_max_num_seqs():
 def test_audit_concurrency_is_not_capped_by_the_default_in_flight(tmp_path):
     """`lhd audit --concurrency 40` kept 32 rounds in flight: the backend's default cap."""
     cfg, tids = make_run(tmp_path, seeds=(1, 2, 3, 4, 5, 6, 7, 8))
-    server = ChatServer(reply=lambda m: answer(), delay_s=1.0)
+    server = ChatServer(reply=lambda m: answer(), delay_s=1.5)
     try:
         import yaml
 
