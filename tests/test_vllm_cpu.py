@@ -349,6 +349,43 @@ def test_servers_start_concurrently_and_all_stop_on_failure(tmp_path, monkeypatc
     assert set(made) == {"a", "b", "c"} and not any(s.alive() for s in made.values())
 
 
+def test_doctor_sees_the_gpu_node_blind_spots(tmp_path, monkeypatch):
+    """M9: without vLLM in lhd's env doctor says `use_vllm` recipes fail (not "ok"); the vLLM venv's
+    torch CUDA is compared with the driver's; a C compiler (Triton) and bitsandbytes are checked on
+    a GPU node."""
+    from lhd_train.ops import doctor_checks as d
+
+    real_version = d._version
+    monkeypatch.setattr(d, "_version", lambda n: None if n == "vllm" else real_version(n))
+    name, status, detail = d.check_trl_vllm()
+    assert status == "warn" and "use_vllm" in detail and "docs/training.md" in detail
+
+    exe = _fake_venv(tmp_path / "gpu", {"vllm": "0.32.0", "torch": "2.13.0"})
+    (tmp_path / "gpu/lib/python3.11/site-packages/torch").mkdir()
+    (tmp_path / "gpu/lib/python3.11/site-packages/torch/version.py").write_text(
+        "__version__ = '2.13.0+cu128'\ncuda: Optional[str] = '12.8'\n")
+    for driver, want in (("12.8", "ok"), ("12.9", "ok"), ("12.4", "warn"), ("11.8", "fail"), (None, "warn")):
+        monkeypatch.setattr(d, "driver_cuda", lambda driver=driver: driver)
+        [(check, status, detail)] = d.check_vllm_cuda(str(exe), "cuda")
+        assert (check, status) == ("vllm cuda", want), (driver, detail)
+    assert d.check_vllm_cuda(str(exe), "cpu") == []
+    monkeypatch.setenv("LHD_VLLM", str(exe))
+    monkeypatch.setattr(vllm_server, "cuda_visible", lambda: True)
+    assert "vllm cuda" in [c for c, _, _ in d.check_vllm_server()]
+
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    monkeypatch.delenv("CC", raising=False)
+    rows = {c: (s, det) for c, s, det in d.check_gpu_toolchain()}
+    assert rows["c compiler"][0] == "fail" and "Triton" in rows["c compiler"][1]
+    assert rows["bitsandbytes"][0] in ("ok", "warn", "fail")
+    monkeypatch.setattr(d, "_version", lambda n: None if n == "bitsandbytes" else real_version(n))
+    assert dict((c, s) for c, s, _ in d.check_gpu_toolchain())["bitsandbytes"] == "warn"
+    monkeypatch.setenv("CC", "/usr/bin/gcc")
+    assert dict((c, s) for c, s, _ in d.check_gpu_toolchain())["c compiler"] == "ok"
+    monkeypatch.setattr(vllm_server, "cuda_visible", lambda: False)
+    assert d.check_gpu_toolchain() == []  # not a GPU node: nothing to say
+
+
 # ----------------------------------------------------------------------------- a real vLLM server
 
 MARKER = "Zebra-42"
