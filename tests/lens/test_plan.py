@@ -78,7 +78,7 @@ def _saved_bytes(model: HFLensModel, B: int, T: int, root: int, target: int) -> 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 @pytest.mark.parametrize(("dtype", "attn"), [("float32", "eager"), ("bfloat16", "sdpa"), ("bfloat16", "eager")])
 def test_planned_activations_match_autograd(arch, dtype, attn, tiny_dirs):
-    """The plan's saved activations are what autograd keeps, within 3 % (the rest is the shared rotary
+    """The plan's saved activations are what autograd keeps, within 1 % (the rest is the shared rotary
     cos/sin), on tiny Llama and Qwen3 with 4 heads / 2 kv heads (Llama-3's 8B has 32 / 8)."""
     model, _ = load_hf(str(tiny_dirs[arch]), dtype=dtype, device="cpu", attn_implementation=attn)
     shape = ModelShape.parse(json.loads((tiny_dirs[arch] / "config.json").read_text()))
@@ -87,7 +87,7 @@ def test_planned_activations_match_autograd(arch, dtype, attn, tiny_dirs):
     B, T = 4, 40
     measured = _saved_bytes(model, B, T, root=0, target=2)
     plan = plan_fit(shape, dtype=dtype, attn=attn, sources=[0, 1], target=2, tokens=T, dim_batch=B, device_type="cpu")
-    assert plan.memory["saved activations"] == pytest.approx(measured, rel=0.03)
+    assert plan.memory["saved activations"] == pytest.approx(measured, rel=0.01)
     assert plan.memory["saved activations"] <= measured  # nothing counted that autograd does not keep
     assert plan.memory["weights"] == shape.n_params * (4 if dtype == "float32" else 2)
 
