@@ -583,7 +583,7 @@ def test_judged_reward_never_starts_a_model_inside_a_training_rank(llama, tmp_pa
     from lhd_train.finetune.trainer import build_trainer
 
     big = {"backend": "vllm", "model": "Qwen/Qwen2.5-72B-Instruct", "tensor_parallel_size": 4,
-           "max_model_len": 32768, "gpus": "1,2,3,4"}
+           "max_model_len": 32768}
     rundirs = {"vllm": _run_with_auditor(tmp_path / "v", big),
                "hf": _run_with_auditor(tmp_path / "h", {"backend": "hf", "model": str(llama)})}
     recipe_path = RECIPES / "tiny" / "grpo-honest.yaml"
