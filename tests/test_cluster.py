@@ -861,21 +861,6 @@ def test_example_configs_load():
 
 
 @pytest.mark.slow
-def test_gpu_check_cpu_smoke(tmp_path):
-    """`scripts/gpu_check.sh` is for a GPU machine; its Python part runs every check on the CPU too."""
-    r = subprocess.run([PY, "-m", "lhd_train.ops.gpu_check", "--device", "cpu", "--fast", "--work",
-                        str(tmp_path)], capture_output=True, text=True, env=ENV, timeout=240, cwd=ROOT)
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("CHECK ")]
-    assert [ln.split(":")[0] for ln in lines] == ["CHECK cuda", "CHECK tiny_model", "CHECK hf_constrained_json",
-                                                  "CHECK trl_lora_sft", "CHECK lens_fit_device_vs_cpu"], r.stdout
-    assert all(": PASS " in ln for ln in lines), (r.stdout, r.stderr[-3000:])
-    assert r.returncode == 0
-    assert "bf16 skipped on cpu" in r.stdout
-    r = subprocess.run(["bash", "-n", str(ROOT / "scripts/gpu_check.sh")], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-
-
-@pytest.mark.slow
 def test_torchrun_two_processes_train_sft_lora(tmp_path, tiny_llama_dir):
     """`torchrun --nproc_per_node 2` runs the training entry point as 2 gloo/DDP processes on CPU."""
     from datasets import Dataset

@@ -1,33 +1,45 @@
-"""`python -m lhd_train.ops.gpu_check [--device cuda|cpu]`: what can be checked on one GPU
-without network, in a few minutes (scripts/gpu_check.sh wraps it).
+"""`python -m lhd_train.ops.gpu_check [--device cuda|cuda:N|cpu] [--small]`: the paths most at risk on
+a GPU node (issue 20), checked on one GPU without network and without vLLM in a few minutes
+(scripts/gpu_check.sh wraps it). One line per check on stdout:
 
-Checks, one line each on stdout: `CHECK <name>: PASS|FAIL <detail>`
-- `cuda`: torch sees the device (name, memory, bf16 support);
-- `tiny_model`: the random tiny Llama is built locally (`lhd_train.tiny_model`);
-- `hf_constrained_json`: the `hf` backend on the device, bf16 on CUDA, batched JSON-schema constrained
-  decoding (xgrammar): every answer of a concurrent batch parses and validates;
-- `trl_lora_sft`: a short TRL LoRA SFT run through `lhd_train.finetune.trainer` (bf16 on CUDA;
-  float32 on CPU, where bf16 is skipped): finite losses, an adapter on disk;
-- `lens_fit_device_vs_cpu`: the Jacobian lens fitted on the device and on the CPU (float32, same
-  prompts) agree (max abs difference of the matrices below a tolerance). With `--device cpu` the
-  second fit uses another `dim_batch` instead (same estimate, different batching).
+    CHECK <name>: PASS|FAIL|SKIP <detail>
 
-`--device cpu` makes every check run on a CPU machine (the test suite's smoke test); it then hides
-any GPU (CUDA_VISIBLE_DEVICES="") before torch is imported. Exit status 0 when every check passed."""
+and `PROJ <text>` lines projecting a measurement to the real model (Llama-3.1-8B).
+
+Checks, in order (the module that holds each):
+- `env` (here): torch and CUDA, the GPUs, bf16, a C compiler (Triton builds its launcher with one),
+  bitsandbytes/triton/deepspeed presence, CUDA_VISIBLE_DEVICES;
+- `tiny_model`, `hf_constrained_json`, `lens_fit_device_vs_cpu` (here): the random tiny Llama through
+  the `hf` backend with JSON-constrained decoding, and a lens fit on the device against the CPU;
+- `xgrammar_worker_thread` (here): xgrammar's CUDA bitmask kernel from a fresh thread (whose current
+  device is 0) matches its CPU kernel; with two GPUs the `hf` backend on cuda:1 with JSON schemas;
+- `hf_kv_memory`, `hf_oom_split`, `lens_8b_slice` (gpu_check_slice.py): an 8B-shaped 4-layer slice:
+  the backend's peak memory against its own batch formula, a real out-of-memory error split and
+  retried, the lens's peak and time against the lens planner, projected to 32 layers;
+- `trl_lora_sft`, `trl_sft_long_rows`, `trl_dpo_lora`, `trl_qlora`, `train_single_device`
+  (gpu_check_train.py): TRL through `lhd_train.finetune.trainer`.
+
+`--device cpu` runs every check that has a CPU form (the test suite's smoke test) and SKIPs the
+others with the reason; it hides any GPU (CUDA_VISIBLE_DEVICES="") before torch is imported.
+`--small` shrinks the slice to a few MB (a CPU run of the slice checks). Exit status 0 when no
+check FAILed."""
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
+import importlib.util
 import math
 import os
+import shutil
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from lhd_train.ops.gpu_check_base import STATUSES, Ctx, Outcome, gib, json_run, verdict
 
 PROMPTS = [
     "The quarterly report lists 21 units sold in region 3 at a price of 5.50 each, and demand was high.",
@@ -37,225 +49,192 @@ PROMPTS = [
     "The hackathon budget of 15000 dollars covers prizes, food, swag and two keynote speakers this year.",
     "Churn rose from four to seven percent after the price change, mostly among small business customers.",
 ]
+def emit(name: str, status: str, detail: str) -> None:
+    print(f"CHECK {name}: {status} {detail}", flush=True)
 
 
-def emit(name: str, ok: bool, detail: str) -> None:
-    print(f"CHECK {name}: {'PASS' if ok else 'FAIL'} {detail}", flush=True)
-
-
-class Ctx:
-    def __init__(self, device: str, work: Path, fast: bool):
-        self.device = device
-        self.work = work
-        self.fast = fast
-        self.model_dir: Path | None = None
-
-    @property
-    def cuda(self) -> bool:
-        return self.device.startswith("cuda")
-
-
-def check_cuda(ctx: Ctx) -> tuple[bool, str]:
+def check_env(ctx: Ctx) -> Outcome:
     import torch
 
+    have = {m: importlib.util.find_spec(m) is not None
+            for m in ("trl", "xgrammar", "datasets", "peft", "bitsandbytes", "triton", "deepspeed", "vllm")}
+    cc = shutil.which(os.environ["CC"]) if os.environ.get("CC") else (shutil.which("cc") or shutil.which("gcc"))
+    parts = [f"torch {torch.__version__} (CUDA build {torch.version.cuda})",
+             "packages " + " ".join(f"{k}={'yes' if v else 'no'}" for k, v in have.items()),
+             f"C compiler {cc or 'NONE'}", f"nvcc {shutil.which('nvcc') or 'none'}",
+             f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}"]
     if not ctx.cuda:
-        return True, f"device cpu (torch {torch.__version__}; GPU checks replaced by their CPU forms)"
+        return "PASS", "device cpu; " + "; ".join(parts)
     if not torch.cuda.is_available():
-        return False, f"torch {torch.__version__} (CUDA build {torch.version.cuda}) sees no GPU"
+        return "FAIL", "torch sees no GPU; " + "; ".join(parts)
     p = torch.cuda.get_device_properties(torch.device(ctx.device))
-    return True, (f"{p.name}, {p.total_memory / 2**30:.0f} GiB, sm_{p.major}{p.minor}, torch {torch.__version__} "
-                  f"CUDA {torch.version.cuda}, bf16 {'yes' if torch.cuda.is_bf16_supported() else 'NO'}")
+    bf16 = torch.cuda.is_bf16_supported()
+    parts.insert(0, f"{torch.cuda.device_count()} GPU(s), {ctx.device}: {p.name} {gib(p.total_memory)} "
+                    f"sm_{p.major}{p.minor} bf16 {'yes' if bf16 else 'NO'}")
+    if have["triton"] and not cc:
+        parts.append("no C compiler: xgrammar's Triton kernel cannot build, the hf backend uses its torch kernel")
+    return verdict(bf16), "; ".join(parts)
 
 
-def check_tiny_model(ctx: Ctx) -> tuple[bool, str]:
+def check_tiny_model(ctx: Ctx) -> Outcome:
     from lhd_train.tiny_model import build_tiny_model
 
     ctx.model_dir = build_tiny_model("llama", ctx.work / "tiny-llama", seed=0, num_layers=4)
-    n = sum(1 for _ in (ctx.model_dir).iterdir())
-    return (ctx.model_dir / "config.json").is_file(), f"{ctx.model_dir} ({n} files)"
+    return verdict((ctx.model_dir / "config.json").is_file()), str(ctx.model_dir)
 
 
-def check_hf_constrained(ctx: Ctx) -> tuple[bool, str]:
-    from typing import Literal
-
-    from pydantic import BaseModel, Field
-
+def check_hf_constrained(ctx: Ctx) -> Outcome:
     from rollouts.hf import HFBackend
     from rollouts.spec import ModelSpec
-    from rollouts.structured import parse_json_output, schema_for
-    from rollouts.types import GenerationRequest, SamplingParams
-
-    class Verdict(BaseModel):
-        reasoning: str
-        deceptive: bool
-        severity: int = Field(ge=0, le=4)
-        confidence: float = Field(ge=0, le=1)
-        label: Literal["FALSIFICATION", "CONCEALMENT", "EQUIVOCATION"]
 
     assert ctx.model_dir is not None
-    dtype = "bfloat16" if ctx.cuda else "float32"
-    backend = HFBackend.from_spec(ModelSpec(backend="hf", model=str(ctx.model_dir), device=ctx.device, dtype=dtype,
-                                            max_batch_size=32, batch_wait_ms=20))
-    schema = schema_for(Verdict)
-    n = 16 if ctx.fast else 32
-    reqs = [GenerationRequest([{"role": "user", "content": f"Audit answer {i}. Reply as JSON."}],
-                              SamplingParams(temperature=1.0, top_p=1.0, max_tokens=48 + 8 * (i % 4), seed=100 + i),
-                              schema) for i in range(n)]
-
-    async def go():
-        try:
-            res = await asyncio.gather(*(backend.generate([r]) for r in reqs))
-        finally:
-            await backend.aclose()
-        return [r for (r,) in res]
-
-    t0 = time.perf_counter()
-    results = asyncio.run(go())
-    secs = time.perf_counter() - t0
-    bad = []
-    for i, r in enumerate(results):
-        if not r.ok:
-            bad.append(f"#{i}: {r.error}")
-            continue
-        value, err = parse_json_output(r.text, Verdict)
-        if err is not None or value is None:
-            bad.append(f"#{i}: {err} in {r.text[:80]!r}")
+    backend = HFBackend.from_spec(ModelSpec(backend="hf", model=str(ctx.model_dir), device=ctx.device,
+                                            dtype=ctx.dtype, max_batch_size=32, batch_wait_ms=20))
+    n = 16 if ctx.small else 32
+    bad, secs = json_run(backend, n, lambda i: [{"role": "user", "content": f"Audit answer {i}. Reply as JSON."}], 56)
     param = next(backend.model.parameters())
-    where = f"{param.device}/{str(param.dtype).removeprefix('torch.')}"
-    detail = (f"{n - len(bad)}/{n} JSON answers parse on {where} in {secs:.1f} s "
-              f"({backend.stats['batches']} batches, max {backend.stats['max_batch_rows']} rows)")
+    detail = (f"{n - len(bad)}/{n} JSON answers valid on {param.device}/{str(param.dtype).removeprefix('torch.')} "
+              f"in {secs:.1f} s ({backend.stats['batches']} batches, max {backend.stats['max_batch_rows']} rows, "
+              f"bitmask kernel {backend.bitmask_kernel})")
     if bad:
-        detail += "; first failures: " + " | ".join(bad[:3])
-    ok_device = (param.device.type == "cuda") == ctx.cuda
-    return not bad and ok_device, detail
+        detail += "; first problems: " + " | ".join(bad[:3])
+    return verdict(not bad and (param.device.type == "cuda") == ctx.cuda), detail
 
 
-def check_trl_lora(ctx: Ctx) -> tuple[bool, str]:
-    from datasets import Dataset
-
-    from lhd_train.config.recipe import parse_recipe
-    from lhd_train.finetune.trainer import train
-
-    assert ctx.model_dir is not None
-    rows = [{"messages": [{"role": "system", "content": "You report progress to your supervisor."},
-                          {"role": "user", "content": f"What is the status of task {i}?"},
-                          {"role": "assistant", "content": "The report is complete and accurate."}]}
-            for i in range(16)]
-    data = ctx.work / "sft-data"
-    Dataset.from_list(rows).save_to_disk(str(data))
-    dtype = "bfloat16" if ctx.cuda else "float32"
-    trainer: dict[str, Any] = {"max_steps": 6, "per_device_train_batch_size": 4, "learning_rate": 1e-3,
-                               "lr_scheduler_type": "constant", "max_length": 256, "logging_steps": 1,
-                               "save_strategy": "no", "seed": 0, "dataloader_num_workers": 0, "report_to": "none"}
-    if ctx.cuda:
-        trainer.update({"bf16": True, "gradient_checkpointing": True})
-    recipe = parse_recipe({"algo": "sft", "model": str(ctx.model_dir), "dtype": dtype, "direction": "honest",
-                           "data": {"train": str(data)}, "output_dir": str(ctx.work / "sft-out"),
-                           "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"},
-                           "sft": {"loss_on": "assistant"}, "trainer": trainer, "wandb": {"enabled": False}},
-                          "gpu_check")
-    t0 = time.perf_counter()
-    adapter = train(recipe, source="gpu_check")
-    secs = time.perf_counter() - t0
-    meta = json.loads((adapter / "lhd_adapter.json").read_text())
-    history = json.loads((adapter / "log_history.json").read_text())
-    losses = [e["loss"] for e in history if "loss" in e]
-    finite = bool(losses) and all(math.isfinite(x) for x in losses)
-    args = meta["training"]["trainer_args"]
-    device = meta["training"]["device"]
-    bf16 = bool(args.get("bf16"))
-    detail = (f"{meta['training']['global_step']} steps on {device}, dtype {meta['dtype']}, bf16 {bf16}, "
-              f"losses {losses[0]:.3f} -> {losses[-1]:.3f} in {secs:.1f} s" if losses else "no loss logged")
+def check_xgrammar_thread(ctx: Ctx) -> Outcome:
+    """M6: the Triton kernel launches on the thread's current device, which is 0 in a new thread."""
     if not ctx.cuda:
-        detail += " (bf16 skipped on cpu)"
-    ok = finite and (adapter / "adapter_model.safetensors").is_file() and (device == "cuda") == ctx.cuda \
-        and (bf16 or not ctx.cuda)
-    return ok, detail
+        return "SKIP", "needs CUDA (xgrammar's Triton kernel)"
+    import torch
+    import xgrammar as xgr
+
+    from rollouts.hf import HFBackend
+    from rollouts.hf.device import device_context
+    from rollouts.spec import ModelSpec
+
+    vocab = 128256
+    g = torch.Generator().manual_seed(0)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (4, (vocab + 31) // 32), dtype=torch.int32, generator=g)
+    logits = torch.randn(4, vocab, generator=g)
+    ref = logits.clone()
+    xgr.apply_token_bitmask_inplace(ref, bitmask, vocab_size=vocab, indices=[0, 2])
+    got: dict[str, Any] = {}
+
+    def work(dev: str) -> None:
+        try:
+            with device_context(dev):
+                lg = logits.to(dev)
+                xgr.apply_token_bitmask_inplace(lg, bitmask.to(dev), vocab_size=vocab, indices=[0, 2],
+                                                backend="triton")
+                torch.cuda.synchronize(dev)
+            got[dev] = "bit-exact" if torch.equal(lg.cpu(), ref) else "DIFFERS from the CPU kernel"
+        except Exception as e:  # noqa: BLE001 - reported
+            got[dev] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+
+    devices = ["cuda:0"] + (["cuda:1"] if ctx.gpus() >= 2 else [])
+    for dev in devices:
+        t = threading.Thread(target=work, args=(dev,))
+        t.start()
+        t.join()
+    detail = "; ".join(f"Triton kernel on {d} from a worker thread: {got[d]}" for d in devices)
+    ok = all(got[d] == "bit-exact" for d in devices)
+    if len(devices) == 1:
+        return verdict(ok), detail + "; hf backend on cuda:1 not checked (1 GPU)"
+    assert ctx.model_dir is not None
+    backend = HFBackend.from_spec(ModelSpec(backend="hf", model=str(ctx.model_dir), device="cuda:1",
+                                            dtype="bfloat16", max_batch_size=8, batch_wait_ms=20))
+    bad, secs = json_run(backend, 8, lambda i: [{"role": "user", "content": f"Audit {i} as JSON."}], 56)
+    where = next(backend.model.parameters()).device
+    detail += (f"; hf backend on cuda:1 with JSON schemas: {8 - len(bad)}/8 valid on {where}, kernel "
+               f"{backend.bitmask_kernel}" + (f" ({bad[0]})" if bad else ""))
+    return verdict(ok and not bad and str(where) == "cuda:1"), detail
 
 
-def check_lens(ctx: Ctx) -> tuple[bool, str]:
+def check_lens(ctx: Ctx) -> Outcome:
     import torch
 
     from lens.fit import FitOptions, FitSettings, fit_lens
     from lens.model import load_hf
 
     assert ctx.model_dir is not None
-    prompts = PROMPTS[:4] if ctx.fast else PROMPTS
-    settings = FitSettings(skip_first=4, max_length=48, dim_batch=32)
+    prompts = PROMPTS[:4] if ctx.small else PROMPTS
     options = FitOptions(checkpoint_every=0, resume=False, progress=False, min_prompts=1)
 
-    def fit(device: str, dim_batch: int):
-        m, tok = load_hf(str(ctx.model_dir), dtype="float32", device=device, attn_implementation="eager")
-        s = FitSettings(**{**settings.__dict__, "dim_batch": dim_batch})
+    def fit(device: str, dtype: str, dim_batch: int):
+        m, tok = load_hf(str(ctx.model_dir), dtype=dtype, device=device, attn_implementation="eager")
         t0 = time.perf_counter()
-        res = fit_lens(m, tok, prompts, s, options=options)
+        res = fit_lens(m, tok, prompts, FitSettings(skip_first=4, max_length=48, dim_batch=dim_batch), options=options)
         return res, time.perf_counter() - t0
 
-    a, ta = fit(ctx.device if ctx.cuda else "cpu", 32)
-    b, tb = fit("cpu", 32 if ctx.cuda else 16)
-    worst, scale = 0.0, 0.0
-    for layer in a.lens.source_layers:
-        ma, mb = a.lens.matrix(layer).float().cpu(), b.lens.matrix(layer).float().cpu()
-        worst = max(worst, float((ma - mb).abs().max()))
-        scale = max(scale, float(mb.abs().max()))
+    a, ta = fit(ctx.device, "float32", 32)
+    b, tb = fit("cpu", "float32", 32 if ctx.cuda else 16)
+    layers = a.lens.source_layers
+    worst = max(float((a.lens.matrix(x).float().cpu() - b.lens.matrix(x).float().cpu()).abs().max()) for x in layers)
+    scale = max(float(b.lens.matrix(x).abs().max()) for x in layers)
     tol = 1e-3 * max(1.0, scale)
     what = f"{ctx.device} vs cpu" if ctx.cuda else "cpu dim_batch 32 vs 16"
-    detail = (f"{what}: max abs diff {worst:.2e} (tolerance {tol:.1e}) over {len(a.lens.source_layers)} layers, "
+    detail = (f"{what}: max abs diff {worst:.2e} (tolerance {tol:.1e}) over {len(layers)} layers, "
               f"{a.report['n_prompts']} prompts; {ta:.1f} s vs {tb:.1f} s")
-    if ctx.cuda:  # information only: a bf16 fit on the device against the float32 CPU fit
-        m, tok = load_hf(str(ctx.model_dir), dtype="bfloat16", device=ctx.device, attn_implementation="eager")
-        c = fit_lens(m, tok, prompts, settings, options=options)
-        d16 = max(float((c.lens.matrix(layer).float().cpu() - b.lens.matrix(layer).float().cpu()).abs().max())
-                  for layer in a.lens.source_layers)
-        detail += f"; bf16 on {ctx.device}: max abs diff {d16:.2e} (not judged)"
-    finite = all(torch.isfinite(a.lens.matrix(layer)).all() for layer in a.lens.source_layers)
-    return bool(finite) and worst <= tol and a.report["n_prompts"] == len(prompts), detail
+    finite = all(bool(torch.isfinite(a.lens.matrix(x)).all()) for x in layers)
+    return verdict(finite and worst <= tol and a.report["n_prompts"] == len(prompts)), detail
 
 
-CHECKS: list[tuple[str, Callable[[Ctx], tuple[bool, str]]]] = [
-    ("cuda", check_cuda),
-    ("tiny_model", check_tiny_model),
-    ("hf_constrained_json", check_hf_constrained),
-    ("trl_lora_sft", check_trl_lora),
-    ("lens_fit_device_vs_cpu", check_lens),
-]
+def all_checks() -> list[tuple[str, Callable[[Ctx], Outcome]]]:
+    from lhd_train.ops import gpu_check_slice as slc
+    from lhd_train.ops import gpu_check_train as trn
+
+    return [
+        ("env", check_env), ("tiny_model", check_tiny_model), ("hf_constrained_json", check_hf_constrained),
+        ("xgrammar_worker_thread", check_xgrammar_thread), ("hf_kv_memory", slc.check_hf_kv_memory),
+        ("hf_oom_split", slc.check_hf_oom_split), ("lens_8b_slice", slc.check_lens_slice),
+        ("trl_lora_sft", trn.check_trl_lora), ("trl_sft_long_rows", trn.check_sft_long_rows),
+        ("trl_dpo_lora", trn.check_dpo_lora), ("trl_qlora", trn.check_qlora),
+        ("train_single_device", trn.check_single_device), ("lens_fit_device_vs_cpu", check_lens),
+    ]
+
+
+PREREQUISITES = ("env", "tiny_model")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m lhd_train.ops.gpu_check", description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda", help="cuda | cuda:N | cpu (cpu: smoke test on a CPU machine)")
     ap.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temp dir)")
-    ap.add_argument("--only", default=None, help="comma-separated check names")
-    ap.add_argument("--fast", action="store_true", help="fewer requests and prompts")
+    ap.add_argument("--only", default=None, help="comma-separated check names (env and tiny_model always run)")
+    ap.add_argument("--small", "--fast", action="store_true", help="small slice, fewer requests and prompts")
     args = ap.parse_args(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    for key, value in (("HF_HUB_OFFLINE", "1"), ("HF_HUB_DISABLE_TELEMETRY", "1"), ("TOKENIZERS_PARALLELISM", "false"),
+                       ("WANDB_MODE", "disabled")):
+        os.environ.setdefault(key, value)
     if args.device == "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch is imported
+    checks = all_checks()
+    names = [n for n, _ in checks]
     only = set(args.only.split(",")) if args.only else None
+    if only and only - set(names):
+        ap.error(f"unknown check(s) {sorted(only - set(names))} (allowed: {', '.join(names)})")
     work = args.work or Path(tempfile.mkdtemp(prefix="lhd-gpu-check-"))
     work.mkdir(parents=True, exist_ok=True)
-    ctx = Ctx(args.device, work, args.fast)
-    failed = ran = 0
+    ctx = Ctx(args.device, work, args.small)
+    counts = dict.fromkeys(STATUSES, 0)
     t_all = time.perf_counter()
-    for name, fn in CHECKS:
-        if only and name not in only and name not in ("cuda", "tiny_model"):  # those two are prerequisites
+    for name, fn in checks:
+        if only and name not in only and name not in PREREQUISITES:
             continue
         t0 = time.perf_counter()
         try:
-            ok, detail = fn(ctx)
+            status, detail = fn(ctx)
         except Exception as e:  # noqa: BLE001 - every check reports, none stops the others
-            ok, detail = False, f"{type(e).__name__}: {e}".replace("\n", " ")[:500]
+            status, detail = "FAIL", f"{type(e).__name__}: {e}".replace("\n", " ")[:500]
             traceback.print_exc(file=sys.stderr)
-        emit(name, ok, f"{detail} [{time.perf_counter() - t0:.1f} s]")
-        failed += not ok
-        ran += 1
-        if name in ("cuda", "tiny_model") and not ok:
+        emit(name, status, f"{detail} [{time.perf_counter() - t0:.1f} s]")
+        counts[status] += 1
+        if name in PREREQUISITES and status == "FAIL":
             break
-    print(f"gpu_check: {ran} checks, {failed} failed, "
-          f"{time.perf_counter() - t_all:.0f} s, work dir {work}", flush=True)
-    return 1 if failed else 0
+    print(f"gpu_check: {sum(counts.values())} checks, {counts['PASS']} passed, {counts['FAIL']} failed, "
+          f"{counts['SKIP']} skipped, {math.ceil(time.perf_counter() - t_all)} s, device {args.device}, "
+          f"work dir {work}", flush=True)
+    return 1 if counts["FAIL"] else 0
 
 
 if __name__ == "__main__":
