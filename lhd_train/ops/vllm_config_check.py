@@ -217,8 +217,8 @@ def preflight(specs: Mapping[str, ModelSpec], source: str | Path) -> list[str]:
 
 
 def _groups(data: dict, specs: dict[str, ModelSpec]) -> list[tuple[str, dict[str, ModelSpec]]]:
-    """The sets of models one process starts together: `lhd run`'s roles, `lhd audit`'s auditor;
-    a file of bare `models:` entries is one set. Role adapters are added as `lhd run` adds them."""
+    """The sets of models one process starts together: `lhd run`'s roles, `lhd audit`'s auditor,
+    `lhd data`'s both; a file of bare `models:` entries is one set. Role adapters are added as `lhd run` adds them."""
     run_keys: dict[str, ModelSpec] = {}
     for role in ("performer", "supervisor", "summariser"):
         rc = data.get(role) if isinstance(data.get(role), dict) else None
@@ -229,7 +229,10 @@ def _groups(data: dict, specs: dict[str, ModelSpec]) -> list[tuple[str, dict[str
     out = [("lhd run", run_keys)] if run_keys else []
     auditor = data.get("auditor") if isinstance(data.get("auditor"), dict) else None
     if auditor and auditor.get("model") in specs:
-        out.append(("lhd audit", {auditor["model"]: specs[auditor["model"]]}))
+        key = auditor["model"]
+        out.append(("lhd audit", {key: specs[key]}))
+        if run_keys and key not in run_keys:  # `lhd data` samples and grades at once
+            out.append(("lhd data", {**run_keys, key: specs[key]}))
     return out or [("models", specs)]
 
 
