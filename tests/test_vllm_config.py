@@ -126,3 +126,12 @@ def test_doctor_and_run_refuse_a_broken_copy(tmp_path, monkeypatch):
     with pytest.raises(InputError) as e:
         check.preflight(engine.role_specs(cfg, engine.RUN_ROLES), broken)
     assert e.value.field == "models.llama8b.max_model_len"
+
+
+def test_doctor_notes_that_old_vllm_ignores_structured_outputs():
+    """L8: a model sent vLLM's `structured_outputs` gets a note that servers before vLLM 0.10.2 drop
+    the field silently (no vLLM needed: the example has no managed vllm model)."""
+    rows = {c: (s, d) for c, s, d in check.doctor_rows(ROOT / "configs/examples/openai-endpoint.yaml")}
+    status, detail = rows["structured outputs performer"]
+    assert status == "ok" and "0.10.2" in detail and "response_format" in detail
+    assert "structured outputs judge" not in rows  # `auto` sends response_format first

@@ -60,9 +60,11 @@ def check(parser, serve, argv: list[str]) -> tuple[str, str]:
         stage = "model config"
         model_config = engine_args.create_model_config()
         stage = "parallel config"
+        # The executor backend is named so that ParallelConfig does not count this machine's GPUs:
+        # lhd checks the GPU count against the job's allocation itself (rollouts/gpus.py).
         model_config.verify_with_parallel_config(ParallelConfig(
             tensor_parallel_size=engine_args.tensor_parallel_size,
-            pipeline_parallel_size=engine_args.pipeline_parallel_size))
+            pipeline_parallel_size=engine_args.pipeline_parallel_size, distributed_executor_backend="mp"))
         if engine_args.enable_lora:
             stage = "lora"
             lora = LoRAConfig(max_lora_rank=engine_args.max_lora_rank, max_loras=engine_args.max_loras)
