@@ -328,8 +328,8 @@ def test_servers_start_concurrently_and_all_stop_on_failure(tmp_path, monkeypatc
     monkeypatch.setattr(engine, "build_backend", build)
 
     def cfg(models):
-        return parse_config({"run_name": "r", "output_dir": str(tmp_path), "seeds": [1],
-                             "models": {k: {"backend": "vllm", "model": "x", "extra_args": v} for k, v in models.items()},
+        entries = {k: {"backend": "vllm", "model": "x", "extra_args": v} for k, v in models.items()}
+        return parse_config({"run_name": "r", "output_dir": str(tmp_path), "seeds": [1], "models": entries,
                              "performer": {"model": "a"}, "supervisor": {"model": "b"}, "summariser": {"model": "c"}},
                             "test")
     t0 = time.monotonic()
