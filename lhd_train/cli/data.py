@@ -15,15 +15,25 @@ def _build_settings(run: Path, out: Path, n: int, direction: str, auditor: Path 
                     max_contexts: int | None, eval_fraction: float, min_margin: float, concurrency: int):
     from lhd_train.finetune.datasets import BuildSettings
 
-    _check_data_options(direction, eval_fraction, n)
+    _check_data_options(direction, eval_fraction, n, max_contexts, concurrency, out)
     return BuildSettings(run, out, n, direction, auditor, tuple(overrides), eval_fraction, max_contexts,
                          min_margin, concurrency=concurrency)
 
 
-def _check_data_options(direction: str, eval_fraction: float, n: int | None = None) -> None:
-    """Options checked before any model loads, so a typo costs no loading time."""
+def _check_data_options(direction: str, eval_fraction: float, n: int | None = None, max_contexts: int | None = None,
+                        concurrency: int = 1, out: Path | None = None) -> None:
+    """Options checked before any model loads, so a typo costs no loading time. `--out` must be a
+    folder outside the run's own files (`rundir.outputs`)."""
     from lhd_train.errors import InputError
+    from lhd_train.rundir.outputs import check_out_dir
 
+    if out is not None:
+        check_out_dir(out, what="dataset")
+    if max_contexts is not None and max_contexts < 1:  # 0 used to mean "no limit"
+        raise InputError("command line", "--max-contexts", f"{max_contexts} contexts", "an integer >= 1 (omit it "
+                         "for every context)")
+    if not 1 <= concurrency <= 4096:  # 0 waited forever, -1 crashed
+        raise InputError("command line", "--concurrency", f"{concurrency} requests at once", "1 ... 4096")
     if direction not in ("honest", "deceptive"):
         raise InputError("command line", "--direction", f"'{direction}'", "honest, deceptive")
     if not 0 <= eval_fraction < 1:
@@ -97,7 +107,7 @@ def data_grpo_cmd(
     """Prompt-only GRPO data; the honesty reward grades completions in their trajectory context."""
     from lhd_train.finetune.datasets import build_grpo
 
-    _check_data_options(direction, eval_fraction)
+    _check_data_options(direction, eval_fraction, max_contexts=max_contexts, out=out)
     with _data_lock(run, out, "lhd data grpo"):
         path, stats = build_grpo(run, out, eval_fraction, max_contexts, direction)  # type: ignore[arg-type]
     console.print(f"GRPO prompts: {stats}\ndataset: {path}")
@@ -110,6 +120,8 @@ def data_merge_cmd(
 ) -> None:
     """Join datasets built from shard runs (splits are by trial, so the union is exact)."""
     from lhd_train.ops.merge import merge_datasets
+    from lhd_train.rundir.outputs import check_out_dir
 
+    check_out_dir(out, what="merged dataset")
     r = merge_datasets(list(parts), out)
     typer.echo(f"dataset: {r['out']} ({r['rows']}) from {r['parts']} parts")

@@ -1,6 +1,7 @@
 """The one config layer underneath every settings file (run configs, auditor configs, recipes, task
 packs): a strict pydantic base, the one pydantic-error -> InputError translator, the YAML +
-`key.sub=value` overrides reader, and paths relative to the file that names them.
+`key.sub=value` overrides reader (bounded by `rundir.strict_yaml`: repeated keys, deep nesting and
+huge scalars are refused naming the file and line), and paths relative to the file that names them.
 
 Why one: a bad field reads the same in every file (file, field, allowed values), and a rule
 fixed here (an override syntax, a relative path) is fixed for every kind of config."""
@@ -16,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from lhd_train.errors import InputError
 from lhd_train.rundir.files import read_yaml_mapping
+from lhd_train.rundir.strict_yaml import load_yaml
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -129,9 +131,10 @@ def parse_assignment(item: str, flag: str | None = None) -> tuple[str, Any]:
     key, raw = item.split("=", 1)
     key = key.strip()
     try:
-        value = yaml.safe_load(raw) if raw != "" else ""
-    except yaml.YAMLError as e:
-        raise InputError("command line", f"{flag} {key}" if flag else key, f"value is not valid YAML: {e}") from None
+        value = load_yaml(raw) if raw != "" else ""
+    except (ValueError, yaml.YAMLError) as e:
+        raise InputError("command line", f"{flag} {key}" if flag else key,
+                         f"value is not valid YAML: {' '.join(str(e).split())}") from None
     return key, value
 
 

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, Strict, field_validator, model_validator
 
 from lhd_train.config.base import StrictModel, read_config, relative_to_file, validate
 from lhd_train.config.vocab import CATEGORIES, LEVELS, ROLES
@@ -16,14 +16,33 @@ from lhd_train.rundir.names import name_problem
 from rollouts.spec import ModelSpec
 from rollouts.types import SamplingParams
 
+#: A seed: a whole number in 0 .. 2**32-1, the range every sampler (NumPy, vLLM, torch) takes; a
+#: boolean is no seed (`seed: true` would silently be 1).
+MAX_SEED = 2**32 - 1
+Seed = Annotated[int, Strict(), Field(ge=0, le=MAX_SEED)]
+
+
+#: Output cap of every role: room for a full answer (the longest structured answer, a feedback
+#: with 4,000-character reasoning and message, is ~2,000 tokens of English). The paper used large
+#: caps (16k for GPT-4o) with continuation; a structured answer cut at its cap is retried with
+#: twice the budget (bench/structured_calls.py), the performer's continued (`max_segments`).
+DEFAULT_MAX_TOKENS = 4096
+
 
 class Sampling(StrictModel):
-    temperature: float = Field(0.7, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_tokens: int = Field(512, ge=1)
+    """Decoding of one role. A field left unset (null) takes the model's own default from its
+    generation_config.json (as vLLM applies it; else temperature 1, top_p 1, no top_k, no
+    repetition penalty): the paper used each provider's defaults. Rows record what was used."""
+
+    temperature: float | None = Field(None, ge=0, description="default: the model's")
+    top_p: float | None = Field(None, gt=0, le=1, description="default: the model's")
+    top_k: int | None = Field(None, ge=0, description="0: no top-k; default: the model's")
+    repetition_penalty: float | None = Field(None, gt=0, description="default: the model's")
+    max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1)
 
     def params(self, seed: int | None, n: int = 1) -> SamplingParams:
-        return SamplingParams(self.temperature, self.top_p, self.max_tokens, seed, n)
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_tokens,
+                              seed=seed, n=n, top_k=self.top_k, repetition_penalty=self.repetition_penalty)
 
 
 class RoleConfig(StrictModel):
@@ -36,7 +55,7 @@ class RoleConfig(StrictModel):
 class PerformerSampling(Sampling):
     """The performer writes whole reports (6-12k characters: docs/reference.md, "Call and token budget")."""
 
-    max_tokens: int = Field(4096, ge=1)
+    max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1)
 
 
 class PerformerConfig(RoleConfig):
@@ -81,9 +100,10 @@ class RunConfig(StrictModel):
     run_name: str = Field(description="the run's folder under output_dir (a plain name: lhd_train.rundir.names)")
     output_dir: str = "runs"
     task_pack: str = "startup_consulting"
-    seeds: list[int] | None = Field(None, description="event seeds, one trial each")
-    num_trials: int | None = Field(None, ge=1, description="draw this many seeds from `seed` when `seeds` is unset")
-    seed: int = Field(0, description="master seed for drawing trial seeds")
+    seeds: list[Seed] | None = Field(None, description="event seeds, one trial each (0 .. 2**32-1)")
+    num_trials: int | None = Field(None, ge=1, le=1_000_000,
+                                   description="draw this many seeds from `seed` when `seeds` is unset")
+    seed: Seed = Field(0, description="master seed for drawing trial seeds (0 .. 2**32-1)")
     p_event: float = Field(0.5, ge=0, le=1)
     control: Control = Field(default_factory=Control)
     max_rounds_per_task: int = Field(3, ge=1)
@@ -107,6 +127,15 @@ class RunConfig(StrictModel):
             raise ValueError(problem)
         return v
 
+    @field_validator("models")
+    @classmethod
+    def _model_keys(cls, v: dict[str, ModelSpec]) -> dict[str, ModelSpec]:
+        for key in v:  # keys name log files and folders (logs/<key>.log): no hidden or nested ones
+            problem = name_problem(key)
+            if problem:
+                raise ValueError(f"key {problem}")
+        return v
+
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
         if self.seeds is not None and not self.seeds:
@@ -122,6 +151,13 @@ class RunConfig(StrictModel):
                     f"{role}.model: '{rc.model}' is not defined in models (allowed: {', '.join(self.models)})"
                 )
         return self
+
+    def check_pack(self, n_tasks: int, pack: str, source: str | Path | None = None) -> None:
+        """Refuse `max_tasks` beyond the pack's tasks (called where the pack is loaded, before any
+        model): asking for 50 of 20 tasks is a typo, not a request for all 20."""
+        if self.max_tasks is not None and self.max_tasks > n_tasks:
+            raise InputError(source, "max_tasks", f"{self.max_tasks} is more than the {n_tasks} tasks of pack "
+                             f"'{pack}'", f"1 ... {n_tasks}")
 
     def role(self, name: str) -> RoleConfig:
         if name not in ROLES:

@@ -31,17 +31,46 @@ def _at_least_one(v: int | None) -> int | None:
     return v
 
 
+def _one_line(v: Any) -> Any:
+    """A value lands on one line of a shell script: a line break (or any control character)
+    would start a line of its own there, which bash runs."""
+    if isinstance(v, str) and any(ord(c) < 32 or ord(c) == 127 for c in v):
+        raise ValueError(f"{v!r} holds a line break or control character; a value is one line")
+    return v
+
+
+# Characters a value of an `#SBATCH --opt=VALUE` line may not hold: whitespace would add options of
+# its own (`partition='gpu --uid=0'`), quotes, `$`, backquotes and `;` are shell syntax in a value
+# that is also used in commands (`job_name` names the merge script). Constraint syntax (`&|[]`) stays.
+_NOT_IN_DIRECTIVE = set(" \t\"'`$;\\<>")
+
+
+def _directive(v: Any) -> Any:
+    _one_line(v)
+    bad = sorted(set(str(v)) & _NOT_IN_DIRECTIVE) if v is not None else []
+    if bad:
+        raise ValueError(f"{v!r} holds {' '.join(repr(c) for c in bad)}; an #SBATCH value is one word without "
+                         "shell syntax")
+    return v
+
+
 def _as_list(v: Any) -> Any:
     if isinstance(v, str):  # `--var setup='module load cuda'`: one line
-        return [v]
+        v = [v]
     if not isinstance(v, list):
         raise ValueError("must be a list, e.g. [a, b]")
+    for item in v:
+        _one_line(item)
     return v
 
 
 def _as_mapping(v: Any) -> Any:
     if not isinstance(v, dict):
         raise ValueError("must be a mapping, e.g. {NCCL_DEBUG: WARN}")
+    for k, val in v.items():
+        if not (isinstance(k, str) and k.isidentifier() and k.isascii()):
+            raise ValueError(f"{k!r} is not an environment variable name (letters, digits, '_')")
+        _one_line(val)
     return v
 
 
@@ -49,29 +78,31 @@ Whole = Annotated[int | None, BeforeValidator(_whole)]  # None: leave it to the 
 Shards = Annotated[int | None, BeforeValidator(_whole), AfterValidator(_at_least_one)]
 Lines = Annotated[list[Any], BeforeValidator(_as_list)]
 Exports = Annotated[dict[Any, Any], BeforeValidator(_as_mapping)]
-Text = str | int | float | None  # names, sizes and times as written (`--var time=60`, `--var account=1234`)
+# names, sizes and times as written (`--var time=60`, `--var account=1234`); always one line
+Text = Annotated[str | int | float | None, AfterValidator(_one_line)]
+Directive = Annotated[str | int | float | None, AfterValidator(_directive)]  # an #SBATCH option's value
 
 
 class StageVars(StrictModel):
     """Variables every stage takes (None = leave the #SBATCH line out)."""
 
-    job_name: Text = None  # default lhd-<stage>-<name>
-    partition: Text = None
-    account: Text = None
-    qos: Text = None
-    constraint: Text = None
-    reservation: Text = None
-    time: Text = None  # per-stage default
+    job_name: Directive = None  # default lhd-<stage>-<name>
+    partition: Directive = None
+    account: Directive = None
+    qos: Directive = None
+    constraint: Directive = None
+    reservation: Directive = None
+    time: Directive = None  # per-stage default
     nodes: Whole = 1  # only `train` uses more than one node; the other stages spread over nodes as array tasks
     gpus_per_node: Whole = None  # default: worked out from the config
     max_gpus_per_node: Whole = 8  # GPUs a node of the partition has: a job that needs more is refused
     gpu_directive: Literal["gpus-per-node", "gres"] = "gpus-per-node"  # gres: #SBATCH --gres=gpu:N
     device: Literal["cuda", "cpu"] = "cuda"  # cpu: a partition without GPUs (no GPU lines, OMP/MKL threads = cpus)
     cpus: Whole = 16  # --cpus-per-task
-    mem: Text = "128G"
+    mem: Directive = "128G"
     exclusive: bool = False
     array_parallel: Whole = None  # at most this many array tasks at once (--array=0-N%K)
-    logs_dir: Text = "logs/slurm"
+    logs_dir: Directive = "logs/slurm"
     workdir: Text = "${SLURM_SUBMIT_DIR}"
     setup: Lines = ["source .venv/bin/activate"]  # lines run before anything (module load ..., conda activate ...)
     hf_home: Text = None  # export HF_HOME
@@ -79,20 +110,20 @@ class StageVars(StrictModel):
     env: Exports = {}  # extra exports
     sbatch_extra: Lines = []  # extra "#SBATCH ..." options, e.g. ["--mail-type=END"]
     merge_job: bool = True  # array stages: task 0 submits the dependent merge job
-    merge_time: Text = "02:00:00"
+    merge_time: Directive = "02:00:00"
     merge_cpus: Whole = 4
-    merge_mem: Text = "32G"
-    merge_partition: Text = None  # default: `partition`
+    merge_mem: Directive = "32G"
+    merge_partition: Directive = None  # default: `partition`
 
 
 class RolloutVars(StageVars):
-    time: Text = "24:00:00"
+    time: Directive = "24:00:00"
     shards: Shards = None  # default: min(4, trials)
     overrides: Lines = []
 
 
 class AuditVars(StageVars):
-    time: Text = "24:00:00"
+    time: Directive = "24:00:00"
     shards: Shards = 1
     auditor: Text = None
     mode: Mode = AUDIT_DEFAULTS.mode
@@ -104,7 +135,7 @@ class AuditVars(StageVars):
 
 
 class DataVars(StageVars):
-    time: Text = "24:00:00"
+    time: Directive = "24:00:00"
     shards: Shards = 1
     kind: Literal["bon", "dpo"] = "dpo"
     out: Text = None
@@ -120,11 +151,11 @@ class DataVars(StageVars):
 
 
 class TrainVars(StageVars):
-    time: Text = "48:00:00"
+    time: Directive = "48:00:00"
     nodes: Whole = None  # default: from the accelerate config (single_gpu: 1 node x 1 GPU; zero3/fsdp2: 1 x 8)
     gpus_per_node: Whole = None
     cpus: Whole = 64
-    mem: Text = "0"
+    mem: Directive = "0"
     accelerate: Text = None  # single_gpu, zero3, fsdp2 or an accelerate YAML (default: the recipe's, else single_gpu)
     algo: Text = None  # default: the recipe's
     main_port: int = 29500
@@ -133,7 +164,7 @@ class TrainVars(StageVars):
 
 
 class LensVars(StageVars):
-    time: Text = "24:00:00"
+    time: Directive = "24:00:00"
     shards: Shards = 4
     model: Text = None
     corpus: Text = None
@@ -145,14 +176,14 @@ class LensVars(StageVars):
     fit_args: Lines = []
     gpus_per_node: Whole = 1
     cpus: Whole = 8
-    mem: Text = "64G"
+    mem: Directive = "64G"
 
 
 class MergeVars(StageVars):
-    time: Text = "02:00:00"
+    time: Directive = "02:00:00"
     shards: Shards = None
     cpus: Whole = 4
-    mem: Text = "32G"
+    mem: Directive = "32G"
     gpus_per_node: Whole = 0
 
 

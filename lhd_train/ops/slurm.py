@@ -25,6 +25,7 @@ one GPU for two models.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,35 @@ def template_dir() -> Path:
 
 def q(value: Any) -> str:
     return shlex.quote(str(value))
+
+
+_ENV_REF = re.compile(r"\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)")
+
+
+def qv(value: Any) -> str:
+    """`value` double-quoted for bash with its `$NAME` / `${NAME}` references left to expand
+    (`workdir=${SLURM_SUBMIT_DIR}`) and everything else literal: `$(...)`, backquotes, quotes
+    and backslashes in a `--var` never run."""
+    text, out, pos = str(value), [], 0
+    for m in _ENV_REF.finditer(text):
+        out += [re.sub(r'([\\"$`])', r"\\\1", text[pos:m.start()]), m.group(0)]
+        pos = m.end()
+    out.append(re.sub(r'([\\"$`])', r"\\\1", text[pos:]))
+    return '"' + "".join(out) + '"'
+
+
+class Block(str):
+    """A rendered text that is many lines on purpose (the merge job's script in its heredoc)."""
+
+
+def _one_line_only(value: Any) -> Any:
+    """Every `{{ ... }}` of a template lands inside one line; a value holding a line break would
+    start a line of its own, which bash runs. Checked on the rendered value itself, so no config
+    field or variable, validated or not, can add a line to a script."""
+    if not isinstance(value, Block) and isinstance(value, str) and ("\n" in value or "\r" in value):
+        raise InputError("command line", "--var", f"{value[:60]!r} holds a line break; a value in a slurm script "
+                         "is one line")
+    return value
 
 
 def _join(*parts: str | None) -> str:
@@ -366,7 +396,8 @@ def _env():
     import jinja2
 
     return jinja2.Environment(loader=jinja2.FileSystemLoader(str(template_dir())), undefined=jinja2.StrictUndefined,
-                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False)
+                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False,
+                              finalize=_one_line_only)
 
 
 def _context(plan: Plan, v: dict[str, Any], config: Path, merge_script: str | None) -> dict[str, Any]:
@@ -379,10 +410,15 @@ def _context(plan: Plan, v: dict[str, Any], config: Path, merge_script: str | No
     if v["device"] == "cpu":  # torch and MKL use this many threads, the CPUs the job was given
         exports.update({"OMP_NUM_THREADS": str(v["cpus"]), "MKL_NUM_THREADS": str(v["cpus"])})
     exports.update({str(k): str(val) for k, val in v["env"].items()})
+    for name in plan.required_env:  # `: "${NAME:?...}"`: a name from a model config, never shell syntax
+        if not (name.isidentifier() and name.isascii()):
+            raise InputError(config, "api_key_env", f"{name!r} is not an environment variable name",
+                             "letters, digits, '_'")
     return {**v, "stage": plan.stage, "config": str(config), "plan": plan, "array": plan.array,
             "commands": plan.commands, "merge_commands": plan.merge_commands, "notes": plan.notes,
             "warnings": plan.warnings, "required_env": plan.required_env, "exports": exports,
-            "merge_script": merge_script, "extra": plan.extra, "q": q}
+            "merge_script": Block(merge_script) if merge_script is not None else None, "extra": plan.extra,
+            "q": q, "qv": qv}
 
 
 def render_slurm(stage: str, config: Path, **vars: Any) -> str:

@@ -2,10 +2,13 @@
 and JSON mappings, package versions.
 
 Every stage writes and reads through these, so crash-safety rules (docs/formats.md: a line is one
-`write` + flush + fsync; a torn last line is ignored by readers and cut by a resuming writer; a
-whole file is replaced through a temp file of its own) hold everywhere at once."""
+`write` + flush + fsync; a torn last line is ignored by readers and cut by the next append; a
+whole file is replaced through a temp file of its own) hold everywhere at once. A write that the
+disk refuses (full, read-only, no permission, past `ulimit -f`) is a `StorageError`: one line
+naming the file and saying what was kept."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -19,29 +22,134 @@ from typing import Any
 
 import yaml
 
-from lhd_train.errors import DataFileError, InputError
+from lhd_train.errors import DataFileError, InputError, LhdError
+from lhd_train.rundir.strict_yaml import load_yaml
 
 # Packages whose versions are recorded with every run, audit, dataset and adapter.
 PACKAGES: tuple[str, ...] = ("lhd", "torch", "transformers", "tokenizers", "trl", "peft", "accelerate", "datasets",
                              "xgrammar", "openai", "vllm", "bitsandbytes", "wandb", "deepspeed")
 
+# ---------------------------------------------------------------- refused writes
+
+#: errno -> what the disk said, for the errors a user can fix (free space, permissions, limits)
+STORAGE_ERRNOS: dict[int, str] = {
+    errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up",
+    errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied", errno.EFBIG: "the file would pass the size limit (ulimit -f)",
+}
+
+
+class StorageError(LhdError):
+    """The disk refused a write. The message names the file, the reason and what was kept, so a
+    full disk reads as one line instead of a traceback, and the user knows a rerun resumes."""
+
+    def __init__(self, path: str | Path, reason: str, kept: str):
+        self.path, self.reason, self.kept = str(path), reason, kept
+        super().__init__(f"{path}: cannot write ({reason}); {kept}")
+
+
+def storage_error(exc: OSError, path: str | Path, kept: str) -> LhdError | OSError:
+    """`exc` as a `StorageError` when its errno is one of `STORAGE_ERRNOS`, else `exc` itself."""
+    reason = STORAGE_ERRNOS.get(exc.errno or 0)
+    return StorageError(path, reason, kept) if reason else exc
+
+
+def check_writable_dir(directory: Path, what: str = "output folder") -> None:
+    """Refuse a folder that cannot be written into before any work is done (a read-only run, a
+    folder of someone else's): one line instead of a failure after the first model call."""
+    d = Path(directory)
+    while not d.exists() and d.parent != d:
+        d = d.parent
+    if not d.is_dir():
+        raise InputError(directory, None, f"the {what} is not a folder ({d} is a file)")
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise StorageError(directory, "the folder is not writable" if d == Path(directory) else
+                           f"{d} is not writable", "nothing was written; choose another folder with --out")
+
+
+# ---------------------------------------------------------------- JSON text
+
+def json_text(obj: Any, indent: int | None = None) -> str:
+    """JSON as UTF-8-safe text. A string holding a lone UTF-16 surrogate (a model's broken
+    answer, `"\\ud800"` from a server) cannot be encoded as UTF-8; then every non-ASCII
+    character is escaped instead (`\\ud800` is valid JSON and reads back to the same string), so
+    the row is stored exactly and nothing downstream meets an unencodable character on disk."""
+    try:
+        text = json.dumps(obj, ensure_ascii=False, indent=indent)
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return json.dumps(obj, ensure_ascii=True, indent=indent)
+
+
+def printable(text: str) -> str:
+    """`text` with lone surrogates shown as U+FFFD, for output that must be valid UTF-8 (HTML
+    pages, CSV tables, Arrow strings); the stored row keeps the original."""
+    return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace") if _has_surrogate(text) else text
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return False
+    except UnicodeEncodeError:
+        return True
+
 
 # ---------------------------------------------------------------- JSONL
 
 def append_jsonl(path: Path, row: dict[str, Any]) -> None:
-    """One line per call, flushed and fsynced, so a kill never leaves a half-written row behind
-    anything that follows it (a torn last line is dropped by `read_jsonl`/`repair_jsonl`)."""
-    line = json.dumps(row, ensure_ascii=False) + "\n"
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(line)
-        f.flush()
-        os.fsync(f.fileno())
+    """One line per call, with one `write`, flushed and fsynced, so a kill never leaves a
+    half-written row behind anything that follows it. A torn last line left by an earlier crash
+    (or by a full disk) is cut first, so the new row starts on a line of its own; a write the disk
+    refuses is undone to the last whole line and raised as a `StorageError`."""
+    data = (json_text(row) + "\n").encode("utf-8")
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise storage_error(e, path, "the rows before this one are kept; free the disk or fix the "
+                                     "permissions and rerun to resume") from None
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            size = _cut_torn_tail(fd, size)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        except OSError as e:
+            try:
+                os.ftruncate(fd, size)  # no partial row left for a reader to meet
+            except OSError:
+                pass  # still torn: readers ignore a last line without its newline
+            raise storage_error(e, path, f"the rows before this one are kept ({size} bytes); free the disk "
+                                         "or fix the permissions and rerun to resume") from None
+    finally:
+        os.close(fd)
+
+
+def _cut_torn_tail(fd: int, size: int) -> int:
+    """Cut the bytes after the last newline of an open file; the new size."""
+    keep, pos = 0, size
+    while pos > 0:
+        start = max(0, pos - (1 << 16))
+        block = os.pread(fd, pos - start, start)
+        nl = block.rfind(b"\n")
+        if nl >= 0:
+            keep = start + nl + 1
+            break
+        pos = start
+    os.ftruncate(fd, keep)
+    return keep
 
 
 def read_jsonl(path: Path, repair: str | None = None) -> list[dict[str, Any]]:
     """The rows of an append-only JSONL file ([] when it does not exist). A final line without its
     newline is a write torn by a crash and is ignored; any other line that is not a JSON object
-    is a `DataFileError` naming the line (`repair`, when given, says how to mend that kind of file)."""
+    is a `DataFileError` naming the line (`repair`, when given, says how to mend that kind of file).
+    Readers never change the file."""
     return [row for _, row in read_jsonl_lines(path, repair)]
 
 
@@ -70,15 +178,19 @@ def read_jsonl_lines(path: Path, repair: str | None = None) -> list[tuple[int, d
 
 
 def repair_jsonl(path: Path) -> int:
-    """Cut a torn final line so appends start on a clean line. Returns bytes removed."""
+    """Cut a torn final line so appends start on a clean line (writers only, under the run lock;
+    `append_jsonl` does it too). Returns bytes removed."""
     if not path.exists():
         return 0
     data = path.read_bytes()
     if not data or data.endswith(b"\n"):
         return 0
     keep = data.rfind(b"\n") + 1
-    with open(path, "r+b") as f:
-        f.truncate(keep)
+    try:
+        with open(path, "r+b") as f:
+            f.truncate(keep)
+    except OSError as e:
+        raise storage_error(e, path, "nothing was changed; readers ignore the torn last line") from None
     return len(data) - keep
 
 
@@ -86,33 +198,61 @@ def repair_jsonl(path: Path) -> int:
 
 def atomic_write(path: Path, write: Callable[[str], None]) -> None:
     """Replace `path` with what `write(tmp)` puts at a temp path of its own next to it (two writers
-    never share a temp name; the file's mode comes from the umask), fsynced before the replace,
-    so a reader sees the old file or the new one, never half of one."""
+    never share a temp name; the file's mode comes from the umask), fsynced before the replace and
+    the folder fsynced after, so a reader sees the old file or the new one, never half of one. A
+    write the disk refuses leaves the old file as it was and is raised as a `StorageError`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    existed = path.exists()
+    kept = f"the previous {path.name} is kept unchanged" if existed else "nothing was written"
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         write(str(tmp))
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        _fsync_dir(path.parent)
+    except BaseException as e:
+        try:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(e, OSError):
+            raise storage_error(e, path, kept) from None
         raise
 
 
-def atomic_write_text(path: Path, text: str) -> None:
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename durable (best effort: some file systems refuse to fsync a folder)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
     def write(tmp: str) -> None:
-        with open(tmp, "x", encoding="utf-8") as f:  # "x": never someone else's file
-            f.write(text)
+        with open(tmp, "xb") as f:  # "x": never someone else's file
+            f.write(data)
 
     atomic_write(path, write)
 
 
+def atomic_write_text(path: Path, text: str) -> None:
+    """Text as UTF-8 through `atomic_write`; a lone surrogate is written as U+FFFD (`printable`)."""
+    atomic_write_bytes(path, printable(text).encode("utf-8"))
+
+
 def write_json_atomic(path: Path, obj: Any) -> None:
     """A JSON document (indented, UTF-8) written through `atomic_write_text`."""
-    atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False))
+    atomic_write_bytes(path, json_text(obj, indent=2).encode("utf-8"))
 
 
 # ---------------------------------------------------------------- hashes, time, versions
@@ -127,7 +267,7 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
 
 
 def sha256_text(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def utc_now(timespec: str = "seconds") -> str:
@@ -161,9 +301,9 @@ def read_yaml_mapping(path: str | Path, what: str = "file", missing_ok: bool = F
             return {}
         raise InputError(path, None, f"{what} not found")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise InputError(path, None, f"not valid YAML: {e}") from None
+        data = load_yaml(path.read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as e:
+        raise InputError(path, None, f"not valid YAML: {' '.join(str(e).split())}") from None
     if not isinstance(data, dict):
         raise InputError(path, None, "the top level must be a mapping")
     return data

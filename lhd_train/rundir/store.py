@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from lhd_train.errors import DataFileError
-from lhd_train.rundir.files import append_jsonl, read_jsonl_lines, repair_jsonl, utc_now, write_json_atomic
+from lhd_train.rundir.files import append_jsonl, read_jsonl_lines, utc_now, write_json_atomic
 from lhd_train.rundir.layout import ROWS_SUFFIX, RunDir, TrialFiles, trial_id_of_messages
 from lhd_train.rundir.rows import AuditRow, Record, RoundRow
 
@@ -69,15 +69,18 @@ def read_audit_rows(path: Path) -> list[dict[str, Any]]:
 
 
 def message_id(role: str, content: str) -> str:
-    return hashlib.sha256(f"{role}\0{content}".encode()).hexdigest()[:16]
+    """The content address of a message. `surrogatepass`: an answer holding a lone UTF-16
+    surrogate still has an id (the same bytes as before for every other text)."""
+    return hashlib.sha256(f"{role}\0{content}".encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 class MessageStore:
-    """Each distinct message stored once; calls reference messages by id."""
+    """Each distinct message stored once; calls reference messages by id. Opening one only reads
+    it (a torn last line is ignored, never cut: a reader must not change a run); `put` appends, and
+    `append_jsonl` cuts a torn line first."""
 
     def __init__(self, path: Path):
         self.path = path
-        repair_jsonl(path)
         tid = trial_id_of_messages(path)
         lines = read_jsonl_lines(path, f"none is safe (the lost message cannot be rebuilt): restore the file from a "
                                        f"copy, or delete trials/{tid}.* and its audit rows to redo the trial")
