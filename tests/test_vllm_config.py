@@ -135,3 +135,19 @@ def test_doctor_notes_that_old_vllm_ignores_structured_outputs():
     status, detail = rows["structured outputs performer"]
     assert status == "ok" and "0.10.2" in detail and "response_format" in detail
     assert "structured outputs judge" not in rows  # `auto` sends response_format first
+
+
+def test_a_broken_vllm_env_is_one_doctor_row(tmp_path, monkeypatch):
+    """A vLLM env whose python cannot run the check gives one failing row with its exit code and
+    output, not a traceback that hides doctor's other rows."""
+    py = tmp_path / "venv" / "bin" / "python"
+    py.parent.mkdir(parents=True)
+    py.write_text("#!/bin/sh\necho 'ImportError: libcudart.so.12' >&2\nexit 3\n")
+    py.chmod(0o755)
+    exe = py.with_name("vllm")
+    exe.write_text(f"#!{py}\n")
+    exe.chmod(0o755)
+    monkeypatch.setenv("LHD_VLLM", str(exe))
+    rows = {c: (s, d) for c, s, d in check.doctor_rows(ROOT / "configs/models/qwen3-8b.yaml")}
+    status, detail = rows["vllm config"]
+    assert status == "fail" and "exit code 3" in detail and "libcudart" in detail

@@ -113,6 +113,8 @@ def _run_probe(python: str, jobs: list[dict]) -> dict[str, dict]:
     try:
         proc = subprocess.run([python, str(PROBE), f.name], capture_output=True, text=True, env=env,
                               timeout=PROBE_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise BackendError(f"the vLLM config check ({python} {PROBE.name}) did not run: {e}") from None
     finally:
         os.unlink(f.name)
     line = next((x for x in reversed(proc.stdout.splitlines()) if x.startswith(PROBE_MARK)), None)
@@ -270,7 +272,11 @@ def doctor_rows(config: str | Path) -> list[tuple[str, str, str]]:
                          "retries); for such a server use structured_outputs: response_format"))
     devices = {k: "cpu" if s.device == "cpu" else "cuda" for k, s in specs.items()}
     label = {OK: OK, "fail": FAIL, "skip": WARN}
-    for f in validate_vllm(specs, devices):
+    try:
+        findings = validate_vllm(specs, devices)
+    except BackendError as e:  # the vLLM env itself is broken: one row, the other checks stand
+        return rows + [("vllm config", FAIL, str(e))]
+    for f in findings:
         where = f"{config}: field 'models.{f.key}.{f.field}': " if f.status == "fail" else ""
         rows.append((f"vllm config {f.key}", label[f.status], where + f.message))
     return rows
