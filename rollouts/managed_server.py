@@ -17,6 +17,7 @@ import time
 import urllib.error
 import urllib.request
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 from rollouts.backend import BackendError
@@ -24,14 +25,26 @@ from rollouts.backend import BackendError
 _LIVE: weakref.WeakSet[ManagedServer] = weakref.WeakSet()
 
 
-def _die_with_parent() -> None:
-    """Linux: the server gets SIGTERM if we are killed (even by SIGKILL), so no orphan holds a GPU."""
+def _load_prctl() -> Callable[..., int] | None:
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
     except (OSError, AttributeError):
-        pass
+        return None
+
+
+# Looked up once here: the child between fork and exec must not import or dlopen, since servers
+# start from several threads at once and another thread may hold the lock those need.
+_PRCTL = _load_prctl()
+
+
+def _die_with_parent() -> None:
+    """Linux: the server gets SIGTERM if we are killed (even by SIGKILL), so no orphan holds a GPU.
+    The signal follows the thread that spawned it: servers are started from threads that live as
+    long as the process (lhd_train/bench/engine.py)."""
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def free_port(host: str = "127.0.0.1") -> int:
