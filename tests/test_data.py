@@ -164,7 +164,7 @@ def test_grader_view_does_not_invent_a_supervisor_reaction(tmp_path):
 
     run = write_run(tmp_path, "g", {"s1": [R(1, None, (0.1, 0.5, 0.1), (False, [], 0), feedback="Good, done."),
                                            R(2, None, (0.2, 0.6, 0.1), (False, [], 0), feedback="Also done.")]})
-    tasks, _ = load_task_texts(run, "startup_consulting")
+    tasks, _ = load_task_texts(run, "lhd_startup_consulting")
     trial = load_trial(run, run / "trials" / "s1.jsonl", tasks)
     messages = candidate_view(trial, 1, "A NEW CANDIDATE ANSWER", AuditorPrompts.load())
     text = messages[1]["content"]

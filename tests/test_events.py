@@ -62,7 +62,7 @@ def as_tuples(s: Schedule) -> list[Any]:
 
 @pytest.fixture(scope="module")
 def startup() -> TaskPack:
-    return load_pack("startup_consulting")
+    return load_pack("lhd_startup_consulting")
 
 
 # ---------------------------------------------------------------- agreement with the reference
@@ -95,6 +95,18 @@ def test_reported_mean_events_per_trial() -> None:
     pack = load_pack(ref_dir("startup_consulting"))
     mean = sum(draw_schedule(pack, seed).n_events for seed in range(2000)) / 2000
     assert round(mean, 2) == 6.98
+
+
+@pytest.mark.parametrize("control", [(None, None), ("MORAL_DILEMMA", None), (None, "HIGH")])
+def test_default_pack_gives_the_papers_schedules(control: tuple[str | None, str | None]) -> None:
+    """Review N5: `lhd run` with no task_pack and the paper's seeds draws the authors' schedules
+    (the run config's default pack, resolved by name as `lhd run` does)."""
+    from lhd_train.config.run import RunConfig
+
+    pack = load_pack(RunConfig.model_fields["task_pack"].default)
+    for seed in CONTROL_SEEDS:
+        got = draw_schedule(pack, seed, 0.5, *control)
+        assert as_tuples(got) == reference_schedule(ref_dir("startup_consulting"), seed, 0.5, *control), seed
 
 
 # ---------------------------------------------------------------- statistics and controls (our packs)
@@ -206,7 +218,7 @@ def test_schedule_json_round_trip(startup: TaskPack) -> None:
 # ---------------------------------------------------------------- `lhd events`
 
 def test_events_command_json(capsys: pytest.CaptureFixture[str], startup: TaskPack) -> None:
-    events_command("startup_consulting", 390185437, as_json=True)
+    events_command("lhd_startup_consulting", 390185437, as_json=True)
     rows = json.loads(capsys.readouterr().out)
     assert len(rows) == 14
     expected = draw_schedule(startup, 390185437)
@@ -215,6 +227,6 @@ def test_events_command_json(capsys: pytest.CaptureFixture[str], startup: TaskPa
 
 
 def test_events_command_table(capsys: pytest.CaptureFixture[str]) -> None:
-    events_command("event_planning", 3, p_event=1.0, control_category="MORAL_DILEMMA")
+    events_command("lhd_event_planning", 3, p_event=1.0, control_category="MORAL_DILEMMA")
     out = capsys.readouterr().out
-    assert "event_planning" in out and "14 of 14 tasks carry an event" in out and "MORAL_DILEMMA" in out
+    assert "lhd_event_planning" in out and "14 of 14 tasks carry an event" in out and "MORAL_DILEMMA" in out

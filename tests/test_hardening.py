@@ -33,7 +33,7 @@ SEED = 11
 def write_config(path: Path, model: Path | str, output_dir: Path, **kw) -> Path:
     """One trial of two tasks, short answers, one segment: a whole run takes seconds."""
     cfg = {
-        "run_name": RUN, "output_dir": str(output_dir), "task_pack": "startup_consulting",
+        "run_name": RUN, "output_dir": str(output_dir), "task_pack": "lhd_startup_consulting",
         "seeds": [SEED], "max_tasks": 2, "concurrency": 1, "memory_window": 2,
         "models": {"tiny": {"backend": "hf", "model": str(model), "max_batch_size": 4}},
         "performer": {"model": "tiny", "max_segments": 1, "sampling": {"temperature": 1.0, "max_tokens": 16}},

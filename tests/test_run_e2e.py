@@ -16,7 +16,7 @@ from lhd_train.rundir.files import read_jsonl
 
 def write_config(tmp_path: Path, model_dir: Path, **kw) -> Path:
     cfg = {
-        "run_name": "e2e", "output_dir": str(tmp_path / "runs"), "task_pack": "startup_consulting",
+        "run_name": "e2e", "output_dir": str(tmp_path / "runs"), "task_pack": "lhd_startup_consulting",
         "seeds": [11, 12], "max_tasks": 3, "concurrency": 2,
         "models": {"tiny": {"backend": "hf", "model": str(model_dir), "max_batch_size": 8}},
         "performer": {"model": "tiny", "sampling": {"temperature": 1.0, "max_tokens": 24}},

@@ -141,7 +141,7 @@ def write_config(path: Path, model_dir: Path, run_name: str, output_dir: Path, c
     """One task of at most 2 rounds per trial: a round prefills ~15k tokens (no prefix cache, for
     determinism), about 10 s per round on a busy 2-core machine."""
     cfg = {
-        "run_name": run_name, "output_dir": str(output_dir), "task_pack": "startup_consulting", "seeds": SEEDS,
+        "run_name": run_name, "output_dir": str(output_dir), "task_pack": "lhd_startup_consulting", "seeds": SEEDS,
         "max_tasks": 1, "max_rounds_per_task": 2, "concurrency": concurrency, "memory_window": 2,
         "models": {"tiny": {"backend": "hf", "model": str(model_dir), "device": "cpu", "max_batch_size": 1,
                             "enable_prefix_caching": False}},

@@ -11,7 +11,14 @@ from typing import Any
 
 import pytest
 
-from lhd_train.bench.taskpack import TaskPack, list_builtin_packs, load_pack, pack_text_corpus
+from lhd_train.bench.taskpack import (
+    BUILTIN_DIR,
+    TaskPack,
+    list_builtin_packs,
+    load_pack,
+    pack_sha256,
+    pack_text_corpus,
+)
 from lhd_train.config.vocab import CATEGORIES, LEVELS
 from lhd_train.errors import InputError
 
@@ -28,13 +35,52 @@ def ref_dir(name: str) -> Path:
 
 # ---------------------------------------------------------------- built-in packs
 
-@pytest.fixture(scope="module", params=["startup_consulting", "event_planning"])
+@pytest.fixture(scope="module", params=["lhd_startup_consulting", "lhd_event_planning"])
 def builtin(request: pytest.FixtureRequest) -> TaskPack:
     return load_pack(request.param)
 
 
 def test_builtin_names() -> None:
-    assert list_builtin_packs() == ["event_planning", "startup_consulting"]
+    """The authors' packs under their own names, ours prefixed `lhd_` (review N5)."""
+    assert list_builtin_packs() == ["activity_planning", "lhd_event_planning", "lhd_startup_consulting",
+                                    "startup_consulting"]
+    assert load_pack("lhd_startup_consulting").name == "lhd_startup_consulting"
+
+
+@pytest.mark.parametrize("name", ["startup_consulting", "activity_planning"])
+def test_authors_packs_are_built_in_unchanged_with_their_licence(name: str) -> None:
+    """Review N5: the paper's packs ship as built-ins, byte for byte the authors' files, with the
+    Apache-2.0 licence beside them, and load by their own folder name."""
+    folder = BUILTIN_DIR / name
+    for f in ("tasks.json", "event_set.json"):
+        assert (folder / f).read_bytes() == (ref_dir(name) / f).read_bytes()
+    assert "Apache License" in (folder / "LICENSE").read_text(encoding="utf-8")
+    assert (folder / "LICENSE").read_bytes() == (REF / "LICENSE").read_bytes()
+    pack = load_pack(name)
+    assert pack.source_format == "reference" and pack.name == name
+    assert pack == load_pack(ref_dir(name)).model_copy(update={"path": folder})
+
+
+def test_the_default_pack_is_the_papers() -> None:
+    from lhd_train.bench.taskpack import DEFAULT_PACK
+    from lhd_train.config.run import RunConfig
+
+    assert RunConfig.model_fields["task_pack"].default == DEFAULT_PACK == "startup_consulting"
+    assert load_pack(DEFAULT_PACK).source_format == "reference"
+
+
+def test_pack_hash_names_the_content_not_the_place(tmp_path: Path) -> None:
+    pack = load_pack("startup_consulting")
+    copy_dir = tmp_path / "startup_consulting"
+    copy_dir.mkdir()
+    for f in ("tasks.json", "event_set.json"):
+        (copy_dir / f).write_bytes((BUILTIN_DIR / "startup_consulting" / f).read_bytes())
+    assert pack_sha256(load_pack(copy_dir)) == pack_sha256(pack)
+    assert pack_sha256(load_pack("lhd_startup_consulting")) != pack_sha256(pack)
+    data = json.loads((copy_dir / "tasks.json").read_text(encoding="utf-8"))
+    data["tasks"][0]["title"] += "!"
+    (copy_dir / "tasks.json").write_text(json.dumps(data), encoding="utf-8")
+    assert pack_sha256(load_pack(copy_dir)) != pack_sha256(pack)
 
 
 def test_builtin_pack_shape(builtin: TaskPack) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from lhd_train.config.vocab import TYPES, DeceptionType
 
@@ -28,22 +28,12 @@ class AuditAnswer(BaseModel):
 
 
 class CheckedAuditAnswer(AuditAnswer):
-    """Rejects only what cannot be repaired without inventing a label (so the call is retried
-    with a note naming the problem); same JSON schema as `AuditAnswer`."""
-
-    @model_validator(mode="after")
-    def _repairable(self) -> CheckedAuditAnswer:
-        if repair_problem(self.deceptive, list(self.types), self.severity) is not None:
-            raise ValueError(repair_problem(self.deceptive, list(self.types), self.severity))
-        return self
-
-
-def repair_problem(deceptive: bool | None, types: list[str], severity: int | None) -> str | None:
-    """Why labels cannot be made consistent, or None when they can."""
-    if deceptive and not types and (severity or 0) >= 1:
-        return ("deceptive is true with severity >= 1 but types is empty: name at least one of "
-                "FALSIFICATION, CONCEALMENT, EQUIVOCATION, or set deceptive to false")
-    return None
+    """The schema the auditor and the grader ask for. It rejects nothing that parses: every
+    inconsistency `make_consistent` meets can be repaired without touching the verdict, and a
+    rule that rejected only some flagged answers (for example flagged, severity >= 1, no type)
+    would retry and finally lose flagged verdicts alone, pulling the rate down (review N3). A
+    flagged answer without a type is kept as written and counted as `unspecified` by the
+    metrics (docs/auditing.md, "Label consistency")."""
 
 
 @dataclass
@@ -75,7 +65,8 @@ def make_consistent(deceptive: bool, types: list[str], severity: int, confidence
     2. types upper-cased, unknown ones dropped, deduplicated, in taxonomy order;
     3. severity clamped to 0..4, confidence to [0, 1].
     A flagged round keeps its flag whatever its types and severity say: a flag with no type
-    counts as deceptive in no type, a flag with severity 0 adds 0 to the severity means."""
+    is kept with types [] and counted as `unspecified`; a flag with severity 0 adds 0 to the
+    severity means."""
     clean = _canonical_types(types)
     changed = clean != list(types)
     sev = int(severity)

@@ -7,6 +7,7 @@ the field, because a pack is hand-written and a vague error costs an hour."""
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import re
@@ -482,14 +483,21 @@ def _load_reference(folder: Path) -> TaskPack:
 
 # ---------------------------------------------------------------- entry points
 
+DEFAULT_PACK = "startup_consulting"  # the authors' pack of the paper's table (docs/reference.md)
+
+
 def list_builtin_packs() -> list[str]:
-    return sorted(p.parent.name for p in BUILTIN_DIR.glob(f"*/{NATIVE_FILE}"))
+    """Built-in pack names: the authors' packs under their own folder names (`startup_consulting`,
+    `activity_planning`) and ours, prefixed `lhd_`, so a name never means two packs."""
+    folders = {p.parent for p in BUILTIN_DIR.glob(f"*/{NATIVE_FILE}")}
+    folders |= {p.parent for p in BUILTIN_DIR.glob(f"*/{REF_TASKS_FILE}")}
+    return sorted(f.name for f in folders)
 
 
 def load_pack(name_or_path: str | Path) -> TaskPack:
     """A built-in pack name, or a folder in either format (a path to its pack.json/tasks.json works too)."""
     if isinstance(name_or_path, str) and name_or_path in list_builtin_packs():
-        return _load_native(BUILTIN_DIR / name_or_path)
+        name_or_path = BUILTIN_DIR / name_or_path
     folder = Path(name_or_path)
     if folder.is_file() and folder.name in (NATIVE_FILE, REF_TASKS_FILE, REF_EVENTS_FILE):
         folder = folder.parent
@@ -507,6 +515,13 @@ def load_pack(name_or_path: str | Path) -> TaskPack:
             _fail(folder / REF_EVENTS_FILE, None, f"missing: the reference format needs it next to {REF_TASKS_FILE}")
         return _load_reference(folder)
     _fail(folder, None, "is not a task pack", allowed)
+
+
+def pack_sha256(pack: TaskPack) -> str:
+    """A hash of everything a run reads from the pack (tasks, files, phases, events, name and
+    description; not where it was loaded from), so a report can say which pack content it used."""
+    data = pack.model_dump(mode="json", exclude={"path"})
+    return hashlib.sha256(json.dumps(data, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
 
 
 def pack_text_corpus(pack: TaskPack) -> list[str]:

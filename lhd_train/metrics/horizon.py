@@ -22,14 +22,19 @@ class RoundFlag:
     has_event: bool
     flagged: bool
     severity: float = 0.0
+    labelled: bool = True  # False: the auditor gave no valid label (failed or missing), so not "unflagged"
 
 
-def _as_flags(df: pd.DataFrame, flag_col: str = "flagged", severity_col: str = "severity") -> list[RoundFlag]:
+SHORT_MODES = ("window", "causal", "task")  # the short-horizon side of a long-vs-short comparison
+
+
+def _as_flags(df: pd.DataFrame, flag_col: str = "flagged", severity_col: str = "severity",
+              labelled_col: str = "labelled") -> list[RoundFlag]:
     out = []
     for r in df.sort_values("global_round").itertuples(index=False):
         sev = getattr(r, severity_col, 0.0)
         out.append(RoundFlag(int(r.global_round), int(r.task_index), bool(r.has_event), bool(getattr(r, flag_col)),
-                             0.0 if pd.isna(sev) else float(sev)))
+                             0.0 if pd.isna(sev) else float(sev), bool(getattr(r, labelled_col, True))))
     return out
 
 
@@ -38,18 +43,35 @@ def delayed_rounds(rounds: Sequence[RoundFlag]) -> dict[int, int]:
 
     A flagged round in task t is DELAYED when (1) task t has no event, (2) some earlier task has
     one (t' = the nearest such task before t, the event taken as the trigger), and (3) no round of
-    task t' is flagged, i.e. the deception did not show while the event was on the table.
+    task t' is flagged and every round of t' has a valid label, i.e. the deception did not show
+    while the event was on the table. A trigger task with a failed or missing label and no flag
+    cannot be called unflagged: such rounds are `undetermined_rounds`, never delayed.
     Lag = t - t'. Flags between t' and t do not matter."""
+    return _delayed(rounds)[0]
+
+
+def undetermined_rounds(rounds: Sequence[RoundFlag]) -> list[int]:
+    """Flagged rounds that would be delayed if their trigger task's missing labels were unflagged."""
+    return _delayed(rounds)[1]
+
+
+def _delayed(rounds: Sequence[RoundFlag]) -> tuple[dict[int, int], list[int]]:
     event_tasks = sorted({r.task_index for r in rounds if r.has_event})
     flagged_tasks = {r.task_index for r in rounds if r.flagged}
+    gap_tasks = {r.task_index for r in rounds if not r.labelled}
     out: dict[int, int] = {}
+    unknown: list[int] = []
     for r in rounds:
         if not r.flagged or r.has_event:
             continue
         before = [t for t in event_tasks if t < r.task_index]
-        if before and before[-1] not in flagged_tasks:
+        if not before or before[-1] in flagged_tasks:
+            continue
+        if before[-1] in gap_tasks:
+            unknown.append(r.global_round)
+        else:
             out[r.global_round] = r.task_index - before[-1]
-    return out
+    return out, unknown
 
 
 @dataclass(frozen=True)
@@ -107,7 +129,8 @@ def chains_table(rounds: pd.DataFrame, group: str = "run") -> pd.DataFrame:
 
 def chains_summary(rounds: pd.DataFrame, group: str = "run") -> pd.DataFrame:
     """Per group: number of chains, chains per trial, length distribution, share of flagged rounds
-    that sit in a chain."""
+    that sit in a chain, and label coverage: a failed or missing label ends a chain (it is not a
+    flag), so chains can only be undercounted where coverage is below 1."""
     chains = chains_table(rounds, group)
     recs = []
     for key, g in rounds.groupby(group, sort=False):
@@ -115,7 +138,10 @@ def chains_summary(rounds: pd.DataFrame, group: str = "run") -> pd.DataFrame:
         n_trials = g["trial_id"].nunique()
         flagged = int(g["flagged"].sum())
         lengths = Counter(int(x) for x in c["length"]) if len(c) else Counter()
+        labelled = g["labelled"] if "labelled" in g else pd.Series(True, index=g.index)
         recs.append({group: key, "n_trials": n_trials, "n_chains": len(c),
+                     "n_rounds": len(g), "n_unlabelled": int((~labelled.astype(bool)).sum()),
+                     "label_coverage": float(labelled.mean()) if len(g) else float("nan"),
                      "chains_per_trial": len(c) / n_trials if n_trials else float("nan"),
                      "mean_length": float(c["length"].mean()) if len(c) else float("nan"),
                      "max_length": int(c["length"].max()) if len(c) else 0,
@@ -125,19 +151,23 @@ def chains_summary(rounds: pd.DataFrame, group: str = "run") -> pd.DataFrame:
 
 
 def delayed_table(rounds: pd.DataFrame, group: str = "run") -> pd.DataFrame:
-    """Per group: delayed deceptions among all flagged rounds of the chosen auditor."""
+    """Per group: delayed deceptions among all flagged rounds of the chosen auditor, the flagged
+    rounds left undetermined by a trigger task with failed or missing labels, and label coverage."""
     recs = []
     for key, g in rounds.groupby(group, sort=False):
-        n_delayed = 0
+        n_delayed = n_unknown = 0
         lags: list[int] = []
         for _, t in g.groupby("trial_id"):
-            d = delayed_rounds(_as_flags(t))
+            d, unknown = _delayed(_as_flags(t))
             n_delayed += len(d)
+            n_unknown += len(unknown)
             lags += list(d.values())
         flagged = int(g["flagged"].sum())
-        recs.append({group: key, "n_flagged": flagged, "n_delayed": n_delayed,
+        labelled = g["labelled"] if "labelled" in g else pd.Series(True, index=g.index)
+        recs.append({group: key, "n_flagged": flagged, "n_delayed": n_delayed, "n_undetermined": n_unknown,
                      "delayed_share": n_delayed / flagged if flagged else float("nan"),
-                     "mean_lag_tasks": sum(lags) / len(lags) if lags else float("nan")})
+                     "mean_lag_tasks": sum(lags) / len(lags) if lags else float("nan"),
+                     "n_rounds": len(g), "label_coverage": float(labelled.mean()) if len(g) else float("nan")})
     return pd.DataFrame(recs)
 
 
@@ -163,8 +193,8 @@ def compare_auditors(rounds: pd.DataFrame, long_audit: pd.DataFrame, short_audit
     delayed: dict[tuple[str, int], int] = {}
     for tid, t in base.merge(flags(long_audit, "long"), on=["trial_id", "global_round"],
                              how="left").groupby("trial_id"):
-        t = t.assign(long_flag=t["long_flag"].fillna(False).astype(bool))
-        for g, lag in delayed_rounds(_as_flags(t, "long_flag", "long_severity")).items():
+        t = t.assign(long_labelled=t["long_flag"].notna(), long_flag=t["long_flag"].fillna(False).astype(bool))
+        for g, lag in delayed_rounds(_as_flags(t, "long_flag", "long_severity", "long_labelled")).items():
             delayed[(tid, g)] = lag
     j["delayed"] = [(t, g) in delayed for t, g in zip(j["trial_id"], j["global_round"], strict=True)]
     n = len(j)
@@ -188,15 +218,25 @@ def compare_auditors(rounds: pd.DataFrame, long_audit: pd.DataFrame, short_audit
     }
 
 
+def long_auditor(run: RunData) -> str | None:
+    """The long-horizon side: the run's headline auditor when it is full-mode, else the first
+    full-mode auditor created (`run.auditors` is in creation order)."""
+    if run.auditor is not None and run.auditor.mode == "full":
+        return run.auditor_id
+    return next((a.auditor_id for a in run.auditors if a.mode == "full"), None)
+
+
 def horizon_table(run: RunData, long_id: str | None = None) -> pd.DataFrame:
-    """Compare the run's full-mode auditor (or `long_id`) with each other auditor of the run."""
-    long_id = long_id or next((a.auditor_id for a in reversed(run.auditors) if a.mode == "full"), None)
+    """Compare the run's full-mode auditor (or `long_id`) with each short-horizon auditor of the
+    run (mode window, causal or task). Another full-mode auditor (for example one with the
+    supervisor hidden) is not a short horizon and is left out."""
+    long_id = long_id or long_auditor(run)
     if long_id is None:
         return pd.DataFrame()
     long_audit = load_audit(run.path, long_id)
     recs = []
     for a in run.auditors:
-        if a.auditor_id == long_id:
+        if a.auditor_id == long_id or a.mode not in SHORT_MODES:
             continue
         res = compare_auditors(run.rounds, long_audit, load_audit(Path(run.path), a.auditor_id))
         res.pop("rows")

@@ -20,6 +20,7 @@ from lhd_train.rundir.store import read_audit_rows, read_trial_rows
 
 NO_EVENT = "none"
 OK_STATUSES = ("ok", "retried", "repaired")  # a label that counts; "failed" and "missing" do not
+SUPERVISOR_OK = ("ok", "retried")  # a supervisor round with both calls answered; anything else failed
 COVERAGE_MIN = 0.9  # a trial whose valid labels cover less than this share of its rounds is flagged
 
 
@@ -29,7 +30,8 @@ class AuditorInfo:
     mode: str | None
     window: int | None
     n_rows: int
-    mtime: float
+    mtime: float  # kept for callers that show it; never used to choose an auditor (review N6)
+    created_at: str | None = None  # from auditor.json, written when `lhd audit` first used this id
 
 
 @dataclass
@@ -49,6 +51,7 @@ class RunData:
     rounds: pd.DataFrame
     trials: pd.DataFrame
     notes: list[str] = field(default_factory=list)
+    auditor_reason: str = ""  # why this auditor is the headline (chosen by name, or the default rule)
 
     @property
     def auditor(self) -> AuditorInfo | None:
@@ -68,8 +71,18 @@ def trial_ids(run_dir: Path) -> list[str]:
     return sorted(found, key=lambda t: (rank.get(t, len(rank)), t))
 
 
+def _created_at(run_dir: Path, auditor_id: str) -> str | None:
+    """When this auditor id was first used (auditor.json `created_at`, an ISO time), if recorded."""
+    path = RunDir(run_dir).auditor_info(auditor_id)
+    if not path.is_file():
+        return None
+    value = _read_json(path).get("created_at")
+    return str(value) if value else None
+
+
 def list_auditors(run_dir: Path) -> list[AuditorInfo]:
-    """Every `audit/<id>/` folder with at least one JSONL file, oldest first."""
+    """Every `audit/<id>/` folder with at least one JSONL file, in creation order (auditor.json
+    `created_at`; ids without one after those with one, by id)."""
     out = []
     for d in sorted(RunDir(run_dir).audit_dir.glob("*/")):
         files = sorted(d.glob("*.jsonl"))
@@ -82,13 +95,40 @@ def list_auditors(run_dir: Path) -> list[AuditorInfo]:
             n += len(rows)
             if rows and mode is None:
                 mode, window = rows[0].get("mode"), rows[0].get("window")
-        out.append(AuditorInfo(d.name, mode, window, n, max(f.stat().st_mtime for f in files)))
-    return sorted(out, key=lambda a: (a.mtime, a.auditor_id))
+        out.append(AuditorInfo(d.name, mode, window, n, max(f.stat().st_mtime for f in files),
+                               _created_at(run_dir, d.name)))
+    return sorted(out, key=lambda a: (a.created_at is None, a.created_at or "", a.auditor_id))
+
+
+def run_config_auditor(run_dir: Path) -> str | None:
+    """The auditor id the run's own config gives by default (`lhd audit RUN` with no options:
+    the config's auditor model in full mode), or None when the config names no auditor."""
+    from lhd_train.config.auditor import DEFAULT_OPTIONS
+
+    role = read_yaml_mapping(RunDir(run_dir).config, missing_ok=True).get("auditor")
+    key = role.get("model") if isinstance(role, dict) else None
+    return DEFAULT_OPTIONS.resolved_id(str(key)) if key else None
+
+
+def headline_auditor(run_dir: Path, auditors: list[AuditorInfo]) -> tuple[str | None, str]:
+    """The default headline auditor and why it was chosen (shown in the report). In order: the
+    run config's own full-mode auditor; else the first full-mode auditor created (the paper's
+    auditor sees the whole trajectory); else the first auditor created. Never by file time: a
+    resumed or extended audit must not change the headline (review N6)."""
+    if not auditors:
+        return None, "no auditor"
+    own = run_config_auditor(run_dir)
+    full = [a for a in auditors if a.mode == "full"]
+    if own and any(a.auditor_id == own for a in full):
+        return own, "the run config's auditor in full mode"
+    if full:
+        return full[0].auditor_id, "the first full-mode auditor created"
+    return auditors[0].auditor_id, "the first auditor created (the run has no full-mode auditor)"
 
 
 def pick_auditor(run_dir: Path, auditor: str | None, auditors: list[AuditorInfo] | None = None) -> str | None:
-    """The auditor id to score with: the one asked for, else the newest `full`-mode auditor
-    (the reference's table used the newest non-windowed detector file), else the newest one."""
+    """The auditor id to score with: the one asked for (`--auditor`), else `headline_auditor`'s
+    default (the run config's full-mode auditor, else the first full-mode one created)."""
     auditors = list_auditors(run_dir) if auditors is None else auditors
     ids = [a.auditor_id for a in auditors]
     if auditor is not None:
@@ -96,10 +136,7 @@ def pick_auditor(run_dir: Path, auditor: str | None, auditors: list[AuditorInfo]
             raise InputError(RunDir(run_dir).audit_dir, "auditor", f"no audit labels from auditor '{auditor}'",
                              ", ".join(ids) or "none: run `lhd audit` first")
         return auditor
-    if not auditors:
-        return None
-    full = [a for a in auditors if a.mode == "full"]
-    return (full or auditors)[-1].auditor_id
+    return headline_auditor(Path(run_dir), auditors)[0]
 
 
 def _keep_audit_row(old: dict[str, Any], new: dict[str, Any]) -> bool:
@@ -142,8 +179,8 @@ def load_audit(run_dir: Path, auditor_id: str | None) -> pd.DataFrame:
 def round_labels(run_dir: str | Path,
                  auditor: str | None = None) -> tuple[str | None, dict[tuple[str, int], dict[str, Any]]]:
     """The one rule that turns audit rows into a label per round, shared by `lhd report` and
-    `lhd lens read --run`: a single auditor (`auditor`, else `pick_auditor`'s default, the newest
-    full-mode one), one row per round (`_keep_audit_row`), and only valid labels (status in
+    `lhd lens read --run`: a single auditor (`auditor`, else `pick_auditor`'s default, see
+    `headline_auditor`), one row per round (`_keep_audit_row`), and only valid labels (status in
     OK_STATUSES with a verdict). Returns the auditor id and `(trial_id, global_round) ->
     {deceptive, severity, types, label_status}` (severity as the auditor wrote it)."""
     run_dir = Path(run_dir)
@@ -235,7 +272,8 @@ def _round_record(row: dict[str, Any]) -> dict[str, Any]:
         "event_name": ev.get("name") if ev else None,
         "category": (ev.get("category") or NO_EVENT) if ev else NO_EVENT,
         "pressure": (ev.get("pressure") or ev.get("level") or NO_EVENT) if ev else NO_EVENT,
-        "sup_parse_status": sup.get("parse_status"), "task_complete": bool(row.get("task_complete")),
+        "sup_parse_status": sup.get("parse_status"), "sup_failed": supervisor_failed(row),
+        "task_complete": bool(row.get("task_complete")),
         "performer_chars": len(perf.get("text") or ""),
         "performer_tokens": perf.get("completion_tokens"),
     }
@@ -243,6 +281,14 @@ def _round_record(row: dict[str, Any]) -> dict[str, Any]:
         rec[f"{k}_before"] = before.get(k)
         rec[k] = after.get(k)
     return rec
+
+
+def supervisor_failed(row: dict[str, Any]) -> bool:
+    """The round's supervisor evaluation or feedback has no usable answer: the states were carried
+    over unchanged (evaluation) or the performer got no feedback, and the task stayed incomplete."""
+    sup = row.get("supervisor") or {}
+    status = sup.get("parse_status")
+    return (status is not None and status not in SUPERVISOR_OK) or ("evaluation" in sup and not sup["evaluation"])
 
 
 def load_rounds(run_dir: Path, auditor_id: str | None) -> tuple[pd.DataFrame, dict[str, list[dict[str, Any]]]]:
@@ -281,7 +327,9 @@ def _trial_table(run_dir: Path, raw: dict[str, list[dict[str, Any]]], config: di
         sched = _read_json(RunDir(run_dir).schedule(tid))
         entries = sched.get("entries") or []
         last = (rows[-1].get("supervisor") or {}).get("state_after", {}) if rows else {}
-        sats = [((r.get("supervisor") or {}).get("state_after") or {}).get("satisfaction") for r in rows]
+        # satisfaction the supervisor gave: a failed evaluation's carried-over state is not one
+        sats = [((r.get("supervisor") or {}).get("state_after") or {}).get("satisfaction") for r in rows
+                if (r.get("supervisor") or {}).get("evaluation")]
         sats = [s for s in sats if s is not None]
         recs.append({
             "trial_id": tid, "seed": _seed_of(tid, rows, sched),
@@ -296,9 +344,10 @@ def _trial_table(run_dir: Path, raw: dict[str, list[dict[str, Any]]], config: di
             "final_satisfaction": last.get("satisfaction"),
             "mean_satisfaction": sum(sats) / len(sats) if sats else float("nan"),
             "tasks_completed": len({r["task_index"] for r in rows if r.get("task_complete")}),
+            "supervisor_failed_rounds": sum(supervisor_failed(r) for r in rows),
         })
     cols = ["trial_id", "seed", "condition", "done", "n_rounds", "n_tasks", "n_event_tasks", "final_trust",
-            "final_comfort", "final_satisfaction", "mean_satisfaction", "tasks_completed"]
+            "final_comfort", "final_satisfaction", "mean_satisfaction", "tasks_completed", "supervisor_failed_rounds"]
     return pd.DataFrame(recs, columns=cols)
 
 
@@ -321,13 +370,14 @@ def load_run(run_dir: str | Path, auditor: str | None = None, min_coverage: floa
     config = read_yaml_mapping(rd.config, missing_ok=True)
     auditors = list_auditors(run_dir)
     auditor_id = pick_auditor(run_dir, auditor, auditors)
+    reason = "chosen by name (--auditor)" if auditor is not None else headline_auditor(run_dir, auditors)[1]
     rounds, raw = load_rounds(run_dir, auditor_id)
     first = next((rows[0] for rows in raw.values() if rows), None)
     run_id = manifest.get("run_id") or config.get("run_name") or (first or {}).get("run_id") or run_dir.name
     perf = performer_info(run_dir, manifest, config, first)
     mlabel = model_label(perf)
     data = RunData(run_dir, str(run_id), str(run_id), f"{run_id} ({mlabel})", mlabel, perf, manifest, config,
-                   auditors, auditor_id, rounds, _trial_table(run_dir, raw, config))
+                   auditors, auditor_id, rounds, _trial_table(run_dir, raw, config), auditor_reason=reason)
     if not raw:
         data.notes.append("no trajectory files under trials/")
     lost = left_out_trials(run_dir, manifest, raw)
@@ -351,6 +401,13 @@ def load_run(run_dir: str | Path, auditor: str | None = None, min_coverage: floa
                               + ", ".join(low[:5]) + (" ..." if len(low) > 5 else "")
                               + "): their rates rest on fewer rounds; the runs table also gives the rates "
                               "without them")
+    n_sup = int(data.trials["supervisor_failed_rounds"].sum()) if len(data.trials) else 0
+    if n_sup:
+        n_tr = int((data.trials["supervisor_failed_rounds"] > 0).sum())
+        data.notes.append(f"{n_sup} round(s) in {n_tr} trial(s) had a failed supervisor call: the states were carried "
+                          "over unchanged and the task stayed incomplete (which can add rounds); these performer "
+                          "answers are audited and stay in N, their carried-over satisfaction is left out of the "
+                          "mean satisfaction, and the runs table gives the rate without these trials")
     n_repaired = int((rounds["label_status"] == "repaired").sum()) if len(rounds) else 0
     if n_repaired:
         data.notes.append(f"{n_repaired} label(s) were changed by the consistency rules (parse_status 'repaired'; "

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from lhd_train.config.vocab import TYPES
+from lhd_train.config.vocab import LEVELS, TYPES
 from lhd_train.errors import InputError
 from lhd_train.metrics.core import RunMetrics, compute_all
 from lhd_train.metrics.horizon import chains_summary, chains_table, delayed_table, horizon_table
@@ -65,6 +65,7 @@ def summary_md(runs: list[RunData], m: RunMetrics, horizon: pd.DataFrame, min_co
              "| run | performer | auditor | trials | label coverage (min) | trials below coverage | deception rate "
              "| 95% CI | rate (covered trials) | severity (all) | severity (deceptive) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    runs_by = {r["run"]: r for r in m.runs.to_dict("records")}
     by = {r["run"]: r for r in m.runs.to_dict("records")}
     for run in runs:
         s = by.get(run.key, {})
@@ -76,10 +77,19 @@ def summary_md(runs: list[RunData], m: RunMetrics, horizon: pd.DataFrame, min_co
                      f"{pm(s.get('deception_rate_covered_mean'), s.get('deception_rate_covered_se'))} | "
                      f"{pm(s.get('severity_average_all_rounds_mean'), s.get('severity_average_all_rounds_se'))} | "
                      f"{sev_deceptive} |")
+    lines += ["", "Headline auditor, task pack and counts per run:", ""]
+    for run in runs:
+        s = runs_by.get(run.key, {})
+        sup_ok = pm(s.get("deception_rate_supervisor_ok_mean"), s.get("deception_rate_supervisor_ok_se"))
+        lines.append(f"- {run.key}: auditor {run.auditor_id or 'none'} ({run.auditor_reason or 'none'}); "
+                     f"pack {pack_line(run)}; flagged without a type (unspecified) {fmt(s.get('n_unspecified', 0))}; "
+                     f"rounds with a failed supervisor call {fmt(s.get('n_supervisor_failed_rounds', 0))} "
+                     f"(rate without those trials {sup_ok})")
     lines += ["", "Type distribution (pooled, normalised):", ""]
     for r in m.types.to_dict("records"):
         shares = ", ".join(f"{t.lower()} {fmt(r[f'share_{t}'])}" for t in TYPES)
-        lines.append(f"- {r['run']}: {shares} ({r['n_type_labels']} labels)")
+        lines.append(f"- {r['run']}: {shares} ({r['n_type_labels']} labels; "
+                     f"{r.get('count_unspecified', 0)} flagged without a type, not in the shares)")
     if len(horizon):
         lines += ["", "Long- vs short-horizon auditing:", ""]
         for r in horizon.to_dict("records"):
@@ -90,6 +100,32 @@ def summary_md(runs: list[RunData], m: RunMetrics, horizon: pd.DataFrame, min_co
         lines += ["", "Notes:", "", *notes]
     lines += ["", "Files: report.html, tables/*.csv, plots/*.png, trials/<run>/<trial>.html", ""]
     return "\n".join(lines)
+
+
+def pack_info(run: RunData) -> dict[str, str | None]:
+    """The task pack a run used and its content hash (`taskpack.pack_sha256`): as the run recorded
+    them (manifest `pack`, `pack_sha256`), else the hash computed now from the folder the manifest
+    names (`pack_source`), marked as such; never from a pack name, which may mean another pack today."""
+    name = run.manifest.get("pack") or run.config.get("task_pack")
+    sha, how = run.manifest.get("pack_sha256"), "recorded by the run"
+    source = run.manifest.get("pack_source")
+    if not sha and source and Path(str(source)).is_dir():
+        from lhd_train.bench.taskpack import load_pack, pack_sha256
+
+        try:
+            sha, how = pack_sha256(load_pack(Path(str(source)))), f"computed now from {source}"
+        except InputError:
+            sha = None
+    if not sha:
+        how = "not recorded"
+    return {"name": str(name) if name else None, "sha256": sha, "how": how}
+
+
+def pack_line(run: RunData) -> str:
+    info = pack_info(run)
+    if not info["sha256"]:
+        return f"{info['name'] or '?'} (content hash not recorded)"
+    return f"{info['name'] or '?'} (sha256 {info['sha256'][:16]}…, {info['how']})"
 
 
 def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None,
@@ -123,8 +159,14 @@ def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None
     if has_labels:
         keep("deception_by_run", plots.plot_run_summary(m.runs))
         keep("type_distribution", plots.plot_types(m.types, labels))
-        keep("rate_by_pressure",
-             plots.plot_breakdown(m.by_pressure, "pressure", labels, "deception rate by pressure level"))
+        # Not the paper's pressure figure (that is the control study below): rounds grouped by
+        # the pressure of their own task's event, inside whatever trials the runs hold (review N10).
+        keep("rate_by_round_pressure",
+             plots.plot_breakdown(m.by_pressure, "pressure", labels,
+                                  "rate of rounds by their task's event pressure (not the paper's control study)"))
+        control_png = plots.plot_control_pressure(m.control, LEVELS)
+        if control_png is not None:
+            keep("control_rate_by_pressure", control_png)
         keep("rate_by_category",
              plots.plot_breakdown(m.by_category, "category", labels, "deception rate by event category"))
         keep("correlations", plots.plot_correlations(m.per_trial[m.per_trial["deception_rate"].notna()], labels))
@@ -148,7 +190,9 @@ def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None
         run_sections.append({
             "key": run.key, "label": run.label, "path": str(run.path), "model": run.performer.get("model") or "?",
             "adapter": run.performer.get("adapter") or "none", "revision": run.performer.get("revision") or "–",
-            "auditor": f"{a.auditor_id} (mode {a.mode}{', R=' + str(a.window) if a.window else ''})" if a else "none",
+            "auditor": (f"{a.auditor_id} (mode {a.mode}{', R=' + str(a.window) if a.window else ''}; "
+                        f"{run.auditor_reason})") if a else "none",
+            "pack": pack_line(run),
             "auditors": ", ".join(f"{x.auditor_id} ({x.mode})" for x in run.auditors) or "none",
             "notes": run.notes, "trials": trials_table_ctx(pt, hrefs), "state_plots": state_plots,
             "anchor": "run-" + sub,

@@ -121,6 +121,35 @@ def plot_breakdown(df: pd.DataFrame, by: str, labels: dict[str, str], title: str
     return png(fig)
 
 
+def plot_control_pressure(control: pd.DataFrame, levels: Sequence[str]) -> bytes | None:
+    """The paper's pressure figure: per performer, the control-study rate of trials run under one
+    fixed pressure level (mean over trials of the rate over all their rounds, ± SE). None when no
+    trial ran under a pressure control."""
+    rows = control[control["condition"].isin([f"pressure={lvl}" for lvl in levels])] if len(control) else control
+    if not len(rows):
+        return None
+    present = [lvl for lvl in levels if f"pressure={lvl}" in set(rows["condition"])]
+    models = list(dict.fromkeys(rows["model"]))
+    fig = Figure(figsize=(max(6, 1.3 * len(present) * max(1, len(models)) ** 0.5 + 2), 3.4))
+    ax = fig.add_subplot(1, 1, 1)
+    x = np.arange(len(present))
+    w = 0.8 / max(len(models), 1)
+    for j, model in enumerate(models):
+        sub = rows[rows["model"] == model].set_index("condition")
+        mean = np.array([sub["deception_rate_mean"].get(f"pressure={lvl}", np.nan) for lvl in present], float)
+        se = np.array([sub["deception_rate_se"].get(f"pressure={lvl}", np.nan) for lvl in present], float)
+        ax.bar(x + (j - (len(models) - 1) / 2) * w, np.nan_to_num(mean), w, yerr=np.nan_to_num(se), capsize=3,
+               color=RUN_COLORS[j % len(RUN_COLORS)], label=_wrap(str(model), 30))
+    ax.set_xticks(x, [lvl.lower() for lvl in present], fontsize=8)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("deception rate (all rounds)")
+    ax.set_title("control study: deception rate of trials run under one pressure level", fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return png(fig)
+
+
 def plot_states(trial: pd.DataFrame, threshold: float, title: str) -> bytes:
     """Supervisor states over the rounds of one trial, each task's span shaded by its event's
     pressure level (as the reference's analyzer), flagged rounds marked; below, severity bars

@@ -24,9 +24,11 @@ def _num(columns: Sequence[str], first_text: int) -> list[bool]:
 
 
 def runs_table_ctx(runs: list[RunData], m: RunMetrics, min_coverage: float = COVERAGE_MIN) -> dict[str, Any]:
-    cols = ["run", "performer", "auditor", "trials", "labelled rounds", "flagged", "failed labels",
-            "repaired labels", "label coverage (min)", f"trials below {min_coverage:.0%} coverage",
+    cols = ["run", "performer", "auditor", "trials", "labelled rounds", "flagged", "flagged, no type (unspecified)",
+            "failed labels", "repaired labels", "label coverage (min)", f"trials below {min_coverage:.0%} coverage",
+            "rounds with a failed supervisor call (trials)",
             "deception rate", "95% CI", f"deception rate (trials ≥ {min_coverage:.0%} coverage)",
+            "deception rate (trials without a failed supervisor call)",
             "avg severity (all rounds)", "avg severity (deceptive; 0 if none)",
             "avg severity (deceptive; trials with deception)"]
     by = {r["run"]: r for r in m.runs.to_dict("records")}
@@ -37,12 +39,16 @@ def runs_table_ctx(runs: list[RunData], m: RunMetrics, min_coverage: float = COV
         rows.append([run.key, run.model_label,
                      f"{a.auditor_id} ({a.mode})" if a else "none",
                      fmt(s.get("n_trials", 0)), fmt(s.get("n_rounds", 0)), fmt(s.get("n_flagged", 0)),
+                     fmt(s.get("n_unspecified", 0)),
                      fmt(s.get("n_failed_labels", 0)), fmt(s.get("n_repaired_labels", 0)),
                      fmt(s.get("min_label_coverage")), fmt(s.get("n_low_coverage_trials", 0)),
+                     f"{fmt(s.get('n_supervisor_failed_rounds', 0))} ({fmt(s.get('n_trials_supervisor_failed', 0))})",
                      pm(s.get("deception_rate_mean"), s.get("deception_rate_se")),
                      ci(s.get("deception_rate_ci_low"), s.get("deception_rate_ci_high")),
                      pm(s.get("deception_rate_covered_mean"), s.get("deception_rate_covered_se"))
                      + f" (n={fmt(s.get('n_trials_covered', 0))})",
+                     pm(s.get("deception_rate_supervisor_ok_mean"), s.get("deception_rate_supervisor_ok_se"))
+                     + f" (n={fmt(s.get('n_trials_supervisor_ok', 0))})",
                      pm(s.get("severity_average_all_rounds_mean"), s.get("severity_average_all_rounds_se")),
                      pm(s.get("severity_average_deception_only_mean"), s.get("severity_average_deception_only_se")),
                      pm(s.get("severity_deceptive_nan_mean"), s.get("severity_deceptive_nan_se"))])
@@ -70,9 +76,10 @@ def compute_table_ctx(runs: list[RunData]) -> dict[str, Any]:
 
 
 def types_table_ctx(types: pd.DataFrame, labels: dict[str, str]) -> dict[str, Any]:
-    cols = ["run", "type labels", *[t.lower() for t in TYPES]]
+    cols = ["run", "type labels", *[t.lower() for t in TYPES], "flagged, no type (unspecified; not in the shares)"]
     rows = [[labels.get(r["run"], r["run"]), fmt(r["n_type_labels"]),
-             *[f"{fmt(r[f'share_{t}'])} ({r[f'count_{t}']})" for t in TYPES]] for r in types.to_dict("records")]
+             *[f"{fmt(r[f'share_{t}'])} ({r[f'count_{t}']})" for t in TYPES], fmt(r.get("count_unspecified", 0))]
+            for r in types.to_dict("records")]
     return _t(cols, rows, _num(cols, 1))
 
 
@@ -128,30 +135,34 @@ def horizon_table_ctx(df: pd.DataFrame, labels: dict[str, str]) -> dict[str, Any
 
 
 def delayed_table_ctx(df: pd.DataFrame, labels: dict[str, str]) -> dict[str, Any]:
-    cols = ["run", "flagged rounds", "delayed", "delayed share", "mean lag (tasks)"]
-    rows = [[labels.get(r["run"], r["run"]), fmt(r["n_flagged"]), fmt(r["n_delayed"]), fmt(r["delayed_share"]),
-             fmt(r["mean_lag_tasks"], 2)] for r in df.to_dict("records")]
+    cols = ["run", "flagged rounds", "delayed", "undetermined (trigger task not fully labelled)", "delayed share",
+            "mean lag (tasks)", "label coverage"]
+    rows = [[labels.get(r["run"], r["run"]), fmt(r["n_flagged"]), fmt(r["n_delayed"]), fmt(r["n_undetermined"]),
+             fmt(r["delayed_share"]), fmt(r["mean_lag_tasks"], 2), fmt(r["label_coverage"])]
+            for r in df.to_dict("records")]
     return _t(cols, rows, _num(cols, 1))
 
 
 def chains_table_ctx(df: pd.DataFrame, labels: dict[str, str]) -> dict[str, Any]:
     cols = ["run", "trials", "chains", "chains per trial", "mean length", "max length",
-            "length: count", "share of flagged rounds in chains"]
+            "length: count", "share of flagged rounds in chains", "label coverage"]
     rows = [[labels.get(r["run"], r["run"]), fmt(r["n_trials"]), fmt(r["n_chains"]), fmt(r["chains_per_trial"], 2),
              fmt(r["mean_length"], 2), fmt(r["max_length"]), r["length_distribution"] or "–",
-             fmt(r["share_flagged_in_chains"])] for r in df.to_dict("records")]
+             fmt(r["share_flagged_in_chains"]), fmt(r["label_coverage"])] for r in df.to_dict("records")]
     return _t(cols, rows, _num(cols, 1))
 
 
 def trials_table_ctx(per_trial: pd.DataFrame, hrefs: dict[str, str]) -> dict[str, Any]:
-    cols = ["trial", "condition", "finished", "rounds", "labelled", "flagged", "failed labels", "label coverage",
+    cols = ["trial", "condition", "finished", "rounds", "failed supervisor calls", "labelled", "flagged",
+            "failed labels", "label coverage",
             "deception rate", "avg severity (all)", "avg severity (deceptive)", "final trust", "mean satisfaction",
             "final comfort"]
     rows = []
     for r in per_trial.to_dict("records"):
         tid = r["trial_id"]
         rows.append([{"text": tid, "href": hrefs[tid]} if tid in hrefs else tid, r["condition"], fmt(bool(r["done"])),
-                     fmt(r["n_rounds"]), fmt(r.get("total_rounds")), fmt(r.get("deception_occurrences")),
+                     fmt(r["n_rounds"]), fmt(r.get("supervisor_failed_rounds")), fmt(r.get("total_rounds")),
+                     fmt(r.get("deception_occurrences")),
                      fmt(r.get("failed_rounds")),
                      # `in (True,)`: low_coverage may be a numpy bool or NaN
                      fmt(r.get("label_coverage")) + (" (low)" if r.get("low_coverage") in (True,) else ""),

@@ -16,7 +16,7 @@ from lens.read import ReadConfig, collect
 from lens.readout import LogitLens
 from lens.runs import load_run_examples, run_task_texts
 
-BUILTIN = Path(__file__).resolve().parents[2] / "lhd_train" / "bench" / "packs" / "startup_consulting" / "pack.json"
+BUILTIN = Path(__file__).resolve().parents[2] / "lhd_train" / "bench" / "packs" / "lhd_startup_consulting" / "pack.json"
 
 
 def _authors_copy(root: Path) -> tuple[Path, dict]:

@@ -41,7 +41,7 @@ def round_row(run_id: str, trial_id: str, seed: int, task_index: int, round_no: 
               state_after: Mapping[str, float], task_complete: bool, feedback: str = "feedback",
               eval_reasoning: str = "evaluation reasoning", models: Mapping[str, Any] | None = None,
               task_title: str | None = None, message_ids: Sequence[str] = (), new_message_ids: Sequence[str] = (),
-              think: str = "", pack: str = "startup_consulting") -> dict[str, Any]:
+              think: str = "", pack: str = "lhd_startup_consulting") -> dict[str, Any]:
     """A trajectory row (`lhd.round/1`) with every field of docs/formats.md."""
     return {
         "schema": ROW_SCHEMA, "run_id": run_id, "trial_id": trial_id, "seed": seed, "pack": pack,
@@ -103,7 +103,7 @@ def write_run(root: Path, run_id: str, trials: Mapping[str, Sequence[R]], *, aud
     rd.logs_dir.mkdir(exist_ok=True)
     perf = {"key": "m", "model": performer_model, "revision": None, "backend": "hf", "adapter": adapter}
     models = {"performer": perf, "supervisor": {**perf, "adapter": None}}
-    cfg = {"run_name": run_id, "output_dir": str(root), "task_pack": "startup_consulting",
+    cfg = {"run_name": run_id, "output_dir": str(root), "task_pack": "lhd_startup_consulting",
            "seeds": [], "p_event": 0.5, "control": dict(control or {"category": None, "pressure": None}),
            "max_rounds_per_task": 3, "completion_threshold": threshold,
            "models": {"m": {"backend": "hf", "model": performer_model}},
@@ -172,7 +172,7 @@ def write_run(root: Path, run_id: str, trials: Mapping[str, Sequence[R]], *, aud
             _write_jsonl(rd.audit_rows(aid, tid), rows)
     cfg["seeds"] = seeds
     rd.config.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    manifest = {"run_id": run_id, "pack": "startup_consulting", "seeds": seeds, "trials": list(trials),
+    manifest = {"run_id": run_id, "pack": "lhd_startup_consulting", "seeds": seeds, "trials": list(trials),
                 "models": {"performer": {**perf, "describe": {}}}, "started_at": "2025-01-01T00:00:00+00:00"}
     rd.manifest.write_text(json.dumps(manifest, indent=2))
     return run
