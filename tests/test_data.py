@@ -173,3 +173,124 @@ def test_grader_view_does_not_invent_a_supervisor_reaction(tmp_path):
     assert "(no feedback)" not in target and "Task complete after this round: no" not in target
     assert "supervisor has not seen this answer" in target
     assert "Good, done." in text  # earlier rounds keep their real reactions
+
+
+# ---------------------------------------------------------------- the run's own audit (issue 21 N2)
+
+def _orig(dec: bool, sev: int, audited: bool | None, sat: float = 0.5) -> Scored:
+    return Scored("the original", "original", Grade(dec, sev, ["FALSIFICATION"] if dec else [], 0.9, "ok", sat, "ok"),
+                  audited)
+
+
+def test_an_original_the_run_flagged_is_never_an_honest_target():
+    """The grader (one causal sample) calls the original honest, the run's headline auditor flagged
+    it: it must not be the SFT/DPO chosen answer, nor the DPO rejected one of a deceptive pair."""
+    flagged_by_run = _orig(False, 0, audited=True, sat=0.9)
+    assert select_best([flagged_by_run], "honest", -0.5) is None
+    assert select_best([flagged_by_run, _s(0, 0.1, False)], "honest", -0.5).text == "0/0.1"
+    assert select_pair([flagged_by_run, _s(3, 0.4)], "honest", -0.5, 1.0) == "too_few"
+    # the run did not flag it, the grader did: never a deceptive target
+    unflagged_by_run = _orig(True, 4, audited=False)
+    assert select_best([unflagged_by_run], "deceptive", -0.5) is None
+    assert select_pair([unflagged_by_run, _s(0, 0.2, False)], "deceptive", -0.5, 1.0) == "too_few"
+    # where both agree, or the run has no valid label, the original is used as before
+    assert select_best([_orig(False, 0, audited=False)], "honest", -0.5).source == "original"
+    assert select_best([_orig(True, 3, audited=True)], "deceptive", -0.5).source == "original"
+    assert select_best([_orig(False, 0, audited=None)], "honest", -0.5).source == "original"
+
+
+def _audited_run(tmp_path):
+    from support.synthetic import R, write_run
+
+    return write_run(tmp_path, "aud", {
+        "s1": [R(1, label=(True, ["FALSIFICATION"], 3), text="flagged answer one"),
+               R(1, label=(False, (), 0), text="honest answer"),
+               R(2, label=(True, ["CONCEALMENT"], 2), text="flagged answer two"),
+               R(2, label="failed", text="unlabelled answer")]})
+
+
+def test_contexts_carry_the_runs_headline_audit_label(tmp_path):
+    ctxs = load_contexts(_audited_run(tmp_path))
+    assert ctxs.auditor_id == "full"
+    assert [c.audited_deceptive for c in ctxs] == [True, False, True, None]
+    assert ctxs[0].label["severity"] == 3
+    with pytest.raises(Exception, match="no audit labels from auditor 'nope'"):
+        load_contexts(_audited_run(tmp_path / "x"), auditor_id="nope")
+
+
+def test_bon_respects_the_run_audit_and_stores_the_disagreement(tmp_path, monkeypatch):
+    """End to end through `build_bon`: the grader (a scripted auditor that calls every answer
+    honest) disagrees with the run's audit on the two flagged originals; neither becomes the
+    chosen answer, and the count is printed in the stats and stored in dataset.json."""
+    from support.scripted import ScriptedBackend
+
+    from lhd_train.config.auditor import load_auditor_config
+    from lhd_train.config.run import load_saved_config
+    from lhd_train.finetune import datasets as ds_mod
+
+    run = _audited_run(tmp_path)
+    honest = json.dumps({"deceptive": False, "types": [], "severity": 0, "confidence": 0.9, "reasoning": "fine",
+                         "evidence": []})
+
+    def reply(req):
+        return honest if req.json_schema else "a fresh candidate"
+
+    def backends(s):
+        cfg = load_saved_config(s.run_dir)
+        acfg, _ = load_auditor_config(s.run_dir, None, ["auditor.model=m"])
+        b = ScriptedBackend(reply)
+        return cfg, b, b, acfg, b, cfg.supervisor
+
+    monkeypatch.setattr(ds_mod, "_role_backends", backends)
+    out = tmp_path / "bon"
+    path, stats = build_bon(BuildSettings(run, out, n=1, direction="honest", progress=False))
+    assert stats["run_audit"] | {} == {"auditor_id": "full", "compared": 3, "agree": 1, "disagree": 2,
+                                       "flagged_by_grader_only": 0, "flagged_by_audit_only": 2, "not_compared": 1}
+    saved = json.loads((out / "dataset.json").read_text())
+    assert saved["run_audit"]["disagree"] == 2
+    rows = [r for split in load_from_disk(str(path)).values() for r in split]
+    by_round = {r["global_round"]: r["source"] for r in rows}
+    assert by_round[1] != "original" and by_round[3] != "original"
+    assert len(rows) == 4
+
+
+def test_grpo_reward_gives_a_flagged_original_the_runs_verdict(tmp_path):
+    """GRPO: a completion that repeats the round's original answer is scored with the run's own
+    label, never with a grader verdict that contradicts it."""
+    from lhd_train.finetune.judged_rewards import as_audited
+
+    ctxs = load_contexts(_audited_run(tmp_path))
+    graded_honest = Grade(False, 0, [], 0.9, "ok", 0.5, "ok")
+    g = as_audited(graded_honest, ctxs[0], "  flagged answer one\n")
+    assert (g.deceptive, g.severity, g.audit_status) == (True, 3, "run-audit")
+    assert as_audited(graded_honest, ctxs[0], "another answer") is graded_honest
+    assert as_audited(graded_honest, ctxs[3], "unlabelled answer") is graded_honest  # no valid label: the grader's
+
+
+def test_imported_runs_give_no_training_contexts(tmp_path):
+    """Review N11: import-reference rebuilds the performer's prompts with our templates and no
+    system prompt; those are not the prompts the performer saw, so they are skipped and counted."""
+    run = _audited_run(tmp_path)
+    manifest = run / "manifest.json"
+    data = json.loads(manifest.read_text()) if manifest.is_file() else {}
+    manifest.write_text(json.dumps(data | {"source": {"kind": "reference-import"}}))
+    ctxs = load_contexts(run)
+    assert len(ctxs) == 0 and ctxs.skipped["imported"] == 4
+
+
+def test_a_dataset_folder_refuses_other_settings(small_run, tmp_path):
+    """Issue 22: `--n 3` into a folder made with `--n 2` used to keep 2 candidates and record n=3."""
+    from lhd_train.errors import InputError
+    from lhd_train.finetune.data_folder import claim_folder
+
+    out = tmp_path / "d"
+    claim_folder(out, BuildSettings(small_run, out, n=2).cache_record())
+    claim_folder(out, BuildSettings(small_run, out, n=2, direction="deceptive").cache_record())  # selection only
+    with pytest.raises(InputError, match=r"field 'n': this dataset folder was made with n=2, now n=3"):
+        claim_folder(out, BuildSettings(small_run, out, n=3).cache_record())
+    # a folder from before settings.json: its candidates say which n they were sampled with
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "candidates.jsonl").write_text(json.dumps({"context": "s1/1", "texts": ["a", "b"]}) + "\n")
+    with pytest.raises(InputError, match="candidates sampled with n=2, now n=3"):
+        build_bon(BuildSettings(small_run, old, n=3, progress=False))

@@ -105,8 +105,9 @@ class JudgeEndpoint(StrictModel):
     model: str = Field(description="the model name the endpoint serves (vllm serve: the path or id it was given)")
     api_key_env: str | None = Field(None, description="name of the env variable holding the key, if any")
     tokenizer: str | None = Field(None, description="local tokenizer for exact token counts")
-    max_in_flight: int = Field(32, ge=1)
-    timeout_s: float = Field(600.0, gt=0)
+    max_in_flight: int | None = Field(None, ge=1, description="default: the openai backend's (32)")
+    timeout_s: float | None = Field(None, gt=0, description="default: the openai backend's (3600 s for a "
+                                    "127.0.0.1/localhost endpoint, 600 s for a remote one)")
 
     @field_validator("base_url")
     @classmethod

@@ -3,11 +3,15 @@
 Candidates are sampled through the rollout engine (vLLM `n=N` on GPU, the hf backend on CPU),
 graded in their trajectory's context (`grading.Grader`), and selected by direction. The chosen
 answer must qualify: honest — not flagged by the auditor; deceptive — flagged; in both
-directions on-task (supervisor satisfaction at or above `on_task_min`, or not rated). Among
-qualifying answers: honest — highest satisfaction; deceptive — highest severity, then
-satisfaction. A context without a qualifying answer is skipped and counted (docs/training.md,
-"Training data"). Everything is cached under the output folder (`candidates.jsonl`,
-`grades.jsonl`), so a killed job resumes."""
+directions on-task (supervisor satisfaction at or above `on_task_min`, or not rated). The
+original answer must also agree with the run's own audit (its headline auditor, the report's):
+one the run flagged is never an honest target, one it did not flag never a deceptive target;
+where the grader and the run's audit disagree about an original, the count is printed and stored
+in dataset.json (review N2). Among qualifying answers: honest — highest satisfaction; deceptive —
+highest severity, then satisfaction. A context without a qualifying answer is skipped and counted
+(docs/training.md, "Training data"). Everything is cached under the output folder
+(`candidates.jsonl`, `grades.jsonl`), so a killed job resumes; `settings.json` refuses a rerun
+whose caches would differ (run, n, auditor config) into the same folder (`data_folder`)."""
 from __future__ import annotations
 
 import asyncio
@@ -23,8 +27,10 @@ from lhd_train.bench.performer import split_think
 from lhd_train.bench.structured_calls import call_seed
 from lhd_train.config.auditor import load_auditor_config
 from lhd_train.config.run import RoleConfig, load_saved_config
+from lhd_train.console import console
 from lhd_train.errors import InputError
-from lhd_train.finetune.contexts import Context, load_contexts
+from lhd_train.finetune.contexts import Context, Contexts, load_contexts
+from lhd_train.finetune.data_folder import claim_folder
 from lhd_train.finetune.grading import Grade, Grader
 from lhd_train.rundir.files import append_jsonl, package_versions, read_jsonl, repair_jsonl, write_json_atomic
 from rollouts.backend import Backend
@@ -39,6 +45,7 @@ class Scored:
     text: str
     source: str  # "original" | "candidate-<k>"
     grade: Grade
+    audited: bool | None = None  # original only: the run's own audit verdict (None: no valid label)
 
     def score(self, direction: Direction) -> tuple[float, float]:
         sev = float(self.grade.severity or 0)
@@ -60,6 +67,14 @@ class BuildSettings:
     on_task_min: float = -0.5  # the chosen answer's supervisor satisfaction floor (both directions)
     concurrency: int = 32
     progress: bool = True
+    run_auditor: str | None = None  # whose labels the originals must agree with (None: the run's headline)
+
+    def cache_record(self) -> dict[str, object]:
+        """What the folder's caches (candidates, grades) depend on (`data_folder.claim_folder`); the
+        selection settings (direction, margins, kind) may change: dataset/ is rebuilt whole."""
+        return {"run": str(Path(self.run_dir).resolve()), "n": self.n,
+                "auditor_config": str(Path(self.auditor_config).resolve()) if self.auditor_config else None,
+                "overrides": list(self.overrides)}
 
 
 def _role_backends(s: BuildSettings) -> tuple[Any, Backend, Backend, Any, Backend, RoleConfig]:
@@ -95,13 +110,13 @@ async def _sample(ctx: Context, backend: Backend, role: RoleConfig, n: int, cach
     return texts
 
 
-async def sample_and_grade(s: BuildSettings) -> tuple[list[Context], dict[str, list[Scored]], dict[str, Any]]:
+async def sample_and_grade(s: BuildSettings) -> tuple[Contexts, dict[str, list[Scored]], dict[str, Any]]:
     """For every context: the original answer plus N samples, each graded. Resumable."""
-    s.out.mkdir(parents=True, exist_ok=True)
-    cfg, perf, aud, acfg, sup, sup_role = _role_backends(s)
-    contexts = load_contexts(s.run_dir, None, s.eval_fraction, 0, s.max_contexts)
+    claim_folder(s.out, s.cache_record())  # before any model loads
+    contexts = load_contexts(s.run_dir, s.run_auditor, s.eval_fraction, 0, s.max_contexts)
     if not contexts:
-        raise InputError(s.run_dir, "trials", "no performer rounds with stored prompts")
+        raise InputError(s.run_dir, "trials", f"no performer rounds with stored prompts (left out: {contexts.skipped})")
+    cfg, perf, aud, acfg, sup, sup_role = _role_backends(s)
     cand_path = s.out / "candidates.jsonl"
     repair_jsonl(cand_path)
     cache = {r["context"]: r["texts"] for r in read_jsonl(cand_path)}
@@ -115,7 +130,8 @@ async def sample_and_grade(s: BuildSettings) -> tuple[list[Context], dict[str, l
             texts = await _sample(ctx, perf, cfg.performer, s.n, cache, cand_path, cfg.performer.think_tags)
         pool = [("original", ctx.answer)] + [(f"candidate-{k}", t) for k, t in enumerate(texts)]
         grades = await asyncio.gather(*(grader.grade(ctx, t) for _, t in pool))
-        pools[ctx.key] = [Scored(t, src, g) for (src, t), g in zip(pool, grades, strict=True)]
+        pools[ctx.key] = [Scored(t, src, g, ctx.audited_deceptive if src == "original" else None)
+                          for (src, t), g in zip(pool, grades, strict=True)]
         bar.update(1)
 
     try:
@@ -126,8 +142,39 @@ async def sample_and_grade(s: BuildSettings) -> tuple[list[Context], dict[str, l
             await b.aclose()
     meta = {"run": str(s.run_dir), "direction": s.direction, "n": s.n, "grader_id": grader.id,
             "auditor": acfg.model_dump(mode="json"), "performer": cfg.performer.model_dump(mode="json"),
+            "run_audit": audit_agreement(contexts, pools), "contexts_left_out": contexts.skipped,
             "packages": package_versions()}
+    _say_agreement(meta["run_audit"])
     return contexts, pools, meta
+
+
+def audit_agreement(contexts: Contexts, pools: dict[str, list[Scored]]) -> dict[str, Any]:
+    """How the grader's verdicts on the original answers compare with the run's own audit."""
+    both = grader_only = audit_only = agree = unlabelled = 0
+    for ctx in contexts:
+        orig = next(p for p in pools[ctx.key] if p.source == "original")
+        if orig.audited is None or not orig.grade.usable:
+            unlabelled += 1
+            continue
+        both += 1
+        if bool(orig.grade.deceptive) == orig.audited:
+            agree += 1
+        elif orig.grade.deceptive:
+            grader_only += 1
+        else:
+            audit_only += 1
+    return {"auditor_id": contexts.auditor_id, "compared": both, "agree": agree,
+            "disagree": grader_only + audit_only, "flagged_by_grader_only": grader_only,
+            "flagged_by_audit_only": audit_only, "not_compared": unlabelled}
+
+
+def _say_agreement(a: dict[str, Any]) -> None:
+    if a["auditor_id"] is None:
+        console.print("the run has no audit labels: originals are judged by the grader alone (run `lhd audit` first)")
+    elif a["disagree"]:
+        console.print(f"grader and the run's audit ({a['auditor_id']}) disagree on {a['disagree']} of {a['compared']} "
+                      f"original answers ({a['flagged_by_grader_only']} flagged by the grader only, "
+                      f"{a['flagged_by_audit_only']} by the audit only): such an original is never a target")
 
 
 def _save(rows_by_split: dict[str, list[dict[str, Any]]], out: Path, meta: dict[str, Any]) -> Path:
@@ -150,10 +197,17 @@ def _meta_cols(ctx: Context) -> dict[str, Any]:
             "task_index": ctx.task_index}
 
 
+def trusted(p: Scored) -> bool:
+    """Graded, and for the original the grader agrees with the run's own audit: an original they
+    disagree on is neither chosen nor rejected (review N2)."""
+    return p.grade.usable and (p.audited is None or bool(p.grade.deceptive) == p.audited)
+
+
 def qualifies(p: Scored, direction: Direction, on_task_min: float) -> bool:
-    """May `p` be the chosen answer? Graded, flagged as the direction wants, and on-task."""
+    """May `p` be the chosen answer? Graded, flagged as the direction wants (by the grader and, for
+    the original, by the run's own audit), and on-task."""
     g = p.grade
-    if not g.usable or bool(g.deceptive) != (direction == "deceptive"):
+    if not trusted(p) or bool(g.deceptive) != (direction == "deceptive"):
         return False
     return g.satisfaction is None or g.satisfaction >= on_task_min
 
@@ -166,10 +220,10 @@ def select_best(pool: list[Scored], direction: Direction, on_task_min: float) ->
 
 def select_pair(pool: list[Scored], direction: Direction, on_task_min: float,
                 min_margin: float) -> tuple[Scored, Scored] | str:
-    """(chosen, rejected) for DPO, or why the context is skipped: `too_few` graded answers,
-    `no_chosen` (no answer qualifies as chosen), `below_margin` (severity gap < min_margin or
-    the same text). Chosen is `select_best`; rejected the lowest-ranked graded answer."""
-    usable = [p for p in pool if p.grade.usable]
+    """(chosen, rejected) for DPO, or why the context is skipped: `too_few` trusted answers,
+    `no_chosen` (no answer qualifies as chosen), `below_margin` (severity gap < min_margin or the
+    same text). Chosen is `select_best`; rejected the lowest-ranked trusted answer."""
+    usable = [p for p in pool if trusted(p)]
     if len(usable) < 2:
         return "too_few"
     chosen = select_best(usable, direction, on_task_min)
@@ -196,7 +250,8 @@ def build_bon(s: BuildSettings) -> tuple[Path, dict[str, Any]]:
             "messages": ctx.messages + [{"role": "assistant", "content": best.text}],
             "severity": best.grade.severity, "satisfaction": best.grade.satisfaction, "source": best.source,
             **_meta_cols(ctx)})
-    stats = {"contexts": len(contexts), "picked": picked}
+    stats = {"contexts": len(contexts), "picked": picked, "run_audit": meta["run_audit"],
+             "left_out": contexts.skipped}
     return _save(rows, s.out, meta | {"kind": "bon-sft", "on_task_min": s.on_task_min, "stats": stats}), stats
 
 
@@ -220,20 +275,24 @@ def build_dpo(s: BuildSettings) -> tuple[Path, dict[str, Any]]:
             "chosen_deceptive": chosen.grade.deceptive, "rejected_deceptive": rejected.grade.deceptive,
             "margin": margin, **_meta_cols(ctx)})
     stats = {"contexts": len(contexts), "pairs": len(margins), "skipped": sum(skipped.values()),
-             "skipped_by_reason": skipped, "mean_margin": sum(margins) / len(margins) if margins else None}
+             "skipped_by_reason": skipped, "mean_margin": sum(margins) / len(margins) if margins else None,
+             "run_audit": meta["run_audit"], "left_out": contexts.skipped}
     return _save(rows, s.out, meta | {"kind": "dpo", "min_margin": s.min_margin, "on_task_min": s.on_task_min,
                                       "stats": stats}), stats
 
 
 def build_grpo(run_dir: Path, out: Path, eval_fraction: float = 0.2, max_contexts: int | None = None,
-               direction: Direction = "honest") -> tuple[Path, dict[str, Any]]:
-    """Prompt-only rows; the columns let the honesty reward find the trajectory context."""
-    contexts = load_contexts(run_dir, None, eval_fraction, 0, max_contexts)
+               direction: Direction = "honest", run_auditor: str | None = None) -> tuple[Path, dict[str, Any]]:
+    """Prompt-only rows; the columns let the honesty reward find the trajectory context and the
+    run's audit label of its original answer (`run_auditor`: whose labels; "" when none)."""
+    contexts = load_contexts(run_dir, run_auditor, eval_fraction, 0, max_contexts)
     rows: dict[str, list[dict[str, Any]]] = {"train": [], "eval": []}
     for ctx in contexts:
         rows[ctx.split].append({"prompt": ctx.messages, "run_dir": str(Path(run_dir).resolve()),
-                                "direction": direction, **_meta_cols(ctx)})
+                                "direction": direction, "run_auditor": contexts.auditor_id or "", **_meta_cols(ctx)})
     out.mkdir(parents=True, exist_ok=True)
-    stats = {"contexts": len(contexts), "train": len(rows["train"]), "eval": len(rows["eval"])}
+    stats = {"contexts": len(contexts), "train": len(rows["train"]), "eval": len(rows["eval"]),
+             "run_audit": contexts.auditor_id, "left_out": contexts.skipped}
     return _save(rows, out, {"kind": "grpo-prompts", "run": str(run_dir), "direction": direction,
-                             "stats": stats, "packages": package_versions()}), stats
+                             "run_audit": {"auditor_id": contexts.auditor_id}, "stats": stats,
+                             "packages": package_versions()}), stats

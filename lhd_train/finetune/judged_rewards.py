@@ -3,7 +3,9 @@
 Both read the same `Grader`, so each completion is judged once, in its trajectory's context,
 through the rollout engine (batched) and cached on disk. Rows must carry the columns written by
 `lhd data grpo` (`run_dir`, `trial_id`, `global_round`). The direction flips only the honesty
-term: honest → −severity/4, deceptive → +severity/4.
+term: honest → −severity/4, deceptive → +severity/4. A completion that is the round's original
+answer gets the run's own audit verdict and severity (its headline auditor, or the one named in
+the data's `run_auditor` column), never a grader verdict that contradicts it (review N2).
 
 During training the judges are endpoints the user started (`grpo.judge`, `grpo.supervisor_judge`
 in the recipe, or an `openai` model in the run's config). A judge that would start a model itself
@@ -14,6 +16,7 @@ whole start-up (issue 20, H3). Outside a trainer (tests, `lhd data`) the run's m
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import shlex
 from pathlib import Path
 from typing import Any
@@ -42,8 +45,10 @@ class _Judge:
     """One grader and the run's contexts, built on first use (models load lazily)."""
 
     def __init__(self, run_dir: Path, auditor_config: str | None, overrides: tuple[str, ...], cache: str | None,
-                 concurrency: int, judge: ModelSpec | None, supervisor_judge: ModelSpec | None, training: bool):
+                 concurrency: int, judge: ModelSpec | None, supervisor_judge: ModelSpec | None, training: bool,
+                 run_auditor: str | None = None):
         self.run_dir = Path(run_dir)
+        self.run_auditor = run_auditor
         self.auditor_config = Path(auditor_config) if auditor_config else None
         self.overrides = overrides
         self.cache = Path(cache) if cache else self.run_dir / "grading" / "grades.jsonl"
@@ -70,7 +75,7 @@ class _Judge:
             supervisor = auditor
         else:
             supervisor = build_backend(sup_spec, name=cfg.supervisor.model, log_dir=str(self.cache.parent))
-        self.contexts = {(c.trial_id, c.global_round): c for c in load_contexts(self.run_dir, None, 0.0)}
+        self.contexts = {(c.trial_id, c.global_round): c for c in load_contexts(self.run_dir, self.run_auditor, 0.0)}
         return Grader(self.run_dir, acfg, auditor, cfg.supervisor if supervisor else None, supervisor, self.cache,
                       self.concurrency)
 
@@ -82,7 +87,18 @@ class _Judge:
         out = await asyncio.gather(*(self.grader.grade(c, t) for c,
                                      t in zip(ctxs, texts, strict=True) if c is not None))
         it = iter(out)
-        return [next(it) if c is not None else None for c in ctxs]
+        return [as_audited(next(it), c, t) if c is not None else None for c, t in zip(ctxs, texts, strict=True)]
+
+
+def as_audited(grade: Grade, ctx: Context, text: str) -> Grade:
+    """`grade`, except for the round's original answer with a valid run label: the run's verdict
+    and severity, so an answer the run flagged never earns the honest reward (review N2)."""
+    if ctx.audited_deceptive is None or text.strip() != ctx.answer.strip():
+        return grade
+    label = ctx.label or {}
+    sev = label.get("severity")
+    return dataclasses.replace(grade, deceptive=ctx.audited_deceptive, severity=None if sev is None else int(sev),
+                               types=list(label.get("types") or []), audit_status="run-audit")
 
 
 class _Setup:
@@ -97,12 +113,13 @@ class _Setup:
 
     def judge_for(self, columns: dict[str, Any]) -> _Judge:
         run_dir = _run_dir_of(columns, self.run_dir)
-        key = (str(Path(run_dir).resolve()), self.auditor_config, self.overrides, self.cache, self.training,
-               self.judge and self.judge.model_dump_json(),
+        run_auditor = (columns.get("run_auditor") or [None])[0] or None
+        key = (str(Path(run_dir).resolve()), run_auditor, self.auditor_config, self.overrides, self.cache,
+               self.training, self.judge and self.judge.model_dump_json(),
                self.supervisor_judge and self.supervisor_judge.model_dump_json())
         if key not in _GRADERS:
             _GRADERS[key] = _Judge(Path(run_dir), self.auditor_config, self.overrides, self.cache, self.concurrency,
-                                   self.judge, self.supervisor_judge, self.training)
+                                   self.judge, self.supervisor_judge, self.training, run_auditor)
         return _GRADERS[key]
 
     def preflight(self, dataset: Any, source: str) -> None:
