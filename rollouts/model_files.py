@@ -5,8 +5,9 @@ wrap at all (a truncated safetensors file raises `SafetensorError`). The few thi
 in practice (a wrong path, an empty folder, a torn `config.json`, no tokenizer, a cut weights
 file) are checked here first, so the error is one line naming the file and what is wrong.
 
-`weights_fingerprint` says which weights a folder holds now, so a caller can notice when the
-weights behind a path changed (a model rebuilt in place) although its config did not.
+`weights_fingerprint` says which weights, tokenizer, chat template and config a folder holds
+now, so a caller can notice when what is behind a path changed (a model rebuilt in place, a
+tokenizer or template swapped) although the run's config did not (`changed_parts`).
 
 `counting_tokenizer` is the one rule by which served models (openai, vllm, transformers-serve)
 get the tokenizer that counts their prompts against the context window; `estimate_tokens` is the
@@ -153,9 +154,55 @@ def _file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
+TOKENIZER_EXTRA = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "merges.txt")
+TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+CONFIG_FILES = ("config.json", "generation_config.json")
+PART_NAMES = {"weights": "weights", "tokenizer": "tokenizer files", "chat_template": "chat template",
+              "config": "config.json / generation_config.json"}
+
+
+def _digest(items: list[tuple[str, bytes]]) -> str | None:
+    if not items:
+        return None
+    h = hashlib.sha256()
+    for name, data in items:
+        h.update(f"{name}\0{len(data)}\0".encode() + hashlib.sha256(data).digest())
+    return h.hexdigest()
+
+
+def _tokenizer_parts(folder: Path) -> tuple[str | None, str | None]:
+    """(tokenizer digest, chat template digest). The template may live in its own file or inside
+    tokenizer_config.json; it is digested apart, so a changed template is named as such."""
+    tok: list[tuple[str, bytes]] = []
+    templates: list[tuple[str, bytes]] = []
+    for f in sorted(folder.iterdir()):
+        if not f.is_file():
+            continue
+        if f.name in TEMPLATE_FILES:
+            templates.append((f.name, f.read_bytes()))
+        elif f.name == "tokenizer_config.json":
+            try:
+                cfg = json.loads(f.read_bytes())
+            except (ValueError, UnicodeDecodeError):
+                tok.append((f.name, f.read_bytes()))  # unreadable: digested as bytes
+                continue
+            if isinstance(cfg, dict) and "chat_template" in cfg:
+                templates.append(("tokenizer_config.json#chat_template",
+                                  json.dumps(cfg.pop("chat_template"), sort_keys=True).encode()))
+            tok.append((f.name, json.dumps(cfg, sort_keys=True).encode()))
+        elif _is_tokenizer_file(f) or f.name in TOKENIZER_EXTRA:
+            tok.append((f.name, f.read_bytes()))
+    extra = folder / "additional_chat_templates"
+    if extra.is_dir():
+        templates += [(f"{extra.name}/{f.name}", f.read_bytes()) for f in sorted(extra.iterdir()) if f.is_file()]
+    return _digest(tok), _digest(templates)
+
+
 def weights_fingerprint(name: str | None) -> dict[str, Any] | None:
-    """`{path, digest, files: {name: bytes}}` for a local folder (or file) of weights; None for a
-    hub id or a served model name, whose weights are not ours to read."""
+    """`{path, digest, files: {name: bytes}, parts}` for a local folder (or file) of weights; None
+    for a hub id or a served model name, whose files are not ours to read. `digest` covers the
+    weights; `parts` holds one digest each for weights, tokenizer files, chat template and config
+    (None where the folder has none), compared by `changed_parts`."""
     if not name or not is_local(name) or not Path(name).expanduser().exists():
         return None
     p = Path(name).expanduser()
@@ -163,7 +210,22 @@ def weights_fingerprint(name: str | None) -> dict[str, Any] | None:
     h = hashlib.sha256()
     for f in files:
         h.update(f"{f.name}\0{f.stat().st_size}\0{_file_digest(f)}\n".encode())
-    return {"path": str(p.resolve()), "digest": h.hexdigest(), "files": {f.name: f.stat().st_size for f in files}}
+    parts: dict[str, str | None] = {"weights": h.hexdigest()}
+    if p.is_dir():
+        parts["tokenizer"], parts["chat_template"] = _tokenizer_parts(p)
+        parts["config"] = _digest([(c, (p / c).read_bytes()) for c in CONFIG_FILES if (p / c).is_file()])
+    return {"path": str(p.resolve()), "digest": h.hexdigest(), "files": {f.name: f.stat().st_size for f in files},
+            "parts": parts}
+
+
+def changed_parts(before: dict[str, Any] | None, now: dict[str, Any] | None) -> list[str]:
+    """What differs between two `weights_fingerprint`s, as names ("weights", "chat template", ...).
+    A part an older record did not fingerprint is not compared."""
+    if not before or not now:
+        return []
+    old = dict(before.get("parts") or {"weights": before.get("digest")})
+    new = dict(now.get("parts") or {"weights": now.get("digest")})
+    return [PART_NAMES.get(k, k) for k in PART_NAMES if k in old and k in new and old[k] != new[k]]
 
 
 # Fallback token count: 3 characters per token. English prose runs ~4 chars/token, but tokenisers

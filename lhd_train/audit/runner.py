@@ -4,7 +4,14 @@ All rounds of all trials are submitted at once (bounded by a semaphore), so the 
 them and a prefix-caching engine reuses each trial's trajectory prefix. Each finished round is
 one appended, fsynced line in `audit/<auditor-id>/<trial>.jsonl`; a rerun skips rounds already
 there. A round whose answers never parse is written as `failed`; a round whose model could not
-be reached is left missing, so the rerun does it; neither stops the other rounds."""
+be reached is left missing, so the rerun does it; neither stops the other rounds.
+
+A rerun never mixes settings: `auditor.json` records the settings and the auditor's model files
+(weights, tokenizer, chat template, config) with the first rows, keeps that first provenance,
+and a rerun whose settings or files differ is refused. Rows labelled while their trial was
+unfinished (`--include-unfinished`) carry `trial_unfinished: true` and are labelled again once
+the trial has its .done marker (the full and window views saw a trajectory that was still
+growing)."""
 from __future__ import annotations
 
 import asyncio
@@ -35,6 +42,7 @@ from lhd_train.rundir.lock import run_dir_lock
 from lhd_train.rundir.rows import AUDIT_SCHEMA, AUDITOR_SCHEMA
 from lhd_train.rundir.store import iter_trial_files, message_id, read_audit_rows
 from rollouts.backend import Backend
+from rollouts.model_files import changed_parts, weights_fingerprint
 
 # auditor.json fields that must not change while an auditor id accumulates rows.
 IDENTITY_KEYS = ("options", "model_identity", "role", "prompts")
@@ -84,15 +92,29 @@ def auditor_record(cfg: AuditorConfig, opts: AuditOptions, auditor_id: str, prom
         "model_spec": spec.model_dump(mode="json"),
         "prompts": prompts.digest(),
         "system_prompt": prompts.system, "instruction_template": prompts.instruction, "prompts_source": prompts.source,
+        "model_files": model_files(cfg),
         "task_source": task_source, "config_source": config_source,
         "packages": package_versions(), "python": python_version(),
     }
 
 
-def _check_same_auditor(path: Path, new: dict[str, Any]) -> dict[str, Any]:
-    """An auditor id names one fixed setting; rows from different settings must never mix."""
+def model_files(cfg: AuditorConfig) -> dict[str, Any]:
+    """Fingerprints of the auditor's local model, tokenizer and adapter folders (None for a hub
+    id or a served model: their files are not ours to read)."""
+    spec = cfg.spec
+    out = {"model": weights_fingerprint(spec.model)}
+    if spec.tokenizer:
+        out["tokenizer"] = weights_fingerprint(spec.tokenizer)
+    if cfg.auditor.adapter:
+        out["adapter"] = weights_fingerprint(spec.adapters.get(cfg.auditor.adapter, cfg.auditor.adapter))
+    return out
+
+
+def _check_same_auditor(path: Path, new: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """An auditor id names one fixed setting and one set of model files; rows from different ones
+    must never mix. Returns the record to keep (the first run's, on a resume) and whether it is new."""
     if not path.exists():
-        return new | {"created_at": utc_now()}
+        return new | {"created_at": utc_now()}, True
     try:
         old = json.loads(path.read_text(encoding="utf-8"))
         problem = None if isinstance(old, dict) else "not a JSON object"
@@ -106,7 +128,13 @@ def _check_same_auditor(path: Path, new: dict[str, Any]) -> dict[str, Any]:
             raise InputError(path, key, "this auditor id was made with different settings "
                              f"(old {json.dumps(old.get(key))}, new {json.dumps(new.get(key))}); "
                              "pass another --auditor-id or the same settings")
-    return new | {"created_at": old.get("created_at", utc_now())}
+    for which, fp in (new.get("model_files") or {}).items():
+        changed = changed_parts((old.get("model_files") or {}).get(which), fp)
+        if changed:
+            raise InputError(path, f"model_files.{which}", f"the auditor's {' and '.join(changed)} at "
+                             f"{fp.get('path')} changed since this auditor id's rows were made; resuming would mix "
+                             "two auditors' labels: restore them, or pass another --auditor-id")
+    return old | {"created_at": old.get("created_at", utc_now())}, False
 
 
 def load_trials(run_dir: Path, include_unfinished: bool = False) -> tuple[list[Trial], list[TrialAudit], str]:
@@ -191,7 +219,7 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
 
     record = auditor_record(cfg, opts, auditor_id, prompts, task_source, config_source)
     out_dir.mkdir(parents=True, exist_ok=True)
-    record = _check_same_auditor(rd.auditor_info(auditor_id), record)
+    record, first = _check_same_auditor(rd.auditor_info(auditor_id), record)
 
     # What is left to do.
     jobs: list[tuple[Trial, int]] = []
@@ -199,7 +227,8 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
     for trial in trials:
         path = rd.audit_rows(auditor_id, trial.trial_id)
         repair_jsonl(path)
-        done = {r["global_round"] for r in read_audit_rows(path)}
+        done = {r["global_round"] for r in read_audit_rows(path)
+                if not (trial.finished and r.get("trial_unfinished"))}  # relabel once the trial is finished
         st = stats[trial.trial_id] = TrialAudit(trial.trial_id, rounds=len(trial.rows), already=len(done))
         jobs += [(trial, i) for i, r in enumerate(trial.rows) if r["global_round"] not in done]
 
@@ -216,9 +245,14 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
         backend = build_backend(spec, name=cfg.auditor.model, log_dir=str(rd.logs_dir))
     if backend is not None:
         try:
-            record["describe"] = backend.describe()
+            described = backend.describe()
         except Exception as e:  # describing is informative only
-            record["describe"] = {"error": str(e)}
+            described = {"error": str(e)}
+        if first or "describe" not in record:
+            record["describe"] = described
+        elif jobs:  # a resume that adds rows: its provenance beside the first run's, never over it
+            record.setdefault("resumes", []).append({"at": utc_now(), "describe": described,
+                                                     "packages": package_versions(), "python": python_version()})
     write_json_atomic(rd.auditor_info(auditor_id), record | {"updated_at": utc_now()})
 
     model = {"key": cfg.auditor.model, "model": cfg.spec.model, "revision": cfg.spec.revision,
@@ -258,6 +292,8 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
         row, status = audit_row(trial, i, auditor_id, opts, context, messages, outcome, model)
         if isinstance(outcome, _Overflow):
             row["error"] = outcome.error
+        if not trial.finished:
+            row["trial_unfinished"] = True  # labelled from a partial trajectory: redone after the trial ends
         append_jsonl(rd.audit_rows(auditor_id, trial.trial_id), row)
         st.audited += 1
         st.failed += status == "failed"

@@ -25,7 +25,7 @@ from lhd_train.rundir.store import read_trial_rows
 from rollouts.backend import Backend
 from rollouts.factory import build_backend
 from rollouts.managed_server import live_servers
-from rollouts.model_files import weights_fingerprint
+from rollouts.model_files import changed_parts, weights_fingerprint
 from rollouts.spec import ModelSpec
 
 RUN_ROLES = ("performer", "supervisor", "summariser")
@@ -131,11 +131,11 @@ def _check_weights(run_dir: Path, now: dict[str, Any]) -> None:
     except (ValueError, UnicodeDecodeError, AttributeError) as e:
         raise InputError(path, None, f"not a valid manifest ({e}): restore it, or choose a new run_name") from None
     for key, fp in now.items():
-        old = before.get(key)
-        if old and fp and old.get("digest") != fp.get("digest"):
-            raise InputError(path, f"weights.{key}", f"the weights at {fp.get('path')} changed since this run's "
-                             f"rounds were made (digest {str(old.get('digest'))[:12]} then, {fp['digest'][:12]} now); "
-                             "resuming would mix two models in one run: restore the weights or choose a new run_name")
+        changed = changed_parts(before.get(key), fp)
+        if changed:
+            raise InputError(path, f"weights.{key}", f"the {' and '.join(changed)} at {fp.get('path')} changed since "
+                             "this run's rounds were made; resuming would mix two models in one run: restore them "
+                             "or choose a new run_name")
 
 
 def role_specs(cfg: RunConfig, roles: tuple[str, ...]) -> dict[str, ModelSpec]:
