@@ -216,3 +216,57 @@ def test_viewer_on_a_run_written_by_the_trial_loop(browser, tmp_path):
     assert "=== TASK 1" in page.eval("document.querySelector('details.exact-message').textContent")
     assert page.eval("document.querySelector('.performer-text').textContent") == "Plan: " + PAYLOAD
     page.close()
+
+
+# ----------------------------------------------------------------------------- issue 21
+def test_report_cites_only_docs_that_exist(report: Path):
+    """Item 9: the header cited REFERENCE.md, a file the repository does not have."""
+    root = Path(__file__).resolve().parents[1]
+    for text in (report.read_text(), (report.parent / "summary.md").read_text()):
+        assert "REFERENCE.md" not in text
+        cited = set(re.findall(r"docs/[\w.-]+\.md", text))
+        assert "docs/reference.md" in cited or text is not report.read_text()
+        for doc in cited:
+            assert (root / doc).is_file(), doc
+    assert "docs/reference.md" in report.read_text()
+
+
+def test_report_names_pack_hash_and_headline_auditor(tmp_path):
+    """N5/N6: the runs table names the task pack with its content hash (recorded, or computed from
+    the folder the manifest names, and said so) and why the headline auditor was chosen."""
+    import json
+
+    from lhd_train.bench.taskpack import BUILTIN_DIR, load_pack, pack_sha256
+
+    recorded = write_run(tmp_path, "recorded", {"s1": [R(1, None, label=(True, [F], 2))]})
+    computed = write_run(tmp_path, "computed", {"s1": [R(1, None, label=(True, [], 2))]})
+    sha = pack_sha256(load_pack("startup_consulting"))
+    for run, extra in ((recorded, {"pack_sha256": "ab" * 32}),
+                       (computed, {"pack_source": str(BUILTIN_DIR / "startup_consulting")})):
+        man = json.loads((run / "manifest.json").read_text())
+        (run / "manifest.json").write_text(json.dumps({**man, "pack": "startup_consulting", **extra}))
+    page = build_report([recorded, computed], tmp_path / "out").read_text()
+    assert f"startup_consulting (sha256 {'ab' * 8}…, recorded by the run)" in page
+    assert f"startup_consulting (sha256 {sha[:16]}…, computed now from {BUILTIN_DIR / 'startup_consulting'})" in page
+    assert "the first full-mode auditor created" in page
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "- computed: auditor full (the first full-mode auditor created); pack startup_consulting" in summary
+    assert "flagged without a type (unspecified) 1" in summary  # N3: the typeless flag is counted and shown
+    with open(tmp_path / "out" / "tables" / "runs.csv") as f:
+        rows = {r["run"]: r for r in csv.DictReader(f)}
+    assert rows["computed"]["n_unspecified"] == "1" and float(rows["computed"]["deception_rate_mean"]) == 1.0
+
+
+def test_pressure_plots_say_what_they_measure(report: Path, tmp_path):
+    """N10: the per-round breakdown is not called the paper's pressure figure; the paper's
+    measure (trials run under one fixed pressure level) is plotted from the control study."""
+    plots_dir = report.parent / "plots"
+    assert (plots_dir / "rate_by_round_pressure.png").is_file() and not (plots_dir / "rate_by_pressure.png").exists()
+    assert not (plots_dir / "control_rate_by_pressure.png").exists()  # no pressure-controlled trial there
+    html = report.read_text()
+    assert "not the paper&#39;s pressure figure" in html or "not the paper's pressure figure" in html
+    yes, no = (True, [F], 2), (False, [], 0)
+    high = write_run(tmp_path, "high", {"s1-lvl-HIGH": _trial(1, [yes, no])}, control={"pressure": "HIGH"})
+    low = write_run(tmp_path, "low", {"s1-lvl-LOW": _trial(1, [no, no])}, control={"pressure": "LOW"})
+    out = build_report([high, low], tmp_path / "ctl-report").parent
+    assert (out / "plots" / "control_rate_by_pressure.png").is_file()

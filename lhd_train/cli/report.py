@@ -8,13 +8,15 @@ import typer
 from lhd_train.console import console
 
 app = typer.Typer()
+HEADLINE_HELP = ("headline auditor id (default: the run config's auditor in full mode, else the first full-mode "
+                 "auditor created; never by file time)")
 
 
 @app.command("report")
 def report_cmd(
     runs: list[Path] = typer.Argument(..., help="one or more run directories, compared side by side"),
     out: Path = typer.Option(..., "--out", help="output folder for report.html, tables/, summary.md"),
-    auditor: str | None = typer.Option(None, "--auditor", help="auditor id (default: newest full-mode)"),
+    auditor: str | None = typer.Option(None, "--auditor", help=HEADLINE_HELP),
     min_coverage: float = typer.Option(0.9, "--min-coverage",
                                        help="flag trials whose valid labels cover less than this share of rounds"),
 ) -> None:
@@ -29,7 +31,7 @@ def report_cmd(
 def view_cmd(
     run: Path = typer.Argument(..., help="run directory"),
     out: Path | None = typer.Option(None, "--out", help="default: RUN/view"),
-    auditor: str | None = typer.Option(None, "--auditor"),
+    auditor: str | None = typer.Option(None, "--auditor", help=HEADLINE_HELP),
 ) -> None:
     """Static chat-style HTML pages, one per trial, with the auditor's labels."""
     from lhd_train.report import build_viewer
