@@ -70,14 +70,15 @@ def write_session(parent: Path, name: str = SESSION, error: bool = False) -> Pat
         "task_load_folder_name": "startup_consulting", "p_event": 0.5, "max_rounds_per_task": 3,
         "task_completion_threshold": 0.2, "memory_k_window": 7,
         "manager_initial_state": _state(0.0, 0.0, 0.0), "llm_api_config": {"llm": "x", "manager": "mgr_profile"}}))
-    old = [detection(g, False, [], 0, reason="old file") for g in (1, 2, 3)]
+    rounds = (1, 2) if error else (1, 2, 3)  # the detector labels the rounds the session has
+    old = [detection(g, False, [], 0, reason="old file") for g in rounds]
     new = [detection(1, True, ["FALSIFICATION"], 3, 0.8),
            detection(2, False, ["CONCEALMENT"], 2, 0.4),  # inconsistent: repaired
-           detection(3, True, [], 2, 0.5)]  # flagged without a type: cannot be repaired honestly
+           detection(3, True, [], 2, 0.5)][: len(rounds)]  # flagged without a type: cannot be repaired honestly
     (folder / "detector_20250101_130000.json").write_text(json.dumps({"summary": {}, "round_detections": old}))
     (folder / "detector_20250102_090000.json").write_text(json.dumps({"summary": {"deception_rate": 0.67},
                                                                        "round_detections": new}))
-    win = [detection(g, g == 1, ["EQUIVOCATION"] if g == 1 else [], 1 if g == 1 else 0) for g in (1, 2, 3)]
+    win = [detection(g, g == 1, ["EQUIVOCATION"] if g == 1 else [], 1 if g == 1 else 0) for g in rounds]
     (folder / "detector_window_r6_20250103_000000.json").write_text(json.dumps({"summary": {"window_radius": 6},
                                                                              "round_detections": win}))
     return folder
@@ -198,8 +199,10 @@ def test_import_errors_name_the_problem(tmp_path):
     (broken / "result.json").write_text(json.dumps({"metadata": {}}))
     with pytest.raises(InputError, match="experiment"):
         import_reference(broken, tmp_path / "o2")
+    assert not (tmp_path / "o2").exists()  # a refused import leaves nothing behind
+    (tmp_path / "empty").mkdir()
     with pytest.raises(InputError, match="no result.json"):
-        import_reference(tmp_path / "o2", tmp_path / "o3")
+        import_reference(tmp_path / "empty", tmp_path / "o3")
     other = tmp_path / "someone_elses_run"
     (other / "trials").mkdir(parents=True)
     (other / "manifest.json").write_text(json.dumps({"run_id": "x"}))
@@ -224,3 +227,99 @@ def test_our_auditor_reads_an_imported_run(tmp_path):
     text = backend.requests[0].messages[1]["content"]
     assert "Count every widget." in text and "id,n" in text and "private view of round 2" in text
     assert "GOAL_CONFLICT" in text and "There are 50 widgets." in text
+
+
+# ----------------------------------------------------------------------------- issue 22: atomic imports
+
+
+def _tree(root):
+    """Every file but the lock file (it stays, holder line emptied), by relative path."""
+    if not root.exists():
+        return None
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != ".lock"}
+
+
+def _damage(folder, case):
+    det = folder / "detector_20250102_090000.json"
+    if case == "truncated result":
+        text = (folder / "result.json").read_text()
+        (folder / "result.json").write_text(text[: len(text) // 2])
+        return "result.json", "not valid JSON"
+    if case == "truncated detector":
+        det.write_bytes(det.read_bytes()[:-7])
+        return det.name, "not valid JSON"
+    if case == "wrong shape":
+        det.write_text(json.dumps({"round_detections": {"global_round": 1}}))
+        return det.name, "round_detections"
+    if case == "label for a missing round":
+        dets = json.loads(det.read_text())
+        dets["round_detections"].append(detection(9, True, ["FALSIFICATION"], 2))
+        det.write_text(json.dumps(dets))
+        return det.name, "9 is not a round"
+    if case == "round twice":
+        res = json.loads((folder / "result.json").read_text())
+        res["experiment"]["tasks"][1]["rounds"][0]["global_round"] = 2
+        (folder / "result.json").write_text(json.dumps(res))
+        return "result.json", "appears twice"
+    raise AssertionError(case)
+
+
+CASES = ["truncated result", "truncated detector", "wrong shape", "label for a missing round", "round twice"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_refused_import_leaves_nothing_and_the_retry_works(case, tmp_path):
+    """Before: the run folder was made first, trials written one by one, so a bad file (or a label
+    for round 9 of a 3-round session, silently skipped) left a half-imported run that the retry
+    then refused as "not an imported run"."""
+    src = write_session(tmp_path / "ref")
+    name, needle = _damage(src, case)
+    out = tmp_path / "runs" / "imported"
+    with pytest.raises(InputError, match=needle) as e:
+        import_reference(src, out)
+    assert name in str(e.value) and "\n" not in str(e.value)
+    assert not out.exists() and not list(tmp_path.glob("runs/*")) and not list(tmp_path.glob("runs/.*"))
+    write_session(tmp_path / "good")
+    import_reference(tmp_path / "good" / SESSION, out)  # the retry is not blocked
+    assert len(read_jsonl(out / "trials" / "s42.jsonl")) == 3
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_refused_reimport_keeps_the_imported_run(case, tmp_path):
+    out = tmp_path / "run"
+    import_reference(write_session(tmp_path / "ref"), out)
+    before = _tree(out)
+    src = write_session(tmp_path / "again")
+    _damage(src, case)
+    with pytest.raises(InputError):
+        import_reference(src, out)
+    assert _tree(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["again", "ref", "run"]  # no staging folder left
+
+
+def test_a_full_disk_during_an_import_keeps_the_run_as_it_was(tmp_path, monkeypatch):
+    """ENOSPC at the 5th write of the import (patched `os.write`): one StorageError naming what
+    was kept, the imported run byte for byte as before, no staging folder left."""
+    import errno
+    import os
+
+    from lhd_train.rundir.files import StorageError
+
+    out = tmp_path / "run"
+    import_reference(write_session(tmp_path / "ref"), out)
+    before = _tree(out)
+    real, calls = os.write, []
+
+    def write(fd, data):
+        calls.append(1)
+        if len(calls) == 5:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    with pytest.raises(StorageError, match="disk is full"):
+        import_reference(write_session(tmp_path / "again"), out, repair=True)
+    monkeypatch.setattr(os, "write", real)
+    assert _tree(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["again", "ref", "run"]

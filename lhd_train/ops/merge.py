@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -34,12 +33,15 @@ import yaml
 
 from lhd_train.errors import DataFileError, InputError
 from lhd_train.ops.shard import parse_shard_run_name
+from lhd_train.rundir.files import atomic_write, atomic_write_bytes
 from lhd_train.rundir.files import read_json_mapping as _read_json
 from lhd_train.rundir.files import read_yaml_mapping as _read_yaml
 from lhd_train.rundir.files import sha256_file as _sha
 from lhd_train.rundir.files import utc_now as _now
-from lhd_train.rundir.layout import AUDITOR_INFO, CONFIG, LOCK, SUMMARY, TASKS, RunDir
+from lhd_train.rundir.layout import AUDITOR_INFO, CONFIG, LOCK, TASKS, RunDir
 from lhd_train.rundir.lock import run_dir_lock
+from lhd_train.rundir.names import name_problem
+from lhd_train.rundir.staging import staged_dir
 from lhd_train.rundir.store import read_trial_rows
 
 MERGE_KIND = "lhd merge"
@@ -245,6 +247,8 @@ def merge_runs(run_dirs: list[Path], out: Path, run_name: str | None = None) -> 
     files_unchanged, audit_rows_added, changed}`. Raises InputError (naming the file and field)
     for a mismatched config, a trial id in two sources, or a conflicting file. Holds the lock of
     `out` and of every source (a shard still being written is not merged half-way)."""
+    if run_name is not None and (problem := name_problem(run_name)):  # `../x` would leave output_dir
+        raise InputError("command line", "--run-name", problem)
     with run_dir_lock(out, *run_dirs, stage="lhd merge"):
         return _merge_runs(run_dirs, out, run_name)
 
@@ -364,6 +368,8 @@ def _merge_runs(run_dirs: list[Path], out: Path, run_name: str | None) -> dict[s
     trials = _union([r["trials"] for r in ordered])
 
     name = run_name or (prev_cfg or {}).get("run_name") or out.name
+    if problem := name_problem(str(name)):
+        raise InputError("command line", "--run-name", f"the merged run's name: {problem}")
     base = prev_cfg if prev_cfg is not None else _ordered(sources)[0].config
     cfg = dict(base)
     cfg.update({"run_name": name, "output_dir": str(out.parent), "seeds": seeds, "num_trials": None})
@@ -385,16 +391,11 @@ def _merge_runs(run_dirs: list[Path], out: Path, run_name: str | None) -> dict[s
     # Apply.
     for sub in ("trials", "schedules", "logs", "audit"):
         (out / sub).mkdir(parents=True, exist_ok=True)
+    # Each file through a temp file of its own, fsynced: a full disk leaves every file whole (old or new).
     for src, dst, _ in plan.copies:
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(dst.name + ".merge-tmp")
-        shutil.copy2(src, tmp)
-        os.replace(tmp, dst)
+        atomic_write(dst, lambda tmp, src=src: shutil.copy2(src, tmp))
     for dst, body in plan.writes:
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(dst.name + ".merge-tmp")
-        tmp.write_bytes(body)
-        os.replace(tmp, dst)
+        atomic_write_bytes(dst, body)
     summary_changed = _write_summary(out, name, trials, ordered, sources)
 
     changed = bool(plan.copies or plan.writes or summary_changed)
@@ -441,9 +442,7 @@ def _write_summary(out: Path, name: str, trials: list[str], records: list[dict[s
     path = RunDir(out).summary
     if path.exists() and path.read_bytes() == body:
         return False
-    tmp = path.with_name(f"{SUMMARY}.merge-tmp")
-    tmp.write_bytes(body)
-    os.replace(tmp, path)
+    atomic_write_bytes(path, body)
     return True
 
 
@@ -461,8 +460,12 @@ def merge_datasets(parts: list[Path], out: Path) -> dict[str, Any]:
     if not parts:
         raise InputError("command line", "PARTS", "give at least one dataset folder")
     metas, dicts = [], []
+    seen: dict[Path, Path] = {}
     for p in parts:
         p = Path(p)
+        if p.resolve() in seen:  # `data merge P P` would count every row twice
+            raise InputError("command line", "PARTS", f"{p} is given twice (also as {seen[p.resolve()]})")
+        seen[p.resolve()] = p
         meta = _read_json(p / "dataset.json")
         if not (p / "dataset").is_dir() or not meta:
             raise InputError(p, None, "not a dataset folder of `lhd data` (needs dataset/ and dataset.json)")
@@ -470,18 +473,22 @@ def merge_datasets(parts: list[Path], out: Path) -> dict[str, Any]:
             if metas and meta.get(key) != metas[0].get(key):
                 raise InputError(p / "dataset.json", key, f"{meta.get(key)!r} differs from {metas[0].get(key)!r} "
                                  f"in {parts[0]}")
+        twin = next((q for q, m in zip(parts, metas, strict=False) if meta.get("sha256") and
+                     m.get("sha256") == meta.get("sha256")), None)
+        if twin is not None:  # a copy of a part under another name
+            raise InputError(p / "dataset.json", "sha256", f"the same rows as {twin} (a copy of one part)")
         metas.append(meta)
         dicts.append(load_from_disk(str(p / "dataset")))
     splits = _union([list(d.keys()) for d in dicts])
     merged = DatasetDict({s: concatenate_datasets([d[s] for d in dicts if s in d]) for s in splits})
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    merged.save_to_disk(str(out / "dataset"))
+    with staged_dir(out / "dataset") as stage:  # a full disk leaves the old dataset/, never half of one
+        merged.save_to_disk(str(stage))
     rows = {s: merged[s].num_rows for s in splits}
     blob = json.dumps({s: merged[s].to_list() for s in splits}, sort_keys=True, default=str).encode()
     meta = {k: v for k, v in metas[0].items() if k not in ("rows", "sha256", "stats", "run")}
     meta.update({"rows": rows, "sha256": hashlib.sha256(blob).hexdigest(),
                  "parts": [{"path": str(Path(p).resolve()), "run": m.get("run"), "rows": m.get("rows"),
                             "stats": m.get("stats")} for p, m in zip(parts, metas, strict=True)]})
-    (out / "dataset.json").write_text(json.dumps(meta, indent=2, default=str), encoding="utf-8")
+    atomic_write_bytes(out / "dataset.json", json.dumps(meta, indent=2, default=str).encode("utf-8"))
     return {"out": str(out / "dataset"), "rows": rows, "parts": len(parts)}

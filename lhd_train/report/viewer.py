@@ -1,9 +1,16 @@
 """Static, chat-style HTML page per trial (`lhd view`), also written by `lhd report`.
 
 Every model text goes through Jinja2 autoescaping as plain text (no markdown, no `|safe`), so a
-performer answer holding `<script>` or `<img onerror=...>` renders as those characters."""
+performer answer holding `<script>` or `<img onerror=...>` renders as those characters.
+
+The viewer only reads the run: rows through the checked reader and held against the `.done`
+marker like `lhd run` does (a finished trial whose rows were cut is an error, not a shorter
+page), a run being written up to its last whole line, a message missing from the store shown as
+missing, never as empty text. Its pages go to `--out` or `RUN/view`, refused in one line when that
+is a file, part of a run's own files, or not writable (a read-only run: give `--out`)."""
 from __future__ import annotations
 
+import hashlib
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -12,20 +19,27 @@ from typing import Any
 import pandas as pd
 
 from lhd_train.config.vocab import STATES
+from lhd_train.errors import InputError
 from lhd_train.metrics.core import trial_stats
 from lhd_train.metrics.load import RunData, load_audit, load_run
 from lhd_train.report.plots import data_uri, plot_states
 from lhd_train.report.render import fmt, render_page, signed
 from lhd_train.report.tables import trials_table_ctx
-from lhd_train.rundir.files import read_jsonl
+from lhd_train.rundir.files import atomic_write_text, check_writable_dir
 from lhd_train.rundir.layout import RunDir
+from lhd_train.rundir.outputs import check_out_dir
+from lhd_train.rundir.store import MessageStore, check_done_marker, read_trial_rows
 
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 def safe_name(name: str) -> str:
-    """A file-name-safe form of a trial id or run key."""
-    return _SAFE_NAME.sub("_", name).strip("._") or "x"
+    """A file-name-safe form of a trial id or run key. A name that had to be changed gets a short
+    hash of the original, so two names never share a page or folder (`a#2` and `a_2`)."""
+    safe = _SAFE_NAME.sub("_", name).strip("._") or "x"
+    if safe == name:
+        return safe
+    return f"{safe}-{hashlib.sha256(name.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
 
 
 @lru_cache(maxsize=8)
@@ -79,9 +93,10 @@ def trial_context(run: RunData, trial_id: str, other_audits: dict[str, pd.DataFr
                   states_png: bytes | None = None) -> dict[str, Any]:
     """Everything the trial template shows, as plain strings and lists."""
     files = RunDir(run.path).trial(trial_id)
-    rows = read_jsonl(files.rows)
+    rows = read_trial_rows(files.rows)
+    check_done_marker(files.done, files.rows, rows)
     rows.sort(key=lambda r: int(r["global_round"]))
-    messages = {m["id"]: m for m in read_jsonl(files.messages)}
+    store = MessageStore(files.messages)
     tr = run.rounds[run.rounds["trial_id"] == trial_id]
     primary = {int(g): rec for g, rec in zip(tr["global_round"], tr.to_dict("records"), strict=True)}
     others: dict[str, dict[int, dict[str, Any]]] = {}
@@ -98,7 +113,9 @@ def trial_context(run: RunData, trial_id: str, other_audits: dict[str, pd.DataFr
             ev = row.get("event")
             pt = pack_tasks.get(ti)
             first_ids = (row.get("performer") or {}).get("new_message_ids") or []
-            first = "\n\n".join(messages[i]["content"] for i in first_ids if i in messages)
+            first = ("\n\n".join(m["content"] for m in store.get(first_ids))
+                     if all(i in store for i in first_ids) else
+                     f"[the user message is missing from {files.messages.name}: the run's message store lost it]")
             tasks.append({
                 "index": ti, "title": row.get("task_title", ""), "rounds": [], "has_flagged": False,
                 "completed": False,
@@ -190,8 +207,7 @@ def write_trial_page(run: RunData, trial_id: str, out: Path, back_href: str | No
     """Write one trial's page to `out` (a file path)."""
     ctx = trial_context(run, trial_id, others, states_png)
     html = render_page("trial.html.j2", script="viewer.js", back_href=back_href, back_text=back_text, **ctx)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(html, encoding="utf-8")
+    atomic_write_text(out, html)
     return out
 
 
@@ -208,8 +224,16 @@ def write_run_pages(run: RunData, out_dir: Path, back_href: str | None = None, b
 
 def build_viewer(run: Path, out: Path | None = None, auditor: str | None = None) -> Path:
     """`lhd view RUN [--out DIR] [--auditor ID]`: a page per trial plus an index; returns the index path."""
-    data = load_run(Path(run), auditor)
     out_dir = Path(out) if out is not None else Path(run) / "view"
+    check_out_dir(out_dir, what="viewer pages")
+    if out is None and not RunDir(run).is_run():
+        raise InputError(run, None, "not a run directory (no trials/ folder)")
+    check_writable_dir(out_dir, "viewer's folder" + ("" if out is not None else " (RUN/view; give --out DIR for a "
+                                                                                "read-only run)"))
+    data = load_run(Path(run), auditor)
+    if data.trials.empty:
+        raise InputError(RunDir(run).trials_dir, None, "no finished round yet: nothing to view (rerun `lhd view` "
+                         "once `lhd run` has written a round)")
     pages = write_run_pages(data, out_dir, back_href="index.html", back_text="the trial list")
     from lhd_train.metrics.core import per_trial_table
 
@@ -217,5 +241,5 @@ def build_viewer(run: Path, out: Path | None = None, auditor: str | None = None)
                        auditor_text=data.auditor_id or "none",
                        trials=trials_table_ctx(per_trial_table(data), {t: p.name for t, p in pages.items()}))
     index = out_dir / "index.html"
-    index.write_text(html, encoding="utf-8")
+    atomic_write_text(index, html)
     return index

@@ -3,7 +3,13 @@
 Columns are flat scalars (plus a few lists: token ids, types, evidence) with a fixed schema, so
 datasets from different runs (ours or imported) concatenate and a column that is null in one run
 keeps its type. They are derived from the row models in `rundir.rows` (names and types), plus
-three computed ones. Every auditor found under `audit/` adds its labels as `<auditor-id>__<field>`."""
+four computed ones. Every auditor found under `audit/` adds its labels as `<auditor-id>__<field>`.
+
+Like `lhd run`, the export holds every trial against its `.done` marker (a finished trial whose
+rows were cut is a `DataFileError`, not a shorter trial), reads a run being written up to its last
+whole line, and flags a round whose user message is missing from the message store
+(`performer_user_message_missing`) instead of exporting it as empty text. The dataset is built in
+a folder of its own and put at `--out` at the end (`rundir.staging`)."""
 from __future__ import annotations
 
 import json
@@ -11,15 +17,18 @@ from pathlib import Path
 from typing import Any
 
 from lhd_train.errors import InputError
-from lhd_train.rundir.files import read_json_mapping
+from lhd_train.rundir.files import printable, read_json_mapping
 from lhd_train.rundir.layout import RunDir, TrialFiles
+from lhd_train.rundir.outputs import check_out_dir
 from lhd_train.rundir.rows import AuditRow, Column, RoundRow, export_columns
-from lhd_train.rundir.store import MessageStore, read_audit_rows, read_trial_rows
+from lhd_train.rundir.staging import staged_dir
+from lhd_train.rundir.store import MessageStore, check_done_marker, read_audit_rows, read_trial_rows
 
 SEP = "__"
 
 #: columns that are not a row field: computed from the row, the trial or its message store
-COMPUTED_COLUMNS = [("has_event", "bool"), ("trial_finished", "bool"), ("performer_user_message", "string")]
+COMPUTED_COLUMNS = [("has_event", "bool"), ("trial_finished", "bool"), ("performer_user_message", "string"),
+                    ("performer_user_message_missing", "bool")]
 
 
 def round_columns() -> list[Column]:
@@ -49,12 +58,12 @@ def _cast(value: Any, kind: str) -> Any:
         return int(value)
     if kind == "bool":
         return bool(value)
-    if kind == "string":
-        return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    if kind == "string":  # Arrow strings are UTF-8: a lone surrogate shows as U+FFFD
+        return printable(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
     if kind == "list[int]":
         return [int(v) for v in value]
     if kind == "list[str]":
-        return [v if isinstance(v, str) else json.dumps(v, ensure_ascii=False) for v in value]
+        return [printable(v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)) for v in value]
     return value
 
 
@@ -78,9 +87,9 @@ def collect_rows(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, str], l
     for path in rd.rows_files():
         tf = TrialFiles.from_rows(path)
         rows = sorted(read_trial_rows(path), key=lambda r: r["global_round"])
+        finished = check_done_marker(tf.done, tf.rows, rows)  # a cut finished trial is an error
         if not rows:
             continue
-        finished = tf.done.exists()
         store = MessageStore(tf.messages) if tf.messages.exists() else None
         labels = {}
         for aid in auditors:
@@ -91,9 +100,10 @@ def collect_rows(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, str], l
             rec["has_event"] = row.get("event") is not None
             rec["trial_finished"] = finished
             ids = (row.get("performer") or {}).get("new_message_ids") or []
-            rec["performer_user_message"] = (
-                "\n\n".join(m["content"] for m in store.get(ids))
-                if store is not None and ids and all(i in store for i in ids) else None)
+            found = store is not None and all(i in store for i in ids)
+            rec["performer_user_message"] = _cast("\n\n".join(m["content"] for m in store.get(ids)), "string") \
+                if ids and found and store is not None else None
+            rec["performer_user_message_missing"] = bool(ids) and not found
             for aid in auditors:
                 a = labels[aid].get(row["global_round"]) or {}
                 for c in AUDIT_COLUMNS:
@@ -109,7 +119,10 @@ def export_run(run_dir: Path, out: Path) -> Any:
     source, every auditor's settings) go into `info.description` as JSON."""
     from datasets import Dataset, Features
 
-    run_dir = Path(run_dir)
+    run_dir, out = Path(run_dir), Path(out)
+    check_out_dir(out, what="dataset")
+    if out.exists() and any(out.iterdir()) and not (out / "dataset_info.json").exists():
+        raise InputError(out, None, "exists and is not a dataset folder; choose another --out")
     records, types, auditors = collect_rows(run_dir)
     features = Features({name: _feature(kind) for name, kind in types.items()})
     ds = Dataset.from_list(records, features=features)
@@ -124,9 +137,8 @@ def export_run(run_dir: Path, out: Path) -> Any:
         if info_path.exists():
             info = read_json_mapping(info_path)
             meta["auditors"][aid] = {k: info.get(k) for k in ("options", "model_identity", "role")}
+    meta["rounds_missing_user_message"] = sum(r["performer_user_message_missing"] for r in records)
     ds.info.description = json.dumps(meta, ensure_ascii=False)
-    out = Path(out)
-    if out.exists() and any(out.iterdir()) and not (out / "dataset_info.json").exists():
-        raise InputError(out, None, "exists and is not a dataset folder; choose another --out")
-    ds.save_to_disk(str(out))
+    with staged_dir(out) as stage:  # a full disk or a kill leaves the old --out, never half a dataset
+        ds.save_to_disk(str(stage))
     return ds

@@ -19,206 +19,44 @@ from types import SimpleNamespace
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict
 
 from lhd_train.audit.labels import Labels, make_consistent
 from lhd_train.bench.performer import task_message
 from lhd_train.bench.prompts import Prompts
-from lhd_train.config.base import validate
 from lhd_train.config.run import parse_config
-from lhd_train.config.vocab import CATEGORIES, LEVELS
 from lhd_train.errors import InputError
-from lhd_train.rundir.files import append_jsonl, package_versions, python_version, utc_now, write_json_atomic
-from lhd_train.rundir.layout import RunDir
+from lhd_train.rundir.files import (
+    append_jsonl,
+    atomic_write_text,
+    package_versions,
+    python_version,
+    utc_now,
+    write_json_atomic,
+)
+from lhd_train.rundir.layout import LOCK, RunDir
+from lhd_train.rundir.lock import run_dir_lock
+from lhd_train.rundir.reference_files import (
+    RefDetection,
+    RefDetector,
+    RefEvaluation,
+    RefEvent,
+    RefResult,
+    RefStateUpdates,
+    Session,
+    check_detections,
+    check_rounds,
+    find_sessions,
+    load_checked,
+    newest_detectors,
+    session_config,
+)
 from lhd_train.rundir.rows import AUDIT_SCHEMA, AUDITOR_SCHEMA, ROW_SCHEMA
-from lhd_train.rundir.store import MessageStore
+from lhd_train.rundir.staging import staged_dir
+from lhd_train.rundir.store import MessageStore, write_done_marker
 
 SOURCE_KIND = "reference-import"
-SESSION_NAME = re.compile(
-    r"^(?P<pack>.+?)_(?P<ts>\d{8}_\d{6})(?:_category_(?P<cat>[A-Z_]+?))?(?:_pressure_(?P<lvl>[A-Z]+))?"
-    r"_seed(?P<seed>\d+)(?:_model_(?P<tag>.+))?$")
-DETECTOR_FULL = re.compile(r"^detector_(\d{8}_\d{6})\.json$")
-DETECTOR_WINDOW = re.compile(r"^detector_window_r(\d+)_(\d{8}_\d{6})\.json$")
 STATE_MAP = {"trust_level": "trust", "work_satisfaction": "satisfaction", "relational_comfort": "comfort"}
 REFERENCE_AUDITOR = "gpt-5 (reasoning_effort high), hard-coded by the reference auditor"
-
-
-# ---------------------------------------------------------------- the reference's files, validated
-
-class _L(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class RefFile(_L):
-    filename: str
-    content: str = ""
-
-
-class RefTask(_L):
-    task_sequence_num: int
-    title: str = ""
-    base_prompt: str | dict[str, str] = ""
-    files: list[RefFile] = []
-
-
-class RefEvent(_L):
-    name: str = "NO_EVENT"
-    content: str = ""
-    pressure_level: str = "-"
-    category: str = "-"
-
-
-class RefStateUpdates(_L):
-    previous_state: dict[str, float] | None = None
-    new_state: dict[str, float] | None = None
-
-
-class RefEvaluation(_L):
-    evaluation_reasoning: str | None = None
-    state_updates: RefStateUpdates | None = None
-    feedback_reasoning: str | None = None
-    feedback_response: str | None = None
-    task_complete: bool = False
-
-
-class RefRound(_L):
-    round: int
-    global_round: int
-    llm_response: str = ""
-    manager_evaluation: RefEvaluation | None = None
-
-
-class RefTaskBlock(_L):
-    task: RefTask
-    event: RefEvent | None = None
-    rounds: list[RefRound] = []
-
-
-class RefExperiment(_L):
-    global_rounds: int | None = None
-    tasks: list[RefTaskBlock]
-    error_info: dict[str, Any] | None = None
-
-
-class RefMetadata(_L):
-    task_stream_name: str | None = None
-    total_tasks: int | None = None
-    phases: int | None = None
-
-
-class RefResult(_L):
-    metadata: RefMetadata = RefMetadata()
-    experiment: RefExperiment
-
-
-class RefDetection(_L):
-    global_round: int
-    deception_detected: bool
-    types: list[str] = []
-    severity: int = 0
-    confidence_score: float | None = None
-    reasoning: str = ""
-    evidence: list[str] = []
-    raw_response: str = ""
-
-
-class RefDetector(_L):
-    summary: dict[str, Any] = {}
-    round_detections: list[RefDetection]
-
-
-def _load(model: type[BaseModel], path: Path) -> Any:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise InputError(path, None, f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
-    return validate(model, data, path)
-
-
-# ---------------------------------------------------------------- session discovery
-
-@dataclass
-class Session:
-    path: Path
-    seed: int
-    pack: str | None
-    timestamp: str | None
-    category: str | None
-    pressure: str | None
-    model_tag: str | None
-
-    @property
-    def trial_id(self) -> str:
-        tid = f"s{self.seed}"
-        if "NONE" in (self.category, self.pressure):
-            return tid + "-none"
-        if self.category:
-            tid += f"-cat-{self.category}"
-        if self.pressure:
-            tid += f"-lvl-{self.pressure}"
-        return tid
-
-
-def parse_session_name(folder: Path) -> Session:
-    """`<pack>_<YYYYmmdd_HHMMSS>[_category_<C>][_pressure_<L>]_seed<N>_model_<tag>` (docs/reference.md)."""
-    m = SESSION_NAME.match(folder.name)
-    if m:
-        cat, lvl = m["cat"], m["lvl"]
-        if cat is not None and cat not in (*CATEGORIES, "NONE"):
-            raise InputError(folder, "category", f"{cat!r} in the folder name is not a category",
-                             ", ".join((*CATEGORIES, "NONE")))
-        if lvl is not None and lvl not in (*LEVELS, "NONE"):
-            raise InputError(folder, "pressure", f"{lvl!r} in the folder name is not a pressure level",
-                             ", ".join((*LEVELS, "NONE")))
-        return Session(folder, int(m["seed"]), m["pack"], m["ts"], cat, lvl, m["tag"])
-    s = re.search(r"_seed(\d+)(?:_|$)", folder.name)
-    if not s:
-        raise InputError(folder, None, "cannot find the seed in the folder name (expected ..._seed<N>_...)")
-    return Session(folder, int(s.group(1)), None, None, None, None, None)
-
-
-def find_sessions(src: Path) -> list[Session]:
-    if not src.is_dir():
-        raise InputError(src, None, "folder not found")
-    if (src / "result.json").is_file():
-        return [parse_session_name(src)]
-    sessions = [parse_session_name(p) for p in sorted(src.iterdir()) if (p / "result.json").is_file()]
-    if not sessions:
-        raise InputError(src, None, "no result.json here or in any sub-folder (is this a reference session folder?)")
-    seen: dict[str, Path] = {}
-    for s in sessions:
-        if s.trial_id in seen:
-            raise InputError(s.path, "seed", f"trial {s.trial_id} appears twice (also {seen[s.trial_id].name})")
-        seen[s.trial_id] = s.path
-    return sessions
-
-
-def newest_detectors(folder: Path) -> dict[str, tuple[Path, int | None]]:
-    """auditor id -> (newest file, window R): `reference-full` from `detector_<ts>.json`,
-    `reference-window<R>` from `detector_window_r<R>_<ts>.json`, newest by the name's timestamp."""
-    best: dict[str, tuple[str, Path, int | None]] = {}
-    for p in folder.iterdir():
-        if (m := DETECTOR_FULL.match(p.name)):
-            key, ts, r = "reference-full", m.group(1), None
-        elif (m := DETECTOR_WINDOW.match(p.name)):
-            key, ts, r = f"reference-window{int(m.group(1))}", m.group(2), int(m.group(1))
-        else:
-            continue
-        if key not in best or ts > best[key][0]:
-            best[key] = (ts, p, r)
-    return {k: (p, r) for k, (_, p, r) in sorted(best.items())}
-
-
-def _session_config(folder: Path) -> tuple[dict[str, Any], str | None]:
-    """The copy of the reference config in the session folder (exactly one *.yaml), if readable."""
-    ymls = sorted(folder.glob("*.yaml"))
-    if len(ymls) != 1:
-        return {}, None
-    try:
-        data = yaml.safe_load(ymls[0].read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError:
-        return {}, ymls[0].name
-    return (data if isinstance(data, dict) else {}), ymls[0].name
 
 
 # ---------------------------------------------------------------- conversion
@@ -377,21 +215,70 @@ def _reset_trial(run_dir: Path, trial_id: str) -> None:
             rd.audit_rows(aid, trial_id).unlink()
 
 
+@dataclass
+class _Source:
+    """One session's files, read and checked before anything is written."""
+
+    session: Session
+    result: RefResult
+    config: dict[str, Any]
+    config_name: str | None
+    detectors: dict[str, tuple[RefDetector, Path, int | None]]
+
+
+def _read_sources(sessions: list[Session]) -> list[_Source]:
+    out = []
+    for s in sessions:
+        result: RefResult = load_checked(RefResult, s.path / "result.json")
+        rounds = check_rounds(s.path / "result.json", result)
+        cfg_data, cfg_name = session_config(s.path)
+        dets = {}
+        for aid, (path, window) in newest_detectors(s.path).items():
+            det: RefDetector = load_checked(RefDetector, path)
+            check_detections(path, det, rounds)
+            dets[aid] = (det, path, window)
+        out.append(_Source(s, result, cfg_data, cfg_name, dets))
+    return out
+
+
+def _read_existing(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise InputError(path, None, f"not valid JSON ({e}); delete the imported run and import again") from None
+
+
 def import_reference(src: Path, out: Path, repair: bool = False) -> ImportReport:
     """Import one session folder, or every session folder directly under `src`, into run `out`.
     Labels are kept as the authors wrote them unless `repair` (docs/auditing.md). Re-importing
-    replaces the imported trials; a run not made by this importer is refused."""
+    replaces the imported trials; a run not made by this importer is refused.
+
+    All or nothing: every source file is read and checked first (a truncated file, a file of the
+    wrong shape, a label for a round the session does not have are refused in one line), then the
+    run is built in a sibling folder and put at `out` at the end (`rundir.staging`), under `out`'s
+    lock. A refused or failed import leaves `out` as it was, and nothing that blocks a retry."""
     sessions = find_sessions(Path(src))
     out = Path(out)
-    rd = RunDir(out)
-    manifest_path = rd.manifest
+    rd_out = RunDir(out)
     manifest: dict[str, Any] = {}
-    if manifest_path.exists():
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        if (manifest.get("source") or {}).get("kind") != SOURCE_KIND:
+    if rd_out.manifest.exists():
+        manifest = _read_existing(rd_out.manifest)
+        if not isinstance(manifest, dict) or (manifest.get("source") or {}).get("kind") != SOURCE_KIND:
             raise InputError(out, None, "exists and was not made by import-reference; choose another --out")
-    elif out.exists() and any(out.iterdir()):
+    elif out.exists() and (not out.is_dir() or any(p.name != LOCK for p in out.iterdir())):
         raise InputError(out, None, "exists and is not an imported run; choose another --out")
+    sources_read = _read_sources(sessions)
+    with run_dir_lock(out, stage="lhd import-reference"), staged_dir(out, copy_existing=bool(manifest)) as stage:
+        report = _write_run(sources_read, stage, out, manifest, repair)
+    report.run_dir = out
+    return report
+
+
+def _write_run(sources_read: list[_Source], stage: Path, out: Path, manifest: dict[str, Any],
+               repair: bool) -> ImportReport:
+    """The imported run, written into `stage` (a copy of `out` when re-importing)."""
+    sessions = [src.session for src in sources_read]
+    rd = RunDir(stage)
     rd.trials_dir.mkdir(parents=True, exist_ok=True)
     run_id = re.sub(r"[^A-Za-z0-9._-]+", "_", out.resolve().name) or "imported"
     prompts = Prompts()
@@ -400,19 +287,18 @@ def import_reference(src: Path, out: Path, repair: bool = False) -> ImportReport
     sidecar = rd.tasks
     all_tasks: dict[int, dict[str, Any]] = {}
     if sidecar.exists():
-        all_tasks = {int(t["index"]): t for t in json.loads(sidecar.read_text(encoding="utf-8"))["tasks"]}
+        all_tasks = {int(t["index"]): t for t in _read_existing(sidecar)["tasks"]}
     auditors: dict[str, dict[str, Any]] = {}
     for p in rd.auditor_infos():
         if p.parent.name.startswith("reference-"):
-            auditors[p.parent.name] = json.loads(p.read_text(encoding="utf-8"))
+            auditors[p.parent.name] = _read_existing(p)
     report: list[ImportedTrial] = []
     ref_cfg: dict[str, Any] = {}
 
-    for s in sessions:
-        result: RefResult = _load(RefResult, s.path / "result.json")
-        cfg_data, cfg_name = _session_config(s.path)
+    for src in sources_read:
+        s, result, cfg_data, cfg_name = src.session, src.result, src.config, src.config_name
         ref_cfg = ref_cfg or cfg_data
-        _reset_trial(out, s.trial_id)
+        _reset_trial(stage, s.trial_id)
         files = rd.trial(s.trial_id)
         store = MessageStore(files.messages)
         rows, tasks = convert_session(s, result, run_id, prompts, store,
@@ -430,22 +316,18 @@ def import_reference(src: Path, out: Path, repair: bool = False) -> ImportReport
         complete = result.experiment.error_info is None and (total is None or len(tasks) >= total)
         note = None
         if complete:
-            files.done.write_text(utc_now("auto") + "\n")
+            write_done_marker(files.done, rows)
         else:
             note = "incomplete session (error_info or missing tasks): audit with --include-unfinished"
         by_round = {r["global_round"]: r for r in rows}
         imported = ImportedTrial(s.trial_id, s.path.name, len(rows), note=note)
         det_sources: dict[str, str] = {}
-        for aid, (path, window) in newest_detectors(s.path).items():
-            det: RefDetector = _load(RefDetector, path)
+        for aid, (det, path, window) in src.detectors.items():
             rd.auditor_dir(aid).mkdir(parents=True, exist_ok=True)
             apath = rd.audit_rows(aid, s.trial_id)
-            counts = {"ok": 0, "repaired": 0, "unmatched": 0}
+            counts = {"ok": 0, "repaired": 0, "unmatched": 0}  # unmatched: refused before (check_detections)
             written = []
             for d in sorted(det.round_detections, key=lambda d: d.global_round):
-                if d.global_round not in by_round:
-                    counts["unmatched"] += 1
-                    continue
                 arow, status = detection_row(d, by_round[d.global_round], s.trial_id, run_id, aid, window, repair)
                 append_jsonl(apath, arow)
                 written.append(arow)
@@ -477,8 +359,8 @@ def import_reference(src: Path, out: Path, repair: bool = False) -> ImportReport
     write_json_atomic(sidecar, {"source": SOURCE_KIND, "tasks": [all_tasks[k] for k in sorted(all_tasks)]})
     for aid, info in auditors.items():
         write_json_atomic(rd.auditor_info(aid), info)
-    _write_config(out, run_id, sources, ref_cfg)
-    write_json_atomic(manifest_path, {
+    _write_config(out, run_id, sources, ref_cfg, rd.config)
+    write_json_atomic(rd.manifest, {
         "run_id": run_id, "source": {"kind": SOURCE_KIND, "sessions": sources,
                                      "imported_at": utc_now()},
         "pack": manifest.get("pack") or sessions[0].pack,
@@ -494,7 +376,8 @@ def import_reference(src: Path, out: Path, repair: bool = False) -> ImportReport
     return ImportReport(out, report)
 
 
-def _write_config(out: Path, run_id: str, sources: dict[str, dict[str, Any]], ref: dict[str, Any]) -> None:
+def _write_config(out: Path, run_id: str, sources: dict[str, dict[str, Any]], ref: dict[str, Any],
+                  dest: Path) -> None:
     """A minimal config that parses as a RunConfig (so every tool can read it) but names no real
     backend and no auditor: an imported run is for auditing with --auditor, reporting, export."""
     tags = sorted({str(v["model_tag"]) for v in sources.values()})
@@ -524,4 +407,4 @@ def _write_config(out: Path, run_id: str, sources: dict[str, dict[str, Any]], re
     text = yaml.safe_dump(data, sort_keys=False)
     header = ("# Imported from the reference implementation by `lhd import-reference` (source: reference-import).\n"
               "# Not runnable: the models are labels only. Audit with `lhd audit RUN --auditor CONFIG`.\n")
-    RunDir(out).config.write_text(header + text, encoding="utf-8")
+    atomic_write_text(dest, header + text)

@@ -1,0 +1,79 @@
+"""Whole folders built aside and put in place at the end: an import, a merged dataset.
+
+A stage that fills a folder file by file leaves half of it behind when it is refused, killed or
+meets a full disk, and the next try then finds a folder it does not recognise. `staged_dir`
+builds in a hidden sibling folder (same file system, so the final step is a rename) and swaps it
+in only when the body finished; on any failure the sibling is removed and the target is as it
+was. A kill -9 can leave a sibling `.NAME.staging-*` behind: it never blocks a retry (each try
+has a name of its own) and the next successful try removes it."""
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from lhd_train.rundir.files import storage_error
+
+STAGING = ".staging-"
+
+
+def _siblings(target: Path, kind: str) -> list[Path]:
+    return sorted(target.parent.glob(f".{target.name}{kind}*")) if target.parent.is_dir() else []
+
+
+def _remove(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@contextmanager
+def staged_dir(target: Path, copy_existing: bool = False) -> Iterator[Path]:
+    """Yield an empty (or, with `copy_existing`, a copy of `target`) hidden sibling folder; when the
+    body returns, it replaces `target`. Raises `StorageError` (nothing changed) when the disk
+    refuses the copy or the swap."""
+    target = Path(target)
+    stage = target.with_name(f".{target.name}{STAGING}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if copy_existing and target.is_dir():
+                shutil.copytree(target, stage, symlinks=True)
+            else:
+                stage.mkdir()
+        except OSError as e:
+            raise storage_error(e, stage, f"{target} is unchanged") from None
+        yield stage
+        swap_in(stage, target)
+    finally:
+        _remove(stage)
+    for old in _siblings(target, STAGING):  # left by an earlier try that was killed
+        if not _alive(old.name.rsplit(STAGING, 1)[-1].split("-")[0]):
+            _remove(old)
+
+
+def _alive(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def swap_in(stage: Path, target: Path) -> None:
+    """Put the folder `stage` at `target`: a rename when `target` is absent; otherwise `target`
+    is moved aside first and removed after (between the two renames a kill leaves the old
+    folder at `.NAME.old-*`, never a mix of both)."""
+    old = target.with_name(f".{target.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        if target.exists():
+            os.rename(target, old)
+        os.rename(stage, target)
+    except OSError as e:
+        if old.exists() and not target.exists():
+            os.rename(old, target)
+        raise storage_error(e, target, f"{target} is unchanged") from None
+    _remove(old)
