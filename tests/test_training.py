@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -425,11 +426,11 @@ def test_grpo_trains_with_registered_rewards(llama, data, tmp_path):
 def test_training_killed_midway_resumes_from_its_checkpoint(llama, data, tmp_path):
     out = tmp_path / "killed"
     recipe = RECIPES / "tiny" / "sft-honest.yaml"
+    total = 40  # the resume keeps the recipe, max_steps included (a changed recipe is refused)
     common = [f"model={llama}", f"data.train={data['sft']}", f"output_dir={out}", "trainer.save_steps=2",
-              "trainer.save_total_limit=null"]
+              "trainer.save_total_limit=null", f"trainer.max_steps={total}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "lhd_train.finetune", "sft", str(recipe), *common,
-                             "trainer.max_steps=100000"],
+    proc = subprocess.Popen([sys.executable, "-m", "lhd_train.finetune", "sft", str(recipe), *common],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     from lhd_train.finetune.trainer import last_checkpoint
 
@@ -455,15 +456,16 @@ def test_training_killed_midway_resumes_from_its_checkpoint(llama, data, tmp_pat
 
     from lhd_train.finetune.trainer import train_command
 
-    adapter = train_command("sft", recipe, [*common, f"trainer.max_steps={k + 3}"])
+    assert k < total, "the first run finished before it was killed"
+    adapter = train_command("sft", recipe, common)
     meta = json.loads((adapter / "lhd_adapter.json").read_text())
     assert meta["training"]["resumed_from"] == str(ckpt)
     assert meta["training"]["start_step"] == k
-    assert meta["training"]["global_step"] == k + 3
+    assert meta["training"]["global_step"] == total
     steps = [e["step"] for e in history(adapter) if "loss" in e]
-    assert steps == list(range(1, k + 4)), steps  # steps 1..k from the checkpoint, then k+1..k+3: no restart
+    assert steps == list(range(1, total + 1)), steps  # steps 1..k from the checkpoint, then k+1..: no restart
     # Running the finished recipe again does not train again.
-    again = train_command("sft", recipe, [*common, f"trainer.max_steps={k + 3}"])
+    again = train_command("sft", recipe, common)
     assert again == adapter and json.loads((adapter / "lhd_adapter.json").read_text()) == meta
 
 
@@ -553,6 +555,60 @@ def test_sft_trains_only_the_selected_last_turn_by_default(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("algo: sft\nmodel: m\ndirection: honest\ndata: {train: d}\noutput_dir: o\n")
     assert load_recipe(recipe).sft.loss_on == "last_turn"
+
+
+def test_sft_last_turn_loss_is_on_the_collated_labels(llama, tmp_path):
+    """Issue 21 item 10: with the default `sft.loss_on: last_turn`, the batch TRL's own collator
+    makes for the trainer labels exactly the last answer's tokens (as the chat template renders
+    them after the prompt); the performer's earlier answers in the history get -100. A trainer
+    that ignored the setting would label the whole conversation."""
+    from datasets import Dataset
+
+    from lhd_train.config.recipe import load_recipe
+    from lhd_train.finetune.trainer import build_trainer
+
+    rows = [{"messages": prompt(i) + assistant("EARLIER answer, maybe deceptive") + [
+        {"role": "user", "content": "And now?"}] + assistant(f"{GOOD} ({i})")} for i in range(4)]
+    Dataset.from_list(rows).save_to_disk(str(tmp_path / "data"))
+    recipe = load_recipe(RECIPES / "tiny" / "sft-honest.yaml",
+                         [f"model={llama}", f"data.train={tmp_path / 'data'}", f"output_dir={tmp_path / 'out'}"],
+                         algo="sft")
+    assert recipe.sft.loss_on == "last_turn"
+    trainer, _ = build_trainer(recipe)
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(len(rows))])
+    tok = trainer.processing_class
+    for i, row in enumerate(rows):
+        head = tok.apply_chat_template(row["messages"][:-1], add_generation_prompt=True, tokenize=True,
+                                       return_dict=False)
+        full = tok.apply_chat_template(row["messages"], tokenize=True, return_dict=False)
+        assert full[: len(head)] == head
+        answer = full[len(head):]
+        ids, labels = batch["input_ids"][i].tolist(), batch["labels"][i].tolist()
+        n = int(batch["attention_mask"][i].sum())
+        assert ids[:n] == full
+        assert [t for t in labels if t != -100] == answer
+        assert labels[:len(head)] == [-100] * len(head) and labels[len(head):n] == answer
+        assert "EARLIER" not in tok.decode(answer) and GOOD in tok.decode(answer)
+
+
+def test_resume_refuses_a_changed_recipe(llama, data, tmp_path):
+    """Issue 22: a checkpoint resumed under another learning rate, step count or LoRA shape would
+    train one adapter under two recipes. Each change is refused, naming the field."""
+    from lhd_train.errors import InputError
+
+    out = tmp_path / "resumed"
+    base = ["trainer.max_steps=2", "trainer.save_steps=2"]
+    adapter, meta = train("sft", llama, data["sft"], out, *base)
+    for change, field in (("trainer.learning_rate=0.01", "trainer.learning_rate"),
+                          ("trainer.max_steps=3", "trainer.max_steps"), ("lora.r=4", "lora.r"),
+                          ("sft.loss_on=all", "sft.loss_on")):
+        with pytest.raises(InputError, match=rf"field '{re.escape(field)}': .*checkpoint-2 was trained with"):
+            train("sft", llama, data["sft"], out, *base, change)
+    # logging and saving may change; the finished adapter is kept as it is
+    again, meta2 = train("sft", llama, data["sft"], out, *base, "trainer.logging_steps=2")
+    assert again == adapter and meta2 == meta
+    first = json.loads((out / "lhd_run.json").read_text())
+    assert first["recipe"]["trainer"]["logging_steps"] == 1  # the first run's record is kept
 
 
 # ----------------------------------------------------------------------------- GPU-node rules (issue 20)

@@ -2,7 +2,8 @@
 
 Writes into the recipe's `output_dir`:
     checkpoint-<step>/      TRL/transformers checkpoints (adapter, optimizer, scheduler, RNG, trainer state)
-    lhd_run.json            what this output dir is being trained on (checked when resuming)
+    lhd_run.json            what this output dir is being trained on: recipe, base model files, data
+                            digests (a resume that changes any of them is refused: `resume_rules`)
     adapter/                the final LoRA adapter + tokenizer + lhd_adapter.json + log_history.json
 
 Device policy and TRL arguments: `trainer_args`. Rows are fitted to the trainer's length before TRL
@@ -21,6 +22,7 @@ from lhd_train.config.recipe import Recipe, dump_recipe, load_recipe
 from lhd_train.errors import InputError
 from lhd_train.finetune import train_data as data_mod
 from lhd_train.finetune.fit_rows import fit_dataset
+from lhd_train.finetune.resume_rules import recipe_changes
 from lhd_train.finetune.rewards import build_rewards, check_reward_columns, preflight_rewards
 from lhd_train.finetune.trainer_args import (  # noqa: F401  (re-exported: tests and tools import them from here)
     build_config,
@@ -31,6 +33,7 @@ from lhd_train.finetune.trainer_args import (  # noqa: F401  (re-exported: tests
     trainer_arguments,
 )
 from lhd_train.rundir.files import package_versions, python_version, utc_now
+from rollouts.model_files import changed_parts, weights_fingerprint
 
 ADAPTER_SUBDIR = "adapter"
 ADAPTER_META = "lhd_adapter.json"
@@ -286,7 +289,8 @@ def fit_lengths(recipe: Recipe, config: Any, data: dict[str, Any], tok, source: 
 
 def _run_record(recipe: Recipe, ctx: dict[str, Any]) -> dict[str, Any]:
     return {"algo": recipe.algo, "direction": recipe.direction, "base_model": ctx["model"],
-            "data_sha256": {k: v["sha256"] for k, v in ctx["data"].items()}}
+            "data_sha256": {k: v["sha256"] for k, v in ctx["data"].items()},
+            "base_files": weights_fingerprint(ctx["model"]), "recipe": dump_recipe(recipe)}
 
 
 def _check_resume(recipe: Recipe, ctx: dict[str, Any]) -> Path | None:
@@ -309,6 +313,17 @@ def _check_resume(recipe: Recipe, ctx: dict[str, Any]) -> Path | None:
                 raise InputError(ctx["source"], "output_dir",
                                  f"{out} holds checkpoints of a different run ({key}: {before[key]} vs {now[key]}); "
                                  "choose another output_dir or remove the checkpoints")
+        changed = changed_parts(before.get("base_files"), now["base_files"])
+        if changed:
+            raise InputError(ctx["source"], "model", f"the base model's {' and '.join(changed)} at {ctx['model']} "
+                             f"changed since {ckpt.name} was saved; restore them, or choose another output_dir")
+        changes = recipe_changes(before["recipe"], now["recipe"]) if "recipe" in before else []
+        if changes:
+            field, then, new = changes[0]
+            raise InputError(ctx["source"], field, f"{out}/{ckpt.name} was trained with {field}={json.dumps(then)}, "
+                             f"now {json.dumps(new)}; resuming would train one adapter under two recipes: use the "
+                             "checkpoint's value, another output_dir, or remove the checkpoints",
+                             more=len(changes) - 1)
     return ckpt
 
 
@@ -361,7 +376,7 @@ def train(recipe: Recipe, recipe_path: Path | None = None, source: str | None = 
         _say(f"already trained (step {start_step}); nothing to do: {adapter_dir}")
         return adapter_dir
     main = trainer.is_world_process_zero()
-    if main:
+    if main and not (resume is not None and (out / RUN_META).is_file()):  # a resume keeps the first record
         out.mkdir(parents=True, exist_ok=True)
         (out / RUN_META).write_text(json.dumps({**_run_record(recipe, ctx), "started_at": started}, indent=2) + "\n",
                                     encoding="utf-8")
