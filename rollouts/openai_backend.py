@@ -8,7 +8,13 @@ Timeouts cover queue time too: a busy vLLM holds long-context requests in its wa
 before it starts them. So a managed or local server gets an hour by default (a remote API ten
 minutes), and a request that times out against a managed server that is still alive fails at
 once instead of being resubmitted: vLLM aborts a request whose client left, so a resubmission
-starts from scratch at the back of the same queue."""
+starts from scratch at the back of the same queue; such a result has `resubmit=False`, and
+`ask_structured` does not send it again either.
+
+Decoding fields a request leaves unset (None) are not sent, so the server applies its own
+defaults: vLLM those of the model's generation_config.json (its default `--generation-config
+auto`, `ModelConfig.get_diff_sampling_param`), an API its provider's. `top_k` and
+`repetition_penalty` are not OpenAI fields; when set they go in `extra_body` (vLLM takes them)."""
 from __future__ import annotations
 
 import asyncio
@@ -23,7 +29,7 @@ from urllib.parse import urlparse
 from rollouts.backend import BackendError
 from rollouts.model_files import counting_tokenizer, estimate_tokens
 from rollouts.spec import ModelSpec
-from rollouts.types import Completion, GenerationRequest, GenerationResult
+from rollouts.types import Completion, GenerationRequest, GenerationResult, generation_defaults
 
 SCHEMA_NOTE = "\n\nReply with one JSON object, and nothing else, that matches this JSON schema:\n{schema}"
 LOCAL_TIMEOUT_S = 3600.0  # managed or local servers: long prompts wait in a queue behind each other
@@ -57,6 +63,28 @@ def max_in_flight(spec: ModelSpec) -> int:
             if value is not None and value.isdigit() and int(value) > 0:
                 return int(value)
     return DEFAULT_IN_FLIGHT
+
+
+def sent_sampling(body: dict[str, Any]) -> dict[str, Any]:
+    """The decoding fields a request body sends; an unset one is None (the server's default)."""
+    extra = body.get("extra_body") or {}
+    keys = ("temperature", "top_p", "max_tokens", "seed", "n", "top_k", "repetition_penalty")
+    return {k: body.get(k, extra.get(k)) for k in keys}
+
+
+def served_generation_defaults(spec: ModelSpec) -> dict[str, Any] | None:
+    """The decoding defaults a vLLM server applies to unset fields: those its model folder's
+    generation_config.json sets (vLLM's default `--generation-config auto`). None when unknown:
+    not vLLM, a hub id (not read from here), an unreadable file, or `--generation-config` given."""
+    if spec.backend != "vllm" or any(str(a).startswith("--generation-config") for a in spec.extra_args):
+        return None
+    path = os.path.join(spec.model, "generation_config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {} if os.path.isdir(spec.model) and not os.path.exists(path) else None
+    return generation_defaults(data) if isinstance(data, dict) else None
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -133,7 +161,8 @@ class OpenAIBackend:
         return {"backend": "openai", "model": self.model_id, "revision": self.spec.revision,
                 "base_url": self.base_url, "api_key_env": self.spec.api_key_env,
                 "structured_outputs": self.structured, "timeout_s": self.timeout_s,
-                "max_in_flight": self.max_in_flight, "exact_token_counts": self.exact_token_counts}
+                "max_in_flight": self.max_in_flight, "exact_token_counts": self.exact_token_counts,
+                "generation_defaults": served_generation_defaults(self.spec)}
 
     async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         return list(await asyncio.gather(*(self._one(r) for r in requests)))
@@ -141,13 +170,11 @@ class OpenAIBackend:
     def _payload(self, req: GenerationRequest, mode: str) -> dict[str, Any]:
         messages = [dict(m) for m in req.messages]
         sp = req.sampling
-        body: dict[str, Any] = {
-            "model": req.adapter or self.model_id, "messages": messages,
-            "temperature": sp.temperature, "top_p": sp.top_p, "max_tokens": sp.max_tokens, "n": sp.n,
-        }
-        if sp.seed is not None:
-            body["seed"] = sp.seed
-        extra: dict[str, Any] = {}
+        body: dict[str, Any] = {"model": req.adapter or self.model_id, "messages": messages,
+                                "max_tokens": sp.max_tokens, "n": sp.n}
+        body |= {k: getattr(sp, k) for k in ("temperature", "top_p", "seed") if getattr(sp, k) is not None}
+        extra: dict[str, Any] = {k: getattr(sp, k) for k in ("top_k", "repetition_penalty")
+                                 if getattr(sp, k) is not None}
         if req.json_schema is not None:
             if mode == "response_format":
                 body["response_format"] = {"type": "json_schema",
@@ -172,6 +199,7 @@ class OpenAIBackend:
                 try:
                     body = self._payload(req, self.structured)
                     res = self._result(await client.chat.completions.create(**body), t0)
+                    res.sampling = sent_sampling(body)
                     if body["messages"] != req.messages:
                         res.sent_messages = body["messages"]
                     return res
@@ -183,10 +211,12 @@ class OpenAIBackend:
                     return self._fail(f"{type(e).__name__}: {e}", t0)
                 except Exception as e:  # noqa: BLE001 - classified below
                     if isinstance(e, openai.APITimeoutError) and self.server is not None and self.server.alive():
-                        return self._fail(
+                        res = self._fail(
                             f"{type(e).__name__}: no answer within timeout_s={self.timeout_s:.0f} s from the managed "
                             "server, which is still running (the time includes its queue); not resubmitted, as the "
                             "server dropped the request's work: raise timeout_s or lower max_in_flight", t0)
+                        res.resubmit = False
+                        return res
                     if not _is_transient(e) or attempt >= self.spec.max_retries:
                         return self._fail(f"{type(e).__name__}: {e}", t0)
                     attempt += 1

@@ -5,24 +5,50 @@ Backends know nothing about deception: they take chat messages plus sampling par
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 Message = dict[str, str]  # {"role": "system"|"user"|"assistant", "content": str}
 
 
+#: What a decoding field means when neither the request nor the model's generation config sets
+#: it: vLLM's neutral values (its `_DEFAULT_SAMPLING_PARAMS`), so `hf` and `vllm` agree.
+NEUTRAL_SAMPLING: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "repetition_penalty": 1.0}
+#: The decoding fields a model's generation_config.json may set and every backend honours.
+MODEL_DEFAULT_FIELDS = tuple(NEUTRAL_SAMPLING)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """Decoding settings; recorded verbatim in every trajectory row."""
+    """Decoding settings; recorded verbatim in every trajectory row. A decoding field left None
+    means "the model's own default" (its generation_config.json, as vLLM applies it), else the
+    neutral value (`NEUTRAL_SAMPLING`); `top_k` 0 means no top-k cut."""
 
-    temperature: float = 0.7
-    top_p: float = 1.0
+    temperature: float | None = None
+    top_p: float | None = None
     max_tokens: int = 512
     seed: int | None = None
     n: int = 1
+    top_k: int | None = None
+    repetition_penalty: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def resolved(self, model_defaults: dict[str, Any] | None) -> SamplingParams:
+        """Every decoding field set: this request's value, else the model's default, else neutral."""
+        defaults = model_defaults or {}
+        fill = {k: (defaults.get(k) if defaults.get(k) is not None else NEUTRAL_SAMPLING[k])
+                for k in MODEL_DEFAULT_FIELDS if getattr(self, k) is None}
+        fill = {k: (int(v) if k == "top_k" else float(v)) for k, v in fill.items()}
+        return replace(self, **fill)
+
+
+def generation_defaults(config: Any) -> dict[str, Any]:
+    """The decoding fields a model's generation config sets (a transformers `GenerationConfig`
+    or the dict of a generation_config.json); unset ones are left out."""
+    get = config.get if isinstance(config, dict) else (lambda k: getattr(config, k, None))
+    return {k: get(k) for k in MODEL_DEFAULT_FIELDS if get(k) is not None}
 
 
 @dataclass
@@ -54,6 +80,12 @@ class GenerationResult:
     # The messages actually sent, when the backend had to change them (schema written into the
     # prompt for servers without structured outputs); None means exactly the request's messages.
     sent_messages: list[Message] | None = None
+    # The decoding settings used: `hf` resolves unset fields to the model's defaults; a server
+    # backend gives the fields it sent (an unset field stays None: the server's default).
+    sampling: dict[str, Any] | None = None
+    # False when sending the same request again cannot help (a managed server that is alive did
+    # not answer within the timeout: it already dropped the work); callers then stop retrying.
+    resubmit: bool = True
 
     @property
     def text(self) -> str:

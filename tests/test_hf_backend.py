@@ -129,34 +129,42 @@ def test_greedy_matches_hf_generate(llama):
     assert batch[1].completions[0].token_ids == expected
 
 
+def _finished_or_cut(r, q, model_cls):
+    """A constrained row either ends by the model's choice with a document that validates, or is
+    cut at its budget (finish "length", exactly max_tokens tokens) and does not parse: the grammar
+    never writes the rest for it (issue 21, N1)."""
+    assert r.ok, r.error
+    c = r.completions[0]
+    value, err = parse_json_output(c.text, model_cls)
+    if c.finish_reason == "stop":
+        assert len(c.token_ids) < q.sampling.max_tokens
+        assert err is None and value is not None, (err, c.text)
+        assert set(model_cls.model_json_schema()["required"]) <= set(json.loads(c.text, strict=False))
+        return True
+    assert c.finish_reason == "length" and len(c.token_ids) == q.sampling.max_tokens, c.text
+    assert value is None and not c.text.rstrip().endswith("}"), c.text
+    return False
+
+
 @pytest.mark.parametrize("which", ["llama", "qwen3"])
-def test_constrained_json_always_parses(which, request):
+def test_constrained_json_is_valid_or_cut(which, request):
     backend = request.getfixturevalue(which)
     schema = schema_for(Verdict)
-    budgets = [48, 56, 64, 96]
+    budgets = [24, 160, 320, 400]
     requests = [req(f"case {i}", seed=1000 + i, max_tokens=budgets[i % 4], schema=schema, temperature=1.0)
-                for i in range(20)]
+                for i in range(16)]
     results = run(concurrently(backend, requests))
-    for r, q in zip(results, requests, strict=True):
-        assert r.ok, r.error
-        c = r.completions[0]
-        assert c.finish_reason == "stop", c.text
-        assert len(c.token_ids) < q.sampling.max_tokens
-        obj = json.loads(c.text, strict=False)
-        assert list(obj) == list(Verdict.model_fields)
-        value, err = parse_json_output(c.text, Verdict)
-        assert err is None and value is not None, (err, c.text)
-    # the budget guard really worked: some rows wrote long strings before closing
-    assert max(len(json.loads(r.text, strict=False)["reasoning"]) for r in results) > 20
+    finished = [_finished_or_cut(r, q, Verdict) for r, q in zip(results, requests, strict=True)]
+    assert not any(finished[0::4])  # 24 tokens are too few for any Verdict: all cut, none closed
+    assert sum(finished) >= 4  # with room, the model closes its documents itself
 
 
-def test_nested_schema_with_arrays_parses_under_tight_budget(qwen3):
+def test_nested_schema_with_arrays_is_valid_or_cut(qwen3):
     schema = schema_for(Outer)
-    results = run(concurrently(qwen3, [req(f"n{i}", seed=i, max_tokens=40 + 3 * i, schema=schema) for i in range(8)]))
-    for r in results:
-        value, err = parse_json_output(r.text, Outer)
-        assert err is None, (err, r.text)
-        assert r.completions[0].finish_reason == "stop"
+    requests = [req(f"n{i}", seed=i, max_tokens=40 + 40 * i, schema=schema) for i in range(8)]
+    results = run(concurrently(qwen3, requests))
+    finished = [_finished_or_cut(r, q, Outer) for r, q in zip(results, requests, strict=True)]
+    assert any(finished)
 
 
 def test_mixed_constrained_and_free_rows_share_a_batch(llama):
@@ -168,7 +176,7 @@ def test_mixed_constrained_and_free_rows_share_a_batch(llama):
     assert llama.batches_run - before == 1
     for r, q in zip(results, requests, strict=True):
         if q.json_schema:
-            assert parse_json_output(r.text, Verdict)[1] is None
+            _finished_or_cut(r, q, Verdict)
         else:
             assert r.completions[0].token_ids  # free text, almost surely not JSON
     free = [r.text for r, q in zip(results, requests, strict=True) if not q.json_schema]

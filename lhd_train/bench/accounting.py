@@ -9,29 +9,62 @@ from typing import Any
 from rollouts.spec import ModelSpec
 
 STAGE_ROLE = {"evaluation": "supervisor", "feedback": "supervisor", "summary": "summariser"}
-FIELDS = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens", "latency_s")
+FIELDS = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens", "latency_s", "cut_calls", "cut_answers")
+_SUMMED = ("prompt_tokens", "completion_tokens", "cached_tokens", "latency_s")
 
 
 def _add(acc: dict[str, float], call: dict[str, Any]) -> None:
     acc["requests"] += 1
-    for k in FIELDS[1:]:
+    for k in _SUMMED:
         acc[k] += call.get(k) or 0
+    acc["cut_calls"] += _cut(call)
+
+
+def _cut(call: dict[str, Any]) -> bool:
+    """A call that ended at its token limit (rows written before the `cut` field: finish_reason)."""
+    return bool(call.get("cut", call.get("finish_reason") == "length"))
+
+
+def _cut_answers(calls: list[dict[str, Any]]) -> dict[str, int]:
+    """Per role, the answers that stayed cut: a stage (evaluation, feedback, summary, audit) of one
+    round whose last call ended at its token limit, so no value came of it."""
+    last: dict[str, dict[str, Any]] = {}
+    for c in calls:
+        last[c.get("stage")] = c
+    out: dict[str, int] = defaultdict(int)
+    for stage, c in last.items():
+        out[STAGE_ROLE.get(stage, stage)] += _cut(c)
+    return out
 
 
 def usage_by_role(rows: Iterable[dict[str, Any]],
                   audit_rows: Iterable[dict[str, Any]] = ()) -> dict[str, dict[str, float]]:
-    """Totals per role. Any field may be null (an imported reference run saved no call records,
+    """Totals per role: requests, tokens, model time, and cut answers (docs: README, stage 1):
+    `cut_calls` counts every call that ended at its token limit (a performer segment that was
+    then continued, a structured attempt that was then retried with a larger budget), and
+    `cut_answers` the answers that stayed cut (a performer answer still truncated after its
+    continuations; a supervisor evaluation or feedback, summary or audit whose last attempt was
+    cut). Any field may be null (an imported reference run saved no call records,
     docs/auditing.md), so a missing record counts as nothing rather than failing."""
     acc: dict[str, dict[str, float]] = defaultdict(lambda: dict.fromkeys(FIELDS, 0))
     for row in rows:
         p = row.get("performer") or {}
         _add(acc["performer"], p)
         acc["performer"]["requests"] += (p.get("attempts") or 1) - 1  # failed attempts were requests too
-        for call in (row.get("supervisor") or {}).get("calls") or []:
+        truncated = bool(p.get("truncated"))
+        # every segment but the last was cut (that is why it was continued); the last one if truncated
+        acc["performer"]["cut_calls"] += max((p.get("segments") or 1) - 1, 0) + truncated - _cut(p)
+        acc["performer"]["cut_answers"] += truncated
+        calls = (row.get("supervisor") or {}).get("calls") or []
+        for call in calls:
             _add(acc[STAGE_ROLE.get(call["stage"], call["stage"])], call)
+        for role, n in _cut_answers(calls).items():
+            acc[role]["cut_answers"] += n
     for a in audit_rows:
-        for call in a.get("calls") or []:
+        calls = a.get("calls") or []
+        for call in calls:
             _add(acc["auditor"], call)
+        acc["auditor"]["cut_answers"] += sum(_cut_answers(calls).values())
     return {role: {k: round(v, 3) for k, v in d.items()} for role, d in acc.items()}
 
 

@@ -170,4 +170,5 @@ def _join(results: list[GenerationResult]) -> GenerationResult:
         latency_s=sum(r.latency_s for r in results),
         model_id=last.model_id,
         sent_messages=results[0].sent_messages,
+        sampling=results[0].sampling,
     )

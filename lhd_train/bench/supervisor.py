@@ -1,5 +1,7 @@
 """The supervisor: evaluate (reasoning + new absolute states), then write feedback from the
-updated state, then maintain hybrid memory. Structured JSON answers throughout."""
+updated state, then maintain hybrid memory. Structured JSON answers throughout; an answer cut at
+its token limit is never used (`structured_calls`), and a round whose evaluation or feedback ends
+cut says so in its status (`cut`)."""
 from __future__ import annotations
 
 import asyncio
@@ -11,7 +13,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from lhd_train.bench.memory import Memory, RoundNote
 from lhd_train.bench.prompts import Prompts
-from lhd_train.bench.structured_calls import BackendUnavailable, ask_structured, call_record
+from lhd_train.bench.structured_calls import (
+    BackendUnavailable,
+    ask_structured,
+    budget_after_cuts,
+    call_record,
+    is_cut,
+    worst,
+)
 from lhd_train.config.vocab import STATES
 from rollouts.backend import Backend
 from rollouts.types import GenerationRequest, SamplingParams
@@ -132,8 +141,13 @@ class Supervisor:
                      answer: str) -> SupervisorRound:
         self.memory.add_files(task.files)
         before = dict(self.state)
-        # Reserve room for the feedback stage, which adds the evaluation reply and its prompt.
+        # Reserve room for the feedback stage, which adds the evaluation reply and its prompt; at
+        # most half the context, so that large output caps leave the memory room (an answer that
+        # then needs more than the room left is cut, and recorded so).
         reserve = self.sampling("evaluation", 1).max_tokens + self.sampling("feedback", 1).max_tokens + 400
+        limit = getattr(self.backend, "max_model_len", None)
+        if limit:
+            reserve = min(reserve, limit // 2)
         eval_user, context = await asyncio.to_thread(  # token counting off the event loop
             self.fit_evaluation_message, task, event, round_no, answer, reserve)
         system = self.system_message()
@@ -173,7 +187,7 @@ class Supervisor:
             calls += fb.calls
             if fb.value is not None:
                 fb_value = {"reasoning": fb.value.reasoning, "text": fb.value.feedback}
-            status = _worst(ev.status, fb.status)
+            status = worst(ev.status, fb.status)
         complete = evaluation is not None and is_complete(self.state["satisfaction"], self.threshold)
 
         note = RoundNote(global_round, task.index, task.title, round_no, event.name if event else None, answer,
@@ -182,8 +196,8 @@ class Supervisor:
         summaries = []
         oldest = self.memory.needs_summary()
         if oldest is not None:
-            summary, scall = await self._summarise(oldest)
-            calls.append(scall)
+            summary, scalls = await self._summarise(oldest)
+            calls += scalls
             summaries.append(summary)
         self.memory.push(note, summaries[0] if summaries else None)
         return SupervisorRound(
@@ -191,22 +205,26 @@ class Supervisor:
             calls, summaries, complete, context,
         )
 
-    async def _summarise(self, note: RoundNote) -> tuple[dict[str, Any], dict[str, Any]]:
+    async def _summarise(self, note: RoundNote) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The summary of the round leaving the verbatim window. Free text: a summary cut at its
+        token limit is asked again with twice the budget (up to `max_attempts` calls); if the last
+        one is still cut its text is kept (the model's own words, only unfinished) with status `cut`."""
         messages = [
             {"role": "system", "content": self.prompts.render("supervisor_summary")},
             {"role": "user", "content": note.render()},
         ]
-        sampling = self.sampling("summary", 1)
-        [res] = await self.summariser.generate([GenerationRequest(messages, sampling, None, self.summariser_adapter)])
-        if res.error is not None:
-            raise BackendUnavailable(f"summary: {res.error}")
-        text = res.text.strip()
-        status = "ok" if text else "failed"
-        return ({"global_round": note.global_round, "text": text, "status": status},
-                call_record("summary", 1, self.store_messages(res.sent_messages or messages), res, sampling,
-                            None if text else "empty summary"))
-
-
-def _worst(*statuses: str) -> str:
-    order = {"ok": 0, "retried": 1, "failed": 2}
-    return max(statuses, key=order.__getitem__)
+        calls: list[dict[str, Any]] = []
+        for attempt in range(1, self.max_attempts + 1):
+            sampling = await budget_after_cuts(self.summariser, messages, self.sampling("summary", attempt),
+                                               attempt - 1)
+            [res] = await self.summariser.generate([GenerationRequest(messages, sampling, None,
+                                                                      self.summariser_adapter)])
+            if res.error is not None:
+                raise BackendUnavailable(f"summary: {res.error}")
+            text = res.text.strip()
+            calls.append(call_record("summary", attempt, self.store_messages(res.sent_messages or messages), res,
+                                     sampling, None if text else "empty summary"))
+            if not is_cut(res):
+                break
+        status = ("cut" if is_cut(res) else "ok") if text else "failed"
+        return {"global_round": note.global_round, "text": text, "status": status}, calls

@@ -71,9 +71,9 @@ def _note_from_row(row: dict[str, Any], task_prompt: str) -> RoundNote:
 
 def _tokens(row: dict[str, Any]) -> int:
     p = row["performer"]
-    n = p.get("prompt_tokens", 0) + p.get("completion_tokens", 0)
-    for c in row["supervisor"].get("calls", []):
-        n += c.get("prompt_tokens", 0) + c.get("completion_tokens", 0)
+    n = (p.get("prompt_tokens") or 0) + (p.get("completion_tokens") or 0)
+    for c in row["supervisor"].get("calls") or []:
+        n += (c.get("prompt_tokens") or 0) + (c.get("completion_tokens") or 0)
     return n
 
 
@@ -198,7 +198,7 @@ async def run_trial(ctx: RunContext, trial_id: str, seed: int, schedule: Schedul
                         "message_ids": store.put(res.sent_messages or msgs), "new_message_ids": new_ids,
                         "prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens,
                         "cached_tokens": res.cached_tokens, "latency_s": round(res.latency_s, 4),
-                        "sampling": sp.to_dict(), "attempts": attempt,
+                        "sampling": res.sampling or sp.to_dict(), "attempts": attempt,
                         "context": {"policy": info.policy, "budget_tokens": info.budget_tokens,
                                     "prompt_tokens": info.prompt_tokens, "dropped_messages": info.dropped_messages},
                     },

@@ -12,8 +12,8 @@ transformers and xgrammar at module level.
   device.py        `device` resolved to cpu or cuda:N, the worker thread's CUDA device, free memory
   kv_buffer.py     that loop's preallocated key/value buffers (a transformers `DynamicLayer`)
   prefix_cache.py  keys/values reused across requests (what vLLM's prefix caching does)
-  sampling.py      the per-row sampler: temperature, top-p, per-row seeded generators
-  json_guard.py    the JSON termination guarantee: closing paths within the token budget
+  sampling.py      the per-row sampler: repetition penalty, temperature, top-k, top-p, seeded generators
+  json_guard.py    grammar-constrained rows: the schema as a token mask, never forced closing
 """
 from rollouts.hf.backend import HFBackend
 

@@ -11,6 +11,11 @@ How a call flows:
 Token accounting: `Completion.token_ids` are the generated tokens without the final stop
 token; `completion_tokens` is their sum over the n completions. Text is decoded with special
 tokens skipped; think text is left in place (the performer strips it).
+
+Sampling: a request's unset decoding fields (None) take the model's own defaults from its
+generation config (temperature, top_p, top_k, repetition_penalty: what vLLM applies with its
+default `--generation-config auto`), else vLLM's neutral values; `GenerationResult.sampling`
+says what was used.
 """
 from __future__ import annotations
 
@@ -35,14 +40,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 from rollouts.backend import BackendError
 from rollouts.hf.decode import decode_rows
 from rollouts.hf.device import device_context, free_memory, resolve_device
-from rollouts.hf.json_guard import Closer, Grammar
+from rollouts.hf.json_guard import Grammar
 from rollouts.hf.memory_plan import admit, batch_bytes, gib, model_shape, plan_budget
 from rollouts.hf.prefix_cache import PrefixCache
 from rollouts.hf.rows import Pending, Row
 from rollouts.hf.sampling import row_seed
 from rollouts.model_files import check_adapter_dir, check_model_dir, one_line
 from rollouts.spec import ModelSpec
-from rollouts.types import Completion, GenerationRequest, GenerationResult
+from rollouts.types import Completion, GenerationRequest, GenerationResult, generation_defaults
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +96,10 @@ class HFBackend:
         banned = sorted(self.special_ids - self.stop_set)
         self.banned_ids_tensor = torch.tensor(banned, dtype=torch.long, device=device) if banned else None
         self._orig_generation_config = gen_cfg
-        # A clean generation config so no processor from the model's own defaults (repetition
-        # penalty, top_k, suppress tokens, ...) alters the logits our sampler sees.
+        # The model's decoding defaults, applied by our sampler to requests that leave them unset.
+        self.generation_defaults = generation_defaults(gen_cfg)
+        # A clean generation config so no processor of `model.generate` (repetition penalty,
+        # top_k, suppress tokens, ...) alters the logits our sampler sees: it applies them itself.
         self._base_model().generation_config = GenerationConfig(
             eos_token_id=stops, pad_token_id=self.pad_id, bos_token_id=getattr(gen_cfg, "bos_token_id", None))
         self._tok_lock = threading.Lock()
@@ -102,7 +109,6 @@ class HFBackend:
         self._grammars: dict[str, Grammar] = {}
         self._xgr_info = None
         self._compiler = None
-        self._closer: Closer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: collections.deque[Row] = collections.deque()
         self._wakeup: asyncio.Event | None = None
@@ -129,7 +135,7 @@ class HFBackend:
         self.timings: dict[str, float] = collections.Counter(prefill_s=0.0, forward_s=0.0, sample_s=0.0)
         self.stats: dict[str, int] = collections.Counter(
             batches=0, rows=0, max_batch_rows=0, decode_steps=0, json_rows=0,
-            json_rejections=0, json_unguarded_rows=0, prefill_tokens=0, prefix_reused_tokens=0,
+            json_cut_rows=0, prefill_tokens=0, prefix_reused_tokens=0,
             prefix_matches_ignored=0, oom_splits=0, oom_rows_failed=0)
 
     # ------------------------------------------------------------------ construction
@@ -222,12 +228,6 @@ class HFBackend:
         self._ensure_xgrammar()
         return self._xgr_info.vocab_type
 
-    @property
-    def closer(self) -> Closer:
-        self._ensure_xgrammar()
-        assert self._closer is not None
-        return self._closer
-
     def _ensure_xgrammar(self) -> None:
         with self._grammar_lock:
             if self._xgr_info is not None:
@@ -235,11 +235,10 @@ class HFBackend:
             info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,
                                                       stop_token_ids=self.stop_ids)
             self._compiler = xgr.GrammarCompiler(info)
-            self._closer = Closer(info, self.stop_ids, self.special_ids, self.vocab_size)
             self._xgr_info = info
 
     def grammar_for(self, schema: dict[str, Any]) -> Grammar:
-        """Compiled grammar (and its start-state closing path) for a JSON schema, cached by the
+        """Compiled grammar for a JSON schema, cached by the
         schema's canonical JSON. Raises ValueError for schemas xgrammar rejects."""
         key = json.dumps(schema, separators=(",", ":"))  # key order kept: it is the output order
         with self._grammar_lock:
@@ -251,9 +250,7 @@ class HFBackend:
             compiled = self._compiler.compile_json_schema(key, any_whitespace=False)
         except Exception as e:  # xgrammar raises RuntimeError/ValueError subclasses
             raise ValueError(f"JSON schema not supported by xgrammar: {e}") from e
-        start = xgr.GrammarMatcher(compiled, override_stop_tokens=self.stop_ids)
-        path = self.closer.path(start, cap=1 << 16)
-        grammar = Grammar(compiled, path)
+        grammar = Grammar(compiled)
         with self._grammar_lock:
             self._grammars.setdefault(key, grammar)
             return self._grammars[key]
@@ -283,6 +280,7 @@ class HFBackend:
             "architectures": getattr(cfg, "architectures", None),
             "vocab_size": self.vocab_size,
             "max_model_len": self.max_model_len,
+            "generation_defaults": dict(self.generation_defaults),
             "adapters": dict(self.spec.adapters),
             "max_batch_size": self.spec.max_batch_size,
             "batch_wait_ms": self.spec.batch_wait_ms,
@@ -348,11 +346,12 @@ class HFBackend:
 
         if self._closed:
             return fail("backend closed")
-        s = req.sampling
+        s = req.sampling.resolved(self.generation_defaults)
         if s.n < 1 or s.max_tokens < 1:
             return fail(f"invalid sampling params: n={s.n}, max_tokens={s.max_tokens} (both must be >= 1)")
-        if s.temperature < 0 or not (0 < s.top_p <= 1):
-            return fail(f"invalid sampling params: temperature={s.temperature} (>= 0), top_p={s.top_p} (0 < p <= 1)")
+        if s.temperature < 0 or not (0 < s.top_p <= 1) or s.top_k < 0 or s.repetition_penalty <= 0:
+            return fail(f"invalid sampling params: temperature={s.temperature} (>= 0), top_p={s.top_p} "
+                        f"(0 < p <= 1), top_k={s.top_k} (>= 0), repetition_penalty={s.repetition_penalty} (> 0)")
         try:
             adapter = self._adapter_name(req.adapter)
         except KeyError:
@@ -381,13 +380,14 @@ class HFBackend:
                         f"its batch budget of {gib(self.budget.batch)} on {self.device} ({self.budget.source}); "
                         "serve long contexts with the vllm backend (paged keys/values), or lower max_tokens, "
                         "raise kv_budget_gib or lower prefix_cache_gib", prompt_ids)
-        pending = Pending(req, fut, t0, prompt_ids, [None] * s.n, s.n)
+        pending = Pending(req, fut, t0, prompt_ids, [None] * s.n, s.n,
+                          sampling=s.to_dict() | {"max_tokens": max_tokens})
         self._ensure_worker(loop)
         for j in range(s.n):
             self._queue.append(Row(
                 pending=pending, j=j, prompt_ids=prompt_ids, max_tokens=max_tokens,
                 temperature=float(s.temperature), top_p=float(s.top_p), seed=row_seed(s.seed, j),
-                grammar=grammar, adapter=adapter))
+                grammar=grammar, adapter=adapter, top_k=int(s.top_k), repetition_penalty=float(s.repetition_penalty)))
         assert self._wakeup is not None
         self._wakeup.set()
         return fut
@@ -462,7 +462,7 @@ class HFBackend:
                     completions=comps, prompt_tokens=len(p.prompt_ids),
                     completion_tokens=sum(len(c.token_ids or []) for c in comps),
                     cached_tokens=p.cached_tokens, latency_s=time.perf_counter() - p.t0, model_id=self.model_id,
-                    prompt_token_ids=list(p.prompt_ids)))
+                    prompt_token_ids=list(p.prompt_ids), sampling=dict(p.sampling)))
 
     def _fail_queued(self, msg: str) -> None:
         rows, self._queue = list(self._queue), collections.deque()

@@ -102,7 +102,7 @@ def decode_batch(backend: HFBackend, rows: list[Row]) -> str | None:
         st["max_batch_rows"] = max(st["max_batch_rows"], len(rows))
         st["decode_steps"] += steps
         st["json_rows"] += sum(r.grammar is not None for r in rows)
-        st["json_rejections"] += sampler.rejections
+        st["json_cut_rows"] += sum(r.grammar is not None and r.finish == "length" for r in rows)
     return "backend closed during generation" if sampler.interrupted else None
 
 

@@ -20,6 +20,7 @@ class Pending:
     completions: list[Completion | None]
     remaining: int
     cached_tokens: int = 0  # prompt tokens whose keys/values came from the prefix cache
+    sampling: dict[str, Any] | None = None  # the settings used (unset fields resolved), for the result
 
 
 @dataclass
@@ -33,11 +34,13 @@ class Row:
     seed: int
     grammar: Grammar | None
     adapter: str | None
+    top_k: int = 0  # 0: no top-k cut
+    repetition_penalty: float = 1.0  # 1: none
     # decode state (reset at the start of every batch run)
     tokens: list[int] = field(default_factory=list)
     finish: str | None = None
     matcher: Any = None
-    path: list[int] | None = None
+    seen: set[int] | None = None  # token ids the repetition penalty applies to (None: no penalty)
     generator: Any = None
     error: str | None = None  # set when this row alone ran out of memory (decode.decode_rows)
 

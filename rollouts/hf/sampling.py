@@ -1,9 +1,12 @@
 """Per-row decoding (`RowSampler`): the sampler picks every row's token itself from the step's
-logits — temperature (0 ⇒ argmax), top-p, a per-row `torch.Generator` seeded from the request
-seed (`row_seed`; one uniform draw per row and step, so a row's randomness does not depend on its
-batch; the draw picks the token by inverse CDF in vocabulary order, which last-bit differences in
-the logits almost never change), the row's own `max_tokens`. Rows with a JSON schema are masked
-by their grammar and kept closable within their budget (`rollouts/hf/json_guard.py`).
+logits — repetition penalty (over the prompt and the tokens so far, as transformers and vLLM
+apply it), temperature (0 ⇒ argmax), top-k, top-p, a per-row `torch.Generator` seeded from the
+request seed (`row_seed`; one uniform draw per row and step, so a row's randomness does not
+depend on its batch; the draw picks the token by inverse CDF in vocabulary order, which last-bit
+differences in the logits almost never change), the row's own `max_tokens`. A row's settings are
+already resolved against the model's generation config (`HFBackend._submit`). Rows with a JSON
+schema are masked by their grammar, which never forces a token: a row still open at its budget
+ends with finish "length" (`rollouts/hf/json_guard.py`).
 """
 from __future__ import annotations
 
@@ -16,7 +19,6 @@ import numpy as np
 import torch
 import xgrammar as xgr
 
-from rollouts.hf.json_guard import guard
 from rollouts.hf.rows import Row
 
 if TYPE_CHECKING:
@@ -81,20 +83,15 @@ class RowSampler:
         self.rows = rows
         self.prompt_width = prompt_width
         self.bitmask = None
-        self.rejections = 0
         self.interrupted = False
         for r in rows:
-            r.tokens, r.finish, r.matcher, r.path = [], None, None, None
+            r.tokens, r.finish, r.matcher = [], None, None
             r.generator = torch.Generator().manual_seed(r.seed)
+            r.seen = None
+            if r.repetition_penalty != 1.0:  # the prompt's tokens count as seen, as in transformers and vLLM
+                r.seen = set(r.prompt_ids)
             if r.grammar is not None:
                 r.matcher = xgr.GrammarMatcher(r.grammar.compiled, override_stop_tokens=backend.stop_ids)
-                ip = r.grammar.initial_path
-                r.path = list(ip) if ip is not None and len(ip) <= r.max_tokens else None
-                if r.path is None:
-                    backend.stats["json_unguarded_rows"] += 1
-                    need = len(ip) if ip is not None else "unknown"
-                    log.warning("JSON row decodes without the termination guard: max_tokens=%d but the "
-                                "schema's shortest document needs %s tokens", r.max_tokens, need)
         if any(r.grammar is not None for r in rows):
             self.bitmask = xgr.allocate_token_bitmask(len(rows), backend.vocab_size)
 
@@ -121,14 +118,11 @@ class RowSampler:
                 rows[i].finish = "length"
                 chosen[i] = b.stop_ids[0]
             live = []
-        # 1) rows whose token is fixed: budget exhausted, or the closing path is as long as the budget
+        # 1) rows whose budget is spent end here, cut ("length"), whatever their grammar's state
         sample_rows = []
         for i in live:
             r = rows[i]
-            left = r.max_tokens - k
-            if r.path is not None and len(r.path) >= left:
-                chosen[i] = r.path[0]
-            elif left <= 0:
+            if r.max_tokens - k <= 0:
                 chosen[i] = b.stop_ids[0]
                 r.finish = "length"
             else:
@@ -137,6 +131,9 @@ class RowSampler:
             logits = scores.float()
             if b.n_tokenizer < vocab:
                 logits[:, b.n_tokenizer:] = float("-inf")
+            for i in sample_rows:
+                if rows[i].seen is not None:
+                    _penalise_repeats(logits, i, rows[i])
             constrained = [i for i in sample_rows if rows[i].matcher is not None]
             if constrained:
                 for i in constrained:
@@ -152,31 +149,29 @@ class RowSampler:
                 chosen.update(zip(greedy, picks, strict=True))
             if sampled:
                 chosen.update(zip(sampled, self._sample(logits, [rows[i] for i in sampled], sampled), strict=True))
-        # 2) grammar bookkeeping: keep a closing path that fits the budget, or override the sample
+        # 2) grammar bookkeeping: the grammar advances by the sampled token (its mask allowed it)
         for i in live:
             r = rows[i]
             tok = chosen[i]
-            if r.matcher is not None and r.finish is None:
-                tok, rejected = guard(b.closer, r, tok, r.max_tokens - k)
-                self.rejections += rejected
-                chosen[i] = tok
-                if not r.matcher.accept_token(tok):  # cannot happen with a valid mask; end the row
-                    r.finish = "length"
-                    chosen[i] = b.stop_ids[0]
-                    continue
+            if r.matcher is not None and r.finish is None and not r.matcher.accept_token(tok):
+                r.finish = "length"  # cannot happen with a valid mask; end the row, cut
+                chosen[i] = b.stop_ids[0]
+                continue
             if r.finish is None:
                 if tok in b.stop_set:
                     r.finish = "stop"
                 else:
                     r.tokens.append(tok)
+                    if r.seen is not None:
+                        r.seen.add(tok)
         return [chosen.get(i, b.pad_id) for i in range(nrows)]
 
     def expire(self, k: int) -> None:
         """End (finish "length") the live rows that have no budget left `k` tokens into the decode:
         what `step` would do at step `k` without looking at the logits, so the caller can skip
-        computing them. Guarded rows never get here: their closing path ends them earlier."""
+        computing them."""
         for r in self.rows:
-            if r.finish is None and r.max_tokens - k <= 0 and not r.path:
+            if r.finish is None and r.max_tokens - k <= 0:
                 r.finish = "length"
 
     def _sample(self, logits, rows: list[Row], pos: list[int]) -> list[int]:
@@ -184,7 +179,12 @@ class RowSampler:
         top_p = torch.tensor([r.top_p for r in rows], device=logits.device).unsqueeze(1)
         u = torch.tensor([float(torch.rand(1, generator=r.generator)) for r in rows],
                          device=logits.device, dtype=torch.float32).unsqueeze(1)
-        probs = torch.softmax(logits[pos] / temps, dim=-1)
+        scaled = logits[pos] / temps
+        for p, r in enumerate(rows):  # top-k: keep the k most likely tokens (ties at the k-th kept)
+            if 0 < r.top_k < scaled.shape[1]:
+                kth = torch.topk(scaled[p], r.top_k).values[-1]
+                scaled[p] = scaled[p].masked_fill(scaled[p] < kth, float("-inf"))
+        probs = torch.softmax(scaled, dim=-1)
         if bool((top_p < 1).any()):  # nucleus: keep the most likely tokens up to top_p of the mass
             probs = probs * (probs >= _nucleus_floor(probs, top_p))
         # Inverse CDF in vocabulary order, not sorted order: a difference in the last bit of two
@@ -193,3 +193,11 @@ class RowSampler:
         cdf = probs.cumsum(dim=-1)
         at = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp(max=probs.shape[1] - 1)
         return at.squeeze(1).tolist()
+
+
+def _penalise_repeats(logits: Any, i: int, r: Row) -> None:
+    """The repetition penalty of transformers and vLLM on row `i`: the logit of every token seen
+    (prompt and output) is divided by the penalty when positive, multiplied when negative."""
+    ids = torch.tensor(sorted(r.seen), dtype=torch.long, device=logits.device)
+    vals = logits[i, ids]
+    logits[i, ids] = torch.where(vals > 0, vals / r.repetition_penalty, vals * r.repetition_penalty)
