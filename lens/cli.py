@@ -137,6 +137,7 @@ def fit(
     from lens.plan import DEFAULT_DIM_BATCH, resolve_attn, resolve_dtype
     from lens.store import save_lens
     from lhd_train.ops.shard import parse_shard, shard_bounds
+    from rollouts.model_files import weights_fingerprint
 
     dev = pick_device(device)
     dtype = resolve_dtype(dtype, dev)
@@ -169,7 +170,8 @@ def fit(
         options = FitOptions(checkpoint_every=checkpoint_every, checkpoint_minutes=checkpoint_minutes, resume=resume,
                              stop_at_delta=stop_at_delta, min_prompts=min_prompts, progress=progress)
         meta = {"model_id": model, "revision": m.revision, "corpus": recipe, "model_dtype": dtype, "attn": attn,
-                "shard": {"index": index, "count": count, "slice": [a, b]}}
+                "shard": {"index": index, "count": count, "slice": [a, b]},
+                "model_files": weights_fingerprint(model)}  # a resume refuses other files at this path
         out.mkdir(parents=True, exist_ok=True)
         result = fit_lens(m, tok, prompts, settings, out_dir=out, options=options, meta=meta)
         save_lens(result.lens, out, dtype=save_dtype)
@@ -220,6 +222,10 @@ def merge(
     """n_prompts-weighted mean of lenses fitted on disjoint prompt slices."""
     from lens.store import load_lens, merge_lenses, save_lens
 
+    resolved = [p.resolve() for p in shards]
+    twice = sorted({str(p) for p in shards if resolved.count(p.resolve()) > 1})
+    if twice:
+        raise LensError(f"{', '.join(twice)} given twice: its prompts would count twice in the merge")
     merged = merge_lenses([load_lens(p) for p in shards])
     save_lens(merged, out, dtype=save_dtype)
     typer.echo(f"merged {len(shards)} lenses ({merged.n_prompts} prompts) -> {out}")

@@ -42,6 +42,7 @@ from lens.model import LensModel, capture, normalise_layer, run
 from lens.positions import valid_position_mask
 from lens.store import Lens
 from lhd_train.rundir.files import atomic_write, atomic_write_text
+from rollouts.model_files import changed_parts
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +239,13 @@ def _load_checkpoint(path: Path, settings: dict) -> _State:
         why = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
         raise LensError(f"{path}: not a readable fit checkpoint ({why}); delete it to start the fit again, "
                         "or pass --no-resume") from None
-    diff = {k: (saved.get(k), settings.get(k)) for k in set(saved) | set(settings) if saved.get(k) != settings.get(k)}
+    changed = changed_parts({"parts": saved.get("model_files")} if saved.get("model_files") else None,
+                            {"parts": settings.get("model_files")} if settings.get("model_files") else None)
+    if changed:
+        raise LensError(f"{path}: the model's {' and '.join(changed)} changed since this checkpoint was written; "
+                        "resuming would mix two models in one lens: restore them, or use another --out or --no-resume")
+    diff = {k: (saved.get(k), settings.get(k)) for k in set(saved) | set(settings)
+            if saved.get(k) != settings.get(k) and k != "model_files"}
     if diff:
         lines = "; ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in sorted(diff.items()))
         raise LensError(f"{path}: cannot resume with different settings ({lines}); use another --out or --no-resume")
@@ -284,6 +291,8 @@ def fit_lens(
         "n_prompts_total": len(prompts),
         "directions_sha256": None if directions is None else hashlib.sha256(
             directions.detach().float().cpu().numpy().tobytes()).hexdigest(),
+        # what is behind model_id now: weights, tokenizer, chat template, config (`weights_fingerprint`)
+        "model_files": (meta.get("model_files") or {}).get("parts"),
     }
     ckpt = Path(out_dir) / CHECKPOINT if out_dir is not None else None
     if ckpt is not None and ckpt.exists() and options.resume:

@@ -178,6 +178,29 @@ def _load_jlens_pt(p: Path, *, model: Any, target_layer: int | None) -> Lens:
 MERGE_KEYS = ("model_id", "revision", "n_layers", "target_layer", "skip_first", "max_length", "directions")
 
 
+def _check_disjoint(lenses: Sequence[Lens]) -> None:
+    """Refuse a lens given twice, or two fits over overlapping prompts of one corpus: their
+    prompts would be counted twice in the weighted mean (issue 22)."""
+    seen: dict[str, int] = {}
+    spans: list[tuple[str, int, int, int]] = []
+    for i, x in enumerate(lenses):
+        digest = x.meta.get("sha256")
+        if digest and digest in seen:
+            raise LensError(f"lens {i} is lens {seen[digest]} again (sha256 {str(digest)[:12]}…): merging it twice "
+                            f"would count its {x.n_prompts} prompts twice")
+        if digest:
+            seen[digest] = i
+        corpus = x.meta.get("corpus")
+        if isinstance(corpus, dict) and isinstance(corpus.get("slice"), list) and len(corpus["slice"]) == 2:
+            key = json.dumps({k: v for k, v in corpus.items() if k not in ("slice", "shards")}, sort_keys=True)
+            spans.append((key, int(corpus["slice"][0]), int(corpus["slice"][1]), i))
+    for k, (key, a, b, i) in enumerate(spans):
+        for key2, a2, b2, j in spans[k + 1:]:
+            if key == key2 and a < b2 and a2 < b:
+                raise LensError(f"lens {j} (prompts {a2}..{b2 - 1}) overlaps lens {i} (prompts {a}..{b - 1}) of the "
+                                "same corpus: merged, their shared prompts would count twice; merge disjoint shards")
+
+
 def merge_lenses(lenses: Sequence[Lens]) -> Lens:
     """n_prompts-weighted mean of lenses fitted on disjoint prompt slices (same layers and settings)."""
     if not lenses:
@@ -193,6 +216,7 @@ def merge_lenses(lenses: Sequence[Lens]) -> Lens:
             if other.meta.get(key) != first.meta.get(key):
                 raise LensError(f"lens {i} differs from lens 0 in {key!r}: "
                                 f"{other.meta.get(key)!r} vs {first.meta.get(key)!r}")
+    _check_disjoint(lenses)
     weights = [x.n_prompts for x in lenses]
     if any(w <= 0 for w in weights):
         raise LensError(f"every lens needs n_prompts > 0 to be merged, got {weights}")
