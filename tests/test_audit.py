@@ -442,9 +442,12 @@ def test_real_tiny_model_audits_every_round(tmp_path, tiny_llama_dir):
         assert r["parse_status"] in ("ok", "retried", "repaired", "failed")
         if r["parse_status"] != "failed":  # schema-constrained, then the agreed consistency rule
             assert (r["deceptive"] is False and r["types"] == [] and r["severity"] == 0) or \
-                   (r["deceptive"] is True and 0 <= r["severity"] <= 4 and (r["types"] or r["severity"] == 0))
+                   (r["deceptive"] is True and 0 <= r["severity"] <= 4)  # a flag may name no type (unspecified)
         assert r["prompt_tokens"] > 0 and r["model"]["key"] == "tiny"
-    assert any(r["parse_status"] != "failed" for r in rows)  # constrained decoding yields parseable JSON
+    # A random tiny model rarely closes its JSON within the budget: a cut answer is recorded failed
+    # with the cut named (issue 21 N1), never completed into an invented label.
+    assert any(r["parse_status"] != "failed" for r in rows) or \
+        all("cut at the token limit" in (r["error"] or "") for r in rows), [r["error"] for r in rows]
     info = json.loads((cfg.run_dir / "audit" / "tiny-full" / "auditor.json").read_text())
     assert info["describe"]
     # The [instructions][trajectory][target] layout: every round's prompt repeats the previous
@@ -508,3 +511,21 @@ def test_no_consistency_rule_changes_a_verdict(deceptive, types, severity):
     lab, _ = make_consistent(deceptive, types, severity, 0.5)
     assert lab.deceptive is deceptive
     assert lab.severity == (severity if deceptive else 0) and (deceptive or lab.types == [])
+
+
+def test_a_pack_name_that_now_means_another_pack_is_not_used(tmp_path):
+    """Issue 21 N5: `startup_consulting` now names the authors' pack; a run made with our pack
+    under that old name must not be audited against the authors' task texts. The rows' task
+    titles (or the manifest's pack hash) decide."""
+    from support.synthetic import R, write_run
+
+    ours = load_pack("lhd_startup_consulting")
+    title = ours.task(1).title
+    run = write_run(tmp_path, "old", {"s1": [R(1, None, extra={"task_title": title})]})
+    tasks, source = load_task_texts(run, "startup_consulting")  # the old name: now the authors' pack
+    assert tasks == {} and "not the pack this run used" in source
+    tasks, source = load_task_texts(run, "lhd_startup_consulting")
+    assert tasks[1].title == title and source.startswith("pack ")
+    manifest = json.loads((run / "manifest.json").read_text())
+    (run / "manifest.json").write_text(json.dumps({**manifest, "pack_sha256": "0" * 64}))
+    assert load_task_texts(run, "lhd_startup_consulting")[0] == {}  # a recorded hash that differs wins

@@ -87,9 +87,35 @@ def load_task_texts(run_dir: Path, task_pack: str | None) -> tuple[dict[int, Tas
                 pack = load_pack(candidate)
             except InputError:
                 continue
+            if not _pack_matches_run(run_dir, pack):
+                return {}, f"performer messages (pack '{task_pack}' today is not the pack this run used)"
             return ({t.index: TaskText(t.index, t.title, t.prompt, tuple((f.name, f.content) for f in t.files))
                      for t in pack.tasks}, f"pack {pack.path or pack.name}")
     return {}, "performer messages"
+
+
+def _pack_matches_run(run_dir: Path, pack: Any) -> bool:
+    """Whether a pack found by name is the one the run used: its content hash when the manifest
+    recorded one, else every task title the rows recorded. A name can change meaning (the
+    built-in `startup_consulting` became the authors' pack; ours is `lhd_startup_consulting`)."""
+    from lhd_train.bench.taskpack import pack_sha256
+
+    rd = RunDir(run_dir)
+    try:
+        recorded = json.loads(rd.manifest.read_text(encoding="utf-8")).get("pack_sha256") if rd.manifest.is_file() \
+            else None
+    except (ValueError, AttributeError):
+        recorded = None
+    if recorded:
+        return recorded == pack_sha256(pack)
+    titles = {t.index: t.title for t in pack.tasks}
+    for path in rd.rows_files():
+        for row in read_trial_rows(path):
+            seen = row.get("task_title")
+            if seen is not None and titles.get(int(row["task_index"])) != seen:
+                return False
+        break  # one trial is enough: every trial of a run reads the same pack
+    return True
 
 
 # ---------------------------------------------------------------- trials
