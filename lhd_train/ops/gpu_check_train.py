@@ -78,7 +78,7 @@ def check_sft_long_rows(ctx: Ctx) -> Outcome:
     from lhd_train.finetune.trainer import build_trainer
 
     max_length = 256 if ctx.small or not ctx.cuda else 4096
-    rounds = 6 if max_length == 256 else 60  # the long rows come to ~2-3x max_length
+    rounds = 6 if max_length == 256 else 120  # the long rows come to ~2-3x max_length
     rows = []
     for i in range(8):
         history = []
