@@ -55,3 +55,45 @@ def test_every_mode_sends_the_same_requests(tmp_path, tiny_llama_dir, monkeypatc
     text = bench.report([out], "test")
     assert "same requests and token counts in every mode: yes" in text
     assert "of peak" in text and "gen/s" in text
+
+
+def _fixed_length_body() -> tuple[dict, dict]:
+    """The OpenAI backend's body for a schema request, as sent plainly and in the benchmark's form."""
+    from rollouts.openai_backend import OpenAIBackend
+    from rollouts.spec import ModelSpec
+    from rollouts.types import GenerationRequest, SamplingParams
+
+    bench = _load_benchmark()
+    backend = OpenAIBackend.from_spec(ModelSpec(backend="openai", model="m", base_url="http://127.0.0.1:9/v1",
+                                                tokenizer=None))
+    req = GenerationRequest([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=7, seed=3),
+                            {"type": "object"})
+    with bench.ignore_eos(backend):
+        fixed = backend._payload(bench.fixed_length(req), "vllm")
+    return backend._payload(req, "vllm"), fixed
+
+
+def test_openai_backend_asks_vllm_for_exactly_max_tokens():
+    plain, fixed = _fixed_length_body()
+    assert fixed["extra_body"] == {"ignore_eos": True, "min_tokens": 7} and fixed["max_tokens"] == 7
+    assert plain["extra_body"] == {"structured_outputs": {"json": {"type": "object"}}}  # restored after
+
+
+@pytest.mark.vllm
+def test_vllm_accepts_the_fixed_length_request():
+    """vLLM 0.32's own request model turns the body into sampling params of exactly max_tokens."""
+    import json
+    import subprocess
+
+    py = ROOT / ".venv-vllm" / "bin" / "python"
+    if not py.exists():
+        pytest.skip("no .venv-vllm: run `make vllm-env`")
+    _, fixed = _fixed_length_body()
+    body = {**{k: v for k, v in fixed.items() if k != "extra_body"}, **fixed["extra_body"]}
+    code = ("import json, sys\n"
+            "from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest\n"
+            "r = ChatCompletionRequest.model_validate(json.loads(sys.argv[1]))\n"
+            "print(json.dumps({'ignore_eos': r.ignore_eos, 'min_tokens': r.min_tokens, 'max_tokens': r.max_tokens}))")
+    out = subprocess.run([str(py), "-c", code, json.dumps(body)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"ignore_eos": True, "min_tokens": 7, "max_tokens": 7}
