@@ -79,6 +79,7 @@ def test_openai_backend_asks_vllm_for_exactly_max_tokens():
     assert plain["extra_body"] == {"structured_outputs": {"json": {"type": "object"}}}  # restored after
 
 
+@pytest.mark.slow
 @pytest.mark.vllm
 def test_vllm_accepts_the_fixed_length_request():
     """vLLM 0.32's own request model turns the body into sampling params of exactly max_tokens."""
