@@ -22,7 +22,15 @@ def tiny_model_cmd(
     force: bool = typer.Option(False, "--force", help="replace a folder that already holds something"),
 ) -> None:
     """Build a random-weight Llama/Qwen model and a locally trained tokenizer (no network)."""
+    from lhd_train.errors import InputError
     from lhd_train.tiny_model import tiny_model_command
+
+    for flag, value, low, high in (("--seed", seed, 0, 2**32 - 1), ("--hidden-size", hidden_size, 8, 8192),
+                                   ("--layers", layers, 1, 64)):
+        if not low <= value <= high:  # before anything is built: -1 crashed deep in torch, 0 made no model
+            raise InputError("command line", flag, f"{value}", f"{low} ... {high}")
+    if hidden_size % 8:  # 4 attention heads of an even size (rotary embeddings)
+        raise InputError("command line", "--hidden-size", f"{hidden_size}", "a multiple of 8")
 
     tiny_model_command(arch=arch, out=out, seed=seed, hidden_size=hidden_size, layers=layers,
                        chat_style=chat_style, force=force)

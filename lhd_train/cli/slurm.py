@@ -35,8 +35,12 @@ def slurm_render_cmd(
     if out is None:
         typer.echo(text, nl=False)
         return
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    from lhd_train.errors import InputError
+    from lhd_train.rundir.files import atomic_write_text
+
+    if out.is_dir():
+        raise InputError("command line", "--out", f"{out} is a folder; the script is a file", "a file path")
+    atomic_write_text(out, text)
     logs = values.get("logs_dir", "logs/slurm")
     Path(str(logs)).mkdir(parents=True, exist_ok=True)
     typer.echo(f"wrote {out}; submit from here with: sbatch {out}", err=True)

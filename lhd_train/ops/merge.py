@@ -461,11 +461,12 @@ def merge_datasets(parts: list[Path], out: Path) -> dict[str, Any]:
         raise InputError("command line", "PARTS", "give at least one dataset folder")
     metas, dicts = [], []
     seen: dict[Path, Path] = {}
-    for p in parts:
-        p = Path(p)
+    for p in map(Path, parts):
         if p.resolve() in seen:  # `data merge P P` would count every row twice
             raise InputError("command line", "PARTS", f"{p} is given twice (also as {seen[p.resolve()]})")
         seen[p.resolve()] = p
+    for p in parts:
+        p = Path(p)
         meta = _read_json(p / "dataset.json")
         if not (p / "dataset").is_dir() or not meta:
             raise InputError(p, None, "not a dataset folder of `lhd data` (needs dataset/ and dataset.json)")
@@ -478,7 +479,10 @@ def merge_datasets(parts: list[Path], out: Path) -> dict[str, Any]:
         if twin is not None:  # a copy of a part under another name
             raise InputError(p / "dataset.json", "sha256", f"the same rows as {twin} (a copy of one part)")
         metas.append(meta)
-        dicts.append(load_from_disk(str(p / "dataset")))
+        try:
+            dicts.append(load_from_disk(str(p / "dataset")))
+        except (FileNotFoundError, ValueError) as e:
+            raise InputError(p / "dataset", None, f"not a saved dataset ({e})") from None
     splits = _union([list(d.keys()) for d in dicts])
     merged = DatasetDict({s: concatenate_datasets([d[s] for d in dicts if s in d]) for s in splits})
     out = Path(out)

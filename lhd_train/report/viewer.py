@@ -231,7 +231,7 @@ def build_viewer(run: Path, out: Path | None = None, auditor: str | None = None)
     check_writable_dir(out_dir, "viewer's folder" + ("" if out is not None else " (RUN/view; give --out DIR for a "
                                                                                 "read-only run)"))
     data = load_run(Path(run), auditor)
-    if data.trials.empty:
+    if data.rounds.empty:
         raise InputError(RunDir(run).trials_dir, None, "no finished round yet: nothing to view (rerun `lhd view` "
                          "once `lhd run` has written a round)")
     pages = write_run_pages(data, out_dir, back_href="index.html", back_text="the trial list")

@@ -12,6 +12,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import sys
 import uuid
 from collections.abc import Callable
@@ -82,10 +83,13 @@ def json_text(obj: Any, indent: int | None = None) -> str:
         return json.dumps(obj, ensure_ascii=True, indent=indent)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def printable(text: str) -> str:
-    """`text` with lone surrogates shown as U+FFFD, for output that must be valid UTF-8 (HTML
-    pages, CSV tables, Arrow strings); the stored row keeps the original."""
-    return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace") if _has_surrogate(text) else text
+    """`text` with each lone surrogate shown as U+FFFD, for output that must be valid UTF-8
+    (HTML pages, CSV tables, Arrow strings); the stored row keeps the original."""
+    return _SURROGATE.sub("\ufffd", text) if _has_surrogate(text) else text
 
 
 def _has_surrogate(text: str) -> bool:
@@ -108,8 +112,8 @@ def append_jsonl(path: Path, row: dict[str, Any]) -> None:
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
     except OSError as e:
-        raise storage_error(e, path, "the rows before this one are kept; free the disk or fix the "
-                                     "permissions and rerun to resume") from None
+        raise storage_error(e, path, "the rows before this one are kept; rerun to resume once the cause "
+                                     "is fixed") from None
     try:
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":
@@ -124,8 +128,8 @@ def append_jsonl(path: Path, row: dict[str, Any]) -> None:
                 os.ftruncate(fd, size)  # no partial row left for a reader to meet
             except OSError:
                 pass  # still torn: readers ignore a last line without its newline
-            raise storage_error(e, path, f"the rows before this one are kept ({size} bytes); free the disk "
-                                         "or fix the permissions and rerun to resume") from None
+            raise storage_error(e, path, f"the rows before this one are kept ({size} bytes, whole lines); "
+                                         "rerun to resume once the cause is fixed") from None
     finally:
         os.close(fd)
 

@@ -1,0 +1,491 @@
+"""Issue 22, the run directory's part: full disks, read-only folders, torn lines, readers that never
+change a run, atomic outputs, lone surrogates, the lock, names, bounded inputs, Slurm and CSV.
+
+Runs are played with the scripted backend (`test_audit.make_run`: the simulation's own code, a
+steerable model) so each probe takes a second; faults are injected where the disk would raise
+(`os.write` raising ENOSPC at the Nth call, `ulimit -f` in a subprocess). Every command ends
+with one `error:` line, never a traceback, and leaves the files it was given as they were."""
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from support.scripted import ScriptedBackend, supervisor_script
+from test_audit import make_run, write_mini_pack
+from test_hardening import cli, one_error
+
+from lhd_train.errors import DataFileError, InputError, LhdError
+from lhd_train.rundir.files import append_jsonl, read_jsonl, write_json_atomic
+
+
+def storage_error() -> type[Exception]:
+    from lhd_train.rundir.files import StorageError  # imported here: every test runs on older code too
+
+    return StorageError
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file under root but the lock file, by relative path."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != ".lock"}
+
+
+@pytest.fixture
+def run(tmp_path):
+    """(config, run dir): one finished scripted trial of four tasks."""
+    cfg, _ = make_run(tmp_path, seeds=(7,))
+    return cfg, cfg.run_dir
+
+
+def fail_write_at(monkeypatch, n: int, err: int = errno.ENOSPC) -> list[int]:
+    """`os.write` raises OSError(err) from its n-th call on (a disk that fills up)."""
+    real, calls = os.write, []
+
+    def write(fd, data):
+        calls.append(1)
+        if len(calls) >= n:
+            raise OSError(err, os.strerror(err))
+        return real(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    return calls
+
+
+# ----------------------------------------------------------------------------- 3. full disks
+
+
+@pytest.mark.parametrize("err,needle", [(errno.ENOSPC, "disk is full"), (errno.EROFS, "read-only"),
+                                        (errno.EACCES, "permission denied"), (errno.EFBIG, "ulimit -f")])
+def test_a_refused_append_keeps_whole_lines_and_says_so(err, needle, tmp_path, monkeypatch):
+    """Before: the OSError escaped as a traceback, and a short write left half a row behind."""
+    path = tmp_path / "rows.jsonl"
+    append_jsonl(path, {"n": 1})
+    fail_write_at(monkeypatch, 1, err)
+    with pytest.raises(storage_error(), match=needle) as e:
+        append_jsonl(path, {"n": 2, "text": "x" * 10_000})
+    assert str(path) in str(e.value) and "rows before this one are kept" in str(e.value)
+    assert path.read_bytes() == b'{"n": 1}\n'
+
+
+def test_a_short_write_then_a_full_disk_leaves_no_torn_row(tmp_path, monkeypatch):
+    path = tmp_path / "rows.jsonl"
+    append_jsonl(path, {"n": 1})
+    real, calls = os.write, []
+
+    def write(fd, data):  # the kernel takes 5 bytes, then the disk is full
+        calls.append(1)
+        if len(calls) == 1:
+            return real(fd, bytes(data[:5]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", write)
+    with pytest.raises(storage_error()):
+        append_jsonl(path, {"n": 2})
+    assert read_jsonl(path) == [{"n": 1}] and path.read_bytes().endswith(b"\n")
+
+
+def test_the_next_append_cuts_a_torn_line_first(tmp_path):
+    """A torn last line (a crash mid-write) used to be glued to the next row, making a line no
+    reader can parse; the writer that appends next cuts it."""
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(b'{"n": 1}\n{"n": 2, "te')
+    append_jsonl(path, {"n": 3})
+    assert read_jsonl(path) == [{"n": 1}, {"n": 3}]
+
+
+def test_a_refused_replace_keeps_the_old_file(tmp_path, monkeypatch):
+    path = tmp_path / "summary.json"
+    write_json_atomic(path, {"old": True})
+    monkeypatch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
+    with pytest.raises(storage_error(), match="previous summary.json is kept unchanged"):
+        write_json_atomic(path, {"new": True})
+    assert json.loads(path.read_text()) == {"old": True}
+    assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]  # no temp file left
+
+
+ULIMIT = """
+import resource, sys
+from pathlib import Path
+from lhd_train.cli import guarded
+from lhd_train.rundir.files import append_jsonl
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+path = Path(sys.argv[1])
+def body():
+    for n in range(1000):
+        append_jsonl(path, {"n": n, "text": "y" * 100})
+sys.exit(guarded(body))
+"""
+
+
+def test_ulimit_f_is_one_line_and_the_file_holds_whole_rows(tmp_path):
+    """`ulimit -f`: Python ignores SIGXFSZ, so the write fails with EFBIG."""
+    path = tmp_path / "rows.jsonl"
+    p = subprocess.run([sys.executable, "-c", ULIMIT, str(path)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.startswith("error: ") and "ulimit -f" in p.stderr and "Traceback" not in p.stderr
+    assert path.stat().st_size <= 4096 and path.read_bytes().endswith(b"\n")
+    assert [r["n"] for r in read_jsonl(path)] == list(range(len(read_jsonl(path))))
+
+
+def test_a_full_disk_during_a_run_is_one_line_and_the_resume_finishes(tmp_path, monkeypatch, capsys):
+    """`lhd run`-style play (the scripted backend) with the disk full at the 9th row or message:
+    one line naming the file and what was kept; whole lines only; the resume then finishes."""
+    from lhd_train.bench.engine import prepare_run_dir, trial_id_for
+    from lhd_train.bench.prompts import Prompts
+    from lhd_train.bench.taskpack import load_pack
+    from lhd_train.bench.trial import RunContext, run_trial
+    from lhd_train.config.run import parse_config
+
+    pack = write_mini_pack(tmp_path / "pack", 3)
+    cfg = parse_config({"run_name": "r", "output_dir": str(tmp_path / "runs"), "seeds": [7], "task_pack": str(pack),
+                        "models": {"m": {"backend": "hf", "model": "unused"}}, "performer": {"model": "m"},
+                        "supervisor": {"model": "m"}}, "test")
+
+    def play():
+        run_dir, schedules = prepare_run_dir(cfg, load_pack(cfg.task_pack), [7])
+        b = ScriptedBackend(supervisor_script([0.1, 0.1, 0.5]))
+        ctx = RunContext(cfg, cfg.run_name, run_dir, load_pack(cfg.task_pack), Prompts(),
+                         {"performer": b, "supervisor": b, "summariser": b}, {})
+        return asyncio.run(run_trial(ctx, trial_id_for(7, cfg), 7, schedules["s7"]))
+
+    real = os.write
+    fail_write_at(monkeypatch, 9)
+    with pytest.raises(storage_error(), match="disk is full") as e:
+        play()
+    assert "rerun to resume" in str(e.value)
+    monkeypatch.setattr(os, "write", real)
+    for p in (cfg.run_dir / "trials").glob("*.jsonl"):
+        assert p.read_bytes().endswith(b"\n"), p
+    assert play().status == "done"
+
+
+def test_out_inside_a_run_or_a_file_is_refused(run, tmp_path, monkeypatch, capsys):
+    """`lhd data --out RUN/trials` used to write dataset/ and candidates.jsonl among the trial files."""
+    _, run_dir = run
+    before = tree(run_dir)
+    for out, needle in ((run_dir / "trials", "inside"), (run_dir, "is a run directory"),
+                        (run_dir / "audit" / "x", "inside"), (run_dir / "trials" / "s7.jsonl", "is a file")):
+        one_error(*cli(monkeypatch, capsys, "data", "grpo", str(run_dir), "--out", str(out)), "--out", needle)
+        one_error(*cli(monkeypatch, capsys, "export", str(run_dir), "--out", str(out)), "--out")
+    assert tree(run_dir) == before
+
+
+@pytest.mark.parametrize("opt,value", [("--concurrency", "0"), ("--concurrency", "-1"), ("--max-contexts", "0")])
+def test_data_options_are_bounded(opt, value, run, tmp_path, monkeypatch, capsys):
+    """`--concurrency 0` waited forever, `-1` crashed, `--max-contexts 0` meant "no limit"."""
+    _, run_dir = run
+    one_error(*cli(monkeypatch, capsys, "data", "dpo", str(run_dir), "--out", str(tmp_path / "d"), opt, value), opt)
+
+
+# ----------------------------------------------------------------------------- lone surrogates
+
+
+def surrogate_run(tmp_path: Path):
+    """A trial whose performer answers hold a lone UTF-16 surrogate (what a server's JSON
+    `"\\ud800"` decodes to). Before: `message_id` could not encode it, the trial failed every time."""
+    from lhd_train.bench.engine import prepare_run_dir, trial_id_for
+    from lhd_train.bench.prompts import Prompts
+    from lhd_train.bench.taskpack import load_pack
+    from lhd_train.bench.trial import RunContext, run_trial
+    from lhd_train.config.run import parse_config
+
+    pack = write_mini_pack(tmp_path / "pack", 2)
+    cfg = parse_config({"run_name": "r", "output_dir": str(tmp_path / "runs"), "seeds": [7], "task_pack": str(pack),
+                        "models": {"m": {"backend": "hf", "model": "unused"}}, "performer": {"model": "m"},
+                        "supervisor": {"model": "m"}, "auditor": {"model": "m"}}, "test")
+    run_dir, schedules = prepare_run_dir(cfg, load_pack(cfg.task_pack), [7])
+    script = supervisor_script([0.5])
+
+    def reply(req):
+        text = script(req)
+        return text.replace("performer answer", "answer \ud800 half") if text.startswith("performer") else text
+
+    b = ScriptedBackend(reply)
+    ctx = RunContext(cfg, cfg.run_name, run_dir, load_pack(cfg.task_pack), Prompts(),
+                     {"performer": b, "supervisor": b, "summariser": b}, {})
+    res = asyncio.run(run_trial(ctx, trial_id_for(7, cfg), 7, schedules["s7"]))
+    return cfg, res
+
+
+def test_a_lone_surrogate_is_stored_exactly_and_read_back(tmp_path):
+    cfg, res = surrogate_run(tmp_path)
+    assert res.status == "done", res.error
+    rows = read_jsonl(cfg.run_dir / "trials" / "s7.jsonl")
+    assert rows and all("answer \ud800 half" in r["performer"]["text"] for r in rows)
+    for p in (cfg.run_dir / "trials").iterdir():
+        p.read_bytes().decode("utf-8")  # valid UTF-8 on disk
+
+
+def test_export_of_a_surrogate_answer_is_valid_utf8(tmp_path):
+    from datasets import load_from_disk
+
+    from lhd_train.rundir.export import export_run
+
+    cfg, _ = surrogate_run(tmp_path)
+    export_run(cfg.run_dir, tmp_path / "ds")
+    ds = load_from_disk(str(tmp_path / "ds"))
+    assert "answer \ufffd half" in ds[0]["performer_text"]
+
+
+def test_view_of_a_surrogate_answer_is_valid_utf8(tmp_path, monkeypatch, capsys):
+    cfg, _ = surrogate_run(tmp_path)
+    code, out = cli(monkeypatch, capsys, "view", str(cfg.run_dir), "--out", str(tmp_path / "v"))
+    assert code == 0, out
+    assert "answer \ufffd half" in (tmp_path / "v" / "s7.html").read_text(encoding="utf-8")
+
+
+# ----------------------------------------------------------------------------- 2. readers
+
+
+def test_readers_never_cut_a_torn_message_store(run):
+    """The audit's and the export's message-store reader used to truncate a torn last line in
+    place: a reader changing the run it reads (and racing the writer appending to it)."""
+    from lhd_train.rundir.export import collect_rows
+    from lhd_train.rundir.store import MessageStore
+
+    _, run_dir = run
+    store = run_dir / "trials" / "s7.messages.jsonl"
+    store.write_bytes(store.read_bytes() + b'{"id": "torn", "ro')
+    before = tree(run_dir)
+    MessageStore(store)
+    collect_rows(run_dir)
+    assert tree(run_dir) == before
+
+
+def test_export_flags_a_missing_message_instead_of_exporting_nothing(run, tmp_path):
+    from datasets import load_from_disk
+
+    from lhd_train.rundir.export import export_run
+
+    _, run_dir = run
+    store = run_dir / "trials" / "s7.messages.jsonl"
+    rows = read_jsonl(run_dir / "trials" / "s7.jsonl")
+    lost = set(rows[1]["performer"]["new_message_ids"])
+    store.write_text("".join(json.dumps(m) + "\n" for m in read_jsonl(store) if m["id"] not in lost))
+    export_run(run_dir, tmp_path / "ds")
+    ds = load_from_disk(str(tmp_path / "ds"))
+    assert ds[1]["performer_user_message_missing"] is True and ds[1]["performer_user_message"] is None
+    assert ds[0]["performer_user_message_missing"] is False and ds[0]["performer_user_message"]
+    assert json.loads(ds.info.description)["rounds_missing_user_message"] >= 1
+
+
+def _cut_finished_trial(run_dir: Path) -> None:
+    p = run_dir / "trials" / "s7.jsonl"
+    p.write_text("".join(p.read_text().splitlines(keepends=True)[:-2]))
+
+
+def test_export_and_view_refuse_a_finished_trial_whose_rows_were_cut(run, tmp_path, monkeypatch, capsys):
+    """Before: the export silently had two rounds fewer, the viewer a shorter page."""
+    _, run_dir = run
+    _cut_finished_trial(run_dir)
+    before = tree(run_dir)
+    one_error(*cli(monkeypatch, capsys, "export", str(run_dir), "--out", str(tmp_path / "ds")), "s7.done",
+              "finished with")
+    one_error(*cli(monkeypatch, capsys, "view", str(run_dir), "--out", str(tmp_path / "v")), "s7.done")
+    assert tree(run_dir) == before and not (tmp_path / "ds").exists()
+
+
+def test_readers_of_a_run_with_no_finished_round(tmp_path, monkeypatch, capsys):
+    """A run killed before its first round: one line from view and export."""
+    from lhd_train.bench.engine import prepare_run_dir
+    from lhd_train.bench.taskpack import load_pack
+    from lhd_train.config.run import parse_config
+
+    pack = write_mini_pack(tmp_path / "pack", 2)
+    cfg = parse_config({"run_name": "r", "output_dir": str(tmp_path / "runs"), "seeds": [7], "task_pack": str(pack),
+                        "models": {"m": {"backend": "hf", "model": "unused"}}, "performer": {"model": "m"},
+                        "supervisor": {"model": "m"}}, "test")
+    run_dir, _ = prepare_run_dir(cfg, load_pack(cfg.task_pack), [7])
+    (run_dir / "trials" / "s7.jsonl").write_bytes(b'{"task_index": 1, "rou')  # torn first row
+    before = tree(run_dir)
+    one_error(*cli(monkeypatch, capsys, "export", str(run_dir), "--out", str(tmp_path / "ds")), "no rounds")
+    one_error(*cli(monkeypatch, capsys, "view", str(run_dir)), "no finished round")
+    assert tree(run_dir) == before
+
+
+def test_view_refuses_an_out_that_is_a_file_or_unwritable(run, tmp_path, monkeypatch, capsys):
+    _, run_dir = run
+    f = tmp_path / "page.html"
+    f.write_text("mine")
+    one_error(*cli(monkeypatch, capsys, "view", str(run_dir), "--out", str(f)), "is a file")
+    assert f.read_text() == "mine"
+    # A read-only run (root ignores permissions here, so the check is what is patched).
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if Path(p) == run_dir and mode & os.W_OK
+                        else real(p, mode, **kw))
+    line = one_error(*cli(monkeypatch, capsys, "view", str(run_dir)), "not writable", "--out")
+    assert str(run_dir / "view") in line and not (run_dir / "view").exists()
+    monkeypatch.setattr(os, "access", real)
+    code, out = cli(monkeypatch, capsys, "view", str(run_dir), "--out", str(tmp_path / "v"))
+    assert code == 0, out
+    assert (tmp_path / "v" / "index.html").exists()
+
+
+def test_page_names_never_collide():
+    from lhd_train.report.viewer import safe_name
+
+    names = ["a#2", "a_2", "a/2", "a 2", "s7", "._x"]
+    assert len({safe_name(n) for n in names}) == len(names)
+    assert safe_name("s7") == "s7" and safe_name("s7-cat-MORAL_DILEMMA") == "s7-cat-MORAL_DILEMMA"
+
+
+# ----------------------------------------------------------------------------- 8. names and the lock
+
+
+def test_the_lock_never_follows_a_symlink(tmp_path):
+    """Before: `.lock -> outside` had its target emptied by every writing stage."""
+    from lhd_train.rundir.lock import run_dir_lock
+
+    outside = tmp_path / "precious.txt"
+    outside.write_text("keep me")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / ".lock").symlink_to(outside)
+    with pytest.raises(LhdError, match="symbolic link"):
+        with run_dir_lock(run_dir, stage="test"):
+            pass
+    assert outside.read_text() == "keep me"
+    (run_dir / ".lock").unlink()
+    os.link(outside, run_dir / ".lock")
+    with pytest.raises(LhdError, match="hard link"):
+        with run_dir_lock(run_dir, stage="test"):
+            pass
+    assert outside.read_text() == "keep me"
+
+
+def test_merge_refuses_a_run_name_that_leaves_its_folder(tmp_path, monkeypatch, capsys):
+    a, _ = make_run(tmp_path / "a", seeds=(7,), run_name="t-shard0of2")
+    b, _ = make_run(tmp_path / "b", seeds=(8,), run_name="t-shard1of2")
+    out = tmp_path / "merged" / "t"
+    for name in ("../x", ".hidden", "a/b"):
+        one_error(*cli(monkeypatch, capsys, "merge", str(a.run_dir), str(b.run_dir), "--out", str(out),
+                       "--run-name", name), "--run-name")
+    assert not out.exists() and not (tmp_path / "merged" / "x").exists()
+
+
+def _run_config(tmp_path: Path, **kw) -> dict:
+    data = {"run_name": "r", "output_dir": str(tmp_path / "runs"), "seeds": [1],
+            "models": {"m": {"backend": "hf", "model": "x"}}, "performer": {"model": "m"}, "supervisor": {"model": "m"}}
+    data.update(kw)
+    return data
+
+
+@pytest.mark.parametrize("kw,field", [
+    ({"seeds": [True]}, "seeds[0]"), ({"seeds": [-1]}, "seeds[0]"), ({"seeds": [2**32]}, "seeds[0]"),
+    ({"seeds": None, "num_trials": 2, "seed": True}, "seed"), ({"seeds": None, "num_trials": 2, "seed": -5}, "seed"),
+    ({"models": {".hidden": {"backend": "hf", "model": "x"}}, "performer": {"model": ".hidden"}}, "models"),
+    ({"models": {"a/b": {"backend": "hf", "model": "x"}}, "performer": {"model": "a/b"}}, "models"),
+])
+def test_run_config_bounds(kw, field, tmp_path):
+    from lhd_train.config.run import load_config
+
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(_run_config(tmp_path, **kw)))
+    with pytest.raises(InputError) as e:
+        load_config(path)
+    assert str(path) in str(e.value) and f"'{field}'" in str(e.value)
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("run_name: r\nseeds: [1]\nrun_name: s\n", "appears twice"),
+    ("run_name: r\nx: " + "[" * 100 + "]" * 100 + "\n", "nested deeper"),
+    ("run_name: r\nseed: " + "9" * 5000 + "\n", "digits"),
+    ("run_name: r\nx: " + "y" * (2 << 20) + "\n", "characters"),
+])
+def test_yaml_with_repeated_keys_deep_nesting_or_huge_scalars_is_one_line(text, needle, tmp_path, monkeypatch,
+                                                                            capsys):
+    """Before: a repeated key silently won, and a 5000-digit integer was a ValueError traceback."""
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    one_error(*cli(monkeypatch, capsys, "run", str(path), "--no-progress"), str(path), needle)
+
+
+def test_max_tasks_beyond_the_pack_is_refused(tmp_path):
+    from lhd_train.config.run import parse_config
+
+    cfg = parse_config(_run_config(tmp_path, max_tasks=50), "run.yaml")
+    with pytest.raises(InputError, match="max_tasks.*50 is more than the 20 tasks"):
+        cfg.check_pack(20, "p", "run.yaml")
+    parse_config(_run_config(tmp_path, max_tasks=20), "run.yaml").check_pack(20, "p")
+
+
+# ----------------------------------------------------------------------------- 7. Slurm and CSV
+
+
+@pytest.fixture
+def slurm_cfg(tmp_path) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(_run_config(tmp_path, seeds=[1, 2])))
+    return path
+
+
+@pytest.mark.parametrize("var,needle", [
+    ('partition="gpu\\ntouch PWNED"', "line break"), ('job_name="x\\rtouch PWNED"', "line break"),
+    ("partition=gpu\ntouch PWNED", "one word"),  # YAML folds a plain line break into a space
+    ("partition=gpu --uid=0", "one word"), ("account=a;touch PWNED", "one word"),
+    ("time=$(touch PWNED)", "one word"), ("setup=[ok, \"a\\nb\"]", "line break"),
+    ("env={'A;touch PWNED': 1}", "environment variable name"), ("env={A: \"x\\ny\"}", "line break"),
+])
+def test_slurm_vars_cannot_add_shell_lines(var, needle, slurm_cfg, monkeypatch, capsys):
+    one_error(*cli(monkeypatch, capsys, "slurm", "render", "rollout", str(slurm_cfg), "--var", var,
+                   "--var", "device=cpu"), "--var", needle)
+
+
+def test_slurm_workdir_is_quoted_but_expands_variables(slurm_cfg, tmp_path):
+    """`cd "{{ workdir }}"` ran `$(...)` inside the double quotes."""
+    from lhd_train.ops.slurm import render_slurm
+
+    text = render_slurm("rollout", slurm_cfg, device="cpu", workdir="$HOME/$(touch PWNED)`touch PWNED2`")
+    line = next(ln for ln in text.splitlines() if ln.startswith("cd "))
+    subprocess.run(["bash", "-c", line], cwd=tmp_path, env={"HOME": str(tmp_path), "PATH": os.environ["PATH"]},
+                   capture_output=True)
+    assert not (tmp_path / "PWNED").exists() and not (tmp_path / "PWNED2").exists()
+    assert 'cd "${SLURM_SUBMIT_DIR}"' in render_slurm("rollout", slurm_cfg, device="cpu")
+
+
+def test_slurm_config_values_with_line_breaks_never_reach_the_script(tmp_path):
+    """The guard is on the rendered values: a config path (or any field) holding a line break is refused."""
+    from lhd_train.ops.slurm import render_slurm
+
+    odd = tmp_path / "a\ntouch PWNED #.yaml"
+    odd.write_text(yaml.safe_dump(_run_config(tmp_path, seeds=[1, 2])))
+    with pytest.raises(InputError, match="line break"):
+        render_slurm("rollout", odd, device="cpu")
+
+
+def test_csv_cells_cannot_start_a_formula(tmp_path):
+    import pandas as pd
+
+    from lhd_train.rundir.csv_cells import write_csv
+
+    df = pd.DataFrame({"text": ["=HYPERLINK(\"x\")", "+1", "-cmd", "@SUM(A1)", "\t=1", "plain", None],
+                       "n": [-1, 2, 3, 4, 5, 6, 7]})
+    back = pd.read_csv(write_csv(df, tmp_path / "t.csv"), keep_default_na=False)
+    assert list(back["text"]) == ["'=HYPERLINK(\"x\")", "'+1", "'-cmd", "'@SUM(A1)", "'\t=1", "plain", ""]
+    assert list(back["n"]) == [-1, 2, 3, 4, 5, 6, 7]
+
+
+def test_data_merge_refuses_the_same_part_twice(tmp_path, monkeypatch, capsys):
+    part = tmp_path / "p"
+    (part / "dataset").mkdir(parents=True)
+    (part / "dataset.json").write_text(json.dumps({"kind": "dpo", "direction": "honest"}))
+    one_error(*cli(monkeypatch, capsys, "data", "merge", str(part), str(part), "--out", str(tmp_path / "o")),
+              "given twice")
+
+
+def test_a_done_marker_error_is_a_data_file_error(run):
+    """`check_done_marker` is the one rule `run`, `export` and `view` share."""
+    from lhd_train.rundir.store import check_done_marker, read_trial_rows
+
+    _, run_dir = run
+    _cut_finished_trial(run_dir)
+    rows_path = run_dir / "trials" / "s7.jsonl"
+    with pytest.raises(DataFileError):
+        check_done_marker(run_dir / "trials" / "s7.done", rows_path, read_trial_rows(rows_path))
