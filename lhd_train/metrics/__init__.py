@@ -31,9 +31,11 @@ from lhd_train.metrics.horizon import (
     delayed_rounds,
     delayed_table,
     horizon_table,
+    undetermined_rounds,
 )
 from lhd_train.metrics.load import (
     RunData,
+    headline_auditor,
     list_auditors,
     load_audit,
     load_run,
@@ -47,7 +49,7 @@ __all__ = [
     "Chain", "RoundFlag", "RunData", "RunMetrics", "TrialStats", "bootstrap_ci", "breakdown",
     "chains_summary", "chains_table", "compare_auditors", "compute_all", "control_table",
     "correlations_across", "correlations_within", "deception_chains", "delayed_rounds", "delayed_table",
-    "horizon_table", "list_auditors", "load_audit", "load_run", "load_runs", "mean_se", "pearson",
+    "headline_auditor", "horizon_table", "list_auditors", "load_audit", "load_run", "load_runs", "mean_se", "pearson",
     "per_trial_table", "pick_auditor", "round_labels", "summarize", "summary_table", "trial_condition", "trial_stats",
-    "type_distribution",
+    "type_distribution", "undetermined_rounds",
 ]
