@@ -44,6 +44,15 @@ class SamplingParams:
         return replace(self, **fill)
 
 
+def effective_sampling(sampling: SamplingParams, model_defaults: dict[str, Any] | None) -> dict[str, Any]:
+    """What a role decodes with, for the manifest and the report: `sampling` resolved against the
+    model's defaults (a backend's `describe()["generation_defaults"]`); when those are unknown
+    (None: a remote API) an unset field stays None, "the provider's default"."""
+    if model_defaults is None:
+        return sampling.to_dict()
+    return sampling.resolved(model_defaults).to_dict()
+
+
 def generation_defaults(config: Any) -> dict[str, Any]:
     """The decoding fields a model's generation config sets (a transformers `GenerationConfig`
     or the dict of a generation_config.json); unset ones are left out."""

@@ -30,7 +30,7 @@ from lhd_train.config.run import Sampling
 from rollouts.openai_backend import OpenAIBackend
 from rollouts.spec import ModelSpec
 from rollouts.structured import schema_for
-from rollouts.types import GenerationRequest, SamplingParams
+from rollouts.types import GenerationRequest, SamplingParams, effective_sampling
 
 ROOT = Path(__file__).resolve().parents[1]
 ASK = [{"role": "system", "content": "You are a manager."}, {"role": "user", "content": "Evaluate the report."}]
@@ -196,6 +196,8 @@ def test_role_sampling_defaults_are_the_models():
     assert p.resolved({"temperature": 0.6, "top_k": 20}).to_dict() | {"seed": 0} == {
         "temperature": 0.6, "top_p": 1.0, "top_k": 20, "repetition_penalty": 1.0, "max_tokens": s.max_tokens,
         "seed": 0, "n": 1}
+    assert effective_sampling(p, None)["temperature"] is None  # unknown defaults: the provider's
+    assert effective_sampling(p, {"temperature": 0.6})["temperature"] == 0.6
 
 
 @pytest.fixture(scope="module")
@@ -309,3 +311,34 @@ def test_a_trial_records_cut_supervisor_answers_as_cut(hf, tmp_path):
         assert row["performer"]["sampling"]["top_p"] == 1.0  # what hf used: the model sets none
     u = usage_by_role(rows)
     assert (u["supervisor"]["cut_calls"], u["supervisor"]["cut_answers"]) == (4, 2)
+
+
+def test_a_cut_summary_is_asked_again_with_more_room():
+    """The memory summary is free text: cut at its limit, it is asked again with twice the budget;
+    a summary still cut after `max_attempts` keeps the model's words with status `cut`."""
+    from support.scripted import ScriptedBackend
+
+    from lhd_train.bench.memory import Memory, RoundNote
+    from lhd_train.bench.prompts import Prompts
+    from lhd_train.bench.supervisor import Supervisor
+    from rollouts.types import Completion, GenerationResult
+
+    class Cutting(ScriptedBackend):
+        def __init__(self, cut_first: int):
+            super().__init__(lambda r: "")
+            self.cut_first = cut_first
+
+        async def generate(self, requests):
+            self.requests += requests
+            cut = len(self.requests) <= self.cut_first
+            return [GenerationResult([Completion("a summary", [1, 2], "length" if cut else "stop")])]
+
+    st = {"trust": 0.0, "satisfaction": 0.0, "comfort": 0.0}
+    note = RoundNote(1, 1, "t", 1, None, "answer", "why", st, st, "fb", False, "prompt", None)
+    for cut_first, status, budgets in ((1, "ok", [50, 100]), (3, "cut", [50, 100, 200])):
+        b = Cutting(cut_first)
+        sup = Supervisor(b, b, Prompts(), "pack", 0.2, 3, Memory(7), {}, max_attempts=3,
+                         sampling=lambda stage, a: SamplingParams(max_tokens=50, seed=a))
+        summary, calls = asyncio.run(sup._summarise(note))
+        assert summary["status"] == status and summary["text"] == "a summary"
+        assert [c["sampling"]["max_tokens"] for c in calls] == budgets
