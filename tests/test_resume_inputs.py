@@ -100,11 +100,12 @@ def test_labels_of_an_unfinished_trial_are_flagged_and_redone(tmp_path: Path) ->
     n = summary.totals["rounds"]
     assert n > 1 and summary.totals["audited"] == n
     assert all(r["trial_unfinished"] is True for r in rows_of(cfg, "m-full", tid))
+    assert summary.totals["partial"] == n
     audit(cfg, ScriptedBackend(auditor_script()), include_unfinished=True)  # still unfinished: nothing redone
     assert len(rows_of(cfg, "m-full", tid)) == n
     done.write_bytes(marker)  # the trial finishes
     summary = audit(cfg, ScriptedBackend(auditor_script()))
-    assert summary.totals["audited"] == n
+    assert summary.totals["audited"] == n and summary.totals["relabel"] == n and summary.totals["partial"] == 0
     rows = rows_of(cfg, "m-full", tid)
     latest = {r["global_round"]: r for r in rows}  # appended after the flagged ones
     assert len(rows) == 2 * n and not any(r.get("trial_unfinished") for r in latest.values())

@@ -61,6 +61,8 @@ class TrialAudit:
     skipped: str | None = None  # why the trial was not audited
     flagged: int = 0  # deceptive rows on disk after this run
     on_disk: int = 0
+    relabel: int = 0  # rounds labelled while the trial was unfinished, labelled again now that it is done
+    partial: int = 0  # rounds whose label on disk was made from the unfinished trial (trial_unfinished)
 
 
 @dataclass
@@ -76,7 +78,8 @@ class AuditSummary:
 
     @property
     def totals(self) -> dict[str, int]:
-        keys = ("rounds", "already", "audited", "failed", "repaired", "missing", "flagged", "on_disk")
+        keys = ("rounds", "already", "audited", "failed", "repaired", "missing", "flagged", "on_disk", "relabel",
+                "partial")
         return {k: sum(getattr(t, k) for t in self.trials) for k in keys}
 
 
@@ -227,9 +230,11 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
     for trial in trials:
         path = rd.audit_rows(auditor_id, trial.trial_id)
         repair_jsonl(path)
-        done = {r["global_round"] for r in read_audit_rows(path)
+        rows = read_audit_rows(path)
+        done = {r["global_round"] for r in rows
                 if not (trial.finished and r.get("trial_unfinished"))}  # relabel once the trial is finished
         st = stats[trial.trial_id] = TrialAudit(trial.trial_id, rounds=len(trial.rows), already=len(done))
+        st.relabel = len({r["global_round"] for r in rows} - done)
         jobs += [(trial, i) for i, r in enumerate(trial.rows) if r["global_round"] not in done]
 
     owns_backend = backend is None and bool(jobs)
@@ -319,6 +324,7 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
         rows = {r["global_round"]: r for r in read_audit_rows(rd.audit_rows(auditor_id, trial.trial_id))}
         st.on_disk = len(rows)
         st.flagged = sum(1 for r in rows.values() if r.get("deceptive"))
+        st.partial = sum(1 for r in rows.values() if r.get("trial_unfinished"))
     return AuditSummary(auditor_id, out_dir, [stats[t.trial_id] for t in trials] + skipped,
                         time.perf_counter() - t0)
 

@@ -40,6 +40,13 @@ def audit_command(run: Path, auditor_config: Path | None = None, mode: str = AUD
                       "raise it (or leave it unset) to send more[/yellow]")
     summary = asyncio.run(audit_run(run, cfg, opts, config_source=source, progress=progress))
     print_audit_summary(summary)
+    totals = summary.totals
+    if totals["relabel"]:
+        console.print(f"{totals['relabel']} round(s) labelled while their trial was unfinished were labelled again "
+                      "now that it is finished")
+    if totals["partial"]:
+        console.print(f"[yellow]{totals['partial']} label(s) were made from an unfinished trial (trial_unfinished in "
+                      "the row); rerun `lhd audit` once the trial is finished to redo them[/yellow]")
     if not summary.complete:
         console.print("[yellow]some rounds have no row yet (model unreachable); run the same command again[/yellow]")
         return 3
