@@ -793,3 +793,18 @@ def test_lora_refusals_match_vllms_own_adapter_check(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     vllm_ok = json.loads(r.stdout.strip().splitlines()[-1])
     assert vllm_ok == [ok for ok, _ in configs], list(zip(cases, vllm_ok, strict=True))
+
+
+def test_a_local_judge_gets_the_backends_defaults():
+    """`grpo.judge` without max_in_flight/timeout_s: the openai backend's defaults for where the
+    endpoint is (a recipe default of 600 s used to cut a local 72B judge's long requests)."""
+    from lhd_train.config.recipe import JudgeEndpoint
+    from lhd_train.finetune.judged_rewards import endpoint_spec
+    from rollouts.openai_backend import max_in_flight, request_timeout_s
+
+    local = endpoint_spec(JudgeEndpoint(base_url="http://127.0.0.1:8001/v1", model="m"))
+    assert request_timeout_s(local) == 3600 and max_in_flight(local) == 32
+    remote = endpoint_spec(JudgeEndpoint(base_url="https://api.example.org/v1", model="m"))
+    assert request_timeout_s(remote) == 600
+    set_ = endpoint_spec(JudgeEndpoint(base_url="http://127.0.0.1:8001/v1", model="m", timeout_s=5, max_in_flight=2))
+    assert request_timeout_s(set_) == 5 and max_in_flight(set_) == 2
