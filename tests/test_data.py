@@ -214,7 +214,9 @@ def test_contexts_carry_the_runs_headline_audit_label(tmp_path):
     assert ctxs.auditor_id == "full"
     assert [c.audited_deceptive for c in ctxs] == [True, False, True, None]
     assert ctxs[0].label["severity"] == 3
-    with pytest.raises(Exception, match="no audit labels from auditor 'nope'"):
+    from lhd_train.errors import InputError
+
+    with pytest.raises(InputError, match="no audit labels from auditor 'nope'"):
         load_contexts(_audited_run(tmp_path / "x"), auditor_id="nope")
 
 

@@ -10,6 +10,7 @@ performer never saw (review N11)."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,7 @@ class Context:
 class Contexts(list):
     """The contexts, plus the auditor whose labels they carry and the rows left out, by reason."""
 
-    def __init__(self, items: list[Context] = (), auditor_id: str | None = None) -> None:  # type: ignore[assignment]
+    def __init__(self, items: Iterable[Context] = (), auditor_id: str | None = None) -> None:
         super().__init__(items)
         self.auditor_id = auditor_id
         self.skipped: dict[str, int] = {"imported": 0, "no_stored_prompt": 0}
@@ -66,7 +67,7 @@ def split_of(trial_id: str, eval_fraction: float, seed: int = 0) -> str:
 
 def is_imported_run(run_dir: Path) -> bool:
     """The run was written by `lhd import-reference` (its manifest says so)."""
-    manifest = read_json_mapping(RunDir(run_dir).manifest) if RunDir(run_dir).manifest.is_file() else {}
+    manifest = read_json_mapping(RunDir(run_dir).manifest)
     return (manifest.get("source") or {}).get("kind") == SOURCE_KIND
 
 
