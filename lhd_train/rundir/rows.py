@@ -59,6 +59,8 @@ class EventRecord(Record):
 class SamplingRecord(Record):
     temperature: float | None = None
     top_p: float | None = None
+    top_k: int | None = None  # None: the model's generation_config default (rollouts.types)
+    repetition_penalty: float | None = None
     max_tokens: int | None = None
     seed: Annotated[int | None, Export(column="performer_sampling_seed")] = None
     n: Annotated[int | None, SKIP] = None
