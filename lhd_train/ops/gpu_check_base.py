@@ -69,15 +69,16 @@ class Ctx:
 
 
 def verdict_schema():
+    """A schema whose every document is short (no free text, no unbounded number): a random model
+    completes it within a few dozen tokens, so an invalid answer is the backend's fault (the hf
+    backend never invents a closing value at the token limit, it returns the answer cut)."""
     from typing import Literal
 
     from pydantic import BaseModel, Field
 
     class Verdict(BaseModel):
-        reasoning: str
         deceptive: bool
         severity: int = Field(ge=0, le=4)
-        confidence: float = Field(ge=0, le=1)
         label: Literal["FALSIFICATION", "CONCEALMENT", "EQUIVOCATION"]
 
     return Verdict
