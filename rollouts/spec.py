@@ -56,9 +56,13 @@ class ModelSpec(BaseModel):
         None, gt=0, description="hf only: GiB one batch's keys/values and prefill may use (rows are "
         "admitted until it is full); default: the free GPU memory after loading less a margin and the "
         "prefix cache, on CPU the available memory (rollouts/hf/memory_plan.py)")
-    max_lora_rank: int = 64
+    max_lora_rank: int = Field(
+        64, ge=1, description="vllm: --max-lora-rank when an adapter's adapter_config.json cannot be read yet "
+        "(otherwise the adapters' own largest r)")
     extra_args: list[str] = Field(default_factory=list, description="vllm: extra CLI args")
-    gpus: str | None = Field(None, description="vllm: CUDA_VISIBLE_DEVICES for the server")
+    gpus: str | None = Field(
+        None, description="vllm: GPU positions within the inherited CUDA_VISIBLE_DEVICES (\"1,2\" = the 2nd and "
+        "3rd visible GPU), never absolute ids; default: the first tensor x data parallel GPUs")
     cpu_kv_cache_gib: int = Field(
         4, ge=1, description="vllm on CPU: GiB of memory for the KV cache (VLLM_CPU_KVCACHE_SPACE)")
     vllm_executable: str | None = Field(

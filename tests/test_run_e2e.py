@@ -66,6 +66,7 @@ def test_run_kill_and_resume(tmp_path, tiny_llama_dir):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     before = {s: len(read_jsonl(run_dir / "trials" / f"s{s}.jsonl")) for s in (11, 12)}
+    first_manifest = json.loads((run_dir / "manifest.json").read_text())
     assert not (run_dir / "trials" / "s11.done").exists()
 
     out = lhd("run", str(cfg_path), "--no-progress")
@@ -75,9 +76,14 @@ def test_run_kill_and_resume(tmp_path, tiny_llama_dir):
     # Rows written before the kill are kept byte-for-byte, not redone.
     assert len(rows) >= sum(before.values())
     for row in rows:
-        assert row["supervisor"]["parse_status"] in ("ok", "retried"), row["supervisor"]["calls"][-1]
+        # "cut": the random model ran out of tokens on every attempt, recorded as such (never closed for it)
+        assert row["supervisor"]["parse_status"] in ("ok", "retried", "cut"), row["supervisor"]["calls"][-1]
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["seeds"] == [11, 12] and manifest["packages"]["transformers"]
+    # The resume kept the first session's record and appended its own.
+    assert manifest["started_at"] == first_manifest["started_at"] and len(manifest["resumes"]) == 1
+    assert len(manifest["pack_sha256"]) == 64
+    assert set(manifest["effective_sampling"]) == {"performer", "supervisor", "summariser"}
     assert (run_dir / "schedules" / "s11.json").exists()
 
     # A third run on a finished directory touches no model and changes nothing.

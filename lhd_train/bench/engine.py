@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 from lhd_train.bench.accounting import gpu_hours, usage_by_role
 from lhd_train.bench.events import Schedule, draw_schedule
 from lhd_train.bench.prompts import Prompts
-from lhd_train.bench.taskpack import load_pack
+from lhd_train.bench.taskpack import load_pack, pack_sha256
 from lhd_train.bench.trial import RunContext, TrialResult, check_finished, open_message_store, run_trial, tasks_done
 from lhd_train.config.run import RunConfig, dump_resolved
 from lhd_train.errors import InputError, LhdError
@@ -27,6 +27,7 @@ from rollouts.factory import build_backend
 from rollouts.managed_server import live_servers
 from rollouts.model_files import changed_parts, weights_fingerprint
 from rollouts.spec import ModelSpec
+from rollouts.types import effective_sampling
 
 RUN_ROLES = ("performer", "supervisor", "summariser")
 MANAGED = ("vllm", "transformers-serve")  # backends that start a server process (concurrently)
@@ -118,6 +119,17 @@ def model_weights(cfg: RunConfig, roles: tuple[str, ...]) -> dict[str, Any]:
         if rc.adapter and f"adapter:{rc.adapter}" not in out:
             out[f"adapter:{rc.adapter}"] = weights_fingerprint(rc.adapter)
     return out
+
+
+def keep_first_provenance(path: Path, now: dict[str, Any], resuming: bool) -> dict[str, Any]:
+    """The manifest to write: on a resume, the first run's record stays as it was (its models,
+    packages, host and start) and this session is appended under `resumes`; a run with no
+    finished round yet starts its record afresh."""
+    if not resuming or not path.exists():
+        return now
+    first = json.loads(path.read_text(encoding="utf-8"))  # validated by _check_weights before
+    session = {k: now[k] for k in ("started_at", "host", "platform", "packages", "python")}
+    return {**first, "resumes": [*first.get("resumes", []), session]}
 
 
 def _check_weights(run_dir: Path, now: dict[str, Any]) -> None:
@@ -251,18 +263,23 @@ async def _run_benchmark(cfg: RunConfig, progress: bool) -> list[TrialResult]:
     resolved = dump_resolved(cfg)  # the config as given, whatever building the backends does with it
     backends, models = build_role_backends(cfg, RUN_ROLES, rd.logs_dir) if pending else ({}, {})
     rd.config.write_text(resolved)  # only now: the run could start
+    describe = {role: backends[role].describe() for role in backends}
     manifest = {
-        "run_id": cfg.run_name, "pack": pack.name, "pack_source": str(pack.path),
+        "run_id": cfg.run_name, "pack": pack.name, "pack_source": str(pack.path), "pack_sha256": pack_sha256(pack),
         "seeds": seeds, "trials": [tid for tid, _ in todo],
-        "models": {role: {**models.get(role, {}), "describe": backends[role].describe()} for role in backends},
+        "models": {role: {**models.get(role, {}), "describe": describe[role]} for role in backends},
         "sampling": {r: cfg.role(r).sampling.model_dump() for r in RUN_ROLES},
+        # what each role decodes with: the config's settings over the model's own generation defaults
+        "effective_sampling": {r: effective_sampling(cfg.role(r).sampling.params(None),
+                                                     (describe.get(r) or {}).get("generation_defaults"))
+                               for r in RUN_ROLES if r in describe},
         "weights": weights,
         "packages": package_versions(), "python": python_version(),
         "host": platform.node(), "platform": platform.platform(),
         "started_at": utc_now(),
     }
     if pending:
-        write_json_atomic(rd.manifest, manifest)
+        write_json_atomic(rd.manifest, keep_first_provenance(rd.manifest, manifest, any(on_disk.values())))
 
     # A resumed run's bar starts at the tasks already done, finished trials and partial ones alike.
     already = sum(n_tasks if is_finished[tid] else tasks_done(on_disk[tid], cfg.max_rounds_per_task)

@@ -116,9 +116,9 @@ def trl_vllm_range() -> tuple[str, str] | None:
 def check_trl_vllm() -> Row:
     trl, vllm = _version("trl"), _version("vllm")
     if vllm is None:
-        return ("trl/vllm", WARN, "vLLM is not importable in lhd's environment: recipes with `use_vllm: true` (the "
-                "GPU GRPO recipes) fail unless vLLM is set up as docs/training.md says; GRPO without use_vllm "
-                "generates with transformers")
+        return ("trl/vllm", OK, "vLLM is not importable in lhd's environment: GRPO generates with transformers, as "
+                "the shipped recipes do; a recipe with `use_vllm: true` fails here (TRL 1.16 needs vLLM in the "
+                "trainer's environment, and no vLLM it supports accepts lhd's pins: docs/training.md)")
     if trl is None:
         return ("trl/vllm", OK, f"vllm {vllm}, trl not installed")
     rng = trl_vllm_range()
