@@ -49,6 +49,8 @@ PROMPTS = [
     "The hackathon budget of 15000 dollars covers prizes, food, swag and two keynote speakers this year.",
     "Churn rose from four to seven percent after the price change, mostly among small business customers.",
 ]
+
+
 def emit(name: str, status: str, detail: str) -> None:
     print(f"CHECK {name}: {status} {detail}", flush=True)
 
