@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import Field, Strict, field_validator, model_validator
+from pydantic import AfterValidator, Field, Strict, field_validator, model_validator
 
 from lhd_train.config.base import StrictModel, read_config, relative_to_file, validate
 from lhd_train.config.vocab import CATEGORIES, LEVELS, ROLES
@@ -27,6 +27,18 @@ Seed = Annotated[int, Strict(), Field(ge=0, le=MAX_SEED)]
 #: caps (16k for GPT-4o) with continuation; a structured answer cut at its cap is retried with
 #: twice the budget (bench/structured_calls.py), the performer's continued (`max_segments`).
 DEFAULT_MAX_TOKENS = 4096
+
+
+def _model_keys(v: dict[str, ModelSpec]) -> dict[str, ModelSpec]:
+    for key in v:  # keys name log files and folders (logs/<key>.log): no hidden or nested ones
+        problem = name_problem(key)
+        if problem:
+            raise ValueError(f"key {problem}")
+    return v
+
+
+#: `models:` of every config (run, auditor): model key -> spec, keys plain names (`rundir.names`)
+ModelMap = Annotated[dict[str, ModelSpec], AfterValidator(_model_keys)]
 
 
 class Sampling(StrictModel):
@@ -112,7 +124,7 @@ class RunConfig(StrictModel):
     initial_state: InitialState = Field(default_factory=InitialState)
     max_tasks: int | None = Field(None, ge=1, description="stop after this many tasks (smoke tests)")
     concurrency: int = Field(8, ge=1, description="trials run at once")
-    models: dict[str, ModelSpec]
+    models: ModelMap
     performer: PerformerConfig
     supervisor: RoleConfig
     summariser: RoleConfig | None = Field(None, description="default: the supervisor's model and sampling")
@@ -125,15 +137,6 @@ class RunConfig(StrictModel):
         problem = name_problem(v)  # `..` or `a/b` would put the run outside output_dir
         if problem:
             raise ValueError(problem)
-        return v
-
-    @field_validator("models")
-    @classmethod
-    def _model_keys(cls, v: dict[str, ModelSpec]) -> dict[str, ModelSpec]:
-        for key in v:  # keys name log files and folders (logs/<key>.log): no hidden or nested ones
-            problem = name_problem(key)
-            if problem:
-                raise ValueError(f"key {problem}")
         return v
 
     @model_validator(mode="after")
