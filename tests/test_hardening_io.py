@@ -489,3 +489,27 @@ def test_a_done_marker_error_is_a_data_file_error(run):
     rows_path = run_dir / "trials" / "s7.jsonl"
     with pytest.raises(DataFileError):
         check_done_marker(run_dir / "trials" / "s7.done", rows_path, read_trial_rows(rows_path))
+
+
+def test_a_trial_finishing_while_it_is_read_is_not_taken_for_a_cut_one(run, monkeypatch):
+    """The writer appends the last row, then the marker: a reader that looked at the marker after
+    reading the rows would call a trial that just finished "cut" (and `view`/`export` refuse it)."""
+    from lhd_train.rundir import store
+
+    _, run_dir = run
+    rows_path, done = run_dir / "trials" / "s7.jsonl", run_dir / "trials" / "s7.done"
+    lines, marker = rows_path.read_text().splitlines(keepends=True), done.read_text()
+    done.unlink()
+    rows_path.write_text("".join(lines[:-1]))
+    real = store.read_trial_rows
+
+    def read_then_the_writer_finishes(path, model=store.RoundRow):
+        rows = real(path, model)
+        with open(path, "a") as f:
+            f.write(lines[-1])
+        done.write_text(marker)
+        return rows
+
+    monkeypatch.setattr(store, "read_trial_rows", read_then_the_writer_finishes)
+    rows, finished = store.read_finished_trial(rows_path)
+    assert finished is False and len(rows) == len(lines) - 1

@@ -28,7 +28,7 @@ from lhd_train.report.tables import trials_table_ctx
 from lhd_train.rundir.files import atomic_write_text, check_writable_dir
 from lhd_train.rundir.layout import RunDir
 from lhd_train.rundir.outputs import check_out_dir
-from lhd_train.rundir.store import MessageStore, check_done_marker, read_trial_rows
+from lhd_train.rundir.store import MessageStore, read_finished_trial
 
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -93,8 +93,7 @@ def trial_context(run: RunData, trial_id: str, other_audits: dict[str, pd.DataFr
                   states_png: bytes | None = None) -> dict[str, Any]:
     """Everything the trial template shows, as plain strings and lists."""
     files = RunDir(run.path).trial(trial_id)
-    rows = read_trial_rows(files.rows)
-    check_done_marker(files.done, files.rows, rows)
+    rows, _ = read_finished_trial(files.rows)  # a cut finished trial is an error, as in `lhd run`
     rows.sort(key=lambda r: int(r["global_round"]))
     store = MessageStore(files.messages)
     tr = run.rounds[run.rounds["trial_id"] == trial_id]

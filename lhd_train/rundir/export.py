@@ -22,7 +22,7 @@ from lhd_train.rundir.layout import RunDir, TrialFiles
 from lhd_train.rundir.outputs import check_out_dir
 from lhd_train.rundir.rows import AuditRow, Column, RoundRow, export_columns
 from lhd_train.rundir.staging import staged_dir
-from lhd_train.rundir.store import MessageStore, check_done_marker, read_audit_rows, read_trial_rows
+from lhd_train.rundir.store import MessageStore, read_audit_rows, read_finished_trial
 
 SEP = "__"
 
@@ -86,8 +86,8 @@ def collect_rows(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, str], l
     records: list[dict[str, Any]] = []
     for path in rd.rows_files():
         tf = TrialFiles.from_rows(path)
-        rows = sorted(read_trial_rows(path), key=lambda r: r["global_round"])
-        finished = check_done_marker(tf.done, tf.rows, rows)  # a cut finished trial is an error
+        rows, finished = read_finished_trial(path)  # a cut finished trial is an error
+        rows.sort(key=lambda r: r["global_round"])
         if not rows:
             continue
         store = MessageStore(tf.messages) if tf.messages.exists() else None

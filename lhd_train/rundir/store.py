@@ -150,3 +150,14 @@ def check_done_marker(done_path: Path, rows_path: Path, rows: list[dict[str, Any
         raise DataFileError(done_path, f"marks trial {tid} finished with {expected} rounds, but {rows_path} "
                             f"has {len(rows)}", repair=repair)
     return True
+
+
+def read_finished_trial(rows_path: Path, model: type[Record] = RoundRow) -> tuple[list[dict[str, Any]], bool]:
+    """A trial's checked rows and whether it is finished, safe beside a writer: the marker is
+    looked at before the rows are read (it is written after the last row), so a trial finishing
+    while it is read is never taken for one whose rows were cut. A marker that disagrees with the
+    rows is a `DataFileError`, as in `check_done_marker`."""
+    tf = TrialFiles.from_rows(rows_path)
+    marked = tf.done.exists()
+    rows = read_trial_rows(rows_path, model)
+    return rows, check_done_marker(tf.done, rows_path, rows) if marked else False
