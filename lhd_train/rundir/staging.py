@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from lhd_train.rundir.files import storage_error
+from lhd_train.rundir.layout import LOCK
 
 STAGING = ".staging-"
 
@@ -39,7 +40,7 @@ def staged_dir(target: Path, copy_existing: bool = False) -> Iterator[Path]:
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             if copy_existing and target.is_dir():
-                shutil.copytree(target, stage, symlinks=True)
+                shutil.copytree(target, stage, symlinks=True, ignore=shutil.ignore_patterns(LOCK))  # not the lock
             else:
                 stage.mkdir()
         except OSError as e:
