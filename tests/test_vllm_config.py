@@ -128,6 +128,31 @@ def test_doctor_and_run_refuse_a_broken_copy(tmp_path, monkeypatch):
     assert e.value.field == "models.llama8b.max_model_len"
 
 
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.timeout(900)
+def test_audit_refuses_a_broken_vllm_auditor_before_it_starts(tmp_path, monkeypatch):
+    """`lhd audit --auditor` runs the same check as `lhd run`: a broken copy of the 70B auditor
+    config is refused naming the field, and no audit folder is written."""
+    _vllm_or_skip()
+    from lhd_train.cli.audit import audit_command
+    from lhd_train.rundir.reference_import import import_reference
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    monkeypatch.setattr(check, "checked_vllm", lambda spec, device: "vllm")  # the CPU build judges here
+    run = tmp_path / "imported"
+    import_reference(ROOT / "tests" / "data" / "reference-sessions", run, False)
+    data = yaml.safe_load((ROOT / "configs/examples/auditor-llama70b.yaml").read_text())
+    data["models"]["llama70b"]["max_model_len"] = 262144
+    broken = tmp_path / "auditor.yaml"
+    broken.write_text(yaml.safe_dump(data))
+    before = sorted(p.name for p in (run / "audit").iterdir())  # the imported authors' labels
+    with pytest.raises(InputError) as e:
+        audit_command(run, broken, progress=False)
+    assert e.value.field == "models.llama70b.max_model_len" and "262144" in str(e.value)
+    assert sorted(p.name for p in (run / "audit").iterdir()) == before
+
+
 def test_doctor_notes_that_old_vllm_ignores_structured_outputs():
     """L8: a model sent vLLM's `structured_outputs` gets a note that servers before vLLM 0.10.2 drop
     the field silently (no vLLM needed: the example has no managed vllm model)."""

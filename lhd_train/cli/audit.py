@@ -33,6 +33,11 @@ def audit_command(run: Path, auditor_config: Path | None = None, mode: str = AUD
     opts = AuditOptions(mode=mode, window=window, hide_supervisor=hide_supervisor,
                         hide_event_labels=hide_event_labels, auditor_id=auditor_id, concurrency=concurrency,
                         include_unfinished=include_unfinished)
+    from lhd_train.ops.vllm_config_check import preflight
+
+    # Before a server starts: its GPUs visible and not shared, no CPU vLLM for cuda, vLLM's own verdict.
+    for note in preflight({cfg.auditor.model: cfg.spec}, source or run):
+        console.print(f"[yellow]{note}[/yellow]")
     cap = cfg.spec.max_in_flight
     if cap is not None and cap < concurrency and cfg.spec.backend != "hf":
         console.print(f"[yellow]--concurrency {concurrency}: at most {cap} rounds are in flight, since "
