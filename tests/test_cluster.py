@@ -552,7 +552,10 @@ def test_data_stage_with_70b_auditor_is_refused_with_the_reason(run_configs):
     msg = str(e)
     assert "9 GPUs (llama8b 1 + qwen72b 4 + llama70b 4)" in msg and "more than the 8 a node has" in msg
     assert "at once" in msg and "max_gpus_per_node" in msg
-    assert "#SBATCH --gpus-per-node=9" not in render_slurm("data", vllm_cfg, auditor=str(aud), max_gpus_per_node=9)
+    # A 9-GPU partition still cannot run it as shipped: the auditor's GPUs 0-3 are the performer's and
+    # the supervisor's too, and all three run at once.
+    e9 = _error(render_slurm, "data", vllm_cfg, auditor=str(aud), max_gpus_per_node=9)
+    assert e9.field == "models.llama70b.gpus" and "given to both" in str(e9)
     # The run's own auditor shares the supervisor's server: 5 GPUs.
     assert "#SBATCH --gpus-per-node=5" in render_slurm("data", vllm_cfg)
     # Nothing asks for more than a node has, whatever the stage.
