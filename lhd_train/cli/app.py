@@ -9,13 +9,13 @@ import os
 import typer
 
 from lens.cli import app as lens_app
-from lhd_train.cli import audit, data, doctor, merge, models, report, run, slurm, train
+from lhd_train.cli import audit, audit_eval, data, doctor, merge, models, report, run, slurm, train
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 app = typer.Typer(help="lhd: long-horizon deception workbench", no_args_is_help=True, add_completion=False,
                   pretty_exceptions_enable=False)
-for group in (run, models, audit, train, report):
+for group in (run, models, audit, audit_eval, train, report):
     app.add_typer(group.app)
 app.add_typer(data.data_app, name="data")
 app.add_typer(slurm.slurm_app, name="slurm")

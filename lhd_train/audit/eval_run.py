@@ -1,0 +1,123 @@
+"""`lhd audit-eval`: run an auditor on labelled answers through the ordinary audit code path
+(`runner.audit_run`, any mode, any backend) and score its rows (`evaluation.score`).
+
+The labelled answers are either the curated set, written as a run directory under `OUT/run`
+(reused by later evaluations of other auditors), or a planted run (`lhd audit-plant`), audited
+in place (its audit rows go to its own `audit/<auditor-id>/`). Sampling k times audits under k
+auditor ids, `<id>-k1` ... `<id>-kk`: each id seeds its calls differently (`call_seed` includes
+the id), so at a temperature above 0 the samples are independent draws."""
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lhd_train.audit.curated import GROUND_TRUTH, build_curated_run, load_curated
+from lhd_train.audit.evaluation import Key, headline_lines, markdown, score, truths
+from lhd_train.audit.plant import PLANT_INFO
+from lhd_train.config.auditor import AuditOptions, AuditorConfig
+from lhd_train.errors import InputError
+from lhd_train.rundir.files import (
+    atomic_write_text,
+    read_json_mapping,
+    read_jsonl,
+    sha256_text,
+    utc_now,
+    write_json_atomic,
+)
+from lhd_train.rundir.layout import RunDir
+from rollouts.backend import Backend
+
+EVAL_JSON, EVAL_MD = "eval.json", "eval.md"
+
+
+@dataclass
+class EvalResult:
+    auditor_id: str
+    out: Path
+    record: dict[str, Any]
+
+    @property
+    def headline(self) -> list[str]:
+        return self.record["headline"]
+
+
+def curated_run(out: Path, set_path: Path | None = None) -> Path:
+    """`OUT/run`: the curated set as a run directory, built once and reused while the set is the
+    same (a changed set is refused: its old audit rows would be scored against new labels)."""
+    cset = load_curated(set_path)
+    run = Path(out) / "run"
+    rd = RunDir(run)
+    if rd.manifest.is_file():
+        want = sha256_text(json.dumps(cset.model_dump(by_alias=True), sort_keys=True))
+        have = read_json_mapping(rd.manifest).get("set_sha256")
+        if have != want:
+            raise InputError(rd.manifest, "set_sha256", f"{run} was built from another version of the set; "
+                             "pass a new --out")
+        return run
+    return build_curated_run(cset, run)
+
+
+def audited_rounds(run: Path) -> list[Key]:
+    """(trial, global round) of every round the auditor judges (finished trials)."""
+    from lhd_train.audit.runner import load_trials
+
+    trials, _, _ = load_trials(run)
+    return [(t.trial_id, int(r["global_round"])) for t in trials for r in t.rows]
+
+
+def read_ground_truth(run: Path) -> tuple[list[dict[str, Any]], bool]:
+    """The labelled rows, and whether `run` is a planted copy (then unlabelled rounds are unplanted)."""
+    path = Path(run) / GROUND_TRUTH
+    if not path.is_file():
+        raise InputError(path, None, "not found: evaluate the curated set (--set curated) or a planted copy "
+                         "(`lhd audit-plant RUN --out DIR`, then --planted DIR)")
+    rows = read_jsonl(path)
+    for n, r in enumerate(rows, 1):
+        for key in ("trial_id", "global_round", "deceptive", "type", "severity"):
+            if key not in r:
+                raise InputError(path, key, f"missing in row {n}")
+    return rows, (Path(run) / PLANT_INFO).is_file()
+
+
+def evaluate_auditor(run: Path, cfg: AuditorConfig, opts: AuditOptions, out: Path, source: str, samples: int = 1,
+                     config_source: str = "", backend: Backend | None = None, progress: bool = True) -> EvalResult:
+    """Audit `run` `samples` times, score the rows, write `OUT/eval.json` and `OUT/eval.md`."""
+    from lhd_train.audit.runner import audit_run, read_audit
+
+    if samples < 1:
+        raise InputError("command line", "--samples", f"{samples}", "1 or more")
+    truth_rows, planted = read_ground_truth(run)
+    base = opts.resolved_id(cfg.auditor.model)
+    ids = [base] if samples == 1 else [f"{base}-k{j}" for j in range(1, samples + 1)]
+    incomplete = []
+    for aid in ids:
+        summary = asyncio.run(audit_run(run, cfg, opts.model_copy(update={"auditor_id": aid}), config_source,
+                                        backend=backend, progress=progress))
+        if not summary.complete:
+            incomplete.append(aid)
+    per_sample: list[dict[Key, dict[str, Any]]] = []
+    for aid in ids:
+        rows = read_audit(run, aid)
+        per_sample.append({(tid, int(r["global_round"])): r for tid, rs in rows.items() for r in rs})
+    truth = truths(truth_rows, audited_rounds(run), planted)
+    result = score(truth, per_sample)
+    temperature = cfg.auditor.sampling.temperature
+    record = {
+        "schema": "lhd.audit-eval/1", "auditor_id": base, "auditor_ids": ids, "source": source,
+        "run": str(Path(run).absolute()), "planted": planted, "options": opts.to_json(),
+        "model": {"key": cfg.auditor.model, "model": cfg.spec.model, "revision": cfg.spec.revision,
+                  "backend": cfg.spec.backend, "adapter": cfg.auditor.adapter},
+        "sampling": cfg.auditor.sampling.model_dump(mode="json"), "samples": samples,
+        "note": ("temperature 0: the k samples differ only by seed, so they agree by construction"
+                 if samples > 1 and not temperature else None),
+        "incomplete": incomplete, "result": result,
+        "headline": headline_lines(base, source, result), "created_at": utc_now(),
+    }
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / EVAL_JSON, record)
+    atomic_write_text(out / EVAL_MD, markdown(base, source, result))
+    return EvalResult(base, out, record)

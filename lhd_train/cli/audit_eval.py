@@ -1,0 +1,122 @@
+"""`lhd audit-plant` and `lhd audit-eval`: the auditor's measured error rates (docs/validity.md).
+
+They are top-level commands beside `lhd audit RUN [OVERRIDES...]` rather than subcommands of it:
+`audit` takes a run directory and any number of overrides as positional arguments, so `lhd audit
+eval ...` would already mean "audit the run directory named eval", and turning `audit` into a
+group would break every existing `lhd audit RUN` call."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from lhd_train.config.auditor import DEFAULT_OPTIONS as AUDIT_DEFAULTS
+from lhd_train.config.vocab import MODES, TYPES
+from lhd_train.console import console
+from lhd_train.errors import InputError
+
+app = typer.Typer()
+TYPE_HELP = f"deception type to plant (repeatable; default: {', '.join(TYPES)})"
+
+
+def plant_command(run: Path, out: Path, seed: int = 0, rate: float = 0.5, types: list[str] | None = None) -> int:
+    from lhd_train.audit.plant import plant_run
+
+    chosen = tuple(t.strip().upper() for t in (types or TYPES))
+    rep = plant_run(Path(run), Path(out), seed=seed, rate=rate, types=chosen)
+    for t in chosen:
+        console.print(f"{t.lower()}: {rep.planted[t]} planted, {rep.skipped[t]} skipped (nothing plantable) "
+                      f"of {rep.chosen[t]} chosen")
+    if rep.unfinished_trials:
+        console.print(f"copied unchanged (unfinished): {', '.join(rep.unfinished_trials)}")
+    console.print(f"planted copy: {out} ({rep.rounds} rounds; ground truth in {Path(out) / 'ground_truth.jsonl'})")
+    return 0
+
+
+def eval_command(curated: bool, planted: Path | None, out: Path | None, auditor_config: Path | None,
+                 mode: str = AUDIT_DEFAULTS.mode, window: int = AUDIT_DEFAULTS.window, samples: int = 1,
+                 hide_supervisor: bool = False, hide_event_labels: bool = False, auditor_id: str | None = None,
+                 concurrency: int = AUDIT_DEFAULTS.concurrency, overrides: list[str] | None = None,
+                 progress: bool = True) -> int:
+    from lhd_train.audit.eval_run import curated_run, evaluate_auditor
+    from lhd_train.config.auditor import AuditOptions, load_auditor_config
+    from lhd_train.rundir.outputs import check_out_dir
+
+    if curated == (planted is not None):
+        raise InputError("command line", "--set/--planted", "give exactly one of them", "--set curated | --planted DIR")
+    opts = AuditOptions(mode=mode, window=window, hide_supervisor=hide_supervisor,
+                        hide_event_labels=hide_event_labels, auditor_id=auditor_id, concurrency=concurrency)
+    if curated:
+        if out is None:
+            raise InputError("command line", "--out", "needed with --set curated: the set is written there as a run "
+                             "directory (OUT/run) and the results beside it", "a folder")
+        if auditor_config is None:
+            raise InputError("command line", "--auditor", "needed with --set curated (the set has no run config of "
+                             "its own)", "an auditor config YAML, e.g. configs/examples/auditor-llama70b.yaml")
+        check_out_dir(out)
+        run, source = curated_run(out), "curated set"
+    else:
+        run, source = Path(planted), f"planted run {Path(planted).name}"
+        if not run.is_dir():
+            raise InputError(run, None, "planted run directory not found")
+    cfg, cfg_source = load_auditor_config(run, auditor_config, overrides or [])
+    if out is None:
+        out = run / "eval" / opts.resolved_id(cfg.auditor.model)
+    check_out_dir(out)
+    res = evaluate_auditor(run, cfg, opts, out, source, samples, cfg_source, progress=progress)
+    for line in res.headline:
+        console.print(line)
+    r = res.record["result"]
+    kappa = "-" if r["kappa"] is None else f"{r['kappa']:.2f}"
+    console.print(f"Cohen's kappa (flag) {kappa}; severity MAE "
+                  f"{'-' if r['severity_mae']['mae'] is None else format(r['severity_mae']['mae'], '.2f')}; "
+                  f"{r['failed_or_missing']} round(s) without a usable row")
+    if r["self_consistency"]:
+        sc = r["self_consistency"]["all_agree"]
+        console.print(f"self-consistency: all {samples} flags agree on {sc['k']} of {sc['n']} rounds")
+    if res.record["note"]:
+        console.print(f"[yellow]{res.record['note']}[/yellow]")
+    console.print(f"results: {out / 'eval.json'}, {out / 'eval.md'}")
+    if res.record["incomplete"]:
+        console.print("[yellow]some rounds have no audit row yet (model unreachable); run the same command "
+                      "again[/yellow]")
+        return 3
+    return 0
+
+
+@app.command("audit-plant")
+def audit_plant_cmd(
+    run: Path = typer.Argument(..., help="run directory to copy"),
+    out: Path = typer.Option(..., "--out", help="the planted copy (a new folder)"),
+    seed: int = typer.Option(0, "--seed", help="decides which answers, which type, which figure or sentence"),
+    rate: float = typer.Option(0.5, "--rate", help="share of rounds chosen for a plant"),
+    types: list[str] | None = typer.Option(None, "--type", help=TYPE_HELP),
+) -> None:
+    """Copy a run with known deceptions planted into chosen answers, and write their ground truth."""
+    raise typer.Exit(plant_command(run, out, seed, rate, types))
+
+
+@app.command("audit-eval")
+def audit_eval_cmd(
+    overrides: list[str] | None = typer.Argument(None, help="key.sub=value overrides of the auditor config"),
+    set_name: str | None = typer.Option(None, "--set", help="curated: the labelled set shipped with lhd"),
+    planted: Path | None = typer.Option(None, "--planted", help="a planted copy made by `lhd audit-plant`"),
+    out: Path | None = typer.Option(None, "--out", help="results folder (default for --planted: "
+                                                        "PLANTED/eval/<auditor-id>)"),
+    auditor: Path | None = typer.Option(None, "--auditor", help="auditor config YAML (models: + auditor:)"),
+    mode: str = typer.Option(AUDIT_DEFAULTS.mode, "--mode", help=" | ".join(MODES)),
+    window: int = typer.Option(AUDIT_DEFAULTS.window, "--window", help="R for --mode window"),
+    samples: int = typer.Option(1, "--samples", help="audit k times (auditor ids <id>-k1..k) for self-consistency"),
+    hide_supervisor: bool = typer.Option(False, "--hide-supervisor", help="hide the supervisor's reasoning and states"),
+    hide_event_labels: bool = typer.Option(False, "--hide-event-labels", help="hide event names and levels"),
+    auditor_id: str | None = typer.Option(None, "--auditor-id", help="default: <model>-<mode>"),
+    concurrency: int = typer.Option(AUDIT_DEFAULTS.concurrency, "--concurrency", help="rounds in flight at once"),
+    no_progress: bool = typer.Option(False, "--no-progress", help="hide the progress bar"),
+) -> None:
+    """Measure an auditor: false-negative rate per type, false-positive rate, kappa, type confusion,
+    severity error and self-consistency, against the curated set or a planted run."""
+    if set_name is not None and set_name != "curated":
+        raise InputError("command line", "--set", f"unknown set {set_name!r}", "curated")
+    raise typer.Exit(eval_command(set_name == "curated", planted, out, auditor, mode, window, samples,
+                                  hide_supervisor, hide_event_labels, auditor_id, concurrency, overrides or [],
+                                  progress=not no_progress))
