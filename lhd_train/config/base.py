@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from lhd_train.errors import InputError
-from lhd_train.rundir.files import read_yaml_mapping
+from lhd_train.rundir.files import read_yaml_mapping, yaml_problem
 from lhd_train.rundir.strict_yaml import load_yaml
 
 M = TypeVar("M", bound=BaseModel)
@@ -134,7 +134,7 @@ def parse_assignment(item: str, flag: str | None = None) -> tuple[str, Any]:
         value = load_yaml(raw) if raw != "" else ""
     except (ValueError, yaml.YAMLError) as e:
         raise InputError("command line", f"{flag} {key}" if flag else key,
-                         f"value is not valid YAML: {' '.join(str(e).split())}") from None
+                         f"value is not valid YAML: {yaml_problem(e)}") from None
     return key, value
 
 

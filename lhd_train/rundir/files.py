@@ -307,10 +307,18 @@ def read_yaml_mapping(path: str | Path, what: str = "file", missing_ok: bool = F
     try:
         data = load_yaml(path.read_text(encoding="utf-8")) or {}
     except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as e:
-        raise InputError(path, None, f"not valid YAML: {' '.join(str(e).split())}") from None
+        raise InputError(path, None, f"not valid YAML: {yaml_problem(e)}") from None
     if not isinstance(data, dict):
         raise InputError(path, None, "the top level must be a mapping")
     return data
+
+
+def yaml_problem(e: BaseException) -> str:
+    """A YAML error as one line: the problem and its line and column (the file is named by the caller)."""
+    mark = getattr(e, "problem_mark", None)
+    if isinstance(e, yaml.MarkedYAMLError) and e.problem and mark is not None:
+        return f"{e.problem} (line {mark.line + 1}, column {mark.column + 1})"
+    return " ".join(str(e).split())
 
 
 def read_json_mapping(path: Path) -> dict[str, Any]:
