@@ -231,6 +231,6 @@ def session_config(folder: Path) -> tuple[dict[str, Any], str | None]:
         return {}, None
     try:
         data = yaml.safe_load(ymls[0].read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError:
+    except (yaml.YAMLError, ValueError, UnicodeDecodeError, OSError):  # unreadable: the config is optional
         return {}, ymls[0].name
     return (data if isinstance(data, dict) else {}), ymls[0].name
