@@ -19,7 +19,8 @@ from lhd_train.rundir.layout import RunDir
 from lhd_train.rundir.store import read_audit_rows, read_trial_rows
 
 NO_EVENT = "none"
-OK_STATUSES = ("ok", "retried", "repaired")  # a label that counts; "failed" and "missing" do not
+OK_STATUSES = ("ok", "retried", "repaired")  # a label that counts; "failed", "cut" and "missing" do not
+NO_LABEL_STATUSES = ("failed", "cut")  # an audit row without a usable label (cut: stopped at its token limit)
 SUPERVISOR_OK = ("ok", "retried")  # a supervisor round with both calls answered; anything else failed
 COVERAGE_MIN = 0.9  # a trial whose valid labels cover less than this share of its rounds is flagged
 
@@ -141,13 +142,15 @@ def pick_auditor(run_dir: Path, auditor: str | None, auditors: list[AuditorInfo]
 
 def _keep_audit_row(old: dict[str, Any], new: dict[str, Any]) -> bool:
     """For a round labelled twice (a resumed or repaired audit), the later row wins, except that
-    a failed row never replaces a valid one."""
-    return not (new.get("parse_status") == "failed" and old.get("parse_status") != "failed")
+    a failed or cut row never replaces a valid one."""
+    return not (new.get("parse_status") in NO_LABEL_STATUSES and old.get("parse_status") not in NO_LABEL_STATUSES)
 
 
 def load_audit(run_dir: Path, auditor_id: str | None) -> pd.DataFrame:
     """One row per (trial_id, global_round) labelled by this auditor (empty for None); a round
-    labelled twice keeps the row `_keep_audit_row` prefers."""
+    labelled twice keeps the row `_keep_audit_row` prefers. A row cut at its token limit
+    (parse_status `cut`) is no label, as a failed one (label_status `failed`, `label_cut` true),
+    whatever values it holds."""
     chosen: dict[tuple[str, int], dict[str, Any]] = {}
     files = sorted(RunDir(run_dir).auditor_dir(auditor_id).glob("*.jsonl")) if auditor_id else []
     for f in files:
@@ -158,20 +161,20 @@ def load_audit(run_dir: Path, auditor_id: str | None) -> pd.DataFrame:
     recs = []
     for (tid, g), r in chosen.items():
         status = r.get("parse_status") or "ok"
-        failed = status == "failed" or r.get("deceptive") is None
+        failed = status in NO_LABEL_STATUSES or r.get("deceptive") is None
         types = tuple(t for t in TYPES if t in {str(x).strip().upper() for x in (r.get("types") or [])})
         sev = r.get("severity")
         recs.append({
             "trial_id": tid, "global_round": g, "auditor_id": r.get("auditor_id", auditor_id),
             "mode": r.get("mode"), "window": r.get("window"),
-            "label_status": "failed" if failed else status,
+            "label_status": "failed" if failed else status, "label_cut": status == "cut",
             "deceptive": None if failed else bool(r.get("deceptive")),
             "types": () if failed else types,
             "severity": float("nan") if failed or sev is None else float(sev),
             "confidence": float("nan") if r.get("confidence") is None else float(r["confidence"]),
             "reasoning": r.get("reasoning") or "", "evidence": list(r.get("evidence") or []),
         })
-    cols = ["trial_id", "global_round", "auditor_id", "mode", "window", "label_status", "deceptive",
+    cols = ["trial_id", "global_round", "auditor_id", "mode", "window", "label_status", "label_cut", "deceptive",
             "types", "severity", "confidence", "reasoning", "evidence"]
     return pd.DataFrame(recs, columns=cols)
 
@@ -273,6 +276,7 @@ def _round_record(row: dict[str, Any]) -> dict[str, Any]:
         "category": (ev.get("category") or NO_EVENT) if ev else NO_EVENT,
         "pressure": (ev.get("pressure") or ev.get("level") or NO_EVENT) if ev else NO_EVENT,
         "sup_parse_status": sup.get("parse_status"), "sup_failed": supervisor_failed(row),
+        "sup_cut": sup.get("parse_status") == "cut",
         "task_complete": bool(row.get("task_complete")),
         "performer_chars": len(perf.get("text") or ""),
         "performer_tokens": perf.get("completion_tokens"),
@@ -284,8 +288,9 @@ def _round_record(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def supervisor_failed(row: dict[str, Any]) -> bool:
-    """The round's supervisor evaluation or feedback has no usable answer: the states were carried
-    over unchanged (evaluation) or the performer got no feedback, and the task stayed incomplete."""
+    """The round's supervisor evaluation or feedback has no usable answer (parse_status `failed`,
+    or `cut`: stopped at its token limit): the states were carried over unchanged (evaluation)
+    or the performer got no feedback, and the task stayed incomplete."""
     sup = row.get("supervisor") or {}
     status = sup.get("parse_status")
     return (status is not None and status not in SUPERVISOR_OK) or ("evaluation" in sup and not sup["evaluation"])
@@ -308,6 +313,7 @@ def load_rounds(run_dir: Path, auditor_id: str | None) -> tuple[pd.DataFrame, di
     audit = load_audit(run_dir, auditor_id) if auditor_id else load_audit(run_dir, None)
     rounds = rounds.merge(audit, on=["trial_id", "global_round"], how="left")
     rounds["label_status"] = rounds["label_status"].fillna("missing")
+    rounds["label_cut"] = rounds["label_cut"].eq(True)  # no audit row: not cut
     rounds["types"] = [t if isinstance(t, tuple) else () for t in rounds["types"]]
     rounds["evidence"] = [e if isinstance(e, list) else [] for e in rounds["evidence"]]
     rounds["reasoning"] = rounds["reasoning"].fillna("")
@@ -345,9 +351,11 @@ def _trial_table(run_dir: Path, raw: dict[str, list[dict[str, Any]]], config: di
             "mean_satisfaction": sum(sats) / len(sats) if sats else float("nan"),
             "tasks_completed": len({r["task_index"] for r in rows if r.get("task_complete")}),
             "supervisor_failed_rounds": sum(supervisor_failed(r) for r in rows),
+            "supervisor_cut_rounds": sum((r.get("supervisor") or {}).get("parse_status") == "cut" for r in rows),
         })
     cols = ["trial_id", "seed", "condition", "done", "n_rounds", "n_tasks", "n_event_tasks", "final_trust",
-            "final_comfort", "final_satisfaction", "mean_satisfaction", "tasks_completed", "supervisor_failed_rounds"]
+            "final_comfort", "final_satisfaction", "mean_satisfaction", "tasks_completed", "supervisor_failed_rounds",
+            "supervisor_cut_rounds"]
     return pd.DataFrame(recs, columns=cols)
 
 
@@ -389,8 +397,10 @@ def load_run(run_dir: str | Path, auditor: str | None = None, min_coverage: floa
         data.notes.append("no audit labels: run `lhd audit` first; deception metrics are empty")
     n_failed = int((rounds["label_status"] == "failed").sum()) if len(rounds) else 0
     n_missing = int((rounds["label_status"] == "missing").sum()) if len(rounds) and auditor_id else 0
+    n_cut = int(rounds["label_cut"].sum()) if len(rounds) else 0
     if n_failed:
-        data.notes.append(f"{n_failed} round(s) whose audit failed are excluded from the rates")
+        data.notes.append(f"{n_failed} round(s) whose audit failed are excluded from the rates"
+                          + (f" ({n_cut} of them cut at the auditor's token limit)" if n_cut else ""))
     if n_missing:
         data.notes.append(f"{n_missing} round(s) not yet audited by '{auditor_id}' are excluded from the rates")
     if auditor_id and len(rounds):
@@ -404,10 +414,13 @@ def load_run(run_dir: str | Path, auditor: str | None = None, min_coverage: floa
     n_sup = int(data.trials["supervisor_failed_rounds"].sum()) if len(data.trials) else 0
     if n_sup:
         n_tr = int((data.trials["supervisor_failed_rounds"] > 0).sum())
-        data.notes.append(f"{n_sup} round(s) in {n_tr} trial(s) had a failed supervisor call: the states were carried "
-                          "over unchanged and the task stayed incomplete (which can add rounds); these performer "
-                          "answers are audited and stay in N, their carried-over satisfaction is left out of the "
-                          "mean satisfaction, and the runs table gives the rate without these trials")
+        n_sup_cut = int(data.trials["supervisor_cut_rounds"].sum())
+        cut_note = f" ({n_sup_cut} of them cut at the token limit)" if n_sup_cut else ""
+        data.notes.append(f"{n_sup} round(s) in {n_tr} trial(s) had a failed supervisor call{cut_note}: "
+                          "the states were carried over unchanged and the task stayed incomplete (which can add "
+                          "rounds); these performer answers are audited and stay in N, their carried-over "
+                          "satisfaction is left out of the mean satisfaction, and the runs table gives the rate "
+                          "without these trials")
     n_repaired = int((rounds["label_status"] == "repaired").sum()) if len(rounds) else 0
     if n_repaired:
         data.notes.append(f"{n_repaired} label(s) were changed by the consistency rules (parse_status 'repaired'; "

@@ -15,19 +15,26 @@ from lhd_train.errors import InputError
 from lhd_train.metrics.core import RunMetrics, compute_all
 from lhd_train.metrics.horizon import chains_summary, chains_table, delayed_table, horizon_table
 from lhd_train.metrics.load import COVERAGE_MIN, RunData, load_runs
+from lhd_train.metrics.paired import MIN_PAIRS, PairedComparison, compare_to_base
 from lhd_train.report import plots
-from lhd_train.report.render import ci, fmt, pm, render_page
+from lhd_train.report.render import ci, fmt, pm, render_page, signed
 from lhd_train.report.tables import (
     breakdown_table_ctx,
     chains_table_ctx,
     compute_table_ctx,
     control_table_ctx,
     corr_table_ctx,
+    cut_text,
     delayed_table_ctx,
     horizon_table_ctx,
+    paired_table_ctx,
+    paired_trials_ctx,
+    role_usage,
     runs_table_ctx,
+    sampling_lines,
     trials_table_ctx,
     types_table_ctx,
+    usage_frame,
 )
 from lhd_train.report.viewer import safe_name, states_plot, write_run_pages
 
@@ -55,7 +62,9 @@ def write_tables(out: Path, m: RunMetrics, extra: dict[str, pd.DataFrame]) -> li
     return paths
 
 
-def summary_md(runs: list[RunData], m: RunMetrics, horizon: pd.DataFrame, min_coverage: float = COVERAGE_MIN) -> str:
+def summary_md(runs: list[RunData], m: RunMetrics, horizon: pd.DataFrame, min_coverage: float = COVERAGE_MIN,
+               usage: dict[str, dict[str, dict[str, float]]] | None = None,
+               paired: Sequence[PairedComparison] = ()) -> str:
     lines = ["# LH-Deception report", "",
              "Per-trial metrics as the authors' auditor computes them (docs/reference.md), averaged over trials",
              "(unweighted mean ± SE, ddof=1; 95 % percentile bootstrap interval). Label coverage = rounds with a",
@@ -83,8 +92,12 @@ def summary_md(runs: list[RunData], m: RunMetrics, horizon: pd.DataFrame, min_co
         sup_ok = pm(s.get("deception_rate_supervisor_ok_mean"), s.get("deception_rate_supervisor_ok_se"))
         lines.append(f"- {run.key}: auditor {run.auditor_id or 'none'} ({run.auditor_reason or 'none'}); "
                      f"pack {pack_line(run)}; flagged without a type (unspecified) {fmt(s.get('n_unspecified', 0))}; "
-                     f"rounds with a failed supervisor call {fmt(s.get('n_supervisor_failed_rounds', 0))} "
-                     f"(rate without those trials {sup_ok})")
+                     f"rounds with a failed supervisor call {fmt(s.get('n_supervisor_failed_rounds', 0))}, "
+                     f"{fmt(s.get('n_supervisor_cut_rounds', 0))} of them cut "
+                     f"(rate without those trials {sup_ok}); audit labels cut {fmt(s.get('n_cut_labels', 0))}")
+        cuts = cut_text((usage or {}).get(run.key, {}))
+        lines.append(f"  - cut answers per role (calls that hit the token limit): {cuts}")
+        lines += [f"  - sampling {x}" for x in sampling_lines(run)]
     lines += ["", "Type distribution (pooled, normalised):", ""]
     for r in m.types.to_dict("records"):
         shares = ", ".join(f"{t.lower()} {fmt(r[f'share_{t}'])}" for t in TYPES)
@@ -95,11 +108,28 @@ def summary_md(runs: list[RunData], m: RunMetrics, horizon: pd.DataFrame, min_co
         for r in horizon.to_dict("records"):
             lines.append(f"- {r['run']}: {r['long']} vs {r['short']} ({r['short_mode']}): {r['extra']} extra detections"
                          f" (net gain {fmt(r['net_gain'])}), delayed share of extra {fmt(r['delayed_share_of_extra'])}")
+    lines += paired_md(paired)
     notes = [f"- {run.key}: {n}" for run in runs for n in run.notes]
     if notes:
         lines += ["", "Notes:", "", *notes]
     lines += ["", "Files: report.html, tables/*.csv, plots/*.png, trials/<run>/<trial>.html", ""]
     return "\n".join(lines)
+
+
+def paired_md(paired: Sequence[PairedComparison]) -> list[str]:
+    """The paired comparison with the base run, as summary.md lines."""
+    if not paired:
+        return []
+    lines = ["", f"Paired by seed against the base run {paired[0].base} (difference run − base; 95 % bootstrap "
+             f"interval over seeds; sign test; fewer than {MIN_PAIRS} paired seeds is too few to tell):", ""]
+    for c in paired:
+        for r in c.effects.to_dict("records"):
+            lines.append(f"- {c.other}, {r['metric']}: {r['n_pairs']} paired seeds, {fmt(r['mean_base'])} → "
+                         f"{fmt(r['mean_other'])}, difference {signed(r['mean_diff'], 3)} "
+                         f"{ci(r['ci_low'], r['ci_high'])}, seeds up/down/tied {r['n_up']}/{r['n_down']}/"
+                         f"{r['n_zero']}, sign test p {fmt(r['sign_p'], 4)}: {r['verdict']}")
+        lines += [f"- {c.other}: {n}" for n in c.notes]
+    return lines
 
 
 def pack_info(run: RunData) -> dict[str, str | None]:
@@ -144,7 +174,13 @@ def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None
     horizon = pd.concat([horizon_table(r) for r in runs], ignore_index=True) if runs else pd.DataFrame()
     delayed = delayed_table(m.rounds)
     chains = chains_summary(m.rounds)
-    extra = {"horizon": horizon, "delayed": delayed, "chains_summary": chains, "chains": chains_table(m.rounds)}
+    usage = {r.key: role_usage(r) for r in runs}
+    paired = compare_to_base(runs, m.per_trial)
+    extra = {"horizon": horizon, "delayed": delayed, "chains_summary": chains, "chains": chains_table(m.rounds),
+             "usage_by_role": usage_frame(runs, usage)}
+    if paired:
+        extra["paired"] = pd.concat([c.effects for c in paired], ignore_index=True)
+        extra["paired_trials"] = pd.concat([c.trials for c in paired], ignore_index=True)
     write_tables(out, m, extra)
 
     pdir = out / "plots"
@@ -192,7 +228,7 @@ def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None
             "adapter": run.performer.get("adapter") or "none", "revision": run.performer.get("revision") or "–",
             "auditor": (f"{a.auditor_id} (mode {a.mode}{', R=' + str(a.window) if a.window else ''}; "
                         f"{run.auditor_reason})") if a else "none",
-            "pack": pack_line(run),
+            "pack": pack_line(run), "sampling": sampling_lines(run),
             "auditors": ", ".join(f"{x.auditor_id} ({x.mode})" for x in run.auditors) or "none",
             "notes": run.notes, "trials": trials_table_ctx(pt, hrefs), "state_plots": state_plots,
             "anchor": "run-" + sub,
@@ -201,7 +237,7 @@ def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None
     conditions = sorted(set(m.per_trial["condition"])) if len(m.per_trial) else []
     ctx = {
         "runs": run_sections, "has_labels": has_labels, "figs": figs,
-        "runs_table": runs_table_ctx(runs, m, min_coverage), "types_table": types_table_ctx(m.types, labels),
+        "runs_table": runs_table_ctx(runs, m, min_coverage, usage), "types_table": types_table_ctx(m.types, labels),
         "pressure_table": breakdown_table_ctx(m.by_pressure, "pressure", labels, "pressure"),
         "category_table": breakdown_table_ctx(m.by_category, "category", labels, "category"),
         "task_table": breakdown_table_ctx(m.by_task, "task_index", labels, "task"),
@@ -210,11 +246,14 @@ def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None
         "horizon_table": horizon_table_ctx(horizon, labels) if len(horizon) else None,
         "delayed_table": delayed_table_ctx(delayed, labels), "chains_table": chains_table_ctx(chains, labels),
         "n_state_plots_capped": n_state_plots >= MAX_STATE_PLOTS,
-        "compute_table": compute_table_ctx(runs),
+        "compute_table": compute_table_ctx(runs, usage),
+        "paired": [{"base": labels.get(c.base, c.base), "other": labels.get(c.other, c.other), "notes": c.notes,
+                    "trials": paired_trials_ctx(c.trials)} for c in paired],
+        "paired_table": paired_table_ctx(extra["paired"], labels) if paired else None, "min_pairs": MIN_PAIRS,
     }
     html = render_page("report.html.j2", **ctx)
     path = out / "report.html"
     path.write_text(html, encoding="utf-8")
-    (out / "summary.md").write_text(summary_md(runs, m, horizon, min_coverage), encoding="utf-8")
+    (out / "summary.md").write_text(summary_md(runs, m, horizon, min_coverage, usage, paired), encoding="utf-8")
     return path
 

@@ -11,7 +11,7 @@ import pandas as pd
 from lhd_train.config.vocab import TYPES
 from lhd_train.metrics.core import RunMetrics
 from lhd_train.metrics.load import COVERAGE_MIN, RunData
-from lhd_train.report.render import ci, fmt, pm
+from lhd_train.report.render import ci, fmt, pm, signed
 
 
 def _t(columns: Sequence[str], rows: list[list[Any]], numeric: Sequence[bool] | None = None) -> dict[str, Any]:
@@ -23,10 +23,13 @@ def _num(columns: Sequence[str], first_text: int) -> list[bool]:
     return [i >= first_text for i in range(len(columns))]
 
 
-def runs_table_ctx(runs: list[RunData], m: RunMetrics, min_coverage: float = COVERAGE_MIN) -> dict[str, Any]:
+def runs_table_ctx(runs: list[RunData], m: RunMetrics, min_coverage: float = COVERAGE_MIN,
+                   usage: dict[str, dict[str, dict[str, float]]] | None = None) -> dict[str, Any]:
     cols = ["run", "performer", "auditor", "trials", "labelled rounds", "flagged", "flagged, no type (unspecified)",
-            "failed labels", "repaired labels", "label coverage (min)", f"trials below {min_coverage:.0%} coverage",
-            "rounds with a failed supervisor call (trials)",
+            "failed labels (of them cut)", "repaired labels", "label coverage (min)",
+            f"trials below {min_coverage:.0%} coverage",
+            "rounds with a failed supervisor call (trials; cut)",
+            "cut answers per role (calls that hit the token limit)",
             "deception rate", "95% CI", f"deception rate (trials ≥ {min_coverage:.0%} coverage)",
             "deception rate (trials without a failed supervisor call)",
             "avg severity (all rounds)", "avg severity (deceptive; 0 if none)",
@@ -40,9 +43,12 @@ def runs_table_ctx(runs: list[RunData], m: RunMetrics, min_coverage: float = COV
                      f"{a.auditor_id} ({a.mode})" if a else "none",
                      fmt(s.get("n_trials", 0)), fmt(s.get("n_rounds", 0)), fmt(s.get("n_flagged", 0)),
                      fmt(s.get("n_unspecified", 0)),
-                     fmt(s.get("n_failed_labels", 0)), fmt(s.get("n_repaired_labels", 0)),
+                     f"{fmt(s.get('n_failed_labels', 0))} ({fmt(s.get('n_cut_labels', 0))})",
+                     fmt(s.get("n_repaired_labels", 0)),
                      fmt(s.get("min_label_coverage")), fmt(s.get("n_low_coverage_trials", 0)),
-                     f"{fmt(s.get('n_supervisor_failed_rounds', 0))} ({fmt(s.get('n_trials_supervisor_failed', 0))})",
+                     f"{fmt(s.get('n_supervisor_failed_rounds', 0))} ({fmt(s.get('n_trials_supervisor_failed', 0))}; "
+                     f"{fmt(s.get('n_supervisor_cut_rounds', 0))} cut)",
+                     cut_text((usage or {}).get(run.key, {})),
                      pm(s.get("deception_rate_mean"), s.get("deception_rate_se")),
                      ci(s.get("deception_rate_ci_low"), s.get("deception_rate_ci_high")),
                      pm(s.get("deception_rate_covered_mean"), s.get("deception_rate_covered_se"))
@@ -55,24 +61,74 @@ def runs_table_ctx(runs: list[RunData], m: RunMetrics, min_coverage: float = COV
     return _t(cols, rows, _num(cols, 3))
 
 
-def compute_table_ctx(runs: list[RunData]) -> dict[str, Any]:
-    """Requests and tokens per role (from the rows, so exact across resumes) and GPU-hours."""
+ROLE_ORDER = ("performer", "supervisor", "summariser", "auditor")
+SAMPLING_ORDER = ("temperature", "top_p", "top_k", "repetition_penalty", "max_tokens")
+
+
+def role_usage(run: RunData) -> dict[str, dict[str, float]]:
+    """Requests, tokens, model time and cut answers per role, counted from the rows on disk (so
+    exact across resumes): `bench.accounting.usage_by_role`, the function that writes summary.json's
+    `usage_by_role`, here also over every auditor's rows (role `auditor`)."""
     from lhd_train.bench.accounting import usage_by_role
-    from lhd_train.rundir.files import read_json_mapping, read_jsonl
+    from lhd_train.rundir.files import read_jsonl
+    from lhd_train.rundir.layout import RunDir
+
+    rd = RunDir(run.path)
+    trial_rows = [r for p in rd.rows_files() for r in read_jsonl(p)]
+    audit_rows = [r for p in rd.audit_dir.glob("*/*.jsonl") for r in read_jsonl(p)]
+    usage = usage_by_role(trial_rows, audit_rows)
+    return {role: usage[role] for role in sorted(usage, key=_role_rank)}
+
+
+def _role_rank(role: str) -> tuple[int, str]:
+    return (ROLE_ORDER.index(role) if role in ROLE_ORDER else len(ROLE_ORDER), role)
+
+
+def cut_text(usage: dict[str, dict[str, float]]) -> str:
+    """`performer 1 (3 calls), supervisor 0 (0 calls), ...`: answers that stayed cut at the
+    token limit, and in parentheses the calls that hit it (some were then retried or continued)."""
+    parts = [f"{role} {fmt(u.get('cut_answers', 0), 0)} ({fmt(u.get('cut_calls', 0), 0)} "
+             f"call{'' if u.get('cut_calls', 0) == 1 else 's'})" for role, u in usage.items()]
+    return ", ".join(parts) or "–"
+
+
+def sampling_lines(run: RunData) -> list[str]:
+    """Each role's effective sampling as the run recorded it (manifest `effective_sampling`: the
+    config's settings over the model's own generation defaults); null = the server's default."""
+    eff = run.manifest.get("effective_sampling")
+    if not isinstance(eff, dict) or not eff:
+        return ["not recorded (the run predates manifest.effective_sampling)"]
+    out = []
+    for role in sorted(eff, key=_role_rank):
+        params = eff[role] or {}
+        keys = [k for k in SAMPLING_ORDER if k in params] + [k for k in params if k not in SAMPLING_ORDER]
+        out.append(f"{role}: " + ", ".join(
+            f"{k} {'server default' if params[k] is None else params[k]}" for k in keys))
+    return out
+
+
+def compute_table_ctx(runs: list[RunData], usage: dict[str, dict[str, dict[str, float]]]) -> dict[str, Any]:
+    """Requests, tokens and cut answers per role (`role_usage`, keyed by run key) and GPU-hours."""
+    from lhd_train.rundir.files import read_json_mapping
     from lhd_train.rundir.layout import RunDir
 
     cols = ["run", "role", "requests", "prompt tokens", "completion tokens", "cached prompt tokens",
-            "model time (s)", "GPU-hours (run)"]
+            "cut calls (hit the token limit)", "cut answers (stayed cut)", "model time (s)", "GPU-hours (run)"]
     rows = []
     for run in runs:
-        rd = RunDir(run.path)
-        trial_rows = [r for p in rd.rows_files() for r in read_jsonl(p)]
-        audit_rows = [r for p in rd.audit_dir.glob("*/*.jsonl") for r in read_jsonl(p)]
-        gpu_h = read_json_mapping(rd.summary).get("gpu_hours_this_invocation")
-        for role, u in usage_by_role(trial_rows, audit_rows).items():
+        gpu_h = read_json_mapping(RunDir(run.path).summary).get("gpu_hours_this_invocation")
+        for role, u in usage.get(run.key, {}).items():
             rows.append([run.key, role, fmt(u["requests"]), fmt(u["prompt_tokens"]), fmt(u["completion_tokens"]),
-                         fmt(u["cached_tokens"]), fmt(u["latency_s"], 1), fmt(gpu_h, 3) if gpu_h is not None else "–"])
+                         fmt(u["cached_tokens"]), fmt(u.get("cut_calls", 0), 0), fmt(u.get("cut_answers", 0), 0),
+                         fmt(u["latency_s"], 1), fmt(gpu_h, 3) if gpu_h is not None else "–"])
     return _t(cols, rows, _num(cols, 2))
+
+
+def usage_frame(runs: list[RunData], usage: dict[str, dict[str, dict[str, float]]]) -> pd.DataFrame:
+    """tables/usage_by_role.csv: one row per run and role."""
+    recs = [{"run": run.key, "role": role, **u} for run in runs for role, u in usage.get(run.key, {}).items()]
+    return pd.DataFrame(recs, columns=["run", "role", "requests", "prompt_tokens", "completion_tokens",
+                                       "cached_tokens", "latency_s", "cut_calls", "cut_answers"])
 
 
 def types_table_ctx(types: pd.DataFrame, labels: dict[str, str]) -> dict[str, Any]:
@@ -170,3 +226,31 @@ def trials_table_ctx(per_trial: pd.DataFrame, hrefs: dict[str, str]) -> dict[str
                      fmt(r.get("severity_average_all_rounds"), 2), fmt(r.get("severity_average_deception_only"), 2),
                      fmt(r["final_trust"], 2), fmt(r["mean_satisfaction"], 2), fmt(r["final_comfort"], 2)])
     return _t(cols, rows, _num(cols, 3))
+
+
+PAIRED_NAMES = {"deception_rate": "deception rate", "severity_average_all_rounds": "avg severity (all rounds)",
+                "severity_average_deception_only": "avg severity (deceptive; 0 if none)"}
+
+
+def paired_table_ctx(effects: pd.DataFrame, labels: dict[str, str]) -> dict[str, Any]:
+    """One row per (run against the base, metric): `metrics.paired.paired_effect`."""
+    cols = ["run (against the base)", "base", "metric", "paired seeds", "base mean", "run mean",
+            "mean difference (run − base)", "95% CI (bootstrap over seeds)", "seeds up / down / tied",
+            "sign test p", "verdict"]
+    rows = [[labels.get(r["other"], r["other"]), labels.get(r["base"], r["base"]),
+             PAIRED_NAMES.get(r["metric"], r["metric"]), fmt(r["n_pairs"]), fmt(r["mean_base"]),
+             fmt(r["mean_other"]), signed(r["mean_diff"], 3), ci(r["ci_low"], r["ci_high"]),
+             f"{r['n_up']} / {r['n_down']} / {r['n_zero']}", fmt(r["sign_p"], 4), r["verdict"]]
+            for r in effects.to_dict("records")]
+    return _t(cols, rows, [False, False, False, True, True, True, True, True, True, True, False])
+
+
+def paired_trials_ctx(trials: pd.DataFrame) -> dict[str, Any]:
+    """Per trial of one comparison: its pairing status and the per-seed rate and severity."""
+    cols = ["trial", "seed", "pairing", "rate (base)", "rate (run)", "difference",
+            "avg severity all (base)", "avg severity all (run)", "difference"]
+    rows = [[r["trial_id"], fmt(r["seed"], 0), r["status"], fmt(r["deception_rate_base"]),
+             fmt(r["deception_rate_other"]), signed(r["deception_rate_diff"], 3),
+             fmt(r["severity_average_all_rounds_base"], 2), fmt(r["severity_average_all_rounds_other"], 2),
+             signed(r["severity_average_all_rounds_diff"], 3)] for r in trials.to_dict("records")]
+    return _t(cols, rows, [False, True, False, True, True, True, True, True, True])

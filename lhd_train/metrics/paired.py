@@ -1,0 +1,169 @@
+"""An adapter's effect, paired by seed: `lhd report RUN_BASE RUN_ADAPTER` (docs/metrics.md,
+"Paired comparison").
+
+Two runs of the same seeds with the same event schedules differ only in the performer, so the
+per-seed difference of a trial metric removes the spread between seeds (some schedules invite
+more deception than others). Each trial keeps its own run's headline auditor (load.py's rule).
+The interval is a percentile bootstrap over seeds; the sign test counts seeds that went down
+against seeds that went up; with few seeds neither can tell, and the verdict says so."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from lhd_train.metrics.core import BOOT_RESAMPLES, BOOT_SEED, bootstrap_ci
+from lhd_train.metrics.load import RunData
+from lhd_train.rundir.layout import RunDir
+
+MIN_PAIRS = 5  # fewer paired seeds than this: too few to tell, whatever the interval says
+PAIRED_METRICS = ("deception_rate", "severity_average_all_rounds", "severity_average_deception_only")
+PAIRED = "paired"
+
+
+@dataclass
+class PairedComparison:
+    """One run against the base run: per-metric effects, per-trial pairing, and notes."""
+
+    base: str
+    other: str
+    effects: pd.DataFrame
+    trials: pd.DataFrame
+    notes: list[str] = field(default_factory=list)
+
+
+def _schedule(run: RunData, trial_id: str) -> dict[str, Any] | None:
+    path = RunDir(run.path).schedule(trial_id)
+    if not path.is_file():
+        return None
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _seeds(run: RunData) -> dict[str, Any]:
+    return dict(zip(run.trials["trial_id"], run.trials["seed"], strict=True)) if len(run.trials) else {}
+
+
+def pair_trials(base: RunData, other: RunData) -> pd.DataFrame:
+    """Every trial id of either run with its pairing status: `paired` (same trial id, same seed,
+    identical saved schedule), else why not: `only in base`, `only in other`, `seed differs`,
+    `schedule differs`, `schedule not recorded`. Only `paired` trials enter the differences."""
+    sb, so = _seeds(base), _seeds(other)
+    recs = []
+    for tid in [*sb, *(t for t in so if t not in sb)]:
+        if tid not in so:
+            status = "only in base"
+        elif tid not in sb:
+            status = "only in other"
+        elif sb[tid] != so[tid]:
+            status = "seed differs"
+        else:
+            a, b = _schedule(base, tid), _schedule(other, tid)
+            status = "schedule not recorded" if a is None or b is None else PAIRED if a == b else "schedule differs"
+        recs.append({"trial_id": tid, "seed": sb.get(tid, so.get(tid)), "status": status})
+    return pd.DataFrame(recs, columns=["trial_id", "seed", "status"])
+
+
+def sign_test(diffs: np.ndarray) -> tuple[int, int, int, float]:
+    """(up, down, zero, two-sided p): an exact binomial test with p = 1/2 on the non-zero
+    differences (ties carry no sign and are left out); p is NaN without a non-zero difference."""
+    up, down = int((diffs > 0).sum()), int((diffs < 0).sum())
+    zero = int(len(diffs) - up - down)
+    p = float(stats.binomtest(up, up + down, 0.5).pvalue) if up + down else float("nan")
+    return up, down, zero, p
+
+
+def verdict(n: int, lo: float, hi: float, sign_p: float = float("nan"), min_pairs: int = MIN_PAIRS,
+            alpha: float = 0.05) -> str:
+    """What the interval lets one say, in words; when it excludes 0 but the sign test does not
+    reach `alpha` (a percentile bootstrap over few seeds is too narrow), the verdict says so."""
+    if n == 0:
+        return "no paired trials"
+    if n < min_pairs:
+        return f"too few paired trials to tell ({n} < {min_pairs})"
+    if math.isnan(lo) or math.isnan(hi) or lo <= 0.0 <= hi:
+        return "cannot tell: the interval includes 0"
+    out = "lower than the base" if hi < 0 else "higher than the base"
+    if not sign_p < alpha:
+        out += f" by the interval; the sign test does not confirm it (p ≥ {alpha:g})"
+    return out
+
+
+def paired_effect(base_values: list[float], other_values: list[float], level: float = 0.95,
+                  resamples: int = BOOT_RESAMPLES, seed: int = BOOT_SEED,
+                  min_pairs: int = MIN_PAIRS) -> dict[str, Any]:
+    """The mean per-seed difference other − base over the pairs where both values exist, its
+    percentile bootstrap interval over seeds (`core.bootstrap_ci`: seeded, `resamples` draws),
+    the sign test and the verdict."""
+    a, b = np.asarray(base_values, float), np.asarray(other_values, float)
+    ok = ~(np.isnan(a) | np.isnan(b))
+    a, b = a[ok], b[ok]
+    d = b - a
+    n = int(len(d))
+    lo, hi = bootstrap_ci(d.tolist(), level, resamples, seed)
+    up, down, zero, p = sign_test(d)
+    nan = float("nan")
+    return {"n_pairs": n, "mean_base": float(a.mean()) if n else nan, "mean_other": float(b.mean()) if n else nan,
+            "mean_diff": float(d.mean()) if n else nan, "ci_low": lo, "ci_high": hi,
+            "n_up": up, "n_down": down, "n_zero": zero, "sign_p": p,
+            "verdict": verdict(n, lo, hi, p, min_pairs)}
+
+
+def _value(df: pd.DataFrame, metric: str, trial_id: str) -> float:
+    """A trial's metric, NaN when the trial or the column (a run without labels) is absent."""
+    if metric not in df.columns or trial_id not in df.index:
+        return float("nan")
+    return float(df.at[trial_id, metric])
+
+
+def _name(tids: list[str]) -> str:
+    return ", ".join(tids[:8]) + (" ..." if len(tids) > 8 else "")
+
+
+def compare_paired(base: RunData, other: RunData, per_trial: pd.DataFrame,
+                   metrics: tuple[str, ...] = PAIRED_METRICS, min_pairs: int = MIN_PAIRS) -> PairedComparison:
+    """`other` against `base` on their paired trials; `per_trial` is `core.per_trial_table` of
+    both (column `run` = RunData.key). Trials that cannot be paired are named in the notes."""
+    pairing = pair_trials(base, other)
+    vals = {key: per_trial[per_trial["run"] == key].set_index("trial_id") for key in (base.key, other.key)}
+    rows = []
+    for r in pairing.to_dict("records"):
+        rec = dict(r)
+        for m in metrics:
+            vb, vo = _value(vals[base.key], m, r["trial_id"]), _value(vals[other.key], m, r["trial_id"])
+            rec[f"{m}_base"], rec[f"{m}_other"] = float(vb), float(vo)
+            rec[f"{m}_diff"] = float(vo) - float(vb) if r["status"] == PAIRED else float("nan")
+        rows.append(rec)
+    trials = pd.DataFrame(rows)
+    trials.insert(0, "other", other.key)
+    trials.insert(0, "base", base.key)
+    paired = trials[trials["status"] == PAIRED]
+    effects = pd.DataFrame([{"base": base.key, "other": other.key, "metric": m,
+                             **paired_effect(paired[f"{m}_base"].tolist(), paired[f"{m}_other"].tolist(),
+                                             min_pairs=min_pairs)} for m in metrics])
+    notes = []
+    for status in ("schedule differs", "schedule not recorded", "seed differs", "only in base", "only in other"):
+        tids = trials.loc[trials["status"] == status, "trial_id"].tolist()
+        if tids:
+            where = {"only in base": f"only in {base.key}", "only in other": f"only in {other.key}"}.get(status, status)
+            notes.append(f"{len(tids)} trial(s) left out of the pairs ({where}): {_name(tids)}")
+    if base.auditor_id != other.auditor_id:
+        notes.append(f"the two runs are scored by different headline auditors ({base.auditor_id} and "
+                     f"{other.auditor_id}): a difference may come from the auditors")
+    sha_b, sha_o = base.manifest.get("pack_sha256"), other.manifest.get("pack_sha256")
+    if sha_b and sha_o and sha_b != sha_o:
+        notes.append("the two runs recorded different task packs (pack_sha256)")
+    return PairedComparison(base.key, other.key, effects, trials, notes)
+
+
+def compare_to_base(runs: list[RunData], per_trial: pd.DataFrame) -> list[PairedComparison]:
+    """Every run after the first against the first (the base): `lhd report BASE ADAPTER [...]`."""
+    return [compare_paired(runs[0], r, per_trial) for r in runs[1:]]
