@@ -287,6 +287,7 @@ def _row_example(row, store, round1, labels, context, tasks, count_tokens, max_l
     text = tasks.get(task_index)
     record = locate_record(task_msg["content"], [c for _, c in text.files] if text else [])
 
+    dropped = 0  # messages of the call left out to fit max_length (full context), in examples.parquet
     if context == "compact":
         messages = [m for m in call[:1] if m["role"] == "system"] + [dict(task_msg)]
         t_idx, t_shift = len(messages) - 1, 0
@@ -302,7 +303,9 @@ def _row_example(row, store, round1, labels, context, tasks, count_tokens, max_l
         if q_found is None:
             raise LensError(f"{where}: the message answered is not the call's")
         if count_tokens is not None and max_length is not None:
+            before = len(messages)
             messages, t_idx = _fit_full(messages, t_idx, perf.get("text") or "", count_tokens, max_length)
+            dropped = before - len(messages)
     q_idx = _last_user(messages)
     q_shift = len(messages[q_idx]["content"]) - len(question_msg["content"])
     spans = [Span("record", RECORD, t_idx, record[0] + t_shift, record[1] + t_shift)]
@@ -317,7 +320,7 @@ def _row_example(row, store, round1, labels, context, tasks, count_tokens, max_l
     info = {"trial_id": trial, "global_round": g, "task_index": task_index, "round": int(row.get("round", 0)),
             "event_category": event.get("category"), "pressure": event.get("pressure"),
             "severity": lab["severity"] if lab else None, "types": ",".join(lab["types"]) if lab else None,
-            "audited": lab is not None}
+            "audited": lab is not None, "dropped_messages": dropped}
     answer = perf.get("text") or ""
     return ReadExample(example_id=f"{trial}/r{g}", cluster=trial, label=(lab["flagged"] if lab else None),
                        messages=messages, spans=spans, prefill="", answer=answer, info=info,
