@@ -231,6 +231,74 @@ def merge(
     typer.echo(f"merged {len(shards)} lenses ({merged.n_prompts} prompts) -> {out}")
 
 
+@app.command("eval")
+@_clean_errors
+def eval_(
+    model: str = typer.Argument(..., help="HF model id or local model dir."),
+    lens: Path = typer.Option(..., help="Lens dir (lens.json + lens.safetensors) or a published jlens .pt."),
+    corpus: Path = typer.Option(..., help="Held-out text: text file, JSONL or datasets dir. Texts the lens (or a "
+                                          "half) was fitted on are left out when its sidecar names this corpus."),
+    out: Path = typer.Option(..., help="Output dir: eval.json, eval.md, fidelity.png."),
+    held_out: int | None = typer.Option(50, help="Evaluate the first N held-out texts (0 = all)."),
+    half_a: Path | None = typer.Option(None, help="Split half A: a lens fitted like --lens on half the prompts "
+                                                  "(e.g. lhd lens fit --shard 0/2)."),
+    half_b: Path | None = typer.Option(None, help="Split half B (the other half, e.g. --shard 1/2)."),
+    corpus_format: str = typer.Option("auto", "--format", help="auto | text | jsonl | dataset"),
+    text_field: str = typer.Option("text"),
+    split: str | None = typer.Option(None),
+    min_chars: int = typer.Option(0),
+    chunk_chars: int = typer.Option(0),
+    max_length: int | None = typer.Option(None, help="Tokens per text (default: the lens's max_length)."),
+    skip_first: int | None = typer.Option(None, help="Positions left out at the start (default: the lens's)."),
+    target_layer: int | None = typer.Option(None, help="Target layer of a .pt lens (default: last block)."),
+    bootstrap: int = typer.Option(1000, help="Bootstrap resamples (over texts) for the CIs."),
+    seed: int = typer.Option(0),
+    dtype: str = typer.Option("float32"),
+    device: str = typer.Option("auto"),
+    revision: str | None = typer.Option(None),
+    attn: str = typer.Option("auto", help="attn_implementation: auto (sdpa) | sdpa | eager."),
+    progress: bool = typer.Option(True, "--progress/--no-progress"),
+    threads: int | None = typer.Option(None, help="torch CPU threads (1 is fastest for tiny models on a busy CPU)."),
+):
+    """Per-layer KL to the model's own next-token distribution and top-1 agreement on held-out text, Jacobian lens
+    vs logit lens, and split-half agreement (docs/lens.md, "Fidelity")."""
+    from lens.corpus import CorpusSpec, load_corpus
+    from lens.fidelity import EvalConfig, evaluate, select_held_out
+    from lens.model import load_hf
+    from lens.plan import resolve_attn
+    from lens.report import write_fidelity
+    from lens.store import load_lens
+
+    _set_threads(threads)
+    if (half_a is None) != (half_b is None):
+        raise LensError("give both --half-a and --half-b (two lenses fitted on disjoint halves), or neither")
+    if held_out is not None and held_out < 0:
+        raise LensError(f"--held-out must be >= 0, got {held_out}")
+    with _out_lock(out, stage="lhd lens eval"):
+        texts, _ = load_corpus(CorpusSpec(path=str(corpus), format=corpus_format, text_field=text_field, split=split,
+                                          min_chars=min_chars, chunk_chars=chunk_chars))
+        m, tok = load_hf(model, dtype=dtype, device=device, revision=revision,
+                         attn_implementation=resolve_attn(attn, "replicate"))
+        lz = load_lens(lens, model=m, target_layer=target_layer)
+        halves = None if half_a is None else (load_lens(half_a, model=m, target_layer=target_layer),
+                                              load_lens(half_b, model=m, target_layer=target_layer))
+        chosen, excluded = select_held_out(texts, [lz, *(halves or ())], held_out or None)
+        cfg = EvalConfig(max_length=max_length or int(lz.meta.get("max_length") or 128),
+                         skip_first=skip_first if skip_first is not None else int(lz.meta.get("skip_first", 16)),
+                         chat=bool(lz.meta.get("chat", False)), force_bos=bool(lz.meta.get("force_bos", True)),
+                         n_boot=bootstrap, seed=seed, progress=progress)
+        result = evaluate(m, tok, lz, chosen, cfg, halves=halves)
+        result.update(model=model, lens=str(lens), lens_sha256=lz.meta.get("sha256"), lens_n_prompts=lz.n_prompts,
+                      halves=None if halves is None else [str(half_a), str(half_b)],
+                      corpus=str(corpus), fit_texts_excluded=excluded)
+        files = write_fidelity(out, result, title=f"{model}: lens fidelity ({lz.n_prompts}-prompt lens)")
+        s = result["summary"]
+        typer.echo(f"evaluated {result['n_texts']} held-out texts ({excluded} fit texts left out) "
+                   f"-> {files['markdown']}")
+        typer.echo(f"  middle band {s['band_layers']}: Jacobian lens KL lower at {s['jacobian_lower_kl'] or 'none'}, "
+                   f"higher at {s['jacobian_higher_kl'] or 'none'} (of {s['layers_compared'] or 'none'})")
+
+
 @probe_app.command("build")
 @_clean_errors
 def probe_build(

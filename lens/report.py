@@ -232,3 +232,86 @@ def write_outputs(out_dir: Path, margins_df: pd.DataFrame, examples_df: pd.DataF
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=_json_default) + "\n")
     files["summary"] = str(out / "summary.json")
     return files
+
+
+# ---------------------------------------------------------------------------------------------
+# fidelity (lens.fidelity): KL to the model's own distribution and top-1 agreement by layer
+# ---------------------------------------------------------------------------------------------
+
+
+def _f(x: Any, spec: str = ".3f") -> str:
+    return "–" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def fidelity_markdown(result: dict, *, title: str) -> str:
+    """One row per layer: both lenses' KL and top-1, the Jacobian − logit difference with its CI, the halves."""
+    rows = result["layers"]
+    has_halves = any("halves_top1_agreement" in r for r in rows)
+    head = ["layer", "KL logit", "KL J", "ΔKL J−logit [95% CI]", "top-1 logit", "top-1 J", "Δtop-1 [95% CI]"]
+    if has_halves:
+        head += ["KL J half A / B", "halves top-1 agree", "halves ‖A−B‖/‖mean‖", "halves corr (J−I)"]
+    lines = [f"# {title}", "", f"{result['n_texts']} held-out texts, {result['n_positions']} positions; "
+             "KL(p_model ‖ q_lens) in nats, top-1 = share of positions where the lens's top token is the "
+             "model's own; CIs: bootstrap over texts.", "", "| " + " | ".join(head) + " |",
+             "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [str(r["layer"]), _f(r["kl_logit"]), _f(r["kl_jacobian"])]
+        if r.get("kl_diff") is not None:
+            cells.append(f"{_f(r['kl_diff'], '+.3f')} [{_f(r['kl_diff_lo'], '+.3f')}, {_f(r['kl_diff_hi'], '+.3f')}]")
+        else:
+            cells.append("–")
+        cells += [_f(r["top1_logit"]), _f(r["top1_jacobian"])]
+        if r.get("top1_diff") is not None:
+            cells.append(f"{_f(r['top1_diff'], '+.3f')} [{_f(r['top1_diff_lo'], '+.3f')}, "
+                         f"{_f(r['top1_diff_hi'], '+.3f')}]")
+        else:
+            cells.append("–")
+        if has_halves:
+            cells += [f"{_f(r.get('kl_half_a'))} / {_f(r.get('kl_half_b'))}", _f(r.get("halves_top1_agreement")),
+                      _f(r.get("halves_rel_frob")), _f(r.get("halves_corr_minus_identity"))]
+        lines.append("| " + " | ".join(cells) + " |")
+    s = result["summary"]
+    lines += ["", f"Middle band (layers {s['band_layers'][0]}–{s['band_layers'][1]}), fitted layers compared: "
+              f"{s['layers_compared'] or 'none'}. Jacobian lens closer to the model (KL, CI below 0): "
+              f"{s['jacobian_lower_kl'] or 'none'}; farther (CI above 0): {s['jacobian_higher_kl'] or 'none'}. "
+              f"Top-1 higher: {s['jacobian_higher_top1'] or 'none'}; lower: {s['jacobian_lower_top1'] or 'none'}.", ""]
+    return "\n".join(lines)
+
+
+def fidelity_plot(result: dict, path: Path, *, title: str) -> Path:
+    """Two panels by layer: KL to the model's distribution and top-1 agreement, logit vs Jacobian lens (+ halves)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["layers"]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), layout="constrained")
+    for ax, metric, label in ((axes[0], "kl", "KL(model ‖ lens), nats"), (axes[1], "top1", "top-1 agreement")):
+        for key, name, style in (("logit", "logit lens", "o-"), ("jacobian", "Jacobian lens", "s-"),
+                                 ("half_a", "J half A", "--"), ("half_b", "J half B", ":")):
+            pts = [(r["layer"], r.get(f"{metric}_{key}")) for r in rows if r.get(f"{metric}_{key}") is not None]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), style, label=name, markersize=3)
+        ax.set_xlabel("layer")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_yscale("symlog", linthresh=0.1)
+    axes[1].set_ylim(-0.02, 1.02)
+    axes[1].legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=130, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def write_fidelity(out_dir: Path, result: dict, *, title: str) -> dict[str, str]:
+    """eval.json, eval.md and fidelity.png in `out_dir`."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files = {"json": str(out / "eval.json"), "markdown": str(out / "eval.md"), "plot": str(out / "fidelity.png")}
+    fidelity_plot(result, out / "fidelity.png", title=title)
+    atomic_write_text(out / "eval.md", fidelity_markdown(result, title=title))
+    atomic_write_text(out / "eval.json", json.dumps({**result, "files": files}, indent=2, default=_json_default) + "\n")
+    return files

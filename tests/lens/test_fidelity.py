@@ -1,0 +1,153 @@
+"""Issue 24 item 4: `lhd lens eval` — per-layer KL to the model's own next-token distribution and
+top-1 agreement, Jacobian lens vs logit lens, and split-half agreement, each checked against a
+computation in plain torch (the HF model's `output_hidden_states`, its final norm and lm_head by
+hand, KL with torch), not with the functions under test."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from lens.cli import app
+from lens.errors import LensError
+from lens.fidelity import EvalConfig, evaluate, select_held_out
+from lens.fit import FitOptions, FitSettings, fit_lens
+from lens.store import Lens
+
+runner = CliRunner()
+SKIP, MAXLEN = 4, 32
+SETTINGS = FitSettings(skip_first=SKIP, max_length=MAXLEN, dim_batch=16)
+HELD_OUT = [f"Held-out note {i}: the shop in town {i} sold {i * 13} boxes of tea last month, and the owner plans "
+            f"to order {i + 4} more crates before the holidays start." for i in range(4)]
+
+
+def _hand(model, tok, texts, J: dict[int, torch.Tensor]):
+    """Pooled KL(p_final || q) and top-1 agreement per layer, for the logit lens and `W_U norm(J h)`."""
+    hf = model.hf
+    norm, W = hf.model.norm, hf.lm_head.weight
+    L = model.n_layers
+    acc = {}
+    for text in texts:
+        ids = [tok.bos_token_id] if tok.bos_token_id is not None else []
+        ids = torch.tensor((ids + tok(text, add_special_tokens=False)["input_ids"])[:MAXLEN])
+        with torch.no_grad():
+            out = hf(input_ids=ids[None], output_hidden_states=True, use_cache=False)
+            logp = torch.log_softmax(out.logits[0, SKIP:].float(), -1)
+            for layer in range(L):
+                # hidden_states[l + 1] is block l's output, except the last entry, which is already final-normed
+                h = out.hidden_states[layer + 1][0, SKIP:] if layer < L - 1 else None
+                for name in ("logit", "jacobian"):
+                    if h is None:
+                        logq = logp
+                    else:
+                        x = h @ J[layer].T if name == "jacobian" and layer in J else h
+                        logq = torch.log_softmax((norm(x) @ W.T).float(), -1)
+                    kl = torch.nn.functional.kl_div(logq, logp, log_target=True, reduction="none").sum(-1)
+                    hit = (logq.argmax(-1) == logp.argmax(-1)).float()
+                    s = acc.setdefault((name, layer), [0.0, 0.0, 0])
+                    s[0] += float(kl.sum())
+                    s[1] += float(hit.sum())
+                    s[2] += len(kl)
+    return {k: (v[0] / v[2], v[1] / v[2]) for k, v in acc.items()}
+
+
+def test_eval_matches_hand_computation(tiny, fit_prompts):
+    model, tok = tiny
+    lens = fit_lens(model, tok, fit_prompts[:3], SETTINGS, options=FitOptions(progress=False)).lens
+    res = evaluate(model, tok, lens, HELD_OUT, EvalConfig(skip_first=SKIP, max_length=MAXLEN, n_boot=50))
+    hand = _hand(model, tok, HELD_OUT, lens.J)
+    assert res["n_texts"] == len(HELD_OUT)
+    L = model.n_layers
+    for row in res["layers"]:
+        layer = row["layer"]
+        for name in ("logit", "jacobian"):
+            kl, top1 = hand[(name, layer)]
+            assert row[f"kl_{name}"] == pytest.approx(kl, rel=1e-4, abs=1e-6), (name, layer)
+            assert row[f"top1_{name}"] == pytest.approx(top1, abs=1e-9), (name, layer)
+        assert row["kl_diff"] == pytest.approx(row["kl_jacobian"] - row["kl_logit"])
+        assert row["kl_diff_lo"] <= row["kl_diff_hi"]
+    last = res["layers"][L - 1]
+    assert last["kl_logit"] == pytest.approx(0.0, abs=1e-6) and last["top1_logit"] == 1.0
+    # the fitted lens is not the identity: on the first block the two readouts differ
+    assert abs(res["layers"][0]["kl_jacobian"] - res["layers"][0]["kl_logit"]) > 1e-4
+
+
+def test_split_half_agreement(llama, fit_prompts):
+    model, tok = llama
+    a = fit_lens(model, tok, fit_prompts[:3], SETTINGS, options=FitOptions(progress=False)).lens
+    b = fit_lens(model, tok, fit_prompts[3:], SETTINGS, options=FitOptions(progress=False)).lens
+    full = fit_lens(model, tok, fit_prompts, SETTINGS, options=FitOptions(progress=False)).lens
+    res = evaluate(model, tok, full, HELD_OUT, EvalConfig(skip_first=SKIP, max_length=MAXLEN, n_boot=20),
+                   halves=(a, b))
+    hand_a, hand_b = _hand(model, tok, HELD_OUT, a.J), _hand(model, tok, HELD_OUT, b.J)
+    for row in res["layers"]:
+        layer = row["layer"]
+        assert row["kl_half_a"] == pytest.approx(hand_a[("jacobian", layer)][0], rel=1e-4, abs=1e-6)
+        assert row["kl_half_b"] == pytest.approx(hand_b[("jacobian", layer)][0], rel=1e-4, abs=1e-6)
+        if layer in a.J:
+            A, B = a.J[layer].double(), b.J[layer].double()
+            rel = torch.linalg.norm(A - B) / torch.linalg.norm((A + B) / 2)
+            assert row["halves_rel_frob"] == pytest.approx(float(rel), rel=1e-6)
+            assert row["halves_corr"] == pytest.approx(float(torch.corrcoef(torch.stack([A.flatten(),
+                                                                                         B.flatten()]))[0, 1]), 1e-6)
+            assert 0 < row["halves_rel_frob"] and row["halves_corr"] < 1
+        else:  # at the target the halves are both the identity
+            assert row["halves_top1_agreement"] == 1.0
+    # a half fitted with other layers is refused, with the layers named
+    other = Lens(J={0: a.J[0]}, meta=dict(a.meta))
+    with pytest.raises(LensError, match="split-half lens half_b has layers"):
+        evaluate(model, tok, full, HELD_OUT[:1], EvalConfig(skip_first=SKIP, max_length=MAXLEN), halves=(a, other))
+
+
+def test_select_held_out_without_a_recipe_keeps_every_text():
+    lens = Lens(J={0: torch.eye(2)}, meta={})  # a published .pt lens: its corpus is unknown here
+    assert select_held_out(["a", "b", "c"], [lens], 2) == (["a", "b"], 0)
+
+
+def _fit_cli(model, corpus, out, *extra):
+    return runner.invoke(app, ["fit", str(model), "--corpus", str(corpus), "--out", str(out), "--device", "cpu",
+                               "--max-length", str(MAXLEN), "--skip-first", str(SKIP), "--source-layers", "0,1",
+                               "--no-progress", "--threads", "1", "--save-dtype", "float32", "--dim-batch", "16",
+                               *extra])
+
+
+def test_cli_eval_end_to_end(tiny_dirs, tmp_path):
+    model = tiny_dirs["llama"]
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n\n".join([f"Fit paragraph {i}: the quarterly report lists {i * 11} units sold in region {i} "
+                                   "and notes that the numbers were checked twice." for i in range(2)] + HELD_OUT))
+    for s in (0, 1):
+        r = _fit_cli(model, corpus, tmp_path / f"h{s}", "--n-prompts", "2", "--shard", f"{s}/2")
+        assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["merge", str(tmp_path / "full"), str(tmp_path / "h0"), str(tmp_path / "h1")])
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "ev"
+    args = ["eval", str(model), "--lens", str(tmp_path / "full"), "--corpus", str(corpus), "--out", str(out),
+            "--device", "cpu", "--threads", "1", "--no-progress", "--bootstrap", "50"]
+    r = runner.invoke(app, [*args, "--half-a", str(tmp_path / "h0"), "--half-b", str(tmp_path / "h1")])
+    assert r.exit_code == 0, r.output
+    res = json.loads((out / "eval.json").read_text())
+    assert res["fit_texts_excluded"] == 2 and res["n_texts"] == len(HELD_OUT)  # the two fit paragraphs left out
+    assert res["settings"]["skip_first"] == SKIP and res["settings"]["max_length"] == MAXLEN  # taken from the lens
+    assert (out / "fidelity.png").stat().st_size > 0
+    md = (out / "eval.md").read_text()
+    assert "| layer | KL logit | KL J |" in md and "halves top-1 agree" in md
+    assert res["layers"][0]["halves_rel_frob"] > 0
+    # the numbers in eval.json are those of the library call on the same held-out texts
+    from lens.model import load_hf
+    from lens.store import load_lens
+
+    m, tok = load_hf(str(model), dtype="float32", device="cpu", attn_implementation="sdpa")
+    hand = _hand(m, tok, HELD_OUT, load_lens(tmp_path / "full").J)
+    for row in res["layers"]:
+        assert row["kl_jacobian"] == pytest.approx(hand[("jacobian", row["layer"])][0], rel=1e-4, abs=1e-6)
+    # bad input: one half only; a corpus the lens saw entirely
+    r = runner.invoke(app, [*args, "--half-a", str(tmp_path / "h0")])
+    assert r.exit_code == 2 and "--half-b" in r.output
+    all_fit = tmp_path / "all"
+    assert _fit_cli(model, corpus, all_fit, "--n-prompts", "100").exit_code == 0
+    r = runner.invoke(app, ["eval", str(model), "--lens", str(all_fit), "--corpus", str(corpus), "--out",
+                            str(tmp_path / "ev2"), "--device", "cpu", "--no-progress"])
+    assert r.exit_code == 2 and "no held-out text" in r.output
