@@ -23,7 +23,7 @@ HELD_OUT = [f"Held-out note {i}: the shop in town {i} sold {i * 13} boxes of tea
             f"to order {i + 4} more crates before the holidays start." for i in range(4)]
 
 
-def _hand(model, tok, texts, J: dict[int, torch.Tensor]):
+def _hand(model, tok, texts, J: dict[int, torch.Tensor], skip: int = SKIP, maxlen: int = MAXLEN):
     """Pooled KL(p_final || q) and top-1 agreement per layer, for the logit lens and `W_U norm(J h)`."""
     hf = model.hf
     norm, W = hf.model.norm, hf.lm_head.weight
@@ -31,13 +31,13 @@ def _hand(model, tok, texts, J: dict[int, torch.Tensor]):
     acc = {}
     for text in texts:
         ids = [tok.bos_token_id] if tok.bos_token_id is not None else []
-        ids = torch.tensor((ids + tok(text, add_special_tokens=False)["input_ids"])[:MAXLEN])
+        ids = torch.tensor((ids + tok(text, add_special_tokens=False)["input_ids"])[:maxlen])
         with torch.no_grad():
             out = hf(input_ids=ids[None], output_hidden_states=True, use_cache=False)
-            logp = torch.log_softmax(out.logits[0, SKIP:].float(), -1)
+            logp = torch.log_softmax(out.logits[0, skip:].float(), -1)
             for layer in range(L):
                 # hidden_states[l + 1] is block l's output, except the last entry, which is already final-normed
-                h = out.hidden_states[layer + 1][0, SKIP:] if layer < L - 1 else None
+                h = out.hidden_states[layer + 1][0, skip:] if layer < L - 1 else None
                 for name in ("logit", "jacobian"):
                     if h is None:
                         logq = logp
@@ -151,3 +151,44 @@ def test_cli_eval_end_to_end(tiny_dirs, tmp_path):
     r = runner.invoke(app, ["eval", str(model), "--lens", str(all_fit), "--corpus", str(corpus), "--out",
                             str(tmp_path / "ev2"), "--device", "cpu", "--no-progress"])
     assert r.exit_code == 2 and "no held-out text" in r.output
+
+
+@pytest.mark.slow
+def test_smollm2_eval_matches_recomputation(smollm2_dir, tmp_path):
+    """SmolLM2-135M: a lens fitted as scripts/demo.py does (2 prompts, 32 tokens, blocks 25-28), then
+    `lhd lens eval` on 4 held-out texts of the same corpus, every layer against the recomputation."""
+    from lens.model import load_hf
+    from lens.store import load_lens
+    from lhd_train.bench.taskpack import load_pack
+
+    texts = []
+    for t in load_pack("startup_consulting").tasks:
+        joined = " ".join(f"{t.title}. {t.prompt}".split())
+        texts += [joined[i:i + 300] for i in range(0, min(len(joined), 900), 300)]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": x}) + "\n" for x in texts))
+    r = runner.invoke(app, ["fit", str(smollm2_dir), "--corpus", str(corpus), "--out", str(tmp_path / "L"),
+                            "--n-prompts", "2", "--max-length", "32", "--skip-first", "8", "--source-layers", "25-28",
+                            "--dim-batch", "16", "--threads", "1", "--device", "cpu", "--no-progress",
+                            "--save-dtype", "float32"])
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "ev"
+    r = runner.invoke(app, ["eval", str(smollm2_dir), "--lens", str(tmp_path / "L"), "--corpus", str(corpus),
+                            "--out", str(out), "--held-out", "4", "--threads", "1", "--device", "cpu",
+                            "--no-progress", "--bootstrap", "200"])
+    assert r.exit_code == 0, r.output
+    res = json.loads((out / "eval.json").read_text())
+    assert res["fit_texts_excluded"] == 2 and res["n_texts"] == 4 and res["n_positions"] == 4 * (32 - 8)
+    m, tok = load_hf(str(smollm2_dir), dtype="float32", device="cpu", attn_implementation="eager")
+    hand = _hand(m, tok, texts[2:6], load_lens(tmp_path / "L").J, skip=8, maxlen=32)
+    for row in res["layers"]:
+        layer = row["layer"]
+        for name in ("logit", "jacobian"):
+            if name == "jacobian" and layer < 25:
+                assert row["kl_jacobian"] is None  # not fitted
+                continue
+            kl, top1 = hand[(name, layer)]
+            assert row[f"kl_{name}"] == pytest.approx(kl, rel=2e-3, abs=1e-4), (name, layer)
+            assert row[f"top1_{name}"] == pytest.approx(top1, abs=1.5 / res["n_positions"]), (name, layer)
+    assert res["layers"][-1]["kl_logit"] == pytest.approx(0.0, abs=1e-4)
+    assert res["layers"][0]["kl_logit"] > 1.0  # the first block is far from the output (a real model)
