@@ -2,7 +2,11 @@
 
 Bounded in-flight requests, timeouts, retries with exponential backoff and full jitter on
 transient failures (429, 5xx, connection, timeout), none on client errors. API keys come from
-the environment variable the config names and are never stored or logged.
+the environment variable the config names and are never stored or logged: an error text a
+server returns (which may echo the Authorization header or the URL) has the key and any credential
+of `base_url` replaced by *** before it leaves the backend, and `describe()` names the URL without
+its credentials. A message holding a lone UTF-16 surrogate (which the SDK cannot encode as UTF-8)
+is sent with U+FFFD in its place.
 
 Timeouts cover queue time too: a busy vLLM holds long-context requests in its waiting queue
 before it starts them. So a managed or local server gets an hour by default (a remote API ten
@@ -21,6 +25,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import threading
 import time
 from typing import Any
@@ -28,7 +33,7 @@ from urllib.parse import urlparse
 
 from rollouts.backend import BackendError
 from rollouts.model_files import counting_tokenizer, estimate_tokens
-from rollouts.spec import ModelSpec
+from rollouts.spec import ModelSpec, public_url, redact, url_secrets
 from rollouts.types import Completion, GenerationRequest, GenerationResult, generation_defaults
 
 SCHEMA_NOTE = "\n\nReply with one JSON object, and nothing else, that matches this JSON schema:\n{schema}"
@@ -36,6 +41,7 @@ LOCAL_TIMEOUT_S = 3600.0  # managed or local servers: long prompts wait in a que
 REMOTE_TIMEOUT_S = 600.0
 DEFAULT_IN_FLIGHT = 32
 MANAGED_BACKENDS = ("vllm", "transformers-serve")
+_SURROGATE = re.compile("[\ud800-\udfff]")  # in a Python str every surrogate is a lone one
 
 
 def is_local_server(spec: ModelSpec, base_url: str | None = None) -> bool:
@@ -87,6 +93,12 @@ def served_generation_defaults(spec: ModelSpec) -> dict[str, Any] | None:
     return generation_defaults(data) if isinstance(data, dict) else None
 
 
+def sendable(text: str) -> str:
+    """`text` with each lone UTF-16 surrogate replaced by U+FFFD: a model answer may hold one (stored
+    exactly in the rows), but a request body must be valid UTF-8."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
 def _is_transient(exc: BaseException) -> bool:
     import openai
 
@@ -124,6 +136,7 @@ class OpenAIBackend:
                 raise BackendError(f"model '{spec.model}': environment variable {spec.api_key_env} "
                                    "(api_key_env) is not set")
             key = os.environ[spec.api_key_env]
+        self._secrets = ([key] if spec.api_key_env else []) + url_secrets(base_url)
         # Our own httpx client: the SDK's default one, when dropped, schedules its own close on whatever
         # loop is running, which fails ("Event loop is closed") for a client of an earlier loop.
         self._new_client = lambda: openai.AsyncOpenAI(
@@ -159,7 +172,7 @@ class OpenAIBackend:
 
     def describe(self) -> dict[str, Any]:
         return {"backend": "openai", "model": self.model_id, "revision": self.spec.revision,
-                "base_url": self.base_url, "api_key_env": self.spec.api_key_env,
+                "base_url": public_url(self.base_url), "api_key_env": self.spec.api_key_env,
                 "structured_outputs": self.structured, "timeout_s": self.timeout_s,
                 "max_in_flight": self.max_in_flight, "exact_token_counts": self.exact_token_counts,
                 "generation_defaults": served_generation_defaults(self.spec)}
@@ -168,7 +181,8 @@ class OpenAIBackend:
         return list(await asyncio.gather(*(self._one(r) for r in requests)))
 
     def _payload(self, req: GenerationRequest, mode: str) -> dict[str, Any]:
-        messages = [dict(m) for m in req.messages]
+        messages = [{**m, "content": sendable(m["content"])} if isinstance(m.get("content"), str) else dict(m)
+                    for m in req.messages]
         sp = req.sampling
         body: dict[str, Any] = {"model": req.adapter or self.model_id, "messages": messages,
                                 "max_tokens": sp.max_tokens, "n": sp.n}
@@ -225,7 +239,8 @@ class OpenAIBackend:
 
     def _fail(self, msg: str, t0: float) -> GenerationResult:
         self.stats["failures"] += 1
-        return GenerationResult([], latency_s=time.perf_counter() - t0, model_id=self.model_id, error=msg)
+        return GenerationResult([], latency_s=time.perf_counter() - t0, model_id=self.model_id,
+                                error=redact(msg, self._secrets))
 
     def _result(self, resp: Any, t0: float) -> GenerationResult:
         comps = [Completion(c.message.content or "", None, c.finish_reason or "stop") for c in resp.choices]

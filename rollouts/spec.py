@@ -2,8 +2,47 @@
 from __future__ import annotations
 
 from typing import Literal
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_serializer
+
+HIDDEN = "***"  # what a credential is replaced with wherever a URL or an error text is written
+MIN_SECRET = 4  # shorter values (`?v=2`) are not hidden inside texts: they would erase ordinary words
+
+
+def url_secrets(url: str | None) -> list[str]:
+    """The credentials a URL carries, as written and percent-decoded: the user and password of
+    `user:pass@host` and every query value (`?key=...`: an API may take its key there)."""
+    if not url:
+        return []
+    parts = urlsplit(url)
+    found = [parts.username, parts.password]
+    found += [v for _, v in parse_qsl(parts.query, keep_blank_values=True)]
+    found += [v for _, v in (pair.partition("=")[::2] for pair in parts.query.split("&"))]
+    out: set[str] = set()
+    for value in found:
+        if value:
+            out |= {value, unquote(value), quote(unquote(value), safe="")}
+    return sorted(out, key=len, reverse=True)
+
+
+def public_url(url: str | None) -> str | None:
+    """The URL without its credentials (user:pass@ dropped, query values hidden): the form that
+    configs, manifests and logs record."""
+    if not url:
+        return url
+    parts = urlsplit(url)
+    netloc = parts.netloc.rpartition("@")[2]
+    query = urlencode([(k, HIDDEN) for k, _ in parse_qsl(parts.query, keep_blank_values=True)], safe="*")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def redact(text: str, secrets: list[str]) -> str:
+    """`text` with every secret (of MIN_SECRET characters or more) replaced by ***, longest first
+    (an error a server returns may echo the request's Authorization header or URL)."""
+    for secret in sorted({s for s in secrets if len(s) >= MIN_SECRET}, key=len, reverse=True):
+        text = text.replace(secret, HIDDEN)
+    return text
 
 
 class ModelSpec(BaseModel):
@@ -68,3 +107,8 @@ class ModelSpec(BaseModel):
     vllm_executable: str | None = Field(
         None, description="vllm: the `vllm` command to run; default $LHD_VLLM, then `vllm` on PATH, "
         "then .venv-vllm/bin/vllm in the lhd checkout (`make vllm-env`)")
+
+    @field_serializer("base_url", when_used="json")
+    def _public_base_url(self, v: str | None) -> str | None:
+        """Written forms (config.resolved.yaml, manifest.json, auditor.json) never hold credentials."""
+        return public_url(v)

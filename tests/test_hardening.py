@@ -560,3 +560,63 @@ def test_tables_keep_their_width_in_a_log(monkeypatch, capsys):
     assert "…" not in out, out
     for col in ("status", "rounds", "tasks done", "completed", "satisf.", "comfort", "tokens"):
         assert col in out, out
+
+
+# ----------------------------------------------------------------------------- 6. secrets
+
+
+KEY = "sk-test-0123456789abcdef"  # the API key's value: never printed or written
+URL_SECRETS = ("alice", "pw-5678-secret", "qkey-9999")
+
+
+@pytest.fixture
+def echo_server():
+    """A real HTTP server on 127.0.0.1 that answers every request with 401 (or, for a path holding
+    `/fail5/`, 503) and a body that echoes the request's line and headers, as some proxies do."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Echo(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            body = json.dumps({"error": {"message": f"bad request {self.requestline}; headers: {dict(self.headers)}"}})
+            self.send_response(503 if "/fail5/" in self.path else 401)
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        do_GET = do_POST
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+
+
+@pytest.mark.parametrize("path", ["/v1", "/fail5/v1"])
+def test_a_server_echoing_the_key_never_puts_it_on_disk_or_the_terminal(path, echo_server, tmp_path,
+                                                                         monkeypatch, capsys):
+    """Before: the 401 body (with `Authorization: Bearer <key>`) went into summary.json and onto the
+    terminal, and the URL's user:password and ?key= into config.resolved.yaml and manifest.json."""
+    monkeypatch.setenv("LHD_TEST_KEY", KEY)
+    url = f"http://{URL_SECRETS[0]}:{URL_SECRETS[1]}@127.0.0.1:{echo_server}{path}?key={URL_SECRETS[2]}"
+    spec = {"backend": "openai", "model": "remote-model", "base_url": url, "api_key_env": "LHD_TEST_KEY",
+            "max_retries": 0, "timeout_s": 30}
+    cfg = write_config(tmp_path / "run.yaml", "unused", tmp_path / "runs", models={"tiny": spec})
+    code, out = cli(monkeypatch, capsys, "run", str(cfg), "--no-progress")
+    assert code != 99, out
+    written = {str(p): p.read_text(errors="replace") for p in (tmp_path / "runs").rglob("*") if p.is_file()}
+    assert any(p.endswith("summary.json") and ("401" in t or "503" in t) for p, t in written.items()), written.keys()
+    assert any(p.endswith("manifest.json") for p in written)
+    for secret in (KEY, *URL_SECRETS):
+        assert secret not in out, (secret, out)
+        for p, text in written.items():
+            assert secret not in text, (secret, p)
+    saved = yaml.safe_load((tmp_path / "runs" / RUN / "config.resolved.yaml").read_text())
+    assert saved["models"]["tiny"]["base_url"] == f"http://127.0.0.1:{echo_server}{path}?key=***"
+    # the resume compares like with like: the same config (with its credentials) is not "a different config"
+    code, out = cli(monkeypatch, capsys, "run", str(cfg), "--no-progress")
+    assert "different config" not in out, out

@@ -219,6 +219,14 @@ def test_recipe_validation_errors(tmp_path):
     assert "sft.loss_on" in msg
     msg = _error(load_recipe, sft, ["trainer.num_generations=4"])  # a GRPO argument in an SFT recipe
     assert "'trainer.num_generations'" in msg and "SFTConfig" in msg
+    for override, field in (("trainer.max_steps=0", "max_steps"), ("trainer.max_steps=-3", "max_steps"),
+                            ("trainer.learning_rate=-1e-4", "learning_rate"),
+                            ("trainer.learning_rate=0", "learning_rate"),
+                            ("trainer.num_train_epochs=0", "num_train_epochs"),
+                            ("trainer.gradient_accumulation_steps=0", "gradient_accumulation_steps")):
+        msg = _error(load_recipe, sft, [override])  # issue 22: TRL takes them and trains nothing, or diverges
+        assert f"'trainer.{field}'" in msg and "out of range" in msg, msg
+    load_recipe(sft, ["trainer.max_steps=-1"])  # TRL's "train num_train_epochs"
     msg = _error(load_recipe, sft, ["lora.target_modules=everything"])
     assert "'lora.target_modules'" in msg and "all-linear" in msg
     msg = _error(load_recipe, sft, ["lora.r=0"])

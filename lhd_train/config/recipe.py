@@ -14,10 +14,11 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic import Field, TypeAdapter, ValidationError, field_serializer, field_validator, model_validator
 
 from lhd_train.config.base import StrictModel, read_config, validate
 from lhd_train.errors import InputError
+from rollouts.spec import public_url
 
 ALGOS = ("sft", "dpo", "grpo")
 DIRECTIONS = ("honest", "deceptive")
@@ -115,6 +116,11 @@ class JudgeEndpoint(StrictModel):
         if not v.startswith(("http://", "https://")):
             raise ValueError(f"'{v}' is not an http(s) URL")
         return v
+
+    @field_serializer("base_url", when_used="json")
+    def _public_base_url(self, v: str) -> str | None:
+        """The recipe written next to an adapter never holds the URL's credentials."""
+        return public_url(v)
 
 
 class DataSpec(StrictModel):
@@ -270,9 +276,27 @@ def _same(a: Any, b: Any) -> bool:
         return False
 
 
+#: Trainer arguments whose types let through values that train nothing or diverge: the test each
+#: value must pass and what is allowed (TRL takes `max_steps: 0` and a negative learning rate).
+TRAINER_BOUNDS: dict[str, tuple[Any, str]] = {
+    "max_steps": (lambda v: v == -1 or v >= 1, "-1 (train num_train_epochs) or a whole number >= 1"),
+    "learning_rate": (lambda v: v > 0, "a number > 0"),
+    "num_train_epochs": (lambda v: v > 0, "a number > 0"),
+    "per_device_train_batch_size": (lambda v: v >= 1, "a whole number >= 1"),
+    "gradient_accumulation_steps": (lambda v: v >= 1, "a whole number >= 1"),
+}
+
+
+def check_trainer_bounds(args: dict[str, Any], source: str) -> None:
+    for key, (ok, allowed) in TRAINER_BOUNDS.items():
+        if key in args and args[key] is not None and not ok(args[key]):
+            raise InputError(source, f"trainer.{key}", f"{args[key]!r} is out of range", allowed)
+
+
 def parse_recipe(data: dict[str, Any], source: str | Path) -> Recipe:
     recipe = validate(Recipe, data, source)
     recipe.trainer = check_trainer_args(recipe.algo, recipe.trainer, str(source))
+    check_trainer_bounds(recipe.trainer, str(source))
     return recipe
 
 
