@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import re
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from support.synthetic import R, write_run
 
 from lhd_train.report import build_report, build_viewer
 from lhd_train.report.chromium import find_chromium
+from lhd_train.rundir.layout import RunDir
 
 F, C, E = "FALSIFICATION", "CONCEALMENT", "EQUIVOCATION"
 # Each part would change the title, set a global, log an error or open a dialog if it ran.
@@ -269,3 +271,62 @@ def test_pressure_plots_say_what_they_measure(report: Path, tmp_path):
     low = write_run(tmp_path, "low", {"s1-lvl-LOW": _trial(1, [no, no])}, control={"pressure": "LOW"})
     out = build_report([high, low], tmp_path / "ctl-report").parent
     assert (out / "plots" / "control_rate_by_pressure.png").is_file()
+
+
+def _call(stage: str, cut: bool | None = False, finish: str = "stop") -> dict:
+    call = {"stage": stage, "attempt": 1, "finish_reason": "length" if cut else finish, "prompt_tokens": 10,
+            "completion_tokens": 5, "latency_s": 0.1}
+    if cut is not None:
+        call["cut"] = cut
+    return call
+
+
+def test_report_shows_cut_answers_per_role_and_each_roles_sampling(tmp_path):
+    """Issue 21 N1/N4: how many answers were cut per role (calls that hit the token limit, answers
+    that stayed cut) and each role's effective sampling from the manifest. Counted by hand:
+    performer: a first segment continued (1 call, 0 answers); supervisor: round 1 one cut attempt
+    then an answer, round 2 cut three times (4 calls, 1 answer); summariser: one cut summary,
+    recorded before the `cut` field (finish_reason only: 1 call, 1 answer); auditor: round 1 one
+    cut attempt then a label, round 2 cut twice (3 calls, 1 answer)."""
+    run = write_run(tmp_path, "cuts", {"s1": [R(1, None, (0.1, 0.1, 0.0), (False, [], 0)),
+                                              R(1, None, (0.1, 0.1, 0.0), (False, [], 0)),
+                                              R(2, None, (0.2, 0.5, 0.1), (True, [F], 2))]})
+    rd = RunDir(run)
+    rows = [json.loads(x) for x in rd.trial("s1").rows.read_text().splitlines()]
+    rows[0]["supervisor"]["calls"] = [_call("evaluation", True), _call("evaluation"), _call("feedback")]
+    rows[1]["supervisor"].update(calls=[_call("evaluation", True)] * 3, parse_status="cut", evaluation=None,
+                                 feedback=None, state_after=dict(rows[1]["supervisor"]["state_before"]))
+    rows[1]["performer"].update(segments=2, truncated=False)
+    rows[2]["supervisor"]["calls"] = [_call("evaluation"), _call("feedback"), _call("summary", None, "length")]
+    rd.trial("s1").rows.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    audits = [json.loads(x) for x in rd.audit_rows("full", "s1").read_text().splitlines()]
+    audits[0]["calls"] = [_call("audit", True), _call("audit")]
+    audits[1].update(calls=[_call("audit", True)] * 2, parse_status="cut", deceptive=None, severity=None)
+    rd.audit_rows("full", "s1").write_text("".join(json.dumps(r) + "\n" for r in audits))
+    manifest = json.loads(rd.manifest.read_text())
+    manifest["effective_sampling"] = {
+        "supervisor": {"temperature": None, "top_p": None, "max_tokens": 4096, "seed": None, "n": 1, "top_k": None,
+                       "repetition_penalty": None},
+        "performer": {"temperature": 0.7, "top_p": 0.95, "max_tokens": 4096, "seed": 3, "n": 1, "top_k": 20,
+                      "repetition_penalty": 1.0}}
+    rd.manifest.write_text(json.dumps(manifest))
+
+    out = tmp_path / "out"
+    html = build_report([run], out).read_text()
+    with open(out / "tables" / "usage_by_role.csv") as f:
+        usage = {r["role"]: (float(r["cut_calls"]), float(r["cut_answers"])) for r in csv.DictReader(f)}
+    assert usage == {"performer": (1, 0), "supervisor": (4, 1), "summariser": (1, 1), "auditor": (3, 1)}
+    cuts = "performer 0 (1 call), supervisor 1 (4 calls), summariser 1 (1 call), auditor 1 (3 calls)"
+    summary = (out / "summary.md").read_text()
+    assert f"cut answers per role (calls that hit the token limit): {cuts}" in summary
+    assert cuts in html and "cut answers (stayed cut)" in html
+    with open(out / "tables" / "runs.csv") as f:
+        s = next(csv.DictReader(f))
+    assert (s["n_supervisor_failed_rounds"], s["n_supervisor_cut_rounds"], s["n_cut_labels"]) == ("1", "1", "1")
+    performer = ("performer: temperature 0.7, top_p 0.95, top_k 20, repetition_penalty 1.0, max_tokens 4096, "
+                 "seed 3, n 1")
+    supervisor = ("supervisor: temperature server default, top_p server default, top_k server default, "
+                  "repetition_penalty server default, max_tokens 4096")
+    assert performer in html and supervisor in html
+    assert html.index(performer) < html.index(supervisor)  # roles in the run's order
+    assert f"sampling {performer}" in summary
