@@ -14,13 +14,16 @@ HEADLINE_HELP = ("headline auditor id (default: the run config's auditor in full
 
 @app.command("report")
 def report_cmd(
-    runs: list[Path] = typer.Argument(..., help="one or more run directories, compared side by side"),
+    runs: list[Path] = typer.Argument(..., help="one or more run directories, compared side by side; every run "
+                                      "after the first is also compared with the first (the base) seed by seed"),
     out: Path = typer.Option(..., "--out", help="output folder for report.html, tables/, summary.md"),
     auditor: str | None = typer.Option(None, "--auditor", help=HEADLINE_HELP),
     min_coverage: float = typer.Option(0.9, "--min-coverage",
                                        help="flag trials whose valid labels cover less than this share of rounds"),
 ) -> None:
-    """Metrics with intervals, plots and trajectory pages in one self-contained report."""
+    """Metrics with intervals, plots and trajectory pages in one self-contained report.
+
+    `lhd report BASE ADAPTER`: also the effect paired by seed, with a bootstrap interval and a sign test."""
     from lhd_train.report import build_report
 
     path = build_report(list(runs), out, auditor, min_coverage)
