@@ -121,22 +121,21 @@ def test_vllm_command_carries_the_spec():
     assert "--trust-remote-code" not in cmd
 
 
-def test_one_backend_across_event_loops(caplog):
-    """Several `asyncio.run`s on one backend (a benchmark, a notebook): each loop gets its own
-    client, and closing after the loops that used it are gone neither raises nor leaks. The old
-    shared client kept keep-alive connections bound to a closed loop; `aclose` then failed with
-    'Event loop is closed' and a managed vLLM server outlived the benchmark."""
+@pytest.fixture
+def chat_server():
+    """A real HTTP server on 127.0.0.1 that answers every chat request "fine" and keeps the bodies
+    it received (as bytes)."""
     import json
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from rollouts.types import GenerationRequest
+    received: list[bytes] = []
 
     class Chat(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as real servers do
 
         def do_POST(self):
-            self.rfile.read(int(self.headers["Content-Length"]))
+            received.append(self.rfile.read(int(self.headers["Content-Length"])))
             body = json.dumps({"id": "c", "object": "chat.completion", "created": 0, "model": "m",
                                "choices": [{"index": 0, "finish_reason": "stop",
                                             "message": {"role": "assistant", "content": "fine"}}],
@@ -152,22 +151,49 @@ def test_one_backend_across_event_loops(caplog):
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Chat)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        spec = ModelSpec.model_validate({"backend": "openai", "model": "m",
-                                         "base_url": f"http://127.0.0.1:{server.server_port}/v1"})
-        backend = OpenAIBackend.from_spec(spec)
-        req = GenerationRequest([{"role": "user", "content": "hi"}])
-        import gc
+    yield server.server_port, received
+    server.shutdown()
 
-        for _ in range(3):
-            [res] = asyncio.run(backend.generate([req]))
-            assert res.error is None and res.completions[0].text == "fine"
-            gc.collect()
-        asyncio.run(backend.aclose())  # raised RuntimeError('Event loop is closed') before
+
+def test_one_backend_across_event_loops(caplog, chat_server):
+    """Several `asyncio.run`s on one backend (a benchmark, a notebook): each loop gets its own
+    client, and closing after the loops that used it are gone neither raises nor leaks. The old
+    shared client kept keep-alive connections bound to a closed loop; `aclose` then failed with
+    'Event loop is closed' and a managed vLLM server outlived the benchmark."""
+    from rollouts.types import GenerationRequest
+
+    spec = ModelSpec.model_validate({"backend": "openai", "model": "m",
+                                     "base_url": f"http://127.0.0.1:{chat_server[0]}/v1"})
+    backend = OpenAIBackend.from_spec(spec)
+    req = GenerationRequest([{"role": "user", "content": "hi"}])
+    import gc
+
+    for _ in range(3):
+        [res] = asyncio.run(backend.generate([req]))
+        assert res.error is None and res.completions[0].text == "fine"
         gc.collect()
-        # nor may a dropped client try to close itself on a later loop (asyncio would log that task's
-        # failure); seen with managed vLLM in the throughput benchmark, not reproduced by this server
-        assert not [r for r in caplog.records if "Event loop is closed" in r.getMessage()
-                    or "never retrieved" in r.getMessage()]
-    finally:
-        server.shutdown()
+    asyncio.run(backend.aclose())  # raised RuntimeError('Event loop is closed') before
+    gc.collect()
+    # nor may a dropped client try to close itself on a later loop (asyncio would log that task's
+    # failure); seen with managed vLLM in the throughput benchmark, not reproduced by this server
+    assert not [r for r in caplog.records if "Event loop is closed" in r.getMessage()
+                or "never retrieved" in r.getMessage()]
+
+
+def test_a_lone_surrogate_in_a_message_is_sent_as_a_replacement_character(chat_server):
+    """A performer answer holding a lone UTF-16 surrogate (kept exactly in the rows) goes back to the
+    model in the next prompt. The SDK cannot UTF-8-encode it: before, every such request failed with
+    UnicodeEncodeError, so the trial could never progress."""
+    import json
+
+    from rollouts.types import GenerationRequest
+
+    port, received = chat_server
+    backend = OpenAIBackend.from_spec(ModelSpec(backend="openai", model="m", base_url=f"http://127.0.0.1:{port}/v1"))
+    req = GenerationRequest([{"role": "assistant", "content": "half \ud83d of a pair"},
+                             {"role": "user", "content": "go on \udfff"}])
+    [res] = asyncio.run(backend.generate([req]))
+    assert res.error is None and res.completions[0].text == "fine", res.error
+    sent = json.loads(received[-1].decode("utf-8"))["messages"]
+    assert [m["content"] for m in sent] == ["half \ufffd of a pair", "go on \ufffd"]
+    assert res.sent_messages == sent  # the row records what the model was shown
