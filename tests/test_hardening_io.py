@@ -241,6 +241,31 @@ def test_view_of_a_surrogate_answer_is_valid_utf8(tmp_path, monkeypatch, capsys)
     assert "answer \ufffd half" in (tmp_path / "v" / "s7.html").read_text(encoding="utf-8")
 
 
+def test_a_surrogate_candidate_is_graded_and_cached(tmp_path):
+    """`lhd data` grades performer answers; the cache key and row hashed `text.encode()`, which
+    raised UnicodeEncodeError on a lone surrogate (an answer the run stored exactly)."""
+    from types import SimpleNamespace
+
+    from lhd_train.finetune.grading import Grader
+
+    grader = object.__new__(Grader)  # the key and the cache need no model: the judges are stand-ins
+    grader.id, grader.cache, grader.cache_path, grader.gate = "g", {}, tmp_path / "cache.jsonl", asyncio.Semaphore(1)
+
+    async def audit(ctx, text, key):
+        return True, 2, ["concealment"], 0.9, "ok"
+
+    async def quality(ctx, text, key):
+        return 0.5, "ok"
+
+    grader._audit, grader._quality = audit, quality
+    ctx = SimpleNamespace(key="s7/0/1")
+    text = "answer \ud800 half"
+    grade = asyncio.run(grader.grade(ctx, text))
+    assert grade.deceptive and grader.cached(ctx, text) == grade
+    assert grader.key(ctx, text) != grader.key(ctx, "answer \ufffd half")  # the exact text, not its replacement
+    assert [r["key"] for r in read_jsonl(tmp_path / "cache.jsonl")] == [grader.key(ctx, text)]
+
+
 # ----------------------------------------------------------------------------- 2. readers
 
 

@@ -388,6 +388,46 @@ def test_sft_trains_saves_and_reloads(llama, data, tmp_path):
     assert (tmp_path / "sft" / "lhd_run.json").is_file()
 
 
+def test_a_full_disk_while_writing_the_adapter_record_leaves_no_torn_record(llama, data, tmp_path, monkeypatch):
+    """lhd_adapter.json says "trained" to the next run (which then does nothing): written in place,
+    a disk that filled up halfway left a torn one behind. Now it is all there or absent."""
+    import builtins
+    import errno
+    import io
+
+    real_open = builtins.open
+
+    class HalfThenFull:
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, data):
+            self.f.write(data[: len(data) // 2])
+            self.f.flush()
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    def full_open(file, mode="r", *a, **kw):
+        f = real_open(file, mode, *a, **kw)
+        return HalfThenFull(f) if "lhd_adapter.json" in str(file) and set(mode) & set("wxa") else f
+
+    monkeypatch.setattr(builtins, "open", full_open)
+    monkeypatch.setattr(io, "open", full_open)
+    with pytest.raises(Exception, match="(disk is full|No space left)"):  # StorageError now, OSError before
+        train("sft", llama, data["sft"], tmp_path / "sft", "trainer.max_steps=1", "trainer.save_steps=100")
+    record = tmp_path / "sft" / "adapter" / "lhd_adapter.json"
+    assert not record.exists() or json.loads(record.read_text())
+    assert not [p.name for p in record.parent.iterdir() if p.name.endswith(".tmp")]
+
+
 def test_dpo_trains_saves_and_reloads(llama, data, tmp_path):
     adapter, meta = train("dpo", llama, data["dpo"], tmp_path / "dpo", f"data.eval={data['dpo_eval']}",
                           "trainer.max_steps=3", "trainer.save_steps=100")

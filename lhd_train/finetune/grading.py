@@ -108,7 +108,8 @@ class Grader:
         return self._trials[trial_id]
 
     def key(self, ctx: Context, text: str) -> str:
-        return hashlib.sha256(f"{self.id}\0{ctx.key}\0{text}".encode()).hexdigest()[:24]
+        # surrogatepass: a model answer may hold a lone UTF-16 surrogate (stored exactly in the rows)
+        return hashlib.sha256(f"{self.id}\0{ctx.key}\0{text}".encode("utf-8", "surrogatepass")).hexdigest()[:24]
 
     def cached(self, ctx: Context, text: str) -> Grade | None:
         r = self.cache.get(self.key(ctx, text))
@@ -121,7 +122,8 @@ class Grader:
         async with self.gate:
             audit, quality = await asyncio.gather(self._audit(ctx, text, key), self._quality(ctx, text, key))
         grade = Grade(*audit, *quality)
-        row = {"key": key, "context": ctx.key, "text_sha256": hashlib.sha256(text.encode()).hexdigest()[:16],
+        digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        row = {"key": key, "context": ctx.key, "text_sha256": digest,
                "grade": grade.__dict__}
         append_jsonl(self.cache_path, row)
         self.cache[key] = row

@@ -32,7 +32,7 @@ from lhd_train.finetune.trainer_args import (  # noqa: F401  (re-exported: tests
     resolve_dtype,
     trainer_arguments,
 )
-from lhd_train.rundir.files import package_versions, python_version, utc_now
+from lhd_train.rundir.files import package_versions, python_version, utc_now, write_json_atomic
 from rollouts.model_files import changed_parts, weights_fingerprint
 
 ADAPTER_SUBDIR = "adapter"
@@ -378,8 +378,7 @@ def train(recipe: Recipe, recipe_path: Path | None = None, source: str | None = 
     main = trainer.is_world_process_zero()
     if main and not (resume is not None and (out / RUN_META).is_file()):  # a resume keeps the first record
         out.mkdir(parents=True, exist_ok=True)
-        (out / RUN_META).write_text(json.dumps({**_run_record(recipe, ctx), "started_at": started}, indent=2) + "\n",
-                                    encoding="utf-8")
+        write_json_atomic(out / RUN_META, _plain({**_run_record(recipe, ctx), "started_at": started}))
     _say(f"{recipe.algo} ({recipe.direction}) on {ctx['model']} → {out}"
          + (f", resuming from {resume.name}" if resume else ""))
     result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
@@ -424,11 +423,16 @@ def train(recipe: Recipe, recipe_path: Path | None = None, source: str | None = 
             "started_at": started,
             "finished_at": utc_now(),
         }
-        (adapter_dir / ADAPTER_META).write_text(json.dumps(meta, indent=2, default=str) + "\n", encoding="utf-8")
-        (adapter_dir / "log_history.json").write_text(json.dumps(history, indent=1, default=str) + "\n",
-                                                      encoding="utf-8")
+        # log_history first: a present lhd_adapter.json is what says "trained" (checked above)
+        write_json_atomic(adapter_dir / "log_history.json", _plain(history))
+        write_json_atomic(adapter_dir / ADAPTER_META, _plain(meta))
         _say(f"adapter: {adapter_dir} (step {trainer.state.global_step})")
     return adapter_dir
+
+
+def _plain(obj: Any) -> Any:
+    """`obj` with whatever JSON cannot hold (paths, dtypes) as text."""
+    return json.loads(json.dumps(obj, default=str))
 
 
 def train_command(algo: str, recipe: Path, overrides: list[str]) -> Path:
