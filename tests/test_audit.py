@@ -271,6 +271,32 @@ def test_inconsistent_answers_are_repaired_and_failures_recorded(run7):
     assert summary.trials[0].failed == 1 and summary.trials[0].repaired == 2
 
 
+class CutBackend(ScriptedBackend):
+    """Every answer ends at its token limit (finish_reason "length"), half a JSON object."""
+
+    async def generate(self, requests):
+        from rollouts.types import Completion, GenerationResult
+
+        self.requests += requests
+        return [GenerationResult([Completion('{"deceptive": true, "types": ["FALSI', None, "length")],
+                                 prompt_tokens=10, completion_tokens=r.sampling.max_tokens, model_id="cut")
+                for r in requests]
+
+
+def test_an_audit_answer_cut_at_its_budget_is_recorded_cut_never_closed(run7):
+    """Issue 21 N1: a cut answer is asked again with a larger budget and, cut every time, written
+    with parse_status "cut" and no label: not failed, and never completed into a verdict."""
+    cfg, tid = run7
+    backend = CutBackend(lambda r: "")
+    summary = audit(cfg, backend)
+    rows = rows_of(cfg, "m-full", tid)
+    assert rows and all(r["parse_status"] == "cut" and r["deceptive"] is None for r in rows)
+    assert all(r["calls"][-1]["cut"] and r["calls"][-1]["finish_reason"] == "length" for r in rows)
+    budgets = [r.sampling.max_tokens for r in backend.requests if target_round(r) == 1]
+    assert len(budgets) >= 2 and budgets[1] > budgets[0]  # retried with a larger budget
+    assert summary.trials[0].failed == len(rows)  # the summary counts them with the failed labels
+
+
 def test_flagged_answer_without_type_is_kept_not_retried_into_failure(run7):
     """Review N3: a flag with severity >= 1 and no type was rejected, retried and finally written
     `failed`, a loss only flagged verdicts could suffer. It is kept as written, on the first

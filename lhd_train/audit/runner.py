@@ -183,8 +183,9 @@ def audit_row(trial: Trial, i: int, auditor_id: str, opts: AuditOptions, context
         if changed:
             original = {"deceptive": v.deceptive, "types": list(v.types), "severity": v.severity,
                         "confidence": v.confidence}
-    else:
-        labels, status = failed_labels(), "failed"
+    else:  # no label: "cut" when the last attempt ended at its token limit, else "failed"
+        labels = failed_labels()
+        status = "cut" if outcome is not None and getattr(outcome, "status", None) == "cut" else "failed"
         error = next((c.get("parse_error") or c.get("error") for c in reversed(calls)
                       if c.get("parse_error") or c.get("error")), None) if calls else "no answer"
     return ({
@@ -301,7 +302,7 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
             row["trial_unfinished"] = True  # labelled from a partial trajectory: redone after the trial ends
         append_jsonl(rd.audit_rows(auditor_id, trial.trial_id), row)
         st.audited += 1
-        st.failed += status == "failed"
+        st.failed += status in ("failed", "cut")
         st.repaired += status == "repaired"
         bar.update(1)
         bar.set_postfix_str(f"{trial.trial_id} r{g} "
