@@ -228,6 +228,56 @@ def changed_parts(before: dict[str, Any] | None, now: dict[str, Any] | None) -> 
     return [PART_NAMES.get(k, k) for k in PART_NAMES if k in old and k in new and old[k] != new[k]]
 
 
+def chat_template_source(name: str) -> tuple[str, str] | None:
+    """(where, template text) of the chat template a local folder's tokenizer uses: its own
+    chat_template.jinja (which transformers prefers), else chat_template.json, else the
+    `chat_template` field of tokenizer_config.json; None when none is found."""
+    if not name or not is_local(name) or not Path(name).expanduser().is_dir():
+        return None
+    folder = Path(name).expanduser()
+    if (folder / "chat_template.jinja").is_file():
+        return str(folder / "chat_template.jinja"), (folder / "chat_template.jinja").read_text(errors="replace")
+    for file in ("chat_template.json", "tokenizer_config.json"):
+        try:
+            value = json.loads((folder / file).read_text(encoding="utf-8")).get("chat_template")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(value, list):  # named templates: the default one is the one applied
+            value = next((t.get("template") for t in value if isinstance(t, dict) and t.get("name") == "default"), None)
+        if isinstance(value, str):
+            return f"{folder / file} (field 'chat_template')", value
+    return None
+
+
+def chat_template_error(exc: BaseException, names: list[str]) -> BackendError | None:
+    """A one-line error naming the file whose chat template raised `exc` (a jinja2 TemplateError
+    from applying a model's template), or None when `exc` is not one. Among several models, the
+    template that does not even parse is named; a template that parses but raises is named when
+    it is the only candidate, else every candidate is."""
+    try:
+        import jinja2
+    except ImportError:
+        return None
+    if not isinstance(exc, jinja2.TemplateError):
+        return None
+    found = {src[0]: src[1] for src in map(chat_template_source, dict.fromkeys(names)) if src}
+    blamed = list(found)
+    if isinstance(exc, jinja2.TemplateSyntaxError):
+        # compiled as transformers compiles it (its {% generation %} tag and loop controls)
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        broken = []
+        for where, text in found.items():
+            try:
+                _compile_jinja_template(text)
+            except jinja2.TemplateSyntaxError as e:
+                broken.append(f"{where}, line {e.lineno}")
+        blamed = broken or blamed
+    where = " or ".join(blamed) or "the model's chat template (chat_template.jinja or tokenizer_config.json)"
+    return BackendError(f"{where}: the chat template fails ({type(exc).__name__}: {one_line(exc, 200)}); fix the "
+                        "template, or point `tokenizer:` at a folder whose template works")
+
+
 # Fallback token count: 3 characters per token. English prose runs ~4 chars/token, but tokenisers
 # that split numbers into single digits (Qwen, SmolLM2) need ~3.3 on task-pack text, so 4 undercounts
 # and sends prompts over the window. Digit-dense text can still beat 3: only a tokenizer is exact.

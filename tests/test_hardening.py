@@ -330,6 +330,48 @@ def test_a_broken_model_folder_is_one_line(case, tmp_path, monkeypatch, capsys, 
     one_error(*cli(monkeypatch, capsys, "run", str(cfg), "--no-progress"), str(model), needle)
 
 
+def _template_syntax(model: Path) -> str:
+    (model / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }{% endfor %}")
+    return "chat_template.jinja, line 1"
+
+
+def _template_raises(model: Path) -> str:
+    """The template lives in tokenizer_config.json and raises (as templates refusing a role do)."""
+    (model / "chat_template.jinja").unlink()
+    cfg = json.loads((model / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{{ raise_exception('this template accepts no system message') }}"
+    (model / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return "tokenizer_config.json (field 'chat_template')"
+
+
+@pytest.mark.parametrize("breaker", [_template_syntax, _template_raises])
+def test_a_broken_chat_template_is_one_line_naming_the_file(breaker, tmp_path, monkeypatch, capsys, tiny_llama_dir):
+    """Before: the trial failed with 'TemplateSyntaxError: unexpected ...' and the run said to run
+    the same command again to resume, which can never help."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_llama_dir, model)
+    needle = breaker(model)
+    cfg = write_config(tmp_path / "run.yaml", model, tmp_path / "runs")
+    line = one_error(*cli(monkeypatch, capsys, "run", str(cfg), "--no-progress"), str(model / needle.split()[0]),
+                     needle, "chat template")
+    assert "resume" not in line
+
+
+def test_a_failing_chat_template_outside_a_run_is_one_line(monkeypatch, capsys):
+    """`lhd train` and `lhd audit` apply templates through TRL and the backends: guarded() turns a
+    template error that escapes them into one line (no traceback, no "rerun to resume")."""
+    import jinja2
+
+    from lhd_train.cli import guarded
+
+    def body():
+        jinja2.Environment().from_string("{{ x }").render()
+
+    assert guarded(body) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "chat template" in err and "resume" not in err and len(err.splitlines()) == 1
+
+
 def test_missing_adapter_and_unset_key_are_one_line(tmp_path, monkeypatch, capsys, tiny_llama_dir):
     cfg = write_config(tmp_path / "run.yaml", tiny_llama_dir, tmp_path / "runs")
     one_error(*cli(monkeypatch, capsys, "run", str(cfg), "--no-progress",

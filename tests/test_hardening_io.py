@@ -134,6 +134,38 @@ def test_ulimit_f_is_one_line_and_the_file_holds_whole_rows(tmp_path):
     assert [r["n"] for r in read_jsonl(path)] == list(range(len(read_jsonl(path))))
 
 
+LIBRARY_WRITE = """
+import resource, sys
+from lhd_train.cli import guarded
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+out = sys.argv[2]
+def body():
+    if sys.argv[1] == "datasets":
+        from datasets import Dataset
+        Dataset.from_dict({"text": ["y" * 200] * 200}).save_to_disk(out)
+    elif sys.argv[1] == "safetensors":  # transformers and peft save weights with it
+        import torch
+        from safetensors.torch import save_file
+        save_file({"w": torch.zeros(10_000)}, out)
+    else:
+        import torch
+        torch.save(torch.zeros(10_000), out)
+sys.exit(guarded(body))
+"""
+
+
+@pytest.mark.parametrize("library", ["datasets", "torch", "safetensors"])
+def test_a_full_disk_under_a_library_write_is_one_line(library, tmp_path):
+    """`lhd data` and `lhd train` write through datasets, torch and transformers, whose errors wrap
+    the OSError or keep only its code (torch: RuntimeError "file write failed", safetensors:
+    SafetensorError "... (os error 27)"): before, a traceback."""
+    p = subprocess.run([sys.executable, "-c", LIBRARY_WRITE, library, str(tmp_path / "out")], capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    [line] = [ln for ln in p.stderr.splitlines() if ln.startswith("error: ")]
+    assert "ulimit -f" in line and "rerun to resume" in line, line
+
+
 def test_a_full_disk_during_a_run_is_one_line_and_the_resume_finishes(tmp_path, monkeypatch, capsys):
     """`lhd run`-style play (the scripted backend) with the disk full at the 9th row or message:
     one line naming the file and what was kept; whole lines only; the resume then finishes."""

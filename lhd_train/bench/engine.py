@@ -25,7 +25,7 @@ from lhd_train.rundir.store import read_trial_rows
 from rollouts.backend import Backend
 from rollouts.factory import build_backend
 from rollouts.managed_server import live_servers
-from rollouts.model_files import changed_parts, weights_fingerprint
+from rollouts.model_files import changed_parts, chat_template_error, weights_fingerprint
 from rollouts.spec import ModelSpec
 from rollouts.types import effective_sampling
 
@@ -308,16 +308,20 @@ async def _run_benchmark(cfg: RunConfig, progress: bool) -> list[TrialResult]:
     finally:
         await close_backends(backends)
         bar.close()
+    used_keys = {cfg.role(r).model for r in RUN_ROLES}
+    folders = [n for k in sorted(used_keys) for n in (cfg.models[k].tokenizer, cfg.models[k].model) if n]
     for (tid, seed), out in zip(pending, outcomes, strict=True):
         if isinstance(out, LhdError):  # a file on disk that needs a person, not a rerun
             raise out
+        template = chat_template_error(out, folders) if isinstance(out, BaseException) else None
+        if template is not None:  # a model's chat template that fails: a file to fix, not a rerun
+            raise template
         if isinstance(out, BaseException):
             results.append(TrialResult(tid, seed, status="failed", error=f"{type(out).__name__}: {out}"))
         else:
             results.append(out)
     results.sort(key=lambda r: [tid for tid, _ in todo].index(r.trial_id))
     wall = time.perf_counter() - t0
-    used_keys = {cfg.role(r).model for r in RUN_ROLES}
     all_rows = [row for tid, _ in todo for row in read_trial_rows(files[tid].rows)]
     write_json_atomic(rd.summary, {
         "run_id": cfg.run_name, "wall_s": round(wall, 2),
