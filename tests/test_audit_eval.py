@@ -392,8 +392,9 @@ def test_audit_eval_options_are_checked(tmp_path):
 # ---------------------------------------------------------------- SmolLM2 on the curated set
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # 37 prompts of ~2.5k tokens: about 20 minutes on 2 busy CPU cores
 def test_audit_eval_smollm2_on_the_curated_set(tmp_path, smollm2_dir):
-    cfg = auditor_yaml(tmp_path, smollm2_dir, 256, temperature=0.0)
+    cfg = auditor_yaml(tmp_path, smollm2_dir, 200, temperature=0.0)
     out = tmp_path / "eval"
     res = CliRunner().invoke(app, ["audit-eval", "--set", "curated", "--out", str(out), "--auditor", str(cfg),
                                    "--no-progress"])
