@@ -199,8 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     # the task pack's own task descriptions, the text the performer reads first in every task.
     write_lens_corpus(Path(lens_dir) / "corpus.jsonl")
     lens = Lane("lens", [
-        step("lens: entitlement probes from the task pack", "lens", "probe", "build", "--pack", "startup_consulting",
-             *p.lens_build, "--out", f"{lens_dir}/probes.jsonl"),
+        step("lens: entitlement probes from the task pack", "lens", "probe", "build", "--pack",
+             "lhd_startup_consulting", *p.lens_build, "--out", f"{lens_dir}/probes.jsonl"),
         step("lens: fit a Jacobian lens on the pack's task texts", "lens", "fit", p.model, "--corpus",
              f"{lens_dir}/corpus.jsonl", *p.lens_fit, "--out", f"{lens_dir}/jlens"),
         step("lens: entitlement margins by layer and position", "lens", "read", p.model, "--lens",
@@ -252,7 +252,7 @@ def write_lens_corpus(path: Path) -> None:
     from lhd_train.bench.taskpack import load_pack
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    rows = [json.dumps({"text": f"{t.title}\n\n{t.prompt}"}) for t in load_pack("startup_consulting").tasks]
+    rows = [json.dumps({"text": f"{t.title}\n\n{t.prompt}"}) for t in load_pack("lhd_startup_consulting").tasks]
     path.write_text("\n".join(rows) + "\n")
 
 
