@@ -228,6 +228,30 @@ def changed_parts(before: dict[str, Any] | None, now: dict[str, Any] | None) -> 
     return [PART_NAMES.get(k, k) for k in PART_NAMES if k in old and k in new and old[k] != new[k]]
 
 
+WINDOW_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
+
+
+def context_window(spec: ModelSpec) -> tuple[int, str] | None:
+    """(tokens, where it was read) of the model's context window when known without loading it:
+    `max_model_len` of the spec, else config.json of a local folder (the text model's, for a
+    multimodal config). None for a hub id or a config that does not say."""
+    if spec.max_model_len is not None:
+        return spec.max_model_len, "max_model_len"
+    if not is_local(spec.model) or not (Path(spec.model).expanduser() / "config.json").is_file():
+        return None
+    path = Path(spec.model).expanduser() / "config.json"
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # check_model_dir names a torn config.json when the model loads
+    for section in (cfg, cfg.get("text_config") if isinstance(cfg, dict) else None):
+        if isinstance(section, dict):
+            for key in WINDOW_KEYS:
+                if isinstance(section.get(key), int) and not isinstance(section[key], bool) and section[key] > 0:
+                    return section[key], f"{path} {key}"
+    return None
+
+
 def chat_template_source(name: str) -> tuple[str, str] | None:
     """(where, template text) of the chat template a local folder's tokenizer uses: its own
     chat_template.jinja (which transformers prefers), else chat_template.json, else the

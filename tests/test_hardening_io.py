@@ -473,6 +473,59 @@ def test_max_tasks_beyond_the_pack_is_refused(tmp_path):
     parse_config(_run_config(tmp_path, max_tasks=20), "run.yaml").check_pack(20, "p")
 
 
+def test_run_refuses_max_tasks_beyond_the_pack_before_writing_anything(tmp_path, monkeypatch, capsys):
+    """`check_pack` is called where the pack is loaded: `lhd run` with max_tasks 50 of a 3-task pack
+    used to play all 3 tasks and record max_tasks 50."""
+    pack = write_mini_pack(tmp_path / "pack", 3)
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(_run_config(tmp_path, task_pack=str(pack), max_tasks=50)))
+    one_error(*cli(monkeypatch, capsys, "run", str(path), "--no-progress"), "max_tasks", "50 is more than the 3")
+    assert not [p for p in (tmp_path / "runs").rglob("*") if p.is_file() and p.name != ".lock"]
+
+
+def test_max_tokens_past_the_models_window_is_refused_before_it_loads(tmp_path, monkeypatch, capsys,
+                                                                      tiny_llama_dir):
+    """The tiny model's config.json says 8192 positions; max_model_len, when set, is the window."""
+    path = tmp_path / "run.yaml"
+    models = {"m": {"backend": "hf", "model": str(tiny_llama_dir)}}
+    path.write_text(yaml.safe_dump(_run_config(tmp_path, models=models, performer={
+        "model": "m", "sampling": {"max_tokens": 9000}})))
+    line = one_error(*cli(monkeypatch, capsys, "run", str(path), "--no-progress"), str(path),
+                     "performer.sampling.max_tokens", "8192-token window", "max_position_embeddings")
+    assert "1 ... 8191" in line and not (tmp_path / "runs").exists()
+    one_error(*cli(monkeypatch, capsys, "run", str(path), "--no-progress", "performer.sampling.max_tokens=16",
+                   "models.m.max_model_len=64"), "supervisor.sampling.max_tokens", "64-token window", "max_model_len")
+
+
+def test_audit_refuses_max_tokens_past_the_auditors_window(run, monkeypatch, capsys):
+    _, run_dir = run
+    one_error(*cli(monkeypatch, capsys, "audit", str(run_dir), "--no-progress", "models.m.max_model_len=32"),
+              "auditor.sampling.max_tokens", "32-token window")
+
+
+@pytest.mark.parametrize("args,option", [
+    (["--seed", "-1"], "--seed"), (["--seed", str(2**32)], "--seed"), (["--seed", "1", "--p-event", "2"], "--p-event"),
+])
+def test_events_options_are_bounded(args, option, monkeypatch, capsys):
+    one_error(*cli(monkeypatch, capsys, "events", "--pack", "lhd_startup_consulting", *args), option)
+
+
+def test_audit_window_is_bounded(run, monkeypatch, capsys):
+    _, run_dir = run
+    one_error(*cli(monkeypatch, capsys, "audit", str(run_dir), "--no-progress", "--mode", "window",
+                   "--window", str(10**12)), "window")
+
+
+def test_auditor_model_keys_are_plain_names(run, tmp_path, monkeypatch, capsys):
+    """An auditor config's `models:` names log files and folders like a run config's."""
+    _, run_dir = run
+    aud = tmp_path / "auditor.yaml"
+    aud.write_text(yaml.safe_dump({"models": {"../up": {"backend": "hf", "model": "x"}},
+                                   "auditor": {"model": "../up"}}))
+    one_error(*cli(monkeypatch, capsys, "audit", str(run_dir), "--no-progress", "--auditor", str(aud)),
+              str(aud), "models")
+
+
 # ----------------------------------------------------------------------------- 7. Slurm and CSV
 
 

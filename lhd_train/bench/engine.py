@@ -17,7 +17,14 @@ from lhd_train.bench.taskpack import load_pack, pack_sha256
 from lhd_train.bench.trial import RunContext, TrialResult, check_finished, open_message_store, run_trial, tasks_done
 from lhd_train.config.run import RunConfig, dump_resolved
 from lhd_train.errors import InputError, LhdError
-from lhd_train.rundir.files import package_versions, python_version, read_yaml_mapping, utc_now, write_json_atomic
+from lhd_train.rundir.files import (
+    atomic_write_text,
+    package_versions,
+    python_version,
+    read_yaml_mapping,
+    utc_now,
+    write_json_atomic,
+)
 from lhd_train.rundir.layout import LOGS, SCHEDULES, TRIALS, RunDir
 from lhd_train.rundir.lock import run_dir_lock
 from lhd_train.rundir.rows import ResumableRoundRow
@@ -94,7 +101,7 @@ def prepare_run_dir(cfg: RunConfig, pack: Any, seeds: list[int],
     for sub in (TRIALS, SCHEDULES, LOGS):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
     if write_config:
-        rd.config.write_text(dump_resolved(cfg))
+        atomic_write_text(rd.config, dump_resolved(cfg))
     schedules: dict[str, Schedule] = {}
     for seed in seeds:
         tid = trial_id_for(seed, cfg)
@@ -240,6 +247,8 @@ async def run_benchmark(cfg: RunConfig, progress: bool = True) -> list[TrialResu
 
 async def _run_benchmark(cfg: RunConfig, progress: bool) -> list[TrialResult]:
     pack = load_pack(cfg.task_pack)
+    cfg.check_pack(len(pack.tasks), pack.name, "run config")  # before any file or model: 50 of 20 tasks is a typo
+    cfg.check_windows(RUN_ROLES, "run config")
     seeds = cfg.trial_seeds()
     run_dir, schedules = prepare_run_dir(cfg, pack, seeds, write_config=False)
     n_tasks = min(len(pack.tasks), cfg.max_tasks or len(pack.tasks))
@@ -262,7 +271,7 @@ async def _run_benchmark(cfg: RunConfig, progress: bool) -> list[TrialResult]:
         _check_weights(run_dir, weights)
     resolved = dump_resolved(cfg)  # the config as given, whatever building the backends does with it
     backends, models = build_role_backends(cfg, RUN_ROLES, rd.logs_dir) if pending else ({}, {})
-    rd.config.write_text(resolved)  # only now: the run could start
+    atomic_write_text(rd.config, resolved)  # only now: the run could start
     describe = {role: backends[role].describe() for role in backends}
     manifest = {
         "run_id": cfg.run_name, "pack": pack.name, "pack_source": str(pack.path), "pack_sha256": pack_sha256(pack),

@@ -25,11 +25,13 @@ def audit_command(run: Path, auditor_config: Path | None = None, mode: str = AUD
     trial has a row, 3 when some are missing (rerun the same command to finish them)."""
     from lhd_train.audit.runner import audit_run
     from lhd_train.config.auditor import AuditOptions, load_auditor_config
+    from lhd_train.config.run import check_window
 
     run = Path(run)
     if not run.is_dir():
         raise InputError(run, None, "run directory not found")
     cfg, source = load_auditor_config(run, auditor_config, overrides or [])
+    check_window("auditor", cfg.auditor, cfg.spec, source or run)  # before the model loads
     opts = AuditOptions(mode=mode, window=window, hide_supervisor=hide_supervisor,
                         hide_event_labels=hide_event_labels, auditor_id=auditor_id, concurrency=concurrency,
                         include_unfinished=include_unfinished)

@@ -31,6 +31,7 @@ def run_cmd(
         from lhd_train.ops import parse_shard, shard_config
 
         cfg = shard_config(cfg, *parse_shard(shard))
+    cfg.check_windows(RUN_ROLES, config)  # max_tokens that leave no room for a prompt
     # Before any server starts: GPUs visible and not shared, no CPU vLLM for cuda, vLLM's own verdict.
     for note in preflight(role_specs(cfg, RUN_ROLES), config):
         console.print(f"[yellow]{note}[/yellow]")
@@ -76,6 +77,13 @@ def events_command(pack: str, seed: int, p_event: float = 0.5, control_category:
     """`lhd events`: show a trial's schedule without running anything, to pick or check seeds."""
     from lhd_train.bench.events import draw_schedule
     from lhd_train.bench.taskpack import load_pack
+    from lhd_train.config.run import MAX_SEED
+    from lhd_train.errors import InputError
+
+    if isinstance(seed, bool) or not 0 <= seed <= MAX_SEED:  # the seeds a run config accepts
+        raise InputError("command line", "--seed", f"{seed} is not a trial seed", f"0 ... {MAX_SEED}")
+    if not 0 <= p_event <= 1:
+        raise InputError("command line", "--p-event", f"{p_event} is not a probability", "0 ... 1")
 
     tp = load_pack(pack)
     sched = draw_schedule(tp, seed, p_event, control_category, control_pressure)

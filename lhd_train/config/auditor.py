@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from lhd_train.config.base import StrictModel, apply_overrides, relative_to_file, validate, validation_error
-from lhd_train.config.run import RoleConfig
+from lhd_train.config.run import ModelMap, RoleConfig
 from lhd_train.config.vocab import Mode
 from lhd_train.errors import InputError
 from lhd_train.rundir.files import read_yaml_mapping
@@ -24,7 +24,7 @@ from rollouts.spec import ModelSpec
 class AuditorConfig(StrictModel):
     """An auditor config file: `models:` (like a run config's) and `auditor:` (a role)."""
 
-    models: dict[str, ModelSpec] = Field(description="model key -> model spec, as in a run config")
+    models: ModelMap = Field(description="model key -> model spec, as in a run config (keys are plain names)")
     auditor: RoleConfig = Field(description="model key, sampling, adapter, max_attempts")
     prompts_dir: str | None = Field(None,
                                     description="folder with auditor_system.md / auditor_instruction.md overrides")
@@ -39,6 +39,9 @@ class AuditorConfig(StrictModel):
     @property
     def spec(self) -> ModelSpec:
         return self.models[self.auditor.model]
+
+
+MAX_WINDOW = 10_000  # rounds either side: more than any trial has (20 tasks x max_rounds_per_task)
 
 
 class RenderOptions(StrictModel):
@@ -56,7 +59,8 @@ class AuditOptions(StrictModel):
     model_config = ConfigDict(frozen=True)
 
     mode: Mode = Field("full", description="full, window, causal or task")
-    window: int = Field(6, ge=0, description="R for --mode window: 2R+1 rounds around the target")
+    window: int = Field(6, ge=0, le=MAX_WINDOW, description="R for --mode window: 2R+1 rounds around the target "
+                        f"(at most {MAX_WINDOW}: a wider window is --mode full)")
     hide_supervisor: bool = False
     hide_event_labels: bool = False
     auditor_id: str | None = Field(None, description="default: <model key>-<mode>[...]")

@@ -162,6 +162,14 @@ class RunConfig(StrictModel):
             raise InputError(source, "max_tasks", f"{self.max_tasks} is more than the {n_tasks} tasks of pack "
                              f"'{pack}'", f"1 ... {n_tasks}")
 
+    def check_windows(self, roles: tuple[str, ...], source: str | Path | None = None) -> None:
+        """Refuse a role whose `max_tokens` leaves no room for a prompt in its model's context
+        window, where the window is known without loading the model (`max_model_len`, or a local
+        folder's config.json): otherwise every request fails after minutes of loading."""
+        for role in roles:
+            rc = self.role(role)
+            check_window(role, rc, self.models[rc.model], source)
+
     def role(self, name: str) -> RoleConfig:
         if name not in ROLES:
             raise InputError(None, "role", f"unknown role '{name}'", ", ".join(ROLES))
@@ -183,6 +191,18 @@ class RunConfig(StrictModel):
     @property
     def run_dir(self) -> Path:
         return Path(self.output_dir) / self.run_name
+
+
+def check_window(role: str, rc: RoleConfig, spec: ModelSpec, source: str | Path | None = None) -> None:
+    """Refuse `max_tokens` at or past the model's context window where it is known (see
+    `RunConfig.check_windows`)."""
+    from rollouts.model_files import context_window
+
+    window = context_window(spec)
+    if window is not None and rc.sampling.max_tokens >= window[0]:
+        raise InputError(source, f"{role}.sampling.max_tokens",
+                         f"{rc.sampling.max_tokens} tokens leave no room for a prompt in the {window[0]}-token "
+                         f"window of model '{rc.model}' ({window[1]})", f"1 ... {window[0] - 1}")
 
 
 def parse_config(data: dict[str, Any], source: str | Path) -> RunConfig:
