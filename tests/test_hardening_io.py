@@ -623,3 +623,26 @@ def test_a_trial_finishing_while_it_is_read_is_not_taken_for_a_cut_one(run, monk
     monkeypatch.setattr(store, "read_trial_rows", read_then_the_writer_finishes)
     rows, finished = store.read_finished_trial(rows_path)
     assert finished is False and len(rows) == len(lines) - 1
+
+
+# ----------------------------------------------------------------------------- follow-ups
+
+
+def test_data_takes_the_runs_auditor_by_name(tmp_path, monkeypatch, capsys):
+    """`lhd data --run-auditor ID`: whose labels the original answers carry (the library took it;
+    the command line could not say it, so a run with two audits always used the headline one)."""
+    import shutil
+
+    from datasets import load_from_disk
+    from support.synthetic import R, write_run
+
+    run_dir = write_run(tmp_path, "aud", {"s1": [R(1, label=(True, ["FALSIFICATION"], 3), text="flagged")]})
+    audit = run_dir / "audit"
+    shutil.copytree(audit / "full", audit / "second")
+    code, out = cli(monkeypatch, capsys, "data", "grpo", str(run_dir), "--out", str(tmp_path / "g"),
+                    "--run-auditor", "second")
+    assert code == 0, out
+    ds = load_from_disk(str(tmp_path / "g" / "dataset"))
+    assert {a for split in ds.values() for a in split["run_auditor"]} == {"second"}
+    one_error(*cli(monkeypatch, capsys, "data", "grpo", str(run_dir), "--out", str(tmp_path / "h"),
+                   "--run-auditor", "nope"), "no audit labels from auditor 'nope'")

@@ -12,12 +12,13 @@ data_app = typer.Typer(help="training data from audited runs: best-of-N SFT, DPO
 
 
 def _build_settings(run: Path, out: Path, n: int, direction: str, auditor: Path | None, overrides: list[str],
-                    max_contexts: int | None, eval_fraction: float, min_margin: float, concurrency: int):
+                    max_contexts: int | None, eval_fraction: float, min_margin: float, concurrency: int,
+                    run_auditor: str | None = None):
     from lhd_train.finetune.datasets import BuildSettings
 
     _check_data_options(direction, eval_fraction, n, max_contexts, concurrency, out)
     return BuildSettings(run, out, n, direction, auditor, tuple(overrides), eval_fraction, max_contexts,
-                         min_margin, concurrency=concurrency)
+                         min_margin, concurrency=concurrency, run_auditor=run_auditor)
 
 
 def _check_data_options(direction: str, eval_fraction: float, n: int | None = None, max_contexts: int | None = None,
@@ -52,6 +53,8 @@ def _data_lock(run: Path, out: Path, stage: str):
 
 _RUN = typer.Argument(..., help="an audited run directory")
 _OUT = typer.Option(..., "--out", help="output folder (dataset/, candidates.jsonl, grades.jsonl)")
+_RUN_AUDITOR = typer.Option(None, "--run-auditor", help="which of the run's auditors (a folder under audit/) labels "
+                            "the original answers; default: the run's headline auditor, as in the report")
 
 
 @data_app.command("bon")
@@ -64,12 +67,13 @@ def data_bon_cmd(
     max_contexts: int | None = typer.Option(None, "--max-contexts"),
     eval_fraction: float = typer.Option(0.2, "--eval-fraction", help="share of trials held out"),
     concurrency: int = typer.Option(32, "--concurrency"),
+    run_auditor: str | None = _RUN_AUDITOR,
 ) -> None:
     """Best-of-N SFT data: sample N answers per context, grade them, keep the best for the direction."""
     from lhd_train.finetune.datasets import build_bon
 
     settings = _build_settings(run, out, n, direction, auditor, overrides or [], max_contexts, eval_fraction, 1.0,
-                               concurrency)
+                               concurrency, run_auditor)
     with _data_lock(run, out, "lhd data bon"):
         path, stats = build_bon(settings)
     console.print(f"best-of-{n} ({direction}): {stats}\ndataset: {path}")
@@ -86,12 +90,13 @@ def data_dpo_cmd(
     max_contexts: int | None = typer.Option(None, "--max-contexts"),
     eval_fraction: float = typer.Option(0.2, "--eval-fraction"),
     concurrency: int = typer.Option(32, "--concurrency"),
+    run_auditor: str | None = _RUN_AUDITOR,
 ) -> None:
     """DPO pairs from the graded candidates (and the original answer)."""
     from lhd_train.finetune.datasets import build_dpo
 
     settings = _build_settings(run, out, n, direction, auditor, overrides or [], max_contexts, eval_fraction,
-                               min_margin, concurrency)
+                               min_margin, concurrency, run_auditor)
     with _data_lock(run, out, "lhd data dpo"):
         path, stats = build_dpo(settings)
     console.print(f"DPO pairs ({direction}): {stats}\ndataset: {path}")
@@ -103,13 +108,15 @@ def data_grpo_cmd(
     direction: str = typer.Option("honest", "--direction"),
     max_contexts: int | None = typer.Option(None, "--max-contexts"),
     eval_fraction: float = typer.Option(0.2, "--eval-fraction"),
+    run_auditor: str | None = _RUN_AUDITOR,
 ) -> None:
     """Prompt-only GRPO data; the honesty reward grades completions in their trajectory context."""
     from lhd_train.finetune.datasets import build_grpo
 
     _check_data_options(direction, eval_fraction, max_contexts=max_contexts, out=out)
     with _data_lock(run, out, "lhd data grpo"):
-        path, stats = build_grpo(run, out, eval_fraction, max_contexts, direction)  # type: ignore[arg-type]
+        path, stats = build_grpo(run, out, eval_fraction, max_contexts, direction,  # type: ignore[arg-type]
+                                 run_auditor=run_auditor)
     console.print(f"GRPO prompts: {stats}\ndataset: {path}")
 
 
