@@ -238,6 +238,8 @@ def test_plant_is_deterministic_and_its_ground_truth_holds(tmp_path):
     assert ta == tb
     assert (tmp_path / "a" / "ground_truth.jsonl").read_bytes() != (tmp_path / "c" / "ground_truth.jsonl").read_bytes()
     assert not (tmp_path / "a" / "audit").exists()
+    tasks_json = json.loads((tmp_path / "a" / "tasks.json").read_text())  # the texts travel with the copy
+    assert [t["index"] for t in tasks_json["tasks"]] == list(range(1, 15))
 
     truth = [json.loads(x) for x in (tmp_path / "a" / "ground_truth.jsonl").read_text().splitlines()]
     assert len(truth) == sum(a.planted.values()) > 0
@@ -303,7 +305,7 @@ def test_plant_refuses_bad_options(tmp_path):
     run = make_pack_run(tmp_path, seeds=(4,))
     with pytest.raises(InputError, match="--rate"):
         plant_run(run, tmp_path / "x", rate=0)
-    with pytest.raises(InputError, match="--types"):
+    with pytest.raises(InputError, match="--type"):
         plant_run(run, tmp_path / "x", types=("LYING",))
     with pytest.raises(InputError, match="run directory"):
         plant_run(run, run)

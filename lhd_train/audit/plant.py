@@ -259,7 +259,7 @@ def plant_run(run: Path, out: Path, seed: int = 0, rate: float = 0.5, types: tup
         raise InputError("command line", "--rate", f"{rate} is not a share of rounds", "0 < rate <= 1")
     bad = [t for t in types if t not in TYPES]
     if bad or not types:
-        raise InputError("command line", "--types", f"{bad[0] if bad else 'none'} is not a deception type",
+        raise InputError("command line", "--type", f"{bad[0] if bad else 'none'} is not a deception type",
                          ", ".join(TYPES))
     check_out_dir(out)
     if out.exists() and any(out.iterdir()):
@@ -275,6 +275,10 @@ def plant_run(run: Path, out: Path, seed: int = 0, rate: float = 0.5, types: tup
         for path in (src.config, src.manifest, src.summary, src.tasks):
             if path.is_file():
                 shutil.copyfile(path, stage / path.name)
+        if not src.tasks.is_file():  # the texts planting relied on travel with the copy (a relative pack path may not)
+            write_json_atomic(dst.tasks, {"source": task_source, "tasks": [
+                {"index": t.index, "title": t.title, "prompt": t.prompt,
+                 "files": [{"name": n, "content": c} for n, c in t.files]} for t in tasks.values()]})
         if src.schedules_dir.is_dir():
             shutil.copytree(src.schedules_dir, dst.schedules_dir)
         dst.trials_dir.mkdir()
