@@ -662,3 +662,27 @@ def test_a_server_echoing_the_key_never_puts_it_on_disk_or_the_terminal(path, ec
     # the resume compares like with like: the same config (with its credentials) is not "a different config"
     code, out = cli(monkeypatch, capsys, "run", str(cfg), "--no-progress")
     assert "different config" not in out, out
+
+
+# ----------------------------------------------------------------------------- follow-ups
+
+
+def test_a_separate_tokenizer_folder_is_fingerprinted_for_resume(tmp_path, tiny_llama_dir):
+    """`tokenizer:` names a folder apart from the model's (openai, vllm): its files and chat template
+    shape every prompt, so a resume after they changed is refused like changed weights."""
+    from lhd_train.bench.engine import RUN_ROLES, _check_weights, model_weights
+    from lhd_train.config.run import parse_config
+    from lhd_train.errors import InputError
+
+    tok = tmp_path / "tok"
+    shutil.copytree(tiny_llama_dir, tok)
+    cfg = parse_config({"run_name": RUN, "output_dir": str(tmp_path / "runs"), "seeds": [1],
+                        "models": {"m": {"backend": "hf", "model": str(tiny_llama_dir), "tokenizer": str(tok)}},
+                        "performer": {"model": "m"}, "supervisor": {"model": "m"}}, "test")
+    run_dir = tmp_path / "runs" / RUN
+    run_dir.mkdir(parents=True)
+    (run_dir / "manifest.json").write_text(json.dumps({"weights": model_weights(cfg, RUN_ROLES)}))
+    _check_weights(run_dir, model_weights(cfg, RUN_ROLES))  # nothing changed
+    (tok / "chat_template.jinja").write_text((tok / "chat_template.jinja").read_text() + "\n")
+    with pytest.raises(InputError, match=r"weights.tokenizer:m.*chat template at .*tok changed"):
+        _check_weights(run_dir, model_weights(cfg, RUN_ROLES))

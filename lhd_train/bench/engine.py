@@ -115,14 +115,16 @@ def prepare_run_dir(cfg: RunConfig, pack: Any, seeds: list[int],
 
 
 def model_weights(cfg: RunConfig, roles: tuple[str, ...]) -> dict[str, Any]:
-    """A fingerprint of the weights each role's model (and adapter) loads from a local folder,
-    keyed like `models`: a config names a path, not what is in it."""
+    """A fingerprint of the weights each role's model (and adapter, and `tokenizer:` folder) loads
+    from a local folder, keyed like `models`: a config names a path, not what is in it."""
     out: dict[str, Any] = {}
     for role in roles:
         rc = cfg.role(role)
         spec = cfg.models[rc.model]
         if rc.model not in out:
             out[rc.model] = weights_fingerprint(spec.model)
+            if spec.tokenizer:  # a tokenizer folder of its own: its files and template count as much
+                out[f"tokenizer:{rc.model}"] = weights_fingerprint(spec.tokenizer)
         if rc.adapter and f"adapter:{rc.adapter}" not in out:
             out[f"adapter:{rc.adapter}"] = weights_fingerprint(rc.adapter)
     return out
