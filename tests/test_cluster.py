@@ -511,6 +511,10 @@ def test_dry_run_commands(run_configs):
                for c in fits)
     assert lens[-1] == "lhd lens merge lenses/Qwen3-8B " + " ".join(
         f"lenses/Qwen3-8B-shards/shard{i}of3" for i in range(3))
+    # no --dim-batch unless asked for: `lhd lens fit` picks it from the node's free GPU memory
+    assert not any("--dim-batch" in c for c in fits)
+    fits = dry_run_commands("lens", ROOT / "configs/models/qwen3-8b.yaml", corpus="c.txt", shards=1, dim_batch=32)
+    assert any("--dim-batch 32" in c for c in fits)
     merge = dry_run_commands("merge", vllm_cfg, shards=2)
     assert merge[-1].startswith("lhd merge runs/llama8b-vs-qwen72b-shard0of2 runs/llama8b-vs-qwen72b-shard1of2")
     # Every dry-run list is valid shell too.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, ValidationError
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
 
 from lhd_train.config.auditor import DEFAULT_OPTIONS as AUDIT_DEFAULTS
 from lhd_train.config.base import StrictModel, validation_error
@@ -171,7 +171,8 @@ class LensVars(StageVars):
     out: Text = None
     n_prompts: int | None = 1000
     dtype: Text = "bfloat16"
-    dim_batch: int = 64
+    dim_batch: int | None = Field(None, ge=1, description="default: none given, so `lhd lens fit` picks it "
+                                  "from the free GPU memory of the node it runs on")
     max_length: int = 128
     fit_args: Lines = []
     gpus_per_node: Whole = 1

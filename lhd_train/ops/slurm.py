@@ -339,7 +339,7 @@ def _plan_lens(config: Path, v: dict[str, Any]) -> Plan:
     shard_out = q(f"{out}-shards/shard") + TASK + q(f"of{shards}")
     opts = [f"--corpus {q(v['corpus'])}", f"--out {shard_out}", f"--shard {TASK}/{shards}",
             f"--n-prompts {int(v['n_prompts'])}" if v["n_prompts"] else None, f"--dtype {q(v['dtype'])}",
-            f"--dim-batch {int(v['dim_batch'])}", f"--max-length {int(v['max_length'])}",
+            f"--dim-batch {int(v['dim_batch'])}" if v["dim_batch"] else None, f"--max-length {int(v['max_length'])}",
             f"--revision {q(revision)}" if revision else None,
             "--device cuda" if p.gpus else "--device cpu", "--no-progress", *[q(a) for a in v["fit_args"]]]
     p.commands = [_join("lhd lens fit", q(model), *opts)]
