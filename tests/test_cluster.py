@@ -473,6 +473,23 @@ def _two_servers(local_cfg: Path) -> Path:
     return p
 
 
+@pytest.mark.parametrize("gpus", ["0,x", "1,1", "-1"])
+def test_slurm_reads_gpus_by_the_rule_lhd_run_applies(gpus, run_configs, tmp_path):
+    """The planner parses `gpus:` with rollouts.gpus.parse_positions, so a job is refused at render
+    time with the words `lhd run` would use on the node (it had its own copy of the rule)."""
+    from rollouts.gpus import GpuAssignmentError, parse_positions
+
+    shutil.copy(run_configs[2], tmp_path / "local.yaml")
+    data = yaml.safe_load(_two_servers(tmp_path / "local.yaml").read_text())
+    data["models"]["a"]["gpus"] = gpus
+    path = tmp_path / "bad-gpus.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(GpuAssignmentError) as run_error:
+        parse_positions(gpus)
+    e = _error(render_slurm, "rollout", path, shards=1)
+    assert e.field == "models.a.gpus" and run_error.value.problem in str(e)
+
+
 def test_dry_run_commands(run_configs):
     vllm_cfg = run_configs[0]
     cmds = dry_run_commands("rollout", vllm_cfg, shards=4)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from lhd_train.errors import InputError
+from rollouts.gpus import GpuAssignmentError, find_overlaps, parse_positions
 
 
 @dataclass
@@ -27,16 +28,12 @@ class _Claim:
 
 
 def _positions(source: str, field: str, gpus: str) -> list[int]:
-    out = []
-    for g in gpus.split(","):
-        g = g.strip()
-        if not g.isdigit():
-            raise InputError(source, field, f"'{gpus}': '{g}' is not a GPU position",
-                             "comma-separated whole numbers, positions in the job's CUDA_VISIBLE_DEVICES")
-        out.append(int(g))
-    if len(set(out)) != len(out):
-        raise InputError(source, field, f"'{gpus}' lists a GPU twice", "each position once")
-    return out
+    """`gpus:` parsed by the rule `lhd run` applies on the node (rollouts.gpus.parse_positions)."""
+    try:
+        return parse_positions(gpus)
+    except GpuAssignmentError as e:
+        raise InputError(source, field, e.problem, "distinct whole numbers, comma-separated: positions in the job's "
+                         "CUDA_VISIBLE_DEVICES") from None
 
 
 def node_gpus(models: dict[str, Any], keys: list[str], sources: dict[str, str | Path], *, on_gpu: bool = True,
@@ -97,15 +94,11 @@ def node_gpus(models: dict[str, Any], keys: list[str], sources: dict[str, str | 
 
 
 def _check_disjoint(claims: list[_Claim], sources: dict[str, str | Path], why: str) -> None:
-    owner: dict[int, _Claim] = {}
-    for c in claims:
-        for p in c.positions:
-            other = owner.get(p)
-            if other is None:
-                owner[p] = c
-                continue
-            name = c.key.removeprefix("auditor:")
-            field = "device" if c.how.startswith("device") else "gpus"
-            raise InputError(sources[c.key], f"models.{name}.{field}",
-                             f"{why}GPU position {p} is given to both {other} and {c}",
-                             "disjoint GPU sets: `gpus:` on vllm models, `device: cuda:N` on hf models")
+    """The overlap rule of `lhd run` (rollouts.gpus.find_overlaps), reported for the Slurm plan."""
+    by_key = {c.key: c for c in claims}
+    for gpu, first, second in find_overlaps({c.key: c.positions for c in claims}):
+        c, other = by_key[second], by_key[first]
+        field = "device" if c.how.startswith("device") else "gpus"
+        raise InputError(sources[c.key], f"models.{c.key.removeprefix('auditor:')}.{field}",
+                         f"{why}GPU position {gpu} is given to both {other} and {c}",
+                         "disjoint GPU sets: `gpus:` on vllm models, `device: cuda:N` on hf models")
