@@ -428,6 +428,32 @@ def test_a_full_disk_while_writing_the_adapter_record_leaves_no_torn_record(llam
     assert not [p.name for p in record.parent.iterdir() if p.name.endswith(".tmp")]
 
 
+def test_resume_refuses_a_changed_tokenizer_folder(llama, tmp_path):
+    """A recipe's own `tokenizer:` folder shapes every training row like the base model's files do:
+    a resume after its files or chat template changed is refused (only the base model's were
+    compared)."""
+    import shutil
+
+    from lhd_train.config.recipe import load_recipe
+    from lhd_train.errors import InputError
+    from lhd_train.finetune.trainer import RUN_META, _check_resume, _run_record
+
+    tok = tmp_path / "tok"
+    shutil.copytree(llama, tok)
+    recipe = load_recipe(RECIPES / "tiny" / "sft-honest.yaml", [f"model={llama}", f"tokenizer={tok}",
+                                                                 f"output_dir={tmp_path / 'out'}"])
+    out = tmp_path / "out"
+    (out / "checkpoint-2").mkdir(parents=True)
+    (out / "checkpoint-2" / "trainer_state.json").write_text(json.dumps({"global_step": 2}))
+    ctx = {"out": out, "source": "recipe.yaml", "model": str(llama), "tokenizer": str(tok),
+           "data": {"train": {"sha256": "x"}}}
+    (out / RUN_META).write_text(json.dumps(_run_record(recipe, ctx)))
+    assert _check_resume(recipe, ctx) == out / "checkpoint-2"
+    (tok / "chat_template.jinja").write_text((tok / "chat_template.jinja").read_text() + "\n")
+    with pytest.raises(InputError, match=r"'tokenizer'.*chat template at .*tok changed since checkpoint-2"):
+        _check_resume(recipe, ctx)
+
+
 def test_dpo_trains_saves_and_reloads(llama, data, tmp_path):
     adapter, meta = train("dpo", llama, data["dpo"], tmp_path / "dpo", f"data.eval={data['dpo_eval']}",
                           "trainer.max_steps=3", "trainer.save_steps=100")

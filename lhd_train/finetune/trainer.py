@@ -290,7 +290,8 @@ def fit_lengths(recipe: Recipe, config: Any, data: dict[str, Any], tok, source: 
 def _run_record(recipe: Recipe, ctx: dict[str, Any]) -> dict[str, Any]:
     return {"algo": recipe.algo, "direction": recipe.direction, "base_model": ctx["model"],
             "data_sha256": {k: v["sha256"] for k, v in ctx["data"].items()},
-            "base_files": weights_fingerprint(ctx["model"]), "recipe": dump_recipe(recipe)}
+            "base_files": weights_fingerprint(ctx["model"]), "recipe": dump_recipe(recipe),
+            "tokenizer_files": weights_fingerprint(ctx["tokenizer"]) if ctx["tokenizer"] != ctx["model"] else None}
 
 
 def _check_resume(recipe: Recipe, ctx: dict[str, Any]) -> Path | None:
@@ -313,10 +314,11 @@ def _check_resume(recipe: Recipe, ctx: dict[str, Any]) -> Path | None:
                 raise InputError(ctx["source"], "output_dir",
                                  f"{out} holds checkpoints of a different run ({key}: {before[key]} vs {now[key]}); "
                                  "choose another output_dir or remove the checkpoints")
-        changed = changed_parts(before.get("base_files"), now["base_files"])
-        if changed:
-            raise InputError(ctx["source"], "model", f"the base model's {' and '.join(changed)} at {ctx['model']} "
-                             f"changed since {ckpt.name} was saved; restore them, or choose another output_dir")
+        for key, field, what in (("base_files", "model", "base model"), ("tokenizer_files", "tokenizer", "tokenizer")):
+            changed = changed_parts(before.get(key), now[key])
+            if changed:
+                raise InputError(ctx["source"], field, f"the {what}'s {' and '.join(changed)} at {now[key]['path']} "
+                                 f"changed since {ckpt.name} was saved; restore them, or choose another output_dir")
         changes = recipe_changes(before["recipe"], now["recipe"]) if "recipe" in before else []
         if changes:
             field, then, new = changes[0]
