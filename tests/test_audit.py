@@ -465,15 +465,16 @@ def test_real_tiny_model_audits_every_round(tmp_path, tiny_llama_dir):
     rows = rows_of(cfg, "tiny-full", tids[0])
     assert [r["global_round"] for r in rows] == list(range(1, 8))
     for r in rows:
-        assert r["parse_status"] in ("ok", "retried", "repaired", "failed")
-        if r["parse_status"] != "failed":  # schema-constrained, then the agreed consistency rule
+        assert r["parse_status"] in ("ok", "retried", "repaired", "failed", "cut")
+        if r["parse_status"] not in ("failed", "cut"):  # schema-constrained, then the agreed consistency rule
             assert (r["deceptive"] is False and r["types"] == [] and r["severity"] == 0) or \
                    (r["deceptive"] is True and 0 <= r["severity"] <= 4)  # a flag may name no type (unspecified)
         assert r["prompt_tokens"] > 0 and r["model"]["key"] == "tiny"
-    # A random tiny model rarely closes its JSON within the budget: a cut answer is recorded failed
+    # A random tiny model rarely closes its JSON within the budget: a cut answer is recorded `cut`
     # with the cut named (issue 21 N1), never completed into an invented label.
-    assert any(r["parse_status"] != "failed" for r in rows) or \
-        all("cut at the token limit" in (r["error"] or "") for r in rows), [r["error"] for r in rows]
+    for r in rows:
+        if r["parse_status"] == "cut":
+            assert r["deceptive"] is None and "cut at the token limit" in (r["error"] or ""), r["error"]
     info = json.loads((cfg.run_dir / "audit" / "tiny-full" / "auditor.json").read_text())
     assert info["describe"]
     # The [instructions][trajectory][target] layout: every round's prompt repeats the previous
