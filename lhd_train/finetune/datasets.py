@@ -85,7 +85,7 @@ def _role_backends(s: BuildSettings) -> tuple[Any, Backend, Backend, Any, Backen
     built: dict[str, Backend] = {}
 
     def get(spec: Any, name: str) -> Backend:
-        key = spec.model_dump_json()
+        key = repr(spec.model_dump())  # the JSON dump hides URL credentials, which tell two endpoints apart
         if key not in built:
             built[key] = build_backend(spec, name=name, log_dir=str(s.out / "logs"))
         return built[key]
