@@ -25,7 +25,6 @@ import asyncio
 import json
 import os
 import random
-import re
 import threading
 import time
 from typing import Any
@@ -34,14 +33,13 @@ from urllib.parse import urlparse
 from rollouts.backend import BackendError
 from rollouts.model_files import counting_tokenizer, estimate_tokens
 from rollouts.spec import ModelSpec, public_url, redact, url_secrets
-from rollouts.types import Completion, GenerationRequest, GenerationResult, generation_defaults
+from rollouts.types import Completion, GenerationRequest, GenerationResult, generation_defaults, sendable
 
 SCHEMA_NOTE = "\n\nReply with one JSON object, and nothing else, that matches this JSON schema:\n{schema}"
 LOCAL_TIMEOUT_S = 3600.0  # managed or local servers: long prompts wait in a queue behind each other
 REMOTE_TIMEOUT_S = 600.0
 DEFAULT_IN_FLIGHT = 32
 MANAGED_BACKENDS = ("vllm", "transformers-serve")
-_SURROGATE = re.compile("[\ud800-\udfff]")  # in a Python str every surrogate is a lone one
 
 
 def is_local_server(spec: ModelSpec, base_url: str | None = None) -> bool:
@@ -91,12 +89,6 @@ def served_generation_defaults(spec: ModelSpec) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return {} if os.path.isdir(spec.model) and not os.path.exists(path) else None
     return generation_defaults(data) if isinstance(data, dict) else None
-
-
-def sendable(text: str) -> str:
-    """`text` with each lone UTF-16 surrogate replaced by U+FFFD: a model answer may hold one (stored
-    exactly in the rows), but a request body must be valid UTF-8."""
-    return _SURROGATE.sub("\ufffd", text)
 
 
 def _is_transient(exc: BaseException) -> bool:

@@ -5,6 +5,7 @@ Backends know nothing about deception: they take chat messages plus sampling par
 """
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -103,3 +104,12 @@ class GenerationResult:
     @property
     def ok(self) -> bool:
         return self.error is None and bool(self.completions)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")  # in a Python str every surrogate is a lone one
+
+
+def sendable(text: str) -> str:
+    """`text` with each lone UTF-16 surrogate replaced by U+FFFD: a model answer may hold one (stored
+    exactly in the rows), but a request body and a tokenizer need valid UTF-8."""
+    return _SURROGATE.sub("\ufffd", text)

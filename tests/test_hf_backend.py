@@ -221,6 +221,15 @@ def test_token_counts_match_tokenizer(qwen3):
     assert res.latency_s > 0 and res.model_id == qwen3.model_id
 
 
+def test_a_lone_surrogate_in_a_message_is_read_as_the_replacement_character(llama):
+    """An answer that came from a server's JSON may hold a lone UTF-16 surrogate (stored exactly in
+    the rows); the tokenizer refuses it, so the hf backend reads it as U+FFFD instead of failing."""
+    bad, clean = req("figure \ud800 of the report", seed=5), req("figure \ufffd of the report", seed=5)
+    assert llama.count_tokens(bad.messages) == llama.count_tokens(clean.messages)
+    out_bad, out_clean = run(llama.generate([bad]))[0], run(llama.generate([clean]))[0]
+    assert out_bad.ok and out_bad.completions[0].token_ids == out_clean.completions[0].token_ids
+
+
 def test_bad_requests_give_error_results(llama):
     bad_schema = {"type": "object", "properties": {"x": {"type": "no-such-type"}}, "required": ["x"]}
     results = run(llama.generate([req(schema=bad_schema), req(adapter="nope"), req(max_tokens=0), req()]))

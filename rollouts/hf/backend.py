@@ -47,7 +47,7 @@ from rollouts.hf.rows import Pending, Row
 from rollouts.hf.sampling import row_seed
 from rollouts.model_files import check_adapter_dir, check_model_dir, one_line
 from rollouts.spec import ModelSpec
-from rollouts.types import Completion, GenerationRequest, GenerationResult, generation_defaults
+from rollouts.types import Completion, GenerationRequest, GenerationResult, generation_defaults, sendable
 
 log = logging.getLogger(__name__)
 
@@ -203,8 +203,10 @@ class HFBackend:
             if hit is not None:
                 self._encoded.move_to_end(key)
                 return hit.tolist()
+            clean = [{**m, "content": sendable(m["content"])} if isinstance(m.get("content"), str) else m
+                     for m in messages]  # a lone surrogate (in an answer from elsewhere) is not UTF-8
             ids = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+                clean, add_generation_prompt=True, tokenize=True, return_dict=False)
             if ids and isinstance(ids[0], list):
                 ids = ids[0]
             ids = [int(i) for i in ids]
