@@ -646,3 +646,142 @@ def test_data_takes_the_runs_auditor_by_name(tmp_path, monkeypatch, capsys):
     assert {a for split in ds.values() for a in split["run_auditor"]} == {"second"}
     one_error(*cli(monkeypatch, capsys, "data", "grpo", str(run_dir), "--out", str(tmp_path / "h"),
                    "--run-auditor", "nope"), "no audit labels from auditor 'nope'")
+
+
+# ----------------------------------------------------------------------------- lhd report on runs in progress
+
+
+def _report_run(root: Path, name: str = "rep", n: int = 4, run_id: str | None = None, **kw) -> Path:
+    """A synthetic run of one trial `s1` with `n` labelled rounds, in folder `root/name`."""
+    from support.synthetic import R, write_run
+
+    rounds = [R(1 + i // 2, None, (0.3 - 0.05 * i, 0.2, 0.1), (i % 2 == 0, ["FALSIFICATION"] if i % 2 == 0 else [], 2),
+                text=f"answer {i}") for i in range(n)]
+    run_dir = write_run(root, run_id or name, {"s1": rounds}, **kw)
+    if run_id and name != run_id:
+        run_dir = run_dir.rename(root / name)
+    return run_dir
+
+
+def _layout(root: Path) -> dict[str, bytes | None]:
+    """Every file (bytes) and folder (None) under root: a reader must add, change or cut nothing."""
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+def test_report_of_a_run_with_no_finished_round_is_one_line(tmp_path, monkeypatch, capsys):
+    """Today: KeyError 'deception_rate' from metrics.core (a traceback)."""
+    from lhd_train.rundir.layout import RunDir
+
+    run_dir = _report_run(tmp_path, done=False)
+    rows = RunDir(run_dir).trial("s1").rows
+    rows.write_bytes(b'{"trial_id": "s1", "glob')  # the first row, torn by a kill mid-write
+    before = _layout(run_dir)
+    one_error(*cli(monkeypatch, capsys, "report", str(run_dir), "--out", str(tmp_path / "out")),
+              "no finished round yet", str(RunDir(run_dir).trials_dir))
+    assert _layout(run_dir) == before and not (tmp_path / "out").exists()
+
+
+def test_report_of_a_run_killed_mid_round_reports_the_whole_rounds_and_changes_nothing(tmp_path, monkeypatch,
+                                                                                        capsys):
+    import csv
+
+    from lhd_train.rundir.layout import RunDir
+
+    run_dir = _report_run(tmp_path, done=False)
+    rows = RunDir(run_dir).trial("s1").rows
+    with open(rows, "ab") as f:
+        f.write(b'{"trial_id": "s1", "global_round": 5, "perf')  # a writer killed mid-line
+    empty = _report_run(tmp_path, "empty", n=1, done=False)  # a second run with no whole row yet
+    RunDir(empty).trial("s1").rows.write_bytes(b"")
+    before = _layout(tmp_path)
+    code, out = cli(monkeypatch, capsys, "report", str(run_dir), str(empty), "--out", str(tmp_path / "out"))
+    assert code == 0, out
+    assert _layout(tmp_path) == {**before, **{k: v for k, v in _layout(tmp_path).items() if k.startswith("out")}}
+    with open(tmp_path / "out" / "tables" / "rounds.csv", newline="") as f:
+        got = [(r["run"], r["global_round"]) for r in csv.DictReader(f)]
+    assert got == [("rep", "1"), ("rep", "2"), ("rep", "3"), ("rep", "4")]
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "rep: 1 trial(s) not finished: s1" in summary and "empty: no finished round yet" in summary
+
+
+def test_report_refuses_a_finished_trial_whose_rows_were_cut(tmp_path, monkeypatch, capsys):
+    """Today: the trial is silently two rounds shorter. Now the `.done` rule of `lhd run`."""
+    from lhd_train.rundir.layout import RunDir
+    from lhd_train.rundir.store import write_done_marker
+
+    run_dir = _report_run(tmp_path, done=False)
+    tf = RunDir(run_dir).trial("s1")
+    write_done_marker(tf.done, read_jsonl(tf.rows))
+    lines = tf.rows.read_bytes().splitlines(True)
+    tf.rows.write_bytes(b"".join(lines[:2]))
+    before = _layout(run_dir)
+    one_error(*cli(monkeypatch, capsys, "report", str(run_dir), "--out", str(tmp_path / "out")),
+              str(tf.done), "finished with 4 rounds", "has 2")
+    assert _layout(run_dir) == before
+    assert not (tmp_path / "out").exists()  # refused while loading, before any table (today: tables, then the error)
+
+
+def test_report_out_that_is_a_file_or_inside_a_run_is_refused(tmp_path, monkeypatch, capsys):
+    """Today: a FileExistsError traceback, and a report written among the run's trial files."""
+    run_dir = _report_run(tmp_path)
+    (tmp_path / "file").write_text("x")
+    one_error(*cli(monkeypatch, capsys, "report", str(run_dir), "--out", str(tmp_path / "file")), "is a file")
+    for bad in (run_dir, run_dir / "trials" / "rep", run_dir / "audit" / "x"):
+        before = _layout(run_dir)
+        one_error(*cli(monkeypatch, capsys, "report", str(run_dir), "--out", str(bad)), "--out")
+        assert _layout(run_dir) == before
+
+
+def test_report_csv_cells_cannot_start_a_formula(tmp_path, monkeypatch, capsys):
+    """Today: `=HYPERLINK(...)` from a task title lands as a live formula in rounds.csv."""
+    import csv
+
+    from support.synthetic import R, write_run
+
+    formula = '=HYPERLINK("http://x.invalid","click")'
+    run_dir = write_run(tmp_path, "f", {"s1": [R(1, label=(True, ["FALSIFICATION"], 2), extra={"task_title": formula}),
+                                               R(1, label=(False, [], 0), extra={"task_title": "-1+2"})]})
+    code, out = cli(monkeypatch, capsys, "report", str(run_dir), "--out", str(tmp_path / "out"))
+    assert code == 0, out
+    with open(tmp_path / "out" / "tables" / "rounds.csv", newline="") as f:
+        titles = [r["task_title"] for r in csv.DictReader(f)]
+    assert titles == ["'" + formula, "'-1+2"]
+
+
+def test_report_page_folders_never_collide_between_runs(tmp_path, monkeypatch, capsys):
+    """Today: runs `a`, `a` and `a#2` get keys a, a#2, a#2: two runs share one key, one table row
+    and one page folder. Also `a#2` against `a_2` (the viewer's naming rule)."""
+    from lhd_train.metrics.load import load_runs
+
+    runs = [_report_run(tmp_path, f"d{i}", run_id=rid) for i, rid in enumerate(["a", "a", "a#2", "a_2"])]
+    assert len({r.key for r in load_runs(runs)}) == 4
+    code, out = cli(monkeypatch, capsys, "report", *map(str, runs), "--out", str(tmp_path / "out"))
+    assert code == 0, out
+    folders = [p for p in (tmp_path / "out" / "trials").iterdir() if p.is_dir()]
+    assert len(folders) == 4 and all((p / "s1.html").is_file() for p in folders)
+
+
+def test_report_of_a_read_only_run_with_out_elsewhere_writes_nothing_into_it(tmp_path, monkeypatch, capsys):
+    """The run's folders are made read-only, and any attempt to open a file under it for writing
+    fails (root ignores file modes, so the refusal is also injected)."""
+    import builtins
+
+    run_dir = _report_run(tmp_path)
+    before = _layout(run_dir)
+    real_open = builtins.open
+
+    def guarded_open(file, mode="r", *a, **kw):
+        if any(c in mode for c in "wax+") and str(run_dir) in os.path.abspath(str(file)):
+            raise PermissionError(13, "Permission denied", str(file))
+        return real_open(file, mode, *a, **kw)
+
+    monkeypatch.setattr(builtins, "open", guarded_open)
+    for p in [run_dir, *run_dir.rglob("*")]:
+        p.chmod(0o555 if p.is_dir() else 0o444)
+    try:
+        code, out = cli(monkeypatch, capsys, "report", str(run_dir), "--out", str(tmp_path / "out"))
+    finally:
+        for p in [run_dir, *run_dir.rglob("*")]:
+            p.chmod(0o755 if p.is_dir() else 0o644)
+    assert code == 0, out
+    assert (tmp_path / "out" / "report.html").is_file() and _layout(run_dir) == before

@@ -541,3 +541,76 @@ def test_a_cut_supervisor_answer_counts_as_a_failed_call(tmp_path):
     s = summary_table(per_trial_table(run)).iloc[0]
     assert (s["n_supervisor_failed_rounds"], s["n_supervisor_cut_rounds"], s["n_trials_supervisor_ok"]) == (1, 1, 1)
     assert any("failed supervisor call (1 of them cut at the token limit)" in n for n in run.notes)
+
+
+# ----------------------------------------------------------------------------- runs in progress (issue 22)
+
+
+def _four_rounds(tmp_path, done: bool):
+    spec = [R(1 + i // 2, None, (0.3 - 0.05 * i, 0.2, 0.1), (i == 0, ["FALSIFICATION"] if i == 0 else [], 2))
+            for i in range(4)]
+    return write_run(tmp_path, "prog", {"s1": spec}, done=done)
+
+
+def test_load_refuses_a_finished_trial_whose_rows_were_cut(tmp_path):
+    """Today the trial silently loads two rounds shorter. The `.done` rule of `lhd run`."""
+    from lhd_train.errors import DataFileError
+    from lhd_train.rundir.files import read_jsonl
+    from lhd_train.rundir.store import write_done_marker
+
+    path = _four_rounds(tmp_path, done=False)
+    tf = RunDir(path).trial("s1")
+    write_done_marker(tf.done, read_jsonl(tf.rows))
+    tf.rows.write_bytes(b"".join(tf.rows.read_bytes().splitlines(True)[:2]))
+    with pytest.raises(DataFileError, match="finished with 4 rounds"):
+        load_run(path)
+
+
+def test_load_takes_done_from_the_marker_it_saw_before_the_rows(tmp_path, monkeypatch):
+    """A trial that finishes while it is read is loaded as unfinished with the rows read, never as
+    finished with a round short (today `done` is looked at after the rows)."""
+    from lhd_train.metrics import load as load_mod
+    from lhd_train.rundir import store
+
+    path = _four_rounds(tmp_path, done=False)
+    tf = RunDir(path).trial("s1")
+    lines = tf.rows.read_bytes().splitlines(True)
+    tf.rows.write_bytes(b"".join(lines[:3]))
+    real = store.read_trial_rows
+
+    def read_then_the_writer_finishes(p, *a, **kw):
+        rows = real(p, *a, **kw)
+        with open(tf.rows, "ab") as f:
+            f.write(lines[3])
+        tf.done.write_text(json.dumps({"rounds": 4}))
+        return rows
+
+    monkeypatch.setattr(store, "read_trial_rows", read_then_the_writer_finishes)
+    monkeypatch.setattr(load_mod, "read_trial_rows", read_then_the_writer_finishes, raising=False)
+    data = load_run(path)
+    assert data.trials[["n_rounds", "done"]].values.tolist() == [[3, False]]
+
+
+def test_load_of_a_torn_run_reads_whole_lines_and_changes_no_file(tmp_path):
+    path = _four_rounds(tmp_path, done=False)
+    rd = RunDir(path)
+    with open(rd.trial("s1").rows, "ab") as f:
+        f.write(b'{"trial_id": "s1", "global_ro')
+    audit = next(rd.auditor_dir("full").glob("*.jsonl"))
+    with open(audit, "ab") as f:
+        f.write(b'{"trial_id": "s1", "glob')
+    before = {p: p.read_bytes() for p in path.rglob("*") if p.is_file()}
+    data = load_run(path)
+    assert len(data.rounds) == 4 and data.rounds["labelled"].all()
+    assert {p: p.read_bytes() for p in path.rglob("*") if p.is_file()} == before
+
+
+def test_per_trial_table_of_a_run_with_no_round_has_every_column(tmp_path):
+    """Today the table lacks the rate columns, and tables over several runs fail (KeyError)."""
+    path = _four_rounds(tmp_path, done=False)
+    RunDir(path).trial("s1").rows.write_bytes(b"")
+    empty = load_run(path)
+    assert empty.rounds.empty and "no finished round yet" in " ".join(empty.notes)
+    table = per_trial_table(empty)
+    assert {"deception_rate", "total_rounds", "low_coverage"} <= set(table.columns)
+    assert table["deception_rate"].dtype == float and table["final_trust"].dtype == float

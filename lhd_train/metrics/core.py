@@ -132,8 +132,11 @@ def per_trial_table(run: RunData, min_coverage: float = COVERAGE_MIN) -> pd.Data
     for tid, g in run.rounds.groupby("trial_id", sort=False):
         st = trial_stats(_records(g))
         recs.append({"trial_id": tid, **st.flat(), "low_coverage": not st.label_coverage >= min_coverage})
-    stats_df = pd.DataFrame(recs)
-    out = run.trials.merge(stats_df, on="trial_id", how="left") if len(stats_df) else run.trials.copy()
+    # a run with no finished round still gets every column, typed as for one (NaN rates are floats),
+    # so tables over several runs line up
+    empty = [{"trial_id": "", **trial_stats([]).flat(), "low_coverage": True}]
+    stats_df = pd.DataFrame(recs or empty).iloc[: len(recs)]
+    out = run.trials.merge(stats_df, on="trial_id", how="left")
     out.insert(0, "run", run.key)
     out.insert(1, "label", run.label)
     out.insert(2, "model", run.model_label)

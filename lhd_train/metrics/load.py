@@ -1,7 +1,12 @@
 """Read a run directory (docs/formats.md) into tables: one row per round, labels of one auditor joined.
 
 Everything downstream (metrics, report, viewer) works on these tables, so the rules about which
-audit row counts live here only: see docs/metrics.md, "Inputs"."""
+audit row counts live here only: see docs/metrics.md, "Inputs".
+
+Loading only reads: a run being written is read up to its last whole line, a trial without its
+`.done` marker counts as unfinished, and a finished trial whose rows disagree with its marker (rows
+cut after it was written) is a `DataFileError` naming the file, as `lhd run` treats it, never a
+shorter trial. No file of the run is changed (no repair on read)."""
 from __future__ import annotations
 
 import re
@@ -16,7 +21,7 @@ from lhd_train.errors import InputError
 from lhd_train.rundir.files import read_json_mapping as _read_json
 from lhd_train.rundir.files import read_yaml_mapping
 from lhd_train.rundir.layout import RunDir
-from lhd_train.rundir.store import read_audit_rows, read_trial_rows
+from lhd_train.rundir.store import read_audit_rows, read_finished_trial
 
 NO_EVENT = "none"
 OK_STATUSES = ("ok", "retried", "repaired")  # a label that counts; "failed", "cut" and "missing" do not
@@ -296,16 +301,24 @@ def supervisor_failed(row: dict[str, Any]) -> bool:
     return (status is not None and status not in SUPERVISOR_OK) or ("evaluation" in sup and not sup["evaluation"])
 
 
-def load_rounds(run_dir: Path, auditor_id: str | None) -> tuple[pd.DataFrame, dict[str, list[dict[str, Any]]]]:
-    """Trajectory rows of every trial with `auditor_id`'s labels joined (label_status `missing`
-    where the auditor wrote nothing for a round). Also returns the raw rows per trial."""
+def read_trials(run_dir: Path) -> tuple[dict[str, list[dict[str, Any]]], dict[str, bool]]:
+    """Every trial's checked rows (in global-round order) and whether it is finished, through
+    `read_finished_trial`: the `.done` rule of `lhd run` (a marker over cut rows is an error)."""
     raw: dict[str, list[dict[str, Any]]] = {}
-    recs = []
+    done: dict[str, bool] = {}
     for tid in trial_ids(run_dir):
-        rows = read_trial_rows(RunDir(run_dir).trial(tid).rows)  # refuses a round written twice
-        rows.sort(key=lambda r: int(r["global_round"]))
-        raw[tid] = rows
-        recs += [_round_record(r) for r in rows]
+        rows, done[tid] = read_finished_trial(RunDir(run_dir).trial(tid).rows)  # refuses a round written twice
+        raw[tid] = sorted(rows, key=lambda r: int(r["global_round"]))
+    return raw, done
+
+
+def load_rounds(run_dir: Path, auditor_id: str | None
+                ) -> tuple[pd.DataFrame, dict[str, list[dict[str, Any]]], dict[str, bool]]:
+    """Trajectory rows of every trial with `auditor_id`'s labels joined (label_status `missing`
+    where the auditor wrote nothing for a round). Also returns the raw rows per trial and
+    whether each trial is finished (`read_trials`)."""
+    raw, done = read_trials(run_dir)
+    recs = [_round_record(r) for rows in raw.values() for r in rows]
     rounds = pd.DataFrame(recs)
     if rounds.empty:
         rounds = pd.DataFrame(columns=["trial_id", "global_round", "task_index", "round", "category",
@@ -324,10 +337,11 @@ def load_rounds(run_dir: Path, auditor_id: str | None) -> tuple[pd.DataFrame, di
     rounds["flagged"] = [d is True for d in rounds["deceptive"]]
     for t in TYPES:
         rounds[t] = [t in ty for ty in rounds["types"]]
-    return rounds.sort_values(["trial_id", "global_round"]).reset_index(drop=True), raw
+    return rounds.sort_values(["trial_id", "global_round"]).reset_index(drop=True), raw, done
 
 
-def _trial_table(run_dir: Path, raw: dict[str, list[dict[str, Any]]], config: dict[str, Any]) -> pd.DataFrame:
+def _trial_table(run_dir: Path, raw: dict[str, list[dict[str, Any]]], done: dict[str, bool],
+                 config: dict[str, Any]) -> pd.DataFrame:
     recs = []
     for tid, rows in raw.items():
         sched = _read_json(RunDir(run_dir).schedule(tid))
@@ -340,7 +354,7 @@ def _trial_table(run_dir: Path, raw: dict[str, list[dict[str, Any]]], config: di
         recs.append({
             "trial_id": tid, "seed": _seed_of(tid, rows, sched),
             "condition": trial_condition(tid, sched or None, config),
-            "done": RunDir(run_dir).trial(tid).done.exists(),
+            "done": done[tid],
             "n_rounds": len(rows), "n_tasks": len({r["task_index"] for r in rows}),
             # tasks reached whose schedule drew an event (not the whole pack's schedule)
             "n_event_tasks": len({e["task_index"] for e in entries if e is not None}
@@ -356,7 +370,9 @@ def _trial_table(run_dir: Path, raw: dict[str, list[dict[str, Any]]], config: di
     cols = ["trial_id", "seed", "condition", "done", "n_rounds", "n_tasks", "n_event_tasks", "final_trust",
             "final_comfort", "final_satisfaction", "mean_satisfaction", "tasks_completed", "supervisor_failed_rounds",
             "supervisor_cut_rounds"]
-    return pd.DataFrame(recs, columns=cols)
+    # numbers stay numbers when a trial has no round yet (None), so tables over several runs average them
+    states = ["final_trust", "final_comfort", "final_satisfaction", "mean_satisfaction"]
+    return pd.DataFrame(recs, columns=cols).astype({c: float for c in states})
 
 
 def left_out_trials(run_dir: Path, manifest: dict[str, Any], loaded: dict[str, Any]) -> list[str]:
@@ -379,15 +395,17 @@ def load_run(run_dir: str | Path, auditor: str | None = None, min_coverage: floa
     auditors = list_auditors(run_dir)
     auditor_id = pick_auditor(run_dir, auditor, auditors)
     reason = "chosen by name (--auditor)" if auditor is not None else headline_auditor(run_dir, auditors)[1]
-    rounds, raw = load_rounds(run_dir, auditor_id)
+    rounds, raw, done = load_rounds(run_dir, auditor_id)
     first = next((rows[0] for rows in raw.values() if rows), None)
     run_id = manifest.get("run_id") or config.get("run_name") or (first or {}).get("run_id") or run_dir.name
     perf = performer_info(run_dir, manifest, config, first)
     mlabel = model_label(perf)
     data = RunData(run_dir, str(run_id), str(run_id), f"{run_id} ({mlabel})", mlabel, perf, manifest, config,
-                   auditors, auditor_id, rounds, _trial_table(run_dir, raw, config), auditor_reason=reason)
+                   auditors, auditor_id, rounds, _trial_table(run_dir, raw, done, config), auditor_reason=reason)
     if not raw:
         data.notes.append("no trajectory files under trials/")
+    elif rounds.empty:
+        data.notes.append("no finished round yet (the trajectory files hold no whole row)")
     lost = left_out_trials(run_dir, manifest, raw)
     if lost:
         data.notes.append(f"{len(lost)} trial(s) left out, with no trajectory file (trials/<trial>.jsonl) although the "
@@ -436,11 +454,14 @@ def load_runs(run_dirs: list[Path], auditor: str | None = None,
               min_coverage: float = COVERAGE_MIN) -> list[RunData]:
     """Load several runs and give each a unique `key` (and label) for side-by-side tables."""
     runs = [load_run(p, auditor, min_coverage) for p in run_dirs]
-    seen: dict[str, int] = {}
+    taken: set[str] = set()
     for r in runs:
-        n = seen.get(r.key, 0)
-        seen[r.key] = n + 1
-        if n:
-            r.key = f"{r.key}#{n + 1}"
+        key, n = r.key, 1
+        while key in taken:  # `a`, `a`, `a#2`: the suffix must not land on another run's own id
+            n += 1
+            key = f"{r.key}#{n}"
+        taken.add(key)
+        if key != r.key:
+            r.key = key
             r.label = f"{r.key} ({r.model_label})"
     return runs

@@ -2,7 +2,12 @@
 plots/*.png, and a trajectory page per trial under trials/.
 
 Runs are compared side by side; each run is one model/adapter/condition, labelled by its run id
-and performer model (+ adapter)."""
+and performer model (+ adapter).
+
+The report only reads its runs (a read-only run works with `--out` elsewhere) and reports what is
+finished (`metrics.load`); with no finished round in any run it says so in one line. Every file it
+writes is replaced atomically, CSV cells cannot start a formula (`rundir.csv_cells`), and `--out`
+is refused when it is a file, a run directory or inside a run's own files (`check_out_dir`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -37,6 +42,10 @@ from lhd_train.report.tables import (
     usage_frame,
 )
 from lhd_train.report.viewer import safe_name, states_plot, write_run_pages
+from lhd_train.rundir.csv_cells import write_csv
+from lhd_train.rundir.files import atomic_write_bytes, atomic_write_text, check_writable_dir
+from lhd_train.rundir.layout import RunDir
+from lhd_train.rundir.outputs import check_out_dir
 
 MAX_STATE_PLOTS = 60  # per report; more trials still get their own page (with its plot)
 
@@ -56,9 +65,7 @@ def write_tables(out: Path, m: RunMetrics, extra: dict[str, pd.DataFrame]) -> li
               "correlations_across_runs": m.corr_across, "rounds": _csv_rounds(m.rounds), **extra}
     paths = []
     for name, df in frames.items():
-        p = tdir / f"{name}.csv"
-        df.to_csv(p, index=False)
-        paths.append(p)
+        paths.append(write_csv(df, tdir / f"{name}.csv"))
     return paths
 
 
@@ -167,8 +174,14 @@ def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None
     if not 0.0 <= min_coverage <= 1.0:
         raise InputError(None, "min_coverage", f"{min_coverage} is not a share", "a number in [0, 1]")
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_out_dir(out, what="report")
+    check_writable_dir(out, "report's folder")
     runs = load_runs([Path(p) for p in run_dirs], auditor, min_coverage)
+    if not any(len(r.rounds) for r in runs):
+        where = RunDir(run_dirs[0]).trials_dir if len(run_dirs) == 1 else "runs"
+        raise InputError(where, None, "no finished round yet: nothing to report (rerun `lhd report` once "
+                         "`lhd run` has written a round)")
+    out.mkdir(parents=True, exist_ok=True)
     m = compute_all(runs, min_coverage)
     labels = {r.key: r.label for r in runs}
     horizon = pd.concat([horizon_table(r) for r in runs], ignore_index=True) if runs else pd.DataFrame()
@@ -188,7 +201,7 @@ def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None
     figs: dict[str, str] = {}
 
     def keep(name: str, data: bytes) -> None:
-        (pdir / f"{name}.png").write_bytes(data)
+        atomic_write_bytes(pdir / f"{name}.png", data)
         figs[name] = plots.data_uri(data)
 
     has_labels = bool(m.rounds["labelled"].any()) if len(m.rounds) else False
@@ -253,7 +266,7 @@ def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None
     }
     html = render_page("report.html.j2", **ctx)
     path = out / "report.html"
-    path.write_text(html, encoding="utf-8")
-    (out / "summary.md").write_text(summary_md(runs, m, horizon, min_coverage, usage, paired), encoding="utf-8")
+    atomic_write_text(path, html)
+    atomic_write_text(out / "summary.md", summary_md(runs, m, horizon, min_coverage, usage, paired))
     return path
 
