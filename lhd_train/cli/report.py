@@ -16,7 +16,8 @@ HEADLINE_HELP = ("headline auditor id (default: the run config's auditor in full
 def report_cmd(
     runs: list[Path] = typer.Argument(..., help="one or more run directories, compared side by side; every run "
                                       "after the first is also compared with the first (the base) seed by seed"),
-    out: Path = typer.Option(..., "--out", help="output folder for report.html, tables/, summary.md"),
+    out: Path = typer.Option(..., "--out", help="output folder for report.html, tables/, summary.md (refused when "
+                             "it is a file, a run directory or inside a run's own files; the runs are only read)"),
     auditor: str | None = typer.Option(None, "--auditor", help=HEADLINE_HELP),
     min_coverage: float = typer.Option(0.9, "--min-coverage",
                                        help="flag trials whose valid labels cover less than this share of rounds"),
