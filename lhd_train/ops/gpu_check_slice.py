@@ -172,7 +172,7 @@ def check_lens_slice(ctx: Ctx) -> Outcome:
     from lens.model import load_hf
     from lens.plan import ModelShape, plan_fit
 
-    tokens, dim_batch = (64, 8) if ctx.small else (128, 64)
+    tokens, dim_batch = (32, 32) if ctx.small else (128, 64)
     device_type = "cuda" if ctx.cuda else "cpu"
     shape = ModelShape.parse(json.loads((model / "config.json").read_text()), str(model / "config.json"))
     lm, _ = load_hf(str(model), dtype=ctx.dtype, device=ctx.device, attn_implementation="sdpa")
