@@ -230,16 +230,16 @@ def train_tokenizer(corpus: list[str], vocab_size: int = 2048, chat_style: ChatS
 
 
 def _config(arch: str, vocab_size: int, hidden_size: int, num_layers: int, max_pos: int, tok,
-            tie_word_embeddings: bool = True) -> Any:
+            tie_word_embeddings: bool = True, heads: int = 4, kv_heads: int = 2,
+            intermediate_size: int | None = None) -> Any:
     from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
-    heads, kv_heads = 4, 2
     if hidden_size % heads:
         raise ValueError(f"hidden_size {hidden_size} must be divisible by {heads} heads")
     common = dict(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
+        intermediate_size=intermediate_size or 2 * hidden_size,
         num_hidden_layers=num_layers,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
@@ -270,6 +270,9 @@ def build_tiny_model(
     corpus: list[str] | None = None,
     chat_style: ChatStyle = "chatml",
     tie_word_embeddings: bool = True,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    intermediate_size: int | None = None,
 ) -> Path:
     """Write a random-weight `arch` model + trained tokenizer into `out_dir`; return the path.
 
@@ -285,7 +288,8 @@ def build_tiny_model(
     out.mkdir(parents=True, exist_ok=True)
     texts = builtin_corpus() if corpus is None else list(corpus)
     tok = train_tokenizer(texts, vocab_size=vocab_size, chat_style=chat_style)
-    cfg = _config(arch, vocab_size, hidden_size, num_layers, max_position_embeddings, tok, tie_word_embeddings)
+    cfg = _config(arch, vocab_size, hidden_size, num_layers, max_position_embeddings, tok, tie_word_embeddings,
+                  num_attention_heads, num_key_value_heads, intermediate_size)
     if len(tok) > cfg.vocab_size:
         raise ValueError(f"tokenizer has {len(tok)} tokens, more than vocab_size={vocab_size}")
 
@@ -314,8 +318,8 @@ def build_tiny_model(
         "seed": seed,
         "hidden_size": hidden_size,
         "num_layers": num_layers,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
+        "num_attention_heads": num_attention_heads,
+        "num_key_value_heads": num_key_value_heads,
         "vocab_size": vocab_size,
         "tokenizer_size": len(tok),
         "max_position_embeddings": max_position_embeddings,
