@@ -288,7 +288,7 @@ def eval_(
                          chat=bool(lz.meta.get("chat", False)), force_bos=bool(lz.meta.get("force_bos", True)),
                          n_boot=bootstrap, seed=seed, progress=progress)
         result = evaluate(m, tok, lz, chosen, cfg, halves=halves)
-        result.update(model=model, lens=str(lens), lens_sha256=lz.meta.get("sha256"), lens_n_prompts=lz.n_prompts,
+        result.update(model_id=model, lens=str(lens), lens_sha256=lz.meta.get("sha256"), lens_n_prompts=lz.n_prompts,
                       halves=None if halves is None else [str(half_a), str(half_b)],
                       corpus=str(corpus), fit_texts_excluded=excluded)
         files = write_fidelity(out, result, title=f"{model}: lens fidelity ({lz.n_prompts}-prompt lens)")

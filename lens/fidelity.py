@@ -10,6 +10,9 @@ Per held-out text (token ids `[T]`, positions `P = [skip_first, T)`), per layer 
 with `q^logit = softmax(W_U norm(h_l))` and `q^jacobian = softmax(W_U norm(J_l h_l))`. Means are
 pooled over all positions of all texts; the difference jacobian − logit gets a 95 % percentile
 interval from a bootstrap over texts (a text is the unit: its positions are not independent).
+Two diagnostics say why a readout is far from the model: its mean entropy (an over-confident
+readout has a high KL), and how often its top token is the *input* token at `t` rather than a
+prediction of the next one.
 
 Split halves (two lenses A, B fitted on disjoint prompts, e.g. `lhd lens fit --shard 0/2` and
 `1/2`): per layer `‖J_A − J_B‖_F / ‖(J_A + J_B)/2‖_F`, the Pearson correlation of their entries
@@ -96,23 +99,22 @@ def _matrix_agreement(A: torch.Tensor, B: torch.Tensor) -> dict[str, float]:
 
 
 class _Sums:
-    """Per text, in order: sums of KL and of top-1 hits keyed by (readout, layer), and position counts.
+    """Per text, in order: sums of each metric keyed by (readout, layer), and position counts.
 
     Which (readout, layer) pairs exist does not depend on the text, so every list has one entry per text."""
 
+    METRICS = ("kl", "top1", "entropy", "current")
+
     def __init__(self):
-        self.kl: dict[tuple[str, int], list[float]] = {}
-        self.hit: dict[tuple[str, int], list[float]] = {}
+        self.sums: dict[str, dict[tuple[str, int], list[float]]] = {m: {} for m in self.METRICS}
         self.n: list[int] = []
 
-    def add(self, key: tuple[str, int], kl: torch.Tensor, hit: torch.Tensor) -> None:
-        self.kl.setdefault(key, []).append(float(kl.double().sum()))
-        self.hit.setdefault(key, []).append(float(hit.double().sum()))
+    def add(self, key: tuple[str, int], **values: torch.Tensor) -> None:
+        for metric, v in values.items():
+            self.sums[metric].setdefault(key, []).append(float(v.double().sum()))
 
-    def arrays(self, key: tuple[str, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        nan = [math.nan] * len(self.n)
-        return (np.asarray(self.kl.get(key, nan), dtype=float), np.asarray(self.hit.get(key, nan), dtype=float),
-                np.asarray(self.n, dtype=float))
+    def array(self, metric: str, key: tuple[str, int]) -> np.ndarray:
+        return np.asarray(self.sums[metric].get(key, [math.nan] * len(self.n)), dtype=float)
 
 
 def _mean(s: np.ndarray, n: np.ndarray) -> float | None:
@@ -160,6 +162,8 @@ def evaluate(
         with torch.no_grad():
             logp = _log_probs(model, acts[L - 1][0, cfg.skip_first:])
             p, top = logp.exp(), logp.argmax(-1)
+            current = ids[cfg.skip_first:].to(top.device)  # the input token at each position
+            sums.add(("model", L - 1), entropy=-(p * logp).sum(-1), current=top == current)
             for layer in range(L):
                 h = acts[layer][0, cfg.skip_first:]
                 tops = {}
@@ -167,8 +171,9 @@ def evaluate(
                     if name != "logit" and not ro.has_layer(layer):
                         continue
                     logq = _log_probs(model, ro.transport(layer, h) if name != "logit" else h)
-                    sums.add((name, layer), (p * (logp - logq)).sum(-1), logq.argmax(-1) == top)
                     tops[name] = logq.argmax(-1)
+                    sums.add((name, layer), kl=(p * (logp - logq)).sum(-1), top1=tops[name] == top,
+                             entropy=-(logq.exp() * logq).sum(-1), current=tops[name] == current)
                 if "half_a" in tops and "half_b" in tops:
                     agree.setdefault(layer, []).append(float((tops["half_a"] == tops["half_b"]).double().sum()))
     if not sums.n:
@@ -177,11 +182,15 @@ def evaluate(
     rng = np.random.default_rng(cfg.seed)
     weights = rng.multinomial(n_texts, np.full(n_texts, 1.0 / n_texts), size=cfg.n_boot).astype(float)
     rows = []
+    n = np.asarray(sums.n, dtype=float)
     for layer in range(L):
-        kl_l, hit_l, n = sums.arrays(("logit", layer))
-        kl_j, hit_j, _ = sums.arrays(("jacobian", layer))
+        kl_l, hit_l = sums.array("kl", ("logit", layer)), sums.array("top1", ("logit", layer))
+        kl_j, hit_j = sums.array("kl", ("jacobian", layer)), sums.array("top1", ("jacobian", layer))
         row: dict[str, Any] = {"layer": layer, "kl_logit": _mean(kl_l, n), "top1_logit": _mean(hit_l, n),
                                "kl_jacobian": _mean(kl_j, n), "top1_jacobian": _mean(hit_j, n)}
+        for name in ("logit", "jacobian"):  # diagnostics: how sharp the readout is; does it name the input token?
+            row[f"entropy_{name}"] = _mean(sums.array("entropy", (name, layer)), n)
+            row[f"current_token_{name}"] = _mean(sums.array("current", (name, layer)), n)
         if row["kl_jacobian"] is not None:
             row["kl_diff"] = row["kl_jacobian"] - row["kl_logit"]
             row["kl_diff_lo"], row["kl_diff_hi"] = _diff_ci(kl_j, kl_l, n, weights)
@@ -189,14 +198,17 @@ def evaluate(
             row["top1_diff_lo"], row["top1_diff_hi"] = _diff_ci(hit_j, hit_l, n, weights)
         if halves is not None and layer in agree:
             for name in ("half_a", "half_b"):
-                kl_h, hit_h, _ = sums.arrays((name, layer))
-                row[f"kl_{name}"], row[f"top1_{name}"] = _mean(kl_h, n), _mean(hit_h, n)
+                row[f"kl_{name}"] = _mean(sums.array("kl", (name, layer)), n)
+                row[f"top1_{name}"] = _mean(sums.array("top1", (name, layer)), n)
             row["halves_top1_agreement"] = _mean(np.asarray(agree[layer], dtype=float), n)
             if layer in halves[0].J:
                 row.update({f"halves_{k}": v for k, v in _matrix_agreement(halves[0].J[layer],
                                                                            halves[1].J[layer]).items()})
         rows.append(row)
-    return {"layers": rows, "n_texts": n_texts, "n_positions": int(sum(sums.n)), "skipped_texts": skipped,
+    model_row = {"entropy": _mean(sums.array("entropy", ("model", L - 1)), n),
+                 "current_token": _mean(sums.array("current", ("model", L - 1)), n)}
+    return {"layers": rows, "model": model_row, "n_texts": n_texts, "n_positions": int(sum(sums.n)),
+            "skipped_texts": skipped,
             "summary": summarise(rows, L), "settings": {**cfg.__dict__, "kl": "KL(p_model || q_lens), nats",
                                                          "positions": "[skip_first, T)", "band": list(BAND)}}
 

@@ -247,12 +247,16 @@ def fidelity_markdown(result: dict, *, title: str) -> str:
     """One row per layer: both lenses' KL and top-1, the Jacobian − logit difference with its CI, the halves."""
     rows = result["layers"]
     has_halves = any("halves_top1_agreement" in r for r in rows)
-    head = ["layer", "KL logit", "KL J", "ΔKL J−logit [95% CI]", "top-1 logit", "top-1 J", "Δtop-1 [95% CI]"]
+    head = ["layer", "KL logit", "KL J", "ΔKL J−logit [95% CI]", "top-1 logit", "top-1 J", "Δtop-1 [95% CI]",
+            "entropy logit / J", "top-1 = input token, logit / J"]
     if has_halves:
         head += ["KL J half A / B", "halves top-1 agree", "halves ‖A−B‖/‖mean‖", "halves corr (J−I)"]
     lines = [f"# {title}", "", f"{result['n_texts']} held-out texts, {result['n_positions']} positions; "
              "KL(p_model ‖ q_lens) in nats, top-1 = share of positions where the lens's top token is the "
-             "model's own; CIs: bootstrap over texts.", "", "| " + " | ".join(head) + " |",
+             "model's own; CIs: bootstrap over texts. The model's own entropy: "
+             f"{_f((result.get('model') or {}).get('entropy'))} nats; its top-1 is the input token at "
+             f"{_f((result.get('model') or {}).get('current_token'))} of positions.", "",
+             "| " + " | ".join(head) + " |",
              "|" + "---|" * len(head)]
     for r in rows:
         cells = [str(r["layer"]), _f(r["kl_logit"]), _f(r["kl_jacobian"])]
@@ -266,6 +270,8 @@ def fidelity_markdown(result: dict, *, title: str) -> str:
                          f"{_f(r['top1_diff_hi'], '+.3f')}]")
         else:
             cells.append("–")
+        cells += [f"{_f(r.get('entropy_logit'), '.2f')} / {_f(r.get('entropy_jacobian'), '.2f')}",
+                  f"{_f(r.get('current_token_logit'))} / {_f(r.get('current_token_jacobian'))}"]
         if has_halves:
             cells += [f"{_f(r.get('kl_half_a'))} / {_f(r.get('kl_half_b'))}", _f(r.get("halves_top1_agreement")),
                       _f(r.get("halves_rel_frob")), _f(r.get("halves_corr_minus_identity"))]

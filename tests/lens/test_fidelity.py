@@ -46,11 +46,13 @@ def _hand(model, tok, texts, J: dict[int, torch.Tensor], skip: int = SKIP, maxle
                         logq = torch.log_softmax((norm(x) @ W.T).float(), -1)
                     kl = torch.nn.functional.kl_div(logq, logp, log_target=True, reduction="none").sum(-1)
                     hit = (logq.argmax(-1) == logp.argmax(-1)).float()
-                    s = acc.setdefault((name, layer), [0.0, 0.0, 0])
-                    s[0] += float(kl.sum())
-                    s[1] += float(hit.sum())
-                    s[2] += len(kl)
-    return {k: (v[0] / v[2], v[1] / v[2]) for k, v in acc.items()}
+                    entropy = -(logq.exp() * logq).sum(-1)
+                    current = (logq.argmax(-1) == ids[skip:]).float()
+                    s = acc.setdefault((name, layer), [0.0, 0.0, 0.0, 0.0, 0])
+                    for i, v in enumerate((kl, hit, entropy, current)):
+                        s[i] += float(v.sum())
+                    s[4] += len(kl)
+    return {k: tuple(x / v[4] for x in v[:4]) for k, v in acc.items()}
 
 
 def test_eval_matches_hand_computation(tiny, fit_prompts):
@@ -63,13 +65,16 @@ def test_eval_matches_hand_computation(tiny, fit_prompts):
     for row in res["layers"]:
         layer = row["layer"]
         for name in ("logit", "jacobian"):
-            kl, top1 = hand[(name, layer)]
+            kl, top1, entropy, current = hand[(name, layer)]
             assert row[f"kl_{name}"] == pytest.approx(kl, rel=1e-4, abs=1e-6), (name, layer)
             assert row[f"top1_{name}"] == pytest.approx(top1, abs=1e-9), (name, layer)
+            assert row[f"entropy_{name}"] == pytest.approx(entropy, rel=1e-4, abs=1e-6), (name, layer)
+            assert row[f"current_token_{name}"] == pytest.approx(current, abs=1e-9), (name, layer)
         assert row["kl_diff"] == pytest.approx(row["kl_jacobian"] - row["kl_logit"])
         assert row["kl_diff_lo"] <= row["kl_diff_hi"]
     last = res["layers"][L - 1]
     assert last["kl_logit"] == pytest.approx(0.0, abs=1e-6) and last["top1_logit"] == 1.0
+    assert res["model"]["entropy"] == pytest.approx(hand[("logit", L - 1)][2], rel=1e-4)
     # the fitted lens is not the identity: on the first block the two readouts differ
     assert abs(res["layers"][0]["kl_jacobian"] - res["layers"][0]["kl_logit"]) > 1e-4
 
@@ -187,8 +192,10 @@ def test_smollm2_eval_matches_recomputation(smollm2_dir, tmp_path):
             if name == "jacobian" and layer < 25:
                 assert row["kl_jacobian"] is None  # not fitted
                 continue
-            kl, top1 = hand[(name, layer)]
+            kl, top1, entropy, current = hand[(name, layer)]
             assert row[f"kl_{name}"] == pytest.approx(kl, rel=2e-3, abs=1e-4), (name, layer)
+            assert row[f"entropy_{name}"] == pytest.approx(entropy, rel=2e-3, abs=1e-4), (name, layer)
+            assert row[f"current_token_{name}"] == pytest.approx(current, abs=1.5 / res["n_positions"])
             assert row[f"top1_{name}"] == pytest.approx(top1, abs=1.5 / res["n_positions"]), (name, layer)
     assert res["layers"][-1]["kl_logit"] == pytest.approx(0.0, abs=1e-4)
     assert res["layers"][0]["kl_logit"] > 1.0  # the first block is far from the output (a real model)
