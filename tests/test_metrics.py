@@ -180,6 +180,18 @@ def test_label_coverage_is_reported_and_low_coverage_trials_flagged(tmp_path):
     assert any("coverage" in n and "s1" in n for n in run.notes)
 
 
+def test_a_trial_with_no_valid_label_is_counted_below_coverage_and_shown_beside_the_trials(tmp_path):
+    """A trial whose every label failed has no rate: it is not in the N of the mean, but it is one
+    of the trials below the coverage floor, and the runs table shows it (`1 (+1 with no label)`)."""
+    from lhd_train.report.render import trials_cell
+
+    pt = per_trial_table(load_run(two_trial_run(tmp_path)), min_coverage=0.9)
+    none = pt.iloc[[0]].assign(trial_id="s3", deception_rate=float("nan"), label_coverage=0.0, low_coverage=True)
+    s = summary_table(pd.concat([pt, none], ignore_index=True)).iloc[0]
+    assert (s["n_trials"], s["n_trials_no_label"], s["n_low_coverage_trials"]) == (2, 1, 2)
+    assert trials_cell(s) == "2 (+1 with no label)" and trials_cell({"n_trials": 2}) == "2"
+
+
 def test_repaired_labels_are_counted(tmp_path):
     path = two_trial_run(tmp_path)
     with open(path / "audit" / "full" / "s2.jsonl", "a") as f:

@@ -215,7 +215,9 @@ def summary_table(per_trial: pd.DataFrame, by: str | list[str] = "run",
         rec["min_label_coverage"] = float(cov.min()) if cov.notna().any() else float("nan")
         rec["mean_label_coverage"] = float(cov.mean()) if cov.notna().any() else float("nan")
         low = g["low_coverage"].fillna(True).astype(bool) if "low_coverage" in g else pd.Series(False, index=g.index)
-        rec["n_low_coverage_trials"] = int((low & g["deception_rate"].notna()).sum())
+        # every trial below the coverage floor, one with no valid label at all (no rate) included
+        rec["n_low_coverage_trials"] = int(low.sum())
+        rec["n_trials_no_label"] = int(g["deception_rate"].isna().sum())
         covered = g[~low]
         rec["n_trials_covered"] = int(covered["deception_rate"].notna().sum())
         for m in metrics:

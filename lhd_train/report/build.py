@@ -22,7 +22,7 @@ from lhd_train.metrics.horizon import chains_summary, chains_table, delayed_tabl
 from lhd_train.metrics.load import COVERAGE_MIN, RunData, load_runs
 from lhd_train.metrics.paired import MIN_PAIRS, PairedComparison, compare_to_base
 from lhd_train.report import plots
-from lhd_train.report.render import ci, fmt, pm, render_page, signed
+from lhd_train.report.render import ci, fmt, pm, render_page, signed, trials_cell
 from lhd_train.report.tables import (
     breakdown_table_ctx,
     chains_table_ctx,
@@ -86,7 +86,7 @@ def summary_md(runs: list[RunData], m: RunMetrics, horizon: pd.DataFrame, min_co
     for run in runs:
         s = by.get(run.key, {})
         sev_deceptive = pm(s.get('severity_average_deception_only_mean'), s.get('severity_average_deception_only_se'))
-        lines.append(f"| {run.key} | {run.model_label} | {run.auditor_id or 'none'} | {fmt(s.get('n_trials', 0))} | "
+        lines.append(f"| {run.key} | {run.model_label} | {run.auditor_id or 'none'} | {trials_cell(s)} | "
                      f"{fmt(s.get('min_label_coverage'))} | {fmt(s.get('n_low_coverage_trials', 0))} | "
                      f"{pm(s.get('deception_rate_mean'), s.get('deception_rate_se'))} | "
                      f"{ci(s.get('deception_rate_ci_low'), s.get('deception_rate_ci_high'))} | "

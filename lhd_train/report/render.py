@@ -83,3 +83,10 @@ def ci(lo: Any, hi: Any, digits: int = 3) -> str:
 
 def signed(x: Any, digits: int = 2) -> str:
     return "–" if isnan(x) else f"{float(x):+.{digits}f}"
+
+
+def trials_cell(summary: dict) -> str:
+    """The trials a run's rates are over, and beside them the trials with no valid label at all
+    (no rate), so a 2-trial run never reads as a 1-trial one."""
+    n, none = int(summary.get("n_trials", 0) or 0), int(summary.get("n_trials_no_label", 0) or 0)
+    return f"{n} (+{none} with no label)" if none else str(n)

@@ -11,7 +11,7 @@ import pandas as pd
 from lhd_train.config.vocab import TYPES
 from lhd_train.metrics.core import RunMetrics
 from lhd_train.metrics.load import COVERAGE_MIN, RunData
-from lhd_train.report.render import ci, fmt, pm, signed
+from lhd_train.report.render import ci, fmt, pm, signed, trials_cell
 
 
 def _t(columns: Sequence[str], rows: list[list[Any]], numeric: Sequence[bool] | None = None) -> dict[str, Any]:
@@ -41,7 +41,7 @@ def runs_table_ctx(runs: list[RunData], m: RunMetrics, min_coverage: float = COV
         a = run.auditor
         rows.append([run.key, run.model_label,
                      f"{a.auditor_id} ({a.mode})" if a else "none",
-                     fmt(s.get("n_trials", 0)), fmt(s.get("n_rounds", 0)), fmt(s.get("n_flagged", 0)),
+                     trials_cell(s), fmt(s.get("n_rounds", 0)), fmt(s.get("n_flagged", 0)),
                      fmt(s.get("n_unspecified", 0)),
                      f"{fmt(s.get('n_failed_labels', 0))} ({fmt(s.get('n_cut_labels', 0))})",
                      fmt(s.get("n_repaired_labels", 0)),
