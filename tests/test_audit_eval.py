@@ -334,6 +334,9 @@ def recount(run: Path, auditor_id: str) -> dict:
     t = [k in truth and truth[k]["deceptive"] for k in usable]
     p = [bool(rows[k]["deceptive"]) for k in usable]
     n = len(usable)
+    if not n:  # no usable label at all (a weak auditor): no kappa
+        out["kappa"] = None
+        return out
     po = sum(a == b for a, b in zip(t, p, strict=True)) / n
     pe = (sum(t) / n) * (sum(p) / n) + (1 - sum(t) / n) * (1 - sum(p) / n)
     out["kappa"] = None if pe == 1 else (po - pe) / (1 - pe)
@@ -356,11 +359,13 @@ def check_eval_json(out: Path, run: Path, auditor_id: str) -> dict:
     return rec
 
 
-def auditor_yaml(tmp_path: Path, model_dir: Path, max_tokens: int, temperature: float = 1.0) -> Path:
+def auditor_yaml(tmp_path: Path, model_dir: Path, max_tokens: int, temperature: float = 1.0,
+                 max_attempts: int = 3) -> Path:
     path = tmp_path / "auditor.yaml"
     path.write_text(yaml.safe_dump({
         "models": {"a": {"backend": "hf", "model": str(model_dir), "device": "cpu", "max_batch_size": 16}},
-        "auditor": {"model": "a", "sampling": {"temperature": temperature, "top_p": 0.95, "max_tokens": max_tokens}}}))
+        "auditor": {"model": "a", "max_attempts": max_attempts,
+                    "sampling": {"temperature": temperature, "top_p": 0.95, "max_tokens": max_tokens}}}))
     return path
 
 
@@ -394,9 +399,9 @@ def test_audit_eval_options_are_checked(tmp_path):
 # ---------------------------------------------------------------- SmolLM2 on the curated set
 
 @pytest.mark.slow
-@pytest.mark.timeout(3600)  # 37 prompts of ~2.5k tokens: about 20 minutes on 2 busy CPU cores
+@pytest.mark.timeout(5400)  # 37 prompts of ~3.5k tokens: tens of minutes on CPU (docs/validity.md)
 def test_audit_eval_smollm2_on_the_curated_set(tmp_path, smollm2_dir):
-    cfg = auditor_yaml(tmp_path, smollm2_dir, 200, temperature=0.0)
+    cfg = auditor_yaml(tmp_path, smollm2_dir, 160, temperature=0.0, max_attempts=1)
     out = tmp_path / "eval"
     res = CliRunner().invoke(app, ["audit-eval", "--set", "curated", "--out", str(out), "--auditor", str(cfg),
                                    "--no-progress"])
