@@ -76,9 +76,37 @@ def _set_threads(n: int | None) -> None:
     if n is not None:
         import torch
 
-        if n < 1:
-            raise LensError(f"--threads must be >= 1, got {n}")
         torch.set_num_threads(n)
+
+
+#: the largest sensible value of each bounded option (a typo such as --bootstrap 10000000000 would
+#: otherwise run for days or allocate past memory before saying anything)
+_MAX = {"--threads": 4096, "--max-length": 1 << 20, "--bootstrap": 1_000_000, "--dim-batch": 1 << 20,
+        "--probe-folds": 1000, "--seed": 2**32 - 1}
+
+
+def _bounded(**options: tuple[int | float | None, int | float]) -> None:
+    """Refuse an option below its minimum (or past `_MAX`) in one line, before any model loads.
+    `options`: python name -> (value, minimum); None values (option not given) pass."""
+    for name, (value, low) in options.items():
+        if value is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        high = _MAX.get(flag)
+        if isinstance(value, float) and value != value:
+            raise LensError(f"{flag} is not a number (got nan)")
+        if value < low or (high is not None and value > high):
+            allowed = f">= {low}" if high is None else f"{low} ... {high}"
+            raise LensError(f"{flag} must be {allowed}, got {value}")
+
+
+def _check_out(out: Path | None, flag: str = "--out") -> None:
+    """`--out` may not be a file, a run directory or inside a run's own files (lhd's rule,
+    lhd_train.rundir.outputs), checked before any model loads."""
+    from lhd_train.rundir.outputs import check_out_dir
+
+    if out is not None:
+        check_out_dir(out, flag=flag, what="lens output")
 
 
 @app.command()
@@ -139,6 +167,15 @@ def fit(
     from lhd_train.ops.shard import parse_shard, shard_bounds
     from rollouts.model_files import weights_fingerprint
 
+    _bounded(n_prompts=(n_prompts, 1), min_chars=(min_chars, 0), chunk_chars=(chunk_chars, 0),
+             max_length=(max_length, 1), skip_first=(skip_first, 0), dim_batch=(dim_batch, 1),
+             checkpoint_every=(checkpoint_every, 0), checkpoint_minutes=(checkpoint_minutes, 0.0),
+             memory_gib=(memory_gib, 1e-3), tflops=(tflops, 1e-3), stop_at_delta=(stop_at_delta, 0.0),
+             min_prompts=(min_prompts, 0), threads=(threads, 1))
+    if skip_first >= max_length:
+        raise LensError(f"--skip-first {skip_first} leaves no position of a {max_length}-token prompt "
+                        "(it must be below --max-length)")
+    _check_out(out)
     dev = pick_device(device)
     dtype = resolve_dtype(dtype, dev)
     attn = resolve_attn(attn, method)
@@ -222,6 +259,7 @@ def merge(
     """n_prompts-weighted mean of lenses fitted on disjoint prompt slices."""
     from lens.store import load_lens, merge_lenses, save_lens
 
+    _check_out(out, flag="OUT")
     resolved = [p.resolve() for p in shards]
     twice = sorted({str(p) for p in shards if resolved.count(p.resolve()) > 1})
     if twice:
@@ -269,6 +307,10 @@ def eval_(
     from lens.report import write_fidelity
     from lens.store import load_lens
 
+    _bounded(held_out=(held_out, 0), min_chars=(min_chars, 0), chunk_chars=(chunk_chars, 0),
+             max_length=(max_length, 1), skip_first=(skip_first, 0), bootstrap=(bootstrap, 0), seed=(seed, 0),
+             threads=(threads, 1))
+    _check_out(out)
     _set_threads(threads)
     if (half_a is None) != (half_b is None):
         raise LensError("give both --half-a and --half-b (two lenses fitted on disjoint halves), or neither")
@@ -315,6 +357,10 @@ def probe_build(
     """Build SUPPORTED / REFUTED / NOT_ENTITLED claims from a pack's own files."""
     from lens.probes import build_probe_set, load_pack_any, write_probes
 
+    _bounded(max_facts_per_task=(max_facts_per_task, 1), seed=(seed, 0))
+    if out.is_dir():
+        raise LensError(f"--out {out} is a folder; the probe set is one JSONL file")
+    _check_out(out.parent)  # never among a run's own files
     p, name = load_pack_any(pack)
     rows = build_probe_set(p, pack_name=name, max_facts_per_task=max_facts_per_task, seed=seed, deleted_variant=deleted)
     counts = write_probes(rows, out)
@@ -386,11 +432,21 @@ def read(
     from lens.read import ReadConfig, read_probe_set, read_run
     from lens.store import load_lens
 
-    _set_threads(threads)
-    attn = resolve_attn(attn, "replicate")
+    _bounded(max_length=(max_length, 1), answer_tokens=(answer_tokens, 1), bootstrap=(bootstrap, 0),
+             probe_folds=(probe_folds, 2), limit=(limit, 1), seed=(seed, 0), threads=(threads, 1))
     if (probes is None) == (run is None):
         raise LensError("give exactly one of --probes FILE or --run RUN")
-    with _out_lock(run, out, stage="lhd lens read"):  # the run read whole, and --out, with no writer in between
+    _check_out(out)
+    _set_threads(threads)
+    attn = resolve_attn(attn, "replicate")
+    # Only --out is locked: the run is read, never written (a read-only run, or one in progress,
+    # is read up to its last whole line like `lhd report` does).
+    rows = None
+    if probes is not None:  # read and checked before the model loads
+        from lens.probes import read_probes
+
+        rows = read_probes(probes)[:limit]
+    with _out_lock(out, stage="lhd lens read"):
         m, tok = load_hf(model, dtype=dtype, device=device, revision=revision, attn_implementation=attn)
         lz = load_lens(lens, model=m, target_layer=target_layer) if lens is not None else None
         if lz is not None and lz.meta.get("model_id") not in (None, model):
@@ -401,11 +457,6 @@ def read(
         cfg = ReadConfig(max_length=max_length, answer_tokens=answer_tokens, n_boot=bootstrap, seed=seed, probe=probe,
                          probe_folds=probe_folds, progress=progress)
         if probes is not None:
-            from lens.probes import read_probes
-
-            rows = read_probes(probes)
-            if limit:
-                rows = rows[:limit]
             summary = read_probe_set(m, tok, lz, rows, ts, out, cfg)
         else:
             p = None

@@ -37,21 +37,41 @@ def _detect(path: Path) -> str:
     return "text"
 
 
+def read_text_lines(path: Path, what: str) -> list[str]:
+    """The lines of a UTF-8 text file (ends kept). A file that is not UTF-8 text (binary, another
+    encoding) is refused naming its first bad line, instead of a decoder traceback."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise LensError(f"{what} {path}: cannot read ({exc.strerror})") from None
+    lines = data.splitlines(keepends=True)
+    for lineno, raw in enumerate(lines, 1):
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise LensError(f"{path}:{lineno}: not UTF-8 text (a binary file?); the {what} must be "
+                            "UTF-8 text") from None
+    if b"\0" in data:
+        lineno = data[: data.index(b"\0")].count(b"\n") + 1
+        raise LensError(f"{path}:{lineno}: holds a NUL byte (a binary file?); the {what} must be UTF-8 text")
+    return [raw.decode("utf-8") for raw in lines]
+
+
 def _read_jsonl(path: Path, field: str) -> list[str]:
     texts: list[str] = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            if not line.endswith("\n"):
-                break  # a torn final line (docs/formats.md)
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise LensError(f"{path}:{lineno}: not JSON ({exc})") from exc
-            if not isinstance(row, dict) or not isinstance(row.get(field), str):
-                raise LensError(f"{path}:{lineno}: field '{field}' missing or not a string")
-            texts.append(row[field])
+    for lineno, line in enumerate(read_text_lines(path, "corpus"), 1):
+        if not line.strip():
+            continue
+        if not line.endswith("\n"):
+            break  # a torn final line (docs/formats.md)
+        try:
+            row = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise LensError(f"{path}:{lineno}: not a JSON line ({str(exc)[:120]})") from None
+        if not isinstance(row, dict) or not isinstance(row.get(field), str):
+            raise LensError(f"{path}:{lineno}: field '{field}' missing or not a string (each line is a JSON "
+                            f"object with a text field '{field}'; see --text-field)")
+        texts.append(row[field])
     return texts
 
 
@@ -98,7 +118,7 @@ def load_corpus(spec: CorpusSpec) -> tuple[list[str], dict[str, Any]]:
     fmt = _detect(path) if spec.format == "auto" else spec.format
     fingerprint = ""
     if fmt == "text":
-        texts = _paragraphs(path.read_text(encoding="utf-8"))
+        texts = _paragraphs("".join(read_text_lines(path, "corpus")))
         fingerprint = sha256_file(path)
     elif fmt == "jsonl":
         texts = _read_jsonl(path, spec.text_field)

@@ -41,6 +41,7 @@ from lens.errors import LensError
 from lens.model import LensModel, capture, normalise_layer, run
 from lens.positions import valid_position_mask
 from lens.store import Lens
+from lhd_train.rundir.csv_cells import safe_cell
 from lhd_train.rundir.files import atomic_write, atomic_write_text
 from rollouts.model_files import changed_parts
 
@@ -466,7 +467,7 @@ def write_fit_outputs(result: FitResult, out_dir: str | Path) -> None:
     w = csv.DictWriter(buf, fieldnames=cols)
     w.writeheader()
     for row in result.history:
-        w.writerow({c: row.get(c) for c in cols})
+        w.writerow({c: safe_cell(row.get(c)) for c in cols})  # numbers stay numbers; no text cell is a formula
     atomic_write_text(out / CONVERGENCE, buf.getvalue())
 
 

@@ -341,22 +341,55 @@ def write_probes(rows: Iterable[dict], path: str | Path) -> Counter:
     return Counter(r["label"] for r in rows)
 
 
+def _row_problem(row: Any) -> str | None:
+    """What makes a probe row unreadable by `render_probe` and the reader, or None when it is whole."""
+    if not isinstance(row, dict):
+        return f"a JSON {type(row).__name__}, not an object"
+    if row.get("schema") != SCHEMA:
+        return f"schema {row.get('schema')!r}, expected {SCHEMA!r}"
+    if row.get("label") not in LABELS:
+        return f"label {row.get('label')!r} (allowed: {', '.join(LABELS)})"
+    for field in ("id", "record_id", "claim"):
+        if not isinstance(row.get(field), str):
+            return f"field '{field}' missing or not a string"
+    files = row.get("files")
+    if not isinstance(files, list) or not files or not all(_is_file_entry(f) for f in files):
+        return "field 'files' missing or not a list of {name, content} strings"
+    ev = row.get("evidence")
+    if ev is not None and not (isinstance(ev, dict) and isinstance(ev.get("file"), str)
+                               and all(_is_offset(ev.get(k)) for k in ("start", "end"))):
+        return "field 'evidence' is not null or {file, start, end} (start/end: integers >= 0 or null)"
+    return None
+
+
+def _is_file_entry(f: Any) -> bool:
+    return isinstance(f, dict) and isinstance(f.get("name"), str) and isinstance(f.get("content"), str)
+
+
+def _is_offset(v: Any) -> bool:
+    return v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+
+
 def read_probes(path: str | Path) -> list[dict]:
+    """A probe set written by `write_probes`; any line that is not a whole probe row is refused
+    naming the file, the line and what is wrong (a garbage file never reaches the model)."""
+    from lens.corpus import read_text_lines
+
     p = Path(path)
     if not p.is_file():
         raise LensError(f"probe file {p} does not exist")
     rows = []
-    for lineno, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+    for lineno, line in enumerate(read_text_lines(p, "probe file"), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise LensError(f"{p}:{lineno}: not JSON ({exc})") from exc
-        if row.get("schema") != SCHEMA:
-            raise LensError(f"{p}:{lineno}: schema {row.get('schema')!r}, expected {SCHEMA!r}")
-        if row.get("label") not in LABELS:
-            raise LensError(f"{p}:{lineno}: label {row.get('label')!r}", )
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise LensError(f"{p}:{lineno}: not a JSON line ({str(exc)[:120]}); expected a probe row of "
+                            "`lhd lens probe build`") from None
+        problem = _row_problem(row)
+        if problem:
+            raise LensError(f"{p}:{lineno}: {problem}")
         rows.append(row)
     if not rows:
         raise LensError(f"probe file {p} is empty")

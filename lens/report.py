@@ -18,7 +18,8 @@ import pandas as pd
 
 from lens.positions import POSITION_CLASSES
 from lens.stats import bootstrap_auroc, emergence_layer
-from lhd_train.rundir.files import atomic_write_text
+from lhd_train.rundir.csv_cells import write_csv
+from lhd_train.rundir.files import atomic_write, atomic_write_text
 
 READOUT_ORDER = ["jacobian", "logit", "probe", "stated"]
 
@@ -189,8 +190,7 @@ def heatmap(table: pd.DataFrame, metric: str, path: Path, *, title: str) -> Path
     axes[0][0].set_ylabel("layer")
     fig.suptitle(f"{title}\nAUROC, {metric}", fontsize=9)
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130, bbox_inches="tight")
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=130, bbox_inches="tight"))
     plt.close(fig)
     return path
 
@@ -215,13 +215,13 @@ def write_outputs(out_dir: Path, margins_df: pd.DataFrame, examples_df: pd.DataF
     files = {}
     m = margins_df.copy()
     m["label"] = m["label"].astype(str)
-    m.to_parquet(out / "margins.parquet", index=False)
+    atomic_write(out / "margins.parquet", lambda tmp: m.to_parquet(tmp, index=False))
     e = examples_df.copy()
     e["label"] = e["label"].astype(str)
-    e.to_parquet(out / "examples.parquet", index=False)
+    atomic_write(out / "examples.parquet", lambda tmp: e.to_parquet(tmp, index=False))
     files.update(margins=str(out / "margins.parquet"), examples=str(out / "examples.parquet"))
-    table.to_csv(out / "auroc.csv", index=False)
-    emerg.to_csv(out / "emergence.csv", index=False)
+    write_csv(table, out / "auroc.csv")  # text cells never start a formula (rundir/csv_cells)
+    write_csv(emerg, out / "emergence.csv")
     atomic_write_text(out / "auroc.md", markdown(table, emerg, title=title, notes=notes))
     files.update(auroc_csv=str(out / "auroc.csv"), auroc_md=str(out / "auroc.md"), emergence=str(out / "emergence.csv"))
     if primary_metric:
@@ -306,8 +306,7 @@ def fidelity_plot(result: dict, path: Path, *, title: str) -> Path:
     axes[1].set_ylim(-0.02, 1.02)
     axes[1].legend(fontsize=8)
     fig.suptitle(title, fontsize=9)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130, bbox_inches="tight")
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=130, bbox_inches="tight"))
     plt.close(fig)
     return path
 
