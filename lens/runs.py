@@ -222,8 +222,9 @@ def load_run_examples(
     """Examples for every round of every trial, labelled `True/False` (flagged) or None (not audited).
 
     `pack` overrides the task texts the run used (see `run_task_texts`)."""
+    from lhd_train.errors import LhdError
     from lhd_train.rundir.layout import RunDir, TrialFiles
-    from lhd_train.rundir.store import read_trial_rows
+    from lhd_train.rundir.store import read_finished_trial
 
     run = Path(run_dir)
     rd = RunDir(run)
@@ -242,7 +243,10 @@ def load_run_examples(
     n_rows = 0
     for path in rd.rows_files():
         store = load_messages(TrialFiles.from_rows(path).messages)
-        rows = read_trial_rows(path)  # the rows `lhd report` reads: checked, no round twice
+        try:  # the rows `lhd report` reads: checked, no round twice, held against the `.done` marker
+            rows, _finished = read_finished_trial(path)
+        except LhdError as exc:
+            raise LensError(str(exc)) from exc
         n_rows += len(rows)
         round1 = {int(r["task_index"]): r for r in rows if int(r.get("round", 0)) == 1}
         for row in rows:

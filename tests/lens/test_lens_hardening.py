@@ -222,3 +222,19 @@ def test_lens_tables_hold_no_formula_cell(tmp_path):
     assert back["position_class"] == "'@decision" and back["best_auroc"] == -0.5  # numbers stay numbers
     assert json.loads(Path(files["summary"]).read_text())["n_examples"] == 1
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_run_examples_hold_trials_against_their_done_marker(tmp_path):
+    """A finished trial whose rows were cut is an error naming its marker (as in `lhd report`),
+    never a shorter trial read as whole."""
+    from lens.runs import load_run_examples
+
+    run = write_run(tmp_path, FLAGS)
+    rows = (run / "trials" / "s0.jsonl").read_text().splitlines(keepends=True)
+    (run / "trials" / "s0.done").write_text(json.dumps({"rounds": 4}))
+    (run / "trials" / "s0.jsonl").write_text("".join(rows[:2]))
+    with pytest.raises(LensError, match=r"s0\.done.*finished with 4 rounds.*has 2"):
+        load_run_examples(run)
+    (run / "trials" / "s0.done").unlink()  # an unfinished trial (a run in progress): what is there is read
+    _, info = load_run_examples(run)
+    assert info["n_rows"] == 2 + 4
