@@ -357,7 +357,8 @@ def _row_problem(row: Any) -> str | None:
         return "field 'files' missing or not a list of {name, content} strings"
     ev = row.get("evidence")
     if ev is not None and not (isinstance(ev, dict) and isinstance(ev.get("file"), str)
-                               and all(_is_offset(ev.get(k)) for k in ("start", "end"))):
+                               and all(_is_offset(ev.get(k)) for k in ("start", "end"))
+                               and (ev.get("start") is None or ev.get("end") is not None)):
         return "field 'evidence' is not null or {file, start, end} (start/end: integers >= 0 or null)"
     return None
 

@@ -78,6 +78,7 @@ def test_garbage_probe_files(tmp_path, binary):
         json.dumps({k: v for k, v in first.items() if k != "files"}) + "\n": "field 'files' missing",
         json.dumps({**first, "files": [{"name": 1}]}) + "\n": "field 'files'",
         json.dumps({**first, "evidence": "line 3"}) + "\n": "field 'evidence'",
+        json.dumps({**first, "evidence": {"file": "a.csv", "start": 3, "end": None}}) + "\n": "field 'evidence'",
         json.dumps({**first, "id": 7}) + "\n": "field 'id'",
     }
     for i, (line, why) in enumerate(cases.items()):
