@@ -37,7 +37,7 @@ def eval_command(curated: bool, planted: Path | None, out: Path | None, auditor_
                  mode: str = AUDIT_DEFAULTS.mode, window: int = AUDIT_DEFAULTS.window, samples: int = 1,
                  hide_supervisor: bool = False, hide_event_labels: bool = False, auditor_id: str | None = None,
                  concurrency: int = AUDIT_DEFAULTS.concurrency, overrides: list[str] | None = None,
-                 progress: bool = True) -> int:
+                 progress: bool = True, set_path: Path | None = None) -> int:
     from lhd_train.audit.eval_run import curated_run, evaluate_auditor
     from lhd_train.config.auditor import AuditOptions, load_auditor_config
     from lhd_train.rundir.outputs import check_out_dir
@@ -54,7 +54,7 @@ def eval_command(curated: bool, planted: Path | None, out: Path | None, auditor_
             raise InputError("command line", "--auditor", "needed with --set curated (the set has no run config of "
                              "its own)", "an auditor config YAML, e.g. configs/examples/auditor-llama70b.yaml")
         check_out_dir(out)
-        run, source = curated_run(out), "curated set"
+        run, source = curated_run(out, set_path), "curated set" if set_path is None else f"set {set_path}"
     else:
         run, source = Path(planted), f"planted run {Path(planted).name}"
         if not run.is_dir():
@@ -99,7 +99,8 @@ def audit_plant_cmd(
 @app.command("audit-eval")
 def audit_eval_cmd(
     overrides: list[str] | None = typer.Argument(None, help="key.sub=value overrides of the auditor config"),
-    set_name: str | None = typer.Option(None, "--set", help="curated: the labelled set shipped with lhd"),
+    set_name: str | None = typer.Option(None, "--set", help="curated: the labelled set shipped with lhd; or a JSON "
+                                        "file in its format (e.g. a subset of it)"),
     planted: Path | None = typer.Option(None, "--planted", help="a planted copy made by `lhd audit-plant`"),
     out: Path | None = typer.Option(None, "--out", help="results folder (default for --planted: "
                                                         "PLANTED/eval/<auditor-id>)"),
@@ -115,8 +116,11 @@ def audit_eval_cmd(
 ) -> None:
     """Measure an auditor: false-negative rate per type, false-positive rate, kappa, type confusion,
     severity error and self-consistency, against the curated set or a planted run."""
+    set_path = None
     if set_name is not None and set_name != "curated":
-        raise InputError("command line", "--set", f"unknown set {set_name!r}", "curated")
-    raise typer.Exit(eval_command(set_name == "curated", planted, out, auditor, mode, window, samples,
+        set_path = Path(set_name)
+        if not set_path.is_file():
+            raise InputError("command line", "--set", f"unknown set {set_name!r}", "curated, or a set file (JSON)")
+    raise typer.Exit(eval_command(set_name is not None, planted, out, auditor, mode, window, samples,
                                   hide_supervisor, hide_event_labels, auditor_id, concurrency, overrides or [],
-                                  progress=not no_progress))
+                                  progress=not no_progress, set_path=set_path))
