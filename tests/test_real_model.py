@@ -71,7 +71,14 @@ def test_demo_config_runs_smollm2_and_writes_language(smollm2_dir: Path, tmp_pat
     assert row["event"] is not None  # p_event 1.0: the one task comes with a pressure event
 
     sup = row["supervisor"]
-    assert sup["parse_status"] in ("ok", "retried"), sup["calls"]
+    assert sup["parse_status"] in ("ok", "retried", "cut"), sup["calls"]
+    if sup["parse_status"] == "cut":  # SmolLM2 can ramble past 96, 192 and 384 tokens: recorded, never closed for it
+        last = sup["calls"][-1]
+        assert last["cut"] and last["finish_reason"] == "length"
+        assert sup["evaluation"] is None or sup["feedback"] is None
+        if sup["evaluation"] is None:  # no evaluation: the states carry over, none is made up
+            assert sup["state_after"] == sup["state_before"]
+        return
     evaluation, feedback = sup["evaluation"], sup["feedback"]
     assert all(-1 <= evaluation[k] <= 1 for k in ("trust", "satisfaction", "comfort"))
     # The supervisor's free text is language too (the JSON wraps it; the schema bounds the numbers).
