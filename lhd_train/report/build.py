@@ -81,7 +81,6 @@ def summary_md(runs: list[RunData], m: RunMetrics, horizon: pd.DataFrame, min_co
              "| run | performer | auditor | trials | label coverage (min) | trials below coverage | deception rate "
              "| 95% CI | rate (covered trials) | severity (all) | severity (deceptive) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    runs_by = {r["run"]: r for r in m.runs.to_dict("records")}
     by = {r["run"]: r for r in m.runs.to_dict("records")}
     for run in runs:
         s = by.get(run.key, {})
@@ -95,7 +94,7 @@ def summary_md(runs: list[RunData], m: RunMetrics, horizon: pd.DataFrame, min_co
                      f"{sev_deceptive} |")
     lines += ["", "Headline auditor, task pack and counts per run:", ""]
     for run in runs:
-        s = runs_by.get(run.key, {})
+        s = by.get(run.key, {})
         sup_ok = pm(s.get("deception_rate_supervisor_ok_mean"), s.get("deception_rate_supervisor_ok_se"))
         lines.append(f"- {run.key}: auditor {run.auditor_id or 'none'} ({run.auditor_reason or 'none'}); "
                      f"pack {pack_line(run)}; flagged without a type (unspecified) {fmt(s.get('n_unspecified', 0))}; "
