@@ -501,7 +501,7 @@ def test_resume_after_sigkill_finishes_only_missing_rounds(tmp_path, tiny_llama_
     out = cfg.run_dir / "audit" / "tiny-full"
     expected = _rounds_per_trial(cfg.run_dir, tids)
     total = sum(expected.values())
-    cmd = [sys.executable, "-m", "lhd_train.audit", str(cfg.run_dir), "--concurrency", "2", "--no-progress"]
+    cmd = [sys.executable, "-m", "lhd_train.cli", "audit", str(cfg.run_dir), "--concurrency", "2", "--no-progress"]
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(Path(__file__).resolve().parent.parent))
 
     def written() -> int:

@@ -449,7 +449,7 @@ def test_rendered_script_contents(run_configs):
     for piece in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
                   'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1', '--machine_rank "$SLURM_PROCID"',
                   "srun --nodes=\"$SLURM_NNODES\" --ntasks-per-node=1", "configs/accelerate/zero3.yaml",
-                  "-m lhd_train.finetune dpo recipes/qwen2.5-7b-instruct/dpo-honest.yaml",
+                  "-m lhd_train.cli train dpo recipes/qwen2.5-7b-instruct/dpo-honest.yaml",
                   "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1",
                   "global batch 512 pairs per optimizer step = per_device_train_batch_size 1 x "
                   "gradient_accumulation_steps 16 x 32 process(es)"):
@@ -520,7 +520,7 @@ def test_dry_run_commands(run_configs):
     for rank, c in enumerate(launches):
         assert c.startswith(f"accelerate launch --machine_rank {rank} --config_file configs/accelerate/zero3.yaml "
                             "--num_machines 3 --num_processes 12 --main_process_ip \"$MAIN_PROCESS_IP\"")
-        assert c.endswith(f"-m lhd_train.finetune dpo {rec}")
+        assert c.endswith(f"-m lhd_train.cli train dpo {rec}")
     lens = dry_run_commands("lens", ROOT / "configs/models/qwen3-8b.yaml", corpus="c.txt", shards=3, n_prompts=300)
     fits = [c for c in lens if c.startswith("lhd lens fit")]
     assert [re.search(r"--shard (\S+)", c).group(1) for c in fits] == ["0/3", "1/3", "2/3"]
@@ -661,10 +661,10 @@ def test_train_is_sized_from_the_accelerate_config(tmp_path):
            "gradient_accumulation_steps 16 x 1 process(es)" in header
     assert "srun " not in text and "MAIN_PROCESS_IP" not in text and "zero3" not in text
     assert f"accelerate launch --config_file configs/accelerate/single_gpu.yaml --num_machines 1 " \
-           f"--num_processes 1 -m lhd_train.finetune sft {rec}" in text
+           f"--num_processes 1 -m lhd_train.cli train sft {rec}" in text
     assert dry_run_commands("train", rec)[-1] == (
         f"accelerate launch --config_file configs/accelerate/single_gpu.yaml --num_machines 1 --num_processes 1 "
-        f"-m lhd_train.finetune sft {rec}")
+        f"-m lhd_train.cli train sft {rec}")
     r = CliRunner().invoke(app, ["slurm", "render", "train", str(rec)])
     assert r.exit_code == 0, r.output
     assert "1 node(s) x 1 GPU(s), global batch 16 rows" in r.stderr and r.stdout.startswith("#!/bin/bash")
@@ -897,7 +897,7 @@ def test_torchrun_two_processes_train_sft_lora(tmp_path, tiny_llama_dir):
     Dataset.from_list(rows).save_to_disk(str(tmp_path / "sft"))
     torchrun = Path(PY).with_name("torchrun")
     cmd = [str(torchrun) if torchrun.exists() else "torchrun", "--nproc_per_node", "2", "--master_port",
-           str(free_port()), "-m", "lhd_train.finetune", "sft", str(ROOT / "recipes/tiny/sft-honest.yaml"),
+           str(free_port()), "-m", "lhd_train.cli", "train", "sft", str(ROOT / "recipes/tiny/sft-honest.yaml"),
            f"model={tiny_llama_dir}", f"data.train={tmp_path / 'sft'}", f"output_dir={tmp_path / 'out'}",
            "trainer.max_steps=3", "trainer.save_steps=100", "trainer.per_device_train_batch_size=2",
            "wandb.enabled=false"]

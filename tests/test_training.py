@@ -504,7 +504,7 @@ def test_training_killed_midway_resumes_from_its_checkpoint(llama, data, tmp_pat
     common = [f"model={llama}", f"data.train={data['sft']}", f"output_dir={out}", "trainer.save_steps=2",
               "trainer.save_total_limit=null", f"trainer.max_steps={total}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "lhd_train.finetune", "sft", str(recipe), *common],
+    proc = subprocess.Popen([sys.executable, "-m", "lhd_train.cli", "train", "sft", str(recipe), *common],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     from lhd_train.finetune.trainer import last_checkpoint
 

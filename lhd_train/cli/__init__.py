@@ -1,8 +1,8 @@
 """The `lhd` command line: one module per command group (`run`, `models`, `audit`, `data`,
 `train`, `report`, `slurm`, `merge`, `doctor`; the lens group comes from `lens.cli`), assembled in `app`.
 
-`main()` owns error handling for every entry point (`lhd`, `python -m lhd_train.cli`,
-`python -m lhd_train.audit`, `python -m lhd_train.finetune`, `python -m lens`): bad input, a
+`main()` owns error handling for every entry point (`lhd`, `python -m lhd_train.cli`, also
+under `accelerate launch`, and `python -m lens`): bad input, a
 model that cannot load, a disk that refuses a write (also one made by datasets, torch or
 transformers, whose errors lhd's writers do not see) and a chat template that fails end as one
 `error:` line and exit status 2, never a traceback."""

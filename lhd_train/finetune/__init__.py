@@ -4,5 +4,5 @@ SFT, DPO pairs, GRPO prompts), `rewards` (the GRPO reward registry), `judged_rew
 rewards graded by the auditor / supervisor, registered into it), `train_data` (loading and
 checking a dataset for a trainer) and `trainer` (`lhd train`: TRL + PEFT, resumable).
 
-`python -m lhd_train.finetune sft|dpo|grpo RECIPE` is the multi-GPU launch entry (accelerate,
-slurm). Heavy imports (torch, transformers, trl) happen inside the functions."""
+Multi-GPU launches (accelerate, slurm) start the command line:
+`accelerate launch ... -m lhd_train.cli train sft|dpo|grpo RECIPE`. Heavy imports (torch, transformers, trl) happen inside the functions."""

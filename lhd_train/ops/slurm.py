@@ -294,7 +294,7 @@ def _plan_train(config: Path, v: dict[str, Any]) -> Plan:
     p.notes = [f"{size.nodes} node(s) x {size.gpus_per_node} GPU(s) = {size.processes} process(es), {size.acc_file}",
                f"{algo} on {recipe.get('model')} -> {recipe.get('output_dir')}", batch]
     p.summary = [f"lhd slurm render train: {size.nodes} node(s) x {size.gpus_per_node} GPU(s), {batch}"]
-    entry = ["-m", "lhd_train.finetune", q(algo), q(config), *[q(o) for o in overrides]]
+    entry = ["-m", "lhd_train.cli", "train", q(algo), q(config), *[q(o) for o in overrides]]
     p.extra.update(acc_file=size.acc_file, algo=algo, main_port=int(v["main_port"]), single=size.single)
     if size.single:  # one process: no srun, no rendezvous
         launch_args = ["--config_file", q(size.acc_file), "--num_machines", "1", "--num_processes", "1", *entry]
