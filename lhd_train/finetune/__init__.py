@@ -5,4 +5,5 @@ rewards graded by the auditor / supervisor, registered into it), `train_data` (l
 checking a dataset for a trainer) and `trainer` (`lhd train`: TRL + PEFT, resumable).
 
 Multi-GPU launches (accelerate, slurm) start the command line:
-`accelerate launch ... -m lhd_train.cli train sft|dpo|grpo RECIPE`. Heavy imports (torch, transformers, trl) happen inside the functions."""
+`accelerate launch ... -m lhd_train.cli train sft|dpo|grpo RECIPE`. Heavy imports (torch,
+transformers, trl) happen inside the functions."""
