@@ -3,10 +3,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from lhd_train.config.slurm import STAGES
+
+if TYPE_CHECKING:
+    from lhd_train.ops.status import RunStatus
 
 slurm_app = typer.Typer(help="sbatch scripts for every stage (rollout, audit, data, train, lens, merge)",
                         no_args_is_help=True)
@@ -65,10 +69,31 @@ def slurm_status_cmd(
 ) -> None:
     """Pending, running, finished or failed: every shard and stage of a run, from squeue/scontrol/sacct
     (jobs named by `lhd slurm render`) and from the run directories."""
-    from lhd_train.ops.status import print_status, run_status, status_json
+    from lhd_train.ops.status import run_status, status_json
 
     st = run_status(run, shards, use_slurm=not no_slurm)
     if as_json:
         typer.echo(json.dumps(status_json(st), indent=1))
     else:
         print_status(st)
+
+
+def print_status(st: RunStatus) -> None:
+    """`lhd slurm status`'s table (full width in logs and pipes, see lhd_train.console)."""
+    from rich.table import Table
+
+    from lhd_train.console import table_console
+
+    colours = {"finished": "green", "running": "cyan", "pending": "yellow", "failed": "red", "incomplete": "magenta"}
+    t = Table(title=f"{st.run_name}  ({st.run_dir})")
+    for c in ("stage", "part", "status", "detail", "job", "slurm state"):
+        t.add_column(c)
+    for r in st.rows:
+        c = colours.get(r.status)
+        t.add_row(r.stage, r.part, f"[{c}]{r.status}[/{c}]" if c else r.status, r.detail, r.job, r.slurm_state)
+    console = table_console()
+    console.print(t)
+    if not st.rows:
+        console.print("nothing found: no shard run directories, no merged run and no jobs with this run's names")
+    if st.note:
+        console.print(st.note)

@@ -328,27 +328,6 @@ def _rows_per_trial(run_dir: Path) -> dict[str, int]:
     return out
 
 
-def print_status(st: RunStatus) -> None:
-    """The status as a rich table (full width in logs and pipes, see lhd_train.console)."""
-    from rich.table import Table
-
-    from lhd_train.console import table_console
-
-    colours = {"finished": "green", "running": "cyan", "pending": "yellow", "failed": "red", "incomplete": "magenta"}
-    t = Table(title=f"{st.run_name}  ({st.run_dir})")
-    for c in ("stage", "part", "status", "detail", "job", "slurm state"):
-        t.add_column(c)
-    for r in st.rows:
-        c = colours.get(r.status)
-        t.add_row(r.stage, r.part, f"[{c}]{r.status}[/{c}]" if c else r.status, r.detail, r.job, r.slurm_state)
-    console = table_console()
-    console.print(t)
-    if not st.rows:
-        console.print("nothing found: no shard run directories, no merged run and no jobs with this run's names")
-    if st.note:
-        console.print(st.note)
-
-
 def status_json(st: RunStatus) -> dict[str, Any]:
     return {"run_name": st.run_name, "run_dir": str(st.run_dir), "note": st.note,
             "rows": [r.__dict__ for r in st.rows]}
