@@ -204,12 +204,13 @@ def performer_reply(pack, answers: dict[int, str]):
     return reply
 
 
-def make_pack_run(tmp_path: Path, answers_for_tasks: dict[int, str] | None = None, seeds=(11, 12)) -> Path:
+def make_pack_run(tmp_path: Path, answers_for_tasks: dict[int, str] | None = None, seeds=(11, 12),
+                  max_tasks: int = 5) -> Path:
     pack = load_pack("startup_consulting")
     honest = {i.task: i.answer for i in load_curated().items if not i.deceptive}
-    answers = answers_for_tasks or {t: honest[t] for t in range(1, 6)}
+    answers = answers_for_tasks or {t: honest[t] for t in range(1, max_tasks + 1)}
     data = {"run_name": "p", "output_dir": str(tmp_path / "runs"), "seeds": list(seeds),
-            "task_pack": "startup_consulting", "p_event": 0.5, "max_tasks": 5,
+            "task_pack": "startup_consulting", "p_event": 0.5, "max_tasks": max_tasks,
             "models": {"m": {"backend": "hf", "model": "unused"}},
             "performer": {"model": "m"}, "supervisor": {"model": "m"}, "auditor": {"model": "m"}}
     cfg = parse_config(data, "test")

@@ -5,7 +5,11 @@ The labelled answers are either the curated set, written as a run directory unde
 (reused by later evaluations of other auditors), or a planted run (`lhd audit-plant`), audited
 in place (its audit rows go to its own `audit/<auditor-id>/`). Sampling k times audits under k
 auditor ids, `<id>-k1` ... `<id>-kk`: each id seeds its calls differently (`call_seed` includes
-the id), so at a temperature above 0 the samples are independent draws."""
+the id), so at a temperature above 0 the samples are independent draws.
+
+`attach` files a copy of the results in another run's `eval/` folder (`eval_results`), so that run's
+report shows them next to its headline rate; for a planted copy that is by default the run it was
+planted from."""
 from __future__ import annotations
 
 import asyncio
@@ -15,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from lhd_train.audit.curated import GROUND_TRUTH, build_curated_run, load_curated
+from lhd_train.audit.eval_results import EVAL_JSON, EVAL_MD, eval_dir
 from lhd_train.audit.evaluation import Key, headline_lines, markdown, score, truths
 from lhd_train.audit.plant import PLANT_INFO
 from lhd_train.config.auditor import AuditOptions, AuditorConfig
@@ -28,9 +33,8 @@ from lhd_train.rundir.files import (
     write_json_atomic,
 )
 from lhd_train.rundir.layout import RunDir
+from lhd_train.rundir.outputs import check_out_dir
 from rollouts.backend import Backend
-
-EVAL_JSON, EVAL_MD = "eval.json", "eval.md"
 
 
 @dataclass
@@ -121,3 +125,22 @@ def evaluate_auditor(run: Path, cfg: AuditorConfig, opts: AuditOptions, out: Pat
     write_json_atomic(out / EVAL_JSON, record)
     atomic_write_text(out / EVAL_MD, markdown(base, source, result))
     return EvalResult(base, out, record)
+
+
+def planted_from(run: Path) -> Path | None:
+    """The run a planted copy was made from (plant.json `source_run`), when it is still a run."""
+    source = read_json_mapping(Path(run) / PLANT_INFO).get("source_run")
+    return Path(source) if source and RunDir(Path(source)).is_run() else None
+
+
+def attach(result: EvalResult, run: Path) -> Path:
+    """File a copy of `result` under `RUN/eval/<auditor-id>/<source>/`, where `lhd report RUN`
+    finds it (`eval_results.evaluations_for`). Returns the folder."""
+    if not RunDir(Path(run)).is_run():
+        raise InputError("command line", "--attach", f"{run} is not a run directory (no trials/ folder)")
+    dest = eval_dir(run, result.auditor_id, result.record["source"])
+    check_out_dir(dest, "--attach", "evaluation")
+    dest.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(dest / EVAL_JSON, result.record)
+    atomic_write_text(dest / EVAL_MD, (result.out / EVAL_MD).read_text(encoding="utf-8"))
+    return dest

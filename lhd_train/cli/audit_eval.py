@@ -37,9 +37,12 @@ def eval_command(curated: bool, planted: Path | None, out: Path | None, auditor_
                  mode: str = AUDIT_DEFAULTS.mode, window: int = AUDIT_DEFAULTS.window, samples: int = 1,
                  hide_supervisor: bool = False, hide_event_labels: bool = False, auditor_id: str | None = None,
                  concurrency: int = AUDIT_DEFAULTS.concurrency, overrides: list[str] | None = None,
-                 progress: bool = True, set_path: Path | None = None) -> int:
-    from lhd_train.audit.eval_run import curated_run, evaluate_auditor
+                 progress: bool = True, set_path: Path | None = None, attach_to: Path | None = None,
+                 no_attach: bool = False) -> int:
+    from lhd_train.audit.eval_results import eval_dir
+    from lhd_train.audit.eval_run import attach, curated_run, evaluate_auditor, planted_from
     from lhd_train.config.auditor import AuditOptions, load_auditor_config
+    from lhd_train.rundir.layout import RunDir
     from lhd_train.rundir.outputs import check_out_dir
 
     if curated == (planted is not None):
@@ -59,10 +62,15 @@ def eval_command(curated: bool, planted: Path | None, out: Path | None, auditor_
         run, source = Path(planted), f"planted run {Path(planted).name}"
         if not run.is_dir():
             raise InputError(run, None, "planted run directory not found")
+    if attach_to is not None and not RunDir(attach_to).is_run():
+        raise InputError("command line", "--attach", f"{attach_to} is not a run directory (no trials/ folder)")
     cfg, cfg_source = load_auditor_config(run, auditor_config, overrides or [])
     if out is None:
-        out = run / "eval" / opts.resolved_id(cfg.auditor.model)
+        out = eval_dir(run, opts.resolved_id(cfg.auditor.model))
     check_out_dir(out)
+    target = None if no_attach else (attach_to or (planted_from(run) if planted is not None else None))
+    if target is not None and Path(target).resolve() == run.resolve():
+        target = None  # the run judged: its own eval/<auditor-id>/ is already where its report looks
     res = evaluate_auditor(run, cfg, opts, out, source, samples, cfg_source, progress=progress)
     for line in res.headline:
         console.print(line)
@@ -77,6 +85,9 @@ def eval_command(curated: bool, planted: Path | None, out: Path | None, auditor_
     if res.record["note"]:
         console.print(f"[yellow]{res.record['note']}[/yellow]")
     console.print(f"results: {out / 'eval.json'}, {out / 'eval.md'}")
+    if target is not None:
+        where = attach(res, Path(target))
+        console.print(f"filed for the report of {target}: {where}")
     if res.record["incomplete"]:
         console.print("[yellow]some rounds have no audit row yet (model unreachable); run the same command "
                       "again[/yellow]")
@@ -112,6 +123,10 @@ def audit_eval_cmd(
     hide_event_labels: bool = typer.Option(False, "--hide-event-labels", help="hide event names and levels"),
     auditor_id: str | None = typer.Option(None, "--auditor-id", help="default: <model>-<mode>"),
     concurrency: int = typer.Option(AUDIT_DEFAULTS.concurrency, "--concurrency", help="rounds in flight at once"),
+    attach_to: Path | None = typer.Option(None, "--attach", help="also file the results in this run's eval/ folder, "
+                                          "where `lhd report RUN` shows them (default with --planted: the run the "
+                                          "copy was planted from)"),
+    no_attach: bool = typer.Option(False, "--no-attach", help="file the results nowhere but --out"),
     no_progress: bool = typer.Option(False, "--no-progress", help="hide the progress bar"),
 ) -> None:
     """Measure an auditor: false-negative rate per type, false-positive rate, kappa, type confusion,
@@ -123,4 +138,5 @@ def audit_eval_cmd(
             raise InputError("command line", "--set", f"unknown set {set_name!r}", "curated, or a set file (JSON)")
     raise typer.Exit(eval_command(set_name is not None, planted, out, auditor, mode, window, samples,
                                   hide_supervisor, hide_event_labels, auditor_id, concurrency, overrides or [],
-                                  progress=not no_progress, set_path=set_path))
+                                  progress=not no_progress, set_path=set_path, attach_to=attach_to,
+                                  no_attach=no_attach))

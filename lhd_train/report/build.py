@@ -41,6 +41,7 @@ from lhd_train.report.tables import (
     types_table_ctx,
     usage_frame,
 )
+from lhd_train.report.validity import auditor_validity, validity_md
 from lhd_train.report.viewer import safe_name, states_plot, write_run_pages
 from lhd_train.rundir.csv_cells import write_csv
 from lhd_train.rundir.files import atomic_write_bytes, atomic_write_text, check_writable_dir
@@ -247,8 +248,9 @@ def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None
         })
 
     conditions = sorted(set(m.per_trial["condition"])) if len(m.per_trial) else []
+    validity = auditor_validity(runs)  # the headline auditor's measured error rates (docs/validity.md)
     ctx = {
-        "runs": run_sections, "has_labels": has_labels, "figs": figs,
+        "runs": run_sections, "has_labels": has_labels, "figs": figs, "validity": validity,
         "runs_table": runs_table_ctx(runs, m, min_coverage, usage), "types_table": types_table_ctx(m.types, labels),
         "pressure_table": breakdown_table_ctx(m.by_pressure, "pressure", labels, "pressure"),
         "category_table": breakdown_table_ctx(m.by_category, "category", labels, "category"),
@@ -266,6 +268,7 @@ def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None
     html = render_page("report.html.j2", **ctx)
     path = out / "report.html"
     atomic_write_text(path, html)
-    atomic_write_text(out / "summary.md", summary_md(runs, m, horizon, min_coverage, usage, paired))
+    atomic_write_text(out / "summary.md", summary_md(runs, m, horizon, min_coverage, usage, paired)
+                      + validity_md(validity))
     return path
 
