@@ -282,24 +282,16 @@ def read_model_config(model_id: str, revision: str | None = None) -> tuple[dict,
     return cfg, str(path)
 
 
-def load_tokenizer(model_id: str, revision: str | None = None):
-    """AutoTokenizer, except for local dirs saved as a plain `tokenizers` backend.
+def load_tokenizer(model_id: str, revision: str | None = None) -> Any:
+    """The tokenizer the model dir saved (rollouts' one loading rule, `rollouts.tokenizer`), with a
+    lens error naming the model when it does not load."""
+    from rollouts.model_files import one_line
+    from rollouts.tokenizer import load_tokenizer as load_saved_tokenizer
 
-    transformers 5 rebuilds some families (e.g. `qwen2`) with their own pre-tokenizer when only a
-    path is given; a locally trained tokenizer saved as `TokenizersBackend` must be loaded as is
-    or its token ids change.
-    """
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-    cfg_path = Path(model_id) / "tokenizer_config.json"
-    if cfg_path.is_file():
-        try:
-            cls = json.loads(cfg_path.read_text()).get("tokenizer_class")
-        except (OSError, json.JSONDecodeError):
-            cls = None
-        if cls in ("TokenizersBackend", "PreTrainedTokenizerFast"):
-            return PreTrainedTokenizerFast.from_pretrained(model_id)
-    return AutoTokenizer.from_pretrained(model_id, revision=revision)
+    try:
+        return load_saved_tokenizer(model_id, revision)
+    except Exception as exc:  # noqa: BLE001 - loaders raise OSError, ValueError, HFValidationError, ...
+        raise LensError(f"cannot load a tokenizer from {model_id}: {type(exc).__name__}: {one_line(exc)}") from None
 
 
 def load_hf(
@@ -315,6 +307,7 @@ def load_hf(
 
     from rollouts.backend import BackendError
     from rollouts.model_files import check_model_dir, one_line
+    from rollouts.tokenizer import load_tokenizer as load_saved_tokenizer
 
     dev = pick_device(device)
     torch_dtype = parse_dtype(dtype)
@@ -323,7 +316,7 @@ def load_hf(
         hf = AutoModelForCausalLM.from_pretrained(
             model_id, dtype=torch_dtype, revision=revision, attn_implementation=attn_implementation
         )
-        tok = load_tokenizer(model_id, revision=revision)
+        tok = load_saved_tokenizer(model_id, revision=revision)
     except BackendError as exc:
         raise LensError(str(exc)) from None
     except Exception as exc:  # noqa: BLE001 - loaders raise many types (SafetensorError is not an OSError)

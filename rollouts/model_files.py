@@ -321,12 +321,11 @@ def counting_tokenizer(spec: ModelSpec) -> Any | None:
     offline, and a managed vLLM has fetched its model before this runs). None when the model's own
     cannot be found: counts are then estimated, and a warning says so once per model. A `tokenizer:`
     that does not load is a configuration error."""
-    from transformers import AutoTokenizer
+    from rollouts.tokenizer import load_tokenizer
 
     name = spec.tokenizer or spec.model
     try:
-        return AutoTokenizer.from_pretrained(name, revision=spec.revision, local_files_only=True,
-                                             trust_remote_code=spec.trust_remote_code)
+        return load_tokenizer(name, spec.revision, local_files_only=True, trust_remote_code=spec.trust_remote_code)
     except Exception as e:  # noqa: BLE001 - loaders raise OSError, ValueError, HFValidationError, ...
         if spec.tokenizer:
             raise BackendError(f"model '{spec.model}': tokenizer: '{spec.tokenizer}' does not load offline "

@@ -98,39 +98,13 @@ def _check_model_files(model: str, source: str, need_tokenizer: bool) -> None:
         raise InputError(source, "model", str(e)) from None
 
 
-def _tokenizer_config(name: str, revision: str | None) -> dict[str, Any]:
-    p = Path(name)
-    f: Path | None = p / "tokenizer_config.json" if p.is_dir() else None
-    if f is None:
-        try:
-            from huggingface_hub import hf_hub_download
+def load_tokenizer(name: str, revision: str | None = None, source: str = "recipe", field: str = "tokenizer") -> Any:
+    """The tokenizer the folder saved (`rollouts.tokenizer`'s one rule, the one generation used), with
+    a pad token: the Llama-3 reserved pad when the vocabulary has it, else eos."""
+    from rollouts.tokenizer import load_tokenizer as load_saved_tokenizer
 
-            f = Path(hf_hub_download(name, "tokenizer_config.json", revision=revision))
-        except Exception:
-            return {}
     try:
-        return json.loads(f.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-
-
-def load_tokenizer(name: str, revision: str | None = None, source: str = "recipe", field: str = "tokenizer"):
-    """The tokenizer class the folder was saved with.
-
-    `AutoTokenizer` on a folder whose config says `model_type: qwen2` builds `Qwen2Tokenizer` even when
-    the folder's tokenizer_config.json says `TokenizersBackend` (ECOSYSTEM §8 pitfall 2), which may change
-    the pre-tokenizer and therefore the ids. A generic fast tokenizer is therefore loaded as
-    `PreTrainedTokenizerFast` directly; named classes (Qwen2Tokenizer of real Qwen checkpoints,
-    LlamaTokenizerFast, ...) go through `AutoTokenizer`."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-    cfg = _tokenizer_config(name, revision)
-    kwargs: dict[str, Any] = {"revision": revision} if revision else {}
-    try:
-        if cfg.get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast"):
-            tok = PreTrainedTokenizerFast.from_pretrained(name, **kwargs)
-        else:
-            tok = AutoTokenizer.from_pretrained(name, **kwargs)
+        tok = load_saved_tokenizer(name, revision)
     except (OSError, ValueError) as e:
         raise InputError(source, field, f"cannot load a tokenizer from '{name}': {e}") from None
     if tok.pad_token is None:

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import transformers
 import xgrammar as xgr
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers import AutoModelForCausalLM, GenerationConfig
 
 from rollouts.backend import BackendError
 from rollouts.hf.decode import decode_rows
@@ -47,6 +47,7 @@ from rollouts.hf.rows import Pending, Row
 from rollouts.hf.sampling import row_seed
 from rollouts.model_files import check_adapter_dir, check_model_dir, one_line
 from rollouts.spec import ModelSpec
+from rollouts.tokenizer import load_tokenizer
 from rollouts.types import Completion, GenerationRequest, GenerationResult, generation_defaults, sendable
 
 log = logging.getLogger(__name__)
@@ -157,7 +158,7 @@ class HFBackend:
             check_adapter_dir(name, path)
         kw: dict[str, Any] = {"revision": spec.revision, "trust_remote_code": spec.trust_remote_code}
         try:
-            tokenizer = AutoTokenizer.from_pretrained(spec.model, **kw)
+            tokenizer = load_tokenizer(spec.model, spec.revision, trust_remote_code=spec.trust_remote_code)
             if device.startswith("cuda"):  # load straight onto the GPU
                 kw["device_map"] = device
             model = AutoModelForCausalLM.from_pretrained(spec.model, dtype=dtype, **kw)
