@@ -11,9 +11,9 @@ from test_reference_import import write_session
 
 from lhd_train.cli.audit import export_command
 from lhd_train.errors import InputError
-from lhd_train.rundir.export import export_run, round_columns
+from lhd_train.interop.export import export_run, round_columns
+from lhd_train.interop.reference_import import import_reference
 from lhd_train.rundir.files import read_jsonl
-from lhd_train.rundir.reference_import import import_reference
 
 
 def test_export_of_an_audited_run_loads_back(tmp_path):

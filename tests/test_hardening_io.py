@@ -258,7 +258,7 @@ def test_a_lone_surrogate_is_stored_exactly_and_read_back(tmp_path):
 def test_export_of_a_surrogate_answer_is_valid_utf8(tmp_path):
     from datasets import load_from_disk
 
-    from lhd_train.rundir.export import export_run
+    from lhd_train.interop.export import export_run
 
     cfg, _ = surrogate_run(tmp_path)
     export_run(cfg.run_dir, tmp_path / "ds")
@@ -304,7 +304,7 @@ def test_a_surrogate_candidate_is_graded_and_cached(tmp_path):
 def test_readers_never_cut_a_torn_message_store(run):
     """The audit's and the export's message-store reader used to truncate a torn last line in
     place: a reader changing the run it reads (and racing the writer appending to it)."""
-    from lhd_train.rundir.export import collect_rows
+    from lhd_train.interop.export import collect_rows
     from lhd_train.rundir.store import MessageStore
 
     _, run_dir = run
@@ -319,7 +319,7 @@ def test_readers_never_cut_a_torn_message_store(run):
 def test_export_flags_a_missing_message_instead_of_exporting_nothing(run, tmp_path):
     from datasets import load_from_disk
 
-    from lhd_train.rundir.export import export_run
+    from lhd_train.interop.export import export_run
 
     _, run_dir = run
     store = run_dir / "trials" / "s7.messages.jsonl"

@@ -14,8 +14,8 @@ from lhd_train.audit import audit_run
 from lhd_train.config.auditor import AuditOptions, load_auditor_config
 from lhd_train.config.run import parse_config
 from lhd_train.errors import InputError
+from lhd_train.interop.reference_import import import_reference
 from lhd_train.rundir.files import read_jsonl
-from lhd_train.rundir.reference_import import import_reference
 from lhd_train.rundir.store import MessageStore
 
 SESSION = "startup_consulting_20250101_120000_seed42_model_some-model"

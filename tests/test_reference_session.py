@@ -125,7 +125,7 @@ def test_repair_on_request_changes_the_numbers_and_says_so(tmp_path: Path) -> No
 def test_every_reader_accepts_imported_rows(imported: Path, tmp_path: Path) -> None:
     """Rows with the fields the authors never saved set to null (calls, token counts, attempts)."""
     from lhd_train.finetune.contexts import load_contexts
-    from lhd_train.rundir.export import export_run
+    from lhd_train.interop.export import export_run
 
     ctxs = load_contexts(imported)
     # Imported rounds hold rebuilt prompts, not the ones the performer saw: never training contexts.

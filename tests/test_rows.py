@@ -10,9 +10,9 @@ from test_audit import SHAPE, answer, audit, auditor_script, make_run
 from test_reference_import import write_session
 
 from lhd_train.errors import DataFileError
+from lhd_train.interop.reference_import import import_reference
 from lhd_train.rundir.files import read_jsonl
 from lhd_train.rundir.layout import RunDir
-from lhd_train.rundir.reference_import import import_reference
 from lhd_train.rundir.rows import AUDIT_SCHEMA, ROW_SCHEMA, AuditRow, ResumableRoundRow, RoundRow, undeclared_fields
 from lhd_train.rundir.store import read_audit_rows, read_trial_rows
 

@@ -136,7 +136,7 @@ def test_audit_refuses_a_broken_vllm_auditor_before_it_starts(tmp_path, monkeypa
     config is refused naming the field, and no audit folder is written."""
     _vllm_or_skip()
     from lhd_train.cli.audit import audit_command
-    from lhd_train.rundir.reference_import import import_reference
+    from lhd_train.interop.reference_import import import_reference
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
     monkeypatch.setattr(check, "checked_vllm", lambda spec, device: "vllm")  # the CPU build judges here

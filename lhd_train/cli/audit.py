@@ -81,7 +81,7 @@ def print_audit_summary(summary) -> None:  # AuditSummary
 
 def import_reference_command(src: Path, out: Path, repair: bool = False) -> int:
     """Import an authors' session folder (or a folder of them) as a run; print what was written."""
-    from lhd_train.rundir.reference_import import import_reference
+    from lhd_train.interop.reference_import import import_reference
 
     report = import_reference(Path(src), Path(out), repair)
     table = Table(title=f"imported into {out}")
@@ -95,7 +95,7 @@ def import_reference_command(src: Path, out: Path, repair: bool = False) -> int:
 
 def export_command(run: Path, out: Path) -> int:
     """Export a run (trajectory rows + every auditor's labels) as a `datasets` dataset."""
-    from lhd_train.rundir.export import export_run
+    from lhd_train.interop.export import export_run
 
     ds = export_run(Path(run), Path(out))
     console.print(f"wrote {ds.num_rows} rows, {len(ds.column_names)} columns to {out} "

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from lhd_train.errors import InputError
+from lhd_train.interop.reference_import import SOURCE_KIND
 from lhd_train.metrics.load import round_labels
 from lhd_train.rundir.files import read_json_mapping
 from lhd_train.rundir.layout import RunDir, TrialFiles
-from lhd_train.rundir.reference_import import SOURCE_KIND
 from lhd_train.rundir.store import MessageStore, iter_trial_files, read_trial_rows
 
 IMPORTED_BACKEND = "reference"  # a row's `models.performer.backend` when import-reference wrote it

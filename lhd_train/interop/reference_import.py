@@ -25,17 +25,7 @@ from lhd_train.bench.performer import task_message
 from lhd_train.bench.prompts import Prompts
 from lhd_train.config.run import parse_config
 from lhd_train.errors import InputError
-from lhd_train.rundir.files import (
-    append_jsonl,
-    atomic_write_text,
-    package_versions,
-    python_version,
-    utc_now,
-    write_json_atomic,
-)
-from lhd_train.rundir.layout import LOCK, RunDir
-from lhd_train.rundir.lock import run_dir_lock
-from lhd_train.rundir.reference_files import (
+from lhd_train.interop.reference_files import (
     RefDetection,
     RefDetector,
     RefEvaluation,
@@ -50,6 +40,16 @@ from lhd_train.rundir.reference_files import (
     newest_detectors,
     session_config,
 )
+from lhd_train.rundir.files import (
+    append_jsonl,
+    atomic_write_text,
+    package_versions,
+    python_version,
+    utc_now,
+    write_json_atomic,
+)
+from lhd_train.rundir.layout import LOCK, RunDir
+from lhd_train.rundir.lock import run_dir_lock
 from lhd_train.rundir.rows import AUDIT_SCHEMA, AUDITOR_SCHEMA, ROW_SCHEMA
 from lhd_train.rundir.staging import staged_dir
 from lhd_train.rundir.store import MessageStore, write_done_marker
