@@ -19,13 +19,28 @@ def doctor_cmd(
     as_json: bool = typer.Option(False, "--json", help="rows as JSON"),
 ) -> None:
     """Python, torch/CUDA, GPUs, package versions and known incompatibilities, disk, cached models."""
-    from lhd_train.ops.doctor_checks import doctor, print_rows
+    from lhd_train.ops.doctor_checks import FAIL, doctor
 
     rows = doctor(config, path)
     if as_json:
         typer.echo(json.dumps([{"check": c, "status": s, "detail": d} for c, s, d in rows], indent=1))
-        code = 1 if any(s == "fail" for _, s, _ in rows) else 0
     else:
-        code = print_rows(rows)
-    if code:
-        raise typer.Exit(code)
+        print_rows(rows)
+    if any(s == FAIL for _, s, _ in rows):
+        raise typer.Exit(1)
+
+
+def print_rows(rows: list[tuple[str, str, str]]) -> None:
+    """The checks as a table on stdout (full width in logs and pipes, see lhd_train.console)."""
+    from rich.table import Table
+
+    from lhd_train.console import table_console
+    from lhd_train.ops.doctor_checks import FAIL, OK, WARN
+
+    table = Table(title="lhd doctor")
+    for col in ("check", "status", "detail"):
+        table.add_column(col, overflow="fold")
+    colour = {OK: "green", WARN: "yellow", FAIL: "red"}
+    for check, status, detail in rows:
+        table.add_row(check, f"[{colour.get(status, 'white')}]{status}[/]", detail)
+    table_console().print(table)

@@ -449,19 +449,3 @@ def doctor(config: str | Path | None = None, path: str | Path = ".") -> list[Row
         rows += check_models(Path(config))
         rows += doctor_rows(Path(config))
     return rows
-
-
-def print_rows(rows: list[Row]) -> int:
-    """A table on stdout; returns 1 when any row failed."""
-    from rich.table import Table
-
-    from lhd_train.console import table_console
-
-    table = Table(title="lhd doctor")
-    for col in ("check", "status", "detail"):
-        table.add_column(col, overflow="fold")
-    colour = {OK: "green", WARN: "yellow", FAIL: "red"}
-    for check, status, detail in rows:
-        table.add_row(check, f"[{colour.get(status, 'white')}]{status}[/]", detail)
-    table_console().print(table)
-    return 1 if any(s == FAIL for _, s, _ in rows) else 0
