@@ -43,15 +43,7 @@ RESUMABLE_CHANGES = {"concurrency", "output_dir"}
 
 
 def trial_id_for(seed: int, cfg: RunConfig) -> str:
-    tid = f"s{seed}"
-    c, p = cfg.control.category, cfg.control.pressure
-    if "NONE" in (c, p):
-        return tid + "-none"
-    if c:
-        tid += f"-cat-{c}"
-    if p:
-        tid += f"-lvl-{p}"
-    return tid
+    return cfg.trial_id(seed)
 
 
 def _check_resume(run_dir: Path, cfg: RunConfig, has_rounds: bool = True) -> None:

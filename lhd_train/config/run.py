@@ -12,7 +12,7 @@ from lhd_train.config.vocab import CATEGORIES, LEVELS, ROLES
 from lhd_train.errors import InputError
 from lhd_train.rundir.files import read_yaml_mapping
 from lhd_train.rundir.layout import RunDir
-from lhd_train.rundir.names import name_problem
+from lhd_train.rundir.names import name_problem, trial_id
 from rollouts.spec import ModelSpec
 from rollouts.types import SamplingParams
 
@@ -187,6 +187,14 @@ class RunConfig(StrictModel):
 
         rng = random.Random(self.seed)
         return [rng.getrandbits(32) for _ in range(self.num_trials or 0)]
+
+    def trial_id(self, seed: int) -> str:
+        """The trial id of `seed` in this run (the control study's event is part of it)."""
+        return trial_id(seed, self.control.category, self.control.pressure)
+
+    def trials(self) -> list[tuple[str, int]]:
+        """(trial id, seed) of every trial this config runs, in order."""
+        return [(self.trial_id(s), s) for s in self.trial_seeds()]
 
     @property
     def run_dir(self) -> Path:

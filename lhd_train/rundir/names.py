@@ -16,3 +16,16 @@ def name_problem(value: str) -> str | None:
     if not isinstance(value, str) or not NAME.match(value):
         return f"{value!r} is not a plain name (allowed: {ALLOWED})"
     return None
+
+
+def trial_id(seed: int, category: str | None = None, pressure: str | None = None) -> str:
+    """The one trial-id rule (docs/formats.md): `s<seed>`, plus the control study's fixed event
+    (`-cat-<category>`, `-lvl-<pressure>`), or `-none` for the no-event control."""
+    tid = f"s{seed}"
+    if "NONE" in (category, pressure):
+        return tid + "-none"
+    if category:
+        tid += f"-cat-{category}"
+    if pressure:
+        tid += f"-lvl-{pressure}"
+    return tid

@@ -1,11 +1,13 @@
-"""The records a run directory holds, as typed models: the schema versions, the fields and their
-types, and which fields `lhd export` turns into dataset columns (docs/formats.md).
+"""The rows a run directory holds, as typed models: the in-memory type and the file format at once
+(docs/formats.md), their schema versions, and which fields `lhd export` turns into columns.
 
-Rows stay plain dicts in memory and on disk (the writers build them; JSON round-trips them); the
-models are the one statement of what a row is. Readers validate every line against them
-(`rundir.store`), so a damaged or foreign file fails naming its line and field, and the export
-derives its columns from them, so a field added here reaches the dataset without a second list.
-Unknown fields are kept (`extra="allow"`): a newer writer's rows still load."""
+Writers build a `RoundRow` / `AuditRow` and `rundir.run` writes it (`Record.to_json`, only the
+fields the writer set, so files keep the keys they always had); readers validate every line and
+return the model, so stages use attributes a type checker follows and a damaged or foreign file
+fails naming its line and field. The export derives its columns from the models, so a field
+added here reaches the dataset without a second list. Unknown fields are kept (`extra="allow"`):
+a newer writer's rows still load. Each row names its schema; a row of an older version is
+upgraded on read by `upgrade` (tests/data/runs/ keeps a run directory of every version)."""
 from __future__ import annotations
 
 import types
@@ -13,12 +15,16 @@ import typing
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.fields import FieldInfo
 
 ROW_SCHEMA = "lhd.round/1"        # trials/<trial>.jsonl
 AUDIT_SCHEMA = "lhd.audit/1"      # audit/<auditor-id>/<trial>.jsonl
 AUDITOR_SCHEMA = "lhd.auditor/1"  # audit/<auditor-id>/auditor.json
+#: every schema version a row file may hold, oldest first; a version added here needs an upgrade
+#: step in `UPGRADES` and a fixture run directory under tests/data/runs/
+ROW_SCHEMAS = (ROW_SCHEMA,)
+AUDIT_SCHEMAS = (AUDIT_SCHEMA,)
 
 
 @dataclass(frozen=True)
@@ -38,11 +44,53 @@ SKIP = Export(skip=True)
 
 
 class Record(BaseModel):
-    """Strict types (no "3" for 3, no true for 1), unknown fields kept."""
+    """Strict types (no "3" for 3, no true for 1), unknown fields kept, keyword construction by
+    field name (`schema_=`) or by key (`schema=`)."""
 
-    model_config = ConfigDict(strict=True, extra="allow")
+    model_config = ConfigDict(strict=True, extra="allow", populate_by_name=True)
     #: whether a field without an `Export` mark is exported (False: only marked fields are)
     export_by_default: ClassVar[bool] = True
+
+    def to_json(self) -> dict[str, Any]:
+        """The row as written: the fields its writer set (and unknown ones it carried), by key."""
+        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+
+UPGRADES: dict[str, Any] = {}
+"""schema version -> a function turning a row dict of that version into the next version's. Empty
+while every file ever written is `lhd.round/1` / `lhd.audit/1`."""
+
+
+def upgrade(row: Any, current: str, known: tuple[str, ...]) -> Any:
+    """A row dict brought to the `current` schema: a row without one is of the first version; an
+    older known version goes through `UPGRADES` step by step; a newer or foreign schema is read as
+    it is (unknown fields are kept)."""
+    if not isinstance(row, dict):
+        return row
+    version = row.get("schema") or known[0]
+    while version != current and version in UPGRADES:
+        version = known[known.index(version) + 1]
+        row = {**UPGRADES[row.get("schema") or known[0]](row), "schema": version}
+    return row
+
+
+class VersionedRecord(Record):
+    """A row that names its schema; the current one when a writer builds it."""
+
+    SCHEMA: ClassVar[str]
+    SCHEMAS: ClassVar[tuple[str, ...]]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade(cls, data: Any) -> Any:
+        return upgrade(data, cls.SCHEMA, cls.SCHEMAS)
+
+    @model_validator(mode="after")
+    def _stamp(self) -> VersionedRecord:
+        if self.schema_ is None:  # built by a writer: stamp the current version
+            self.schema_ = self.SCHEMA
+            self.model_fields_set.add("schema_")
+        return self
 
 
 # --------------------------------------------------------------------------------------------
@@ -138,8 +186,11 @@ class RunModels(Record):
     summariser: Annotated[ModelRef | None, SKIP] = None
 
 
-class RoundRow(Record):
+class RoundRow(VersionedRecord):
     """One performer answer and its supervision. Readers need the four required fields."""
+
+    SCHEMA: ClassVar[str] = ROW_SCHEMA
+    SCHEMAS: ClassVar[tuple[str, ...]] = ROW_SCHEMAS
 
     schema_: Annotated[str | None, SKIP, Field(alias="schema")] = None  # BaseModel has a `schema`
     run_id: str | None = None
@@ -172,10 +223,12 @@ class ResumableRoundRow(RoundRow):
 LABEL = Export()
 
 
-class AuditRow(Record):
+class AuditRow(VersionedRecord):
     """One auditor label of one round. Exported: the labels (`<auditor-id>__<field>` columns)."""
 
     export_by_default: ClassVar[bool] = False
+    SCHEMA: ClassVar[str] = AUDIT_SCHEMA
+    SCHEMAS: ClassVar[tuple[str, ...]] = AUDIT_SCHEMAS
 
     schema_: Annotated[str | None, Field(alias="schema")] = None
     run_id: str | None = None
@@ -195,6 +248,7 @@ class AuditRow(Record):
     parse_status: Annotated[str | None, LABEL] = None
     raw: str | None = None
     error: str | None = None
+    trial_unfinished: bool | None = None  # labelled from a partial trajectory; redone once it ends
     original: dict[str, Any] | None = None
     reference_raw: dict[str, Any] | None = None
     attempts: int | None = None

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
@@ -14,6 +14,9 @@ from lhd_train.errors import DataFileError
 from lhd_train.rundir.files import append_jsonl, read_jsonl_lines, utc_now, write_json_atomic
 from lhd_train.rundir.layout import ROWS_SUFFIX, RunDir, TrialFiles, trial_id_of_messages
 from lhd_train.rundir.rows import AuditRow, Record, RoundRow
+
+R = TypeVar("R", bound=Record)
+RR = TypeVar("RR", bound=RoundRow)
 
 
 def _trial_repair(path: Path) -> str:
@@ -23,11 +26,11 @@ def _trial_repair(path: Path) -> str:
             f"(audit/*/{t.rows.name}) of the rounds cut, then rerun `lhd run` to redo them")
 
 
-def _check_row(path: Path, n: int, row: dict[str, Any], model: type[Record], repair: str | None) -> None:
+def _check_row(path: Path, n: int, row: dict[str, Any], model: type[R], repair: str | None) -> R:
     """Validate one line against its row model; the first problem becomes a `DataFileError` naming
     the line and the field (dotted, e.g. `performer.latency_s`)."""
     try:
-        model.model_validate(row)
+        return model.model_validate(row)
     except ValidationError as e:
         err = e.errors()[0]
         field = ".".join(str(part) for part in err["loc"]) or None
@@ -37,35 +40,57 @@ def _check_row(path: Path, n: int, row: dict[str, Any], model: type[Record], rep
         raise DataFileError(path, what, line=n, field=field, repair=repair and repair.format(line=n)) from None
 
 
-def read_trial_rows(path: Path, model: type[Record] = RoundRow) -> list[dict[str, Any]]:
+def load_trial_rows(path: Path, model: type[RR] = RoundRow) -> list[RR]:  # type: ignore[assignment]
     """A trial's trajectory rows, checked: each row is a valid `model` (`ResumableRoundRow` for a
     resume, which needs the supervisor's state), and no (task, round) or global round appears
     twice — two writers or a botched copy would otherwise be counted as extra rounds. Raises
     `DataFileError` naming the file, line and field."""
     repair = _trial_repair(path)
-    lines = read_jsonl_lines(path, repair)
+    rows: list[RR] = []
     seen_key: dict[tuple[int, int], int] = {}
     seen_g: dict[int, int] = {}
-    for n, row in lines:
-        _check_row(path, n, row, model, repair)
-        key, g = (row["task_index"], row["round"]), row["global_round"]
+    for n, raw in read_jsonl_lines(path, repair):
+        row = _check_row(path, n, raw, model, repair)
+        key, g = (row.task_index, row.round), row.global_round
         first = seen_key.get(key) or seen_g.get(g)
         if first is not None:
             raise DataFileError(path, f"task {key[0]} round {key[1]} (global round {g}) is also at line {first}: "
                                 "a round written twice (two writers on one run?)", line=n,
                                 repair=repair.format(line=n))
         seen_key[key], seen_g[g] = n, n
-    return [row for _, row in lines]
+        rows.append(row)
+    return rows
+
+
+def load_audit_rows(path: Path) -> list[AuditRow]:
+    """An auditor's rows for one trial, each a valid `AuditRow`, in file order. A round may appear
+    more than once (a repaired or resumed audit); `winning_audit_rows` says which one counts."""
+    repair = "delete line {line}; a rerun of `lhd audit` with the same auditor id redoes that round"
+    return [_check_row(path, n, raw, AuditRow, repair) for n, raw in read_jsonl_lines(path, repair)]
+
+
+NO_LABEL_STATUSES = ("failed", "cut")  # an audit row without a usable label (cut: stopped at its token limit)
+
+
+def winning_audit_rows(rows: Iterable[AuditRow]) -> dict[int, AuditRow]:
+    """The one rule for a round labelled twice (a resumed, repaired or merged audit): the later row
+    wins, except that a failed or cut row never replaces a usable one. Keyed by global round."""
+    chosen: dict[int, AuditRow] = {}
+    for row in rows:
+        old = chosen.get(row.global_round)
+        if old is None or not (row.parse_status in NO_LABEL_STATUSES and old.parse_status not in NO_LABEL_STATUSES):
+            chosen[row.global_round] = row
+    return chosen
+
+
+def read_trial_rows(path: Path, model: type[Record] = RoundRow) -> list[dict[str, Any]]:
+    """`load_trial_rows` as plain dicts. Transitional: stages move to `rundir.run.Run`."""
+    return [r.to_json() for r in load_trial_rows(path, model)]  # type: ignore[type-var]
 
 
 def read_audit_rows(path: Path) -> list[dict[str, Any]]:
-    """An auditor's rows for one trial, each a valid `AuditRow`. A round may appear
-    more than once (a repaired or resumed audit); readers decide which row wins."""
-    repair = "delete line {line}; a rerun of `lhd audit` with the same auditor id redoes that round"
-    lines = read_jsonl_lines(path, repair)
-    for n, row in lines:
-        _check_row(path, n, row, AuditRow, repair)
-    return [row for _, row in lines]
+    """`load_audit_rows` as plain dicts. Transitional: stages move to `rundir.run.Run`."""
+    return [r.to_json() for r in load_audit_rows(path)]
 
 
 def message_id(role: str, content: str) -> str:

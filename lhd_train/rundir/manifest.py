@@ -1,0 +1,107 @@
+"""The run-level records of a run directory, as typed models: `manifest.json` (what the run was
+made with), `summary.json` (what the last `lhd run` did), a trial's `.done` marker and an
+auditor's `auditor.json` (docs/formats.md).
+
+Like the rows (`rundir.rows`), each is the in-memory type and the file at once: writers build one,
+`rundir.run` writes it, readers get it back checked. Fields are optional where an older writer or
+another producer (a merge, an import of the authors' sessions, a planted copy) may leave them out;
+unknown fields are kept."""
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import Field
+
+from lhd_train.rundir.rows import Record
+
+
+class RoleModel(Record):
+    """A role's model as the run loaded it."""
+
+    key: str | None = None
+    model: str | None = None
+    revision: str | None = None
+    backend: str | None = None
+    adapter: str | None = None
+    describe: dict[str, Any] | None = None
+
+
+class ResumeSession(Record):
+    """One later `lhd run` that continued the run: where and with what."""
+
+    started_at: str | None = None
+    host: str | None = None
+    platform: str | None = None
+    packages: dict[str, str | None] | None = None
+    python: str | None = None
+
+
+class Manifest(Record):
+    """manifest.json: the first session's provenance; later sessions are listed in `resumes`."""
+
+    run_id: str | None = None
+    kind: str | None = None  # set by producers other than `lhd run` (merge, import, curated set)
+    pack: str | None = None
+    pack_source: str | None = None
+    pack_sha256: str | None = None
+    seeds: list[int] | None = None
+    trials: list[str] | None = None
+    models: dict[str, RoleModel] | None = None
+    sampling: dict[str, dict[str, Any]] | None = None
+    effective_sampling: dict[str, dict[str, Any]] | None = None
+    weights: dict[str, Any] | None = None
+    packages: dict[str, str | None] | None = None
+    python: str | None = None
+    host: str | None = None
+    platform: str | None = None
+    started_at: str | None = None
+    resumes: list[ResumeSession] | None = None
+
+
+class TrialOutcome(Record):
+    """One trial's outcome in summary.json."""
+
+    trial_id: str
+    seed: int | None = None
+    rounds: int | None = None
+    tasks_done: int | None = None
+    tasks_completed: int | None = None
+    final_state: dict[str, float] | None = None
+    tokens: int | None = None
+    seconds: float | None = None
+    status: str | None = None  # done | failed | partial
+    error: str | None = None
+    resumed_rounds: int | None = None
+
+
+class Summary(Record):
+    """summary.json: what the last `lhd run` session did (usage per role, each trial's outcome)."""
+
+    run_id: str | None = None
+    wall_s: float | None = None
+    gpu_hours_this_invocation: float | None = None
+    usage_by_role: dict[str, dict[str, Any]] | None = None
+    trials: list[TrialOutcome] | None = None
+
+
+class DoneMarker(Record):
+    """trials/<trial>.done: the trial is finished, with the number of rounds it finished with (so a
+    marker that outlives its rows is caught). The oldest markers hold only a timestamp: `rounds`
+    is then None."""
+
+    finished_at: str | None = None
+    rounds: int | None = None
+    last_global_round: int | None = None
+
+
+class AuditorRecord(Record):
+    """audit/<auditor-id>/auditor.json: the one setting and set of model files an auditor id names
+    (a resumed audit with other ones is refused)."""
+
+    schema_: Annotated[str | None, Field(alias="schema")] = None
+    auditor_id: str | None = None
+    mode: str | None = None
+    window: int | None = None
+    created_at: str | None = None
+    updated_at: str | None = None
+    model_files: dict[str, Any] | None = None
