@@ -370,7 +370,4 @@ def tiny_model_command(
     path = build_tiny_model(arch, out, seed=seed, hidden_size=hidden_size, num_layers=layers,  # type: ignore[arg-type]
                             vocab_size=vocab_size, max_position_embeddings=max_position_embeddings,
                             chat_style=chat_style)  # type: ignore[arg-type]
-    info = json.loads((path / SIDECAR).read_text(encoding="utf-8"))
-    print(f"wrote tiny {arch} model to {path}: {info['n_params']:,} params, "
-          f"{info['tokenizer_size']} tokens (vocab_size {vocab_size}), {chat_style} chat template, seed {seed}")
     return path

@@ -102,13 +102,18 @@ def test_same_seed_same_weights_and_vocab(tmp_path, tiny_llama_dir):
     assert vocab(tiny_llama_dir) == vocab(again) == vocab(other)
 
 
-def test_command_writes_a_loadable_model(tmp_path, capsys):
+def test_command_writes_a_loadable_model(tmp_path):
     from transformers import AutoModelForCausalLM
+    from typer.testing import CliRunner
 
+    from lhd_train.cli.app import app
     from lhd_train.errors import InputError
 
-    out = tiny_model_command("qwen2", tmp_path / "m", seed=3, hidden_size=32, layers=1)
-    assert "wrote tiny qwen2 model" in capsys.readouterr().out
+    out = tmp_path / "m"
+    r = CliRunner().invoke(app, ["tiny-model", "--arch", "qwen2", "--out", str(out), "--seed", "3", "--hidden-size",
+                                 "32", "--layers", "1"])
+    assert r.exit_code == 0 and f"wrote tiny qwen2 model to {out}: " in r.stdout, r.output
+    assert "2048), chatml chat template, seed 3" in r.stdout, r.stdout
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.config.hidden_size == 32 and model.config.num_hidden_layers == 1
     assert json.loads((out / SIDECAR).read_text())["seed"] == 3

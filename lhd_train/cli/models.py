@@ -1,6 +1,7 @@
 """`lhd tiny-model` and `lhd model get|list`: models built locally, no model hub."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import typer
@@ -23,7 +24,7 @@ def tiny_model_cmd(
 ) -> None:
     """Build a random-weight Llama/Qwen model and a locally trained tokenizer (no network)."""
     from lhd_train.errors import InputError
-    from lhd_train.tiny_model import tiny_model_command
+    from lhd_train.tiny_model import SIDECAR, tiny_model_command
 
     for flag, value, low, high in (("--seed", seed, 0, 2**32 - 1), ("--hidden-size", hidden_size, 8, 8192),
                                    ("--layers", layers, 1, 64)):
@@ -32,8 +33,11 @@ def tiny_model_cmd(
     if hidden_size % 8:  # 4 attention heads of an even size (rotary embeddings)
         raise InputError("command line", "--hidden-size", f"{hidden_size}", "a multiple of 8")
 
-    tiny_model_command(arch=arch, out=out, seed=seed, hidden_size=hidden_size, layers=layers,
-                       chat_style=chat_style, force=force)
+    path = tiny_model_command(arch=arch, out=out, seed=seed, hidden_size=hidden_size, layers=layers,
+                              chat_style=chat_style, force=force)
+    info = json.loads((path / SIDECAR).read_text(encoding="utf-8"))
+    print(f"wrote tiny {arch} model to {path}: {info['n_params']:,} params, {info['tokenizer_size']} tokens "
+          f"(vocab_size {info['vocab_size']}), {info['chat_style']} chat template, seed {info['seed']}")
 
 
 model_app = typer.Typer(help="real chat models installed from the package index", no_args_is_help=True)
