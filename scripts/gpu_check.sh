@@ -10,7 +10,7 @@
 # than max_length (none dropped), DPO LoRA bf16 + gradient checkpointing, QLoRA (SKIP without
 # bitsandbytes), single-process training on one GPU (needs 2 GPUs), the lens on the GPU vs the CPU.
 #
-# usage: scripts/gpu_check.sh [WHEELS_DIR] [-- extra args for python -m lhd_train.ops.gpu_check]
+# usage: scripts/gpu_check.sh [WHEELS_DIR] [-- extra args for lhd gpu-check]
 #   WHEELS_DIR  a folder of wheels (trl, xgrammar, datasets, ... and their dependencies) for a machine
 #               that has only PyTorch (CUDA), transformers, peft and accelerate; whatever does not import
 #               is installed from it with `pip install --no-index --find-links WHEELS_DIR`
@@ -66,7 +66,7 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=index,name,driver_ver
   --format=csv,noheader 2>&1 | sed 's/^/GPU /'
 echo "host $(hostname) $(date -u +%Y-%m-%dT%H:%MZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 timeout --kill-after=20 "${GPU_CHECK_TIMEOUT:-480}" \
-  "$PY" -m lhd_train.ops.gpu_check --device "${GPU_CHECK_DEVICE:-cuda}" "$@"
+  "$PY" -m lhd_train.cli gpu-check --device "${GPU_CHECK_DEVICE:-cuda}" "$@"
 rc=$?
 [[ $rc -eq 124 ]] && echo "CHECK timeout: FAIL gpu_check ran past ${GPU_CHECK_TIMEOUT:-480} s"
 exit $rc

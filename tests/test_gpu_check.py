@@ -1,4 +1,4 @@
-"""The device check (scripts/gpu_check.sh → lhd_train.ops.gpu_check) runs on a CPU machine too:
+"""The device check (scripts/gpu_check.sh → lhd gpu-check) runs on a CPU machine too:
 every check that has a CPU form runs, the GPU-only ones SKIP with their reason, none FAILs, and the
 output is one `CHECK <name>: PASS|FAIL|SKIP <detail>` line per check plus a summary line."""
 from __future__ import annotations
@@ -23,7 +23,7 @@ GPU_ONLY = {"xgrammar_worker_thread": "needs CUDA", "hf_oom_split": "needs CUDA"
 
 
 def run_check(tmp_path: Path, *args: str, timeout: int) -> tuple[subprocess.CompletedProcess, dict[str, str]]:
-    r = subprocess.run([PY, "-m", "lhd_train.ops.gpu_check", "--device", "cpu", "--work", str(tmp_path), *args],
+    r = subprocess.run([PY, "-m", "lhd_train.cli", "gpu-check", "--device", "cpu", "--work", str(tmp_path), *args],
                        capture_output=True, text=True, env=ENV, timeout=timeout, cwd=ROOT)
     checks = [ln for ln in r.stdout.splitlines() if ln.startswith("CHECK ")]
     bad = [ln for ln in checks if not LINE.match(ln)]
@@ -38,7 +38,7 @@ def test_output_format_and_unknown_check(tmp_path):
     assert list(lines) == ["env", "tiny_model", "trl_qlora"], r.stdout
     assert lines["trl_qlora"].startswith("CHECK trl_qlora: SKIP needs CUDA")
     assert r.returncode == 0, r.stderr[-2000:]
-    r = subprocess.run([PY, "-m", "lhd_train.ops.gpu_check", "--device", "cpu", "--only", "nope"],
+    r = subprocess.run([PY, "-m", "lhd_train.cli", "gpu-check", "--device", "cpu", "--only", "nope"],
                        capture_output=True, text=True, env=ENV, timeout=60, cwd=ROOT)
     assert r.returncode == 2 and "unknown check(s) ['nope']" in r.stderr and "hf_kv_memory" in r.stderr
     r = subprocess.run(["bash", "-n", str(ROOT / "scripts/gpu_check.sh")], capture_output=True, text=True)

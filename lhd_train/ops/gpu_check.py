@@ -1,6 +1,6 @@
-"""`python -m lhd_train.ops.gpu_check [--device cuda|cuda:N|cpu] [--small]`: the paths most at risk on
-a GPU node (issue 20), checked on one GPU without network and without vLLM in a few minutes
-(scripts/gpu_check.sh wraps it). One line per check on stdout:
+"""`lhd gpu-check [--device cuda|cuda:N|cpu] [--small]`: the paths most at risk on a GPU node
+(issue 20), checked on one GPU without network and without vLLM in a few minutes (scripts/gpu_check.sh
+wraps it; the command, in `cli/gpu_check.py`, prints). One line per check on stdout:
 
     CHECK <name>: PASS|FAIL|SKIP <detail>
 
@@ -25,21 +25,21 @@ others with the reason; it hides any GPU (CUDA_VISIBLE_DEVICES="") before torch 
 check FAILed."""
 from __future__ import annotations
 
-import argparse
 import importlib.util
-import math
+import logging
 import os
 import shutil
-import sys
 import tempfile
 import threading
 import time
-import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lhd_train.ops.gpu_check_base import STATUSES, Ctx, Outcome, gib, json_run, verdict
+
+log = logging.getLogger(__name__)
 
 PROMPTS = [
     "The quarterly report lists 21 units sold in region 3 at a price of 5.50 each, and demand was high.",
@@ -49,10 +49,6 @@ PROMPTS = [
     "The hackathon budget of 15000 dollars covers prizes, food, swag and two keynote speakers this year.",
     "Churn rose from four to seven percent after the price change, mostly among small business customers.",
 ]
-
-
-def emit(name: str, status: str, detail: str) -> None:
-    print(f"CHECK {name}: {status} {detail}", flush=True)
 
 
 def check_env(ctx: Ctx) -> Outcome:
@@ -198,26 +194,33 @@ def all_checks() -> list[tuple[str, Callable[[Ctx], Outcome]]]:
 PREREQUISITES = ("env", "tiny_model")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lhd_train.ops.gpu_check", description=__doc__.split("\n")[0])
-    ap.add_argument("--device", default="cuda", help="cuda | cuda:N | cpu (cpu: smoke test on a CPU machine)")
-    ap.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temp dir)")
-    ap.add_argument("--only", default=None, help="comma-separated check names (env and tiny_model always run)")
-    ap.add_argument("--small", "--fast", action="store_true", help="small slice, fewer requests and prompts")
-    args = ap.parse_args(argv)
+@dataclass
+class CheckSummary:
+    """What a run of the checks found: PASS/FAIL/SKIP counts, its seconds and its scratch folder."""
+
+    counts: dict[str, int]
+    seconds: float
+    work: Path
+
+
+def run_checks(device: str = "cuda", work: Path | None = None, only: set[str] | None = None, small: bool = False,
+               on_result: Callable[[str, str, str], None] = lambda name, status, detail: None) -> CheckSummary:
+    """Run the checks (`only` and the prerequisites, or all) and hand each outcome to `on_result`
+    as it comes, so a caller killed by its timeout has shown every check that finished."""
+    from lhd_train.errors import InputError
+
     for key, value in (("HF_HUB_OFFLINE", "1"), ("HF_HUB_DISABLE_TELEMETRY", "1"), ("TOKENIZERS_PARALLELISM", "false"),
                        ("WANDB_MODE", "disabled")):
         os.environ.setdefault(key, value)
-    if args.device == "cpu":
+    if device == "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch is imported
     checks = all_checks()
     names = [n for n, _ in checks]
-    only = set(args.only.split(",")) if args.only else None
     if only and only - set(names):
-        ap.error(f"unknown check(s) {sorted(only - set(names))} (allowed: {', '.join(names)})")
-    work = args.work or Path(tempfile.mkdtemp(prefix="lhd-gpu-check-"))
+        raise InputError("command line", "--only", f"unknown check(s) {sorted(only - set(names))}", ", ".join(names))
+    work = work or Path(tempfile.mkdtemp(prefix="lhd-gpu-check-"))
     work.mkdir(parents=True, exist_ok=True)
-    ctx = Ctx(args.device, work, args.small)
+    ctx = Ctx(device, work, small)
     counts = dict.fromkeys(STATUSES, 0)
     t_all = time.perf_counter()
     for name, fn in checks:
@@ -228,16 +231,9 @@ def main(argv: list[str] | None = None) -> int:
             status, detail = fn(ctx)
         except Exception as e:  # noqa: BLE001 - every check reports, none stops the others
             status, detail = "FAIL", f"{type(e).__name__}: {e}".replace("\n", " ")[:500]
-            traceback.print_exc(file=sys.stderr)
-        emit(name, status, f"{detail} [{time.perf_counter() - t0:.1f} s]")
+            log.exception("check %s failed", name)
+        on_result(name, status, f"{detail} [{time.perf_counter() - t0:.1f} s]")
         counts[status] += 1
         if name in PREREQUISITES and status == "FAIL":
             break
-    print(f"gpu_check: {sum(counts.values())} checks, {counts['PASS']} passed, {counts['FAIL']} failed, "
-          f"{counts['SKIP']} skipped, {math.ceil(time.perf_counter() - t_all)} s, device {args.device}, "
-          f"work dir {work}", flush=True)
-    return 1 if counts["FAIL"] else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return CheckSummary(counts, time.perf_counter() - t_all, work)

@@ -3,6 +3,7 @@ models built once), the outcome type, output helpers and a JSON-constrained requ
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -10,10 +11,12 @@ from typing import Any
 
 STATUSES = ("PASS", "FAIL", "SKIP")
 Outcome = tuple[str, str]  # (status, detail)
+log = logging.getLogger(__name__)
 
 
 def proj(text: str) -> None:
-    print(f"PROJ {text}", flush=True)
+    """A projection to the real model, logged (`lhd gpu-check` shows it as a `PROJ` line on stdout)."""
+    log.info("PROJ %s", text)
 
 
 def gib(n: float) -> str:
