@@ -1,5 +1,6 @@
-"""The layout rules of issue 13, checked on the source: no import cycles, no module past ~500 lines
-without a stated reason, and each run-directory file name spelled in one module only.
+"""The layout rules, checked on the source: no import cycles, layers that import only downwards
+(issue 23), only the command layer prints, no module past ~500 lines without a stated reason, and
+each run-directory file name spelled in one module only (issue 13).
 
 The import graph is read with `ast` (nothing is imported), counting imports inside functions
 too: a cycle hidden in a function is still two modules that cannot be understood one at a time.
@@ -28,6 +29,55 @@ RUN_DIR_NAMES = {
     '".done"': "lhd_train/rundir/layout.py",
     '".messages.jsonl"': "lhd_train/rundir/layout.py",
     '".lock"': "lhd_train/rundir/layout.py",
+}
+
+
+# Layer contracts, in the style of import-linter, checked on `import_graph()`. The layers, bottom up:
+# rollouts < rundir < config < the stages (bench, audit, metrics, finetune, report, ops, interop)
+# < cli; `lens` stands beside lhd_train. Each package below may import, besides itself, only the
+# packages listed for it (third-party packages are not checked).
+MAY_IMPORT = {
+    "rollouts": (),
+    "lhd_train.rundir": ("lhd_train.errors", "rollouts"),
+    "lhd_train.config": ("lhd_train.errors", "lhd_train.rundir", "rollouts"),
+}
+# The command layer: only it imports `lhd_train.cli`, and only it prints (`print`, rich's
+# `console.print`, `typer.echo`, writes to sys.stdout/stderr). Library code logs instead
+# (`logging.getLogger(__name__)`); the command decides what the user sees.
+COMMAND_LAYER = {
+    "lhd_train/cli/": "the `lhd` command line",
+    "lhd_train/boundary.py": "the one error boundary (outside cli/ so that lens's commands can use it)",
+    "lens/cli.py": "the `lhd lens` / `python -m lens` commands",
+    "lens/__main__.py": "`python -m lens`",
+    "lhd_train/ops/vllm_probe.py": "a script run by vLLM's own python; its stdout line is its answer",
+}
+# Library modules that still print, each with what should replace it. Remove an entry when its
+# module stops printing (the test refuses stale entries); never add one.
+KNOWN_PRINTS = {
+    "lhd_train/errors.py": "report_error prints the boundary's error line: move it into lhd_train/boundary.py",
+    "lhd_train/finetune/datasets.py": "console.print of the grader/audit agreement: log it, let `lhd data` show it",
+    "lhd_train/finetune/trainer.py": "_say() to stderr: log with logging.getLogger(__name__)",
+}
+# What lens may import from lhd_train (a parent package of an entry is allowed too: importing
+# `a.b.c` runs `a/b/__init__.py`). The goal is the run directory's public API and the labels:
+# SHRINK this list as lens stops reaching into internals (the test refuses entries lens no longer
+# imports); never grow it without moving the thing into that public API.
+LENS_API = {
+    "lhd_train.errors": "InputError, translated into lens's errors",
+    "lhd_train.rundir": "the run directory's public API",
+    "lhd_train.rundir.run": "the Run API (Run.open, trials, auditors)",
+    "lhd_train.rundir.rows": "the row records the Run API returns",
+    "lhd_train.metrics": "the labels (round_labels), `lhd report`'s rule",
+    "lhd_train.rundir.files": "to go: atomic writes, JSONL and hashes (a neutral io module, review 5.1)",
+    "lhd_train.rundir.csv_cells": "to go: safe CSV cells (same)",
+    "lhd_train.rundir.lock": "to go: the run-directory lock (lens's lock glue moves to the lhd side)",
+    "lhd_train.rundir.outputs": "to go: where --out may point (same)",
+    "lhd_train.rundir.store": "to go: the message store through the Run API (lens/runs.py)",
+    "lhd_train.audit.trajectory": "to go: task texts through the Run API (lens/runs.py)",
+    "lhd_train.bench.taskpack": "to go: task packs for the probe sets (lens/probes.py, lens/runs.py)",
+    "lhd_train.ops.shard": "to go: --shard parsing (lens/cli.py; runs ops/__init__, which imports config)",
+    "lhd_train.boundary": "the one error boundary (lens/cli.py)",
+    "lhd_train.options": "typer options from a settings model, shared with lhd's CLI (lens/cli.py)",
 }
 
 
@@ -173,3 +223,133 @@ def test_one_tiny_model_builder(call):
                    if call in p.read_text(encoding="utf-8") and p.name != "test_layout.py")
     allowed = {"lhd_train/tiny_model.py", "lhd_train/packaged_models.py"}  # packaged: SmolLM2 from its GGUF
     assert set(found) <= allowed, f"{call} outside the one builder: {sorted(set(found) - allowed)}"
+
+
+# ----------------------------------------------------------------------------- layers (issue 23)
+
+
+def in_package(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def reaches_outside(graph: dict[str, set[str]], package: str, allowed: tuple[str, ...]) -> list[str]:
+    """`importer -> imported` for each import from a module of `package` to a project module that
+    is neither in `package` nor in one of the `allowed` packages."""
+    return sorted(f"{m} -> {d}" for m, deps in graph.items() if in_package(m, package) for d in deps
+                  if not in_package(d, package) and not any(in_package(d, a) for a in allowed))
+
+
+def importers_of(graph: dict[str, set[str]], package: str, exempt: tuple[str, ...]) -> list[str]:
+    """`importer -> imported` for each import of a module of `package` by a module outside it and
+    outside the `exempt` packages."""
+    return sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps if in_package(d, package)
+                  and not in_package(m, package) and not any(in_package(m, e) for e in exempt))
+
+
+def lens_reaches(graph: dict[str, set[str]], api: set[str]) -> tuple[list[str], set[str]]:
+    """(imports from lens into lhd_train outside `api`, the `api` entries that lens uses). A parent
+    package of an `api` module counts as allowed: importing the module runs the parent's __init__."""
+    bad, used = [], set()
+    for m, deps in graph.items():
+        if not in_package(m, "lens"):
+            continue
+        for d in deps:
+            if not in_package(d, "lhd_train"):
+                continue
+            if d in api:
+                used.add(d)
+            elif not any(a.startswith(d + ".") for a in api):
+                bad.append(f"{m} -> {d}")
+    return sorted(bad), used
+
+
+PRINT_ATTRIBUTES = {"print", "print_json", "print_exception", "print_exc", "print_stack", "echo", "secho"}
+
+
+def print_calls(source: str) -> list[str]:
+    """`line: call` for each call that writes to the terminal: `print(...)`, rich's and typer's
+    (`console.print`, `rich.print`, `typer.echo`, `traceback.print_exc`, ...) and `sys.stdout/stderr.write`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        to_stream = isinstance(f, ast.Attribute) and f.attr == "write" and ast.unparse(f.value) in ("sys.stdout",
+                                                                                                  "sys.stderr")
+        if (isinstance(f, ast.Name) and f.id == "print") or (isinstance(f, ast.Attribute) and
+                                                             f.attr in PRINT_ATTRIBUTES) or to_stream:
+            found.append(f"{node.lineno}: {ast.unparse(f)}")
+    return sorted(found, key=lambda s: int(s.split(":")[0]))
+
+
+def _command_layer(rel: str) -> bool:
+    return any(rel.startswith(p) if p.endswith("/") else rel == p for p in COMMAND_LAYER)
+
+
+def test_the_layer_checks_find_a_bad_import():
+    """Each check below must be able to fail: here on a small graph with one bad edge each."""
+    graph = {"lhd_train.rundir.store": {"lhd_train.errors", "lhd_train.config.run", "lhd_train.config"},
+             "lhd_train.config.run": {"lhd_train.rundir.store", "rollouts.spec", "lhd_train.bench.engine"},
+             "lhd_train.bench.engine": {"lhd_train.cli.run"}, "lhd_train.cli.run": {"lhd_train.bench.engine"},
+             "rollouts.spec": {"lens.fit"}, "lens.fit": {"lhd_train.rundir.files", "lhd_train.rundir"},
+             "lens.runs": {"lhd_train.metrics.load", "lhd_train.metrics"}}
+    allowed = MAY_IMPORT["lhd_train.rundir"]
+    assert reaches_outside(graph, "lhd_train.rundir", allowed) == ["lhd_train.rundir.store -> lhd_train.config",
+                                                                   "lhd_train.rundir.store -> lhd_train.config.run"]
+    assert reaches_outside(graph, "lhd_train.config", MAY_IMPORT["lhd_train.config"]) == [
+        "lhd_train.config.run -> lhd_train.bench.engine"]
+    assert reaches_outside(graph, "rollouts", ()) == ["rollouts.spec -> lens.fit"]
+    assert importers_of(graph, "lhd_train.cli", ("lens",)) == ["lhd_train.bench.engine -> lhd_train.cli.run"]
+    assert lens_reaches(graph, {"lhd_train.rundir.files", "lhd_train.errors"}) == (
+        ["lens.runs -> lhd_train.metrics", "lens.runs -> lhd_train.metrics.load"], {"lhd_train.rundir.files"})
+
+
+def test_the_print_finder_finds_prints():
+    source = ("import sys, rich, typer\nfrom rich.console import Console\nlog = None\n"
+              "def f():\n    print('a')\n    Console().print('b')\n    rich.print('c')\n    typer.echo('d')\n"
+              "    sys.stderr.write('e')\n    log.info('f')\n    open('x').write('g')\n")
+    assert print_calls(source) == ["5: print", "6: Console().print", "7: rich.print", "8: typer.echo",
+                                   "9: sys.stderr.write"]
+
+
+@pytest.mark.parametrize("package", sorted(MAY_IMPORT))
+def test_lower_layers_import_nothing_above_them(package):
+    """rundir/ (the run directory) and config/ are what every stage builds on; rollouts/ is a
+    separate library. None of them may depend on a stage, the CLI or lens."""
+    bad = reaches_outside(import_graph(module_files()), package, MAY_IMPORT[package])
+    assert not bad, f"{package} may import only {MAY_IMPORT[package] or 'nothing of the project'}: {bad}"
+
+
+def test_only_the_command_line_imports_it():
+    """No stage (bench, audit, metrics, finetune, report, ops, interop, rundir, config) and no
+    other library module imports `lhd_train.cli`; lens is held by LENS_API below."""
+    bad = importers_of(import_graph(module_files()), "lhd_train.cli", ("lens",))
+    assert not bad, f"library modules importing the CLI (move what they need below it): {bad}"
+
+
+def test_lens_reaches_lhd_train_only_through_its_api():
+    bad, used = lens_reaches(import_graph(module_files()), set(LENS_API))
+    assert not bad, f"lens imports lhd_train modules outside LENS_API (use the public API): {bad}"
+    stale = sorted(set(LENS_API) - used)
+    assert not stale, f"LENS_API lists modules lens no longer imports (drop the entries): {stale}"
+
+
+def test_only_the_command_layer_prints():
+    """Library code logs; `lhd_train/cli/` (and COMMAND_LAYER) decides what the user sees. The
+    console of `lhd_train/console.py` is the command layer's: a library module may not import it."""
+    printing, console_users = {}, []
+    graph = import_graph(module_files())
+    for module, path in module_files().items():
+        rel = path.relative_to(ROOT).as_posix()
+        if _command_layer(rel):
+            continue
+        if calls := print_calls(path.read_text(encoding="utf-8")):
+            printing[rel] = calls
+        if "lhd_train.console" in graph[module]:
+            console_users.append(rel)
+    unknown = {rel: calls for rel, calls in printing.items() if rel not in KNOWN_PRINTS}
+    assert not unknown, f"library modules that print (log instead, and print in lhd_train/cli): {unknown}"
+    stale = sorted(set(KNOWN_PRINTS) - set(printing))
+    assert not stale, f"KNOWN_PRINTS lists modules that no longer print (drop the entries): {stale}"
+    assert set(console_users) <= set(KNOWN_PRINTS), \
+        f"library modules importing lhd_train.console: {sorted(set(console_users) - set(KNOWN_PRINTS))}"
