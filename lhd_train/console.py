@@ -1,4 +1,5 @@
-"""Where `lhd` prints its tables.
+"""Where `lhd` prints its tables and messages: the command layer's consoles (`lhd_train/cli/`, the
+error boundary). Library code logs instead and never imports this module (tests/test_layout.py).
 
 rich cuts a table to 80 columns when its output is not a terminal, abbreviating every column
 name ("stat…", "roun…"), which makes the log of a cluster job unreadable. Tables printed to a
