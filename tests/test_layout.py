@@ -67,7 +67,7 @@ LENS_API = {
     "lhd_train.rundir": "the run directory's public API",
     "lhd_train.rundir.run": "the Run API (Run.open, trials, auditors)",
     "lhd_train.rundir.rows": "the row records the Run API returns",
-    "lhd_train.metrics": "the labels (round_labels), `lhd report`'s rule",
+    "lhd_train.metrics.labels": "the labels (round_labels), `lhd report`'s rule",
     "lhd_train.rundir.files": "to go: atomic writes, JSONL and hashes (a neutral io module, review 5.1)",
     "lhd_train.rundir.csv_cells": "to go: safe CSV cells (same)",
     "lhd_train.rundir.lock": "to go: the run-directory lock (lens's lock glue moves to the lhd side)",
