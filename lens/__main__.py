@@ -1,7 +1,8 @@
-"""`python -m lens ...` runs the same commands as `lhd lens ...`."""
-import sys
+"""`python -m lens ...` runs the same commands as `lhd lens ...`, inside the same error boundary
+(the app's group is `lhd_train.boundary.GuardedGroup`)."""
+import os
 
 from lens.cli import app
-from lhd_train.cli import guarded
 
-sys.exit(guarded(lambda: app(prog_name="python -m lens")))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+app(prog_name="python -m lens")

@@ -5,21 +5,24 @@ list), which goes into the lens sidecar and is compared on resume.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from lens.errors import LensError
-from lhd_train.rundir.files import sha256_file
+from lhd_train.errors import DataFileError
+from lhd_train.rundir.files import read_jsonl_lines, sha256_file
 
 
 @dataclass
 class CorpusSpec:
+    """Which texts of a corpus file; its fields are the sidecar's `corpus` recipe (the command-line
+    options and their checks: `lens.settings.CorpusArgs`)."""
+
     path: str
-    format: str = "auto"  # auto | text | jsonl | dataset
+    format: Literal["auto", "text", "jsonl", "dataset"] = "auto"
     text_field: str = "text"
     split: str | None = None  # for a DatasetDict on disk
     n_prompts: int | None = None
@@ -58,19 +61,14 @@ def read_text_lines(path: Path, what: str) -> list[str]:
 
 
 def _read_jsonl(path: Path, field: str) -> list[str]:
+    """The text field of every line, read by lhd's one JSONL reader (`read_jsonl_lines`: a torn
+    final line is ignored, docs/formats.md). A line that is not a JSON object with that field is a
+    `DataFileError` naming the file, the line and the field."""
     texts: list[str] = []
-    for lineno, line in enumerate(read_text_lines(path, "corpus"), 1):
-        if not line.strip():
-            continue
-        if not line.endswith("\n"):
-            break  # a torn final line (docs/formats.md)
-        try:
-            row = json.loads(line)
-        except (json.JSONDecodeError, RecursionError) as exc:
-            raise LensError(f"{path}:{lineno}: not a JSON line ({str(exc)[:120]})") from None
-        if not isinstance(row, dict) or not isinstance(row.get(field), str):
-            raise LensError(f"{path}:{lineno}: field '{field}' missing or not a string (each line is a JSON "
-                            f"object with a text field '{field}'; see --text-field)")
+    for lineno, row in read_jsonl_lines(path):
+        if not isinstance(row.get(field), str):
+            raise DataFileError(path, f"missing or not a string (each line is a JSON object with a text field "
+                                f"'{field}'; see --text-field)", line=lineno, field=field)
         texts.append(row[field])
     return texts
 

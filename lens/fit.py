@@ -31,7 +31,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from tqdm.auto import tqdm
@@ -128,7 +128,8 @@ def prompt_jacobian(
 
 @dataclass
 class FitSettings:
-    """Everything that changes the estimate (compared on resume), plus pure speed knobs."""
+    """Everything that changes the estimate (compared on resume), plus pure speed knobs. The command
+    line's options and their checks are `lens.settings.FitArgs`, which fills this by field name."""
 
     target_layer: int = -1
     source_layers: list[int] | None = None
@@ -138,7 +139,7 @@ class FitSettings:
     force_bos: bool = True
     # speed only (not compared on resume)
     dim_batch: int = 64
-    method: str = "replicate"
+    method: Literal["replicate", "vmap"] = "replicate"
 
 
 @dataclass

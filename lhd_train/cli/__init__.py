@@ -1,80 +1,17 @@
 """The `lhd` command line: one module per command group (`run`, `models`, `audit`, `data`,
 `train`, `report`, `slurm`, `merge`, `doctor`; the lens group comes from `lens.cli`), assembled in `app`.
 
-`main()` owns error handling for every entry point (`lhd`, `python -m lhd_train.cli`, also
-under `accelerate launch`, and `python -m lens`): bad input, a
-model that cannot load, a disk that refuses a write (also one made by datasets, torch or
-transformers, whose errors lhd's writers do not see) and a chat template that fails end as one
-`error:` line and exit status 2, never a traceback."""
+`main()` runs the app inside the one error boundary of every entry point (`lhd`, `python -m
+lhd_train.cli`, also under `accelerate launch`, `python -m lens`, `python -m lens.cli`):
+`lhd_train.boundary.guarded`, re-exported here. Bad input, a model that cannot load, a refused
+write and a failing chat template end as one `error:` line and exit status 2, never a traceback."""
 from __future__ import annotations
 
-import re
 import sys
-from collections.abc import Callable
 
+from lhd_train.boundary import guarded
 
-def guarded(call: Callable[[], int | None]) -> int:
-    """Run `call` and turn lhd's errors into `report_error`, Ctrl-C into a resume hint."""
-    from lhd_train.errors import LhdError, report_error
-    from rollouts.backend import BackendError
-
-    try:
-        return call() or 0
-    except (LhdError, BackendError) as e:  # BackendError: rollouts/ knows nothing of lhd's errors
-        return report_error(e)
-    except Exception as e:
-        known = _known_failure(e)
-        if known is None:
-            raise
-        return report_error(known)
-    except KeyboardInterrupt:
-        from lhd_train.console import console
-
-        console.print("[yellow]interrupted: finished rounds are on disk; rerun to resume[/yellow]")
-        return 130
-
-
-_OS_ERROR_CODE = re.compile(r"\(os error (\d+)\)|\bcode: (\d+)")  # Rust's io::Error (safetensors)
-_TORCH_WRITER = ("PytorchStreamWriter", "inline_container.cc")  # torch.save: the errno is not kept
-
-
-def _storage_cause(exc: BaseException) -> tuple[str | None, str] | None:
-    """(file, reason) of the refused write (disk full, read-only, ...) behind `exc`: `exc` itself
-    or an OSError it was raised from (datasets and transformers wrap it), a Rust I/O error's code
-    in the text (safetensors), or torch's writer failing, which keeps no errno."""
-    from lhd_train.rundir.files import STORAGE_ERRNOS
-
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in STORAGE_ERRNOS:
-            return e.filename, STORAGE_ERRNOS[e.errno]
-        text = str(e)
-        for match in _OS_ERROR_CODE.finditer(text):
-            code = int(match.group(1) or match.group(2))
-            if code in STORAGE_ERRNOS:
-                return None, STORAGE_ERRNOS[code]
-        if isinstance(e, RuntimeError) and any(t in text for t in _TORCH_WRITER):
-            return None, "torch could not write it: is the disk full, the quota used up or `ulimit -f` passed?"
-        e = e.__cause__ or e.__context__
-    return None
-
-
-def _known_failure(exc: Exception) -> Exception | None:
-    """A one-line error for a refused write or a chat template that fails; None for anything else."""
-    from lhd_train.rundir.files import StorageError
-    from rollouts.model_files import chat_template_error
-
-    template = chat_template_error(exc, [])
-    if template is not None:  # a file to fix: no "rerun to resume"
-        return template
-    cause = _storage_cause(exc)
-    if cause is None:
-        return None
-    path, reason = cause
-    return StorageError(path or "a file being saved", reason, "work finished before is kept on disk; make room "
-                        "(or fix the folder's permissions) and rerun to resume")
+__all__ = ["guarded", "main"]
 
 
 def main() -> None:

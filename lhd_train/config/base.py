@@ -68,6 +68,7 @@ def field_path(loc: tuple[Any, ...]) -> str:
 _TYPE_WORDS = {"model_type": "an object", "dict_type": "an object", "list_type": "a list",
                "string_type": "a string", "int_type": "an integer", "float_type": "a number",
                "bool_type": "true or false"}
+_BOUNDS = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}
 
 
 def validation_error(err: ValidationError, source: str | Path | None, root: type[BaseModel]) -> InputError:
@@ -89,6 +90,8 @@ def validation_error(err: ValidationError, source: str | Path | None, root: type
         problem = f"{e['input']!r} is not allowed"
         ann = _annotation_at(root, loc)
         allowed = ", ".join(map(str, get_args(ann))) if get_origin(ann) is Literal else None
+    elif kind in _BOUNDS:  # `Field(ge=1)`: "must be >= 1, got 0"
+        problem = f"must be {_BOUNDS[kind]} {next(iter(e['ctx'].values()))}, got {e['input']!r}"
     elif kind in _TYPE_WORDS:
         problem = f"must be {_TYPE_WORDS[kind]} (got {type(e['input']).__name__})"
     else:

@@ -22,6 +22,7 @@ from lens.cli import app
 from lens.corpus import CorpusSpec, load_corpus
 from lens.errors import LensError
 from lens.probes import build_probe_set, read_probes, write_probes
+from lhd_train.errors import DataFileError
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -47,21 +48,27 @@ def binary(tmp_path):
 
 # ------------------------------------------------------------------ 1. garbage input files
 
-@pytest.mark.parametrize("fmt", ["text", "jsonl"])
-def test_binary_corpus_names_file_and_line(binary, fmt):
-    with pytest.raises(LensError, match=rf"{binary}:2: not UTF-8 text"):
+@pytest.mark.parametrize(("fmt", "error", "where"), [
+    ("text", LensError, "{}:2: not UTF-8"),
+    ("jsonl", DataFileError, "{}: line 1: not valid JSON"),  # lhd's one JSONL reader: its first line is no JSON
+])
+def test_binary_corpus_names_file_and_line(binary, fmt, error, where):
+    with pytest.raises(error, match=where.format(binary)):
         load_corpus(CorpusSpec(path=str(binary), format=fmt))
-    assert f"{binary}:2: not UTF-8" in refused("fit", NO_MODEL, "--corpus", binary, "--out", binary.parent / "o",
-                                                 "--format", fmt)
+    assert where.format(binary) in refused("fit", NO_MODEL, "--corpus", binary, "--out", binary.parent / "o",
+                                           "--format", fmt)
 
 
 def test_jsonl_corpus_with_a_bad_line(tmp_path):
     p = tmp_path / "c.jsonl"
     p.write_text('{"text": "a fine line of text"}\nnot json at all\n')
-    with pytest.raises(LensError, match=rf"{p}:2: not a JSON line"):
+    with pytest.raises(DataFileError, match=rf"{p}: line 2: not valid JSON"):
         load_corpus(CorpusSpec(path=str(p)))
     p.write_text('{"text": "ok"}\n[1, 2]\n')
-    with pytest.raises(LensError, match=rf"{p}:2: field 'text' missing"):
+    with pytest.raises(DataFileError, match=rf"{p}: line 2: a JSON list, not an object"):
+        load_corpus(CorpusSpec(path=str(p)))
+    p.write_text('{"text": "ok"}\n{"body": "no text field"}\n{"text": "torn')
+    with pytest.raises(DataFileError, match=rf"{p}: line 2: field 'text': missing"):
         load_corpus(CorpusSpec(path=str(p)))
 
 
@@ -69,10 +76,10 @@ def test_garbage_probe_files(tmp_path, binary):
     good = tmp_path / "good.jsonl"
     write_probes(build_probe_set(make_pack(), max_facts_per_task=1, seed=0), good)
     first = json.loads(good.read_text().splitlines()[0])
-    with pytest.raises(LensError, match=rf"{binary}:2: not UTF-8 text"):
+    with pytest.raises(DataFileError, match=rf"{binary}: line 1: not valid JSON"):
         read_probes(binary)
     cases = {
-        "not json\n": "not a JSON line",
+        "not json\n": "not valid JSON",
         "[1, 2]\n": "a JSON list, not an object",
         json.dumps({k: v for k, v in first.items() if k != "claim"}) + "\n": "field 'claim' missing",
         json.dumps({k: v for k, v in first.items() if k != "files"}) + "\n": "field 'files' missing",
@@ -84,11 +91,14 @@ def test_garbage_probe_files(tmp_path, binary):
     for i, (line, why) in enumerate(cases.items()):
         p = tmp_path / f"bad{i}.jsonl"
         p.write_text(json.dumps(first) + "\n" + line)
-        with pytest.raises(LensError) as exc:
+        with pytest.raises(DataFileError) as exc:
             read_probes(p)
-        assert str(exc.value).startswith(f"{p}:2: ") and why in str(exc.value), (line, str(exc.value))
+        assert str(exc.value).startswith(f"{p}: line 2: ") and why in str(exc.value), (line, str(exc.value))
+        torn = tmp_path / f"torn{i}.jsonl"  # the same line torn by a killed writer: ignored
+        torn.write_text(json.dumps(first) + "\n" + line.rstrip("\n"))
+        assert read_probes(torn) == [first]
     bad = tmp_path / "bad0.jsonl"
-    assert f"{bad}:2: not a JSON line" in refused("read", NO_MODEL, "--probes", bad, "--out", tmp_path / "o")
+    assert f"{bad}: line 2: not valid JSON" in refused("read", NO_MODEL, "--probes", bad, "--out", tmp_path / "o")
 
 
 @pytest.mark.parametrize("entry", [["-m", "lens.cli"], ["-m", "lens"]])
@@ -128,7 +138,7 @@ def test_bounded_options_refused_before_the_model_loads(cmd, flag, value, tmp_pa
 
 def test_skip_first_must_leave_positions(tmp_path):
     line = refused("fit", NO_MODEL, "--corpus", tmp_path, "--out", tmp_path / "o", "--max-length", "16")
-    assert "--skip-first 16" in line and "--max-length" in line
+    assert "'--skip-first': 16 leaves no position" in line and "below max_length" in line
 
 
 # ------------------------------------------------------------------ 3. read-only runs and --out
@@ -234,7 +244,7 @@ def test_run_examples_hold_trials_against_their_done_marker(tmp_path):
     rows = (run / "trials" / "s0.jsonl").read_text().splitlines(keepends=True)
     (run / "trials" / "s0.done").write_text(json.dumps({"rounds": 4}))
     (run / "trials" / "s0.jsonl").write_text("".join(rows[:2]))
-    with pytest.raises(LensError, match=r"s0\.done.*finished with 4 rounds.*has 2"):
+    with pytest.raises(DataFileError, match=r"s0\.done.*finished with 4 rounds.*has 2"):  # lhd's, unchanged
         load_run_examples(run)
     (run / "trials" / "s0.done").unlink()  # an unfinished trial (a run in progress): what is there is read
     _, info = load_run_examples(run)

@@ -1,0 +1,210 @@
+"""The options of `lhd lens fit` and `lhd lens read`, declared once: type, default, bounds, help.
+
+The command line (`lhd_train.options`), the Slurm lens stage (`lhd_train.config.slurm.LensVars`
+takes every `FitArgs` field as a variable) and the job's rendered `lhd lens fit` flags all come
+from these models, so a default cannot differ between them. Depends on pydantic only: the lens
+package stays standalone. Field conventions (`flag`, `argument`) are those of
+`lhd_train.config.flags`."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+ModelDtype = Literal["float32", "bfloat16", "float16"]
+Attn = Literal["auto", "sdpa", "eager"]
+SEED_MAX = 2**32 - 1
+
+
+def _threads() -> int | None:
+    return Field(None, ge=1, le=4096, description="torch CPU threads (1 is fastest for tiny models on a busy CPU).")
+
+
+class Settings(BaseModel):
+    """Base of the lens settings: an unknown key is an error, as in lhd's own configs."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+def parse_layers(spec: str | None) -> list[int] | None:
+    """`all` / empty → None (every block below the target); else `0,3,5-8,-2`. ValueError if malformed."""
+    if spec is None or spec.strip().lower() in ("", "all"):
+        return None
+    out: list[int] = []
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        try:
+            if "-" in part[1:]:
+                a, b = part[0] + part[1:].split("-", 1)[0], part[1:].split("-", 1)[1]
+                out += list(range(int(a), int(b) + 1))
+            else:
+                out.append(int(part))
+        except ValueError:
+            raise ValueError(f"bad layer list {spec!r} (examples: all, 0,1,2, 4-20, -2)") from None
+    return out
+
+
+class CorpusArgs(Settings):
+    """Which texts of a corpus file a fit or an eval reads (`lens.corpus.CorpusSpec` without the path)."""
+
+    format: Literal["auto", "text", "jsonl", "dataset"] = Field("auto", description="Corpus format.")
+    text_field: str = Field("text", description="JSONL / dataset column with the text.")
+    split: str | None = Field(None, description="Split of a DatasetDict (default train).")
+    min_chars: int = Field(0, ge=0, description="Drop texts shorter than this (the reference uses 600).")
+    chunk_chars: int = Field(0, ge=0, description="Join and re-cut the corpus into pieces of this many characters "
+                                                  "(0 = off).")
+
+
+class FitArgs(CorpusArgs):
+    """What a fit reads and estimates, and how: everything a batch job may set (`LensVars`)."""
+
+    n_prompts: int = Field(100, ge=1, description="Use the first N prompts (before sharding).")
+    chat: bool = Field(False, description="Wrap each text in the model's chat template.")
+    max_length: int = Field(128, ge=1, le=1 << 20, description="Truncate prompts to this many tokens.")
+    skip_first: int = Field(16, ge=0, description="Positions excluded at the start (attention sinks); below "
+                                                  "max_length.")
+    target_layer: int = Field(-1, description="Target block: -1 = last, -2 = penultimate.")
+    source_layers: str = Field("all", description="Blocks to fit: all (below the target) or e.g. 0,4,8-12.")
+    dim_batch: int | None = Field(None, ge=1, le=1 << 20,
+                                  description="Output dims per backward pass (memory/speed only); default: the "
+                                              "largest of 128, 64, ... that fits the free GPU memory (64 on CPU).")
+    method: Literal["replicate", "vmap"] = Field(
+        "replicate", description="replicate (reference: prompt repeated along the batch) | vmap (batched grads).")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Model dtype: auto is bfloat16 on CUDA, float32 elsewhere.")
+    attn: Attn = Field("auto", description="attn_implementation: auto is sdpa (eager with --method vmap).")
+    save_dtype: ModelDtype = Field("float16", description="dtype of the saved matrices.")
+    checkpoint_every: int = Field(0, ge=0, description="Also checkpoint every N prompts (0 = by time only).")
+    checkpoint_minutes: float = Field(30.0, ge=0, description="Checkpoint when this many minutes passed since the "
+                                                              "last one (0 = only at the end).")
+    resume: bool = Field(True, description="Continue from OUT/checkpoint.pt if present.")
+    stop_at_delta: float = Field(0.0, ge=0, description="Early stop when the mean Δmean of the last 10 prompts "
+                                                        "is below this.")
+    min_prompts: int = Field(100, ge=0, description="... but not before this many prompts.")
+
+    @field_validator("source_layers")
+    @classmethod
+    def _layers(cls, v: str) -> str:
+        parse_layers(v)
+        return v
+
+    @model_validator(mode="after")
+    def _positions_left(self) -> FitArgs:
+        if self.skip_first >= self.max_length:
+            raise ValueError(f"skip_first: {self.skip_first} leaves no position of a {self.max_length}-token "
+                             "prompt (it must be below max_length)")
+        return self
+
+    def layers(self) -> list[int] | None:
+        return parse_layers(self.source_layers)
+
+
+class FitCommand(FitArgs):
+    """`lhd lens fit MODEL`: the fit's settings plus what one invocation names (files, device, plan)."""
+
+    model: str = Field(description="HF model id or local model dir.", json_schema_extra={"argument": True})
+    corpus: Path | None = Field(None, description="Text file (paragraphs), JSONL (a text field) or a datasets dir "
+                                                  "(save_to_disk). Required unless --plan.")
+    out: Path | None = Field(None, description="Output dir: lens.safetensors, lens.json, fit_report.json, "
+                                               "convergence.csv, checkpoint.pt. Required unless --plan.")
+    device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
+    revision: str | None = Field(None, description="Model revision (recorded in the sidecar).")
+    plan: bool = Field(False, description="Print the memory and time plan and stop (reads config.json only, no "
+                                          "weights).")
+    memory_gib: float | None = Field(None, gt=0, description="Device memory budget for the plan, GiB (default: the "
+                                                             "free memory of the CUDA device; none on CPU).")
+    tflops: float | None = Field(None, gt=0, description="Sustained TFLOP/s for the plan's time estimate.")
+    shard: str | None = Field(None, description="INDEX/COUNT: fit a contiguous, disjoint slice of the prompts.")
+    progress: bool = Field(True, description="Progress bar.")
+    threads: int | None = _threads()
+
+
+class EvalCommand(CorpusArgs):
+    """`lhd lens eval MODEL`: a lens's fidelity on held-out text (docs/lens.md, "Fidelity")."""
+
+    model: str = Field(description="HF model id or local model dir.", json_schema_extra={"argument": True})
+    lens: Path = Field(description="Lens dir (lens.json + lens.safetensors) or a published jlens .pt.")
+    corpus: Path = Field(description="Held-out text: text file, JSONL or datasets dir. Texts the lens (or a half) "
+                                     "was fitted on are left out when its sidecar names this corpus.")
+    out: Path = Field(description="Output dir: eval.json, eval.md, fidelity.png.")
+    held_out: int = Field(50, ge=0, description="Evaluate the first N held-out texts (0 = all).")
+    half_a: Path | None = Field(None, description="Split half A: a lens fitted like --lens on half the prompts "
+                                                  "(e.g. lhd lens fit --shard 0/2).")
+    half_b: Path | None = Field(None, description="Split half B (the other half, e.g. --shard 1/2).")
+    max_length: int | None = Field(None, ge=1, le=1 << 20, description="Tokens per text (default: the lens's "
+                                                                       "max_length).")
+    skip_first: int | None = Field(None, ge=0, description="Positions left out at the start (default: the lens's).")
+    target_layer: int | None = Field(None, description="Target layer of a .pt lens (default: last block).")
+    bootstrap: int = Field(1000, ge=0, le=1_000_000, description="Bootstrap resamples (over texts) for the CIs.")
+    seed: int = Field(0, ge=0, le=SEED_MAX, description="Seed of the bootstrap.")
+    dtype: ModelDtype = Field("float32", description="Model dtype.")
+    device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
+    revision: str | None = Field(None, description="Model revision.")
+    attn: Attn = Field("auto", description="attn_implementation: auto is sdpa.")
+    progress: bool = Field(True, description="Progress bar.")
+    threads: int | None = _threads()
+
+    @model_validator(mode="after")
+    def _both_halves(self) -> EvalCommand:
+        if (self.half_a is None) != (self.half_b is None):
+            raise ValueError("half_a: give both --half-a and --half-b (two lenses fitted on disjoint halves), "
+                             "or neither")
+        return self
+
+
+class ProbeBuildCommand(Settings):
+    """`lhd lens probe build`: SUPPORTED / REFUTED / NOT_ENTITLED claims from a pack's own files."""
+
+    pack: str = Field(description="Task pack name (built in) or folder.")
+    out: Path = Field(description="Output JSONL probe set.")
+    max_facts_per_task: int = Field(6, ge=1, description="Numeric facts sampled per task (each gives 3-4 claims).")
+    seed: int = Field(0, ge=0, le=SEED_MAX, description="Seed of the fact sampling.")
+    deleted: bool = Field(True, description="Also add NOT_ENTITLED rows whose record has the evidence line deleted.")
+    model: str | None = Field(None, description="Check the token sets against this model's tokenizer.")
+    token_sets: Path | None = Field(None, description="JSON {S, N, R} word/id lists (with --model).")
+    token_fallback: Literal["strict", "first-token"] = Field(
+        "strict", description="first-token: use the first token of multi-token words.")
+
+
+class ReadCommand(Settings):
+    """`lhd lens read MODEL`: entitlement margins of a probe set or of a run's answers."""
+
+    model: str = Field(description="HF model id or local model dir.", json_schema_extra={"argument": True})
+    out: Path = Field(description="Output dir (margins.parquet, auroc.csv/.md, heatmap.png, summary.json).")
+    lens: Path | None = Field(None, description="Lens dir (lens.json + lens.safetensors) or a published jlens .pt; "
+                                                "without it only the logit lens and the probe are read.")
+    probes: Path | None = Field(None, description="Probe set JSONL from `lhd lens probe build` (or give --run).")
+    run: Path | None = Field(None, description="Benchmark run dir (docs/formats.md) (or give --probes).")
+    target_layer: int | None = Field(None, description="Target layer of a .pt lens (default: last block).")
+    token_sets: Path | None = Field(None, description="JSON {S, N, R}: words or token ids, replacing the defaults.")
+    token_fallback: Literal["strict", "first-token"] = Field(
+        "strict", description="first-token: use the first token of multi-token words.")
+    max_length: int = Field(4096, ge=1, le=1 << 20, description="Longer prompts are skipped (run mode 'full' drops "
+                                                               "middle turns first).")
+    answer_tokens: int = Field(3, ge=1, description="Answer tokens read after the decision position (run mode).")
+    bootstrap: int = Field(2000, ge=0, le=1_000_000, description="Bootstrap resamples for the CIs.")
+    probe: bool = Field(True, description="Linear-probe baseline (record-grouped CV).")
+    probe_folds: int = Field(5, ge=2, le=1000, description="Cross-validation folds of the probe.")
+    context: Literal["compact", "full"] = Field(
+        "compact", description="Run mode: compact (system, task message, feedback) | full (exact call).")
+    auditor: str | None = Field(None, description="Run mode: auditor id (default: as lhd report, the newest "
+                                                  "full-mode auditor).")
+    pack: str | None = Field(None, description="Run mode: task pack, to locate the files exactly (default: the "
+                                               "row's pack).")
+    limit: int | None = Field(None, ge=1, description="Read only the first N examples.")
+    dtype: ModelDtype = Field("float32", description="Model dtype.")
+    device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
+    revision: str | None = Field(None, description="Model revision.")
+    attn: Attn = Field("auto", description="attn_implementation: auto is sdpa (no gradients here, and no "
+                                           "[heads, T, T] scores at long context).")
+    seed: int = Field(0, ge=0, le=SEED_MAX, description="Seed of the bootstrap and the probe folds.")
+    progress: bool = Field(True, description="Progress bar.")
+    threads: int | None = _threads()
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ReadCommand:
+        if (self.probes is None) == (self.run is None):
+            raise ValueError("probes: give exactly one of --probes FILE or --run RUN")
+        return self

@@ -1,0 +1,111 @@
+"""The one error boundary of every entry point (`lhd`, `python -m lhd_train.cli`, `python -m lens`,
+`python -m lens.cli`, `python -m lhd_train.ops.gpu_check`, ...): bad input, a model that cannot
+load, a disk that refuses a write (also one made by datasets, torch or transformers, whose errors
+lhd's writers do not see) and a chat template that fails end as one `error:` line and exit status
+2, never a traceback; Ctrl-C ends with a resume hint. Library code only logs; the boundary gives
+the lens package's loggers their stderr handler.
+
+It sits outside `lhd_train.cli` so the lens command group can use it (`GuardedGroup`): the cli
+package imports the `lhd` app, which mounts the lens group, so importing it from lens is a cycle."""
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import typer
+from typer.core import TyperGroup
+
+
+def configure_logging() -> None:
+    """INFO and above of the `lens` loggers (one per module) on stderr, once, unless the host
+    program configured logging itself."""
+    lens_log = logging.getLogger("lens")
+    if not logging.getLogger().handlers and not lens_log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        lens_log.addHandler(handler)
+        lens_log.setLevel(logging.INFO)
+        lens_log.propagate = False
+
+
+def guarded(call: Callable[[], int | None]) -> int:
+    """Run `call` and turn lhd's errors into `report_error`, Ctrl-C into a resume hint."""
+    from lhd_train.errors import LhdError, report_error
+    from rollouts.backend import BackendError
+
+    configure_logging()
+    try:
+        return call() or 0
+    except typer.Exit:  # an inner boundary already reported and chose the status
+        raise
+    except (LhdError, BackendError) as e:  # BackendError: rollouts/ knows nothing of lhd's errors
+        return report_error(e)
+    except Exception as e:
+        known = _known_failure(e)
+        if known is None:
+            raise
+        return report_error(known)
+    except KeyboardInterrupt:
+        from lhd_train.console import console
+
+        console.print("[yellow]interrupted: finished rounds are on disk; rerun to resume[/yellow]")
+        return 130
+
+
+_OS_ERROR_CODE = re.compile(r"\(os error (\d+)\)|\bcode: (\d+)")  # Rust's io::Error (safetensors)
+_TORCH_WRITER = ("PytorchStreamWriter", "inline_container.cc")  # torch.save: the errno is not kept
+
+
+def _storage_cause(exc: BaseException) -> tuple[str | None, str] | None:
+    """(file, reason) of the refused write (disk full, read-only, ...) behind `exc`: `exc` itself
+    or an OSError it was raised from (datasets and transformers wrap it), a Rust I/O error's code
+    in the text (safetensors), or torch's writer failing, which keeps no errno."""
+    from lhd_train.rundir.files import STORAGE_ERRNOS
+
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in STORAGE_ERRNOS:
+            return e.filename, STORAGE_ERRNOS[e.errno]
+        text = str(e)
+        for match in _OS_ERROR_CODE.finditer(text):
+            code = int(match.group(1) or match.group(2))
+            if code in STORAGE_ERRNOS:
+                return None, STORAGE_ERRNOS[code]
+        if isinstance(e, RuntimeError) and any(t in text for t in _TORCH_WRITER):
+            return None, "torch could not write it: is the disk full, the quota used up or `ulimit -f` passed?"
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _known_failure(exc: Exception) -> Exception | None:
+    """A one-line error for a refused write or a chat template that fails; None for anything else."""
+    from lhd_train.rundir.files import StorageError
+    from rollouts.model_files import chat_template_error
+
+    template = chat_template_error(exc, [])
+    if template is not None:  # a file to fix: no "rerun to resume"
+        return template
+    cause = _storage_cause(exc)
+    if cause is None:
+        return None
+    path, reason = cause
+    return StorageError(path or "a file being saved", reason, "work finished before is kept on disk; make room "
+                        "(or fix the folder's permissions) and rerun to resume")
+
+
+
+
+class GuardedGroup(TyperGroup):
+    """A typer group whose commands run inside `guarded`, also when the group is invoked on its own
+    (`python -m lens.cli`, typer's CliRunner): an error becomes exit status 2 and one line."""
+
+    def invoke(self, ctx: Any) -> Any:
+        status = guarded(lambda: super(GuardedGroup, self).invoke(ctx))
+        if status:
+            raise typer.Exit(status)
+        return None
