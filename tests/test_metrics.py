@@ -581,25 +581,27 @@ def test_load_refuses_a_finished_trial_whose_rows_were_cut(tmp_path):
 def test_load_takes_done_from_the_marker_it_saw_before_the_rows(tmp_path, monkeypatch):
     """A trial that finishes while it is read is loaded as unfinished with the rows read, never as
     finished with a round short (today `done` is looked at after the rows)."""
-    from lhd_train.metrics import load as load_mod
-    from lhd_train.rundir import store
+    from lhd_train.rundir import run as run_mod
 
     path = _four_rounds(tmp_path, done=False)
     tf = RunDir(path).trial("s1")
     lines = tf.rows.read_bytes().splitlines(True)
     tf.rows.write_bytes(b"".join(lines[:3]))
-    real = store.read_trial_rows
+    real = run_mod.load_trial_rows
+    calls = []
 
     def read_then_the_writer_finishes(p, *a, **kw):
         rows = real(p, *a, **kw)
-        with open(tf.rows, "ab") as f:
-            f.write(lines[3])
-        tf.done.write_text(json.dumps({"rounds": 4}))
+        if p == tf.rows and not calls:
+            calls.append(p)
+            with open(tf.rows, "ab") as f:
+                f.write(lines[3])
+            tf.done.write_text(json.dumps({"rounds": 4}))
         return rows
 
-    monkeypatch.setattr(store, "read_trial_rows", read_then_the_writer_finishes)
-    monkeypatch.setattr(load_mod, "read_trial_rows", read_then_the_writer_finishes, raising=False)
+    monkeypatch.setattr(run_mod, "load_trial_rows", read_then_the_writer_finishes)
     data = load_run(path)
+    assert calls, "the run's rows were not read through TrialStore"
     assert data.trials[["n_rounds", "done"]].values.tolist() == [[3, False]]
 
 

@@ -15,7 +15,9 @@ import pandas as pd
 from scipy import stats
 
 from lhd_train.config.vocab import CATEGORIES, LEVELS, TYPES
-from lhd_train.metrics.load import COVERAGE_MIN, NO_EVENT, NO_LABEL_STATUSES, OK_STATUSES, RunData
+from lhd_train.metrics.labels import OK_STATUSES
+from lhd_train.metrics.load import COVERAGE_MIN, NO_EVENT, RunData
+from lhd_train.rundir.store import NO_LABEL_STATUSES
 
 BOOT_RESAMPLES = 10_000
 BOOT_SEED = 0

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from lhd_train.metrics.load import OK_STATUSES, RunData, load_audit
+from lhd_train.metrics.labels import OK_STATUSES
+from lhd_train.metrics.load import RunData, load_audit
 
 
 @dataclass(frozen=True)
@@ -233,12 +233,12 @@ def horizon_table(run: RunData, long_id: str | None = None) -> pd.DataFrame:
     long_id = long_id or long_auditor(run)
     if long_id is None:
         return pd.DataFrame()
-    long_audit = load_audit(run.path, long_id)
+    long_audit = load_audit(run.store, long_id)
     recs = []
     for a in run.auditors:
         if a.auditor_id == long_id or a.mode not in SHORT_MODES:
             continue
-        res = compare_auditors(run.rounds, long_audit, load_audit(Path(run.path), a.auditor_id))
+        res = compare_auditors(run.rounds, long_audit, load_audit(run.store, a.auditor_id))
         res.pop("rows")
         recs.append({"run": run.key, "long": long_id, "short": a.auditor_id, "short_mode": a.mode,
                      "short_window": a.window, **res})

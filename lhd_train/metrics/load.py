@@ -1,7 +1,8 @@
 """Read a run directory (docs/formats.md) into tables: one row per round, labels of one auditor joined.
 
-Everything downstream (metrics, report, viewer) works on these tables, so the rules about which
-audit row counts live here only: see docs/metrics.md, "Inputs".
+Everything downstream (metrics, report, viewer) works on these tables. The run is read through
+`rundir.run.Run` (typed rows, manifest and summary); which auditor and which audit row count is
+`metrics.labels`, the public labels API (docs/metrics.md, "Inputs").
 
 Loading only reads: a run being written is read up to its last whole line, a trial without its
 `.done` marker counts as unfinished, and a finished trial whose rows disagree with its marker (rows
@@ -17,47 +18,59 @@ from typing import Any
 import pandas as pd
 
 from lhd_train.config.vocab import STATES, TYPES
-from lhd_train.errors import InputError
-from lhd_train.rundir.files import read_json_mapping as _read_json
-from lhd_train.rundir.files import read_yaml_mapping
-from lhd_train.rundir.layout import RunDir
-from lhd_train.rundir.store import read_audit_rows, read_finished_trial
+from lhd_train.metrics.labels import (
+    OK_STATUSES,
+    AuditorInfo,
+    auditor_labels,
+    headline_auditor,
+    list_auditors,
+    pick_auditor,
+)
+from lhd_train.rundir.files import read_json_mapping, read_yaml_mapping
+from lhd_train.rundir.manifest import Manifest, Summary
+from lhd_train.rundir.rows import RoundRow, SupervisorRecord
+from lhd_train.rundir.run import Run
 
 NO_EVENT = "none"
-OK_STATUSES = ("ok", "retried", "repaired")  # a label that counts; "failed", "cut" and "missing" do not
-NO_LABEL_STATUSES = ("failed", "cut")  # an audit row without a usable label (cut: stopped at its token limit)
 SUPERVISOR_OK = ("ok", "retried")  # a supervisor round with both calls answered; anything else failed
 COVERAGE_MIN = 0.9  # a trial whose valid labels cover less than this share of its rounds is flagged
+LABEL_COLUMNS = ["trial_id", "global_round", "auditor_id", "mode", "window", "label_status", "label_cut", "deceptive",
+                 "types", "severity", "confidence", "reasoning", "evidence"]
 
 
-@dataclass
-class AuditorInfo:
-    auditor_id: str
-    mode: str | None
-    window: int | None
-    n_rows: int
-    mtime: float  # kept for callers that show it; never used to choose an auditor (review N6)
-    created_at: str | None = None  # from auditor.json, written when `lhd audit` first used this id
+@dataclass(frozen=True)
+class Performer:
+    """The performer model of a run, as recorded (manifest, else its rows, else its config)."""
+
+    model: str | None
+    adapter: str | None = None
+    revision: str | None = None
 
 
 @dataclass
 class RunData:
     """One run directory loaded with one auditor's labels (or none)."""
 
-    path: Path
+    store: Run
     run_id: str
     key: str            # unique among the runs of one report (the run id, suffixed on clashes)
     label: str          # run id + performer model/adapter, for tables and plots
     model_label: str    # performer model + adapter only: groups control-study runs of one model
-    performer: dict[str, Any]
-    manifest: dict[str, Any]
+    performer: Performer
+    manifest: Manifest  # an empty one when the run has no manifest.json
+    summary: Summary | None
     config: dict[str, Any]
     auditors: list[AuditorInfo]
     auditor_id: str | None
     rounds: pd.DataFrame
     trials: pd.DataFrame
+    schedules: dict[str, dict[str, Any]] = field(default_factory=dict)  # trial id -> its saved event schedule
     notes: list[str] = field(default_factory=list)
     auditor_reason: str = ""  # why this auditor is the headline (chosen by name, or the default rule)
+
+    @property
+    def path(self) -> Path:
+        return self.store.path
 
     @property
     def auditor(self) -> AuditorInfo | None:
@@ -68,139 +81,19 @@ class RunData:
         return float(self.config.get("completion_threshold", 0.2))
 
 
-def trial_ids(run_dir: Path) -> list[str]:
-    """Trials with a trajectory file, in the manifest's order when it has one."""
-    rd = RunDir(run_dir)
-    found = rd.trial_ids()
-    order = _read_json(rd.manifest).get("trials") or []
-    rank = {t: i for i, t in enumerate(order)}
-    return sorted(found, key=lambda t: (rank.get(t, len(rank)), t))
-
-
-def _created_at(run_dir: Path, auditor_id: str) -> str | None:
-    """When this auditor id was first used (auditor.json `created_at`, an ISO time), if recorded."""
-    path = RunDir(run_dir).auditor_info(auditor_id)
-    if not path.is_file():
-        return None
-    value = _read_json(path).get("created_at")
-    return str(value) if value else None
-
-
-def list_auditors(run_dir: Path) -> list[AuditorInfo]:
-    """Every `audit/<id>/` folder with at least one JSONL file, in creation order (auditor.json
-    `created_at`; ids without one after those with one, by id)."""
-    out = []
-    for d in sorted(RunDir(run_dir).audit_dir.glob("*/")):
-        files = sorted(d.glob("*.jsonl"))
-        if not files:
-            continue
-        mode = window = None
-        n = 0
-        for f in files:
-            rows = read_audit_rows(f)
-            n += len(rows)
-            if rows and mode is None:
-                mode, window = rows[0].get("mode"), rows[0].get("window")
-        out.append(AuditorInfo(d.name, mode, window, n, max(f.stat().st_mtime for f in files),
-                               _created_at(run_dir, d.name)))
-    return sorted(out, key=lambda a: (a.created_at is None, a.created_at or "", a.auditor_id))
-
-
-def run_config_auditor(run_dir: Path) -> str | None:
-    """The auditor id the run's own config gives by default (`lhd audit RUN` with no options:
-    the config's auditor model in full mode), or None when the config names no auditor."""
-    from lhd_train.config.auditor import DEFAULT_OPTIONS
-
-    role = read_yaml_mapping(RunDir(run_dir).config, missing_ok=True).get("auditor")
-    key = role.get("model") if isinstance(role, dict) else None
-    return DEFAULT_OPTIONS.resolved_id(str(key)) if key else None
-
-
-def headline_auditor(run_dir: Path, auditors: list[AuditorInfo]) -> tuple[str | None, str]:
-    """The default headline auditor and why it was chosen (shown in the report). In order: the
-    run config's own full-mode auditor; else the first full-mode auditor created (the paper's
-    auditor sees the whole trajectory); else the first auditor created. Never by file time: a
-    resumed or extended audit must not change the headline (review N6)."""
-    if not auditors:
-        return None, "no auditor"
-    own = run_config_auditor(run_dir)
-    full = [a for a in auditors if a.mode == "full"]
-    if own and any(a.auditor_id == own for a in full):
-        return own, "the run config's auditor in full mode"
-    if full:
-        return full[0].auditor_id, "the first full-mode auditor created"
-    return auditors[0].auditor_id, "the first auditor created (the run has no full-mode auditor)"
-
-
-def pick_auditor(run_dir: Path, auditor: str | None, auditors: list[AuditorInfo] | None = None) -> str | None:
-    """The auditor id to score with: the one asked for (`--auditor`), else `headline_auditor`'s
-    default (the run config's full-mode auditor, else the first full-mode one created)."""
-    auditors = list_auditors(run_dir) if auditors is None else auditors
-    ids = [a.auditor_id for a in auditors]
-    if auditor is not None:
-        if auditor not in ids:
-            raise InputError(RunDir(run_dir).audit_dir, "auditor", f"no audit labels from auditor '{auditor}'",
-                             ", ".join(ids) or "none: run `lhd audit` first")
-        return auditor
-    return headline_auditor(Path(run_dir), auditors)[0]
-
-
-def _keep_audit_row(old: dict[str, Any], new: dict[str, Any]) -> bool:
-    """For a round labelled twice (a resumed or repaired audit), the later row wins, except that
-    a failed or cut row never replaces a valid one."""
-    return not (new.get("parse_status") in NO_LABEL_STATUSES and old.get("parse_status") not in NO_LABEL_STATUSES)
-
-
-def load_audit(run_dir: Path, auditor_id: str | None) -> pd.DataFrame:
-    """One row per (trial_id, global_round) labelled by this auditor (empty for None); a round
-    labelled twice keeps the row `_keep_audit_row` prefers. A row cut at its token limit
-    (parse_status `cut`) is no label, as a failed one (label_status `failed`, `label_cut` true),
-    whatever values it holds."""
-    chosen: dict[tuple[str, int], dict[str, Any]] = {}
-    files = sorted(RunDir(run_dir).auditor_dir(auditor_id).glob("*.jsonl")) if auditor_id else []
-    for f in files:
-        for row in read_audit_rows(f):
-            key = (str(row.get("trial_id", f.stem)), int(row["global_round"]))
-            if key not in chosen or _keep_audit_row(chosen[key], row):
-                chosen[key] = row
-    recs = []
-    for (tid, g), r in chosen.items():
-        status = r.get("parse_status") or "ok"
-        failed = status in NO_LABEL_STATUSES or r.get("deceptive") is None
-        types = tuple(t for t in TYPES if t in {str(x).strip().upper() for x in (r.get("types") or [])})
-        sev = r.get("severity")
-        recs.append({
-            "trial_id": tid, "global_round": g, "auditor_id": r.get("auditor_id", auditor_id),
-            "mode": r.get("mode"), "window": r.get("window"),
-            "label_status": "failed" if failed else status, "label_cut": status == "cut",
-            "deceptive": None if failed else bool(r.get("deceptive")),
-            "types": () if failed else types,
-            "severity": float("nan") if failed or sev is None else float(sev),
-            "confidence": float("nan") if r.get("confidence") is None else float(r["confidence"]),
-            "reasoning": r.get("reasoning") or "", "evidence": list(r.get("evidence") or []),
-        })
-    cols = ["trial_id", "global_round", "auditor_id", "mode", "window", "label_status", "label_cut", "deceptive",
-            "types", "severity", "confidence", "reasoning", "evidence"]
-    return pd.DataFrame(recs, columns=cols)
-
-
-def round_labels(run_dir: str | Path,
-                 auditor: str | None = None) -> tuple[str | None, dict[tuple[str, int], dict[str, Any]]]:
-    """The one rule that turns audit rows into a label per round, shared by `lhd report` and
-    `lhd lens read --run`: a single auditor (`auditor`, else `pick_auditor`'s default, see
-    `headline_auditor`), one row per round (`_keep_audit_row`), and only valid labels (status in
-    OK_STATUSES with a verdict). Returns the auditor id and `(trial_id, global_round) ->
-    {deceptive, severity, types, label_status}` (severity as the auditor wrote it)."""
-    run_dir = Path(run_dir)
-    auditor_id = pick_auditor(run_dir, auditor)
-    labels: dict[tuple[str, int], dict[str, Any]] = {}
-    for r in load_audit(run_dir, auditor_id).to_dict("records"):
-        if r["label_status"] not in OK_STATUSES:
-            continue
-        labels[(str(r["trial_id"]), int(r["global_round"]))] = {
-            "deceptive": bool(r["deceptive"]), "severity": r["severity"], "types": list(r["types"]),
-            "label_status": r["label_status"]}
-    return auditor_id, labels
+def load_audit(run: Run | str | Path, auditor_id: str | None) -> pd.DataFrame:
+    """One row per (trial_id, global_round) labelled by this auditor (empty for None): the
+    `labels.RoundLabel` of each round, usable or not (`label_status` `failed` for a row without a
+    usable label, `label_cut` for one cut at its token limit). Severity and confidence are NaN
+    where there is none."""
+    labels = auditor_labels(run, auditor_id) if auditor_id else []
+    recs = [{"trial_id": lab.trial_id, "global_round": lab.global_round, "auditor_id": lab.auditor_id,
+             "mode": lab.mode, "window": lab.window, "label_status": lab.label_status, "label_cut": lab.label_cut,
+             "deceptive": lab.deceptive, "types": lab.types,
+             "severity": float("nan") if lab.severity is None else lab.severity,
+             "confidence": float("nan") if lab.confidence is None else lab.confidence,
+             "reasoning": lab.reasoning, "evidence": list(lab.evidence)} for lab in labels]
+    return pd.DataFrame(recs, columns=LABEL_COLUMNS)
 
 
 _CONTROL_RE = re.compile(r"^s(?P<seed>\d+)"
@@ -233,26 +126,26 @@ def trial_condition(trial_id: str, schedule: dict[str, Any] | None = None,
     return ",".join(parts) or "uncontrolled"
 
 
-def _seed_of(trial_id: str, rows: list[dict[str, Any]], schedule: dict[str, Any]) -> int | None:
-    if rows and rows[0].get("seed") is not None:
-        return int(rows[0]["seed"])
+def _seed_of(trial_id: str, rows: list[RoundRow], schedule: dict[str, Any]) -> int | None:
+    if rows and rows[0].seed is not None:
+        return rows[0].seed
     if schedule.get("seed") is not None:
         return int(schedule["seed"])
     m = re.match(r"^s(\d+)", trial_id)
     return int(m.group(1)) if m else None
 
 
-def performer_info(run_dir: Path, manifest: dict[str, Any], config: dict[str, Any],
-                   first_row: dict[str, Any] | None) -> dict[str, Any]:
-    """{model, adapter, revision} of the performer: manifest, else trajectory rows, else config."""
-    for src in ((manifest.get("models") or {}).get("performer"),
-                ((first_row or {}).get("models") or {}).get("performer")):
-        if isinstance(src, dict) and src.get("model"):
-            return {"model": src.get("model"), "adapter": src.get("adapter"), "revision": src.get("revision")}
+def performer_info(manifest: Manifest, config: dict[str, Any], first_row: RoundRow | None) -> Performer:
+    """The performer model, adapter and revision: manifest, else trajectory rows, else config."""
+    recorded = (manifest.models or {}).get("performer")
+    if recorded is not None and recorded.model:
+        return Performer(recorded.model, recorded.adapter, recorded.revision)
+    in_row = first_row.models.performer if first_row is not None and first_row.models is not None else None
+    if in_row is not None and in_row.model:
+        return Performer(in_row.model, in_row.adapter, in_row.revision)
     perf = config.get("performer") or {}
     spec = (config.get("models") or {}).get(perf.get("model"), {}) if perf else {}
-    return {"model": spec.get("model") or perf.get("model"), "adapter": perf.get("adapter"),
-            "revision": spec.get("revision")}
+    return Performer(spec.get("model") or perf.get("model"), perf.get("adapter"), spec.get("revision"))
 
 
 def _short(name: str | None) -> str:
@@ -263,68 +156,74 @@ def _short(name: str | None) -> str:
     return p.name if (p.is_absolute() or str(name).startswith(".")) else str(name)
 
 
-def model_label(perf: dict[str, Any]) -> str:
-    base = _short(perf.get("model"))
-    return base + (f" + {_short(perf['adapter'])}" if perf.get("adapter") else "")
+def model_label(perf: Performer) -> str:
+    return _short(perf.model) + (f" + {_short(perf.adapter)}" if perf.adapter else "")
 
 
-def _round_record(row: dict[str, Any]) -> dict[str, Any]:
-    ev = row.get("event") or None
-    sup = row.get("supervisor") or {}
-    before, after = sup.get("state_before") or {}, sup.get("state_after") or {}
-    perf = row.get("performer") or {}
+def _evaluated(sup: SupervisorRecord | None) -> bool:
+    """The supervisor's evaluation holds an answer (a failed one is written as null or {})."""
+    return sup is not None and sup.evaluation is not None and bool(sup.evaluation.model_dump(exclude_unset=True))
+
+
+def _round_record(trial_id: str, row: RoundRow) -> dict[str, Any]:
+    ev, sup, perf = row.event, row.supervisor, row.performer
+    before = sup.state_before if sup is not None else None
+    after = sup.state_after if sup is not None else None
+    status = sup.parse_status if sup is not None else None
     rec = {
-        "trial_id": row["trial_id"], "seed": row.get("seed"), "task_index": int(row["task_index"]),
-        "task_title": row.get("task_title", ""), "round": int(row["round"]),
-        "global_round": int(row["global_round"]), "has_event": ev is not None,
-        "event_name": ev.get("name") if ev else None,
-        "category": (ev.get("category") or NO_EVENT) if ev else NO_EVENT,
-        "pressure": (ev.get("pressure") or ev.get("level") or NO_EVENT) if ev else NO_EVENT,
-        "sup_parse_status": sup.get("parse_status"), "sup_failed": supervisor_failed(row),
-        "sup_cut": sup.get("parse_status") == "cut",
-        "task_complete": bool(row.get("task_complete")),
-        "performer_chars": len(perf.get("text") or ""),
-        "performer_tokens": perf.get("completion_tokens"),
+        "trial_id": trial_id, "seed": row.seed, "task_index": row.task_index,
+        "task_title": row.task_title or "", "round": row.round,
+        "global_round": row.global_round, "has_event": ev is not None,
+        "event_name": ev.name if ev else None,
+        "category": (ev.category or NO_EVENT) if ev else NO_EVENT,
+        "pressure": (ev.pressure or NO_EVENT) if ev else NO_EVENT,
+        "sup_parse_status": status, "sup_failed": supervisor_failed(row),
+        "sup_cut": status == "cut",
+        "task_complete": bool(row.task_complete),
+        "performer_chars": len(perf.text or ""),
+        "performer_tokens": perf.completion_tokens,
     }
     for k in STATES:
-        rec[f"{k}_before"] = before.get(k)
-        rec[k] = after.get(k)
+        rec[f"{k}_before"] = getattr(before, k) if before is not None else None
+        rec[k] = getattr(after, k) if after is not None else None
     return rec
 
 
-def supervisor_failed(row: dict[str, Any]) -> bool:
+def supervisor_failed(row: RoundRow) -> bool:
     """The round's supervisor evaluation or feedback has no usable answer (parse_status `failed`,
     or `cut`: stopped at its token limit): the states were carried over unchanged (evaluation)
     or the performer got no feedback, and the task stayed incomplete."""
-    sup = row.get("supervisor") or {}
-    status = sup.get("parse_status")
-    return (status is not None and status not in SUPERVISOR_OK) or ("evaluation" in sup and not sup["evaluation"])
+    sup = row.supervisor
+    if sup is None:
+        return False
+    status = sup.parse_status
+    return (status is not None and status not in SUPERVISOR_OK) or (
+        "evaluation" in sup.model_fields_set and not _evaluated(sup))
 
 
-def read_trials(run_dir: Path) -> tuple[dict[str, list[dict[str, Any]]], dict[str, bool]]:
+def read_trials(run: Run) -> tuple[dict[str, list[RoundRow]], dict[str, bool]]:
     """Every trial's checked rows (in global-round order) and whether it is finished, through
-    `read_finished_trial`: the `.done` rule of `lhd run` (a marker over cut rows is an error)."""
-    raw: dict[str, list[dict[str, Any]]] = {}
+    `TrialStore.read`: the `.done` rule of `lhd run` (a marker over cut rows is an error)."""
+    rows: dict[str, list[RoundRow]] = {}
     done: dict[str, bool] = {}
-    for tid in trial_ids(run_dir):
-        rows, done[tid] = read_finished_trial(RunDir(run_dir).trial(tid).rows)  # refuses a round written twice
-        raw[tid] = sorted(rows, key=lambda r: int(r["global_round"]))
-    return raw, done
+    for trial in run.trials():
+        found, done[trial.trial_id] = trial.read()  # refuses a round written twice
+        rows[trial.trial_id] = sorted(found, key=lambda r: r.global_round)
+    return rows, done
 
 
-def load_rounds(run_dir: Path, auditor_id: str | None
-                ) -> tuple[pd.DataFrame, dict[str, list[dict[str, Any]]], dict[str, bool]]:
+def load_rounds(run: Run, auditor_id: str | None
+                ) -> tuple[pd.DataFrame, dict[str, list[RoundRow]], dict[str, bool]]:
     """Trajectory rows of every trial with `auditor_id`'s labels joined (label_status `missing`
-    where the auditor wrote nothing for a round). Also returns the raw rows per trial and
-    whether each trial is finished (`read_trials`)."""
-    raw, done = read_trials(run_dir)
-    recs = [_round_record(r) for rows in raw.values() for r in rows]
+    where the auditor wrote nothing for a round). Also returns the rows per trial and whether
+    each trial is finished (`read_trials`)."""
+    raw, done = read_trials(run)
+    recs = [_round_record(tid, r) for tid, rows in raw.items() for r in rows]
     rounds = pd.DataFrame(recs)
     if rounds.empty:
         rounds = pd.DataFrame(columns=["trial_id", "global_round", "task_index", "round", "category",
                                        "pressure", "has_event", *STATES])
-    audit = load_audit(run_dir, auditor_id) if auditor_id else load_audit(run_dir, None)
-    rounds = rounds.merge(audit, on=["trial_id", "global_round"], how="left")
+    rounds = rounds.merge(load_audit(run, auditor_id), on=["trial_id", "global_round"], how="left")
     rounds["label_status"] = rounds["label_status"].fillna("missing")
     rounds["label_cut"] = rounds["label_cut"].eq(True)  # no audit row: not cut
     rounds["types"] = [t if isinstance(t, tuple) else () for t in rounds["types"]]
@@ -340,32 +239,44 @@ def load_rounds(run_dir: Path, auditor_id: str | None
     return rounds.sort_values(["trial_id", "global_round"]).reset_index(drop=True), raw, done
 
 
-def _trial_table(run_dir: Path, raw: dict[str, list[dict[str, Any]]], done: dict[str, bool],
+def read_schedules(run: Run, trial_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """Each trial's saved event schedule (`schedules/<trial>.json`, written by `lhd run`), for the
+    trials that have one."""
+    out = {}
+    for tid in trial_ids:
+        sched = read_json_mapping(run.dir.schedule(tid))
+        if sched:
+            out[tid] = sched
+    return out
+
+
+def _trial_table(raw: dict[str, list[RoundRow]], done: dict[str, bool], schedules: dict[str, dict[str, Any]],
                  config: dict[str, Any]) -> pd.DataFrame:
     recs = []
     for tid, rows in raw.items():
-        sched = _read_json(RunDir(run_dir).schedule(tid))
+        sched = schedules.get(tid, {})
         entries = sched.get("entries") or []
-        last = (rows[-1].get("supervisor") or {}).get("state_after", {}) if rows else {}
+        last = rows[-1].supervisor.state_after if rows and rows[-1].supervisor is not None else None
         # satisfaction the supervisor gave: a failed evaluation's carried-over state is not one
-        sats = [((r.get("supervisor") or {}).get("state_after") or {}).get("satisfaction") for r in rows
-                if (r.get("supervisor") or {}).get("evaluation")]
-        sats = [s for s in sats if s is not None]
+        sats = [r.supervisor.state_after.satisfaction for r in rows
+                if _evaluated(r.supervisor) and r.supervisor is not None and r.supervisor.state_after is not None]
+        given = [s for s in sats if s is not None]
+        tasks = {r.task_index for r in rows}
         recs.append({
             "trial_id": tid, "seed": _seed_of(tid, rows, sched),
             "condition": trial_condition(tid, sched or None, config),
             "done": done[tid],
-            "n_rounds": len(rows), "n_tasks": len({r["task_index"] for r in rows}),
+            "n_rounds": len(rows), "n_tasks": len(tasks),
             # tasks reached whose schedule drew an event (not the whole pack's schedule)
-            "n_event_tasks": len({e["task_index"] for e in entries if e is not None}
-                                 & {r["task_index"] for r in rows}) if entries else
-            len({r["task_index"] for r in rows if r.get("event")}),
-            "final_trust": last.get("trust"), "final_comfort": last.get("comfort"),
-            "final_satisfaction": last.get("satisfaction"),
-            "mean_satisfaction": sum(sats) / len(sats) if sats else float("nan"),
-            "tasks_completed": len({r["task_index"] for r in rows if r.get("task_complete")}),
+            "n_event_tasks": len({e["task_index"] for e in entries if e is not None} & tasks) if entries else
+            len({r.task_index for r in rows if r.event is not None}),
+            "final_trust": last.trust if last else None, "final_comfort": last.comfort if last else None,
+            "final_satisfaction": last.satisfaction if last else None,
+            "mean_satisfaction": sum(given) / len(given) if given else float("nan"),
+            "tasks_completed": len({r.task_index for r in rows if r.task_complete}),
             "supervisor_failed_rounds": sum(supervisor_failed(r) for r in rows),
-            "supervisor_cut_rounds": sum((r.get("supervisor") or {}).get("parse_status") == "cut" for r in rows),
+            "supervisor_cut_rounds": sum(r.supervisor is not None and r.supervisor.parse_status == "cut"
+                                         for r in rows),
         })
     cols = ["trial_id", "seed", "condition", "done", "n_rounds", "n_tasks", "n_event_tasks", "final_trust",
             "final_comfort", "final_satisfaction", "mean_satisfaction", "tasks_completed", "supervisor_failed_rounds",
@@ -375,38 +286,37 @@ def _trial_table(run_dir: Path, raw: dict[str, list[dict[str, Any]]], done: dict
     return pd.DataFrame(recs, columns=cols).astype({c: float for c in states})
 
 
-def left_out_trials(run_dir: Path, manifest: dict[str, Any], loaded: dict[str, Any]) -> list[str]:
+def left_out_trials(run: Run, manifest: Manifest, loaded: dict[str, Any]) -> list[str]:
     """Trials the run should have (in its manifest, or marked done) that have no rows to load:
     a report must say it dropped them, not count a shorter run."""
-    expected = [str(t) for t in manifest.get("trials") or []]
-    expected += RunDir(run_dir).done_trial_ids()
+    expected = [str(t) for t in manifest.trials or []] + run.dir.done_trial_ids()
     return [t for t in dict.fromkeys(expected) if t not in loaded]
 
 
-def load_run(run_dir: str | Path, auditor: str | None = None, min_coverage: float = COVERAGE_MIN) -> RunData:
+def load_run(run_dir: str | Path | Run, auditor: str | None = None, min_coverage: float = COVERAGE_MIN) -> RunData:
     """Load a run directory with one auditor's labels (`auditor`, or the default of `pick_auditor`).
     `min_coverage` only words the note about trials with many failed or missing labels."""
-    run_dir = Path(run_dir)
-    rd = RunDir(run_dir)
-    if not rd.is_run():
-        raise InputError(run_dir, None, "not a run directory (no trials/ folder)")
-    manifest = _read_json(rd.manifest)
-    config = read_yaml_mapping(rd.config, missing_ok=True)
-    auditors = list_auditors(run_dir)
-    auditor_id = pick_auditor(run_dir, auditor, auditors)
-    reason = "chosen by name (--auditor)" if auditor is not None else headline_auditor(run_dir, auditors)[1]
-    rounds, raw, done = load_rounds(run_dir, auditor_id)
+    run = run_dir if isinstance(run_dir, Run) else Run.open(run_dir)
+    manifest = run.manifest() or Manifest()
+    config = read_yaml_mapping(run.dir.config, missing_ok=True)
+    auditors = list_auditors(run)
+    auditor_id = pick_auditor(run, auditor, auditors)
+    reason = "chosen by name (--auditor)" if auditor is not None else headline_auditor(run, auditors)[1]
+    rounds, raw, done = load_rounds(run, auditor_id)
+    schedules = read_schedules(run, list(raw))
     first = next((rows[0] for rows in raw.values() if rows), None)
-    run_id = manifest.get("run_id") or config.get("run_name") or (first or {}).get("run_id") or run_dir.name
-    perf = performer_info(run_dir, manifest, config, first)
+    run_id = str(manifest.run_id or config.get("run_name") or (first.run_id if first else None) or run.path.name)
+    perf = performer_info(manifest, config, first)
     mlabel = model_label(perf)
-    data = RunData(run_dir, str(run_id), str(run_id), f"{run_id} ({mlabel})", mlabel, perf, manifest, config,
-                   auditors, auditor_id, rounds, _trial_table(run_dir, raw, done, config), auditor_reason=reason)
+    data = RunData(store=run, run_id=run_id, key=run_id, label=f"{run_id} ({mlabel})", model_label=mlabel,
+                   performer=perf, manifest=manifest, summary=run.summary(), config=config, auditors=auditors,
+                   auditor_id=auditor_id, rounds=rounds, trials=_trial_table(raw, done, schedules, config),
+                   schedules=schedules, auditor_reason=reason)
     if not raw:
         data.notes.append("no trajectory files under trials/")
     elif rounds.empty:
         data.notes.append("no finished round yet (the trajectory files hold no whole row)")
-    lost = left_out_trials(run_dir, manifest, raw)
+    lost = left_out_trials(run, manifest, raw)
     if lost:
         data.notes.append(f"{len(lost)} trial(s) left out, with no trajectory file (trials/<trial>.jsonl) although the "
                           f"manifest lists them or a .done marker marks them finished: {', '.join(lost[:5])}"

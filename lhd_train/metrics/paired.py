@@ -8,7 +8,6 @@ The interval is a percentile bootstrap over seeds; the sign test counts seeds th
 against seeds that went up; with few seeds neither can tell, and the verdict says so."""
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +18,6 @@ from scipy import stats
 
 from lhd_train.metrics.core import BOOT_RESAMPLES, BOOT_SEED, bootstrap_ci
 from lhd_train.metrics.load import RunData
-from lhd_train.rundir.layout import RunDir
 
 MIN_PAIRS = 5  # fewer paired seeds than this: too few to tell, whatever the interval says
 PAIRED_METRICS = ("deception_rate", "severity_average_all_rounds", "severity_average_deception_only")
@@ -35,17 +33,6 @@ class PairedComparison:
     effects: pd.DataFrame
     trials: pd.DataFrame
     notes: list[str] = field(default_factory=list)
-
-
-def _schedule(run: RunData, trial_id: str) -> dict[str, Any] | None:
-    path = RunDir(run.path).schedule(trial_id)
-    if not path.is_file():
-        return None
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def _seeds(run: RunData) -> dict[str, Any]:
@@ -66,7 +53,7 @@ def pair_trials(base: RunData, other: RunData) -> pd.DataFrame:
         elif sb[tid] != so[tid]:
             status = "seed differs"
         else:
-            a, b = _schedule(base, tid), _schedule(other, tid)
+            a, b = base.schedules.get(tid), other.schedules.get(tid)
             status = "schedule not recorded" if a is None or b is None else PAIRED if a == b else "schedule differs"
         recs.append({"trial_id": tid, "seed": sb.get(tid, so.get(tid)), "status": status})
     return pd.DataFrame(recs, columns=["trial_id", "seed", "status"])
@@ -158,7 +145,7 @@ def compare_paired(base: RunData, other: RunData, per_trial: pd.DataFrame,
     if base.auditor_id != other.auditor_id:
         notes.append(f"the two runs are scored by different headline auditors ({base.auditor_id} and "
                      f"{other.auditor_id}): a difference may come from the auditors")
-    sha_b, sha_o = base.manifest.get("pack_sha256"), other.manifest.get("pack_sha256")
+    sha_b, sha_o = base.manifest.pack_sha256, other.manifest.pack_sha256
     if sha_b and sha_o and sha_b != sha_o:
         notes.append("the two runs recorded different task packs (pack_sha256)")
     return PairedComparison(base.key, other.key, effects, trials, notes)

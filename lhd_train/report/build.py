@@ -45,7 +45,6 @@ from lhd_train.report.validity import auditor_validity, validity_md
 from lhd_train.report.viewer import safe_name, states_plot, write_run_pages
 from lhd_train.rundir.csv_cells import write_csv
 from lhd_train.rundir.files import atomic_write_bytes, atomic_write_text, check_writable_dir
-from lhd_train.rundir.layout import RunDir
 from lhd_train.rundir.outputs import check_out_dir
 
 MAX_STATE_PLOTS = 60  # per report; more trials still get their own page (with its plot)
@@ -143,9 +142,9 @@ def pack_info(run: RunData) -> dict[str, str | None]:
     """The task pack a run used and its content hash (`taskpack.pack_sha256`): as the run recorded
     them (manifest `pack`, `pack_sha256`), else the hash computed now from the folder the manifest
     names (`pack_source`), marked as such; never from a pack name, which may mean another pack today."""
-    name = run.manifest.get("pack") or run.config.get("task_pack")
-    sha, how = run.manifest.get("pack_sha256"), "recorded by the run"
-    source = run.manifest.get("pack_source")
+    name = run.manifest.pack or run.config.get("task_pack")
+    sha, how = run.manifest.pack_sha256, "recorded by the run"
+    source = run.manifest.pack_source
     if not sha and source and Path(str(source)).is_dir():
         from lhd_train.bench.taskpack import load_pack, pack_sha256
 
@@ -178,7 +177,7 @@ def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None
     check_writable_dir(out, "report's folder")
     runs = load_runs([Path(p) for p in run_dirs], auditor, min_coverage)
     if not any(len(r.rounds) for r in runs):
-        where = RunDir(run_dirs[0]).trials_dir if len(run_dirs) == 1 else "runs"
+        where = runs[0].store.dir.trials_dir if len(runs) == 1 else "runs"
         raise InputError(where, None, "no finished round yet: nothing to report (rerun `lhd report` once "
                          "`lhd run` has written a round)")
     out.mkdir(parents=True, exist_ok=True)
@@ -237,8 +236,8 @@ def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None
             state_plots.append({"trial_id": tid, "href": hrefs.get(tid, ""), "src": plots.data_uri(data)})
         a = run.auditor
         run_sections.append({
-            "key": run.key, "label": run.label, "path": str(run.path), "model": run.performer.get("model") or "?",
-            "adapter": run.performer.get("adapter") or "none", "revision": run.performer.get("revision") or "–",
+            "key": run.key, "label": run.label, "path": str(run.path), "model": run.performer.model or "?",
+            "adapter": run.performer.adapter or "none", "revision": run.performer.revision or "–",
             "auditor": (f"{a.auditor_id} (mode {a.mode}{', R=' + str(a.window) if a.window else ''}; "
                         f"{run.auditor_reason})") if a else "none",
             "pack": pack_line(run), "sampling": sampling_lines(run),

@@ -70,12 +70,11 @@ def role_usage(run: RunData) -> dict[str, dict[str, float]]:
     exact across resumes): `bench.accounting.usage_by_role`, the function that writes summary.json's
     `usage_by_role`, here also over every auditor's rows (role `auditor`)."""
     from lhd_train.bench.accounting import usage_by_role
-    from lhd_train.rundir.files import read_jsonl
-    from lhd_train.rundir.layout import RunDir
 
-    rd = RunDir(run.path)
-    trial_rows = [r for p in rd.rows_files() for r in read_jsonl(p)]
-    audit_rows = [r for p in rd.audit_dir.glob("*/*.jsonl") for r in read_jsonl(p)]
+    store = run.store
+    trial_rows = [row.to_json() for trial in store.trials() for row in trial.rows()]
+    audit_rows = [row.to_json() for aid in store.auditor_ids() for tid in store.auditor(aid).trial_ids()
+                  for row in store.auditor(aid).rows(tid)]
     usage = usage_by_role(trial_rows, audit_rows)
     return {role: usage[role] for role in sorted(usage, key=_role_rank)}
 
@@ -95,8 +94,8 @@ def cut_text(usage: dict[str, dict[str, float]]) -> str:
 def sampling_lines(run: RunData) -> list[str]:
     """Each role's effective sampling as the run recorded it (manifest `effective_sampling`: the
     config's settings over the model's own generation defaults); null = the server's default."""
-    eff = run.manifest.get("effective_sampling")
-    if not isinstance(eff, dict) or not eff:
+    eff = run.manifest.effective_sampling
+    if not eff:
         return ["not recorded (the run predates manifest.effective_sampling)"]
     out = []
     for role in sorted(eff, key=_role_rank):
@@ -109,14 +108,11 @@ def sampling_lines(run: RunData) -> list[str]:
 
 def compute_table_ctx(runs: list[RunData], usage: dict[str, dict[str, dict[str, float]]]) -> dict[str, Any]:
     """Requests, tokens and cut answers per role (`role_usage`, keyed by run key) and GPU-hours."""
-    from lhd_train.rundir.files import read_json_mapping
-    from lhd_train.rundir.layout import RunDir
-
     cols = ["run", "role", "requests", "prompt tokens", "completion tokens", "cached prompt tokens",
             "cut calls (hit the token limit)", "cut answers (stayed cut)", "model time (s)", "GPU-hours (run)"]
     rows = []
     for run in runs:
-        gpu_h = read_json_mapping(RunDir(run.path).summary).get("gpu_hours_this_invocation")
+        gpu_h = run.summary.gpu_hours_this_invocation if run.summary is not None else None
         for role, u in usage.get(run.key, {}).items():
             rows.append([run.key, role, fmt(u["requests"]), fmt(u["prompt_tokens"]), fmt(u["completion_tokens"]),
                          fmt(u["cached_tokens"]), fmt(u.get("cut_calls", 0), 0), fmt(u.get("cut_answers", 0), 0),

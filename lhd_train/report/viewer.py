@@ -26,9 +26,9 @@ from lhd_train.report.plots import data_uri, plot_states
 from lhd_train.report.render import fmt, render_page, signed
 from lhd_train.report.tables import trials_table_ctx
 from lhd_train.rundir.files import atomic_write_text, check_writable_dir
-from lhd_train.rundir.layout import RunDir
 from lhd_train.rundir.outputs import check_out_dir
-from lhd_train.rundir.store import MessageStore, read_finished_trial
+from lhd_train.rundir.rows import RoundRow, SupervisorRecord, SupervisorState
+from lhd_train.rundir.run import Run
 
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -52,18 +52,18 @@ def _load_pack(name: str) -> Any:
         return None
 
 
-def _pack_tasks(rows: list[dict[str, Any]]) -> dict[int, Any]:
+def _pack_tasks(rows: list[RoundRow]) -> dict[int, Any]:
     """Task prompts and files from the run's task pack, when it can be loaded and its titles match."""
-    pack = _load_pack(str(rows[0].get("pack") or "")) if rows else None
+    pack = _load_pack(str(rows[0].pack or "")) if rows else None
     if pack is None:
         return {}
     out = {}
     for r in rows:
         try:
-            task = pack.task(int(r["task_index"]))
+            task = pack.task(r.task_index)
         except Exception:  # noqa: BLE001
             continue
-        if task.title == r.get("task_title"):
+        if task.title == r.task_title:
             out[task.index] = task
     return out
 
@@ -92,10 +92,10 @@ def _audit_view(rec: dict[str, Any], auditor_id: str, mode: str | None, primary:
 def trial_context(run: RunData, trial_id: str, other_audits: dict[str, pd.DataFrame] | None = None,
                   states_png: bytes | None = None) -> dict[str, Any]:
     """Everything the trial template shows, as plain strings and lists."""
-    files = RunDir(run.path).trial(trial_id)
-    rows, _ = read_finished_trial(files.rows)  # a cut finished trial is an error, as in `lhd run`
-    rows.sort(key=lambda r: int(r["global_round"]))
-    store = MessageStore(files.messages)
+    trial = run.store.trial(trial_id)
+    rows, _ = trial.read()  # a cut finished trial is an error, as in `lhd run`
+    rows.sort(key=lambda r: r.global_round)
+    store = trial.messages()
     tr = run.rounds[run.rounds["trial_id"] == trial_id]
     primary = {int(g): rec for g, rec in zip(tr["global_round"], tr.to_dict("records"), strict=True)}
     others: dict[str, dict[int, dict[str, Any]]] = {}
@@ -107,30 +107,29 @@ def trial_context(run: RunData, trial_id: str, other_audits: dict[str, pd.DataFr
 
     tasks: list[dict[str, Any]] = []
     for row in rows:
-        ti = int(row["task_index"])
+        ti = row.task_index
         if not tasks or tasks[-1]["index"] != ti:
-            ev = row.get("event")
+            ev = row.event
             pt = pack_tasks.get(ti)
-            first_ids = (row.get("performer") or {}).get("new_message_ids") or []
+            first_ids = row.performer.new_message_ids or []
             first = ("\n\n".join(m["content"] for m in store.get(first_ids))
                      if all(i in store for i in first_ids) else
-                     f"[the user message is missing from {files.messages.name}: the run's message store lost it]")
+                     f"[the user message is missing from {trial.files.messages.name}: the run's message store lost it]")
             tasks.append({
-                "index": ti, "title": row.get("task_title", ""), "rounds": [], "has_flagged": False,
+                "index": ti, "title": row.task_title or "", "rounds": [], "has_flagged": False,
                 "completed": False,
-                "event": ({"name": ev.get("name", ""), "category": ev.get("category", ""),
-                           "pressure": ev.get("pressure") or ev.get("level") or "", "content": ev.get("content", "")}
-                          if ev else None),
+                "event": ({"name": ev.name or "", "category": ev.category or "", "pressure": ev.pressure or "",
+                           "content": ev.content or ""} if ev else None),
                 "prompt": pt.prompt if pt else "",
                 "files": [{"name": f.name, "content": f.content} for f in pt.files] if pt else [],
-                "first_message": first if row.get("round") == 1 else "",
+                "first_message": first if row.round == 1 else "",
             })
-        g = int(row["global_round"])
-        perf, sup = row.get("performer") or {}, row.get("supervisor") or {}
-        before, after = sup.get("state_before") or {}, sup.get("state_after") or {}
+        g = row.global_round
+        perf, sup = row.performer, row.supervisor or SupervisorRecord()
+        before, after = sup.state_before or SupervisorState(), sup.state_after or SupervisorState()
         states = []
         for k in STATES:
-            b, a = before.get(k), after.get(k)
+            b, a = getattr(before, k), getattr(after, k)
             d = (a - b) if isinstance(a, (int, float)) and isinstance(b, (int, float)) else float("nan")
             states.append({"name": k, "before": signed(b), "after": signed(a), "delta": signed(d),
                            "dir": "up" if d > 0 else ("down" if d < 0 else "")})
@@ -142,28 +141,27 @@ def trial_context(run: RunData, trial_id: str, other_audits: dict[str, pd.DataFr
         flagged = bool(audits and audits[0]["flagged"])
         cls, text = (audits[0]["verdict_class"], audits[0]["verdict_text"]) if audits else ("missing", "not audited")
         meta = []
-        if perf.get("completion_tokens") is not None:
-            meta.append(f"{perf['completion_tokens']} tokens")
-        if perf.get("finish_reason") and perf.get("finish_reason") != "stop":
-            meta.append(f"finish: {perf['finish_reason']}")
-        ctx_info = perf.get("context") or {}
-        if ctx_info.get("dropped_messages"):
-            meta.append(f"{ctx_info['dropped_messages']} old messages dropped")
+        if perf.completion_tokens is not None:
+            meta.append(f"{perf.completion_tokens} tokens")
+        if perf.finish_reason and perf.finish_reason != "stop":
+            meta.append(f"finish: {perf.finish_reason}")
+        if perf.context is not None and perf.context.dropped_messages:
+            meta.append(f"{perf.context.dropped_messages} old messages dropped")
         t = tasks[-1]
         t["rounds"].append({
-            "round": row.get("round"), "global_round": g, "flagged": flagged, "verdict_class": cls,
-            "verdict_text": text, "task_complete": bool(row.get("task_complete")),
-            "text": perf.get("text") or "", "think": perf.get("think") or "", "meta": ", ".join(meta),
-            "feedback": (sup.get("feedback") or {}).get("text") or "",
-            "feedback_reasoning": (sup.get("feedback") or {}).get("reasoning") or "",
-            "eval_reasoning": (sup.get("evaluation") or {}).get("reasoning") or "",
-            "sup_status": sup.get("parse_status") or "ok", "sup_attempts": sup.get("attempts") or 1,
+            "round": row.round, "global_round": g, "flagged": flagged, "verdict_class": cls,
+            "verdict_text": text, "task_complete": bool(row.task_complete),
+            "text": perf.text or "", "think": perf.think or "", "meta": ", ".join(meta),
+            "feedback": (sup.feedback.text if sup.feedback else None) or "",
+            "feedback_reasoning": (sup.feedback.reasoning if sup.feedback else None) or "",
+            "eval_reasoning": (sup.evaluation.reasoning if sup.evaluation else None) or "",
+            "sup_status": sup.parse_status or "ok", "sup_attempts": sup.attempts or 1,
             "summaries": [{"global_round": s.get("global_round"), "text": s.get("text", "")}
-                          for s in sup.get("summaries_added") or []],
+                          for s in sup.summaries_added or []],
             "states": states, "audits": audits,
         })
         t["has_flagged"] = t["has_flagged"] or flagged
-        t["completed"] = t["completed"] or bool(row.get("task_complete"))
+        t["completed"] = t["completed"] or bool(row.task_complete)
 
     info = run.trials[run.trials["trial_id"] == trial_id]
     trial = info.iloc[0].to_dict() if len(info) else {"trial_id": trial_id, "seed": "?", "condition": "?",
@@ -197,7 +195,7 @@ def states_plot(run: RunData, trial_id: str) -> bytes | None:
 
 
 def other_audits(run: RunData) -> dict[str, pd.DataFrame]:
-    return {a.auditor_id: load_audit(run.path, a.auditor_id) for a in run.auditors if a.auditor_id != run.auditor_id}
+    return {a.auditor_id: load_audit(run.store, a.auditor_id) for a in run.auditors if a.auditor_id != run.auditor_id}
 
 
 def write_trial_page(run: RunData, trial_id: str, out: Path, back_href: str | None = None,
@@ -225,13 +223,12 @@ def build_viewer(run: Path, out: Path | None = None, auditor: str | None = None)
     """`lhd view RUN [--out DIR] [--auditor ID]`: a page per trial plus an index; returns the index path."""
     out_dir = Path(out) if out is not None else Path(run) / "view"
     check_out_dir(out_dir, what="viewer pages")
-    if out is None and not RunDir(run).is_run():
-        raise InputError(run, None, "not a run directory (no trials/ folder)")
+    opened = Run.open(run)
     check_writable_dir(out_dir, "viewer's folder" + ("" if out is not None else " (RUN/view; give --out DIR for a "
                                                                                 "read-only run)"))
-    data = load_run(Path(run), auditor)
+    data = load_run(opened, auditor)
     if data.rounds.empty:
-        raise InputError(RunDir(run).trials_dir, None, "no finished round yet: nothing to view (rerun `lhd view` "
+        raise InputError(opened.dir.trials_dir, None, "no finished round yet: nothing to view (rerun `lhd view` "
                          "once `lhd run` has written a round)")
     pages = write_run_pages(data, out_dir, back_href="index.html", back_text="the trial list")
     from lhd_train.metrics.core import per_trial_table
