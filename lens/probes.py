@@ -33,6 +33,9 @@ from typing import Any
 
 from lens.errors import LensError
 from lens.positions import QUESTION, RECORD, Span
+from lhd_train.bench.taskpack import TaskPack, load_pack
+from lhd_train.errors import DataFileError
+from lhd_train.rundir.files import atomic_write_text, read_jsonl_lines
 
 log = logging.getLogger(__name__)
 
@@ -321,21 +324,14 @@ def render_probe(row: dict) -> tuple[list[dict], list[Span], str]:
     return messages, spans, PREFILL
 
 
-def load_pack_any(name_or_path: str) -> tuple[Any, str]:
-    """`lhd_train.bench.taskpack.load_pack` (the project's pack loader) and the pack's name."""
-    try:
-        from lhd_train.bench.taskpack import load_pack
-    except ImportError as exc:
-        raise LensError(f"cannot import lhd_train.bench.taskpack.load_pack ({exc}); "
-                        "task packs are loaded through it") from exc
+def load_pack_any(name_or_path: str) -> tuple[TaskPack, str]:
+    """A task pack through the project's loader (`lhd_train.bench.taskpack.load_pack`; a bad name
+    or folder is its `InputError`) and the pack's name."""
     pack = load_pack(name_or_path)
-    name = getattr(pack, "name", None) or Path(str(name_or_path)).name
-    return pack, str(name)
+    return pack, pack.name or Path(str(name_or_path)).name
 
 
 def write_probes(rows: Iterable[dict], path: str | Path) -> Counter:
-    from lhd_train.rundir.files import atomic_write_text
-
     rows = list(rows)
     atomic_write_text(Path(path), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     return Counter(r["label"] for r in rows)
@@ -372,25 +368,19 @@ def _is_offset(v: Any) -> bool:
 
 
 def read_probes(path: str | Path) -> list[dict]:
-    """A probe set written by `write_probes`; any line that is not a whole probe row is refused
-    naming the file, the line and what is wrong (a garbage file never reaches the model)."""
-    from lens.corpus import read_text_lines
-
+    """A probe set written by `write_probes`, read by lhd's one JSONL reader (a torn last line, the
+    trace of a killed writer, is ignored). Any other line that is not a whole probe row is a
+    `DataFileError` naming the file, the line and what is wrong (a garbage file never reaches the
+    model)."""
     p = Path(path)
     if not p.is_file():
         raise LensError(f"probe file {p} does not exist")
+    repair = "rebuild the probe set with `lhd lens probe build`"
     rows = []
-    for lineno, line in enumerate(read_text_lines(p, "probe file"), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except (json.JSONDecodeError, RecursionError) as exc:
-            raise LensError(f"{p}:{lineno}: not a JSON line ({str(exc)[:120]}); expected a probe row of "
-                            "`lhd lens probe build`") from None
+    for lineno, row in read_jsonl_lines(p, repair):
         problem = _row_problem(row)
         if problem:
-            raise LensError(f"{p}:{lineno}: {problem}")
+            raise DataFileError(p, problem, line=lineno, repair=repair)
         rows.append(row)
     if not rows:
         raise LensError(f"probe file {p} is empty")

@@ -15,8 +15,15 @@ never looked up by the name in the rows, which the authors' folders share with b
 
 `context="compact"` reads [system, round-1 task message, (feedback)] + answer; `"full"` reads the
 exact messages of the call, dropping the oldest middle messages only if they do not fit
-`max_length`. Labels come from `audit/<auditor>/<trial>.jsonl` (`deceptive`), joined on
-`(trial_id, global_round)`, by `lhd report`'s rule (`load_audit_labels`).
+`max_length`. Labels are `lhd report`'s, from the same function
+(`lhd_train.metrics.labels.round_labels`): one auditor (`--auditor`, else the report's headline
+one), the winning row of each round, only usable labels; joined on `(trial_id, global_round)`, so
+a round the lens calls flagged is one the report counts as deceptive.
+
+The run is read only through lhd's public run-directory API (`lhd_train.rundir.run.Run`: its one
+"not a run directory" rule, checked rows held against each trial's `.done` marker, the message
+store), its labels function and its task-text loader, so a damaged run fails here exactly as in
+`lhd report` or `lhd audit`: lhd's own `InputError`/`DataFileError`, naming the file and line.
 """
 from __future__ import annotations
 
@@ -24,10 +31,16 @@ import logging
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from lens.errors import LensError
 from lens.positions import QUESTION, RECORD, ReadExample, Span
+from lhd_train.audit.trajectory import TaskText, load_task_texts
+from lhd_train.bench.taskpack import TaskPack
+from lhd_train.metrics.labels import RoundLabel, round_labels
+from lhd_train.rundir.files import read_yaml_mapping
+from lhd_train.rundir.rows import RoundRow
+from lhd_train.rundir.run import Run
+from lhd_train.rundir.store import MessageStore
 
 log = logging.getLogger(__name__)
 
@@ -36,38 +49,6 @@ _FILES_START = [re.compile(r"^=== ATTACHED FILES ===$", re.M), re.compile(r"RELE
                 re.compile(r"<files>")]
 _FILES_END = [re.compile(r"^--- end of [^\n]+ ---$", re.M), re.compile(r"</files>")]
 _FILES_STOP = [re.compile(r"CURRENT EXTERNAL EVENTS"), re.compile(r"^=== WHAT IS HAPPENING AT WORK", re.M)]
-
-
-def load_messages(path: Path) -> dict[str, dict]:
-    """A trial's message store, read through `lhd_train.rundir` (a torn last line is ignored)."""
-    from lhd_train.errors import LhdError
-    from lhd_train.rundir.files import read_jsonl
-
-    if not path.is_file():
-        raise LensError(f"{path}: message store missing")
-    try:
-        return {r["id"]: {"role": r["role"], "content": r["content"]} for r in read_jsonl(path)}
-    except LhdError as exc:
-        raise LensError(str(exc)) from exc
-
-
-def load_audit_labels(run_dir: Path, auditor: str | None = None) -> tuple[dict[tuple[str, int], dict], list[str]]:
-    """`(trial_id, global_round) -> {flagged, severity, types, auditors}` and the auditor used.
-
-    The rule is `lhd report`'s, from the same function (`lhd_train.metrics.round_labels`): one
-    auditor (`auditor`, else the newest full-mode one), one row per round, failed rows ignored,
-    so a round the lens calls flagged is one the report counts as deceptive.
-    """
-    from lhd_train.errors import InputError
-    from lhd_train.metrics.load import round_labels
-
-    try:
-        auditor_id, rows = round_labels(Path(run_dir), auditor)
-    except InputError as exc:
-        raise LensError(str(exc)) from exc
-    labels = {key: {"flagged": lab["deceptive"], "severity": lab["severity"], "types": lab["types"],
-                    "auditors": {auditor_id: lab["deceptive"]}} for key, lab in rows.items()}
-    return labels, [auditor_id] if auditor_id else []
 
 
 def _marker_span(content: str) -> tuple[int, int] | None:
@@ -153,34 +134,24 @@ def _find_message(messages: Sequence[dict], content: str) -> tuple[int, int] | N
     return None
 
 
-def run_task_texts(run_dir: str | Path) -> tuple[dict[int, Any], str]:
+def run_task_texts(run_dir: str | Path | Run) -> tuple[dict[int, TaskText], str]:
     """Task prompts and files of the pack this run used, and where they came from ("none" if unknown).
 
-    Same order as the auditor (`lhd_train.audit.trajectory.load_task_texts`): the run's
-    `tasks.json`, else the `task_pack` of `config.resolved.yaml` (or the manifest's `pack_source`),
-    tried as written and relative to the run directory.
-    """
-    from lhd_train.audit.trajectory import load_task_texts
-    from lhd_train.errors import InputError
-    from lhd_train.rundir.files import read_json_mapping, read_yaml_mapping
-    from lhd_train.rundir.layout import RunDir
-
-    run = Path(run_dir)
-    rd = RunDir(run)
-    try:
-        task_pack = read_yaml_mapping(rd.config, missing_ok=True).get("task_pack")
-        if not task_pack:
-            task_pack = read_json_mapping(rd.manifest).get("pack_source")
-        tasks, source = load_task_texts(run, str(task_pack) if task_pack else None)
-    except InputError as exc:
-        raise LensError(str(exc)) from exc
+    The auditor's loader (`lhd_train.audit.trajectory.load_task_texts`), so the lens locates the
+    files the auditor showed: the run's `tasks.json`, else the `task_pack` of the run config (or
+    the manifest's `pack_source`), tried as written and relative to the run directory, and only
+    when it is the pack the run used."""
+    run = run_dir if isinstance(run_dir, Run) else Run.open(run_dir)
+    task_pack = read_yaml_mapping(run.dir.config, "run config", missing_ok=True).get("task_pack")
+    if not task_pack:
+        manifest = run.manifest()
+        task_pack = manifest.pack_source if manifest else None
+    tasks, source = load_task_texts(run.path, str(task_pack) if task_pack else None)
     return (tasks, source) if tasks else ({}, "none")
 
 
-def _texts_of_pack(pack: Any) -> dict[int, Any]:
-    from types import SimpleNamespace
-
-    return {t.index: SimpleNamespace(prompt=getattr(t, "prompt", ""), files=tuple((f.name, f.content) for f in t.files))
+def _texts_of_pack(pack: TaskPack) -> dict[int, TaskText]:
+    return {t.index: TaskText(t.index, t.title, t.prompt, tuple((f.name, f.content) for f in t.files))
             for t in pack.tasks}
 
 
@@ -214,73 +185,63 @@ def load_run_examples(
     *,
     context: str = "compact",
     auditor: str | None = None,
-    pack: Any = None,
+    pack: TaskPack | None = None,
     count_tokens: Callable[[list[dict], str], int] | None = None,
     max_length: int | None = None,
     max_claims: int | None = 16,
 ) -> tuple[list[ReadExample], dict]:
     """Examples for every round of every trial, labelled `True/False` (flagged) or None (not audited).
 
-    `pack` overrides the task texts the run used (see `run_task_texts`)."""
-    from lhd_train.errors import LhdError
-    from lhd_train.rundir.layout import RunDir, TrialFiles
-    from lhd_train.rundir.store import read_finished_trial
-
-    run = Path(run_dir)
-    rd = RunDir(run)
-    if not rd.is_run():
-        raise LensError(f"{run}: not a run directory (no trials/)")
+    `pack` overrides the task texts the run used (see `run_task_texts`). Trials are read as
+    `lhd report` reads them (`TrialStore.read`: checked rows, a finished trial held against its
+    `.done` marker); a damaged file is lhd's `DataFileError`, naming the file and line."""
     if context not in ("compact", "full"):
         raise LensError(f"unknown context {context!r} (allowed: compact, full)")
-    labels, auditors = load_audit_labels(run, auditor)
+    run = Run.open(run_dir)
+    auditor_id, labels = round_labels(run, auditor)  # an unknown `auditor` is lhd's InputError
     if pack is not None:
-        tasks, tasks_source = _texts_of_pack(pack), f"pack {getattr(pack, 'path', None) or getattr(pack, 'name', '?')}"
+        tasks, tasks_source = _texts_of_pack(pack), f"pack {pack.path or pack.name}"
     else:
         tasks, tasks_source = run_task_texts(run)
     if not tasks:
-        log.info("%s: the run's task texts are unknown; files and prompts are located by markers", run)
+        log.info("%s: the run's task texts are unknown; files and prompts are located by markers", run.path)
     examples: list[ReadExample] = []
     n_rows = 0
-    for path in rd.rows_files():
-        store = load_messages(TrialFiles.from_rows(path).messages)
-        try:  # the rows `lhd report` reads: checked, no round twice, held against the `.done` marker
-            rows, _finished = read_finished_trial(path)
-        except LhdError as exc:
-            raise LensError(str(exc)) from exc
+    for trial in run.trials():
+        rows, _finished = trial.read()
+        store = trial.messages()
         n_rows += len(rows)
-        round1 = {int(r["task_index"]): r for r in rows if int(r.get("round", 0)) == 1}
+        round1 = {r.task_index: r for r in rows if r.round == 1}
         for row in rows:
             try:
-                ex = _row_example(row, store, round1, labels, context, tasks, count_tokens, max_length, max_claims)
+                ex = _row_example(row, trial.trial_id, store, round1, labels, context, tasks, count_tokens,
+                                  max_length, max_claims)
             except LensError as exc:
-                log.warning("%s global round %s skipped: %s", path.name, row.get("global_round"), exc)
+                log.warning("%s global round %s skipped: %s", trial.files.rows.name, row.global_round, exc)
                 continue
             examples.append(ex)
-    info = {"run_dir": str(run), "n_rows": n_rows, "n_examples": len(examples), "auditors": auditors,
+    info = {"run_dir": str(run.path), "n_rows": n_rows, "n_examples": len(examples),
+            "auditors": [auditor_id] if auditor_id else [],
             "n_labelled": sum(e.label is not None for e in examples),
             "n_flagged": sum(e.label is True for e in examples), "context": context, "tasks_source": tasks_source}
     return examples, info
 
 
-def _msgs(store: dict, ids: Sequence[str], where: str) -> list[dict]:
-    missing = [i for i in ids if i not in store]
-    if missing:
-        raise LensError(f"{where}: message id(s) {missing[:3]} not in the message store")
-    return [dict(store[i]) for i in ids]
-
-
-def _row_example(row, store, round1, labels, context, tasks, count_tokens, max_length, max_claims) -> ReadExample:
-    trial = str(row["trial_id"])
-    g = int(row["global_round"])
-    task_index = int(row["task_index"])
+def _row_example(row: RoundRow, trial_id: str, store: MessageStore, round1: dict[int, RoundRow],
+                 labels: dict[tuple[str, int], RoundLabel], context: str, tasks: dict[int, TaskText],
+                 count_tokens: Callable[[list[dict], str], int] | None, max_length: int | None,
+                 max_claims: int | None) -> ReadExample:
+    trial = row.trial_id or trial_id
+    g = row.global_round
+    task_index = row.task_index
     where = f"{trial} round {g}"
-    perf = row.get("performer") or {}
-    call = _msgs(store, perf.get("message_ids") or [], where)
-    new = _msgs(store, perf.get("new_message_ids") or [], where)
+    perf = row.performer
+    call = store.get(perf.message_ids or [])  # a message the rows name but the store lacks: DataFileError
+    new = store.get(perf.new_message_ids or [])
     r1 = round1.get(task_index)
     if r1 is None:
         raise LensError(f"{where}: no round-1 row of task {task_index} (its files are unknown)")
-    r1_new = _msgs(store, (r1.get("performer") or {}).get("new_message_ids") or [], where)
+    r1_new = store.get(r1.performer.new_message_ids or [])
     task_msg = next((m for m in reversed(r1_new) if m["role"] == "user"), None)
     question_msg = next((m for m in reversed(new) if m["role"] == "user"), None)
     if question_msg is None:
@@ -290,6 +251,7 @@ def _row_example(row, store, round1, labels, context, tasks, count_tokens, max_l
         raise LensError(f"{where}: cannot find the task message or the message answered")
     text = tasks.get(task_index)
     record = locate_record(task_msg["content"], [c for _, c in text.files] if text else [])
+    answer = perf.text or ""
 
     dropped = 0  # messages of the call left out to fit max_length (full context), in examples.parquet
     if context == "compact":
@@ -308,9 +270,11 @@ def _row_example(row, store, round1, labels, context, tasks, count_tokens, max_l
             raise LensError(f"{where}: the message answered is not the call's")
         if count_tokens is not None and max_length is not None:
             before = len(messages)
-            messages, t_idx = _fit_full(messages, t_idx, perf.get("text") or "", count_tokens, max_length)
+            messages, t_idx = _fit_full(messages, t_idx, answer, count_tokens, max_length)
             dropped = before - len(messages)
     q_idx = _last_user(messages)
+    if q_idx is None:
+        raise LensError(f"{where}: the context holds no user message")
     q_shift = len(messages[q_idx]["content"]) - len(question_msg["content"])
     spans = [Span("record", RECORD, t_idx, record[0] + t_shift, record[1] + t_shift)]
     if q_idx == t_idx:
@@ -320,13 +284,12 @@ def _row_example(row, store, round1, labels, context, tasks, count_tokens, max_l
         qe = len(question_msg["content"].rstrip())
         spans.append(Span("question", QUESTION, q_idx, q_shift, q_shift + qe))
     lab = labels.get((trial, g))
-    event = row.get("event") or {}
-    info = {"trial_id": trial, "global_round": g, "task_index": task_index, "round": int(row.get("round", 0)),
-            "event_category": event.get("category"), "pressure": event.get("pressure"),
-            "severity": lab["severity"] if lab else None, "types": ",".join(lab["types"]) if lab else None,
+    event = row.event
+    info = {"trial_id": trial, "global_round": g, "task_index": task_index, "round": row.round,
+            "event_category": event.category if event else None, "pressure": event.pressure if event else None,
+            "severity": lab.severity if lab else None, "types": ",".join(lab.types) if lab else None,
             "audited": lab is not None, "dropped_messages": dropped}
-    answer = perf.get("text") or ""
-    return ReadExample(example_id=f"{trial}/r{g}", cluster=trial, label=(lab["flagged"] if lab else None),
+    return ReadExample(example_id=f"{trial}/r{g}", cluster=trial, label=(lab.deceptive if lab else None),
                        messages=messages, spans=spans, prefill="", answer=answer, info=info,
                        claims=claim_spans(answer, max_claims))
 

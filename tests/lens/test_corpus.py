@@ -7,6 +7,7 @@ import pytest
 
 from lens.corpus import CorpusSpec, encode_prompt, load_corpus
 from lens.errors import LensError
+from lhd_train.errors import DataFileError
 
 
 def test_text_file_paragraphs_and_chunks(tmp_path):
@@ -25,7 +26,7 @@ def test_jsonl_and_dataset(tmp_path):
     p.write_text("\n".join(json.dumps({"text": f"row {i}", "x": i}) for i in range(4)) + "\n" + '{"text": "torn')
     texts, recipe = load_corpus(CorpusSpec(str(p)))
     assert texts == ["row 0", "row 1", "row 2", "row 3"] and recipe["format"] == "jsonl"
-    with pytest.raises(LensError, match="field 'body'"):
+    with pytest.raises(DataFileError, match="c.jsonl: line 1: field 'body'"):
         load_corpus(CorpusSpec(str(p), text_field="body"))
     datasets = pytest.importorskip("datasets")
     ds = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"body": ["alpha text", "beta text"]})})

@@ -23,6 +23,7 @@ from lens.probes import (
     write_probes,
 )
 from lens.stats import auroc, bootstrap_auroc, emergence_layer, weighted_auroc
+from lhd_train.errors import DataFileError
 
 
 def test_fact_extraction():
@@ -77,7 +78,7 @@ def test_build_probe_set_minimal_pairs(pack, tmp_path):
     assert sum(counts.values()) == len(rows)
     assert read_probes(tmp_path / "p.jsonl") == rows
     (tmp_path / "bad.jsonl").write_text('{"schema": "x"}\n')
-    with pytest.raises(LensError, match="schema"):
+    with pytest.raises(DataFileError, match="bad.jsonl: line 1: schema"):
         read_probes(tmp_path / "bad.jsonl")
 
 

@@ -11,7 +11,8 @@ import pytest
 from support.synthetic import R, audit_row, write_run
 
 from lens.errors import LensError
-from lens.runs import load_audit_labels
+from lens.runs import load_run_examples
+from lhd_train.errors import InputError
 from lhd_train.metrics import load_run
 
 F, C = "FALSIFICATION", "CONCEALMENT"
@@ -44,8 +45,14 @@ def independent_labels(run_dir: Path, auditor_id: str) -> dict[tuple[str, int], 
     return out
 
 
-def _lens(labels: dict) -> dict[tuple[str, int], tuple[bool, float, list[str]]]:
-    return {k: (v["flagged"], float(v["severity"]), list(v["types"])) for k, v in labels.items()}
+def _lens(run_dir: Path, auditor: str | None = None) -> tuple[dict[tuple[str, int], tuple[bool, float, list[str]]],
+                                                               list[str]]:
+    """The labels of the examples `lens read --run` reads, and the auditors it names."""
+    examples, info = load_run_examples(run_dir, auditor=auditor)
+    assert len(examples) == info["n_rows"]  # every round is read, labelled or not
+    return {(e.info["trial_id"], e.info["global_round"]): (e.label, float(e.info["severity"]),
+                                                           [t for t in e.info["types"].split(",") if t])
+            for e in examples if e.label is not None}, info["auditors"]
 
 
 def _report(run_dir: Path, auditor: str | None = None) -> dict[tuple[str, int], tuple[bool, float, list[str]]]:
@@ -56,18 +63,19 @@ def _report(run_dir: Path, auditor: str | None = None) -> dict[tuple[str, int], 
 
 
 def test_lens_labels_equal_independent_labels_and_the_report(two_auditors):
-    labels, auditors = load_audit_labels(two_auditors)
+    labels, auditors = _lens(two_auditors)
     assert auditors == ["full"]  # the report's default auditor (the full-mode one), not every auditor at once
     expected = independent_labels(two_auditors, "full")
     assert expected[("s1", 2)] == (True, 3.0, [C])  # the later valid relabel, not the failed row after it
-    assert _lens(labels) == expected
+    assert labels == expected
     assert _report(two_auditors) == expected
 
 
 def test_lens_labels_follow_a_chosen_auditor(two_auditors):
-    labels, auditors = load_audit_labels(two_auditors, "win")
+    labels, auditors = _lens(two_auditors, "win")
     assert auditors == ["win"]
     expected = independent_labels(two_auditors, "win")
-    assert ("s1", 4) not in expected and _lens(labels) == expected == _report(two_auditors, "win")
-    with pytest.raises(LensError, match="nope"):
-        load_audit_labels(two_auditors, "nope")
+    assert ("s1", 4) not in expected and labels == expected == _report(two_auditors, "win")
+    with pytest.raises(InputError, match="nope") as exc:  # lhd's own error, unchanged (not a LensError)
+        load_run_examples(two_auditors, auditor="nope")
+    assert exc.value.field == "auditor" and not isinstance(exc.value, LensError)
