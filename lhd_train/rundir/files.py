@@ -171,7 +171,7 @@ def read_jsonl_lines(path: Path, repair: str | None = None) -> list[tuple[int, d
                 if not line:
                     continue
                 row = json.loads(line)
-            except ValueError as e:  # UnicodeDecodeError and JSONDecodeError both
+            except (ValueError, RecursionError) as e:  # UnicodeDecodeError, JSONDecodeError, nesting too deep
                 raise DataFileError(path, f"not valid JSON ({getattr(e, 'msg', e)}, column {getattr(e, 'colno', '?')})",
                                     line=n, repair=repair and repair.format(line=n)) from None
             if not isinstance(row, dict):
