@@ -27,8 +27,10 @@ from tqdm.auto import tqdm
 from lens.errors import LensError
 from lens.margins import MARGIN_NAMES, TokenSets, margins
 from lens.model import LensModel, block_outputs
-from lens.positions import ANCHORS, POSITION_CLASSES, ReadExample, tag_chat_prompt
+from lens.positions import ANCHORS, POSITION_CLASSES, ReadExample, render_chat, tag_chat_prompt
 from lens.readout import out_of_fold_logits
+from lens.runs import load_run_examples
+from lhd_train.bench.taskpack import TaskPack
 
 log = logging.getLogger(__name__)
 
@@ -290,13 +292,12 @@ def read_probe_set(model: LensModel, tokenizer: Any, lens: Any, probes: Sequence
 
 def read_run(model: LensModel, tokenizer: Any, lens: Any, run_dir: str | Path, token_sets: TokenSets,
              out_dir: str | Path, cfg: ReadConfig | None = None, *, context: str = "compact",
-             auditor: str | None = None, pack: Any = None) -> dict:
-    """Margins of the performer's own rounds and AUROC of internal margin / gap against audit flags."""
+             auditor: str | None = None, pack: TaskPack | None = None) -> dict:
+    """Margins of the performer's own rounds and AUROC of internal margin / gap against audit flags. The run
+    is read by `lens.runs.load_run_examples` (lhd's Run API; a damaged run is lhd's own error)."""
     import pandas as pd
 
     from lens import report
-    from lens.positions import render_chat
-    from lens.runs import load_run_examples
 
     cfg = cfg or ReadConfig()
 
