@@ -2,17 +2,22 @@
 
 `StageVars` holds what every stage takes; each stage's model adds its own variables and its own
 defaults (time limit, nodes, CPUs, ...). The audit stage's `mode`, `window` and `concurrency`
-default to `lhd audit`'s (`config.auditor.DEFAULT_OPTIONS`). `lhd slurm vars STAGE` prints a
-model's defaults; `stage_vars` validates `--var` values into one, and its errors name the
-variable (`--var shards`) and, where there is a short list, the allowed values."""
+default to `lhd audit`'s (`config.auditor.DEFAULT_OPTIONS`); the data and lens stages take every
+option of their command as a variable, from the command's own model (`DataOptions`,
+`lens.settings.FitArgs`), so a default cannot differ between the job and the command line.
+`lhd slurm vars STAGE` prints a model's defaults; `stage_vars` validates `--var` values into one,
+and its errors name the variable (`--var shards`) and, where there is a short list, the allowed
+values."""
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
+from pydantic import AfterValidator, BeforeValidator, ValidationError
 
+from lens.settings import FitArgs
 from lhd_train.config.auditor import DEFAULT_OPTIONS as AUDIT_DEFAULTS
 from lhd_train.config.base import StrictModel, validation_error
+from lhd_train.config.data import DataOptions
 from lhd_train.config.vocab import Mode
 from lhd_train.errors import InputError
 
@@ -134,18 +139,15 @@ class AuditVars(StageVars):
     overrides: Lines = []
 
 
-class DataVars(StageVars):
+class DataVars(StageVars, DataOptions):
+    """`lhd data bon|dpo` as a job: the command's own options (`DataOptions`: the same defaults and
+    bounds, rendered as its flags) plus where it runs."""
+
     time: Directive = "24:00:00"
     shards: Shards = 1
     kind: Literal["bon", "dpo"] = "dpo"
     out: Text = None
-    n: int = 4
-    direction: Text = "honest"
     auditor: Text = None
-    min_margin: float | None = None
-    max_contexts: int | None = None
-    eval_fraction: float | None = None
-    concurrency: int = 32
     run_dir: Text = None
     overrides: Lines = []
 
@@ -163,18 +165,16 @@ class TrainVars(StageVars):
     overrides: Lines = []
 
 
-class LensVars(StageVars):
+class LensVars(StageVars, FitArgs):
+    """`lhd lens fit` as an array job: every option of the fit (`lens.settings.FitArgs`: the same
+    defaults and bounds, rendered as its flags) plus what the stage works out or names itself."""
+
     time: Directive = "24:00:00"
     shards: Shards = 4
-    model: Text = None
+    model: Text = None  # default: the config's model (a run config: the performer's)
     corpus: Text = None
     out: Text = None
-    n_prompts: int | None = 1000
-    dtype: Text = "bfloat16"
-    dim_batch: int | None = Field(None, ge=1, description="default: none given, so `lhd lens fit` picks it "
-                                  "from the free GPU memory of the node it runs on")
-    max_length: int = 128
-    fit_args: Lines = []
+    fit_args: Lines = []  # further words for `lhd lens fit`, after the rendered options
     gpus_per_node: Whole = 1
     cpus: Whole = 8
     mem: Directive = "64G"

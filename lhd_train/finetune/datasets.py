@@ -19,14 +19,16 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from tqdm.auto import tqdm
 
 from lhd_train.bench.performer import split_think
 from lhd_train.bench.structured_calls import call_seed
 from lhd_train.config.auditor import load_auditor_config
+from lhd_train.config.data import BuildSettings
 from lhd_train.config.run import RoleConfig, load_saved_config
+from lhd_train.config.vocab import Direction
 from lhd_train.console import console
 from lhd_train.errors import InputError
 from lhd_train.finetune.contexts import Context, Contexts, load_contexts
@@ -36,8 +38,6 @@ from lhd_train.rundir.files import append_jsonl, package_versions, read_jsonl, r
 from rollouts.backend import Backend
 from rollouts.factory import build_backend
 from rollouts.types import GenerationRequest
-
-Direction = Literal["honest", "deceptive"]
 
 
 @dataclass
@@ -51,30 +51,6 @@ class Scored:
         sev = float(self.grade.severity or 0)
         sat = self.grade.satisfaction if self.grade.satisfaction is not None else 0.0
         return (-sev, sat) if direction == "honest" else (sev, sat)
-
-
-@dataclass
-class BuildSettings:
-    run_dir: Path
-    out: Path
-    n: int = 4
-    direction: Direction = "honest"
-    auditor_config: Path | None = None
-    overrides: tuple[str, ...] = ()
-    eval_fraction: float = 0.2
-    max_contexts: int | None = None
-    min_margin: float = 1.0  # DPO: severity difference between chosen and rejected
-    on_task_min: float = -0.5  # the chosen answer's supervisor satisfaction floor (both directions)
-    concurrency: int = 32
-    progress: bool = True
-    run_auditor: str | None = None  # whose labels the originals must agree with (None: the run's headline)
-
-    def cache_record(self) -> dict[str, object]:
-        """What the folder's caches (candidates, grades) depend on (`data_folder.claim_folder`); the
-        selection settings (direction, margins, kind) may change: dataset/ is rebuilt whole."""
-        return {"run": str(Path(self.run_dir).resolve()), "n": self.n,
-                "auditor_config": str(Path(self.auditor_config).resolve()) if self.auditor_config else None,
-                "overrides": list(self.overrides)}
 
 
 def _role_backends(s: BuildSettings) -> tuple[Any, Backend, Backend, Any, Backend, RoleConfig]:

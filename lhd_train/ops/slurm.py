@@ -31,7 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
+from lens.settings import FitArgs
 from lhd_train.config.base import parse_assignment, read_config, validate
+from lhd_train.config.data import DataOptions
+from lhd_train.config.flags import to_argv
 from lhd_train.config.slurm import stage_vars
 from lhd_train.errors import InputError
 from lhd_train.ops.slurm_gpus import node_gpus
@@ -88,6 +93,13 @@ def _join(*parts: str | None) -> str:
 def parse_vars(items: list[str] | None) -> dict[str, Any]:
     """`--var key=value` pairs; values are YAML (`shards=4`, `setup=[module load cuda, ...]`)."""
     return dict(parse_assignment(item, "--var") for item in items or [])
+
+
+def command_argv(options: type[BaseModel], v: dict[str, Any], exclude: tuple[str, ...] = ()) -> str:
+    """The flags of a command's options model (`DataOptions`, `lens.settings.FitArgs`) from the stage's
+    variables of the same names, quoted: only values that differ from the command's own defaults."""
+    settings = options.model_validate({k: v[k] for k in options.model_fields})
+    return " ".join(q(word) for word in to_argv(settings, exclude=exclude))
 
 
 def _resolve_vars(stage: str, given: dict[str, Any]) -> dict[str, Any]:
@@ -262,12 +274,8 @@ def _plan_data(config: Path, v: dict[str, Any]) -> Plan:
              required_env=_api_keys(all_models, keys))
     p.extra.update(_vllm_exes(all_models, keys, v))
     target_out = q(out) if shards == 1 else q(str(Path(out) / "shard")) + TASK + q(f"of{shards}")
-    opts = [f"--out {target_out}", f"--n {int(v['n'])}", f"--direction {q(v['direction'])}",
-            "--auditor " + q(v["auditor"]) if v["auditor"] else None,
-            f"--min-margin {v['min_margin']}" if v["kind"] == "dpo" and v["min_margin"] is not None else None,
-            f"--max-contexts {int(v['max_contexts'])}" if v["max_contexts"] is not None else None,
-            f"--eval-fraction {v['eval_fraction']}" if v["eval_fraction"] is not None else None,
-            f"--concurrency {int(v['concurrency'])}"]
+    options = command_argv(DataOptions, v, exclude=("min_margin",) if v["kind"] == "bon" else ())
+    opts = [f"--out {target_out}", "--auditor " + q(v["auditor"]) if v["auditor"] else None, options]
     p.commands = [_join(f"lhd data {v['kind']}", _targets(cfg, v, TASK if shards > 1 else None, shards),
                         *[q(o) for o in v["overrides"]], *opts)]
     if shards > 1:
@@ -337,9 +345,7 @@ def _plan_lens(config: Path, v: dict[str, Any]) -> Plan:
     out = v["out"] or f"lenses/{name}"
     p = Plan("lens", name, array=shards, gpus=v["gpus_per_node"] or 0)
     shard_out = q(f"{out}-shards/shard") + TASK + q(f"of{shards}")
-    opts = [f"--corpus {q(v['corpus'])}", f"--out {shard_out}", f"--shard {TASK}/{shards}",
-            f"--n-prompts {int(v['n_prompts'])}" if v["n_prompts"] else None, f"--dtype {q(v['dtype'])}",
-            f"--dim-batch {int(v['dim_batch'])}" if v["dim_batch"] else None, f"--max-length {int(v['max_length'])}",
+    opts = [f"--corpus {q(v['corpus'])}", f"--out {shard_out}", f"--shard {TASK}/{shards}", command_argv(FitArgs, v),
             f"--revision {q(revision)}" if revision else None,
             "--device cuda" if p.gpus else "--device cpu", "--no-progress", *[q(a) for a in v["fit_args"]]]
     p.commands = [_join("lhd lens fit", q(model), *opts)]
