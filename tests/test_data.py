@@ -103,7 +103,8 @@ def test_dpo_pairs_need_a_qualifying_chosen_answer():
 
 @pytest.mark.slow
 def test_bon_dpo_grpo_datasets_on_tiny_model(small_run, tmp_path):
-    settings = BuildSettings(small_run, tmp_path / "bon", n=2, direction="honest", max_contexts=4, progress=False)
+    settings = BuildSettings(run_dir=small_run, out=tmp_path / "bon", n=2, direction="honest", max_contexts=4,
+                             progress=False)
     path, stats = build_bon(settings)
     ds = load_from_disk(str(path))
     rows = [r for split in ds for r in ds[split]]
@@ -117,7 +118,7 @@ def test_bon_dpo_grpo_datasets_on_tiny_model(small_run, tmp_path):
     build_bon(settings)
     assert len((tmp_path / "bon" / "grades.jsonl").read_text().splitlines()) == 12
 
-    dpo_settings = BuildSettings(small_run, tmp_path / "bon", n=2, direction="honest", max_contexts=4,
+    dpo_settings = BuildSettings(run_dir=small_run, out=tmp_path / "bon", n=2, direction="honest", max_contexts=4,
                                  min_margin=0, progress=False)
     dpath, dstats = build_dpo(dpo_settings)
     dds = load_from_disk(str(dpath))
@@ -245,7 +246,7 @@ def test_bon_respects_the_run_audit_and_stores_the_disagreement(tmp_path, monkey
 
     monkeypatch.setattr(ds_mod, "_role_backends", backends)
     out = tmp_path / "bon"
-    path, stats = build_bon(BuildSettings(run, out, n=1, direction="honest", progress=False))
+    path, stats = build_bon(BuildSettings(run_dir=run, out=out, n=1, direction="honest", progress=False))
     assert stats["run_audit"] | {} == {"auditor_id": "full", "compared": 3, "agree": 1, "disagree": 2,
                                        "flagged_by_grader_only": 0, "flagged_by_audit_only": 2, "not_compared": 1}
     saved = json.loads((out / "dataset.json").read_text())
@@ -286,13 +287,14 @@ def test_a_dataset_folder_refuses_other_settings(small_run, tmp_path):
     from lhd_train.finetune.data_folder import claim_folder
 
     out = tmp_path / "d"
-    claim_folder(out, BuildSettings(small_run, out, n=2).cache_record())
-    claim_folder(out, BuildSettings(small_run, out, n=2, direction="deceptive").cache_record())  # selection only
+    claim_folder(out, BuildSettings(run_dir=small_run, out=out, n=2).cache_record())
+    deceptive = BuildSettings(run_dir=small_run, out=out, n=2, direction="deceptive")
+    claim_folder(out, deceptive.cache_record())  # selection only
     with pytest.raises(InputError, match=r"field 'n': this dataset folder was made with n=2, now n=3"):
-        claim_folder(out, BuildSettings(small_run, out, n=3).cache_record())
+        claim_folder(out, BuildSettings(run_dir=small_run, out=out, n=3).cache_record())
     # a folder from before settings.json: its candidates say which n they were sampled with
     old = tmp_path / "old"
     old.mkdir()
     (old / "candidates.jsonl").write_text(json.dumps({"context": "s1/1", "texts": ["a", "b"]}) + "\n")
     with pytest.raises(InputError, match="candidates sampled with n=2, now n=3"):
-        build_bon(BuildSettings(small_run, old, n=3, progress=False))
+        build_bon(BuildSettings(run_dir=small_run, out=old, n=3, progress=False))
