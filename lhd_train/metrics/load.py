@@ -207,6 +207,7 @@ def read_trials(run: Run) -> tuple[dict[str, list[RoundRow]], dict[str, bool]]:
     rows: dict[str, list[RoundRow]] = {}
     done: dict[str, bool] = {}
     for trial in run.trials():
+        found: list[RoundRow]
         found, done[trial.trial_id] = trial.read()  # refuses a round written twice
         rows[trial.trial_id] = sorted(found, key=lambda r: r.global_round)
     return rows, done

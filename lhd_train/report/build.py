@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -248,7 +249,7 @@ def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None
 
     conditions = sorted(set(m.per_trial["condition"])) if len(m.per_trial) else []
     validity = auditor_validity(runs)  # the headline auditor's measured error rates (docs/validity.md)
-    ctx = {
+    ctx: dict[str, Any] = {
         "runs": run_sections, "has_labels": has_labels, "figs": figs, "validity": validity,
         "runs_table": runs_table_ctx(runs, m, min_coverage, usage), "types_table": types_table_ctx(m.types, labels),
         "pressure_table": breakdown_table_ctx(m.by_pressure, "pressure", labels, "pressure"),

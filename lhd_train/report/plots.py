@@ -68,7 +68,7 @@ def plot_run_summary(runs: pd.DataFrame) -> bytes:
             ax.bar(x, mean, color=[RUN_COLORS[j % len(RUN_COLORS)] for j in range(len(runs))],
                    yerr=_err(runs, m), capsize=4)
             for xi, v in zip(x, mean, strict=True):
-                ax.text(xi, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
+                ax.text(float(xi), v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
         ax.set_xticks(x, labels, fontsize=7)
         ax.set_ylim(*ylim)
         ax.set_title(title, fontsize=10)

@@ -70,9 +70,10 @@ def role_usage(run: RunData) -> dict[str, dict[str, float]]:
     exact across resumes): `bench.accounting.usage_by_role`, the function that writes summary.json's
     `usage_by_role`, here also over every auditor's rows (role `auditor`)."""
     from lhd_train.bench.accounting import usage_by_role
+    from lhd_train.rundir.rows import RoundRow
 
     store = run.store
-    trial_rows = [row.to_json() for trial in store.trials() for row in trial.rows()]
+    trial_rows = [row.to_json() for trial in store.trials() for row in trial.rows(RoundRow)]
     audit_rows = [row.to_json() for aid in store.auditor_ids() for tid in store.auditor(aid).trial_ids()
                   for row in store.auditor(aid).rows(tid)]
     usage = usage_by_role(trial_rows, audit_rows)

@@ -92,10 +92,11 @@ def _audit_view(rec: dict[str, Any], auditor_id: str, mode: str | None, primary:
 def trial_context(run: RunData, trial_id: str, other_audits: dict[str, pd.DataFrame] | None = None,
                   states_png: bytes | None = None) -> dict[str, Any]:
     """Everything the trial template shows, as plain strings and lists."""
-    trial = run.store.trial(trial_id)
-    rows, _ = trial.read()  # a cut finished trial is an error, as in `lhd run`
+    trial_store = run.store.trial(trial_id)
+    rows: list[RoundRow]
+    rows, _ = trial_store.read()  # a cut finished trial is an error, as in `lhd run`
     rows.sort(key=lambda r: r.global_round)
-    store = trial.messages()
+    store = trial_store.messages()
     tr = run.rounds[run.rounds["trial_id"] == trial_id]
     primary = {int(g): rec for g, rec in zip(tr["global_round"], tr.to_dict("records"), strict=True)}
     others: dict[str, dict[int, dict[str, Any]]] = {}
@@ -114,7 +115,7 @@ def trial_context(run: RunData, trial_id: str, other_audits: dict[str, pd.DataFr
             first_ids = row.performer.new_message_ids or []
             first = ("\n\n".join(m["content"] for m in store.get(first_ids))
                      if all(i in store for i in first_ids) else
-                     f"[the user message is missing from {trial.files.messages.name}: the run's message store lost it]")
+                     f"[the user message is missing from {store.path.name}: the run's message store lost it]")
             tasks.append({
                 "index": ti, "title": row.task_title or "", "rounds": [], "has_flagged": False,
                 "completed": False,
