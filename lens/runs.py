@@ -40,7 +40,6 @@ from lhd_train.metrics.labels import RoundLabel, round_labels
 from lhd_train.rundir.files import read_yaml_mapping
 from lhd_train.rundir.rows import RoundRow
 from lhd_train.rundir.run import Run
-from lhd_train.rundir.store import MessageStore
 
 log = logging.getLogger(__name__)
 
@@ -209,12 +208,12 @@ def load_run_examples(
     n_rows = 0
     for trial in run.trials():
         rows, _finished = trial.read()
-        store = trial.messages()
+        messages_of = trial.messages().get  # ids -> chat messages; an id the store lacks: DataFileError
         n_rows += len(rows)
         round1 = {r.task_index: r for r in rows if r.round == 1}
         for row in rows:
             try:
-                ex = _row_example(row, trial.trial_id, store, round1, labels, context, tasks, count_tokens,
+                ex = _row_example(row, trial.trial_id, messages_of, round1, labels, context, tasks, count_tokens,
                                   max_length, max_claims)
             except LensError as exc:
                 log.warning("%s global round %s skipped: %s", trial.files.rows.name, row.global_round, exc)
@@ -227,7 +226,8 @@ def load_run_examples(
     return examples, info
 
 
-def _row_example(row: RoundRow, trial_id: str, store: MessageStore, round1: dict[int, RoundRow],
+def _row_example(row: RoundRow, trial_id: str, messages_of: Callable[[list[str]], list[dict[str, str]]],
+                 round1: dict[int, RoundRow],
                  labels: dict[tuple[str, int], RoundLabel], context: str, tasks: dict[int, TaskText],
                  count_tokens: Callable[[list[dict], str], int] | None, max_length: int | None,
                  max_claims: int | None) -> ReadExample:
@@ -236,12 +236,12 @@ def _row_example(row: RoundRow, trial_id: str, store: MessageStore, round1: dict
     task_index = row.task_index
     where = f"{trial} round {g}"
     perf = row.performer
-    call = store.get(perf.message_ids or [])  # a message the rows name but the store lacks: DataFileError
-    new = store.get(perf.new_message_ids or [])
+    call = messages_of(perf.message_ids or [])
+    new = messages_of(perf.new_message_ids or [])
     r1 = round1.get(task_index)
     if r1 is None:
         raise LensError(f"{where}: no round-1 row of task {task_index} (its files are unknown)")
-    r1_new = store.get(r1.performer.new_message_ids or [])
+    r1_new = messages_of(r1.performer.new_message_ids or [])
     task_msg = next((m for m in reversed(r1_new) if m["role"] == "user"), None)
     question_msg = next((m for m in reversed(new) if m["role"] == "user"), None)
     if question_msg is None:
