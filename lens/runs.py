@@ -55,15 +55,14 @@ def _marker_span(content: str) -> tuple[int, int] | None:
         m = start_re.search(content)
         if not m:
             continue
-        end = None
+        end: int | None = None
         for end_re in _FILES_END:
             ends = [e.end() for e in end_re.finditer(content, m.end())]
             if ends:
                 end = ends[-1]
                 break
         if end is None:
-            stops = [s.search(content, m.end()) for s in _FILES_STOP]
-            stops = [s.start() for s in stops if s]
+            stops = [found.start() for s in _FILES_STOP if (found := s.search(content, m.end()))]
             end = min(stops) if stops else len(content)
         return m.start(), end
     return None
@@ -207,7 +206,7 @@ def load_run_examples(
     examples: list[ReadExample] = []
     n_rows = 0
     for trial in run.trials():
-        rows, _finished = trial.read()
+        rows, _finished = trial.read(RoundRow)
         messages_of = trial.messages().get  # ids -> chat messages; an id the store lacks: DataFileError
         n_rows += len(rows)
         round1 = {r.task_index: r for r in rows if r.round == 1}
