@@ -56,7 +56,6 @@ COMMAND_LAYER = {
 KNOWN_PRINTS = {
     "lhd_train/errors.py": "report_error prints the boundary's error line: move it into lhd_train/boundary.py",
     "lhd_train/finetune/datasets.py": "console.print of the grader/audit agreement: log it, let `lhd data` show it",
-    "lhd_train/finetune/trainer.py": "_say() to stderr: log with logging.getLogger(__name__)",
 }
 # What lens may import from lhd_train (a parent package of an entry is allowed too: importing
 # `a.b.c` runs `a/b/__init__.py`). The goal is the run directory's public API and the labels:
