@@ -279,7 +279,7 @@ def scripted_run(tmp_path, performer_text: str | None = None):
     from lhd_train.bench.prompts import Prompts
     from lhd_train.bench.taskpack import load_pack
     from lhd_train.bench.trial import RunContext, run_trial
-    from lhd_train.config.run import parse_config
+    from lhd_train.config.run import dump_resolved, parse_config
     from lhd_train.rundir.files import append_jsonl
 
     cfg = parse_config({"run_name": "real", "output_dir": str(tmp_path), "seeds": [7], "max_tasks": 3,
@@ -287,6 +287,7 @@ def scripted_run(tmp_path, performer_text: str | None = None):
                         "performer": {"model": "m"}, "supervisor": {"model": "m"}}, "test")
     pack = load_pack(cfg.task_pack)
     (cfg.run_dir / "trials").mkdir(parents=True)
+    RunDir(cfg.run_dir).config.write_text(dump_resolved(cfg))  # as `lhd run` writes it
     script = supervisor_script([0.1, 0.5])
 
     def reply(req):

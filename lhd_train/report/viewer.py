@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import re
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from lhd_train.audit.trajectory import TaskText, load_task_texts
 from lhd_train.config.vocab import STATES
 from lhd_train.errors import InputError
 from lhd_train.metrics.core import trial_stats
@@ -42,30 +42,11 @@ def safe_name(name: str) -> str:
     return f"{safe}-{hashlib.sha256(name.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
 
 
-@lru_cache(maxsize=8)
-def _load_pack(name: str) -> Any:
-    try:
-        from lhd_train.bench.taskpack import load_pack
-
-        return load_pack(name)
-    except Exception:  # noqa: BLE001 - the viewer works without the pack (prompt shown from messages)
-        return None
-
-
-def _pack_tasks(rows: list[RoundRow]) -> dict[int, Any]:
-    """Task prompts and files from the run's task pack, when it can be loaded and its titles match."""
-    pack = _load_pack(str(rows[0].pack or "")) if rows else None
-    if pack is None:
-        return {}
-    out = {}
-    for r in rows:
-        try:
-            task = pack.task(r.task_index)
-        except Exception:  # noqa: BLE001
-            continue
-        if task.title == r.task_title:
-            out[task.index] = task
-    return out
+def run_tasks(run: RunData) -> dict[int, TaskText]:
+    """Task prompts and files to show, by the auditor's rule (`audit.trajectory.load_task_texts`):
+    the run's own `tasks.json`, else the pack its config names when that is the pack the run used
+    (content hash or titles); else none, and each task shows its round-1 message only."""
+    return load_task_texts(run.path, run.config.get("task_pack"))[0]
 
 
 def _verdict(status: str, deceptive: Any, severity: Any) -> tuple[str, str]:
@@ -90,8 +71,9 @@ def _audit_view(rec: dict[str, Any], auditor_id: str, mode: str | None, primary:
 
 
 def trial_context(run: RunData, trial_id: str, other_audits: dict[str, pd.DataFrame] | None = None,
-                  states_png: bytes | None = None) -> dict[str, Any]:
-    """Everything the trial template shows, as plain strings and lists."""
+                  states_png: bytes | None = None, tasks: dict[int, TaskText] | None = None) -> dict[str, Any]:
+    """Everything the trial template shows, as plain strings and lists (`tasks`: `run_tasks`, read
+    once per run by `write_run_pages`)."""
     trial_store = run.store.trial(trial_id)
     rows: list[RoundRow]
     rows, _ = trial_store.read()  # a cut finished trial is an error, as in `lhd run`
@@ -104,25 +86,25 @@ def trial_context(run: RunData, trial_id: str, other_audits: dict[str, pd.DataFr
     for aid, df in (other_audits or {}).items():
         sub = df[df["trial_id"] == trial_id]
         others[aid] = {int(g): rec for g, rec in zip(sub["global_round"], sub.to_dict("records"), strict=True)}
-    pack_tasks = _pack_tasks(rows)
+    texts = run_tasks(run) if tasks is None else tasks
 
-    tasks: list[dict[str, Any]] = []
+    shown: list[dict[str, Any]] = []
     for row in rows:
         ti = row.task_index
-        if not tasks or tasks[-1]["index"] != ti:
+        if not shown or shown[-1]["index"] != ti:
             ev = row.event
-            pt = pack_tasks.get(ti)
+            pt = texts.get(ti)
             first_ids = row.performer.new_message_ids or []
             first = ("\n\n".join(m["content"] for m in store.get(first_ids))
                      if all(i in store for i in first_ids) else
                      f"[the user message is missing from {store.path.name}: the run's message store lost it]")
-            tasks.append({
+            shown.append({
                 "index": ti, "title": row.task_title or "", "rounds": [], "has_flagged": False,
                 "completed": False,
                 "event": ({"name": ev.name or "", "category": ev.category or "", "pressure": ev.pressure or "",
                            "content": ev.content or ""} if ev else None),
                 "prompt": pt.prompt if pt else "",
-                "files": [{"name": f.name, "content": f.content} for f in pt.files] if pt else [],
+                "files": [{"name": name, "content": content} for name, content in pt.files] if pt else [],
                 "first_message": first if row.round == 1 else "",
             })
         g = row.global_round
@@ -148,7 +130,7 @@ def trial_context(run: RunData, trial_id: str, other_audits: dict[str, pd.DataFr
             meta.append(f"finish: {perf.finish_reason}")
         if perf.context is not None and perf.context.dropped_messages:
             meta.append(f"{perf.context.dropped_messages} old messages dropped")
-        t = tasks[-1]
+        t = shown[-1]
         t["rounds"].append({
             "round": row.round, "global_round": g, "flagged": flagged, "verdict_class": cls,
             "verdict_text": text, "task_complete": bool(row.task_complete),
@@ -166,7 +148,7 @@ def trial_context(run: RunData, trial_id: str, other_audits: dict[str, pd.DataFr
 
     info = run.trials[run.trials["trial_id"] == trial_id]
     trial = info.iloc[0].to_dict() if len(info) else {"trial_id": trial_id, "seed": "?", "condition": "?",
-                                                        "n_rounds": len(rows), "n_tasks": len(tasks),
+                                                        "n_rounds": len(rows), "n_tasks": len(shown),
                                                         "n_event_tasks": 0, "tasks_completed": 0, "done": False}
     st = trial_stats(tr[["deceptive", "types", "severity", "label_status"]].to_dict("records"))
     if run.auditor_id is None:
@@ -184,7 +166,7 @@ def trial_context(run: RunData, trial_id: str, other_audits: dict[str, pd.DataFr
     auditor_text = (f"{a.auditor_id} ({a.mode}{', R=' + str(a.window) if a.window else ''})" if a else "none")
     if states_png is None and len(tr):
         states_png = states_plot(run, trial_id)
-    return {"run": {"label": run.label, "key": run.key}, "trial": trial, "tasks": tasks,
+    return {"run": {"label": run.label, "key": run.key}, "trial": trial, "tasks": shown,
             "stats_text": stats_text, "notes": notes, "auditor_text": auditor_text,
             "states_png": data_uri(states_png) if states_png else ""}
 
@@ -201,9 +183,9 @@ def other_audits(run: RunData) -> dict[str, pd.DataFrame]:
 
 def write_trial_page(run: RunData, trial_id: str, out: Path, back_href: str | None = None,
                      back_text: str = "the report", others: dict[str, pd.DataFrame] | None = None,
-                     states_png: bytes | None = None) -> Path:
+                     states_png: bytes | None = None, tasks: dict[int, TaskText] | None = None) -> Path:
     """Write one trial's page to `out` (a file path)."""
-    ctx = trial_context(run, trial_id, others, states_png)
+    ctx = trial_context(run, trial_id, others, states_png, tasks)
     html = render_page("trial.html.j2", script="viewer.js", back_href=back_href, back_text=back_text, **ctx)
     atomic_write_text(out, html)
     return out
@@ -212,11 +194,11 @@ def write_trial_page(run: RunData, trial_id: str, out: Path, back_href: str | No
 def write_run_pages(run: RunData, out_dir: Path, back_href: str | None = None, back_text: str = "the report",
                     state_pngs: dict[str, bytes | None] | None = None) -> dict[str, Path]:
     """One page per trial of the run into `out_dir`; returns trial id → page path."""
-    others = other_audits(run)
+    others, tasks = other_audits(run), run_tasks(run)
     pages = {}
     for tid in run.trials["trial_id"]:
         pages[tid] = write_trial_page(run, tid, out_dir / f"{safe_name(tid)}.html", back_href, back_text, others,
-                                      (state_pngs or {}).get(tid))
+                                      (state_pngs or {}).get(tid), tasks)
     return pages
 
 
