@@ -510,8 +510,14 @@ def test_long_vs_short_compares_only_short_horizon_auditors(tmp_path):
 def test_a_cut_audit_answer_is_no_label():
     """Issue 21 N1: an audit answer cut at its token limit (parse_status `cut`) is no label, as a
     failed one, whatever values it holds (the JSON guard used to fill them in); counted apart."""
+    from dataclasses import asdict
+
+    from lhd_train.metrics.labels import label_of
+    from lhd_train.rundir.rows import AuditRow
+
+    cut_row = AuditRow(global_round=4, deceptive=True, types=[F], severity=4, parse_status="cut")
     s = trial_stats([lab(True, [F], 2), lab(True, [F], 3, status="cut"), lab(False),
-                     {"deceptive": True, "types": [F], "severity": 4, "parse_status": "cut"}])
+                     asdict(label_of(cut_row, "s1", "full"))])
     assert (s.total_rounds, s.deception_occurrences, s.deception_rate) == (2, 1, 0.5)
     assert (s.failed_rounds, s.cut_rounds, s.missing_rounds) == (2, 2, 0)
     assert s.label_coverage == 0.5 and s.severity_average_all_rounds == 1.0

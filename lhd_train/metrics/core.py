@@ -63,7 +63,7 @@ class TrialStats:
 
 
 def _status(rec: Mapping[str, Any]) -> str:
-    st = rec.get("label_status", rec.get("parse_status")) or "ok"
+    st = rec.get("label_status") or "ok"
     if st in NO_LABEL_STATUSES:
         return "failed"  # a cut answer is no label, as a failed one
     if rec.get("deceptive") is None and st in OK_STATUSES:
@@ -72,7 +72,9 @@ def _status(rec: Mapping[str, Any]) -> str:
 
 
 def trial_stats(labels: Iterable[Mapping[str, Any]]) -> TrialStats:
-    """Per-trial statistics from label records `{deceptive, types, severity[, label_status]}`.
+    """Per-trial statistics from label records `{deceptive, types, severity[, label_status,
+    label_cut]}`: the label columns of `load.RunData.rounds` (audit rows become labels by
+    `labels.label_of`).
 
     Exactly the authors' statistics (docs/reference.md, "Per-trial statistics") on the valid labels:
     rate = |D|/N; severity (all) = mean raw severity over N (an unflagged round's severity is *not*
@@ -90,7 +92,7 @@ def trial_stats(labels: Iterable[Mapping[str, Any]]) -> TrialStats:
         st = _status(rec)
         if st == "failed":
             failed += 1
-            cut += bool(rec.get("label_cut")) or rec.get("label_status", rec.get("parse_status")) == "cut"
+            cut += bool(rec.get("label_cut")) or rec.get("label_status") == "cut"
             continue
         if st == "missing" or st not in OK_STATUSES:
             missing += 1
