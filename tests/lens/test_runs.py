@@ -15,6 +15,7 @@ from lens.probes import build_probe_set, render_probe
 from lens.read import ReadConfig, collect
 from lens.readout import LogitLens
 from lens.runs import load_run_examples, run_task_texts
+from lhd_train.bench.taskpack import load_pack
 
 BUILTIN = Path(__file__).resolve().parents[2] / "lhd_train" / "bench" / "packs" / "lhd_startup_consulting" / "pack.json"
 
@@ -87,6 +88,21 @@ def test_without_a_known_pack_files_are_located_by_markers_only(tmp_path):
     [ex], _ = load_run_examples(run)
     record = next(s for s in ex.spans if s.name == "record")
     assert (record.start, record.end) == (0, len(content))  # never the built-in pack's files by name
+
+
+def test_a_pack_given_overrides_the_runs_task_texts(tmp_path):
+    """`lens read --run --pack`: the files and the prompt are located with the pack given."""
+    folder, t1 = _authors_copy(tmp_path)
+    run = tmp_path / "run"
+    content = _write_run(run, t1, str(tmp_path / "gone"))
+    pack = load_pack(folder)
+    [ex], info = load_run_examples(run, pack=pack)
+    assert info["tasks_source"] == f"pack {pack.path}"
+    record = next(s for s in ex.spans if s.name == "record")
+    first, last = t1["files"][0]["content"].strip(), t1["files"][-1]["content"].strip()
+    assert (record.start, record.end) == (content.index(first), content.index(last) + len(last))
+    question = next(s for s in ex.spans if s.name == "question")
+    assert content[question.start:question.end] == t1["prompt"].strip()
 
 
 def test_evidence_is_the_mean_over_its_tokens(llama):
