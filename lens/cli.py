@@ -267,12 +267,14 @@ def read(args: ReadCommand) -> None:
         if rows is not None:
             summary = read_probe_set(m, tok, lz, rows, ts, out, cfg)
         else:
+            run = args.run
+            assert run is not None  # ReadCommand: exactly one of --probes and --run
             p = None
             if args.pack:
                 from lens.probes import load_pack_any
 
                 p, _ = load_pack_any(args.pack)
-            summary = read_run(m, tok, lz, args.run, ts, out, cfg, context=args.context, auditor=args.auditor, pack=p)
+            summary = read_run(m, tok, lz, run, ts, out, cfg, context=args.context, auditor=args.auditor, pack=p)
         typer.echo(f"read {summary['n_examples']} examples -> {out}")
         md = Path(summary["files"]["auroc_md"])
         if md.is_file():

@@ -220,7 +220,7 @@ def _targets(cfg: Any, v: dict[str, Any], idx: str | int | None, shards: int) ->
         if shards > 1:
             raise InputError("command line", "--var run_dir", "give either run_dir (one job) or shards > 1 (an array)")
         return q(v["run_dir"])
-    if shards == 1:
+    if shards == 1 or idx is None:
         return q(cfg.run_dir)
     return _shard_dir(cfg.output_dir, cfg.run_name, idx, shards)
 
