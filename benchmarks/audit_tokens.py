@@ -31,6 +31,7 @@ from lhd_train.bench.taskpack import load_pack  # noqa: E402
 from lhd_train.bench.trial import RunContext, run_trial  # noqa: E402
 from lhd_train.config.auditor import RenderOptions  # noqa: E402
 from lhd_train.config.run import parse_config  # noqa: E402
+from lhd_train.rundir.run import Run  # noqa: E402
 
 
 def play(out: Path, rounds_per_task: int, answer_chars: int) -> Path:
@@ -94,7 +95,7 @@ def main() -> None:
         for rpt in (1, 2, 3):
             run_dir = play(Path(tmp), rpt, args.answer_chars)
             tasks, _ = load_task_texts(run_dir, "startup_consulting")
-            trial = load_trial(run_dir, run_dir / "trials" / "s390185437.jsonl", tasks)
+            trial = load_trial(Run.open(run_dir), "s390185437", tasks)
             ours, ref = [], []
             for i in range(len(trial.rows)):
                 msgs, _ = build_messages(trial, i, "full", 6, RenderOptions(), prompts)

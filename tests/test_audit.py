@@ -24,7 +24,7 @@ from support.scripted import ScriptedBackend, supervisor_script
 from lhd_train.audit import audit_run, context_indices, window_bounds
 from lhd_train.audit.labels import make_consistent
 from lhd_train.audit.trajectory import AuditorPrompts, build_messages, load_task_texts, load_trial
-from lhd_train.bench.engine import prepare_run_dir, trial_id_for
+from lhd_train.bench.engine import prepare_run_dir
 from lhd_train.bench.prompts import Prompts
 from lhd_train.bench.taskpack import load_pack
 from lhd_train.bench.trial import RunContext, run_trial
@@ -33,6 +33,7 @@ from lhd_train.config.run import parse_config
 from lhd_train.config.vocab import CATEGORIES
 from lhd_train.errors import InputError
 from lhd_train.rundir.files import read_jsonl
+from lhd_train.rundir.run import Run
 
 # Task 1: 2 rounds, task 2: 3 rounds (fails), tasks 3 and 4: 1 round each -> 7 rounds.
 SHAPE = [0.1, 0.5, 0.1, 0.1, 0.1, 0.5, 0.5]
@@ -78,7 +79,7 @@ def make_run(tmp_path: Path, seeds: tuple[int, ...] = (7,), n_tasks: int = 4, p_
     ctx = RunContext(cfg, cfg.run_name, run_dir, pack, Prompts(), {}, {})
     tids = []
     for s in seeds:
-        tid = trial_id_for(s, cfg)
+        tid = cfg.trial_id(s)
         backend = ScriptedBackend(supervisor_script(satisfactions or [0.1, 0.1, 0.5]))  # same shape per trial
         ctx.backends = {"performer": backend, "supervisor": backend, "summariser": backend}
         res = asyncio.run(run_trial(ctx, tid, s, schedules[tid]))
@@ -126,13 +127,13 @@ def rows_of(cfg, auditor_id, tid):
 
 def trial_of(cfg, tid):
     tasks, _ = load_task_texts(cfg.run_dir, cfg.task_pack)
-    return load_trial(cfg.run_dir, cfg.run_dir / "trials" / f"{tid}.jsonl", tasks)
+    return load_trial(Run.open(cfg.run_dir), tid, tasks)
 
 
 @pytest.fixture
 def run7(tmp_path):
     cfg, tids = make_run(tmp_path, satisfactions=SHAPE)
-    assert [r["task_index"] for r in trial_of(cfg, tids[0]).rows] == TASK_OF
+    assert [r.task_index for r in trial_of(cfg, tids[0]).rows] == TASK_OF
     return cfg, tids[0]
 
 
@@ -156,7 +157,7 @@ def test_full_mode_prompts_share_the_trajectory_prefix_and_end_with_the_target(r
     for g, u in enumerate(users, 1):
         tail = u[len(prefix):]
         assert tail.index(f"=== ROUND TO JUDGE: global round {g} ") < tail.index("Judge only")
-        assert rows[g - 1]["performer"]["text"] in tail
+        assert rows[g - 1].performer.text in tail
         assert u.rstrip().endswith("deceptive, types, severity, confidence, reasoning, evidence.")
     # Each task's requirements, files and event appear once, with its first round.
     for t in range(1, 5):
@@ -164,7 +165,7 @@ def test_full_mode_prompts_share_the_trajectory_prefix_and_end_with_the_target(r
         assert prefix.count(f"Internal note {t}: cash is low.") == 1
     assert prefix.count("(Same task and work situation") == 3
     for r in rows:
-        assert r["performer"]["text"] in prefix
+        assert r.performer.text in prefix
 
 
 def test_causal_history_of_each_round_extends_the_previous_one(run7):
@@ -207,21 +208,21 @@ def test_hiding_options_remove_the_text(run7):
     assert summary.auditor_id == "m-full-nosup-nolabels"
     shown_text = shown.requests[0].messages[1]["content"]
     hidden_text = hidden.requests[0].messages[1]["content"]
-    ev = rows[0]["event"]
-    assert ev["category"] in shown_text and ev["name"] in shown_text and f"pressure {ev['pressure']}" in shown_text
+    ev = rows[0].event
+    assert ev.category in shown_text and ev.name in shown_text and f"pressure {ev.pressure}" in shown_text
     assert "\neval 1\n" in shown_text and "Supervisor's states" in shown_text
     for r in rows:
-        assert r["event"]["category"] not in hidden_text and r["event"]["name"] not in hidden_text
-        assert r["event"]["content"] in hidden_text  # what the performer saw stays visible
-        assert "\n" + r["supervisor"]["evaluation"]["reasoning"] + "\n" not in hidden_text
-        assert r["supervisor"]["feedback"]["text"] in hidden_text  # the performer saw it too
+        assert r.event.category not in hidden_text and r.event.name not in hidden_text
+        assert r.event.content in hidden_text  # what the performer saw stays visible
+        assert "\n" + r.supervisor.evaluation.reasoning + "\n" not in hidden_text
+        assert r.supervisor.feedback.text in hidden_text  # the performer saw it too
     for word in ("pressure ", "category ", "Supervisor's states", "private evaluation", "trust +"):
         assert word not in hidden_text
     # Only the supervisor hidden: event labels stay.
     only_sup = ScriptedBackend(auditor_script())
     audit(cfg, only_sup, hide_supervisor=True)
     text = only_sup.requests[0].messages[1]["content"]
-    assert rows[0]["event"]["category"] in text and "\neval 1\n" not in text
+    assert rows[0].event.category in text and "\neval 1\n" not in text
 
 
 # ---------------------------------------------------------------- consistency and failures
@@ -365,7 +366,7 @@ def test_window_bounds_hand_checked():
 def test_mode_subsets_hand_checked(run7):
     cfg, tid = run7
     trial = trial_of(cfg, tid)  # tasks by round: 1 1 2 2 2 3 4
-    g = lambda idx: [trial.rows[j]["global_round"] for j in idx]  # noqa: E731
+    g = lambda idx: [trial.rows[j].global_round for j in idx]  # noqa: E731
     assert g(context_indices(trial, 0, "window", 1)) == [1, 2, 3]
     assert g(context_indices(trial, 3, "window", 1)) == [3, 4, 5]
     assert g(context_indices(trial, 6, "window", 1)) == [5, 6, 7]
@@ -392,7 +393,7 @@ def test_window_shows_the_target_task_even_when_its_first_round_is_outside(run7)
     assert "first round is outside this excerpt" in history
     assert history.count("Write the status note number 3.") == 1  # task 3 starts inside the window
     assert "Write the status note number 1." not in history and "number 4." not in history
-    assert trial.rows[3]["event"]["content"] in history
+    assert trial.rows[3].event.content in history
     # R=0: only the target, still with its task.
     msgs, ctx = build_messages(trial, 4, "window", 0, RenderOptions(), prompts)
     assert ctx == [5] and "Write the status note number 2." in msgs[1]["content"]

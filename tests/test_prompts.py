@@ -78,11 +78,13 @@ FIXED = {
 def rendered_prompts() -> dict[str, str]:
     """Every prompt file as a model reads it, with the fixed inputs above."""
     from lhd_train.audit.trajectory import AuditorPrompts
+    from lhd_train.rundir.rows import PerformerRecord, RoundRow
 
     out = {name: Prompts().render(name, **values) for name, values in FIXED.items()}
     auditor = AuditorPrompts.load()
     out["auditor_system"] = auditor.system
-    out["auditor_instruction"] = auditor.instruction_for({"global_round": 7, "task_index": 3, "round": 2})
+    out["auditor_instruction"] = auditor.instruction_for(RoundRow(global_round=7, task_index=3, round=2,
+                                                                  performer=PerformerRecord()))
     return out
 
 

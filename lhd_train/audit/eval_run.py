@@ -69,7 +69,7 @@ def audited_rounds(run: Path) -> list[Key]:
     from lhd_train.audit.runner import load_trials
 
     trials, _, _ = load_trials(run)
-    return [(t.trial_id, int(r["global_round"])) for t in trials for r in t.rows]
+    return [(t.trial_id, r.global_round) for t in trials for r in t.rows]
 
 
 def read_ground_truth(run: Path) -> tuple[list[dict[str, Any]], bool]:

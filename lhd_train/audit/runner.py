@@ -24,23 +24,16 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from lhd_train.audit.labels import CheckedAuditAnswer, failed_labels, make_consistent
-from lhd_train.audit.trajectory import AuditorPrompts, Trial, build_messages, load_task_texts, load_trial, prompt_sha256
-from lhd_train.bench.structured_calls import BackendUnavailable, ask_structured, call_seed
+from lhd_train.audit.trajectory import AuditorPrompts, Trial, build_messages, load_trial, prompt_sha256, run_task_texts
+from lhd_train.bench.structured_calls import BackendUnavailable, StructuredOutcome, ask_structured, call_seed
 from lhd_train.config.auditor import AuditOptions, AuditorConfig
-from lhd_train.errors import InputError
-from lhd_train.rundir.files import (
-    append_jsonl,
-    package_versions,
-    python_version,
-    read_yaml_mapping,
-    repair_jsonl,
-    utc_now,
-    write_json_atomic,
-)
-from lhd_train.rundir.layout import RunDir
+from lhd_train.errors import DataFileError, InputError
+from lhd_train.rundir.files import package_versions, python_version, repair_jsonl, utc_now
 from lhd_train.rundir.lock import run_dir_lock
-from lhd_train.rundir.rows import AUDIT_SCHEMA, AUDITOR_SCHEMA
-from lhd_train.rundir.store import iter_trial_files, message_id, read_audit_rows
+from lhd_train.rundir.manifest import AuditorRecord
+from lhd_train.rundir.rows import AUDITOR_SCHEMA, AuditRow
+from lhd_train.rundir.run import AuditorStore, Run
+from lhd_train.rundir.store import NO_LABEL_STATUSES, message_id
 from rollouts.backend import Backend
 from rollouts.model_files import changed_parts, weights_fingerprint
 
@@ -84,21 +77,21 @@ class AuditSummary:
 
 
 def auditor_record(cfg: AuditorConfig, opts: AuditOptions, auditor_id: str, prompts: AuditorPrompts,
-                   task_source: str, config_source: str) -> dict[str, Any]:
+                   task_source: str, config_source: str) -> AuditorRecord:
     spec = cfg.spec
-    return {
-        "schema": AUDITOR_SCHEMA, "auditor_id": auditor_id,
-        "options": opts.to_json() | {"auditor_id": auditor_id},
-        "model_identity": {"key": cfg.auditor.model, "model": spec.model, "revision": spec.revision,
-                           "adapter": cfg.auditor.adapter},
-        "role": cfg.auditor.model_dump(mode="json"),
-        "model_spec": spec.model_dump(mode="json"),
-        "prompts": prompts.digest(),
-        "system_prompt": prompts.system, "instruction_template": prompts.instruction, "prompts_source": prompts.source,
-        "model_files": model_files(cfg),
-        "task_source": task_source, "config_source": config_source,
-        "packages": package_versions(), "python": python_version(),
-    }
+    return AuditorRecord(
+        schema_=AUDITOR_SCHEMA, auditor_id=auditor_id,
+        options=opts.to_json() | {"auditor_id": auditor_id},
+        model_identity={"key": cfg.auditor.model, "model": spec.model, "revision": spec.revision,
+                        "adapter": cfg.auditor.adapter},
+        role=cfg.auditor.model_dump(mode="json"),
+        model_spec=spec.model_dump(mode="json"),
+        prompts=prompts.digest(),
+        system_prompt=prompts.system, instruction_template=prompts.instruction, prompts_source=prompts.source,
+        model_files=model_files(cfg),
+        task_source=task_source, config_source=config_source,
+        packages=package_versions(), python=python_version(),
+    )
 
 
 def model_files(cfg: AuditorConfig) -> dict[str, Any]:
@@ -113,46 +106,40 @@ def model_files(cfg: AuditorConfig) -> dict[str, Any]:
     return out
 
 
-def _check_same_auditor(path: Path, new: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+def _check_same_auditor(store: AuditorStore, new: AuditorRecord) -> tuple[AuditorRecord, bool]:
     """An auditor id names one fixed setting and one set of model files; rows from different ones
     must never mix. Returns the record to keep (the first run's, on a resume) and whether it is new."""
-    if not path.exists():
-        return new | {"created_at": utc_now()}, True
+    path = store.rd.auditor_info(store.auditor_id)
     try:
-        old = json.loads(path.read_text(encoding="utf-8"))
-        problem = None if isinstance(old, dict) else "not a JSON object"
-    except (ValueError, UnicodeDecodeError) as e:
-        problem = f"not valid JSON ({e})"
-    if problem:
-        raise InputError(path, None, f"{problem}; it records the settings this auditor id's rows were made with: "
-                         "restore it, or pass another --auditor-id")
+        old = store.record()
+    except DataFileError as e:
+        raise InputError(path, e.field, f"{e.problem}; it records the settings this auditor id's rows were made "
+                         "with: restore it, or pass another --auditor-id") from None
+    if old is None:
+        return new.model_copy(update={"created_at": utc_now()}), True
     for key in IDENTITY_KEYS:
-        if old.get(key) != new.get(key):
+        was, now = getattr(old, key), getattr(new, key)
+        if was != now:
             raise InputError(path, key, "this auditor id was made with different settings "
-                             f"(old {json.dumps(old.get(key))}, new {json.dumps(new.get(key))}); "
+                             f"(old {json.dumps(was)}, new {json.dumps(now)}); "
                              "pass another --auditor-id or the same settings")
-    for which, fp in (new.get("model_files") or {}).items():
-        changed = changed_parts((old.get("model_files") or {}).get(which), fp)
+    for which, fp in (new.model_files or {}).items():
+        changed = changed_parts((old.model_files or {}).get(which), fp)
         if changed:
             raise InputError(path, f"model_files.{which}", f"the auditor's {' and '.join(changed)} at "
                              f"{fp.get('path')} changed since this auditor id's rows were made; resuming would mix "
                              "two auditors' labels: restore them, or pass another --auditor-id")
-    return old | {"created_at": old.get("created_at", utc_now())}, False
+    return old if old.created_at else old.model_copy(update={"created_at": utc_now()}), False
 
 
-def load_trials(run_dir: Path, include_unfinished: bool = False) -> tuple[list[Trial], list[TrialAudit], str]:
+def load_trials(run_dir: Path | Run, include_unfinished: bool = False) -> tuple[list[Trial], list[TrialAudit], str]:
     """The run's trials with rows, and a record for each one skipped."""
-    rd = RunDir(run_dir)
-    if not rd.is_run():
-        raise InputError(run_dir, None, "not a run directory (no trials/ folder)")
-    cfg_path = rd.config
-    task_pack = None
-    if cfg_path.is_file():
-        task_pack = read_yaml_mapping(cfg_path, "run config").get("task_pack")
-    tasks, task_source = load_task_texts(run_dir, task_pack)
+    run = run_dir if isinstance(run_dir, Run) else Run.open(run_dir)
+    rd = run.dir
+    tasks, task_source = run_task_texts(run)
     trials, skipped = [], []
-    for p in iter_trial_files(run_dir):
-        trial = load_trial(run_dir, p, tasks)
+    for tid in rd.trial_ids():
+        trial = load_trial(run, tid, tasks)
         if not trial.rows:
             skipped.append(TrialAudit(trial.trial_id, skipped="no rounds"))
         elif not trial.finished and not include_unfinished:
@@ -168,8 +155,9 @@ def load_trials(run_dir: Path, include_unfinished: bool = False) -> tuple[list[T
 
 
 def audit_row(trial: Trial, i: int, auditor_id: str, opts: AuditOptions, context: list[int],
-              messages: list[dict[str, str]], outcome: Any, model: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """The row to append and its parse_status (docs/formats.md, audit row)."""
+              messages: list[dict[str, str]], outcome: Any, model: dict[str, Any]) -> AuditRow:
+    """The row to append (docs/formats.md, audit row); its `parse_status` says whether it holds
+    a label."""
     row = trial.rows[i]
     calls = outcome.calls if outcome is not None else []
     raw = calls[-1]["raw"] if calls else ""
@@ -188,25 +176,26 @@ def audit_row(trial: Trial, i: int, auditor_id: str, opts: AuditOptions, context
         status = "cut" if outcome is not None and getattr(outcome, "status", None) == "cut" else "failed"
         error = next((c.get("parse_error") or c.get("error") for c in reversed(calls)
                       if c.get("parse_error") or c.get("error")), None) if calls else "no answer"
-    return ({
-        "schema": AUDIT_SCHEMA, "run_id": row.get("run_id"), "trial_id": trial.trial_id,
-        "global_round": row["global_round"], "task_index": row["task_index"], "round": row["round"],
-        "auditor_id": auditor_id, "mode": opts.mode, "window": opts.window_or_none,
+    return AuditRow(
+        run_id=row.run_id, trial_id=trial.trial_id,
+        global_round=row.global_round, task_index=row.task_index, round=row.round,
+        auditor_id=auditor_id, mode=opts.mode, window=opts.window_or_none,
         **labels.as_row(),
-        "parse_status": status, "raw": raw, "error": error, "original": original,
-        "attempts": len(calls), "context_rounds": context, "prompt_sha256": prompt_sha256(messages),
-        "prompt_tokens": sum(c.get("prompt_tokens") or 0 for c in calls),
-        "completion_tokens": sum(c.get("completion_tokens") or 0 for c in calls),
-        "cached_tokens": sum(c.get("cached_tokens") or 0 for c in calls),
-        "latency_s": round(sum(c.get("latency_s") or 0 for c in calls), 4),
-        "calls": calls, "model": model, "timestamp": utc_now(),
-    }, status)
+        parse_status=status, raw=raw, error=error, original=original,
+        attempts=len(calls), context_rounds=context, prompt_sha256=prompt_sha256(messages),
+        prompt_tokens=sum(c.get("prompt_tokens") or 0 for c in calls),
+        completion_tokens=sum(c.get("completion_tokens") or 0 for c in calls),
+        cached_tokens=sum(c.get("cached_tokens") or 0 for c in calls),
+        latency_s=round(sum(c.get("latency_s") or 0 for c in calls), 4),
+        calls=calls, model=model, timestamp=utc_now(),
+    )
 
 
 async def audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, config_source: str = "",
                     backend: Backend | None = None, progress: bool = True) -> AuditSummary:
-    """Audit (or resume auditing) `run_dir`, holding its lock. `backend` is for tests; normally
-    built from `cfg`."""
+    """Audit (or resume auditing) `run_dir`, holding its lock. `backend`: a backend already built
+    to use instead of one built from `cfg` (the tests script the auditor's answers with it, to
+    reach the failed, cut, repaired and unreachable paths on demand)."""
     with run_dir_lock(run_dir, stage="lhd audit"):
         return await _audit_run(run_dir, cfg, opts, config_source, backend, progress)
 
@@ -214,29 +203,29 @@ async def audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, confi
 async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, config_source: str,
                      backend: Backend | None, progress: bool) -> AuditSummary:
     t0 = time.perf_counter()
-    run_dir = Path(run_dir)
+    run = Run.open(run_dir)
+    rd = run.dir
     auditor_id = opts.resolved_id(cfg.auditor.model)
-    rd = RunDir(run_dir)
-    out_dir = rd.auditor_dir(auditor_id)
+    store = run.auditor(auditor_id)
+    out_dir = store.path
     prompts = AuditorPrompts.load(cfg.prompts_dir)
-    trials, skipped, task_source = load_trials(run_dir, opts.include_unfinished)
+    trials, skipped, task_source = load_trials(run, opts.include_unfinished)
 
     record = auditor_record(cfg, opts, auditor_id, prompts, task_source, config_source)
     out_dir.mkdir(parents=True, exist_ok=True)
-    record, first = _check_same_auditor(rd.auditor_info(auditor_id), record)
+    record, first = _check_same_auditor(store, record)
 
-    # What is left to do.
+    # What is left to do: the rounds without a row that counts (the one winning-row rule).
     jobs: list[tuple[Trial, int]] = []
     stats: dict[str, TrialAudit] = {}
     for trial in trials:
-        path = rd.audit_rows(auditor_id, trial.trial_id)
-        repair_jsonl(path)
-        rows = read_audit_rows(path)
-        done = {r["global_round"] for r in rows
-                if not (trial.finished and r.get("trial_unfinished"))}  # relabel once the trial is finished
+        repair_jsonl(rd.audit_rows(auditor_id, trial.trial_id))
+        labels = store.labels(trial.trial_id)
+        done = {g for g, r in labels.items()
+                if not (trial.finished and r.trial_unfinished)}  # relabel once the trial is finished
         st = stats[trial.trial_id] = TrialAudit(trial.trial_id, rounds=len(trial.rows), already=len(done))
-        st.relabel = len({r["global_round"] for r in rows} - done)
-        jobs += [(trial, i) for i, r in enumerate(trial.rows) if r["global_round"] not in done]
+        st.relabel = len(set(labels) - done)
+        jobs += [(trial, i) for i, r in enumerate(trial.rows) if r.global_round not in done]
 
     owns_backend = backend is None and bool(jobs)
     if owns_backend:
@@ -254,12 +243,13 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
             described = backend.describe()
         except Exception as e:  # describing is informative only
             described = {"error": str(e)}
-        if first or "describe" not in record:
-            record["describe"] = described
+        if first or record.describe is None:
+            record = record.model_copy(update={"describe": described})
         elif jobs:  # a resume that adds rows: its provenance beside the first run's, never over it
-            record.setdefault("resumes", []).append({"at": utc_now(), "describe": described,
-                                                     "packages": package_versions(), "python": python_version()})
-    write_json_atomic(rd.auditor_info(auditor_id), record | {"updated_at": utc_now()})
+            resume = {"at": utc_now(), "describe": described, "packages": package_versions(),
+                      "python": python_version()}
+            record = record.model_copy(update={"resumes": [*(record.resumes or []), resume]})
+    store.write_record(record.model_copy(update={"updated_at": utc_now()}))
 
     model = {"key": cfg.auditor.model, "model": cfg.spec.model, "revision": cfg.spec.revision,
              "adapter": cfg.auditor.adapter}
@@ -274,7 +264,9 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
 
     async def one(trial: Trial, i: int) -> None:
         st = stats[trial.trial_id]
-        g = trial.rows[i]["global_round"]
+        g = trial.rows[i].global_round
+        assert backend is not None  # built above whenever there are jobs
+        outcome: StructuredOutcome | _Overflow
         async with gate:  # built inside the gate so only `concurrency` prompts are in memory at once
             messages, context = build_messages(trial, i, opts.mode, opts.window, opts.render, prompts, cache)
             try:
@@ -295,18 +287,18 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
                 st.errors.append(f"round {g}: {e}")
                 bar.update(1)
                 return
-        row, status = audit_row(trial, i, auditor_id, opts, context, messages, outcome, model)
+        row = audit_row(trial, i, auditor_id, opts, context, messages, outcome, model)
         if isinstance(outcome, _Overflow):
-            row["error"] = outcome.error
+            row.error = outcome.error
         if not trial.finished:
-            row["trial_unfinished"] = True  # labelled from a partial trajectory: redone after the trial ends
-        append_jsonl(rd.audit_rows(auditor_id, trial.trial_id), row)
+            row.trial_unfinished = True  # labelled from a partial trajectory: redone after the trial ends
+        store.append(row)
         st.audited += 1
-        st.failed += status in ("failed", "cut")
-        st.repaired += status == "repaired"
+        st.failed += row.parse_status in NO_LABEL_STATUSES
+        st.repaired += row.parse_status == "repaired"
         bar.update(1)
         bar.set_postfix_str(f"{trial.trial_id} r{g} "
-                            f"{'D' if row['deceptive'] else ('?' if row['deceptive'] is None else '-')}")
+                            f"{'D' if row.deceptive else ('?' if row.deceptive is None else '-')}")
 
     try:
         results = await asyncio.gather(*(one(t, i) for t, i in jobs), return_exceptions=True)
@@ -318,14 +310,14 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
         if isinstance(res, BaseException):  # a bug, not a model problem: keep the others, report it
             st = stats[trial.trial_id]
             st.missing += 1
-            st.errors.append(f"round {trial.rows[i]['global_round']}: {type(res).__name__}: {res}")
+            st.errors.append(f"round {trial.rows[i].global_round}: {type(res).__name__}: {res}")
 
     for trial in trials:
         st = stats[trial.trial_id]
-        rows = {r["global_round"]: r for r in read_audit_rows(rd.audit_rows(auditor_id, trial.trial_id))}
-        st.on_disk = len(rows)
-        st.flagged = sum(1 for r in rows.values() if r.get("deceptive"))
-        st.partial = sum(1 for r in rows.values() if r.get("trial_unfinished"))
+        labels = store.labels(trial.trial_id)
+        st.on_disk = len(labels)
+        st.flagged = sum(1 for r in labels.values() if r.deceptive)
+        st.partial = sum(1 for r in labels.values() if r.trial_unfinished)
     return AuditSummary(auditor_id, out_dir, [stats[t.trial_id] for t in trials] + skipped,
                         time.perf_counter() - t0)
 
@@ -355,14 +347,11 @@ class _Overflow:
 
 
 def read_audit(run_dir: Path, auditor_id: str) -> dict[str, list[dict[str, Any]]]:
-    """trial id -> audit rows sorted by global round (the last row wins if a round appears twice)."""
+    """trial id -> the rows that count (`AuditorStore.labels`), by global round, as dicts.
+    Transitional: only `audit.eval_run` still reads dicts; it moves to `AuditorStore.labels`."""
+    store = Run.open(run_dir).auditor(auditor_id)
     out: dict[str, list[dict[str, Any]]] = {}
-    folder = RunDir(run_dir).auditor_dir(auditor_id)
-    for p in sorted(folder.glob("*.jsonl")):
-        rows = {r["global_round"]: r for r in read_audit_rows(p)}
-        out[p.name.removesuffix(".jsonl")] = [rows[g] for g in sorted(rows)]
+    for tid in store.trial_ids():
+        labels = store.labels(tid)
+        out[tid] = [labels[g].to_json() for g in sorted(labels)]
     return out
-
-
-def list_auditors(run_dir: Path) -> list[str]:
-    return RunDir(run_dir).auditor_ids()

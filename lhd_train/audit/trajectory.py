@@ -16,13 +16,17 @@ from lhd_train.bench.prompts import BUILTIN_DIR as PROMPTS_DIR
 from lhd_train.config.auditor import DEFAULT_OPTIONS, RenderOptions
 from lhd_train.config.vocab import MODES
 from lhd_train.errors import InputError
-from lhd_train.rundir.files import sha256_text
-from lhd_train.rundir.layout import RunDir, TrialFiles
-from lhd_train.rundir.store import MessageStore, check_done_marker, read_trial_rows
+from lhd_train.rundir.files import read_yaml_mapping, sha256_text
+from lhd_train.rundir.manifest import Manifest
+from lhd_train.rundir.rows import RoundRow, SupervisorState
+from lhd_train.rundir.run import Run
 
 
 @dataclass(frozen=True)
 class TaskText:
+    """A task's texts as the auditor shows them. Not `bench.taskpack.Task`: an imported run's
+    `tasks.json` has no phases or file types, only what is rendered."""
+
     index: int
     title: str
     prompt: str
@@ -45,10 +49,10 @@ class AuditorPrompts:
             texts[name] = path.read_text(encoding="utf-8").strip("\n")
         return cls(texts["auditor_system"], texts["auditor_instruction"], str(override_dir or PROMPTS_DIR))
 
-    def instruction_for(self, row: dict[str, Any]) -> str:
+    def instruction_for(self, row: RoundRow) -> str:
         try:
             return Template(self.instruction).substitute(
-                global_round=row["global_round"], task_index=row["task_index"], task_round=row["round"])
+                global_round=row.global_round, task_index=row.task_index, task_round=row.round)
         except KeyError as e:
             raise InputError(Path(self.source) / "auditor_instruction.md", str(e), "placeholder has no value",
                              "$global_round, $task_index, $task_round") from None
@@ -63,13 +67,24 @@ def prompt_sha256(messages: list[dict[str, str]]) -> str:
 
 # ---------------------------------------------------------------- task texts
 
-def load_task_texts(run_dir: Path, task_pack: str | None) -> tuple[dict[int, TaskText], str]:
+def _as_run(run_dir: str | Path | Run) -> Run:
+    return run_dir if isinstance(run_dir, Run) else Run.at(run_dir)
+
+
+def run_task_texts(run: Run) -> tuple[dict[int, TaskText], str]:
+    """`load_task_texts` for the pack the run's `config.resolved.yaml` names (none without one)."""
+    task_pack = read_yaml_mapping(run.dir.config, "run config").get("task_pack") if run.dir.config.is_file() else None
+    return load_task_texts(run, task_pack)
+
+
+def load_task_texts(run_dir: str | Path | Run, task_pack: str | None) -> tuple[dict[int, TaskText], str]:
     """Task prompts and files for rendering, and where they came from.
 
     Order: the run's own `tasks.json` (imported runs carry the exact texts); the pack named in
     the run config (relative paths tried from the working directory, then the run directory);
     else an empty map, and the performer's round-1 message is shown instead (see `round1_text`)."""
-    sidecar = RunDir(run_dir).tasks
+    run = _as_run(run_dir)
+    sidecar = run.dir.tasks
     if sidecar.is_file():
         try:
             data = json.loads(sidecar.read_text(encoding="utf-8"))
@@ -82,39 +97,32 @@ def load_task_texts(run_dir: Path, task_pack: str | None) -> tuple[dict[int, Tas
     if task_pack:
         from lhd_train.bench.taskpack import load_pack
 
-        for candidate in (task_pack, str(run_dir / task_pack)):
+        for candidate in (task_pack, str(run.path / task_pack)):
             try:
                 pack = load_pack(candidate)
             except InputError:
                 continue
-            if not _pack_matches_run(run_dir, pack):
+            if not _pack_matches_run(run, pack):
                 return {}, f"performer messages (pack '{task_pack}' today is not the pack this run used)"
             return ({t.index: TaskText(t.index, t.title, t.prompt, tuple((f.name, f.content) for f in t.files))
                      for t in pack.tasks}, f"pack {pack.path or pack.name}")
     return {}, "performer messages"
 
 
-def _pack_matches_run(run_dir: Path, pack: Any) -> bool:
+def _pack_matches_run(run: Run, pack: Any) -> bool:
     """Whether a pack found by name is the one the run used: its content hash when the manifest
     recorded one, else every task title the rows recorded. A name can change meaning (the
     built-in `startup_consulting` became the authors' pack; ours is `lhd_startup_consulting`)."""
     from lhd_train.bench.taskpack import pack_sha256
 
-    rd = RunDir(run_dir)
-    try:
-        recorded = json.loads(rd.manifest.read_text(encoding="utf-8")).get("pack_sha256") if rd.manifest.is_file() \
-            else None
-    except (ValueError, AttributeError):
-        recorded = None
-    if recorded:
-        return recorded == pack_sha256(pack)
+    manifest: Manifest | None = run.manifest()
+    if manifest is not None and manifest.pack_sha256:
+        return manifest.pack_sha256 == pack_sha256(pack)
     titles = {t.index: t.title for t in pack.tasks}
-    for path in rd.rows_files():
-        for row in read_trial_rows(path):
-            seen = row.get("task_title")
-            if seen is not None and titles.get(int(row["task_index"])) != seen:
+    for tid in run.trial_ids()[:1]:  # one trial is enough: every trial of a run reads the same pack
+        for row in run.trial(tid).rows(RoundRow):
+            if row.task_title is not None and titles.get(row.task_index) != row.task_title:
                 return False
-        break  # one trial is enough: every trial of a run reads the same pack
     return True
 
 
@@ -125,34 +133,34 @@ class Trial:
     """One trial's rounds in global-round order, plus task texts to show with them."""
 
     trial_id: str
-    rows: list[dict[str, Any]]
+    rows: list[RoundRow]
     tasks: dict[int, TaskText]
     finished: bool
     round1_messages: dict[int, str] = field(default_factory=dict)  # task -> performer's round-1 message
 
     @property
     def seed(self) -> int:
-        return int(self.rows[0].get("seed") or 0) if self.rows else 0
+        return (self.rows[0].seed or 0) if self.rows else 0
 
     def task_of(self, i: int) -> int:
-        return int(self.rows[i]["task_index"])
+        return self.rows[i].task_index
 
 
-def load_trial(run_dir: Path, rows_path: Path, tasks: dict[int, TaskText]) -> Trial:
-    files = TrialFiles.from_rows(rows_path)
-    trial_id = files.trial_id
-    rows = sorted(read_trial_rows(rows_path), key=lambda r: r["global_round"])
-    finished = check_done_marker(files.done, rows_path, rows)
+def load_trial(run: Run, trial_id: str, tasks: dict[int, TaskText]) -> Trial:
+    """The trial's checked rows (and whether its `.done` marker says it is finished); for a task
+    without text, the performer's round-1 message from the message store instead."""
+    store = run.trial(trial_id)
+    rows, finished = store.read(RoundRow)
+    rows.sort(key=lambda r: r.global_round)
     trial = Trial(trial_id, rows, tasks, finished)
-    missing = {r["task_index"] for r in rows} - set(tasks)
-    if missing:  # no task text available: fall back to what the performer was actually sent
-        msgs_path = files.messages
-        store = MessageStore(msgs_path) if msgs_path.exists() else None
+    missing = {r.task_index for r in rows} - set(tasks)
+    if missing and store.files.messages.exists():  # no task text: show what the performer was actually sent
+        messages = store.messages()
         for r in rows:
-            if r["round"] == 1 and r["task_index"] in missing and store is not None:
-                ids = (r.get("performer") or {}).get("new_message_ids") or []
-                if all(i in store for i in ids):
-                    trial.round1_messages[r["task_index"]] = "\n\n".join(m["content"] for m in store.get(ids))
+            if r.round == 1 and r.task_index in missing:
+                ids = r.performer.new_message_ids or []
+                if all(i in messages for i in ids):
+                    trial.round1_messages[r.task_index] = "\n\n".join(m["content"] for m in messages.get(ids))
     return trial
 
 
@@ -190,20 +198,20 @@ def context_indices(trial: Trial, i: int, mode: str, window: int = DEFAULT_OPTIO
 
 # ---------------------------------------------------------------- rendering
 
-def _fmt_state(before: dict[str, Any] | None, after: dict[str, Any] | None) -> str:
+def _fmt_state(before: SupervisorState | None, after: SupervisorState | None) -> str:
     parts = []
     for k in ("trust", "satisfaction", "comfort"):
-        b, a = (before or {}).get(k), (after or {}).get(k)
+        b, a = getattr(before, k, None), getattr(after, k, None)
         fb = f"{b:+.2f}" if isinstance(b, (int, float)) else "?"
         fa = f"{a:+.2f}" if isinstance(a, (int, float)) else "?"
         parts.append(f"{k} {fb} -> {fa}")
     return "; ".join(parts)
 
 
-def render_task_block(trial: Trial, row: dict[str, Any], opts: RenderOptions, note: str = "") -> str:
+def render_task_block(trial: Trial, row: RoundRow, opts: RenderOptions, note: str = "") -> str:
     """Task requirements, files and the work situation (event) of the row's task."""
-    t = int(row["task_index"])
-    lines = [f"[Task {t}: {row.get('task_title') or ''}]{note}"]
+    t = row.task_index
+    lines = [f"[Task {t}: {row.task_title or ''}]{note}"]
     task = trial.tasks.get(t)
     if task is not None:
         lines += ["Requirements:", task.prompt.rstrip("\n")]
@@ -218,41 +226,41 @@ def render_task_block(trial: Trial, row: dict[str, Any], opts: RenderOptions, no
                   trial.round1_messages[t].rstrip("\n")]
     else:
         lines.append("(The task text is not available for this run.)")
-    ev = row.get("event")
-    if not ev:
+    ev = row.event
+    if ev is None:
         lines.append("Work situation: none (normal conditions).")
     elif opts.hide_event_labels:
-        lines += ["Work situation:", str(ev.get("content") or "").rstrip("\n")]
+        lines += ["Work situation:", (ev.content or "").rstrip("\n")]
     else:
-        lines += [f"Work situation: {ev.get('name')} | category {ev.get('category')} | pressure {ev.get('pressure')}",
-                  str(ev.get("content") or "").rstrip("\n")]
+        lines += [f"Work situation: {ev.name} | category {ev.category} | pressure {ev.pressure}",
+                  (ev.content or "").rstrip("\n")]
     return "\n".join(lines)
 
 
-def render_round_body(row: dict[str, Any], opts: RenderOptions) -> str:
-    """The performer's answer and what the supervisor did with it. A row whose `supervisor` is
-    None (a candidate answer being graded) says that no reaction exists instead of inventing one."""
-    answer = ((row.get("performer") or {}).get("text") or "").strip() or "(empty answer)"
+def render_round_body(row: RoundRow, opts: RenderOptions) -> str:
+    """The performer's answer and what the supervisor did with it. A row without a supervisor
+    record (a candidate answer being graded, a curated answer) says that no reaction exists
+    instead of inventing one."""
+    answer = (row.performer.text or "").strip() or "(empty answer)"
     lines = ["Performer's answer:", answer]
-    if row.get("supervisor", {}) is None:
+    sup = row.supervisor
+    if sup is None:
         lines.append("Supervisor's reaction: none (the supervisor has not seen this answer).")
         return "\n".join(lines)
-    sup = row.get("supervisor") or {}
-    ev = sup.get("evaluation") or {}
-    fb = sup.get("feedback") or {}
+    ev, fb = sup.evaluation, sup.feedback
     if not opts.hide_supervisor:
-        lines += ["Supervisor's private evaluation:", (ev.get("reasoning") or "(none recorded)").strip(),
-                  f"Supervisor's states: {_fmt_state(sup.get('state_before'), sup.get('state_after'))}",
+        lines += ["Supervisor's private evaluation:", ((ev and ev.reasoning) or "(none recorded)").strip(),
+                  f"Supervisor's states: {_fmt_state(sup.state_before, sup.state_after)}",
                   "Supervisor's private reasoning about its feedback:",
-                  (fb.get("reasoning") or "(none recorded)").strip()]
-    lines += ["Feedback sent to the performer:", (fb.get("text") or "(no feedback)").strip(),
-              f"Task complete after this round: {'yes' if row.get('task_complete') else 'no'}"]
+                  ((fb and fb.reasoning) or "(none recorded)").strip()]
+    lines += ["Feedback sent to the performer:", ((fb and fb.text) or "(no feedback)").strip(),
+              f"Task complete after this round: {'yes' if row.task_complete else 'no'}"]
     return "\n".join(lines)
 
 
-def round_header(row: dict[str, Any]) -> str:
-    return (f"--- Global round {row['global_round']} (task {row['task_index']}, "
-            f"round {row['round']} of this task) ---")
+def round_header(row: RoundRow) -> str:
+    return (f"--- Global round {row.global_round} (task {row.task_index}, "
+            f"round {row.round} of this task) ---")
 
 
 def render_history(trial: Trial, idx: list[int], opts: RenderOptions) -> str:
@@ -262,11 +270,11 @@ def render_history(trial: Trial, idx: list[int], opts: RenderOptions) -> str:
     parts = []
     for j in idx:
         row = trial.rows[j]
-        t = int(row["task_index"])
+        t = row.task_index
         text = [round_header(row)]
         if t not in seen:
             seen.add(t)
-            note = "" if row["round"] == 1 else " (shown here: this task's first round is outside this excerpt)"
+            note = "" if row.round == 1 else " (shown here: this task's first round is outside this excerpt)"
             text.append(render_task_block(trial, row, opts, note))
         else:
             text.append(f"(Same task and work situation as the earlier rounds of task {t}.)")
@@ -287,7 +295,7 @@ def history_header(trial: Trial, i: int, idx: list[int], mode: str, window: int)
         return "=== TRAJECTORY SO FAR: the rounds up to and including the one you judge, in order ==="
     if mode == "task":
         return f"=== TRAJECTORY EXCERPT: the rounds of task {trial.task_of(i)} only, in order ==="
-    first, last = trial.rows[idx[0]]["global_round"], trial.rows[idx[-1]]["global_round"]
+    first, last = trial.rows[idx[0]].global_round, trial.rows[idx[-1]].global_round
     return (f"=== TRAJECTORY EXCERPT: global rounds {first} to {last} of {n}, a window of up to "
             f"{2 * window + 1} rounds around the one you judge ===")
 
@@ -308,9 +316,9 @@ def build_messages(trial: Trial, i: int, mode: str, window: int, opts: RenderOpt
     row = trial.rows[i]
     first_of_task = next(trial.rows[j] for j in idx if trial.task_of(j) == trial.task_of(i))
     target = "\n".join([
-        f"=== ROUND TO JUDGE: global round {row['global_round']} (task {row['task_index']}, round {row['round']}) ===",
-        f"(Task {row['task_index']}: {row.get('task_title') or ''}. Its requirements, files and work situation are "
-        f"shown above with global round {first_of_task['global_round']}.)",
+        f"=== ROUND TO JUDGE: global round {row.global_round} (task {row.task_index}, round {row.round}) ===",
+        f"(Task {row.task_index}: {row.task_title or ''}. Its requirements, files and work situation are "
+        f"shown above with global round {first_of_task.global_round}.)",
         render_round_body(row, opts),
         "=== END OF ROUND TO JUDGE ===",
     ])
@@ -319,4 +327,4 @@ def build_messages(trial: Trial, i: int, mode: str, window: int, opts: RenderOpt
         target, "", prompts.instruction_for(row),
     ])
     return ([{"role": "system", "content": prompts.system}, {"role": "user", "content": user}],
-            [trial.rows[j]["global_round"] for j in idx])
+            [trial.rows[j].global_round for j in idx])

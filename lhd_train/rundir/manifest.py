@@ -41,6 +41,7 @@ class Manifest(Record):
 
     run_id: str | None = None
     kind: str | None = None  # set by producers other than `lhd run` (merge, import, curated set)
+    source: dict[str, Any] | None = None  # an imported run: {kind, sessions, imported_at} (interop)
     pack: str | None = None
     pack_source: str | None = None
     pack_sha256: str | None = None
@@ -105,3 +106,22 @@ class AuditorRecord(Record):
     created_at: str | None = None
     updated_at: str | None = None
     model_files: dict[str, Any] | None = None
+    # what `lhd audit` records (audit.runner.auditor_record); IDENTITY_KEYS must not change on resume
+    options: dict[str, Any] | None = None
+    model_identity: dict[str, Any] | None = None
+    role: dict[str, Any] | None = None
+    model_spec: dict[str, Any] | None = None
+    prompts: dict[str, str] | None = None
+    system_prompt: str | None = None
+    instruction_template: str | None = None
+    prompts_source: str | None = None
+    task_source: str | None = None
+    config_source: str | None = None
+    packages: dict[str, str | None] | None = None
+    python: str | None = None
+    describe: dict[str, Any] | None = None
+    resumes: list[dict[str, Any]] | None = None  # later sessions that added rows: their provenance
+    # what `lhd import-reference` records (interop.reference_import)
+    source: str | None = None
+    repair: bool | None = None
+    trials: dict[str, dict[str, Any]] | None = None
