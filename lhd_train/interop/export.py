@@ -3,7 +3,8 @@
 Columns are flat scalars (plus a few lists: token ids, types, evidence) with a fixed schema, so
 datasets from different runs (ours or imported) concatenate and a column that is null in one run
 keeps its type. They are derived from the row models in `rundir.rows` (names and types), plus
-four computed ones. Every auditor found under `audit/` adds its labels as `<auditor-id>__<field>`.
+four computed ones. Every auditor with rows under `audit/` adds its labels as `<auditor-id>__<field>`
+(for a round labelled twice, the row that counts: `AuditorStore.labels`).
 
 Like `lhd run`, the export holds every trial against its `.done` marker (a finished trial whose
 rows were cut is a `DataFileError`, not a shorter trial), reads a run being written up to its last
@@ -17,12 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from lhd_train.errors import InputError
-from lhd_train.rundir.files import printable, read_json_mapping
-from lhd_train.rundir.layout import RunDir, TrialFiles
+from lhd_train.rundir.files import printable
 from lhd_train.rundir.outputs import check_out_dir
 from lhd_train.rundir.rows import AuditRow, Column, RoundRow, export_columns
+from lhd_train.rundir.run import Run
 from lhd_train.rundir.staging import staged_dir
-from lhd_train.rundir.store import MessageStore, read_audit_rows, read_finished_trial
 
 SEP = "__"
 
@@ -67,14 +67,13 @@ def _cast(value: Any, kind: str) -> Any:
     return value
 
 
-def collect_rows(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, str], list[str]]:
-    """Flat records for every round, their column types, and the auditor ids found."""
-    run_dir = Path(run_dir)
-    rd = RunDir(run_dir)
-    if not rd.is_run():
-        raise InputError(run_dir, None, "not a run directory (no trials/ folder)")
+def collect_rows(run_dir: Path | Run) -> tuple[list[dict[str, Any]], dict[str, str], list[str]]:
+    """Flat records for every round, their column types, and the auditor ids found (those with
+    rows). A round labelled twice by one auditor exports the row that counts (`AuditorStore.labels`)."""
+    run = run_dir if isinstance(run_dir, Run) else Run.open(run_dir)
+    rd = run.dir
     audit_dir = rd.audit_dir
-    auditors = rd.auditor_ids()
+    auditors = run.auditor_ids()
     for aid in auditors:
         if SEP in aid:
             raise InputError(audit_dir / aid, None, f"an auditor id containing {SEP!r} cannot be exported")
@@ -84,30 +83,28 @@ def collect_rows(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, str], l
         types |= {f"{aid}{SEP}{c.name}": c.kind for c in AUDIT_COLUMNS}
 
     records: list[dict[str, Any]] = []
-    for path in rd.rows_files():
-        tf = TrialFiles.from_rows(path)
-        rows, finished = read_finished_trial(path)  # a cut finished trial is an error
-        rows.sort(key=lambda r: r["global_round"])
+    for trial in run.trials():
+        rows, finished = trial.read(RoundRow)  # a cut finished trial is an error
+        rows.sort(key=lambda r: r.global_round)
         if not rows:
             continue
-        store = MessageStore(tf.messages) if tf.messages.exists() else None
-        labels = {}
-        for aid in auditors:
-            by_round = {r["global_round"]: r for r in read_audit_rows(rd.audit_rows(aid, tf.trial_id))}
-            labels[aid] = by_round
+        store = trial.messages() if trial.files.messages.exists() else None
+        labels: dict[str, dict[int, AuditRow]] = {aid: run.auditor(aid).labels(trial.trial_id) for aid in auditors}
         for row in rows:
-            rec = {c.name: _cast(c.get(row), c.kind) for c in columns}
-            rec["has_event"] = row.get("event") is not None
+            data = row.to_json()
+            rec = {c.name: _cast(c.get(data), c.kind) for c in columns}
+            rec["has_event"] = row.event is not None
             rec["trial_finished"] = finished
-            ids = (row.get("performer") or {}).get("new_message_ids") or []
+            ids = row.performer.new_message_ids or []
             found = store is not None and all(i in store for i in ids)
             rec["performer_user_message"] = _cast("\n\n".join(m["content"] for m in store.get(ids)), "string") \
                 if ids and found and store is not None else None
             rec["performer_user_message_missing"] = bool(ids) and not found
             for aid in auditors:
-                a = labels[aid].get(row["global_round"]) or {}
+                label = labels[aid].get(row.global_round)
+                cells = label.to_json() if label is not None else {}
                 for c in AUDIT_COLUMNS:
-                    rec[f"{aid}{SEP}{c.name}"] = _cast(c.get(a), c.kind)
+                    rec[f"{aid}{SEP}{c.name}"] = _cast(c.get(cells), c.kind)
             records.append(rec)
     if not records:
         raise InputError(rd.trials_dir, None, "the run has no rounds to export")
@@ -123,20 +120,20 @@ def export_run(run_dir: Path, out: Path) -> Any:
     check_out_dir(out, what="dataset")
     if out.exists() and any(out.iterdir()) and not (out / "dataset_info.json").exists():
         raise InputError(out, None, "exists and is not a dataset folder; choose another --out")
-    records, types, auditors = collect_rows(run_dir)
+    run = Run.open(run_dir)
+    records, types, auditors = collect_rows(run)
     features = Features({name: _feature(kind) for name, kind in types.items()})
     ds = Dataset.from_list(records, features=features)
     meta: dict[str, Any] = {"run_dir": str(run_dir.resolve()), "auditors": {}, "column_separator": SEP}
-    rd = RunDir(run_dir)
-    if rd.manifest.exists():
-        m = read_json_mapping(rd.manifest)
-        meta["run_id"] = m.get("run_id")
-        meta["source"] = (m.get("source") or {}).get("kind", "lhd run")
+    manifest = run.manifest()
+    if manifest is not None:
+        meta["run_id"] = manifest.run_id
+        meta["source"] = (manifest.source or {}).get("kind", "lhd run")
     for aid in auditors:
-        info_path = rd.auditor_info(aid)
-        if info_path.exists():
-            info = read_json_mapping(info_path)
-            meta["auditors"][aid] = {k: info.get(k) for k in ("options", "model_identity", "role")}
+        info = run.auditor(aid).record()
+        if info is not None:
+            meta["auditors"][aid] = {"options": info.options, "model_identity": info.model_identity,
+                                     "role": info.role}
     meta["rounds_missing_user_message"] = sum(r["performer_user_message_missing"] for r in records)
     ds.info.description = json.dumps(meta, ensure_ascii=False)
     with staged_dir(out) as stage:  # a full disk or a kill leaves the old --out, never half a dataset

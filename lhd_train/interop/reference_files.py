@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from lhd_train.config.base import validate
 from lhd_train.config.vocab import CATEGORIES, LEVELS
 from lhd_train.errors import InputError
+from lhd_train.rundir.names import trial_id
 
 SESSION_NAME = re.compile(
     r"^(?P<pack>.+?)_(?P<ts>\d{8}_\d{6})(?:_category_(?P<cat>[A-Z_]+?))?(?:_pressure_(?P<lvl>[A-Z]+))?"
@@ -164,14 +165,7 @@ class Session:
 
     @property
     def trial_id(self) -> str:
-        tid = f"s{self.seed}"
-        if "NONE" in (self.category, self.pressure):
-            return tid + "-none"
-        if self.category:
-            tid += f"-cat-{self.category}"
-        if self.pressure:
-            tid += f"-lvl-{self.pressure}"
-        return tid
+        return trial_id(self.seed, self.category, self.pressure)
 
 
 def parse_session_name(folder: Path) -> Session:

@@ -24,7 +24,7 @@ from lhd_train.audit.labels import Labels, make_consistent
 from lhd_train.bench.performer import task_message
 from lhd_train.bench.prompts import Prompts
 from lhd_train.config.run import parse_config
-from lhd_train.errors import InputError
+from lhd_train.errors import DataFileError, InputError
 from lhd_train.interop.reference_files import (
     RefDetection,
     RefDetector,
@@ -40,19 +40,26 @@ from lhd_train.interop.reference_files import (
     newest_detectors,
     session_config,
 )
-from lhd_train.rundir.files import (
-    append_jsonl,
-    atomic_write_text,
-    package_versions,
-    python_version,
-    utc_now,
-    write_json_atomic,
-)
+from lhd_train.rundir.files import atomic_write_text, package_versions, python_version, utc_now, write_json_atomic
 from lhd_train.rundir.layout import LOCK, RunDir
 from lhd_train.rundir.lock import run_dir_lock
-from lhd_train.rundir.rows import AUDIT_SCHEMA, AUDITOR_SCHEMA, ROW_SCHEMA
+from lhd_train.rundir.manifest import AuditorRecord, Manifest, RoleModel
+from lhd_train.rundir.rows import (
+    AUDITOR_SCHEMA,
+    AuditRow,
+    Evaluation,
+    EventRecord,
+    Feedback,
+    ModelRef,
+    PerformerRecord,
+    RoundRow,
+    RunModels,
+    SupervisorRecord,
+    SupervisorState,
+)
+from lhd_train.rundir.run import Run
 from lhd_train.rundir.staging import staged_dir
-from lhd_train.rundir.store import MessageStore, write_done_marker
+from lhd_train.rundir.store import MessageStore
 
 SOURCE_KIND = "reference-import"
 STATE_MAP = {"trust_level": "trust", "work_satisfaction": "satisfaction", "relational_comfort": "comfort"}
@@ -67,10 +74,14 @@ def _state(d: dict[str, float] | None) -> dict[str, float] | None:
     return {ours: float(d[theirs]) for theirs, ours in STATE_MAP.items() if theirs in d}
 
 
-def _event(ev: RefEvent | None) -> dict[str, Any] | None:
+def _event(ev: RefEvent | None) -> EventRecord | None:
     if ev is None or ev.name == "NO_EVENT" or ev.category in ("-", "", None):
         return None
-    return {"name": ev.name, "category": ev.category, "pressure": ev.pressure_level.upper(), "content": ev.content}
+    return EventRecord(name=ev.name, category=ev.category, pressure=ev.pressure_level.upper(), content=ev.content)
+
+
+def _reference_model(key: str, model: str | None) -> ModelRef:
+    return ModelRef(key=key, model=model, revision=None, backend="reference", adapter=None)
 
 
 def _prompt_text(p: str | dict[str, str]) -> str:
@@ -78,17 +89,15 @@ def _prompt_text(p: str | dict[str, str]) -> str:
 
 
 def convert_session(session: Session, result: RefResult, run_id: str, prompts: Prompts,
-                    store: MessageStore, supervisor_model: str | None = None) -> tuple[list[dict[str, Any]],
+                    store: MessageStore, supervisor_model: str | None = None) -> tuple[list[RoundRow],
                                                                                        dict[int, dict[str, Any]]]:
     """Trajectory rows (docs/formats.md) and the task texts of one session."""
-    rows: list[dict[str, Any]] = []
+    rows: list[RoundRow] = []
     tasks: dict[int, dict[str, Any]] = {}
     convo: list[dict[str, str]] = []
     pending_feedback: str | None = None
-    models = {"performer": {"key": "performer", "model": session.model_tag, "revision": None, "backend": "reference",
-                            "adapter": None},
-              "supervisor": {"key": "supervisor", "model": supervisor_model, "revision": None, "backend": "reference",
-                             "adapter": None}}
+    models = RunModels(performer=_reference_model("performer", session.model_tag),
+                       supervisor=_reference_model("supervisor", supervisor_model))
     for block in sorted(result.experiment.tasks, key=lambda b: b.task.task_sequence_num):
         t = block.task
         prompt = _prompt_text(t.base_prompt)
@@ -97,7 +106,7 @@ def convert_session(session: Session, result: RefResult, run_id: str, prompts: P
         event = _event(block.event)
         task_ns = SimpleNamespace(index=t.task_sequence_num, title=t.title, prompt=prompt,
                                   files=[SimpleNamespace(name=f.filename, content=f.content) for f in t.files])
-        ev_ns = SimpleNamespace(content=event["content"]) if event else None
+        ev_ns = SimpleNamespace(content=event.content) if event else None
         for r in sorted(block.rounds, key=lambda r: r.global_round):
             # The performer's user message, rebuilt with our templates (the reference never saved it).
             fb_msg = prompts.render("performer_feedback", feedback=pending_feedback) if pending_feedback else ""
@@ -112,34 +121,35 @@ def convert_session(session: Session, result: RefResult, run_id: str, prompts: P
             me = r.manager_evaluation or RefEvaluation()
             su = me.state_updates or RefStateUpdates()
             after = _state(su.new_state)
-            rows.append({
-                "schema": ROW_SCHEMA, "run_id": run_id, "trial_id": session.trial_id, "seed": session.seed,
-                "pack": session.pack or result.metadata.task_stream_name, "task_index": t.task_sequence_num,
-                "task_title": t.title, "round": r.round, "global_round": r.global_round, "event": event,
-                "performer": {
-                    "text": r.llm_response, "think": None, "raw": None, "finish_reason": None, "token_ids": None,
-                    "message_ids": msg_ids, "new_message_ids": new_ids, "prompt_tokens": None,
-                    "completion_tokens": None, "cached_tokens": None, "latency_s": None, "sampling": None,
-                    "attempts": None, "context": None,
-                },
-                "supervisor": {
-                    "evaluation": ({"reasoning": me.evaluation_reasoning, **after} if after is not None
-                                   else {"reasoning": me.evaluation_reasoning}),
-                    "feedback": {"reasoning": me.feedback_reasoning, "text": me.feedback_response},
-                    "state_before": _state(su.previous_state), "state_after": after,
-                    "parse_status": "ok", "attempts": None, "calls": None, "summaries_added": None,
-                },
-                "task_complete": bool(me.task_complete),
-                "models": models,
-                "timestamp": None,
-            })
+            before = _state(su.previous_state)
+            rows.append(RoundRow(
+                run_id=run_id, trial_id=session.trial_id, seed=session.seed,
+                pack=session.pack or result.metadata.task_stream_name, task_index=t.task_sequence_num,
+                task_title=t.title, round=r.round, global_round=r.global_round, event=event,
+                performer=PerformerRecord(
+                    text=r.llm_response, think=None, raw=None, finish_reason=None, token_ids=None,
+                    message_ids=msg_ids, new_message_ids=new_ids, prompt_tokens=None,
+                    completion_tokens=None, cached_tokens=None, latency_s=None, sampling=None,
+                    attempts=None, context=None,
+                ),
+                supervisor=SupervisorRecord(
+                    evaluation=Evaluation(reasoning=me.evaluation_reasoning, **(after or {})),
+                    feedback=Feedback(reasoning=me.feedback_reasoning, text=me.feedback_response),
+                    state_before=SupervisorState(**before) if before is not None else None,
+                    state_after=SupervisorState(**after) if after is not None else None,
+                    parse_status="ok", attempts=None, calls=None, summaries_added=None,
+                ),
+                task_complete=bool(me.task_complete),
+                models=models,
+                timestamp=None,
+            ))
             convo.append({"role": "assistant", "content": r.llm_response})
             pending_feedback = me.feedback_response or None
     return rows, tasks
 
 
-def detection_row(det: RefDetection, row: dict[str, Any] | None, trial_id: str, run_id: str, auditor_id: str,
-                  window: int | None, repair: bool = False) -> tuple[dict[str, Any], str]:
+def detection_row(det: RefDetection, row: RoundRow | None, trial_id: str, run_id: str, auditor_id: str,
+                  window: int | None, repair: bool = False) -> AuditRow:
     """One audit row from one reference detection: the authors' label as written (so their
     numbers come out exactly), or, with `repair`, made consistent by our rules (`repaired`, the
     originals kept in `reference_raw`)."""
@@ -153,32 +163,32 @@ def detection_row(det: RefDetection, row: dict[str, Any] | None, trial_id: str, 
         labels = Labels(det.deception_detected, list(det.types), det.severity, det.confidence_score,
                         det.reasoning, list(det.evidence))
         status = "ok"
-    return ({
-        "schema": AUDIT_SCHEMA, "run_id": run_id, "trial_id": trial_id, "global_round": det.global_round,
-        "task_index": row["task_index"] if row else None, "round": row["round"] if row else None,
-        "auditor_id": auditor_id, "mode": "window" if window is not None else "full", "window": window,
-        **labels.as_row(), "parse_status": status, "raw": det.raw_response, "error": None, "original": None,
-        "reference_raw": raw_labels if status != "ok" else None,
-        "attempts": None, "context_rounds": None, "prompt_sha256": None, "prompt_tokens": None,
-        "completion_tokens": None, "cached_tokens": None, "latency_s": None, "calls": None,
-        "model": {"key": "reference", "model": REFERENCE_AUDITOR, "revision": None, "adapter": None},
-        "timestamp": None,
-    }, status)
+    return AuditRow(
+        run_id=run_id, trial_id=trial_id, global_round=det.global_round,
+        task_index=row.task_index if row else None, round=row.round if row else None,
+        auditor_id=auditor_id, mode="window" if window is not None else "full", window=window,
+        **labels.as_row(), parse_status=status, raw=det.raw_response, error=None, original=None,
+        reference_raw=raw_labels if status != "ok" else None,
+        attempts=None, context_rounds=None, prompt_sha256=None, prompt_tokens=None,
+        completion_tokens=None, cached_tokens=None, latency_s=None, calls=None,
+        model={"key": "reference", "model": REFERENCE_AUDITOR, "revision": None, "adapter": None},
+        timestamp=None,
+    )
 
 
 SUMMARY_KEYS = ("total_rounds", "deception_occurrences", "deception_rate", "severity_average_all_rounds",
                 "severity_average_deception_only")
 
 
-def check_summary(authors: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+def check_summary(authors: dict[str, Any], rows: list[AuditRow]) -> dict[str, Any] | None:
     """Our per-trial statistics of the imported rows against the summary the authors' auditor
     wrote into the same detector file; None when that file has no summary numbers."""
     from lhd_train.metrics.core import trial_stats
 
     if not any(k in authors for k in SUMMARY_KEYS):
         return None
-    ours = trial_stats({"deceptive": r["deceptive"], "types": r["types"], "severity": r["severity"],
-                        "label_status": r["parse_status"]} for r in rows)
+    ours = trial_stats({"deceptive": r.deceptive, "types": r.types, "severity": r.severity,
+                        "label_status": r.parse_status} for r in rows)
     mine: dict[str, Any] = {k: getattr(ours, k) for k in SUMMARY_KEYS}
     mine.update({f"type_counts.{k}": v for k, v in ours.type_counts.items()})
     theirs: dict[str, Any] = {k: authors[k] for k in SUMMARY_KEYS if k in authors}
@@ -248,6 +258,14 @@ def _read_existing(path: Path) -> Any:
         raise InputError(path, None, f"not valid JSON ({e}); delete the imported run and import again") from None
 
 
+def _imported_record(read: Any) -> Any:
+    """`read()` of a record of the imported run; a damaged one is refused in the import's words."""
+    try:
+        return read()
+    except DataFileError as e:
+        raise InputError(e.path, e.field, f"{e.problem}; delete the imported run and import again") from None
+
+
 def import_reference(src: Path, out: Path, repair: bool = False) -> ImportReport:
     """Import one session folder, or every session folder directly under `src`, into run `out`.
     Labels are kept as the authors wrote them unless `repair` (docs/auditing.md). Re-importing
@@ -259,39 +277,41 @@ def import_reference(src: Path, out: Path, repair: bool = False) -> ImportReport
     lock. A refused or failed import leaves `out` as it was, and nothing that blocks a retry."""
     sessions = find_sessions(Path(src))
     out = Path(out)
-    rd_out = RunDir(out)
-    manifest: dict[str, Any] = {}
-    if rd_out.manifest.exists():
-        manifest = _read_existing(rd_out.manifest)
-        if not isinstance(manifest, dict) or (manifest.get("source") or {}).get("kind") != SOURCE_KIND:
+    manifest: Manifest | None = None
+    if RunDir(out).manifest.exists():
+        manifest = _imported_record(Run.at(out).manifest)
+        if manifest is None or (manifest.source or {}).get("kind") != SOURCE_KIND:
             raise InputError(out, None, "exists and was not made by import-reference; choose another --out")
     elif out.exists() and (not out.is_dir() or any(p.name != LOCK for p in out.iterdir())):
         raise InputError(out, None, "exists and is not an imported run; choose another --out")
     sources_read = _read_sources(sessions)
-    with run_dir_lock(out, stage="lhd import-reference"), staged_dir(out, copy_existing=bool(manifest)) as stage:
+    with run_dir_lock(out, stage="lhd import-reference"), \
+            staged_dir(out, copy_existing=manifest is not None) as stage:
         report = _write_run(sources_read, stage, out, manifest, repair)
     report.run_dir = out
     return report
 
 
-def _write_run(sources_read: list[_Source], stage: Path, out: Path, manifest: dict[str, Any],
+def _write_run(sources_read: list[_Source], stage: Path, out: Path, manifest: Manifest | None,
                repair: bool) -> ImportReport:
     """The imported run, written into `stage` (a copy of `out` when re-importing)."""
     sessions = [src.session for src in sources_read]
-    rd = RunDir(stage)
+    run = Run.at(stage)
+    rd = run.dir
     rd.trials_dir.mkdir(parents=True, exist_ok=True)
     run_id = re.sub(r"[^A-Za-z0-9._-]+", "_", out.resolve().name) or "imported"
     prompts = Prompts()
 
-    sources = dict((manifest.get("source") or {}).get("sessions") or {})
+    sources = dict(((manifest.source if manifest else None) or {}).get("sessions") or {})
     sidecar = rd.tasks
     all_tasks: dict[int, dict[str, Any]] = {}
     if sidecar.exists():
         all_tasks = {int(t["index"]): t for t in _read_existing(sidecar)["tasks"]}
-    auditors: dict[str, dict[str, Any]] = {}
-    for p in rd.auditor_infos():
-        if p.parent.name.startswith("reference-"):
-            auditors[p.parent.name] = _read_existing(p)
+    auditors: dict[str, AuditorRecord] = {}
+    for aid in rd.auditor_ids():
+        record = _imported_record(run.auditor(aid).record) if aid.startswith("reference-") else None
+        if record is not None:
+            auditors[aid] = record
     report: list[ImportedTrial] = []
     ref_cfg: dict[str, Any] = {}
 
@@ -299,9 +319,8 @@ def _write_run(sources_read: list[_Source], stage: Path, out: Path, manifest: di
         s, result, cfg_data, cfg_name = src.session, src.result, src.config, src.config_name
         ref_cfg = ref_cfg or cfg_data
         _reset_trial(stage, s.trial_id)
-        files = rd.trial(s.trial_id)
-        store = MessageStore(files.messages)
-        rows, tasks = convert_session(s, result, run_id, prompts, store,
+        trial = run.trial(s.trial_id)
+        rows, tasks = convert_session(s, result, run_id, prompts, trial.messages(),
                                       (cfg_data.get("llm_api_config") or {}).get("manager"))
         for idx, t in tasks.items():
             if idx in all_tasks and all_tasks[idx] != t:
@@ -309,39 +328,37 @@ def _write_run(sources_read: list[_Source], stage: Path, out: Path, manifest: di
                                  "differs from the same task in another imported session; import different task "
                                  "packs into different runs")
             all_tasks[idx] = t
-        rows_path = files.rows
         for row in rows:
-            append_jsonl(rows_path, row)
+            trial.append(row)
         total = result.metadata.total_tasks
         complete = result.experiment.error_info is None and (total is None or len(tasks) >= total)
         note = None
         if complete:
-            write_done_marker(files.done, rows)
+            trial.mark_done(rows)
         else:
             note = "incomplete session (error_info or missing tasks): audit with --include-unfinished"
-        by_round = {r["global_round"]: r for r in rows}
+        by_round = {r.global_round: r for r in rows}
         imported = ImportedTrial(s.trial_id, s.path.name, len(rows), note=note)
         det_sources: dict[str, str] = {}
         for aid, (det, path, window) in src.detectors.items():
-            rd.auditor_dir(aid).mkdir(parents=True, exist_ok=True)
-            apath = rd.audit_rows(aid, s.trial_id)
+            auditor = run.auditor(aid)
             counts = {"ok": 0, "repaired": 0, "unmatched": 0}  # unmatched: refused before (check_detections)
             written = []
             for d in sorted(det.round_detections, key=lambda d: d.global_round):
-                arow, status = detection_row(d, by_round[d.global_round], s.trial_id, run_id, aid, window, repair)
-                append_jsonl(apath, arow)
+                arow = detection_row(d, by_round[d.global_round], s.trial_id, run_id, aid, window, repair)
+                auditor.append(arow)
                 written.append(arow)
-                counts[status] += 1
+                counts[arow.parse_status or "ok"] += 1
             check = check_summary(det.summary, written)
-            info = auditors.setdefault(aid, {
-                "schema": AUDITOR_SCHEMA, "auditor_id": aid,
-                "options": {"mode": "window" if window is not None else "full", "window": window,
-                            "hide_supervisor": False, "hide_event_labels": False, "auditor_id": aid},
-                "model_identity": {"key": "reference", "model": REFERENCE_AUDITOR, "revision": None, "adapter": None},
-                "source": SOURCE_KIND, "trials": {}})
-            info["repair"] = repair
-            info["trials"][s.trial_id] = {"file": str(path.resolve()), "summary": det.summary, "rows": counts,
-                                          "summary_check": check}
+            info = auditors.setdefault(aid, AuditorRecord(
+                schema_=AUDITOR_SCHEMA, auditor_id=aid,
+                options={"mode": "window" if window is not None else "full", "window": window,
+                         "hide_supervisor": False, "hide_event_labels": False, "auditor_id": aid},
+                model_identity={"key": "reference", "model": REFERENCE_AUDITOR, "revision": None, "adapter": None},
+                source=SOURCE_KIND, trials={}))
+            info.repair = repair
+            info.trials = {**(info.trials or {}), s.trial_id: {
+                "file": str(path.resolve()), "summary": det.summary, "rows": counts, "summary_check": check}}
             if check is not None and not check["matches"]:
                 imported.note = "; ".join(filter(None, [imported.note, (
                     f"{aid}: numbers differ from the authors' summary ({', '.join(check['differences'])})"
@@ -358,21 +375,20 @@ def _write_run(sources_read: list[_Source], stage: Path, out: Path, manifest: di
 
     write_json_atomic(sidecar, {"source": SOURCE_KIND, "tasks": [all_tasks[k] for k in sorted(all_tasks)]})
     for aid, info in auditors.items():
-        write_json_atomic(rd.auditor_info(aid), info)
+        run.auditor(aid).write_record(info)
     _write_config(out, run_id, sources, ref_cfg, rd.config)
-    write_json_atomic(rd.manifest, {
-        "run_id": run_id, "source": {"kind": SOURCE_KIND, "sessions": sources,
-                                     "imported_at": utc_now()},
-        "pack": manifest.get("pack") or sessions[0].pack,
-        "seeds": sorted({v["seed"] for v in sources.values()}), "trials": sorted(sources),
-        "models": {
-            "performer": {"key": "performer",
-                          "model": ", ".join(sorted({str(v["model_tag"]) for v in sources.values()})),
-                          "revision": None, "backend": "reference", "adapter": None},
-            "supervisor": {"key": "supervisor", "model": (ref_cfg.get("llm_api_config") or {}).get("manager"),
-                           "revision": None, "backend": "reference", "adapter": None}},
-        "packages": package_versions(), "python": python_version(),
-    })
+    run.write_manifest(Manifest(
+        run_id=run_id, source={"kind": SOURCE_KIND, "sessions": sources, "imported_at": utc_now()},
+        pack=(manifest.pack if manifest else None) or sessions[0].pack,
+        seeds=sorted({v["seed"] for v in sources.values()}), trials=sorted(sources),
+        models={
+            "performer": RoleModel(key="performer",
+                                   model=", ".join(sorted({str(v["model_tag"]) for v in sources.values()})),
+                                   revision=None, backend="reference", adapter=None),
+            "supervisor": RoleModel(key="supervisor", model=(ref_cfg.get("llm_api_config") or {}).get("manager"),
+                                    revision=None, backend="reference", adapter=None)},
+        packages=package_versions(), python=python_version(),
+    ))
     return ImportReport(out, report)
 
 
