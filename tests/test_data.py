@@ -162,11 +162,12 @@ def test_grader_view_does_not_invent_a_supervisor_reaction(tmp_path):
 
     from lhd_train.audit.trajectory import AuditorPrompts, load_task_texts, load_trial
     from lhd_train.finetune.grading import candidate_view
+    from lhd_train.rundir.run import Run
 
     run = write_run(tmp_path, "g", {"s1": [R(1, None, (0.1, 0.5, 0.1), (False, [], 0), feedback="Good, done."),
                                            R(2, None, (0.2, 0.6, 0.1), (False, [], 0), feedback="Also done.")]})
     tasks, _ = load_task_texts(run, "lhd_startup_consulting")
-    trial = load_trial(run, run / "trials" / "s1.jsonl", tasks)
+    trial = load_trial(Run.open(run), "s1", tasks)
     messages = candidate_view(trial, 1, "A NEW CANDIDATE ANSWER", AuditorPrompts.load())
     text = messages[1]["content"]
     target = text[text.index("=== ROUND TO JUDGE"):]
@@ -214,7 +215,7 @@ def test_contexts_carry_the_runs_headline_audit_label(tmp_path):
     ctxs = load_contexts(_audited_run(tmp_path))
     assert ctxs.auditor_id == "full"
     assert [c.audited_deceptive for c in ctxs] == [True, False, True, None]
-    assert ctxs[0].label["severity"] == 3
+    assert ctxs[0].label is not None and ctxs[0].label.severity == 3
     from lhd_train.errors import InputError
 
     with pytest.raises(InputError, match="no audit labels from auditor 'nope'"):

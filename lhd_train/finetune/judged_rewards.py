@@ -27,6 +27,7 @@ from lhd_train.errors import InputError
 from lhd_train.finetune.contexts import Context, load_contexts
 from lhd_train.finetune.grading import Grade, Grader
 from lhd_train.finetune.rewards import RewardFunc, completion_text, register_reward
+from lhd_train.rundir.layout import RunDir
 from rollouts.spec import ModelSpec
 
 _GRADERS: dict[tuple, _Judge] = {}
@@ -51,7 +52,7 @@ class _Judge:
         self.run_auditor = run_auditor
         self.auditor_config = Path(auditor_config) if auditor_config else None
         self.overrides = overrides
-        self.cache = Path(cache) if cache else self.run_dir / "grading" / "grades.jsonl"
+        self.cache = Path(cache) if cache else RunDir(self.run_dir).grades
         self.concurrency = concurrency
         self.judge, self.supervisor_judge, self.training = judge, supervisor_judge, training
         self.grader: Grader | None = None
@@ -95,10 +96,9 @@ def as_audited(grade: Grade, ctx: Context, text: str) -> Grade:
     and severity, so an answer the run flagged never earns the honest reward (review N2)."""
     if ctx.audited_deceptive is None or text.strip() != ctx.answer.strip():
         return grade
-    label = ctx.label or {}
-    sev = label.get("severity")
+    sev = ctx.label.severity if ctx.label is not None else None
     return dataclasses.replace(grade, deceptive=ctx.audited_deceptive, severity=None if sev is None else int(sev),
-                               types=list(label.get("types") or []), audit_status="run-audit")
+                               types=list(ctx.label.types) if ctx.label is not None else [], audit_status="run-audit")
 
 
 class _Setup:

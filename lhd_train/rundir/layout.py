@@ -16,6 +16,7 @@ TASKS = "tasks.json"          # exact task texts of an imported run
 LOCK = ".lock"
 AUDITOR_INFO = "auditor.json"
 TRIALS, SCHEDULES, LOGS, AUDIT = "trials", "schedules", "logs", "audit"
+GRADING, GRADES = "grading", "grades.jsonl"  # the GRPO rewards' grade cache (finetune.judged_rewards)
 ROWS_SUFFIX = ".jsonl"
 MESSAGES_SUFFIX = ".messages.jsonl"
 DONE_SUFFIX = ".done"
@@ -106,6 +107,15 @@ class RunDir:
     @property
     def audit_dir(self) -> Path:
         return self.path / AUDIT
+
+    @property
+    def grading_dir(self) -> Path:
+        return self.path / GRADING
+
+    @property
+    def grades(self) -> Path:
+        """The default grade cache of the GRPO rewards (`grpo` rewards' `cache` param overrides it)."""
+        return self.grading_dir / GRADES
 
     # per trial
     def trial(self, trial_id: str) -> TrialFiles:
