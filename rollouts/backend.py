@@ -16,7 +16,11 @@ class Backend(Protocol):
     batches (in-process) or keeps requests in flight together (servers)."""
 
     model_id: str
-    max_model_len: int | None  # context budget in tokens, when known
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The context budget in tokens, when known (a plain attribute in every backend)."""
+        ...
 
     async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """One result per request, in order. Failures come back as results with `error` set."""

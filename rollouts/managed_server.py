@@ -19,6 +19,7 @@ import urllib.request
 import weakref
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 
 from rollouts.backend import BackendError
 
@@ -50,7 +51,8 @@ def _die_with_parent() -> None:
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def log_tail(path: Path, lines: int = 40) -> str:
@@ -69,7 +71,7 @@ class ManagedServer:
         self.health_url = f"http://{host}:{port}{health_path}"
         self.expect_model = expect_model
         self.foreign: list[str] | None = None  # what the port served instead, when it was not ours
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.cancelled = False
         _LIVE.add(self)
 
@@ -154,7 +156,7 @@ atexit.register(_stop_all)
 if hasattr(signal, "SIGTERM"):
     _previous = signal.getsignal(signal.SIGTERM)
 
-    def _on_term(signum: int, frame: object) -> None:
+    def _on_term(signum: int, frame: FrameType | None) -> None:
         _stop_all()
         if callable(_previous):
             _previous(signum, frame)

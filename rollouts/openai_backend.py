@@ -131,9 +131,11 @@ class OpenAIBackend:
         self._secrets = ([key] if spec.api_key_env else []) + url_secrets(base_url)
         # Our own httpx client: the SDK's default one, when dropped, schedules its own close on whatever
         # loop is running, which fails ("Event loop is closed") for a client of an earlier loop.
-        self._new_client = lambda: openai.AsyncOpenAI(
-            base_url=base_url, api_key=key, timeout=self.timeout_s, max_retries=0,
-            http_client=openai.DefaultAsyncHttpxClient(timeout=self.timeout_s))
+        def new_client() -> openai.AsyncOpenAI:
+            return openai.AsyncOpenAI(base_url=base_url, api_key=key, timeout=self.timeout_s, max_retries=0,
+                                      http_client=openai.DefaultAsyncHttpxClient(timeout=self.timeout_s))
+
+        self._new_client = new_client
         # One client and gate per event loop: a caller that runs several `asyncio.run`s on one backend
         # (a benchmark, a notebook) must not reuse connections bound to a loop that is closed.
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -59,7 +60,7 @@ def schema_for(model_cls: type[BaseModel]) -> dict[str, Any]:
             out["additionalProperties"] = False
         return out
 
-    schema = inline(raw, ())
+    schema: dict[str, Any] = inline(raw, ())
     if model_cls.model_config.get("extra") == "allow":
         schema.pop("additionalProperties", None)
     return schema
@@ -77,14 +78,19 @@ def _candidates(text: str) -> list[str]:
     return fenced + [cleaned]
 
 
-def _objects(text: str):
-    """Every JSON object that decodes at some `{` of `text`, in order of position."""
+def _objects(text: str) -> Iterator[tuple[dict[str, Any], None] | tuple[None, str]]:
+    """Every JSON object that decodes at some `{` of `text`, in order of position; a decoding
+    error as `(None, why)`."""
     i = text.find("{")
     while i != -1:
         try:
             obj, end = _DECODER.raw_decode(text, i)
+        except json.JSONDecodeError as e:
+            yield None, f"invalid JSON at char {i}: {e.msg} (char {e.pos})"
+            i = text.find("{", i + 1)
+            continue
         except ValueError as e:
-            yield None, f"invalid JSON at char {i}: {e.msg} (char {e.pos})" if hasattr(e, "msg") else str(e)
+            yield None, str(e)
             i = text.find("{", i + 1)
             continue
         if isinstance(obj, dict):

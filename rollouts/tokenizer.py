@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -57,10 +57,9 @@ def load_tokenizer(name: str, revision: str | None = None, *, trust_remote_code:
     """The tokenizer `name` (a local folder or a hub id) was saved with; see the module docstring."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+    where: dict[str, Any] = {"local_files_only": local_files_only} | ({"revision": revision} if revision else {})
     if saved_tokenizer_class(name, revision, local_files_only=local_files_only) in GENERIC_FAST_CLASSES:
-        fast: PreTrainedTokenizerBase = PreTrainedTokenizerFast.from_pretrained(
-            name, revision=revision, local_files_only=local_files_only)
+        fast: PreTrainedTokenizerBase = PreTrainedTokenizerFast.from_pretrained(name, **where)
         return fast
-    auto: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(
-        name, revision=revision, local_files_only=local_files_only, trust_remote_code=trust_remote_code)
+    auto: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code, **where)
     return auto

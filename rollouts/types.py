@@ -6,7 +6,7 @@ Backends know nothing about deception: they take chat messages plus sampling par
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 Message = dict[str, str]  # {"role": "system"|"user"|"assistant", "content": str}
@@ -36,13 +36,41 @@ class SamplingParams:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def resolved(self, model_defaults: dict[str, Any] | None) -> SamplingParams:
+    def resolved(self, model_defaults: dict[str, Any] | None) -> ResolvedSampling:
         """Every decoding field set: this request's value, else the model's default, else neutral."""
         defaults = model_defaults or {}
-        fill = {k: (defaults.get(k) if defaults.get(k) is not None else NEUTRAL_SAMPLING[k])
-                for k in MODEL_DEFAULT_FIELDS if getattr(self, k) is None}
-        fill = {k: (int(v) if k == "top_k" else float(v)) for k, v in fill.items()}
-        return replace(self, **fill)
+
+        def fallback(name: str) -> Any:
+            value = defaults.get(name)
+            return NEUTRAL_SAMPLING[name] if value is None else value
+
+        return ResolvedSampling(
+            temperature=float(fallback("temperature")) if self.temperature is None else self.temperature,
+            top_p=float(fallback("top_p")) if self.top_p is None else self.top_p,
+            max_tokens=self.max_tokens,
+            seed=self.seed,
+            n=self.n,
+            top_k=int(fallback("top_k")) if self.top_k is None else self.top_k,
+            repetition_penalty=(float(fallback("repetition_penalty")) if self.repetition_penalty is None
+                                else self.repetition_penalty),
+        )
+
+
+@dataclass(frozen=True)
+class ResolvedSampling:
+    """`SamplingParams` with every decoding field set (`SamplingParams.resolved`): what a row
+    decodes with. Same fields, same order, so `to_dict` records the same keys."""
+
+    temperature: float
+    top_p: float
+    max_tokens: int
+    seed: int | None
+    n: int
+    top_k: int
+    repetition_penalty: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 def effective_sampling(sampling: SamplingParams, model_defaults: dict[str, Any] | None) -> dict[str, Any]:
@@ -57,7 +85,9 @@ def effective_sampling(sampling: SamplingParams, model_defaults: dict[str, Any] 
 def generation_defaults(config: Any) -> dict[str, Any]:
     """The decoding fields a model's generation config sets (a transformers `GenerationConfig`
     or the dict of a generation_config.json); unset ones are left out."""
-    get = config.get if isinstance(config, dict) else (lambda k: getattr(config, k, None))
+    def get(name: str) -> Any:
+        return config.get(name) if isinstance(config, dict) else getattr(config, name, None)
+
     return {k: get(k) for k in MODEL_DEFAULT_FIELDS if get(k) is not None}
 
 

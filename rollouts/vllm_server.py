@@ -116,9 +116,10 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 def _adapter_config(path: str) -> dict[str, Any] | None:
     try:
-        return json.loads((Path(path) / "adapter_config.json").read_text(encoding="utf-8"))
+        config = json.loads((Path(path) / "adapter_config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None  # not trained yet (a dry-run render) or not a folder: vLLM reports it at load
+    return config if isinstance(config, dict) else None
 
 
 def adapter_problems(cfg: dict[str, Any]) -> list[str]:
@@ -271,6 +272,7 @@ def checked_vllm(spec: ModelSpec, device: str) -> str:
 
 class VLLMBackend(ManagedServerBackend):
     kind = "vllm"
+    device: str | None = None  # cuda | cpu, set by from_spec
 
     @classmethod
     def from_spec(cls, spec: ModelSpec, name: str = "", log_dir: str | None = None) -> VLLMBackend:
@@ -287,7 +289,7 @@ class VLLMBackend(ManagedServerBackend):
         return backend
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "device": getattr(self, "device", None)}
+        return {**super().describe(), "device": self.device}
 
 
 class TransformersServeBackend(ManagedServerBackend):

@@ -29,7 +29,7 @@ import threading
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -108,12 +108,11 @@ class HFBackend:
         self._run_lock = threading.Lock()
         self._grammar_lock = threading.Lock()
         self._grammars: dict[str, Grammar] = {}
-        self._xgr_info = None
-        self._compiler = None
+        self._xgrammar: tuple[xgr.TokenizerInfo, xgr.GrammarCompiler] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: collections.deque[Row] = collections.deque()
         self._wakeup: asyncio.Event | None = None
-        self._worker: asyncio.Task | None = None
+        self._worker: asyncio.Task[None] | None = None
         self._inflight: list[Row] = []
         self._closed = False
         # Memory (rollouts/hf/memory_plan.py): measured once, now that the weights are loaded and
@@ -129,11 +128,12 @@ class HFBackend:
             raise BackendError(f"{spec.model} on {device}: no memory left for keys/values after loading "
                                f"({self.budget.source}); set kv_budget_gib, use a larger GPU, or serve it with vllm")
         self.prefix_cache = PrefixCache(self.budget.prefix)
-        self.bitmask_kernel = "triton" if device.startswith("cuda") else "cpu"  # xgrammar's; see sampling.py
+        # xgrammar's kernel; see sampling.py
+        self.bitmask_kernel: Literal["cpu", "triton", "torch_native"] = "triton" if device.startswith("cuda") else "cpu"
         self.batches_run = 0
         self.busy_s = 0.0  # time spent inside batched decodes: the backend's own cost
         # where busy_s goes (our decode loop; on CUDA without synchronising, so only indicative)
-        self.timings: dict[str, float] = collections.Counter(prefill_s=0.0, forward_s=0.0, sample_s=0.0)
+        self.timings: dict[str, float] = {"prefill_s": 0.0, "forward_s": 0.0, "sample_s": 0.0}
         self.stats: dict[str, int] = collections.Counter(
             batches=0, rows=0, max_batch_rows=0, decode_steps=0, json_rows=0,
             json_cut_rows=0, prefill_tokens=0, prefix_reused_tokens=0,
@@ -161,7 +161,7 @@ class HFBackend:
             tokenizer = load_tokenizer(spec.model, spec.revision, trust_remote_code=spec.trust_remote_code)
             if device.startswith("cuda"):  # load straight onto the GPU
                 kw["device_map"] = device
-            model = AutoModelForCausalLM.from_pretrained(spec.model, dtype=dtype, **kw)
+            model: Any = AutoModelForCausalLM.from_pretrained(spec.model, dtype=dtype, **kw)
         except Exception as e:  # noqa: BLE001 - loaders raise many types (SafetensorError is not an OSError)
             raise BackendError(f"cannot load model {spec.model}: {type(e).__name__}: {one_line(e)}") from e
         model.to(device)
@@ -203,7 +203,8 @@ class HFBackend:
             hit = self._encoded.get(key) if key is not None else None
             if hit is not None:
                 self._encoded.move_to_end(key)
-                return hit.tolist()
+                cached: list[int] = hit.tolist()
+                return cached
             clean = [{**m, "content": sendable(m["content"])} if isinstance(m.get("content"), str) else m
                      for m in messages]  # a lone surrogate (in an answer from elsewhere) is not UTF-8
             ids = self.tokenizer.apply_chat_template(
@@ -222,23 +223,24 @@ class HFBackend:
 
     def decode(self, ids: list[int]) -> str:
         with self._tok_lock:
-            return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+            text: str = self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        return text
 
     # ------------------------------------------------------------------ grammars
     @property
     def vocab_type(self) -> Any:
         """xgrammar's detected vocabulary type (BYTE_LEVEL for byte-level BPE tokenizers)."""
-        self._ensure_xgrammar()
-        return self._xgr_info.vocab_type
+        info, _ = self._ensure_xgrammar()
+        return info.vocab_type
 
-    def _ensure_xgrammar(self) -> None:
+    def _ensure_xgrammar(self) -> tuple[xgr.TokenizerInfo, xgr.GrammarCompiler]:
+        """xgrammar's view of the tokenizer and its grammar compiler, built on first use."""
         with self._grammar_lock:
-            if self._xgr_info is not None:
-                return
-            info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,
-                                                      stop_token_ids=self.stop_ids)
-            self._compiler = xgr.GrammarCompiler(info)
-            self._xgr_info = info
+            if self._xgrammar is None:
+                info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,
+                                                          stop_token_ids=self.stop_ids)
+                self._xgrammar = (info, xgr.GrammarCompiler(info))
+            return self._xgrammar
 
     def grammar_for(self, schema: dict[str, Any]) -> Grammar:
         """Compiled grammar for a JSON schema, cached by the
@@ -248,9 +250,9 @@ class HFBackend:
             hit = self._grammars.get(key)
         if hit is not None:
             return hit
-        self._ensure_xgrammar()
+        _, compiler = self._ensure_xgrammar()
         try:
-            compiled = self._compiler.compile_json_schema(key, any_whitespace=False)
+            compiled = compiler.compile_json_schema(key, any_whitespace=False)
         except Exception as e:  # xgrammar raises RuntimeError/ValueError subclasses
             raise ValueError(f"JSON schema not supported by xgrammar: {e}") from e
         grammar = Grammar(compiled)
@@ -338,12 +340,12 @@ class HFBackend:
                 return name
         raise KeyError(adapter)
 
-    async def _submit(self, req: GenerationRequest) -> asyncio.Future:
+    async def _submit(self, req: GenerationRequest) -> asyncio.Future[GenerationResult]:
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future = loop.create_future()
+        fut: asyncio.Future[GenerationResult] = loop.create_future()
         t0 = time.perf_counter()
 
-        def fail(msg: str, prompt_ids: list[int] | None = None) -> asyncio.Future:
+        def fail(msg: str, prompt_ids: list[int] | None = None) -> asyncio.Future[GenerationResult]:
             fut.set_result(self._error_result(t0, msg, prompt_ids))
             return fut
 
@@ -453,8 +455,9 @@ class HFBackend:
             p = r.pending
             if p.future.done():
                 continue
-            if error is not None or r.error is not None:
-                p.future.set_result(self._error_result(p.t0, error or r.error, p.prompt_ids))
+            failure = error if error is not None else r.error
+            if failure is not None:
+                p.future.set_result(self._error_result(p.t0, failure, p.prompt_ids))
                 continue
             p.completions[r.j] = Completion(text=self.decode(r.tokens), token_ids=list(r.tokens),
                                             finish_reason=r.finish or "length")
@@ -465,7 +468,7 @@ class HFBackend:
                     completions=comps, prompt_tokens=len(p.prompt_ids),
                     completion_tokens=sum(len(c.token_ids or []) for c in comps),
                     cached_tokens=p.cached_tokens, latency_s=time.perf_counter() - p.t0, model_id=self.model_id,
-                    prompt_token_ids=list(p.prompt_ids), sampling=dict(p.sampling)))
+                    prompt_token_ids=list(p.prompt_ids), sampling=None if p.sampling is None else dict(p.sampling)))
 
     def _fail_queued(self, msg: str) -> None:
         rows, self._queue = list(self._queue), collections.deque()

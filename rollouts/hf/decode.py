@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList
+from transformers.cache_utils import CacheLayerMixin
 
 from rollouts.hf.device import release_cached
 from rollouts.hf.kv_buffer import BufferLayer
@@ -146,10 +148,10 @@ def decode_loop(backend: HFBackend, rows: list[Row], sampler: RowSampler) -> int
                     use_cache=True, logits_to_keep=1)
         backend.stats["prefill_tokens"] += len(prompt) - reused
         backend.stats["prefix_reused_tokens"] += reused
-        backend.prefix_cache.insert(adapter, prompt, [(layer.keys, layer.values) for layer in pre.layers])
+        prefilled = _prefilled(pre)
+        backend.prefix_cache.insert(adapter, prompt, prefilled)
         lo = width - len(prompt)
-        for li, layer in enumerate(pre.layers):
-            k, v = layer.keys, layer.values
+        for li, (k, v) in enumerate(prefilled):
             if li == len(bufs):  # zeros: masked padding must not hold NaNs (0 * NaN in attention)
                 bufs.append((k.new_zeros((n, k.shape[1], capacity, k.shape[3])),
                              v.new_zeros((n, v.shape[1], capacity, v.shape[3]))))
@@ -162,7 +164,8 @@ def decode_loop(backend: HFBackend, rows: list[Row], sampler: RowSampler) -> int
         del pre, out
         backend.timings["prefill_s"] += time.perf_counter() - t0
     cache = DynamicCache()
-    cache.layers = [BufferLayer(kb, vb, width) for kb, vb in bufs]
+    buffer_layers = [BufferLayer(kb, vb, width) for kb, vb in bufs]
+    cache.layers = list(buffer_layers)
     mask = torch.zeros((n, capacity), dtype=torch.bool)
     for i, m in enumerate(lens):
         mask[i, width - m:width] = True
@@ -183,14 +186,14 @@ def decode_loop(backend: HFBackend, rows: list[Row], sampler: RowSampler) -> int
         sampler.expire(steps)
         live = [p for p, a in enumerate(active) if rows[a].finish is None]
         if not live:
-            _remember(backend, rows, cache, active, range(len(active)), pad_start, length)
+            _remember(backend, rows, buffer_layers, active, range(len(active)), pad_start, length)
             return steps
         if len(active) - len(live) >= max(1.0, _COMPACT_FRACTION * len(active)):
             done = [p for p, a in enumerate(active) if rows[a].finish is not None]
-            _remember(backend, rows, cache, active, done, pad_start, length)
+            _remember(backend, rows, buffer_layers, active, done, pad_start, length)
             start = min(pad_start[active[p]] for p in live)
             index = torch.tensor(live, dtype=torch.long, device=dev)
-            for layer in cache.layers:
+            for layer in buffer_layers:
                 layer.keep(index, start)
             mask, position = mask[index, start:], position[index]
             active, feed = [active[p] for p in live], [feed[p] for p in live]
@@ -199,7 +202,7 @@ def decode_loop(backend: HFBackend, rows: list[Row], sampler: RowSampler) -> int
             length -= start
         if length >= mask.shape[1]:
             mask = torch.cat([mask, mask.new_zeros((mask.shape[0], _CAPACITY_STEP))], dim=1)
-            for layer in cache.layers:
+            for layer in buffer_layers:
                 layer.reserve(length + _CAPACITY_STEP)
         mask[:, length] = True
         length += 1
@@ -211,8 +214,19 @@ def decode_loop(backend: HFBackend, rows: list[Row], sampler: RowSampler) -> int
         timings["forward_s"] += time.perf_counter() - t0
 
 
-def _remember(backend: HFBackend, rows: list[Row], cache: Any, active: list[int], positions: Any,
-              pad_start: list[int], length: int) -> None:
+def _prefilled(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every layer's keys and values after a prefill (a full-attention cache fills both)."""
+    kv = []
+    for layer in cache.layers:
+        keys, values = (layer.keys, layer.values) if isinstance(layer, CacheLayerMixin) else (None, None)
+        if keys is None or values is None:
+            raise RuntimeError(f"prefill left cache layer {type(layer).__name__} without keys/values")
+        kv.append((keys, values))
+    return kv
+
+
+def _remember(backend: HFBackend, rows: list[Row], layers: list[BufferLayer], active: list[int],
+              positions: Iterable[int], pad_start: list[int], length: int) -> None:
     """Put the keys/values of finished rows (prompt plus the generated tokens fed so far) in
     the prefix cache: the next prompt of a conversation usually continues this answer. Only
     for n=1 requests (best-of-n siblings are rarely continued; their prompt is cached)."""
@@ -228,7 +242,7 @@ def _remember(backend: HFBackend, rows: list[Row], cache: Any, active: list[int]
             continue
         end = start + len(r.prompt_ids) + fed
         kv = [(layer.kbuf[p:p + 1, :, start:end].clone(), layer.vbuf[p:p + 1, :, start:end].clone())
-              for layer in cache.layers]
+              for layer in layers]
         backend.prefix_cache.insert(r.adapter, list(r.prompt_ids) + r.tokens[:fed], kv)
 
 

@@ -16,7 +16,7 @@ class BufferLayer(DynamicLayer):
     for every row, and the attention mask hides the padding."""
 
     def __init__(self, kbuf: Any, vbuf: Any, length: int):
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # transformers leaves DynamicLayer.__init__ unannotated
         self.kbuf, self.vbuf, self.length = kbuf, vbuf, length
         self.device = kbuf.device
         self.is_initialized = True

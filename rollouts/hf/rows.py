@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollouts.hf.json_guard import Grammar
-from rollouts.types import Completion, GenerationRequest
+from rollouts.types import Completion, GenerationRequest, GenerationResult
 
 
 @dataclass
 class Pending:
     request: GenerationRequest
-    future: asyncio.Future
+    future: asyncio.Future[GenerationResult]
     t0: float
     prompt_ids: list[int]
     completions: list[Completion | None]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -64,9 +65,9 @@ def _nucleus_floor(probs: Any, top_p: Any) -> Any:
     CPU numpy sorts values ~20x faster than torch.sort, which always computes indices too (1 ms for
     8 rows of a 2k vocabulary, the largest cost of a batched step on the tiny model)."""
     if probs.device.type == "cpu":
-        sp = np.sort(probs.numpy(), axis=-1)[:, ::-1]
-        kept = ((np.cumsum(sp, axis=-1) - sp) < top_p.numpy()).sum(axis=-1)
-        floor = torch.from_numpy(np.ascontiguousarray(sp[np.arange(len(sp)), kept - 1])).unsqueeze(1)
+        desc = np.sort(probs.numpy(), axis=-1)[:, ::-1]
+        n_kept = ((np.cumsum(desc, axis=-1) - desc) < top_p.numpy()).sum(axis=-1)
+        floor = torch.from_numpy(np.ascontiguousarray(desc[np.arange(len(desc)), n_kept - 1])).unsqueeze(1)
     else:
         sp = torch.sort(probs, dim=-1, descending=True).values
         kept = ((sp.cumsum(dim=-1) - sp) < top_p).sum(dim=-1, keepdim=True)
@@ -82,7 +83,7 @@ class RowSampler:
         self.b = backend
         self.rows = rows
         self.prompt_width = prompt_width
-        self.bitmask = None
+        self.bitmask: torch.Tensor | None = None
         self.interrupted = False
         for r in rows:
             r.tokens, r.finish, r.matcher = [], None, None
@@ -95,7 +96,7 @@ class RowSampler:
         if any(r.grammar is not None for r in rows):
             self.bitmask = xgr.allocate_token_bitmask(len(rows), backend.vocab_size)
 
-    def __call__(self, input_ids, scores):
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """LogitsProcessor form (the `model.generate` fallback): scores[i] belongs to rows[i]."""
         picks = self.step(scores, range(scores.shape[0]), input_ids.shape[1] - self.prompt_width)
         nrows = scores.shape[0]
@@ -103,7 +104,7 @@ class RowSampler:
         out[torch.arange(nrows, device=scores.device), torch.tensor(picks, device=scores.device)] = 0.0
         return out
 
-    def step(self, scores, active, k: int) -> list[int]:
+    def step(self, scores: torch.Tensor, active: Sequence[int], k: int) -> list[int]:
         """Choose the next token of every row, `k` tokens into the decode: scores[p] are the logits
         of row `active[p]`. Returns the token to feed at each position (the stop token for rows
         that end now, the pad token for rows that had already ended)."""
@@ -132,20 +133,23 @@ class RowSampler:
             if b.n_tokenizer < vocab:
                 logits[:, b.n_tokenizer:] = float("-inf")
             for i in sample_rows:
-                if rows[i].seen is not None:
-                    _penalise_repeats(logits, i, rows[i])
+                seen = rows[i].seen
+                if seen is not None:
+                    _penalise_repeats(logits, i, seen, rows[i].repetition_penalty)
             constrained = [i for i in sample_rows if rows[i].matcher is not None]
             if constrained:
+                bitmask = self.bitmask
+                assert bitmask is not None  # allocated in __init__ when a row has a grammar
                 for i in constrained:
-                    rows[i].matcher.fill_next_token_bitmask(self.bitmask, i)
-                apply_bitmask(b, logits, self.bitmask.to(logits.device), min(vocab, b.vocab_size), constrained)
+                    rows[i].matcher.fill_next_token_bitmask(bitmask, i)
+                apply_bitmask(b, logits, bitmask.to(logits.device), min(vocab, b.vocab_size), constrained)
                 if b.banned_ids_tensor is not None:
                     idx = torch.tensor(constrained, device=logits.device)
                     logits[idx.unsqueeze(1), b.banned_ids_tensor.unsqueeze(0)] = float("-inf")
             greedy = [i for i in sample_rows if rows[i].temperature < _GREEDY_EPS]
             sampled = [i for i in sample_rows if rows[i].temperature >= _GREEDY_EPS]
             if greedy:
-                picks = logits[greedy].argmax(dim=-1).tolist()
+                picks: list[int] = logits[greedy].argmax(dim=-1).tolist()
                 chosen.update(zip(greedy, picks, strict=True))
             if sampled:
                 chosen.update(zip(sampled, self._sample(logits, [rows[i] for i in sampled], sampled), strict=True))
@@ -174,7 +178,7 @@ class RowSampler:
             if r.finish is None and r.max_tokens - k <= 0:
                 r.finish = "length"
 
-    def _sample(self, logits, rows: list[Row], pos: list[int]) -> list[int]:
+    def _sample(self, logits: torch.Tensor, rows: list[Row], pos: list[int]) -> list[int]:
         temps = torch.tensor([r.temperature for r in rows], device=logits.device).unsqueeze(1)
         top_p = torch.tensor([r.top_p for r in rows], device=logits.device).unsqueeze(1)
         u = torch.tensor([float(torch.rand(1, generator=r.generator)) for r in rows],
@@ -192,12 +196,13 @@ class RowSampler:
         # by that much, so the token changes only if the draw falls right on a boundary.
         cdf = probs.cumsum(dim=-1)
         at = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp(max=probs.shape[1] - 1)
-        return at.squeeze(1).tolist()
+        tokens: list[int] = at.squeeze(1).tolist()
+        return tokens
 
 
-def _penalise_repeats(logits: Any, i: int, r: Row) -> None:
-    """The repetition penalty of transformers and vLLM on row `i`: the logit of every token seen
+def _penalise_repeats(logits: torch.Tensor, i: int, seen: set[int], penalty: float) -> None:
+    """The repetition penalty of transformers and vLLM on row `i`: the logit of every token `seen`
     (prompt and output) is divided by the penalty when positive, multiplied when negative."""
-    ids = torch.tensor(sorted(r.seen), dtype=torch.long, device=logits.device)
+    ids = torch.tensor(sorted(seen), dtype=torch.long, device=logits.device)
     vals = logits[i, ids]
-    logits[i, ids] = torch.where(vals > 0, vals / r.repetition_penalty, vals * r.repetition_penalty)
+    logits[i, ids] = torch.where(vals > 0, vals / penalty, vals * penalty)
