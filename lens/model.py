@@ -321,7 +321,7 @@ def load_hf(
         raise LensError(str(exc)) from None
     except Exception as exc:  # noqa: BLE001 - loaders raise many types (SafetensorError is not an OSError)
         raise LensError(f"cannot load model {model_id}: {type(exc).__name__}: {one_line(exc)}") from exc
-    hf.to(dev)
+    hf.to(dev)  # type: ignore[arg-type]  # transformers wraps PreTrainedModel.to so that mypy loses `self`
     rev = revision or _local_revision(model_id)
     return HFLensModel(hf, name=str(model_id), revision=rev), tok
 

@@ -136,8 +136,8 @@ def locate_messages(text: str, messages: Sequence[dict]) -> list[tuple[int, int]
 
 def _tokenize(tokenizer: Any, text: str) -> tuple[list[int], list[tuple[int, int]]]:
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids = list(enc["input_ids"])
-    offsets = [tuple(map(int, o)) for o in enc["offset_mapping"]]
+    ids = [int(i) for i in enc["input_ids"]]
+    offsets = [(int(start), int(end)) for start, end in enc["offset_mapping"]]
     bos = getattr(tokenizer, "bos_token_id", None)
     if bos is not None and (not ids or ids[0] != bos) and _adds_bos(tokenizer):
         ids.insert(0, bos)

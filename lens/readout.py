@@ -113,12 +113,12 @@ def out_of_fold_logits(
 
     y = np.asarray(y)
     classes = np.unique(y)
-    groups = np.asarray(groups)
-    n_groups = len(np.unique(groups))
+    group_ids = np.asarray(groups)
+    n_groups = len(np.unique(group_ids))
     if n_groups < 2:
         raise LensError("the probe baseline needs at least 2 records (grouped splits)")
     out = np.full((len(y), len(classes)), np.nan)
-    for train, test in GroupKFold(n_splits=min(n_splits, n_groups)).split(X, y, groups):
+    for train, test in GroupKFold(n_splits=min(n_splits, n_groups)).split(X, y, group_ids):
         if len(np.unique(y[train])) != len(classes):
             continue
         clf = _make_probe(C, seed).fit(X[train], y[train])

@@ -201,6 +201,14 @@ def _check_disjoint(lenses: Sequence[Lens]) -> None:
                                 "same corpus: merged, their shared prompts would count twice; merge disjoint shards")
 
 
+def _summed(terms: list[torch.Tensor]) -> torch.Tensor:
+    """terms[0] + terms[1] + ..., in that order (as `sum`, without its int start)."""
+    total = terms[0]
+    for term in terms[1:]:
+        total = total + term
+    return total
+
+
 def merge_lenses(lenses: Sequence[Lens]) -> Lens:
     """n_prompts-weighted mean of lenses fitted on disjoint prompt slices (same layers and settings)."""
     if not lenses:
@@ -221,7 +229,7 @@ def merge_lenses(lenses: Sequence[Lens]) -> Lens:
     if any(w <= 0 for w in weights):
         raise LensError(f"every lens needs n_prompts > 0 to be merged, got {weights}")
     total = sum(weights)
-    J = {layer: sum(x.J[layer].float() * (w / total) for x, w in zip(lenses, weights, strict=True))
+    J = {layer: _summed([x.J[layer].float() * (w / total) for x, w in zip(lenses, weights, strict=True)])
          for layer in first.source_layers}
     meta = {k: v for k, v in first.meta.items() if k not in ("sha256", "file", "saved_at", "shard", "fit")}
     meta["n_prompts"] = total

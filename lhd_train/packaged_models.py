@@ -74,7 +74,7 @@ def locate_gguf(name: str) -> tuple[Path, str]:
                          f"install it with: {_install_hint(m)}") from None
     for f in dist.files or []:
         if str(f).replace("\\", "/") == m.gguf_path:
-            path = Path(dist.locate_file(f))
+            path = Path(str(dist.locate_file(f)))
             if path.is_file():
                 return path, dist.version
     raise InputError(None, "model", f"{m.distribution} {dist.version} is installed but has no {m.gguf_path}; "

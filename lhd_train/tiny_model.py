@@ -176,7 +176,7 @@ def builtin_corpus() -> list[str]:
     texts: list[str] = []
     pack_files = sorted(packs.glob("*/pack.json"))
     try:
-        from lhd_train.bench.taskpack import load_pack, pack_text_corpus  # type: ignore[attr-defined]
+        from lhd_train.bench.taskpack import load_pack, pack_text_corpus
 
         for f in pack_files:
             texts.extend(pack_text_corpus(load_pack(f.parent.name)))

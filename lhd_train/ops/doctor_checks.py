@@ -104,7 +104,7 @@ def trl_vllm_range() -> tuple[str, str] | None:
     if trl is None:
         return None
     try:
-        src = Path(md.distribution("trl").locate_file("trl/import_utils.py")).read_text(encoding="utf-8")
+        src = Path(str(md.distribution("trl").locate_file("trl/import_utils.py"))).read_text(encoding="utf-8")
         m = re.search(r'Version\("([\d.]+)"\)\s*<=\s*_vllm\w*\s*<=\s*Version\("([\d.]+)"\)', src)
         if m:
             return m.group(1), m.group(2)

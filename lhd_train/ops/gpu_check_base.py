@@ -7,7 +7,10 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 STATUSES = ("PASS", "FAIL", "SKIP")
 Outcome = tuple[str, str]  # (status, detail)
@@ -71,7 +74,7 @@ class Ctx:
         return torch.cuda.max_memory_allocated(self.device) - base
 
 
-def verdict_schema():
+def verdict_schema() -> type[BaseModel]:
     """A schema whose every document is short (no free text, no unbounded number): a random model
     completes it within a few dozen tokens, so an invalid answer is the backend's fault (the hf
     backend never invents a closing value at the token limit, it returns the answer cut)."""

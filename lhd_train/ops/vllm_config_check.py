@@ -138,7 +138,7 @@ def validate_vllm(specs: Mapping[str, ModelSpec], devices: Mapping[str, str] | N
             device = (devices or {}).get(key) or vllm_device(spec)
             vllm = exe or find_vllm(spec)  # any build judges a config alike; preflight refuses a CPU one on cuda
             python = venv_python(vllm) if vllm else None
-            if python is None:
+            if vllm is None or python is None:
                 findings[key] = Finding(key, "skip", None, "no vLLM environment found (vllm_executable, LHD_VLLM, "
                                         "PATH, .venv-vllm): not checked")
                 continue
@@ -196,7 +196,7 @@ def check_gpus(specs: Mapping[str, ModelSpec], source: str | Path, visible: int 
     try:
         check_claims(gpu_claims(specs, visible), visible)
     except GpuAssignmentError as e:
-        field = "device" if e.key in specs and specs[e.key].backend == "hf" else e.field
+        field = "device" if e.key is not None and e.key in specs and specs[e.key].backend == "hf" else e.field
         raise InputError(source, f"models.{e.key}.{field}", e.problem) from None
 
 
