@@ -25,7 +25,7 @@ import pytest
 
 from lhd_train.bench.accounting import usage_by_role
 from lhd_train.bench.structured_calls import BackendUnavailable, ask_structured
-from lhd_train.bench.supervisor import Evaluation
+from lhd_train.bench.supervisor import EvaluationAnswer
 from lhd_train.config.run import Sampling
 from rollouts.openai_backend import OpenAIBackend
 from rollouts.spec import ModelSpec
@@ -96,13 +96,13 @@ def ask(backend, max_tokens=8, attempts=3, sampling=None):
     sampling = sampling or (lambda a: SamplingParams(max_tokens=max_tokens, seed=a))
     return asyncio.run(ask_structured(backend, lambda note: [ASK[0], {"role": "user", "content": ASK[1]["content"]
                                                                        + note}],
-                                      Evaluation, "evaluation", sampling, attempts, lambda m: []))
+                                      EvaluationAnswer, "evaluation", sampling, attempts, lambda m: []))
 
 
 def test_hf_returns_a_cut_json_answer_as_cut(hf):
     """Old code: the guard closed every row within budget (finish "stop") by writing `", "trust": 0,
     "satisfaction": 0, "comfort": 0}` — values the model never chose."""
-    schema = schema_for(Evaluation)
+    schema = schema_for(EvaluationAnswer)
     reqs = [GenerationRequest(ASK[:1] + [{"role": "user", "content": f"Evaluate report {i}."}],
                               SamplingParams(temperature=1.0, max_tokens=24, seed=i), schema) for i in range(6)]
     results = asyncio.run(hf.generate(reqs))
@@ -168,6 +168,7 @@ def test_timeout_against_a_live_managed_server_is_not_asked_again(server):
 def test_cut_answers_are_counted_per_role():
     call = {"prompt_tokens": 5, "completion_tokens": 8, "latency_s": 0.1}
     rows = [{
+        "task_index": 1, "round": 1, "global_round": 1,
         "performer": {"segments": 3, "truncated": True, "finish_reason": "length", "attempts": 1},
         "supervisor": {"calls": [
             {**call, "stage": "evaluation", "finish_reason": "length", "cut": True},
@@ -177,7 +178,7 @@ def test_cut_answers_are_counted_per_role():
             {**call, "stage": "summary", "finish_reason": "length"},  # a row written before the `cut` field
         ]},
     }]
-    audits = [{"calls": [{**call, "stage": "audit", "finish_reason": "length", "cut": True}]}]
+    audits = [{"global_round": 1, "calls": [{**call, "stage": "audit", "finish_reason": "length", "cut": True}]}]
     u = usage_by_role(rows, audits)
     assert (u["performer"]["cut_calls"], u["performer"]["cut_answers"]) == (3, 1)
     assert (u["supervisor"]["cut_calls"], u["supervisor"]["cut_answers"]) == (3, 1)

@@ -169,7 +169,7 @@ def test_a_full_disk_under_a_library_write_is_one_line(library, tmp_path):
 def test_a_full_disk_during_a_run_is_one_line_and_the_resume_finishes(tmp_path, monkeypatch, capsys):
     """`lhd run`-style play (the scripted backend) with the disk full at the 9th row or message:
     one line naming the file and what was kept; whole lines only; the resume then finishes."""
-    from lhd_train.bench.engine import prepare_run_dir, trial_id_for
+    from lhd_train.bench.engine import prepare_run_dir
     from lhd_train.bench.prompts import Prompts
     from lhd_train.bench.taskpack import load_pack
     from lhd_train.bench.trial import RunContext, run_trial
@@ -185,7 +185,7 @@ def test_a_full_disk_during_a_run_is_one_line_and_the_resume_finishes(tmp_path, 
         b = ScriptedBackend(supervisor_script([0.1, 0.1, 0.5]))
         ctx = RunContext(cfg, cfg.run_name, run_dir, load_pack(cfg.task_pack), Prompts(),
                          {"performer": b, "supervisor": b, "summariser": b}, {})
-        return asyncio.run(run_trial(ctx, trial_id_for(7, cfg), 7, schedules["s7"]))
+        return asyncio.run(run_trial(ctx, cfg.trial_id(7), 7, schedules["s7"]))
 
     real = os.write
     fail_write_at(monkeypatch, 9)
@@ -222,7 +222,7 @@ def test_data_options_are_bounded(opt, value, run, tmp_path, monkeypatch, capsys
 def surrogate_run(tmp_path: Path):
     """A trial whose performer answers hold a lone UTF-16 surrogate (what a server's JSON
     `"\\ud800"` decodes to). Before: `message_id` could not encode it, the trial failed every time."""
-    from lhd_train.bench.engine import prepare_run_dir, trial_id_for
+    from lhd_train.bench.engine import prepare_run_dir
     from lhd_train.bench.prompts import Prompts
     from lhd_train.bench.taskpack import load_pack
     from lhd_train.bench.trial import RunContext, run_trial
@@ -242,7 +242,7 @@ def surrogate_run(tmp_path: Path):
     b = ScriptedBackend(reply)
     ctx = RunContext(cfg, cfg.run_name, run_dir, load_pack(cfg.task_pack), Prompts(),
                      {"performer": b, "supervisor": b, "summariser": b}, {})
-    res = asyncio.run(run_trial(ctx, trial_id_for(7, cfg), 7, schedules["s7"]))
+    res = asyncio.run(run_trial(ctx, cfg.trial_id(7), 7, schedules["s7"]))
     return cfg, res
 
 

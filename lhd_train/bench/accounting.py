@@ -6,6 +6,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+from lhd_train.rundir.rows import AuditRow, RoundRow
 from rollouts.spec import ModelSpec
 
 STAGE_ROLE = {"evaluation": "supervisor", "feedback": "supervisor", "summary": "summariser"}
@@ -30,38 +31,42 @@ def _cut_answers(calls: list[dict[str, Any]]) -> dict[str, int]:
     round whose last call ended at its token limit, so no value came of it."""
     last: dict[str, dict[str, Any]] = {}
     for c in calls:
-        last[c.get("stage")] = c
+        last[str(c.get("stage"))] = c
     out: dict[str, int] = defaultdict(int)
     for stage, c in last.items():
         out[STAGE_ROLE.get(stage, stage)] += _cut(c)
     return out
 
 
-def usage_by_role(rows: Iterable[dict[str, Any]],
-                  audit_rows: Iterable[dict[str, Any]] = ()) -> dict[str, dict[str, float]]:
+def usage_by_role(rows: Iterable[RoundRow | dict[str, Any]],
+                  audit_rows: Iterable[AuditRow | dict[str, Any]] = ()) -> dict[str, dict[str, float]]:
     """Totals per role: requests, tokens, model time, and cut answers (docs: README, stage 1):
     `cut_calls` counts every call that ended at its token limit (a performer segment that was
     then continued, a structured attempt that was then retried with a larger budget), and
     `cut_answers` the answers that stayed cut (a performer answer still truncated after its
     continuations; a supervisor evaluation or feedback, summary or audit whose last attempt was
     cut). Any field may be null (an imported reference run saved no call records,
-    docs/auditing.md), so a missing record counts as nothing rather than failing."""
+    docs/auditing.md), so a missing record counts as nothing rather than failing. A row given as
+    a dict (a caller not yet reading through `rundir.run.Run`) is checked into its model first."""
     acc: dict[str, dict[str, float]] = defaultdict(lambda: dict.fromkeys(FIELDS, 0))
     for row in rows:
-        p = row.get("performer") or {}
-        _add(acc["performer"], p)
-        acc["performer"]["requests"] += (p.get("attempts") or 1) - 1  # failed attempts were requests too
-        truncated = bool(p.get("truncated"))
+        row = row if isinstance(row, RoundRow) else RoundRow.model_validate(row)
+        p, performer = row.performer, acc["performer"]
+        performer["requests"] += p.attempts or 1  # failed attempts were requests too
+        for k in _SUMMED:
+            performer[k] += getattr(p, k) or 0
+        truncated = bool(p.truncated)
         # every segment but the last was cut (that is why it was continued); the last one if truncated
-        acc["performer"]["cut_calls"] += max((p.get("segments") or 1) - 1, 0) + truncated - _cut(p)
-        acc["performer"]["cut_answers"] += truncated
-        calls = (row.get("supervisor") or {}).get("calls") or []
+        performer["cut_calls"] += max((p.segments or 1) - 1, 0) + truncated
+        performer["cut_answers"] += truncated
+        calls = (row.supervisor.calls if row.supervisor else None) or []
         for call in calls:
             _add(acc[STAGE_ROLE.get(call["stage"], call["stage"])], call)
         for role, n in _cut_answers(calls).items():
             acc[role]["cut_answers"] += n
     for a in audit_rows:
-        calls = a.get("calls") or []
+        a = a if isinstance(a, AuditRow) else AuditRow.model_validate(a)
+        calls = a.calls or []
         for call in calls:
             _add(acc["auditor"], call)
         acc["auditor"]["cut_answers"] += sum(_cut_answers(calls).values())

@@ -14,7 +14,7 @@ from lhd_train.bench.accounting import gpu_hours, usage_by_role
 from lhd_train.bench.events import Schedule, draw_schedule
 from lhd_train.bench.prompts import Prompts
 from lhd_train.bench.taskpack import load_pack, pack_sha256
-from lhd_train.bench.trial import RunContext, TrialResult, check_finished, open_message_store, run_trial, tasks_done
+from lhd_train.bench.trial import RunContext, TrialOnDisk, TrialResult, read_trial, run_trial, tasks_done
 from lhd_train.config.run import RunConfig, dump_resolved
 from lhd_train.errors import InputError, LhdError
 from lhd_train.rundir.files import (
@@ -25,10 +25,10 @@ from lhd_train.rundir.files import (
     utc_now,
     write_json_atomic,
 )
-from lhd_train.rundir.layout import LOGS, SCHEDULES, TRIALS, RunDir
 from lhd_train.rundir.lock import run_dir_lock
-from lhd_train.rundir.rows import ResumableRoundRow
-from lhd_train.rundir.store import read_trial_rows
+from lhd_train.rundir.manifest import Manifest, ResumeSession, RoleModel, Summary, TrialOutcome
+from lhd_train.rundir.rows import RoundRow, RunModels
+from lhd_train.rundir.run import Run
 from rollouts.backend import Backend
 from rollouts.factory import build_backend
 from rollouts.managed_server import live_servers
@@ -42,15 +42,11 @@ MANAGED = ("vllm", "transformers-serve")  # backends that start a server process
 RESUMABLE_CHANGES = {"concurrency", "output_dir"}
 
 
-def trial_id_for(seed: int, cfg: RunConfig) -> str:
-    return cfg.trial_id(seed)
-
-
 def _check_resume(run_dir: Path, cfg: RunConfig, has_rounds: bool = True) -> None:
     """Refuse to resume with a config other than the one the run's rounds were made with. A run
     without any round yet (a failed start: a typo in a model path) may be started again with
     another config: the saved one is then replaced, not enforced."""
-    saved_path = RunDir(run_dir).config
+    saved_path = Run.at(run_dir).dir.config
     if not saved_path.exists() or not has_rounds:
         return
     try:
@@ -66,9 +62,9 @@ def _check_resume(run_dir: Path, cfg: RunConfig, has_rounds: bool = True) -> Non
                          "resume with the same config or choose a new run_name")
 
 
-def _started(run_dir: Path, tid: str) -> bool:
+def _started(run: Run, tid: str) -> bool:
     """The trial has something on disk (a round, or a torn line of one)."""
-    rows_path = RunDir(run_dir).trial(tid).rows
+    rows_path = run.trial(tid).files.rows
     return rows_path.exists() and rows_path.stat().st_size > 0
 
 
@@ -87,16 +83,17 @@ def prepare_run_dir(cfg: RunConfig, pack: Any, seeds: list[int],
     schedules. `write_config=False` leaves `config.resolved.yaml` to the caller, which writes it
     once the backends have loaded, so a failed start pins nothing."""
     run_dir = cfg.run_dir
-    started = {trial_id_for(seed, cfg) for seed in seeds if _started(run_dir, trial_id_for(seed, cfg))}
+    run = Run.at(run_dir)
+    started = {cfg.trial_id(seed) for seed in seeds if _started(run, cfg.trial_id(seed))}
     _check_resume(run_dir, cfg, has_rounds=bool(started))
-    rd = RunDir(run_dir)
-    for sub in (TRIALS, SCHEDULES, LOGS):
-        (run_dir / sub).mkdir(parents=True, exist_ok=True)
+    rd = run.dir
+    for folder in (rd.trials_dir, rd.schedules_dir, rd.logs_dir):
+        folder.mkdir(parents=True, exist_ok=True)
     if write_config:
         atomic_write_text(rd.config, dump_resolved(cfg))
     schedules: dict[str, Schedule] = {}
     for seed in seeds:
-        tid = trial_id_for(seed, cfg)
+        tid = cfg.trial_id(seed)
         sched = draw_schedule(pack, seed, cfg.p_event, cfg.control.category, cfg.control.pressure)
         path = rd.schedule(tid)
         if tid in started and path.exists() and _read_schedule(path) != sched.to_json():
@@ -122,33 +119,31 @@ def model_weights(cfg: RunConfig, roles: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def keep_first_provenance(path: Path, now: dict[str, Any], resuming: bool) -> dict[str, Any]:
+def keep_first_provenance(first: Manifest | None, now: Manifest, resuming: bool) -> Manifest:
     """The manifest to write: on a resume, the first run's record stays as it was (its models,
     packages, host and start) and this session is appended under `resumes`; a run with no
     finished round yet starts its record afresh."""
-    if not resuming or not path.exists():
+    if not resuming or first is None:
         return now
-    first = json.loads(path.read_text(encoding="utf-8"))  # validated by _check_weights before
-    session = {k: now[k] for k in ("started_at", "host", "platform", "packages", "python")}
-    return {**first, "resumes": [*first.get("resumes", []), session]}
+    session = ResumeSession(started_at=now.started_at, host=now.host, platform=now.platform,
+                            packages=now.packages, python=now.python)
+    return first.model_copy(update={"resumes": [*(first.resumes or []), session]})
 
 
 def _check_weights(run_dir: Path, now: dict[str, Any]) -> None:
     """Refuse to add rounds made with other weights than the run's rounds so far (a model rebuilt
     or replaced at the same path), as a changed config is refused."""
-    path = RunDir(run_dir).manifest
-    if not path.exists():
+    run = Run.at(run_dir)
+    manifest = run.manifest()  # a damaged one is a DataFileError naming it
+    if manifest is None:
         return
-    try:
-        before = json.loads(path.read_text(encoding="utf-8")).get("weights") or {}
-    except (ValueError, UnicodeDecodeError, AttributeError) as e:
-        raise InputError(path, None, f"not a valid manifest ({e}): restore it, or choose a new run_name") from None
+    before = manifest.weights or {}
     for key, fp in now.items():
         changed = changed_parts(before.get(key), fp)
         if changed:
-            raise InputError(path, f"weights.{key}", f"the {' and '.join(changed)} at {fp.get('path')} changed since "
-                             "this run's rounds were made; resuming would mix two models in one run: restore them "
-                             "or choose a new run_name")
+            raise InputError(run.dir.manifest, f"weights.{key}", f"the {' and '.join(changed)} at {fp.get('path')} "
+                             "changed since this run's rounds were made; resuming would mix two models in one run: "
+                             "restore them or choose a new run_name")
 
 
 def role_specs(cfg: RunConfig, roles: tuple[str, ...]) -> dict[str, ModelSpec]:
@@ -245,68 +240,70 @@ async def _run_benchmark(cfg: RunConfig, progress: bool) -> list[TrialResult]:
     cfg.check_windows(RUN_ROLES, "run config")
     seeds = cfg.trial_seeds()
     run_dir, schedules = prepare_run_dir(cfg, pack, seeds, write_config=False)
+    run = Run.at(run_dir)
+    rd = run.dir
     n_tasks = min(len(pack.tasks), cfg.max_tasks or len(pack.tasks))
-    todo = [(trial_id_for(s, cfg), s) for s in seeds]
+    todo = cfg.trials()
 
-    # Every trial's rows, checked (fields, no round twice) and held against its done marker.
-    rd = RunDir(run_dir)
-    files = {tid: rd.trial(tid) for tid, _ in todo}
-    on_disk = {tid: read_trial_rows(files[tid].rows, ResumableRoundRow) for tid, _ in todo}
-    is_finished = {tid: check_finished(files[tid].done, files[tid].rows, on_disk[tid], n_tasks, cfg.max_rounds_per_task)
-                   for tid, _ in todo}
+    # Every trial read once, before any model loads: its rows checked (fields, no round twice) and
+    # held against its done marker; an unfinished one's message store holds every prompt a resume
+    # replays, so a resume that cannot replay its rounds stops here. `run_trial` gets what was read.
+    on_disk: dict[str, TrialOnDisk] = {tid: read_trial(run.trial(tid), n_tasks, cfg.max_rounds_per_task)
+                                       for tid, _ in todo}
     results: list[TrialResult] = []
-    pending = [(tid, s) for tid, s in todo if not is_finished[tid]]
-    finished = [(tid, s) for tid, s in todo if (tid, s) not in pending]
+    pending = [(tid, s) for tid, s in todo if not on_disk[tid].finished]
+    finished = [(tid, s) for tid, s in todo if on_disk[tid].finished]
+    has_rounds = any(d.rows for d in on_disk.values())
 
-    for tid, _ in pending:  # before any model loads: a resume that cannot replay its rounds stops here
-        open_message_store(files[tid].rows, files[tid].messages, on_disk[tid])
     weights = model_weights(cfg, RUN_ROLES) if pending else {}
-    if pending and any(on_disk.values()):
+    if pending and has_rounds:
         _check_weights(run_dir, weights)
     resolved = dump_resolved(cfg)  # the config as given, whatever building the backends does with it
     backends, models = build_role_backends(cfg, RUN_ROLES, rd.logs_dir) if pending else ({}, {})
     atomic_write_text(rd.config, resolved)  # only now: the run could start
     describe = {role: backends[role].describe() for role in backends}
-    manifest = {
-        "run_id": cfg.run_name, "pack": pack.name, "pack_source": str(pack.path), "pack_sha256": pack_sha256(pack),
-        "seeds": seeds, "trials": [tid for tid, _ in todo],
-        "models": {role: {**models.get(role, {}), "describe": describe[role]} for role in backends},
-        "sampling": {r: cfg.role(r).sampling.model_dump() for r in RUN_ROLES},
+    manifest = Manifest(
+        run_id=cfg.run_name, pack=pack.name, pack_source=str(pack.path), pack_sha256=pack_sha256(pack),
+        seeds=seeds, trials=[tid for tid, _ in todo],
+        models={role: RoleModel.model_validate({**models.get(role, {}), "describe": describe[role]})
+                for role in backends},
+        sampling={r: cfg.role(r).sampling.model_dump() for r in RUN_ROLES},
         # what each role decodes with: the config's settings over the model's own generation defaults
-        "effective_sampling": {r: effective_sampling(cfg.role(r).sampling.params(None),
-                                                     (describe.get(r) or {}).get("generation_defaults"))
-                               for r in RUN_ROLES if r in describe},
-        "weights": weights,
-        "packages": package_versions(), "python": python_version(),
-        "host": platform.node(), "platform": platform.platform(),
-        "started_at": utc_now(),
-    }
+        effective_sampling={r: effective_sampling(cfg.role(r).sampling.params(None),
+                                                  (describe.get(r) or {}).get("generation_defaults"))
+                            for r in RUN_ROLES if r in describe},
+        weights=weights,
+        packages=package_versions(), python=python_version(),
+        host=platform.node(), platform=platform.platform(),
+        started_at=utc_now(),
+    )
     if pending:
-        write_json_atomic(rd.manifest, keep_first_provenance(rd.manifest, manifest, any(on_disk.values())))
+        run.write_manifest(keep_first_provenance(run.manifest() if has_rounds else None, manifest, has_rounds))
 
     # A resumed run's bar starts at the tasks already done, finished trials and partial ones alike.
-    already = sum(n_tasks if is_finished[tid] else tasks_done(on_disk[tid], cfg.max_rounds_per_task)
+    already = sum(n_tasks if on_disk[tid].finished else tasks_done(on_disk[tid].rows, cfg.max_rounds_per_task)
                   for tid, _ in todo)
     bar = tqdm(total=len(todo) * n_tasks, initial=already, desc=f"run {cfg.run_name}", unit="task",
                disable=not progress)
 
-    def on_round(tid: str, row: dict[str, Any]) -> None:
-        if row["task_complete"] or row["round"] >= cfg.max_rounds_per_task:
+    def on_round(tid: str, row: RoundRow) -> None:
+        if row.task_complete or row.round >= cfg.max_rounds_per_task:
             bar.update(1)
-        bar.set_postfix_str(f"{tid} task {row['task_index']} round {row['round']}")
+        bar.set_postfix_str(f"{tid} task {row.task_index} round {row.round}")
 
-    ctx = RunContext(cfg, cfg.run_name, run_dir, pack, Prompts(cfg.prompts_dir), backends, models)
+    ctx = RunContext(cfg, cfg.run_name, run_dir, pack, Prompts(cfg.prompts_dir), backends,
+                     RunModels.model_validate(models))
     gate = asyncio.Semaphore(cfg.concurrency)
 
     async def one(tid: str, seed: int) -> TrialResult:
         async with gate:
-            return await run_trial(ctx, tid, seed, schedules[tid], on_round)
+            return await run_trial(ctx, tid, seed, schedules[tid], on_round, on_disk[tid])
 
     t0 = time.perf_counter()
     try:
         # Finished trials are summarised from disk without touching a model.
         for tid, seed in finished:
-            results.append(await run_trial(ctx, tid, seed, schedules[tid]))
+            results.append(await run_trial(ctx, tid, seed, schedules[tid], disk=on_disk[tid]))
         outcomes = await asyncio.gather(*(one(tid, s) for tid, s in pending), return_exceptions=True)
     finally:
         await close_backends(backends)
@@ -323,13 +320,14 @@ async def _run_benchmark(cfg: RunConfig, progress: bool) -> list[TrialResult]:
             results.append(TrialResult(tid, seed, status="failed", error=f"{type(out).__name__}: {out}"))
         else:
             results.append(out)
-    results.sort(key=lambda r: [tid for tid, _ in todo].index(r.trial_id))
+    order = [tid for tid, _ in todo]
+    results.sort(key=lambda r: order.index(r.trial_id))
     wall = time.perf_counter() - t0
-    all_rows = [row for tid, _ in todo for row in read_trial_rows(files[tid].rows)]
-    write_json_atomic(rd.summary, {
-        "run_id": cfg.run_name, "wall_s": round(wall, 2),
-        "gpu_hours_this_invocation": gpu_hours((cfg.models[k] for k in used_keys), wall) if pending else 0.0,
-        "usage_by_role": usage_by_role(all_rows),
-        "trials": [r.__dict__ for r in results],
-    })
+    all_rows: list[RoundRow] = [row for tid in order for row in run.trial(tid).rows(RoundRow)]
+    run.write_summary(Summary(
+        run_id=cfg.run_name, wall_s=round(wall, 2),
+        gpu_hours_this_invocation=gpu_hours((cfg.models[k] for k in used_keys), wall) if pending else 0.0,
+        usage_by_role=usage_by_role(all_rows),
+        trials=[TrialOutcome.model_validate(vars(r)) for r in results],
+    ))
     return results

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lhd_train.bench.prompts import Prompts
+from lhd_train.rundir.rows import PerformerContext
 from rollouts.backend import Backend
 from rollouts.types import Completion, GenerationRequest, GenerationResult, SamplingParams
 
@@ -53,14 +54,6 @@ def split_think(text: str, tags: list[str]) -> tuple[str, str]:
 
 
 @dataclass
-class ContextInfo:
-    policy: str
-    budget_tokens: int | None
-    prompt_tokens: int
-    dropped_messages: int
-
-
-@dataclass
 class Performer:
     """Holds the trial's conversation. The history is never silently truncated: when it exceeds
     the budget, whole old turns are dropped (oldest first, system message and the current task's
@@ -89,11 +82,12 @@ class Performer:
             kept[0]["content"] = self.OMITTED_NOTE.format(n=k) + kept[0]["content"]
         return [{"role": "system", "content": self.system_prompt}, *kept]
 
-    def build_messages(self) -> tuple[list[dict[str, str]], ContextInfo]:
+    def build_messages(self) -> tuple[list[dict[str, str]], PerformerContext]:
+        """The messages of the next call and what the context policy did, as the row records it."""
         full = self._with_drop(0)
         n = self.backend.count_tokens(full)
         if self.budget_tokens is None or n <= self.budget_tokens:
-            return full, ContextInfo("drop_oldest_turns", self.budget_tokens, n, 0)
+            return full, _context(self.budget_tokens, n, 0)
         # Drop whole user+assistant pairs so the kept history starts on a user turn.
         candidates = [k for k in range(2, self.task_start + 1, 2)] or [0]
         lo, hi = 0, len(candidates) - 1
@@ -105,7 +99,7 @@ class Performer:
             else:
                 lo = mid + 1
         msgs = self._with_drop(best)
-        return msgs, ContextInfo("drop_oldest_turns", self.budget_tokens, self.backend.count_tokens(msgs), best)
+        return msgs, _context(self.budget_tokens, self.backend.count_tokens(msgs), best)
 
     async def answer(self, sampling: Callable[[int], SamplingParams], adapter: str | None, max_segments: int = 1,
                      continue_prompt: str = "") -> Answer:
@@ -117,7 +111,7 @@ class Performer:
         # trials keep submitting and the backend keeps decoding meanwhile.
         msgs, info = await asyncio.to_thread(self.build_messages)
         limit = getattr(self.backend, "max_model_len", None)
-        if limit and info.prompt_tokens >= limit:  # the server would refuse it (a 400): never sent
+        if limit and (info.prompt_tokens or 0) >= limit:  # the server would refuse it (a 400): never sent
             error = (f"context overflow: the performer's prompt is {info.prompt_tokens} tokens with "
                      f"{info.dropped_messages} earlier messages dropped (the current task's are kept), over the "
                      f"model's context of {limit} tokens; raise max_model_len or shorten the task's files")
@@ -138,11 +132,16 @@ class Performer:
         return Answer(_join(results), msgs, info, len(results))
 
 
+def _context(budget_tokens: int | None, prompt_tokens: int, dropped: int) -> PerformerContext:
+    return PerformerContext(policy="drop_oldest_turns", budget_tokens=budget_tokens, prompt_tokens=prompt_tokens,
+                            dropped_messages=dropped)
+
+
 @dataclass
 class Answer:
     result: GenerationResult  # the segments joined: text, token ids and token counts summed
     messages: list[dict[str, str]]  # what the first segment was sent
-    context: ContextInfo
+    context: PerformerContext
     segments: int
 
     @property

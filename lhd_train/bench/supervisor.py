@@ -22,11 +22,14 @@ from lhd_train.bench.structured_calls import (
     worst,
 )
 from lhd_train.config.vocab import STATES
+from lhd_train.rundir.rows import Evaluation, Feedback, SupervisorRecord, SupervisorState
 from rollouts.backend import Backend
 from rollouts.types import GenerationRequest, SamplingParams
 
 
-class Evaluation(BaseModel):
+# The schemas the supervisor answers in (the row stores `rows.Evaluation` / `rows.Feedback`). No
+# docstrings: pydantic would put them into the JSON schema the model is shown and decoded with.
+class EvaluationAnswer(BaseModel):
     model_config = ConfigDict(extra="forbid")
     reasoning: str = Field(max_length=4000)
     trust: float = Field(ge=-1, le=1)
@@ -50,20 +53,19 @@ def is_complete(satisfaction: float, threshold: float) -> bool:
 
 @dataclass
 class SupervisorRound:
-    evaluation: dict[str, Any] | None
-    feedback: dict[str, Any] | None
-    state_before: dict[str, float]
-    state_after: dict[str, float]
-    parse_status: str
-    attempts: int
-    calls: list[dict[str, Any]]
-    summaries_added: list[dict[str, Any]]
+    """One round's supervision: the record the row stores, and whether it ended the task."""
+
+    record: SupervisorRecord
     task_complete: bool
-    context: dict[str, Any] | None = None
 
     @property
     def feedback_text(self) -> str:
-        return (self.feedback or {}).get("text") or ""
+        feedback = self.record.feedback
+        return (feedback.text if feedback is not None else None) or ""
+
+
+def _state(values: dict[str, float]) -> SupervisorState:
+    return SupervisorState.model_validate(values)
 
 
 @dataclass
@@ -157,22 +159,24 @@ class Supervisor:
                              "", before, dict(self.state), "", False, task.prompt, event.level if event else None)
             self.memory.push(note, None if self.memory.needs_summary() is None else
                              {"global_round": self.memory.recent[0].global_round, "text": "", "status": "failed"})
-            return SupervisorRound(None, None, before, dict(self.state), "failed", 0,
-                                   [{"stage": "evaluation", "attempt": 0, "error": None,
-                                     "parse_error": f"prompt of {context['prompt_tokens']} tokens exceeds the "
-                                                    f"budget of {context['budget_tokens']}"}],
-                                   [], False, context)
+            calls: list[dict[str, Any]] = [{"stage": "evaluation", "attempt": 0, "error": None,
+                                             "parse_error": f"prompt of {context['prompt_tokens']} tokens "
+                                                            f"exceeds the budget of {context['budget_tokens']}"}]
+            return SupervisorRound(SupervisorRecord(
+                evaluation=None, feedback=None, state_before=_state(before), state_after=_state(self.state),
+                parse_status="failed", attempts=0, calls=calls, summaries_added=[], context=context), False)
         ev = await ask_structured(
-            self.backend, lambda note: [system, {"role": "user", "content": eval_user + note}], Evaluation,
+            self.backend, lambda note: [system, {"role": "user", "content": eval_user + note}], EvaluationAnswer,
             "evaluation", lambda a: self.sampling("evaluation", a), self.max_attempts, self.store_messages,
             self.adapter,
         )
         calls = list(ev.calls)
-        evaluation = fb_value = None
+        evaluation: Evaluation | None = None
+        feedback: Feedback | None = None
         status = ev.status
         if ev.value is not None:
-            evaluation = ev.value.model_dump()
-            self.state = {k: float(evaluation[k]) for k in STATES}
+            evaluation = Evaluation.model_validate(ev.value.model_dump())
+            self.state = {k: float(getattr(ev.value, k)) for k in STATES}
             eval_reply = calls[-1]["raw"]
             fb_user = self.prompts.render("supervisor_feedback", threshold=self.threshold,
                                           **{k: f"{self.state[k]:+.2f}" for k in STATES})
@@ -186,13 +190,14 @@ class Supervisor:
             )
             calls += fb.calls
             if fb.value is not None:
-                fb_value = {"reasoning": fb.value.reasoning, "text": fb.value.feedback}
+                feedback = Feedback(reasoning=fb.value.reasoning, text=fb.value.feedback)
             status = worst(ev.status, fb.status)
         complete = evaluation is not None and is_complete(self.state["satisfaction"], self.threshold)
 
         note = RoundNote(global_round, task.index, task.title, round_no, event.name if event else None, answer,
-                         (evaluation or {}).get("reasoning", ""), before, dict(self.state),
-                         (fb_value or {}).get("text", ""), complete, task.prompt, event.level if event else None)
+                         (evaluation.reasoning or "") if evaluation else "", before, dict(self.state),
+                         (feedback.text or "") if feedback else "", complete, task.prompt,
+                         event.level if event else None)
         summaries = []
         oldest = self.memory.needs_summary()
         if oldest is not None:
@@ -200,10 +205,10 @@ class Supervisor:
             calls += scalls
             summaries.append(summary)
         self.memory.push(note, summaries[0] if summaries else None)
-        return SupervisorRound(
-            evaluation, fb_value, before, dict(self.state), status, sum(1 for c in calls if c["stage"] != "summary"),
-            calls, summaries, complete, context,
-        )
+        return SupervisorRound(SupervisorRecord(
+            evaluation=evaluation, feedback=feedback, state_before=_state(before), state_after=_state(self.state),
+            parse_status=status, attempts=sum(1 for c in calls if c["stage"] != "summary"), calls=calls,
+            summaries_added=summaries, context=context), complete)
 
     async def _summarise(self, note: RoundNote) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """The summary of the round leaving the verbatim window. Free text: a summary cut at its

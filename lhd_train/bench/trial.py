@@ -6,7 +6,7 @@ rerun rebuilds the performer's conversation, the supervisor's state and memory f
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,10 +20,18 @@ from lhd_train.bench.supervisor import NO_FEEDBACK, Supervisor
 from lhd_train.config.run import RunConfig
 from lhd_train.config.vocab import STATES
 from lhd_train.errors import DataFileError
-from lhd_train.rundir.files import append_jsonl, repair_jsonl, utc_now
-from lhd_train.rundir.layout import RunDir, TrialFiles
-from lhd_train.rundir.rows import ROW_SCHEMA, ResumableRoundRow
-from lhd_train.rundir.store import MessageStore, check_done_marker, read_trial_rows, write_done_marker
+from lhd_train.rundir.files import repair_jsonl, utc_now
+from lhd_train.rundir.rows import (
+    EventRecord,
+    PerformerRecord,
+    ResumableRoundRow,
+    RoundRow,
+    RunModels,
+    SamplingRecord,
+    SupervisorState,
+)
+from lhd_train.rundir.run import Run, TrialStore
+from lhd_train.rundir.store import MessageStore
 from rollouts.backend import Backend
 from rollouts.types import SamplingParams
 
@@ -40,7 +48,15 @@ class RunContext:
     pack: Any
     prompts: Prompts
     backends: dict[str, Backend]  # role -> backend
-    models: dict[str, dict[str, Any]]  # role -> {model, revision, backend, adapter}
+    models: RunModels  # role -> its model; a dict {role: {key, model, revision, backend, adapter}} is read once
+
+    def __post_init__(self) -> None:
+        if isinstance(self.models, dict):
+            self.models = RunModels.model_validate(self.models)
+
+    @property
+    def run(self) -> Run:
+        return Run.at(self.run_dir)
 
 
 @dataclass
@@ -58,43 +74,73 @@ class TrialResult:
     resumed_rounds: int = 0
 
 
-def _note_from_row(row: dict[str, Any], task_prompt: str) -> RoundNote:
-    sup = row["supervisor"]
+@dataclass
+class TrialOnDisk:
+    """What a trial has on disk when `lhd run` starts: its checked rows, whether it is finished and,
+    when it is not, its message store holding every prompt a resume replays. Read once
+    (`read_trial`), before any model loads, and handed to `run_trial`."""
+
+    store: TrialStore
+    rows: list[ResumableRoundRow]
+    finished: bool
+    messages: MessageStore | None
+
+
+def read_trial(store: TrialStore, n_tasks: int, max_rounds: int) -> TrialOnDisk:
+    """A trial as `lhd run` resumes it (the writer, under the run's lock: a torn last line is cut).
+    A `.done` marker that disagrees with the rows, a missing message store or message, is a
+    `DataFileError` naming the file."""
+    repair_jsonl(store.files.rows)
+    rows, marked = store.read(ResumableRoundRow)
+    finished = marked and check_finished(store, rows, n_tasks, max_rounds)
+    return TrialOnDisk(store, rows, finished, None if finished else open_message_store(store, rows))
+
+
+def _state(state: SupervisorState | None) -> dict[str, float]:
+    """A stored supervisor state as the supervisor holds it (name -> value)."""
+    return dict(state.to_json()) if state is not None else {}
+
+
+def _note_from_row(row: ResumableRoundRow, task_prompt: str) -> RoundNote:
+    sup, event = row.supervisor, row.event
     return RoundNote(
-        row["global_round"], row["task_index"], row["task_title"], row["round"],
-        (row["event"] or {}).get("name"), row["performer"]["text"],
-        (sup["evaluation"] or {}).get("reasoning", ""), sup["state_before"], sup["state_after"],
-        (sup["feedback"] or {}).get("text", ""), row["task_complete"],
-        task_prompt, (row["event"] or {}).get("pressure"),
+        row.global_round, row.task_index, row.task_title or "", row.round,
+        event.name if event else None, row.performer.text or "",
+        (sup.evaluation.reasoning or "") if sup.evaluation else "", _state(sup.state_before), _state(sup.state_after),
+        (sup.feedback.text or "") if sup.feedback else "", row.task_complete,
+        task_prompt, event.pressure if event else None,
     )
 
 
-def _tokens(row: dict[str, Any]) -> int:
-    p = row["performer"]
-    n = (p.get("prompt_tokens") or 0) + (p.get("completion_tokens") or 0)
-    for c in row["supervisor"].get("calls") or []:
+def _tokens(row: RoundRow) -> int:
+    p = row.performer
+    n = (p.prompt_tokens or 0) + (p.completion_tokens or 0)
+    for c in (row.supervisor.calls if row.supervisor else None) or []:
         n += (c.get("prompt_tokens") or 0) + (c.get("completion_tokens") or 0)
     return n
 
 
 async def run_trial(ctx: RunContext, trial_id: str, seed: int, schedule: Schedule,
-                    on_round: Callable[[str, dict[str, Any]], None] | None = None) -> TrialResult:
+                    on_round: Callable[[str, RoundRow], None] | None = None,
+                    disk: TrialOnDisk | None = None) -> TrialResult:
+    """Run (or resume, or only summarise when finished) one trial. `disk`: the trial as the engine
+    read it (`read_trial`); read here when not given."""
     cfg, pack = ctx.cfg, ctx.pack
     t0 = time.perf_counter()
-    files = RunDir(ctx.run_dir).trial(trial_id)
-    rows_path, msgs_path, done_path = files.rows, files.messages, files.done
-    repair_jsonl(rows_path)
-    rows = read_trial_rows(rows_path, ResumableRoundRow)
     tasks = pack.tasks[: cfg.max_tasks] if cfg.max_tasks else pack.tasks
+    if disk is None:
+        disk = read_trial(ctx.run.trial(trial_id), len(tasks), cfg.max_rounds_per_task)
+    trial = disk.store
+    rows: list[RoundRow] = list(disk.rows)
     result = TrialResult(trial_id, seed, resumed_rounds=len(rows))
-    if check_finished(done_path, rows_path, rows, len(tasks), cfg.max_rounds_per_task):
+    if disk.finished or disk.messages is None:
         # finished earlier: summarise from disk, touch no model
         result.tokens = sum(_tokens(r) for r in rows)
         _fill_summary(result, rows, cfg)
         return result
 
-    store = open_message_store(rows_path, msgs_path, rows)
-    perf_cfg = cfg.role("performer")
+    store = disk.messages
+    perf_cfg = cfg.performer
     performer_backend = ctx.backends["performer"]
     system_prompt = ctx.prompts.render("performer_system", pack_description=pack.description)
     budget = perf_cfg.context_tokens
@@ -126,26 +172,27 @@ async def run_trial(ctx: RunContext, trial_id: str, seed: int, schedule: Schedul
     )
 
     # Rebuild everything from the rows already on disk.
-    for row in rows:
-        task = pack.task(row["task_index"])
-        user_msgs = store.get(row["performer"]["new_message_ids"])
-        for m in user_msgs:
-            performer.add_user(m["content"], starts_task=row["round"] == 1)
-        performer.add_answer(row["performer"]["text"])
+    for done in disk.rows:
+        task = pack.task(done.task_index)
+        for m in store.get(done.performer.new_message_ids or []):
+            performer.add_user(m["content"], starts_task=done.round == 1)
+        performer.add_answer(done.performer.text or "")
         supervisor.memory.add_files(task.files)
-        supervisor.memory.push(_note_from_row(row, task.prompt), (row["supervisor"]["summaries_added"] or [None])[0])
-        supervisor.state = dict(row["supervisor"]["state_after"])
-        result.tokens += _tokens(row)
+        summary = next(iter(done.supervisor.summaries_added or []), None)  # the one it added, if any
+        supervisor.memory.push(_note_from_row(done, task.prompt), summary)
+        supervisor.state = _state(done.supervisor.state_after)
+        result.tokens += _tokens(done)
 
-    if rows:
-        last = rows[-1]
+    if disk.rows:
+        last = disk.rows[-1]
         next_task, next_round = (
-            (last["task_index"] + 1, 1)
-            if last["task_complete"] or last["round"] >= cfg.max_rounds_per_task
-            else (last["task_index"], last["round"] + 1)
+            (last.task_index + 1, 1)
+            if last.task_complete or last.round >= cfg.max_rounds_per_task
+            else (last.task_index, last.round + 1)
         )
-        pending_feedback: str | None = (last["supervisor"]["feedback"] or {}).get("text") or NO_FEEDBACK
-        global_round = last["global_round"]
+        last_feedback = last.supervisor.feedback
+        pending_feedback: str | None = (last_feedback.text if last_feedback else None) or NO_FEEDBACK
+        global_round = last.global_round
     else:
         next_task, next_round, pending_feedback, global_round = tasks[0].index, 1, None, 0
 
@@ -169,13 +216,14 @@ async def run_trial(ctx: RunContext, trial_id: str, seed: int, schedule: Schedul
                 performer.add_user(content, starts_task=round_no == 1)
                 new_ids = store.put([{"role": "user", "content": content}])
 
-                ans = None
-                for attempt in range(1, perf_cfg.max_attempts + 1):
+                attempt = 0
+                while True:  # up to max_attempts (at least one) answers; the first without an error is used
+                    attempt += 1
                     segment_sampling = performer_sampling(global_round, attempt)
                     sp = segment_sampling(1)
                     ans = await performer.answer(segment_sampling, perf_cfg.adapter, perf_cfg.max_segments,
                                                  continue_prompt)
-                    if ans.result.error is None:
+                    if ans.result.error is None or attempt >= perf_cfg.max_attempts:
                         break
                 res, msgs, info = ans.result, ans.messages, ans.context
                 if res.error is not None:
@@ -184,36 +232,27 @@ async def run_trial(ctx: RunContext, trial_id: str, seed: int, schedule: Schedul
                 performer.add_answer(answer)
 
                 review = await supervisor.review(task, event, round_no, global_round, answer)
-                row = {
-                    "schema": ROW_SCHEMA, "run_id": ctx.run_id, "trial_id": trial_id, "seed": seed,
-                    "pack": pack.name, "task_index": task.index, "task_title": task.title,
-                    "round": round_no, "global_round": global_round,
-                    "event": ({"name": event.name, "category": event.category, "pressure": event.level,
-                               "content": event.content} if event else None),
-                    "performer": {
-                        "text": answer, "think": think, "raw": res.text if think else None,
-                        "finish_reason": res.completions[0].finish_reason,
-                        "segments": ans.segments, "truncated": ans.truncated,
-                        "token_ids": res.completions[0].token_ids,
-                        "message_ids": store.put(res.sent_messages or msgs), "new_message_ids": new_ids,
-                        "prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens,
-                        "cached_tokens": res.cached_tokens, "latency_s": round(res.latency_s, 4),
-                        "sampling": res.sampling or sp.to_dict(), "attempts": attempt,
-                        "context": {"policy": info.policy, "budget_tokens": info.budget_tokens,
-                                    "prompt_tokens": info.prompt_tokens, "dropped_messages": info.dropped_messages},
-                    },
-                    "supervisor": {
-                        "evaluation": review.evaluation, "feedback": review.feedback,
-                        "state_before": review.state_before, "state_after": review.state_after,
-                        "parse_status": review.parse_status, "attempts": review.attempts,
-                        "calls": review.calls, "summaries_added": review.summaries_added,
-                        "context": review.context,
-                    },
-                    "task_complete": review.task_complete,
-                    "models": ctx.models,
-                    "timestamp": utc_now(),
-                }
-                append_jsonl(rows_path, row)
+                completion = res.completions[0]
+                row = RoundRow(
+                    run_id=ctx.run_id, trial_id=trial_id, seed=seed, pack=pack.name, task_index=task.index,
+                    task_title=task.title, round=round_no, global_round=global_round,
+                    event=EventRecord(name=event.name, category=event.category, pressure=event.level,
+                                      content=event.content) if event else None,
+                    performer=PerformerRecord(
+                        text=answer, think=think, raw=res.text if think else None,
+                        finish_reason=completion.finish_reason, segments=ans.segments, truncated=ans.truncated,
+                        token_ids=completion.token_ids, message_ids=store.put(res.sent_messages or msgs),
+                        new_message_ids=new_ids, prompt_tokens=res.prompt_tokens,
+                        completion_tokens=res.completion_tokens, cached_tokens=res.cached_tokens,
+                        latency_s=round(res.latency_s, 4),
+                        sampling=SamplingRecord.model_validate(res.sampling or sp.to_dict()),
+                        attempts=attempt, context=info),
+                    supervisor=review.record,
+                    task_complete=review.task_complete,
+                    models=ctx.models,
+                    timestamp=utc_now(),
+                )
+                trial.append(row)
                 rows.append(row)
                 result.tokens += _tokens(row)
                 pending_feedback = review.feedback_text or NO_FEEDBACK
@@ -221,7 +260,7 @@ async def run_trial(ctx: RunContext, trial_id: str, seed: int, schedule: Schedul
                     on_round(trial_id, row)
                 if review.task_complete:
                     break
-        write_done_marker(done_path, rows)
+        trial.mark_done(rows)
     except (TrialFailed, BackendUnavailable) as e:
         result.status, result.error = "failed", str(e)
 
@@ -230,47 +269,47 @@ async def run_trial(ctx: RunContext, trial_id: str, seed: int, schedule: Schedul
     return result
 
 
-def tasks_done(rows: list[dict[str, Any]], max_rounds: int) -> int:
+def tasks_done(rows: Sequence[RoundRow], max_rounds: int) -> int:
     """Tasks whose last round on disk ended them (accepted, or the round limit reached)."""
-    by_task: dict[int, dict[str, Any]] = {}
-    for r in rows:
-        by_task[r["task_index"]] = r
-    return sum(1 for r in by_task.values() if r["task_complete"] or r["round"] >= max_rounds)
+    last = _last_round_of_each_task(rows)
+    return sum(1 for r in last if r.task_complete or r.round >= max_rounds)
 
 
-def open_message_store(rows_path: Path, msgs_path: Path, rows: list[dict[str, Any]]) -> MessageStore:
+def _last_round_of_each_task(rows: Sequence[RoundRow]) -> list[RoundRow]:
+    return list({r.task_index: r for r in rows}.values())
+
+
+def open_message_store(trial: TrialStore, rows: Sequence[RoundRow]) -> MessageStore:
     """The trial's message store, holding every message a resume replays (the user turns of each
     round); a missing store or message is a `DataFileError` naming it, never a bare KeyError."""
-    tid = TrialFiles.from_rows(rows_path).trial_id
-    if rows and not msgs_path.exists():
-        raise DataFileError(msgs_path, f"is missing, but {rows_path.name} has {len(rows)} rounds whose prompts it "
-                            "holds", repair=f"restore it from a copy, or delete trials/{tid}.* and the trial's "
-                            "audit rows to redo the trial")
-    store = MessageStore(msgs_path)
+    files = trial.files
+    if rows and not files.messages.exists():
+        raise DataFileError(files.messages, f"is missing, but {files.rows.name} has {len(rows)} rounds whose prompts "
+                            "it holds", repair=f"restore it from a copy, or delete trials/{trial.trial_id}.* and the "
+                            "trial's audit rows to redo the trial")
+    store = trial.messages()
     for row in rows:
-        store.get(row["performer"].get("new_message_ids") or [])  # raises naming the store and the message
+        store.get(row.performer.new_message_ids or [])  # raises naming the store and the message
     return store
 
 
-def check_finished(done_path: Path, rows_path: Path, rows: list[dict[str, Any]], n_tasks: int, max_rounds: int) -> bool:
-    """Whether a trial is finished: its `.done` marker agrees with its rows (`check_done_marker`)
-    and the rows end all `n_tasks` tasks, so a marker that outlived lost rounds is an error, not
-    a trial summarised from what is left."""
-    if not check_done_marker(done_path, rows_path, rows):
-        return False
-    if tasks_done(rows, max_rounds) < n_tasks:
-        raise DataFileError(done_path, f"marks the trial finished, but {rows_path} ends all tasks in only "
-                            f"{tasks_done(rows, max_rounds)} of {n_tasks} (rows lost or cut?)",
-                            repair=f"restore {rows_path.name} from a copy, or delete {done_path.name} so that "
+def check_finished(trial: TrialStore, rows: Sequence[RoundRow], n_tasks: int, max_rounds: int) -> bool:
+    """For a trial whose `.done` marker agrees with its rows (`TrialStore.read`): True when the rows
+    end all `n_tasks` tasks, so a marker that outlived lost rounds is an error, not a trial
+    summarised from what is left."""
+    done = tasks_done(rows, max_rounds)
+    if done < n_tasks:
+        files = trial.files
+        raise DataFileError(files.done, f"marks the trial finished, but {files.rows} ends all tasks in only "
+                            f"{done} of {n_tasks} (rows lost or cut?)",
+                            repair=f"restore {files.rows.name} from a copy, or delete {files.done.name} so that "
                                    "`lhd run` continues the trial from the rows there are")
     return True
 
 
-def _fill_summary(result: TrialResult, rows: list[dict[str, Any]], cfg: RunConfig) -> None:
+def _fill_summary(result: TrialResult, rows: Sequence[RoundRow], cfg: RunConfig) -> None:
     result.rounds = len(rows)
-    by_task: dict[int, dict[str, Any]] = {}
-    for r in rows:
-        by_task[r["task_index"]] = r
     result.tasks_done = tasks_done(rows, cfg.max_rounds_per_task)
-    result.tasks_completed = sum(1 for r in by_task.values() if r["task_complete"])
-    result.final_state = dict(rows[-1]["supervisor"]["state_after"]) if rows else {k: 0.0 for k in STATES}
+    result.tasks_completed = sum(1 for r in _last_round_of_each_task(rows) if r.task_complete)
+    last = rows[-1].supervisor if rows else None
+    result.final_state = _state(last.state_after) if last is not None else {k: 0.0 for k in STATES}

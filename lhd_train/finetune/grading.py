@@ -14,7 +14,7 @@ from typing import Any
 from lhd_train.audit.labels import CheckedAuditAnswer, make_consistent
 from lhd_train.audit.trajectory import AuditorPrompts, Trial, build_messages, load_task_texts, load_trial
 from lhd_train.bench.structured_calls import ask_structured, call_seed
-from lhd_train.bench.supervisor import Evaluation
+from lhd_train.bench.supervisor import EvaluationAnswer
 from lhd_train.config.auditor import AuditorConfig, RenderOptions
 from lhd_train.config.run import RoleConfig
 from lhd_train.finetune.contexts import Context
@@ -159,6 +159,6 @@ class Grader:
             return None, "too_long"
         out = await ask_structured(
             self.supervisor, lambda note: msgs[:-1] + [{"role": "user", "content": msgs[-1]["content"] + note}],
-            Evaluation, "grade-quality", lambda a: rc.sampling.params(call_seed(key, "quality", a)),
+            EvaluationAnswer, "grade-quality", lambda a: rc.sampling.params(call_seed(key, "quality", a)),
             rc.max_attempts, lambda m: [], rc.adapter)
         return (out.value.satisfaction, out.status) if out.value is not None else (None, "failed")
