@@ -73,8 +73,8 @@ def role_usage(run: RunData) -> dict[str, dict[str, float]]:
     from lhd_train.rundir.rows import RoundRow
 
     store = run.store
-    trial_rows = [row.to_json() for trial in store.trials() for row in trial.rows(RoundRow)]
-    audit_rows = [row.to_json() for aid in store.auditor_ids() for tid in store.auditor(aid).trial_ids()
+    trial_rows = [row for trial in store.trials() for row in trial.rows(RoundRow)]
+    audit_rows = [row for aid in store.auditor_ids() for tid in store.auditor(aid).trial_ids()
                   for row in store.auditor(aid).rows(tid)]
     usage = usage_by_role(trial_rows, audit_rows)
     return {role: usage[role] for role in sorted(usage, key=_role_rank)}
