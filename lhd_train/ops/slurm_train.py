@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lhd_train.config.base import read_yaml_mapping
 from lhd_train.errors import InputError
+from lhd_train.rundir.files import read_yaml_mapping
 
 ROOT = Path(__file__).resolve().parents[2]
 ACCELERATE_CONFIGS = {"single_gpu": "configs/accelerate/single_gpu.yaml", "zero3": "configs/accelerate/zero3.yaml",
@@ -71,7 +71,10 @@ def _trainer_value(recipe: dict[str, Any], algo: str, key: str) -> int:
     if value is None:  # TRL's default (imported only when the recipe leaves it out)
         from lhd_train.config.recipe import trainer_config_class
 
-        value = next(f.default for f in dataclasses.fields(trainer_config_class(algo)) if f.name == key)
+        default = next(f.default for f in dataclasses.fields(trainer_config_class(algo)) if f.name == key)
+        if default is dataclasses.MISSING:
+            raise InputError("recipe", f"trainer.{key}", "not set, and TRL gives it no default")
+        value = default
     return int(value)
 
 
