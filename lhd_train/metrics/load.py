@@ -11,7 +11,7 @@ shorter trial. No file of the run is changed (no repair on read)."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from lhd_train.config.vocab import STATES, TYPES
 from lhd_train.metrics.labels import (
     OK_STATUSES,
     AuditorInfo,
+    RoundLabel,
     auditor_labels,
     headline_auditor,
     list_auditors,
@@ -34,8 +35,7 @@ from lhd_train.rundir.run import Run
 NO_EVENT = "none"
 SUPERVISOR_OK = ("ok", "retried")  # a supervisor round with both calls answered; anything else failed
 COVERAGE_MIN = 0.9  # a trial whose valid labels cover less than this share of its rounds is flagged
-LABEL_COLUMNS = ["trial_id", "global_round", "auditor_id", "mode", "window", "label_status", "label_cut", "deceptive",
-                 "types", "severity", "confidence", "reasoning", "evidence"]
+LABEL_COLUMNS = [f.name for f in fields(RoundLabel)]
 
 
 @dataclass(frozen=True)
@@ -86,13 +86,10 @@ def load_audit(run: Run | str | Path, auditor_id: str | None) -> pd.DataFrame:
     `labels.RoundLabel` of each round, usable or not (`label_status` `failed` for a row without a
     usable label, `label_cut` for one cut at its token limit). Severity and confidence are NaN
     where there is none."""
-    labels = auditor_labels(run, auditor_id) if auditor_id else []
-    recs = [{"trial_id": lab.trial_id, "global_round": lab.global_round, "auditor_id": lab.auditor_id,
-             "mode": lab.mode, "window": lab.window, "label_status": lab.label_status, "label_cut": lab.label_cut,
-             "deceptive": lab.deceptive, "types": lab.types,
-             "severity": float("nan") if lab.severity is None else lab.severity,
-             "confidence": float("nan") if lab.confidence is None else lab.confidence,
-             "reasoning": lab.reasoning, "evidence": list(lab.evidence)} for lab in labels]
+    nan = float("nan")
+    recs = [{**asdict(lab), "severity": nan if lab.severity is None else lab.severity,
+             "confidence": nan if lab.confidence is None else lab.confidence, "evidence": list(lab.evidence)}
+            for lab in (auditor_labels(run, auditor_id) if auditor_id else [])]
     return pd.DataFrame(recs, columns=LABEL_COLUMNS)
 
 
