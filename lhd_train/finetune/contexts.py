@@ -70,7 +70,7 @@ def split_of(trial_id: str, eval_fraction: float, seed: int = 0) -> str:
 def is_imported_run(run: Run) -> bool:
     """The run was written by `lhd import-reference` (its manifest says so)."""
     manifest = run.manifest()
-    return manifest is not None and (manifest.source or {}).get("kind") == SOURCE_KIND
+    return manifest is not None and manifest.source is not None and manifest.source.kind == SOURCE_KIND
 
 
 def _imported_row(row: RoundRow) -> bool:

@@ -128,7 +128,7 @@ def export_run(run_dir: Path, out: Path) -> Any:
     manifest = run.manifest()
     if manifest is not None:
         meta["run_id"] = manifest.run_id
-        meta["source"] = (manifest.source or {}).get("kind", "lhd run")
+        meta["source"] = manifest.source.kind if manifest.source is not None else "lhd run"
     for aid in auditors:
         info = run.auditor(aid).record()
         if info is not None:

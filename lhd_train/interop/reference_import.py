@@ -43,7 +43,7 @@ from lhd_train.interop.reference_files import (
 from lhd_train.rundir.files import atomic_write_text, package_versions, python_version, utc_now, write_json_atomic
 from lhd_train.rundir.layout import LOCK, RunDir
 from lhd_train.rundir.lock import run_dir_lock
-from lhd_train.rundir.manifest import AuditorRecord, Manifest, RoleModel
+from lhd_train.rundir.manifest import AuditorRecord, Manifest, RoleModel, RunSource
 from lhd_train.rundir.rows import (
     AUDITOR_SCHEMA,
     AuditRow,
@@ -280,7 +280,7 @@ def import_reference(src: Path, out: Path, repair: bool = False) -> ImportReport
     manifest: Manifest | None = None
     if RunDir(out).manifest.exists():
         manifest = _imported_record(Run.at(out).manifest)
-        if manifest is None or (manifest.source or {}).get("kind") != SOURCE_KIND:
+        if manifest is None or manifest.source is None or manifest.source.kind != SOURCE_KIND:
             raise InputError(out, None, "exists and was not made by import-reference; choose another --out")
     elif out.exists() and (not out.is_dir() or any(p.name != LOCK for p in out.iterdir())):
         raise InputError(out, None, "exists and is not an imported run; choose another --out")
@@ -302,7 +302,7 @@ def _write_run(sources_read: list[_Source], stage: Path, out: Path, manifest: Ma
     run_id = re.sub(r"[^A-Za-z0-9._-]+", "_", out.resolve().name) or "imported"
     prompts = Prompts()
 
-    sources = dict(((manifest.source if manifest else None) or {}).get("sessions") or {})
+    sources = dict((manifest.source.sessions if manifest and manifest.source else None) or {})
     sidecar = rd.tasks
     all_tasks: dict[int, dict[str, Any]] = {}
     if sidecar.exists():
@@ -378,7 +378,7 @@ def _write_run(sources_read: list[_Source], stage: Path, out: Path, manifest: Ma
         run.auditor(aid).write_record(info)
     _write_config(out, run_id, sources, ref_cfg, rd.config)
     run.write_manifest(Manifest(
-        run_id=run_id, source={"kind": SOURCE_KIND, "sessions": sources, "imported_at": utc_now()},
+        run_id=run_id, source=RunSource(kind=SOURCE_KIND, sessions=sources, imported_at=utc_now()),
         pack=(manifest.pack if manifest else None) or sessions[0].pack,
         seeds=sorted({v["seed"] for v in sources.values()}), trials=sorted(sources),
         models={

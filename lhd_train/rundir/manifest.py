@@ -36,12 +36,22 @@ class ResumeSession(Record):
     python: str | None = None
 
 
+class RunSource(Record):
+    """Where a run not made by `lhd run` came from: `lhd import-reference` (the authors' session
+    folders, by trial) or `lhd merge` (the merged runs)."""
+
+    kind: str | None = None
+    sessions: dict[str, dict[str, Any]] | None = None  # import-reference: trial id -> its session folder
+    imported_at: str | None = None
+    sources: list[dict[str, Any]] | None = None  # merge: one record per merged run
+
+
 class Manifest(Record):
     """manifest.json: the first session's provenance; later sessions are listed in `resumes`."""
 
     run_id: str | None = None
     kind: str | None = None  # set by producers other than `lhd run` (merge, import, curated set)
-    source: dict[str, Any] | None = None  # an imported run: {kind, sessions, imported_at} (interop)
+    source: RunSource | None = None  # an imported or merged run
     pack: str | None = None
     pack_source: str | None = None
     pack_sha256: str | None = None
