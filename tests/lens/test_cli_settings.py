@@ -1,0 +1,82 @@
+"""The lens commands' settings models (lens/settings.py): they fill the library's dataclasses by
+field name, so a field renamed on one side must fail here rather than silently fall back to a
+library default; and the lens commands log through the one boundary's handler, one logger per
+module."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from lens.corpus import CorpusSpec
+from lens.fidelity import EvalConfig
+from lens.fit import FitOptions, FitSettings
+from lens.read import ReadConfig
+from lens.settings import EvalCommand, FitCommand, ReadCommand, parse_layers
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Library fields no command sets (kept at the library's default), and those the command fills itself.
+LIBRARY_ONLY = {
+    CorpusSpec: {"skip_headers"},  # path: from --corpus
+    FitSettings: {"force_bos"},
+    FitOptions: {"stop_after"},  # a test's stop switch
+    ReadConfig: {"max_claims", "probe_C", "emergence_threshold", "band", "n_boot"},  # n_boot: from --bootstrap
+}
+FILLED_BY_COMMAND = {CorpusSpec: {"path"}, FitSettings: set(), FitOptions: set(), ReadConfig: set()}
+COMMAND = {CorpusSpec: FitCommand, FitSettings: FitCommand, FitOptions: FitCommand, ReadConfig: ReadCommand}
+
+
+@pytest.mark.parametrize("library", [CorpusSpec, FitSettings, FitOptions, ReadConfig])
+def test_every_library_setting_is_a_command_option(library):
+    names = {f.name for f in fields(library)}
+    missing = names - set(COMMAND[library].model_fields) - LIBRARY_ONLY[library] - FILLED_BY_COMMAND[library]
+    assert not missing, f"{library.__name__} fields no option fills: {sorted(missing)}"
+
+
+def test_eval_options_cover_the_corpus_and_the_eval():
+    corpus = {f.name for f in fields(CorpusSpec)} - {"path", "skip_headers", "n_prompts", "chat"}
+    assert corpus <= set(EvalCommand.model_fields)
+    # chat and force_bos come from the lens's sidecar, n_boot from --bootstrap
+    assert {f.name for f in fields(EvalConfig)} - set(EvalCommand.model_fields) == {"chat", "force_bos", "n_boot"}
+
+
+def test_defaults_match_the_library_where_both_have_one():
+    """The command's default is the library's, except where the command decides (dim_batch: the
+    plan picks it; n_prompts: the command reads the first 100, the library every text)."""
+    cmd = FitCommand(model="m")
+    lib = {**vars(FitSettings()), **vars(FitOptions()), **vars(CorpusSpec(path="x"))}
+    differ = {k for k, v in lib.items() if k in FitCommand.model_fields and getattr(cmd, k) != v}
+    assert differ == {"dim_batch", "n_prompts", "source_layers"}  # source_layers: "all" is None
+    assert parse_layers(cmd.source_layers) is None
+    read = ReadCommand(model="m", out=Path("o"), run=Path("r"))
+    assert {k for k, v in vars(ReadConfig()).items() if k in ReadCommand.model_fields and getattr(read, k) != v} \
+        == set()
+
+
+@pytest.mark.parametrize(("given", "field"), [
+    ({"method": "batched"}, "method"), ({"dtype": "fp64"}, "dtype"), ({"format": "csv"}, "format"),
+    ({"source_layers": "1-x"}, "source_layers"), ({"skip_first": 128}, "skip_first"), ({"n_prompts": 0}, "n_prompts"),
+])
+def test_fit_settings_refuse_what_the_fit_cannot_use(given, field):
+    with pytest.raises(ValidationError) as e:
+        FitCommand(model="m", **given)
+    assert field in str(e.value)
+
+
+def test_lens_logs_through_the_boundary_one_logger_per_module(tmp_path):
+    """`python -m lens.cli`: the warning comes from the `lens.cli` logger, formatted by the handler
+    the boundary configures (the module used to set up its own, on the logger `lens`)."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("a paragraph of text\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    res = subprocess.run([sys.executable, "-m", "lens.cli", "fit", str(tmp_path / "no-model"), "--corpus",
+                          str(corpus), "--out", str(tmp_path / "o")], capture_output=True, text=True, env=env,
+                         cwd=ROOT, timeout=300)
+    assert res.returncode == 2, res.stderr
+    assert "WARNING lens.cli: no memory plan" in res.stderr and "Traceback" not in res.stderr, res.stderr
