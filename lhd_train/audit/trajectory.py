@@ -15,17 +15,17 @@ from typing import Any
 from lhd_train.bench.prompts import BUILTIN_DIR as PROMPTS_DIR
 from lhd_train.config.auditor import DEFAULT_OPTIONS, RenderOptions
 from lhd_train.config.vocab import MODES
-from lhd_train.errors import InputError
+from lhd_train.errors import DataFileError, InputError
 from lhd_train.rundir.files import read_yaml_mapping, sha256_text
-from lhd_train.rundir.manifest import Manifest
+from lhd_train.rundir.manifest import Manifest, RunTasks
 from lhd_train.rundir.rows import RoundRow, SupervisorState
-from lhd_train.rundir.run import Run
+from lhd_train.rundir.run import Run, read_record
 
 
 @dataclass(frozen=True)
 class TaskText:
-    """A task's texts as the auditor shows them. Not `bench.taskpack.Task`: an imported run's
-    `tasks.json` has no phases or file types, only what is rendered."""
+    """A task's texts as the auditor shows them, from a pack (`bench.taskpack.Task`) or from the
+    run's `tasks.json` (`rundir.manifest.RunTask`): only what is rendered, files as (name, content)."""
 
     index: int
     title: str
@@ -85,15 +85,13 @@ def load_task_texts(run_dir: str | Path | Run, task_pack: str | None) -> tuple[d
     else an empty map, and the performer's round-1 message is shown instead (see `round1_text`)."""
     run = _as_run(run_dir)
     sidecar = run.dir.tasks
-    if sidecar.is_file():
-        try:
-            data = json.loads(sidecar.read_text(encoding="utf-8"))
-            tasks = {int(t["index"]): TaskText(int(t["index"]), t["title"], t["prompt"],
-                                               tuple((f["name"], f["content"]) for f in t.get("files", [])))
-                     for t in data["tasks"]}
-        except (ValueError, KeyError, TypeError) as e:
-            raise InputError(sidecar, "tasks", f"cannot be read: {e}") from None
-        return tasks, str(sidecar)
+    try:
+        stored = read_record(sidecar, RunTasks)
+    except DataFileError as e:
+        raise InputError(sidecar, e.field, f"cannot be read: {e.problem}") from None
+    if stored is not None:
+        return ({t.index: TaskText(t.index, t.title, t.prompt, tuple((f.name, f.content) for f in t.files))
+                 for t in stored.tasks}, str(sidecar))
     if task_pack:
         from lhd_train.bench.taskpack import load_pack
 

@@ -11,12 +11,12 @@ labels are made consistent by our rules instead, originals kept in `reference_ra
 Mapping: docs/auditing.md; the authors' formats: docs/reference.md."""
 from __future__ import annotations
 
-import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -40,10 +40,10 @@ from lhd_train.interop.reference_files import (
     newest_detectors,
     session_config,
 )
-from lhd_train.rundir.files import atomic_write_text, package_versions, python_version, utc_now, write_json_atomic
+from lhd_train.rundir.files import atomic_write_text, package_versions, python_version, utc_now
 from lhd_train.rundir.layout import LOCK, RunDir
 from lhd_train.rundir.lock import run_dir_lock
-from lhd_train.rundir.manifest import AuditorRecord, Manifest, RoleModel, RunSource
+from lhd_train.rundir.manifest import AuditorRecord, Manifest, RoleModel, RunSource, RunTask, RunTaskFile, RunTasks
 from lhd_train.rundir.rows import (
     AUDITOR_SCHEMA,
     AuditRow,
@@ -57,9 +57,11 @@ from lhd_train.rundir.rows import (
     SupervisorRecord,
     SupervisorState,
 )
-from lhd_train.rundir.run import Run
+from lhd_train.rundir.run import Run, read_record, write_record
 from lhd_train.rundir.staging import staged_dir
 from lhd_train.rundir.store import MessageStore
+
+R = TypeVar("R")
 
 SOURCE_KIND = "reference-import"
 STATE_MAP = {"trust_level": "trust", "work_satisfaction": "satisfaction", "relational_comfort": "comfort"}
@@ -90,10 +92,10 @@ def _prompt_text(p: str | dict[str, str]) -> str:
 
 def convert_session(session: Session, result: RefResult, run_id: str, prompts: Prompts,
                     store: MessageStore, supervisor_model: str | None = None) -> tuple[list[RoundRow],
-                                                                                       dict[int, dict[str, Any]]]:
+                                                                                       dict[int, RunTask]]:
     """Trajectory rows (docs/formats.md) and the task texts of one session."""
     rows: list[RoundRow] = []
-    tasks: dict[int, dict[str, Any]] = {}
+    tasks: dict[int, RunTask] = {}
     convo: list[dict[str, str]] = []
     pending_feedback: str | None = None
     models = RunModels(performer=_reference_model("performer", session.model_tag),
@@ -101,8 +103,8 @@ def convert_session(session: Session, result: RefResult, run_id: str, prompts: P
     for block in sorted(result.experiment.tasks, key=lambda b: b.task.task_sequence_num):
         t = block.task
         prompt = _prompt_text(t.base_prompt)
-        tasks[t.task_sequence_num] = {"index": t.task_sequence_num, "title": t.title, "prompt": prompt,
-                                      "files": [{"name": f.filename, "content": f.content} for f in t.files]}
+        tasks[t.task_sequence_num] = RunTask(index=t.task_sequence_num, title=t.title, prompt=prompt,
+                                             files=[RunTaskFile(name=f.filename, content=f.content) for f in t.files])
         event = _event(block.event)
         task_ns = SimpleNamespace(index=t.task_sequence_num, title=t.title, prompt=prompt,
                                   files=[SimpleNamespace(name=f.filename, content=f.content) for f in t.files])
@@ -251,14 +253,7 @@ def _read_sources(sessions: list[Session]) -> list[_Source]:
     return out
 
 
-def _read_existing(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise InputError(path, None, f"not valid JSON ({e}); delete the imported run and import again") from None
-
-
-def _imported_record(read: Any) -> Any:
+def _imported_record(read: Callable[[], R]) -> R:
     """`read()` of a record of the imported run; a damaged one is refused in the import's words."""
     try:
         return read()
@@ -303,10 +298,8 @@ def _write_run(sources_read: list[_Source], stage: Path, out: Path, manifest: Ma
     prompts = Prompts()
 
     sources = dict((manifest.source.sessions if manifest and manifest.source else None) or {})
-    sidecar = rd.tasks
-    all_tasks: dict[int, dict[str, Any]] = {}
-    if sidecar.exists():
-        all_tasks = {int(t["index"]): t for t in _read_existing(sidecar)["tasks"]}
+    stored = _imported_record(lambda: read_record(rd.tasks, RunTasks))
+    all_tasks: dict[int, RunTask] = {t.index: t for t in stored.tasks} if stored is not None else {}
     auditors: dict[str, AuditorRecord] = {}
     for aid in rd.auditor_ids():
         record = _imported_record(run.auditor(aid).record) if aid.startswith("reference-") else None
@@ -373,7 +366,7 @@ def _write_run(sources_read: list[_Source], stage: Path, out: Path, manifest: Ma
         }
         report.append(imported)
 
-    write_json_atomic(sidecar, {"source": SOURCE_KIND, "tasks": [all_tasks[k] for k in sorted(all_tasks)]})
+    write_record(rd.tasks, RunTasks(source=SOURCE_KIND, tasks=[all_tasks[k] for k in sorted(all_tasks)]))
     for aid, info in auditors.items():
         run.auditor(aid).write_record(info)
     _write_config(out, run_id, sources, ref_cfg, rd.config)

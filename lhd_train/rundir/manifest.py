@@ -95,6 +95,28 @@ class Summary(Record):
     trials: list[TrialOutcome] | None = None
 
 
+class RunTaskFile(Record):
+    name: str
+    content: str
+
+
+class RunTask(Record):
+    """One task's texts as the performer read them."""
+
+    index: int
+    title: str
+    prompt: str
+    files: list[RunTaskFile] = []
+
+
+class RunTasks(Record):
+    """tasks.json (imported, curated and planted runs): the exact task texts, read before the
+    pack the config names (audit.trajectory.load_task_texts)."""
+
+    source: str | None = None
+    tasks: list[RunTask]
+
+
 class DoneMarker(Record):
     """trials/<trial>.done: the trial is finished, with the number of rounds it finished with (so a
     marker that outlives its rows is caught). The oldest markers hold only a timestamp: `rounds`
