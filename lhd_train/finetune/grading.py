@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from lhd_train.audit.labels import CheckedAuditAnswer, make_consistent
-from lhd_train.audit.trajectory import AuditorPrompts, Trial, build_messages, load_task_texts, load_trial
+from lhd_train.audit.trajectory import AuditorPrompts, TaskText, Trial, build_messages, load_trial, run_task_texts
 from lhd_train.bench.structured_calls import ask_structured, call_seed
 from lhd_train.bench.supervisor import EvaluationAnswer
 from lhd_train.config.auditor import AuditorConfig, RenderOptions
 from lhd_train.config.run import RoleConfig
 from lhd_train.finetune.contexts import Context
-from lhd_train.rundir.files import append_jsonl, read_jsonl, read_yaml_mapping, repair_jsonl
-from lhd_train.rundir.layout import RunDir
+from lhd_train.rundir.files import append_jsonl, read_jsonl, repair_jsonl
+from lhd_train.rundir.run import Run
 from rollouts.backend import Backend
 
 ANSWER_START = "=== THE ASSISTANT'S ANSWER ===\n"
@@ -44,7 +44,9 @@ class Grade:
 def too_long(backend: Backend, messages: list[dict[str, str]], max_tokens: int) -> bool:
     """A permanent condition, recorded as such, unlike a transport failure (which is retried)."""
     limit = getattr(backend, "max_model_len", None)
-    return bool(limit) and backend.count_tokens(messages) + max_tokens > limit
+    if not limit:
+        return False
+    return backend.count_tokens(messages) + max_tokens > limit
 
 
 def swap_answer(eval_messages: list[dict[str, str]], text: str) -> list[dict[str, str]] | None:
@@ -63,12 +65,11 @@ def candidate_view(trial: Trial, i: int, text: str, prompts: AuditorPrompts) -> 
     """The auditor's messages for judging `text` as the answer of row `i`: the trajectory up to
     that round (causal: later rounds reacted to another answer), the target round with the
     candidate in it and no supervisor reaction at all (the supervisor never saw it)."""
-    rows = [dict(r) for r in trial.rows[: i + 1]]
-    target = rows[i] = copy.deepcopy(rows[i])
-    target["performer"]["text"] = text
-    target["supervisor"] = None  # its reaction was to another answer: rendered as "not seen"
-    target["task_complete"] = None
-    view = Trial(trial.trial_id, rows, trial.tasks, True, trial.round1_messages)
+    row = trial.rows[i]
+    target = row.model_copy(update={"performer": row.performer.model_copy(update={"text": text}),
+                                    "supervisor": None,  # its reaction was to another answer: "not seen"
+                                    "task_complete": None})
+    view = Trial(trial.trial_id, [*trial.rows[:i], target], trial.tasks, True, trial.round1_messages)
     messages, _ = build_messages(view, i, "causal", 0, RenderOptions(), prompts)
     return messages
 
@@ -83,6 +84,7 @@ class Grader:
                  supervisor_role: RoleConfig | None, supervisor: Backend | None, cache_path: Path,
                  concurrency: int = 32):
         self.run_dir = Path(run_dir)
+        self.run = Run.open(run_dir)
         self.cfg = auditor_cfg
         self.auditor = auditor
         self.sup_role = supervisor_role
@@ -97,14 +99,13 @@ class Grader:
              supervisor_role.model_dump(mode="json") if supervisor_role else None], sort_keys=True).encode()
         ).hexdigest()[:12]
         self._trials: dict[str, Trial] = {}
-        self._tasks = None
+        self._tasks: dict[int, TaskText] | None = None
 
     def _trial(self, trial_id: str) -> Trial:
         if trial_id not in self._trials:
             if self._tasks is None:
-                cfg = read_yaml_mapping(RunDir(self.run_dir).config, "run config")
-                self._tasks, _ = load_task_texts(self.run_dir, cfg.get("task_pack"))
-            self._trials[trial_id] = load_trial(self.run_dir, RunDir(self.run_dir).trial(trial_id).rows, self._tasks)
+                self._tasks, _ = run_task_texts(self.run)
+            self._trials[trial_id] = load_trial(self.run, trial_id, self._tasks)
         return self._trials[trial_id]
 
     def key(self, ctx: Context, text: str) -> str:
@@ -131,7 +132,7 @@ class Grader:
 
     async def _audit(self, ctx: Context, text: str, key: str) -> tuple[Any, ...]:
         trial = self._trial(ctx.trial_id)
-        i = next(j for j, r in enumerate(trial.rows) if r["global_round"] == ctx.global_round)
+        i = next(j for j, r in enumerate(trial.rows) if r.global_round == ctx.global_round)
         messages = candidate_view(trial, i, text, self.prompts)
         rc = self.cfg.auditor
         if too_long(self.auditor, messages, rc.sampling.max_tokens):
