@@ -14,7 +14,6 @@ from pathlib import Path
 
 from lhd_train.config.vocab import TYPES
 from lhd_train.errors import InputError
-from lhd_train.rundir.files import read_yaml_mapping
 from lhd_train.rundir.rows import AuditRow
 from lhd_train.rundir.run import Run
 from lhd_train.rundir.store import NO_LABEL_STATUSES
@@ -85,7 +84,7 @@ def run_config_auditor(run: Run) -> str | None:
     the config's auditor model in full mode), or None when the config names no auditor."""
     from lhd_train.config.auditor import DEFAULT_OPTIONS
 
-    role = read_yaml_mapping(run.dir.config, missing_ok=True).get("auditor")
+    role = run.config().get("auditor")
     key = role.get("model") if isinstance(role, dict) else None
     return DEFAULT_OPTIONS.resolved_id(str(key)) if key else None
 

@@ -10,7 +10,6 @@ cut after it was written) is a `DataFileError` naming the file, as `lhd run` tre
 shorter trial. No file of the run is changed (no repair on read)."""
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -27,8 +26,8 @@ from lhd_train.metrics.labels import (
     list_auditors,
     pick_auditor,
 )
-from lhd_train.rundir.files import read_json_mapping, read_yaml_mapping
 from lhd_train.rundir.manifest import Manifest, Summary
+from lhd_train.rundir.names import parse_trial_id
 from lhd_train.rundir.rows import RoundRow, SupervisorRecord
 from lhd_train.rundir.run import Run
 
@@ -93,30 +92,20 @@ def load_audit(run: Run | str | Path, auditor_id: str | None) -> pd.DataFrame:
     return pd.DataFrame(recs, columns=LABEL_COLUMNS)
 
 
-_CONTROL_RE = re.compile(r"^s(?P<seed>\d+)"
-                         r"(?:-(?P<kind>cat|lvl)-(?P<value>[A-Z_]+)(?:-lvl-(?P<lvl2>[A-Z_]+))?|-(?P<none>none))?$")
-
-
 def trial_condition(trial_id: str, schedule: dict[str, Any] | None = None,
                     config: dict[str, Any] | None = None) -> str:
     """The control condition of a trial: `uncontrolled`, `category=<CAT>`, `pressure=<LVL>`,
     `category=<CAT>,pressure=<LVL>` or `none` (no events at all). Read from the saved schedule,
-    else from the trial id's suffix, else from the run's config."""
+    else from the trial id (`names.parse_trial_id`), else from the run's config."""
     cat = lvl = None
+    parsed = parse_trial_id(trial_id)
     if schedule and ("control_category" in schedule or "control_pressure" in schedule):
         cat, lvl = schedule.get("control_category"), schedule.get("control_pressure")
-    else:
-        m = _CONTROL_RE.match(trial_id)
-        if m and m.group("none"):
-            return "none"
-        if m and m.group("kind"):
-            if m.group("kind") == "cat":
-                cat, lvl = m.group("value"), m.group("lvl2")
-            else:
-                lvl = m.group("value")
-        elif config:
-            ctl = config.get("control") or {}
-            cat, lvl = ctl.get("category"), ctl.get("pressure")
+    elif parsed is not None and (parsed[1] or parsed[2]):
+        cat, lvl = parsed[1], parsed[2]
+    elif config:
+        ctl = config.get("control") or {}
+        cat, lvl = ctl.get("category"), ctl.get("pressure")
     if "NONE" in (cat, lvl):
         return "none"
     parts = ([f"category={cat}"] if cat else []) + ([f"pressure={lvl}"] if lvl else [])
@@ -128,8 +117,8 @@ def _seed_of(trial_id: str, rows: list[RoundRow], schedule: dict[str, Any]) -> i
         return rows[0].seed
     if schedule.get("seed") is not None:
         return int(schedule["seed"])
-    m = re.match(r"^s(\d+)", trial_id)
-    return int(m.group(1)) if m else None
+    parsed = parse_trial_id(trial_id)
+    return parsed[0] if parsed else None
 
 
 def performer_info(manifest: Manifest, config: dict[str, Any], first_row: RoundRow | None) -> Performer:
@@ -242,7 +231,7 @@ def read_schedules(run: Run, trial_ids: list[str]) -> dict[str, dict[str, Any]]:
     trials that have one."""
     out = {}
     for tid in trial_ids:
-        sched = read_json_mapping(run.dir.schedule(tid))
+        sched = run.schedule(tid)
         if sched:
             out[tid] = sched
     return out
@@ -296,7 +285,7 @@ def load_run(run_dir: str | Path | Run, auditor: str | None = None, min_coverage
     `min_coverage` only words the note about trials with many failed or missing labels."""
     run = run_dir if isinstance(run_dir, Run) else Run.open(run_dir)
     manifest = run.manifest() or Manifest()
-    config = read_yaml_mapping(run.dir.config, missing_ok=True)
+    config = run.config()
     auditors = list_auditors(run)
     auditor_id = pick_auditor(run, auditor, auditors)
     reason = "chosen by name (--auditor)" if auditor is not None else headline_auditor(run, auditors)[1]

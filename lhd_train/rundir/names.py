@@ -29,3 +29,18 @@ def trial_id(seed: int, category: str | None = None, pressure: str | None = None
     if pressure:
         tid += f"-lvl-{pressure}"
     return tid
+
+
+TRIAL_ID = re.compile(r"^s(?P<seed>\d+)"
+                      r"(?:(?P<none>-none)|(?:-cat-(?P<category>[A-Z_]+))?(?:-lvl-(?P<pressure>[A-Z_]+))?)$")
+
+
+def parse_trial_id(tid: str) -> tuple[int, str | None, str | None] | None:
+    """The inverse of `trial_id`: (seed, category, pressure), with "NONE" for the no-event
+    control; None for an id this rule did not make (an imported or hand-named trial)."""
+    m = TRIAL_ID.match(tid)
+    if m is None:
+        return None
+    if m.group("none"):
+        return int(m.group("seed")), "NONE", None
+    return int(m.group("seed")), m.group("category"), m.group("pressure")

@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from lhd_train.errors import DataFileError, InputError
-from lhd_train.rundir.files import append_jsonl, utc_now, write_json_atomic
+from lhd_train.rundir.files import append_jsonl, read_json_mapping, read_yaml_mapping, utc_now, write_json_atomic
 from lhd_train.rundir.layout import RunDir, TrialFiles
 from lhd_train.rundir.manifest import AuditorRecord, DoneMarker, Manifest, Summary
 from lhd_train.rundir.rows import AuditRow, Record, RoundRow
@@ -192,6 +192,16 @@ class Run:
 
     def write_summary(self, summary: Summary) -> None:
         write_record(self.dir.summary, summary)
+
+    def config(self) -> dict[str, Any]:
+        """The run's resolved config as written (`config.resolved.yaml`; {} when absent). A mapping:
+        the typed `RunConfig` lives in `lhd_train.config`, above this layer."""
+        return read_yaml_mapping(self.dir.config, "run config", missing_ok=True)
+
+    def schedule(self, trial_id: str) -> dict[str, Any] | None:
+        """A trial's saved event schedule (`schedules/<trial>.json`), None when it has none."""
+        path = self.dir.schedule(trial_id)
+        return read_json_mapping(path) if path.is_file() else None
 
     # trials
     def trial_ids(self) -> list[str]:

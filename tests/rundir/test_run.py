@@ -119,3 +119,20 @@ def test_damaged_record_names_file_and_field(tmp_path: Path) -> None:
     with pytest.raises(DataFileError) as e:
         Run.open(run_dir).manifest()
     assert e.value.field == "seeds.0" and "manifest.json" in str(e.value)
+
+
+@pytest.mark.parametrize("args", [(7, None, None), (7, "MORAL_DILEMMA", None), (7, None, "HIGH"),
+                                  (7, "A_B", "LOW"), (7, "NONE", None)])
+def test_trial_id_parses_back(args) -> None:
+    from lhd_train.rundir.names import parse_trial_id
+
+    assert parse_trial_id(trial_id(*args)) == args
+    assert parse_trial_id("imported-session-3") is None
+
+
+def test_config_and_schedule_of_a_run() -> None:
+    run = Run.open(_fixture_runs()[0])
+    assert run.config()["run_name"] == run.manifest().run_id
+    tid = run.trial_ids()[0]
+    assert run.schedule(tid)["control_category"] == "MORAL_DILEMMA"
+    assert run.schedule("s1") is None
