@@ -20,15 +20,16 @@ from typer.core import TyperGroup
 
 
 def configure_logging() -> None:
-    """INFO and above of the `lens` loggers (one per module) on stderr, once, unless the host
-    program configured logging itself."""
-    lens_log = logging.getLogger("lens")
-    if not logging.getLogger().handlers and not lens_log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-        lens_log.addHandler(handler)
-        lens_log.setLevel(logging.INFO)
-        lens_log.propagate = False
+    """INFO and above of the `lens` and `lhd_train.finetune` loggers (one per module; `lhd train`
+    reports its progress there) on stderr, once, unless the host program configured logging itself."""
+    for name in ("lens", "lhd_train.finetune"):
+        package_log = logging.getLogger(name)
+        if not logging.getLogger().handlers and not package_log.handlers:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+            package_log.addHandler(handler)
+            package_log.setLevel(logging.INFO)
+            package_log.propagate = False
 
 
 def guarded(call: Callable[[], int | None]) -> int:

@@ -8,6 +8,7 @@ truncation, filtering and collators decide what is trained."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -62,9 +63,11 @@ def tok(tiny_llama_dir):
     return load_tokenizer(str(tiny_llama_dir))
 
 
-def test_sft_keeps_every_long_row_with_the_whole_answer(tiny_llama_dir, tok, tmp_path, capsys):
+def test_sft_keeps_every_long_row_with_the_whole_answer(tiny_llama_dir, tok, tmp_path, caplog):
     """Before: TRL's keep_start cut the long rows' answers away and dropped them (8 rows → 4)."""
     from lhd_train.finetune.trainer import build_trainer
+
+    caplog.set_level(logging.INFO, logger="lhd_train.finetune")  # the length distribution is logged
 
     contexts = rows()
     assert sum(n_tokens(tok, c) > MAX_LEN for c in contexts) == 4
@@ -79,12 +82,14 @@ def test_sft_keeps_every_long_row_with_the_whole_answer(tiny_llama_dir, tok, tmp
         assert labels[:len(answer_ids)] == answer_ids, f"row {i}: the loss does not cover the whole answer"
     info = ctx["data"]["train"]
     assert info["rows"] == 8 and info["length_fit"]["truncated"] == 4 and info["length_fit"]["dropped"] == 0
-    err = capsys.readouterr().err
+    err = caplog.text
     assert "p50" in err and "p99" in err and f"max_length {MAX_LEN}" in err
 
 
-def test_sft_row_whose_answer_cannot_fit_is_counted_in_the_adapter_metadata(tiny_llama_dir, tmp_path, capsys):
+def test_sft_row_whose_answer_cannot_fit_is_counted_in_the_adapter_metadata(tiny_llama_dir, tmp_path, caplog):
     from lhd_train.finetune.trainer import train
+
+    caplog.set_level(logging.INFO, logger="lhd_train.finetune")
 
     items = [{"messages": c + [{"role": "assistant", "content": ANSWER}]} for c in rows()]
     items[3]["messages"][-1]["content"] = "An answer far longer than the window. " * 80
@@ -97,7 +102,7 @@ def test_sft_row_whose_answer_cannot_fit_is_counted_in_the_adapter_metadata(tiny
     assert meta["data"]["train"]["rows"] == 7 and meta["data"]["train"]["rows_read"] == 8
     assert fit["dropped"] == 1 and fit["dropped_rows"] == [3] and fit["kept"] == 7
     assert meta["data"]["train"]["rows_trained"] == 7
-    assert "1 dropped" in capsys.readouterr().err
+    assert "1 dropped" in caplog.text
 
 
 def test_dpo_keeps_long_rows_with_both_answers_whole(tiny_llama_dir, tok, tmp_path):

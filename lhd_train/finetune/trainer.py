@@ -11,12 +11,13 @@ sees them (`fit_rows`): nothing is dropped silently at long context."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
-import sys
 import time
+from collections.abc import Sized
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 from lhd_train.config.recipe import Recipe, dump_recipe, load_recipe
 from lhd_train.errors import InputError
@@ -39,10 +40,32 @@ ADAPTER_SUBDIR = "adapter"
 ADAPTER_META = "lhd_adapter.json"
 RUN_META = "lhd_run.json"
 SCHEMA = "lhd.adapter/1"
+log = logging.getLogger(__name__)
 
 
-def _say(msg: str) -> None:
-    print(f"lhd train: {msg}", file=sys.stderr, flush=True)
+class TrainingData(TypedDict):
+    """The recipe's datasets in the trainer's format (`load_data`), with their provenance."""
+
+    train: Any  # a datasets.Dataset
+    eval: Any  # a datasets.Dataset, or None
+    loss_on: str | None  # sft: assistant | last_turn (after the fallbacks); None for dpo/grpo
+    info: dict[str, dict[str, Any]]  # split -> path, rows, format, sha256, length_fit, ... (-> lhd_adapter.json)
+
+
+class TrainingContext(TypedDict):
+    """What `build_trainer` resolved, for the resume checks and the adapter's metadata."""
+
+    out: Path
+    cuda: bool
+    dtype: str
+    model: str  # an absolute folder or a hub id
+    tokenizer: str  # the same, or the recipe's own `tokenizer:`
+    data: dict[str, dict[str, Any]]  # TrainingData.info
+    args: dict[str, Any]  # the trainer config's arguments, as JSON
+    loss_on: str | None
+    notes: list[str]  # adjustments made to the recipe (no CUDA, no wandb, ...)
+    source: str
+    recipe_path: Path | None
 
 
 def _complete_checkpoint(d: Path) -> bool:
@@ -65,7 +88,7 @@ def last_checkpoint(output_dir: Path) -> Path | None:
     for n, d in reversed(found):
         if _complete_checkpoint(d):
             if n != found[-1][0]:
-                _say(f"{found[-1][1].name} is incomplete (torn trainer_state.json); resuming from {d.name}")
+                log.warning("%s is incomplete (torn trainer_state.json); resuming from %s", found[-1][1].name, d.name)
             return d
     return None
 
@@ -129,15 +152,15 @@ def template_supports_assistant_mask(tok) -> bool:
 # ----------------------------------------------------------------------------- data
 
 
-def load_data(recipe: Recipe, recipe_path: Path | None, source: str, tok) -> dict[str, Any]:
+def load_data(recipe: Recipe, recipe_path: Path | None, source: str, tok: Any) -> TrainingData:
     """Train/eval datasets in the trainer's format, with provenance (paths, row counts, sha256)."""
-    result: dict[str, Any] = {"info": {}}
     loss_on = recipe.sft.loss_on if recipe.sft else None
     if loss_on == "assistant" and not template_supports_assistant_mask(tok):
-        _say("the chat template has no {% generation %} markers and TRL cannot patch it: "
-             "sft.loss_on=assistant falls back to last_turn (loss on the final assistant message only)")
+        log.warning("the chat template has no {% generation %} markers and TRL cannot patch it: "
+                    "sft.loss_on=assistant falls back to last_turn (loss on the final assistant message only)")
         loss_on = "last_turn"
-    result["loss_on"] = loss_on
+    result = TrainingData(train=None, eval=None, loss_on=loss_on, info={})
+    which: Literal["train", "eval"]
     for which, raw, split, defaults in (
         ("train", recipe.data.train, recipe.data.train_split, ("train",)),
         ("eval", recipe.data.eval, recipe.data.eval_split, EVAL_DEFAULTS),
@@ -170,8 +193,9 @@ EVAL_DEFAULTS = data_mod.EVAL_SPLITS
 # ----------------------------------------------------------------------------- the run
 
 
-def build_trainer(recipe: Recipe, recipe_path: Path | None = None, source: str | None = None):
-    """Everything up to `trainer.train()`. Returns (trainer, context dict for the metadata)."""
+def build_trainer(recipe: Recipe, recipe_path: Path | None = None,
+                  source: str | None = None) -> tuple[Any, TrainingContext]:
+    """Everything up to `trainer.train()`. Returns (trainer, context for the metadata)."""
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     source = source or str(recipe_path or "recipe")
@@ -210,28 +234,30 @@ def build_trainer(recipe: Recipe, recipe_path: Path | None = None, source: str |
 
     common = dict(model=model, args=config, train_dataset=data["train"], eval_dataset=data["eval"],
                   processing_class=tok, peft_config=peft_config, quantization_config=qconf)
+    trainer: trl.SFTTrainer | trl.DPOTrainer | trl.GRPOTrainer
     try:
         if recipe.algo == "sft":
             trainer = trl.SFTTrainer(**common)
         elif recipe.algo == "dpo":
             trainer = trl.DPOTrainer(**common)
         else:
-            trainer = trl.GRPOTrainer(reward_funcs=reward_funcs, **common)
+            assert reward_funcs is not None  # built above for grpo
+            trainer = trl.GRPOTrainer(reward_funcs=list(reward_funcs), **common)
     except (OSError, SafetensorError) as e:  # SafetensorError: a corrupt file transformers does not wrap
         raise InputError(source, "model", f"cannot load '{model}': {type(e).__name__}: {e}") from None
     for which, ds in (("train", trainer.train_dataset), ("eval", trainer.eval_dataset)):
-        if ds is not None and which in data["info"]:
+        if isinstance(ds, Sized) and which in data["info"]:  # a map-style datasets.Dataset
             info = data["info"][which]
             info["rows_trained"] = len(ds)
             if len(ds) != info["rows"]:
-                _say(f"data.{which}: TRL kept {len(ds)} of the {info['rows']} fitted rows")
-    ctx = dict(out=out, cuda=cuda, dtype=dtype, model=model, tokenizer=tok_name, data=data["info"],
-               args=json.loads(json.dumps(args, default=str)),
-               loss_on=data["loss_on"], notes=notes, source=source, recipe_path=recipe_path)
+                log.info("data.%s: TRL kept %d of the %d fitted rows", which, len(ds), info["rows"])
+    ctx = TrainingContext(out=out, cuda=cuda, dtype=dtype, model=model, tokenizer=tok_name, data=data["info"],
+                          args=json.loads(json.dumps(args, default=str)),
+                          loss_on=data["loss_on"], notes=notes, source=source, recipe_path=recipe_path)
     return trainer, ctx
 
 
-def fit_lengths(recipe: Recipe, config: Any, data: dict[str, Any], tok, source: str) -> None:
+def fit_lengths(recipe: Recipe, config: Any, data: TrainingData, tok: Any, source: str) -> None:
     """Fit each split to the trainer's length (`fit_rows`), print the length distribution and what
     was cut or dropped, and record it in the data info (→ lhd_adapter.json)."""
     reserve = 0
@@ -243,7 +269,7 @@ def fit_lengths(recipe: Recipe, config: Any, data: dict[str, Any], tok, source: 
             raise InputError(source, "grpo.max_length", f"{max_length} leaves no room for a prompt next to "
                              f"trainer.max_completion_length ({reserve})")
         if max_length is None:
-            _say("grpo.max_length is not set: GRPO prompts are not truncated (TRL 1.16 does not cut them)")
+            log.warning("grpo.max_length is not set: GRPO prompts are not truncated (TRL 1.16 does not cut them)")
     else:
         max_length = config.max_length
     for which in ("train", "eval"):
@@ -255,20 +281,20 @@ def fit_lengths(recipe: Recipe, config: Any, data: dict[str, Any], tok, source: 
         info["rows"] = report.kept
         info["length_fit"] = report.to_json()
         for line in report.lines():
-            _say(line)
+            log.info("%s", line)
         if report.kept == 0:
             raise InputError(source, f"data.{which}",
                              f"{info['path']}: no row fits max_length {max_length}: every answer alone is longer")
 
 
-def _run_record(recipe: Recipe, ctx: dict[str, Any]) -> dict[str, Any]:
+def _run_record(recipe: Recipe, ctx: TrainingContext) -> dict[str, Any]:
     return {"algo": recipe.algo, "direction": recipe.direction, "base_model": ctx["model"],
             "data_sha256": {k: v["sha256"] for k, v in ctx["data"].items()},
             "base_files": weights_fingerprint(ctx["model"]), "recipe": dump_recipe(recipe),
             "tokenizer_files": weights_fingerprint(ctx["tokenizer"]) if ctx["tokenizer"] != ctx["model"] else None}
 
 
-def _check_resume(recipe: Recipe, ctx: dict[str, Any]) -> Path | None:
+def _check_resume(recipe: Recipe, ctx: TrainingContext) -> Path | None:
     out: Path = ctx["out"]
     ckpt = last_checkpoint(out)
     if ckpt is None:
@@ -336,7 +362,7 @@ def train(recipe: Recipe, recipe_path: Path | None = None, source: str | None = 
     trainer, ctx = build_trainer(recipe, recipe_path, source)
     out: Path = ctx["out"]
     for note in ctx["notes"]:
-        _say(f"set {note}")
+        log.info("set %s", note)
     resume = _check_resume(recipe, ctx)
     start_step = 0
     ckpt_state: dict[str, Any] = {}
@@ -349,14 +375,14 @@ def train(recipe: Recipe, recipe_path: Path | None = None, source: str | None = 
     adapter_dir = out / ADAPTER_SUBDIR
     finished = resume is not None and _finished(trainer.args, ckpt_state, start_step)
     if finished and (adapter_dir / ADAPTER_META).is_file():
-        _say(f"already trained (step {start_step}); nothing to do: {adapter_dir}")
+        log.info("already trained (step %d); nothing to do: %s", start_step, adapter_dir)
         return adapter_dir
     main = trainer.is_world_process_zero()
     if main and not (resume is not None and (out / RUN_META).is_file()):  # a resume keeps the first record
         out.mkdir(parents=True, exist_ok=True)
         write_json_atomic(out / RUN_META, _plain({**_run_record(recipe, ctx), "started_at": started}))
-    _say(f"{recipe.algo} ({recipe.direction}) on {ctx['model']} → {out}"
-         + (f", resuming from {resume.name}" if resume else ""))
+    log.info("%s (%s) on %s → %s%s", recipe.algo, recipe.direction, ctx["model"], out,
+             f", resuming from {resume.name}" if resume else "")
     result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     eval_metrics = trainer.evaluate() if ctx["data"].get("eval") else None
     trainer.save_model(str(adapter_dir))
@@ -402,7 +428,7 @@ def train(recipe: Recipe, recipe_path: Path | None = None, source: str | None = 
         # log_history first: a present lhd_adapter.json is what says "trained" (checked above)
         write_json_atomic(adapter_dir / "log_history.json", _plain(history))
         write_json_atomic(adapter_dir / ADAPTER_META, _plain(meta))
-        _say(f"adapter: {adapter_dir} (step {trainer.state.global_step})")
+        log.info("adapter: %s (step %d)", adapter_dir, trainer.state.global_step)
     return adapter_dir
 
 

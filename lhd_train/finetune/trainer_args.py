@@ -155,7 +155,8 @@ def lora_config(recipe: Recipe):
     lo = recipe.lora
     return LoraConfig(
         r=lo.r,
-        lora_alpha=lo.resolved_alpha(),
+        # peft annotates lora_alpha as int, but only divides by it; recipes allow a fractional alpha
+        lora_alpha=lo.resolved_alpha(),  # type: ignore[arg-type]
         lora_dropout=lo.dropout,
         target_modules=lo.resolved_targets(),
         bias=lo.bias,
