@@ -379,8 +379,9 @@ def _fake_run(d: Path, seeds: list[int], rows: int, done: list[int]) -> None:
     (d / "trials").mkdir(parents=True)
     (d / "config.resolved.yaml").write_text(yaml.safe_dump({"run_name": d.name, "seeds": seeds}))
     for s in seeds:
-        (d / "trials" / f"s{s}.jsonl").write_text("".join(json.dumps({"global_round": i + 1}) + "\n"
-                                                          for i in range(rows)))
+        row = {"task_index": 1, "performer": {}}  # the fields a trajectory row needs
+        (d / "trials" / f"s{s}.jsonl").write_text("".join(json.dumps({**row, "round": i + 1, "global_round": i + 1})
+                                                          + "\n" for i in range(rows)))
         if s in done:
             (d / "trials" / f"s{s}.done").write_text("")
 
@@ -400,7 +401,7 @@ def test_status_from_run_directories(tmp_path):
                    ("rollout", "shard 2/3", "not started", "no run directory")]
     # The merged run directory works as RUN too (it finds its shards next to it).
     _fake_run(runs / "c", SEEDS, 2, SEEDS)
-    (runs / "c" / "manifest.json").write_text(json.dumps({"source": {"kind": "lhd merge", "sources": [1, 2, 3]}}))
+    (runs / "c" / "manifest.json").write_text(json.dumps({"source": {"kind": "lhd merge", "sources": [{}, {}, {}]}}))
     st = run_status(runs / "c", use_slurm=False)
     assert st.get("merge").status == "finished" and "merged from 3 shard(s)" in st.get("merge").detail
     assert st.get("rollout", "shard 1/3").status == "incomplete"

@@ -5,15 +5,19 @@ Two sources, joined per shard/stage:
   `scontrol show job` (also jobs that ended within the controller's MinJobAge, with their array
   task ids) and `sacct` (older jobs, on clusters with accounting). Jobs are found by the names
   `lhd slurm render` gives them: `lhd-<stage>-<run_name>` and `...-merge`.
-- The run directory, always: each shard's `trials/<id>.done` markers and rows, the merged run's
-  manifest, the audit rows. Without Slurm (another machine, jobs long gone) this is all there is,
-  and it says `finished`, `incomplete` or `not started`.
+- The run directory, always, read through `rundir.run.Run`: each shard's trials (rows and `.done`
+  markers, checked as `lhd run` checks them), the merged run's manifest, the audit labels. Without
+  Slurm (another machine, jobs long gone) this is all there is, and it says `finished`,
+  `incomplete`, `not started`, or `damaged` (a file `lhd run` would refuse, named in the detail).
+
+A run's trials are named by the one trial-id rule (`RunConfig.trials`, which the manifest's
+`trials` list was written from), so a control study's `s<seed>-cat-<category>` trials are found.
 
 A shard or stage with several jobs (cancelled, then resubmitted) shows its newest job.
 """
 from __future__ import annotations
 
-import json
+import logging
 import re
 import shutil
 import subprocess
@@ -21,8 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lhd_train.errors import InputError
-from lhd_train.rundir.layout import RunDir, is_rows_file
+from lhd_train.errors import DataFileError, InputError, LhdError
+from lhd_train.rundir.manifest import Manifest
+from lhd_train.rundir.rows import RoundRow
+from lhd_train.rundir.run import Run
+
+log = logging.getLogger(__name__)
 
 PENDING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED", "STOPPED"}
 RUNNING = {"RUNNING", "CONFIGURING", "COMPLETING", "RESIZING", "SIGNALING", "STAGE_OUT"}
@@ -112,7 +120,7 @@ def _scontrol(names: set[str]) -> list[Job]:
     out = _run(["scontrol", "-o", "show", "job"])
     jobs = []
     for line in (out or "").splitlines():
-        kv = dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", line))
+        kv: dict[str, str] = {m.group(1): m.group(2) for m in re.finditer(r"(\w+)=(\S*)", line)}
         if kv.get("JobName") not in names or not kv.get("JobId", "").isdigit():
             continue
         state = kv.get("JobState", "")
@@ -167,7 +175,7 @@ class Row:
 
     stage: str
     part: str
-    status: str  # pending | running | finished | failed | incomplete | not started
+    status: str  # pending | running | finished | failed | incomplete | not started | damaged
     detail: str = ""
     job: str = ""
     slurm_state: str = ""
@@ -196,36 +204,67 @@ def _locate(run: Path) -> tuple[str, Path, list[str] | None, str | None]:
 
         cfg = load_config(run)
         model = cfg.models[cfg.performer.model].model if cfg.performer else None
-        return cfg.run_name, Path(cfg.output_dir), [f"s{s}" for s in cfg.trial_seeds()], model
+        return cfg.run_name, Path(cfg.output_dir), [tid for tid, _ in cfg.trials()], model
     if run.is_dir():
         return run.name, run.parent, None, None
     raise InputError(run, None, "neither a run config nor a run directory (runs/<run_name>)")
 
 
-def _dir_progress(run_dir: Path, trial_ids: list[str] | None) -> tuple[str, str]:
-    """(status, detail) of one run directory from its files alone."""
-    if not run_dir.is_dir():
-        return "not started", "no run directory"
-    tdir = run_dir / "trials"
-    if trial_ids is None:
-        try:
-            import yaml
+def _manifest(run: Run) -> Manifest | None:
+    """The run's manifest; a damaged one is logged and read as absent (status only reports)."""
+    try:
+        return run.manifest()
+    except DataFileError as e:
+        log.warning("%s", e)
+        return None
 
-            cfg = yaml.safe_load(RunDir(run_dir).config.read_text()) or {}
-            trial_ids = [f"s{s}" for s in cfg.get("seeds") or []] or None
-        except (OSError, ValueError):
-            trial_ids = None
-    if trial_ids is None:
-        trial_ids = RunDir(run_dir).trial_ids()
-    done = sum(RunDir(run_dir).trial(t).done.exists() for t in trial_ids)
-    rows = 0
-    for t in trial_ids:
-        p = tdir / f"{t}.jsonl"
-        if p.exists():
-            with open(p, "rb") as f:
-                rows += sum(1 for line in f if line.endswith(b"\n"))
-    status = "finished" if trial_ids and done == len(trial_ids) else ("incomplete" if rows or done else "not started")
-    return status, f"{done}/{len(trial_ids)} trials done, {rows} rows"
+
+def run_trial_ids(run: Run) -> list[str]:
+    """A run directory's trials, in order: the manifest's list (written by `lhd run` from
+    `RunConfig.trials` before the first round, or by `lhd merge`), else the saved config's
+    `RunConfig.trials`, else the trials with a file on disk."""
+    manifest = _manifest(run)
+    if manifest is not None and manifest.trials:
+        return list(manifest.trials)
+    if run.dir.config.is_file():
+        from lhd_train.config.run import load_config
+
+        try:
+            return [tid for tid, _ in load_config(run.dir.config).trials()]
+        except LhdError as e:  # not a whole run config (a hand-made folder): the files on disk say
+            log.info("%s: %s", run.dir.config, e)
+    return run.trial_ids()
+
+
+@dataclass
+class DirProgress:
+    """One run directory's progress from its files alone."""
+
+    status: str  # finished | incomplete | not started | damaged
+    detail: str
+    rounds: dict[str, int] = field(default_factory=dict)  # trial id -> rounds on disk
+
+
+def _dir_progress(run_dir: Path, trial_ids: list[str] | None) -> DirProgress:
+    """How far a run directory is: each trial read as `lhd run` reads it (`TrialStore.read`: the
+    rows checked, the `.done` marker held against them), safe beside a writer."""
+    if not run_dir.is_dir():
+        return DirProgress("not started", "no run directory")
+    run = Run.at(run_dir)
+    ids = run_trial_ids(run) if trial_ids is None else trial_ids
+    done = 0
+    rounds: dict[str, int] = {}
+    for tid in ids:
+        try:
+            rows, finished = run.trial(tid).read(RoundRow)
+        except DataFileError as e:
+            return DirProgress("damaged", f"trial {tid}: {e}", rounds)
+        done += finished
+        if rows:
+            rounds[tid] = len(rows)
+    n_rows = sum(rounds.values())
+    status = "finished" if ids and done == len(ids) else ("incomplete" if n_rows or done else "not started")
+    return DirProgress(status, f"{done}/{len(ids)} trials done, {n_rows} rows", rounds)
 
 
 def _shard_counts(output_dir: Path, run_name: str, jobs: list[Job]) -> list[int]:
@@ -271,40 +310,43 @@ def run_status(run: Path, shards: int | None = None, use_slurm: bool = True) -> 
         names |= {f"lhd-lens-{Path(model).name}", f"lhd-lens-{Path(model).name}-merge"}
     jobs, note = slurm_jobs(names) if use_slurm else ([], "Slurm not asked (--no-slurm)")
     st = RunStatus(run_name, output_dir / run_name, note=note)
+    from lhd_train.ops.merge import MERGE_KIND
     from lhd_train.ops.shard import shard_items
 
     for n in ([shards] if shards else _shard_counts(output_dir, run_name, jobs)):
         for i in range(n):
             ids = shard_items(trial_ids, i, n) if trial_ids else None
-            d_status, detail = _dir_progress(output_dir / f"{run_name}-shard{i}of{n}", ids)
+            shard = _dir_progress(output_dir / f"{run_name}-shard{i}of{n}", ids)
             s, label, raw = _combine(_newest(jobs, f"lhd-rollout-{run_name}", i))
-            st.rows.append(Row("rollout", f"shard {i}/{n}", s or d_status, detail, label, raw))
-    merged = output_dir / run_name
-    manifest = {}
-    if RunDir(merged).manifest.is_file():
-        try:
-            manifest = json.loads(RunDir(merged).manifest.read_text())
-        except ValueError:
-            manifest = {}
-    is_merge = (manifest.get("source") or {}).get("kind") == "lhd merge"
+            st.rows.append(Row("rollout", f"shard {i}/{n}", s or shard.status, shard.detail, label, raw))
+    merged = Run.at(output_dir / run_name)
+    manifest = _manifest(merged) if merged.path.is_dir() else None
+    source = manifest.source if manifest is not None else None
+    is_merge = source is not None and source.kind == MERGE_KIND
     mjobs = _newest(jobs, f"lhd-rollout-{run_name}-merge") or _newest(jobs, f"lhd-merge-{run_name}")
     s, label, raw = _combine(mjobs)
-    if merged.is_dir() and (s or is_merge or not st.rows):
-        d_status, detail = _dir_progress(merged, trial_ids)
-        if is_merge:
-            detail = f"merged from {len(manifest['source'].get('sources') or [])} shard(s); {detail}"
-        st.rows.append(Row("merge" if (is_merge or s) else "run", "", s or d_status, detail, label, raw))
+    audits = merged.dir.auditor_ids() if merged.path.is_dir() else []
+    shown = merged.path.is_dir() and bool(s or is_merge or not st.rows)
+    progress = _dir_progress(merged.path, trial_ids) if shown or audits else None
+    rounds = progress.rounds if progress is not None else {}
+    if shown and progress is not None:
+        detail = progress.detail
+        if source is not None and is_merge:
+            detail = f"merged from {len(source.sources or [])} shard(s); {detail}"
+        st.rows.append(Row("merge" if (is_merge or s) else "run", "", s or progress.status, detail, label, raw))
     elif s:
         st.rows.append(Row("merge", "", s, "no merged run directory yet", label, raw))
-    audit_jobs = _newest(jobs, f"lhd-audit-{run_name}", any_task=True)
-    audits = sorted(p for p in (merged / "audit").glob("*") if p.is_dir()) if merged.is_dir() else []
-    s, label, raw = _combine(audit_jobs)
-    rounds = _rows_per_trial(merged)
-    for a in audits:
-        got = _rows_per_trial(a)
+    s, label, raw = _combine(_newest(jobs, f"lhd-audit-{run_name}", any_task=True))
+    for aid in audits:
+        auditor = merged.auditor(aid)
+        try:  # labelled rounds: each round once, by the one winning-row rule
+            got = {tid: len(auditor.labels(tid)) for tid in auditor.trial_ids()}
+        except DataFileError as e:
+            st.rows.append(Row("audit", aid, s or "damaged", str(e), label, raw))
+            continue
         complete = bool(rounds) and all(got.get(t, 0) >= n for t, n in rounds.items())
-        detail = f"{sum(got.values())} audit rows for {sum(rounds.values())} rounds"
-        st.rows.append(Row("audit", a.name, s or ("finished" if complete else "incomplete"), detail, label, raw))
+        detail = f"{sum(got.values())} rounds labelled of {sum(rounds.values())}"
+        st.rows.append(Row("audit", aid, s or ("finished" if complete else "incomplete"), detail, label, raw))
     if s and not audits:
         st.rows.append(Row("audit", "", s, "no audit rows yet", label, raw))
     for stage, name in (("data", f"lhd-data-{run_name}"), ("lens", f"lhd-lens-{Path(model).name}" if model else "")):
@@ -315,17 +357,6 @@ def run_status(run: Path, shards: int | None = None, use_slurm: bool = True) -> 
         if ms:
             st.rows.append(Row(stage, "merge", ms, "", mlabel, mraw))
     return st
-
-
-def _rows_per_trial(run_dir: Path) -> dict[str, int]:
-    out = {}
-    base = run_dir / "trials" if (run_dir / "trials").is_dir() else run_dir
-    for p in base.glob("*.jsonl"):
-        if not is_rows_file(p):
-            continue
-        with open(p, "rb") as f:
-            out[p.name[:-6]] = sum(1 for line in f if line.endswith(b"\n"))
-    return out
 
 
 def status_json(st: RunStatus) -> dict[str, Any]:
