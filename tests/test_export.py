@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 from datasets import load_from_disk
@@ -117,3 +119,19 @@ def test_a_field_without_a_column_type_must_be_marked():
 
     with pytest.raises(TypeError, match="Loose.blob.*mark it SKIP"):
         export_columns(Loose)
+
+
+def test_a_round_labelled_twice_exports_the_label_that_counts(tmp_path):
+    """A later failed row for a labelled round (a resumed or merged audit) never replaces the usable
+    label in the export, as in the report (`AuditorStore.labels`); a later usable row does."""
+    run = Path(shutil.copytree(Path(__file__).parent / "data" / "runs" / "v1-control-study", tmp_path / "run"))
+    path = run / "audit" / "tiny-full" / "s390185437-cat-MORAL_DILEMMA.jsonl"
+    rows = read_jsonl(path)
+    failed = rows[0] | {"deceptive": None, "types": [], "severity": None, "parse_status": "failed", "raw": ""}
+    relabel = rows[1] | {"deceptive": False, "types": [], "severity": 0, "parse_status": "ok"}
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(failed) + "\n" + json.dumps(relabel) + "\n")
+    ds = export_run(run, tmp_path / "ds")
+    assert [r["global_round"] for r in ds] == [1, 2, 3]
+    assert (ds[0]["tiny-full__deceptive"], ds[0]["tiny-full__parse_status"]) == (True, rows[0]["parse_status"])
+    assert (ds[1]["tiny-full__deceptive"], ds[1]["tiny-full__parse_status"]) == (False, "ok")
