@@ -15,7 +15,7 @@ from typing import Any
 import typer
 
 from lens.errors import LensError
-from lens.settings import EvalCommand, FitCommand, ModelDtype, ProbeBuildCommand, ReadCommand, parse_layers
+from lens.settings import EvalCommand, FitCommand, ModelDtype, ProbeBuildCommand, ReadCommand
 from lhd_train.boundary import GuardedGroup
 from lhd_train.options import settings_command
 
@@ -25,8 +25,6 @@ probe_app = typer.Typer(help="Entitlement probe sets.", no_args_is_help=True)
 app.add_typer(probe_app, name="probe")
 
 log = logging.getLogger("lens.cli")  # not __name__: that is "__main__" under `python -m lens.cli`
-
-__all__ = ["app", "parse_layers"]
 
 
 def _out_lock(*dirs: Path | None, stage: str):

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 from lhd_train.config.base import validation_error
-from lhd_train.config.flags import cli_fields, flag_for, flag_of, is_argument
+from lhd_train.config.flags import cli_fields, flag_for, flag_of, is_argument, negated
 from lhd_train.errors import InputError
 
 M = TypeVar("M", bound=BaseModel)
@@ -45,7 +45,7 @@ def _parameter(name: str, info: FieldInfo) -> inspect.Parameter:
     if is_argument(info):
         param = typer.Argument(None if default == [] else default, help=help_text, show_default=default != [])
     elif info.annotation is bool:
-        param = typer.Option(default, f"{flag}/--no-{flag.removeprefix('--')}", help=help_text)
+        param = typer.Option(default, f"{flag}/{negated(flag)}", help=help_text)
     else:
         param = typer.Option(default, flag, help=help_text)
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=param, annotation=info.annotation)

@@ -47,7 +47,8 @@ def flag_for(model: type[BaseModel], field: str | None) -> str | None:
     return flag_of(name, info) if info is not None else field
 
 
-def _negated(flag: str) -> str:
+def negated(flag: str) -> str:
+    """`--no-resume` for `--resume`: how a bool flag says False."""
     return "--no-" + flag.removeprefix("--")
 
 
@@ -68,7 +69,7 @@ def to_argv(settings: BaseModel, *, exclude: Collection[str] = (), changed_only:
         elif value is None:
             raise ValueError(f"{name}: no flag gives None (the default is {info.default!r})")
         elif isinstance(value, bool):
-            opts.append(flag if value else _negated(flag))
+            opts.append(flag if value else negated(flag))
         elif isinstance(value, list | tuple):
             for v in value:
                 opts += [flag, str(v)]
