@@ -1,11 +1,9 @@
 """`lhd merge RUN_DIRS... --out RUN`: join sharded run directories into one run directory.
 
-What is joined (docs/formats.md): `trials/<trial>.jsonl`, `trials/<trial>.messages.jsonl`,
-`trials/<trial>.done`, `schedules/<trial>.json`, `audit/<auditor-id>/<trial>.jsonl` (+ its
-`auditor.json`), `logs/` (under `logs/<source run name>/`) and `tasks.json`. Written fresh:
-`config.resolved.yaml` (the shared config, `seeds` = the union in shard order), `manifest.json`
-(with `source: {kind: "lhd merge", sources: [...]}`) and `summary.json` (usage recomputed from the
-rows, GPU-hours summed over the sources).
+Joined (docs/formats.md): every trial's files, schedules, audit rows (+ `auditor.json`), `logs/`
+(under `logs/<source run name>/`) and `tasks.json`. Written fresh: `config.resolved.yaml` (`seeds`
+the union in shard order), `manifest.json` (`source: {kind: "lhd merge", sources: [...]}`) and
+`summary.json` (usage recomputed from the rows, GPU-hours summed over the sources).
 
 Rules:
 - the sources must share one config, compared on `config.resolved.yaml` without `run_name`,
@@ -13,14 +11,19 @@ Rules:
 - a trial id may come from one source only (two sources with the same trial id are refused);
 - merging again is safe: unchanged files are left alone (a re-merge of the same shards changes
   nothing on disk); a source whose trial grew since (it was resumed) replaces the shorter copy,
-  as trajectory and message files are append-only; a new shard adds its trials; audit rows are
-  joined by `global_round` (rows written into the merged run itself are kept);
+  as trajectory and message files are append-only; a new shard adds its trials;
+- audit rows are joined, not chosen: a source's rows the merged file lacks (by line) are appended
+  (rows written into the merged run are kept), and a round labelled twice counts by the readers'
+  one rule (`rundir.store.winning_audit_rows`), so a round a source relabelled after a merge is
+  relabelled here too ("the row already merged wins", the old rule, kept the stale label);
 - everything is checked before anything is written, so a refused merge leaves `out` as it was.
 
-Rows are copied byte for byte, so each keeps the `run_id` of the shard that produced it; the
-merged run's id is in its manifest and config (what `lhd report` reads)."""
+Files are read through `rundir.run.Run` (checked as their readers check them) but copied byte for
+byte, so each row keeps the `run_id` of its shard; the merged run's id is in its manifest and
+config (what `lhd report` reads)."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -31,18 +34,20 @@ from typing import Any
 
 import yaml
 
-from lhd_train.errors import DataFileError, InputError
+from lhd_train.errors import InputError
 from lhd_train.ops.shard import parse_shard_run_name
 from lhd_train.rundir.files import atomic_write, atomic_write_bytes
 from lhd_train.rundir.files import read_json_mapping as _read_json
 from lhd_train.rundir.files import read_yaml_mapping as _read_yaml
 from lhd_train.rundir.files import sha256_file as _sha
 from lhd_train.rundir.files import utc_now as _now
-from lhd_train.rundir.layout import AUDITOR_INFO, CONFIG, LOCK, TASKS, RunDir
+from lhd_train.rundir.layout import CONFIG, LOCK, TASKS
 from lhd_train.rundir.lock import run_dir_lock
-from lhd_train.rundir.names import name_problem
+from lhd_train.rundir.manifest import AuditorRecord, Manifest, MergedSource, RunSource, SourceOutcome, Summary
+from lhd_train.rundir.names import name_problem, trial_id
+from lhd_train.rundir.rows import RoundRow
+from lhd_train.rundir.run import AuditorStore, Run
 from lhd_train.rundir.staging import staged_dir
-from lhd_train.rundir.store import read_trial_rows
 
 MERGE_KIND = "lhd merge"
 # Fields a shard legitimately changes (or that do not change what is computed).
@@ -75,13 +80,17 @@ def _show(v: Any) -> str:
 
 @dataclass
 class Source:
-    path: Path
-    config: dict[str, Any]
-    manifest: dict[str, Any]
-    summary: dict[str, Any]
+    run: Run
+    config: dict[str, Any]  # config.resolved.yaml as written (compared field by field)
+    manifest: Manifest | None
+    summary: Summary | None
     trials: list[str]  # trial ids, in the source's manifest order
     shard: tuple[int, int] | None
     order: int  # position among the merge's inputs (tie-break)
+
+    @property
+    def path(self) -> Path:
+        return self.run.path
 
     @property
     def run_name(self) -> str:
@@ -89,45 +98,46 @@ class Source:
 
     def seeds(self) -> list[int]:
         """The seeds of the trials this source holds, in its config's order (a shard whose config
-        lists the whole grid contributes only the seeds it ran)."""
-        listed = [int(x) for x in (self.config.get("seeds") or self.manifest.get("seeds") or [])]
-        present = []
+        lists the whole grid contributes only the seeds it ran). A trial's seed is the listed seed
+        whose trial id (the one rule, with the config's control study) it is."""
+        listed = [int(x) for x in (self.config.get("seeds") or (self.manifest.seeds if self.manifest else None) or [])]
+        control = self.config.get("control") or {}
+        of_trial = {trial_id(s, control.get("category"), control.get("pressure")): s for s in listed}
+        present: list[int] = []
         for t in self.trials:
-            m = re.match(r"s(\d+)", t)
-            if m and int(m.group(1)) not in present:
-                present.append(int(m.group(1)))
+            m = re.match(r"s(\d+)", t)  # a trial no listed seed names: the seed its id starts with
+            seed = of_trial.get(t, int(m.group(1)) if m else None)
+            if seed is not None and seed not in present:
+                present.append(seed)
         return [s for s in listed if s in present] + [s for s in present if s not in listed]
 
-    def record(self) -> dict[str, Any]:
-        return {"path": str(self.path), "run_name": self.run_name,
-                "shard": list(self.shard) if self.shard else None, "seeds": self.seeds(), "trials": self.trials,
-                "host": self.manifest.get("host"), "started_at": self.manifest.get("started_at"),
-                "packages": self.manifest.get("packages")}
+    def record(self) -> MergedSource:
+        """What the merged manifest records of this source (`merged_at` is set by the merge)."""
+        m = self.manifest
+        return MergedSource(path=str(self.path), run_name=self.run_name,
+                            shard=list(self.shard) if self.shard else None, seeds=self.seeds(), trials=self.trials,
+                            host=m.host if m else None, started_at=m.started_at if m else None,
+                            packages=m.packages if m else None)
 
 
-def _trial_ids(run_dir: Path) -> set[str]:
-    rd = RunDir(run_dir)
+def _trial_ids(run: Run) -> set[str]:
+    """Every trial with a file in the run: rows, a `.done` marker or a schedule."""
+    rd = run.dir
     ids = set(rd.trial_ids()) | set(rd.done_trial_ids())
     ids |= {p.stem for p in rd.schedules_dir.glob("*.json")}
     return ids
 
 
 def _load_source(path: Path, order: int) -> Source:
-    path = Path(path)
-    if not path.is_dir():
-        raise InputError(path, None, "run directory not found")
-    rd = RunDir(path)
-    cfg_path = rd.config
-    if not cfg_path.is_file() or not rd.is_run():
-        raise InputError(path, None, f"not a run directory (needs {CONFIG} and trials/)")
-    config = _read_yaml(cfg_path)
-    manifest = _read_json(rd.manifest)
-    ids = _trial_ids(path)
-    rank = {t: k for k, t in enumerate(manifest.get("trials") or [])}
-    trials = sorted(ids, key=lambda t: (rank.get(t, len(rank)), t))
-    parsed = parse_shard_run_name(str(config.get("run_name") or path.name))
-    return Source(path.resolve(), config, manifest, _read_json(rd.summary), trials,
-                  (parsed[1], parsed[2]) if parsed else None, order)
+    run = Run.open(Path(path).resolve(), source=str(path))
+    if not run.dir.config.is_file():
+        raise InputError(path, None, f"not a run directory of `lhd run` (no {CONFIG})")
+    config = _read_yaml(run.dir.config)
+    manifest = run.manifest()
+    rank = {t: k for k, t in enumerate((manifest.trials if manifest else None) or [])}
+    trials = sorted(_trial_ids(run), key=lambda t: (rank.get(t, len(rank)), t))
+    parsed = parse_shard_run_name(str(config.get("run_name") or run.path.name))
+    return Source(run, config, manifest, run.summary(), trials, (parsed[1], parsed[2]) if parsed else None, order)
 
 
 # ----------------------------------------------------------------------------- file actions
@@ -167,6 +177,10 @@ def _plan_append_only(src: Path, dst: Path, plan: Plan, what: str) -> str:
                      "the merged run holds another version of this trial")
 
 
+def _copy(src: Path, tmp: str) -> None:
+    shutil.copy2(src, tmp)
+
+
 def _plan_identical(src: Path, dst: Path, plan: Plan, what: str) -> None:
     if not dst.exists():
         plan.copies.append((src, dst, "new"))
@@ -176,52 +190,48 @@ def _plan_identical(src: Path, dst: Path, plan: Plan, what: str) -> None:
         plan.unchanged += 1
 
 
-def _rows(path: Path) -> list[tuple[dict[str, Any], str]]:
-    """(row, raw line) pairs of a JSONL file; a torn last line is ignored (docs/formats.md)."""
-    out = []
-    if not path.exists():
-        return out
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.endswith("\n"):
-                break
-            if line.strip():
-                try:
-                    out.append((json.loads(line), line))
-                except ValueError as e:
-                    raise DataFileError(path, f"not valid JSON ({e})", line=n) from None
-    return out
+def _audit_lines(auditor: AuditorStore, trial: str) -> list[bytes]:
+    """The whole lines of an auditor's row file for one trial, each checked as a row
+    (`AuditorStore.rows`); a torn last line is left out (docs/formats.md)."""
+    auditor.rows(trial)  # every line a valid AuditRow, or a DataFileError naming it
+    path = auditor.rd.audit_rows(auditor.auditor_id, trial)
+    data = _complete(path.read_bytes()) if path.exists() else b""
+    return [line + b"\n" for line in data.split(b"\n") if line.strip()]
 
 
-def _plan_audit(src_dir: Path, dst_dir: Path, plan: Plan, pending: dict[Path, list[str]]) -> None:
-    """Audit rows joined by global_round; existing rows (in `dst` or from an earlier source) win."""
-    for src in sorted(src_dir.glob("*.jsonl")):
-        dst = dst_dir / src.name
-        if dst not in pending:
-            pending[dst] = [raw for _, raw in _rows(dst)]
-        have = {json.loads(raw)["global_round"] for raw in pending[dst]}
-        new = [raw for row, raw in _rows(src) if row.get("global_round") not in have]
+def _plan_audit(src: AuditorStore, dst: AuditorStore, plan: Plan, pending: dict[Path, list[bytes]]) -> None:
+    """Every row of `src` the merged file does not hold yet (the same line) is appended after the
+    rows there; readers pick each round's row by `winning_audit_rows` (see the module docstring)."""
+    for trial in src.trial_ids():
+        path = dst.rd.audit_rows(dst.auditor_id, trial)
+        if path not in pending:
+            pending[path] = _audit_lines(dst, trial)
+        have = set(pending[path])
+        new = [line for line in _audit_lines(src, trial) if line not in have]
         if new:
-            pending[dst].extend(new)
+            pending[path].extend(new)
             plan.audit_rows_added += len(new)
         else:
             plan.unchanged += 1
 
 
-def _check_auditor(src: Path, known: dict[str, tuple[Path, dict[str, Any]]], aid: str) -> None:
-    info = _read_json(src)
-    if not info:
+def _check_auditor(auditor: AuditorStore, known: dict[str, tuple[Path, AuditorRecord]]) -> None:
+    """One auditor id, one setting: the identity fields of every `auditor.json` agree."""
+    record = auditor.record()
+    aid = auditor.auditor_id
+    if record is None:
         return
     if aid not in known:
-        known[aid] = (src, info)
+        known[aid] = (auditor.rd.auditor_info(aid), record)
         return
     first_path, first = known[aid]
     for key in AUDITOR_IDENTITY:
-        if first.get(key) != info.get(key):
-            raise InputError(src, key, f"auditor '{aid}' was run with other settings than in {first_path} "
-                             f"({json.dumps(first.get(key), default=str)[:200]} vs "
-                             f"{json.dumps(info.get(key), default=str)[:200]}); audit rows of different "
-                             "settings must not share an auditor id")
+        a, b = getattr(first, key), getattr(record, key)
+        if a != b:
+            raise InputError(auditor.rd.auditor_info(aid), key,
+                             f"auditor '{aid}' was run with other settings than in {first_path} "
+                             f"({json.dumps(a, default=str)[:200]} vs {json.dumps(b, default=str)[:200]}); audit rows "
+                             "of different settings must not share an auditor id")
 
 
 # ----------------------------------------------------------------------------- merge
@@ -232,13 +242,8 @@ def _ordered(sources: list[Source]) -> list[Source]:
 
 
 def _union(lists: list[list[Any]]) -> list[Any]:
-    out, seen = [], set()
-    for lst in lists:
-        for x in lst:
-            if x not in seen:
-                seen.add(x)
-                out.append(x)
-    return out
+    """The items of `lists` in first-seen order, each once."""
+    return list(dict.fromkeys(x for lst in lists for x in lst))
 
 
 def merge_runs(run_dirs: list[Path], out: Path, run_name: str | None = None) -> dict[str, Any]:
@@ -267,23 +272,25 @@ def _merge_runs(run_dirs: list[Path], out: Path, run_name: str | None) -> dict[s
     sources = [_load_source(p, k) for k, p in enumerate(paths)]
 
     # An existing merged run: its config takes part in the comparison, its sources are kept.
-    ro = RunDir(out)
-    prev_manifest = _read_json(ro.manifest)
+    merged = Run.at(out)
+    ro = merged.dir
+    prev_manifest = merged.manifest()
     prev_cfg = None
-    prev_sources: list[dict[str, Any]] = []
+    prev_sources: list[MergedSource] = []
     if out.exists() and any(p.name != LOCK for p in out.iterdir()):
-        if (prev_manifest.get("source") or {}).get("kind") != MERGE_KIND:
+        prev_source = prev_manifest.source if prev_manifest is not None else None
+        if prev_source is None or prev_source.kind != MERGE_KIND:
             raise InputError(out, None, "exists and is not a run made by `lhd merge`; choose another --out")
         prev_cfg = _read_yaml(ro.config)
-        prev_sources = list(prev_manifest["source"].get("sources") or [])
+        prev_sources = list(prev_source.sources or [])
 
     ref_path, ref = (ro.config, prev_cfg) if prev_cfg is not None else \
-        (RunDir(sources[0].path).config, sources[0].config)
+        (sources[0].run.dir.config, sources[0].config)
     for s in sources:
         d = _first_difference(comparable_config(ref), comparable_config(s.config))
         if d:
             fld, a, b = d
-            raise InputError(RunDir(s.path).config, fld,
+            raise InputError(s.run.dir.config, fld,
                              f"differs from {ref_path} ({_show(a)} there, {_show(b)} here); only runs of one config "
                              f"can be merged (ignored: {', '.join(IGNORED_CONFIG_KEYS)})")
 
@@ -292,80 +299,78 @@ def _merge_runs(run_dirs: list[Path], out: Path, run_name: str | None) -> dict[s
     for s in sources:
         for t in s.trials:
             if t in owner:
-                raise InputError(s.path / "trials", t, f"trial '{t}' is also in {owner[t].path}; "
+                raise InputError(s.run.dir.trials_dir, t, f"trial '{t}' is also in {owner[t].path}; "
                                  "shards must not share trials (was a shard run twice under two names?)")
             owner[t] = s
-    prev_owner = {t: rec.get("path") for rec in prev_sources for t in rec.get("trials") or []}
+    prev_owner = {t: rec.path for rec in prev_sources for t in rec.trials or []}
     for t, s in owner.items():
         if prev_owner.get(t) not in (None, str(s.path)):
-            raise InputError(s.path / "trials", t, f"trial '{t}' is already in {out} from {prev_owner[t]}")
+            raise InputError(s.run.dir.trials_dir, t, f"trial '{t}' is already in {out} from {prev_owner[t]}")
 
     # Plan every file before writing anything.
     plan = Plan()
-    audit_pending: dict[Path, list[str]] = {}
-    auditors: dict[str, tuple[Path, dict[str, Any]]] = {}
-    for aid_dir in sorted((out / "audit").glob("*/")):
-        _check_auditor(aid_dir / AUDITOR_INFO, auditors, aid_dir.name)
+    audit_pending: dict[Path, list[bytes]] = {}
+    auditors: dict[str, tuple[Path, AuditorRecord]] = {}
+    for aid in ro.auditor_ids():
+        _check_auditor(merged.auditor(aid), auditors)
     for s in _ordered(sources):
+        rd = s.run.dir
         for t in s.trials:
-            src_t, out_t = RunDir(s.path).trial(t), ro.trial(t)
+            src_trial, out_t = s.run.trial(t), ro.trial(t)
+            src_t = src_trial.files
             existed = out_t.rows.exists()
             states = []
-            read_trial_rows(src_t.rows)  # whole rows, no round twice, before any copy
+            src_trial.rows()  # whole rows, no round twice, before any copy
             for src, dst in ((src_t.rows, out_t.rows), (src_t.messages, out_t.messages)):
                 if src.exists():
                     states.append(_plan_append_only(src, dst, plan, f"trials/{dst.name}"))
-            done = src_t.done
-            if done.exists():
+            if src_trial.done_marker() is not None:
                 if out_t.done.exists():
                     plan.unchanged += 1
                 else:
-                    plan.copies.append((done, out_t.done, "new"))
+                    plan.copies.append((src_t.done, out_t.done, "new"))
                     states.append("grown")
-            sched = RunDir(s.path).schedule(t)
+            sched = rd.schedule(t)
             if sched.exists():
                 _plan_identical(sched, ro.schedule(t), plan, f"schedules/{sched.name}")
             if not existed and src_t.rows.exists():
                 plan.added_trials.append(t)
             elif "grown" in states:
                 plan.updated_trials.append(t)
-        for aid_dir in sorted((s.path / "audit").glob("*/")):
-            aid = aid_dir.name
-            _check_auditor(aid_dir / AUDITOR_INFO, auditors, aid)
-            _plan_audit(aid_dir, ro.auditor_dir(aid), plan, audit_pending)
-            if (aid_dir / AUDITOR_INFO).exists() and not ro.auditor_info(aid).exists() \
-                    and not any(d == ro.auditor_info(aid) for _, d, _ in plan.copies):
-                plan.copies.append((aid_dir / AUDITOR_INFO, ro.auditor_info(aid), "new"))
-        tasks = RunDir(s.path).tasks
-        if tasks.exists():
-            _plan_identical(tasks, ro.tasks, plan, TASKS)
-        for f in sorted((s.path / "logs").rglob("*")) if (s.path / "logs").is_dir() else []:
+        for aid in rd.auditor_ids():
+            auditor = s.run.auditor(aid)
+            _check_auditor(auditor, auditors)
+            _plan_audit(auditor, merged.auditor(aid), plan, audit_pending)
+            info, out_info = rd.auditor_info(aid), ro.auditor_info(aid)
+            if info.exists() and not out_info.exists() and not any(d == out_info for _, d, _ in plan.copies):
+                plan.copies.append((info, out_info, "new"))
+        if rd.tasks.exists():
+            _plan_identical(rd.tasks, ro.tasks, plan, TASKS)
+        for f in sorted(rd.logs_dir.rglob("*")) if rd.logs_dir.is_dir() else []:
             if f.is_file():
-                dst = out / "logs" / s.run_name / f.relative_to(s.path / "logs")
+                dst = ro.logs_dir / s.run_name / f.relative_to(rd.logs_dir)
                 if dst.exists() and dst.stat().st_size == f.stat().st_size and _sha(dst) == _sha(f):
                     plan.unchanged += 1
                 else:
                     plan.copies.append((f, dst, "log"))
     for dst, lines in audit_pending.items():
-        body = "".join(lines).encode("utf-8")
+        body = b"".join(lines)
         if not dst.exists() or dst.read_bytes() != body:
             plan.writes.append((dst, body))
 
     # Sources now and before, in shard order; seeds and trials are their unions.
-    records: dict[str, dict[str, Any]] = {rec["path"]: rec for rec in prev_sources}
-    changed_sources = set()
+    records: dict[str | None, MergedSource] = {rec.path: rec for rec in prev_sources}
     for s in sources:
         rec = s.record()
-        old = records.get(rec["path"])
-        keep_time = old and {k: v for k, v in old.items() if k != "merged_at"} == rec
-        rec["merged_at"] = old["merged_at"] if keep_time else _now()
-        if not keep_time:
-            changed_sources.add(rec["path"])
-        records[rec["path"]] = rec
+        old = records.get(rec.path)
+        unchanged = old is not None and old.model_copy(update={"merged_at": None}).to_json() == \
+            rec.model_copy(update={"merged_at": None}).to_json()
+        merged_at = old.merged_at if old is not None and unchanged else _now()
+        records[rec.path] = rec.model_copy(update={"merged_at": merged_at})
     first_seen = {p: k for k, p in enumerate(records)}
-    ordered = sorted(records.values(), key=lambda r: ((r["shard"] or [1 << 30])[0], first_seen[r["path"]]))
-    seeds = _union([r["seeds"] for r in ordered])
-    trials = _union([r["trials"] for r in ordered])
+    ordered = sorted(records.values(), key=lambda r: ((r.shard or [1 << 30])[0], first_seen[r.path]))
+    seeds = _union([r.seeds or [] for r in ordered])
+    trials = _union([r.trials or [] for r in ordered])
 
     name = run_name or (prev_cfg or {}).get("run_name") or out.name
     if problem := name_problem(str(name)):
@@ -375,74 +380,70 @@ def _merge_runs(run_dirs: list[Path], out: Path, run_name: str | None) -> dict[s
     cfg.update({"run_name": name, "output_dir": str(out.parent), "seeds": seeds, "num_trials": None})
     cfg_text = yaml.safe_dump(cfg, sort_keys=False)
 
-    ref_manifest = prev_manifest or next((s.manifest for s in _ordered(sources) if s.manifest), {})
-    manifest = {k: v for k, v in ref_manifest.items() if k not in ("source",)}
-    starts = [r["started_at"] for r in ordered if r.get("started_at")]
-    manifest.update({"run_id": name, "seeds": seeds, "trials": trials,
-                     "started_at": min(starts) if starts else manifest.get("started_at"),
-                     "source": {"kind": MERGE_KIND, "sources": ordered}})
-    manifest_text = json.dumps(manifest, indent=2, ensure_ascii=False)
+    ref_manifest = prev_manifest or next((s.manifest for s in _ordered(sources) if s.manifest), None) or Manifest()
+    starts = [r.started_at for r in ordered if r.started_at]
+    manifest = ref_manifest.model_copy(update={
+        "run_id": name, "seeds": seeds, "trials": trials,
+        "started_at": min(starts) if starts else ref_manifest.started_at,
+        "source": RunSource(kind=MERGE_KIND, sources=ordered)})
+    manifest_changed = prev_manifest is None or prev_manifest.to_json() != manifest.to_json()
 
-    for path, text in ((ro.config, cfg_text), (ro.manifest, manifest_text)):
-        body = text.encode("utf-8")
-        if not path.exists() or path.read_bytes() != body:
-            plan.writes.append((path, body))
+    body = cfg_text.encode("utf-8")
+    if not ro.config.exists() or ro.config.read_bytes() != body:
+        plan.writes.append((ro.config, body))
 
     # Apply.
-    for sub in ("trials", "schedules", "logs", "audit"):
-        (out / sub).mkdir(parents=True, exist_ok=True)
+    for folder in (ro.trials_dir, ro.schedules_dir, ro.logs_dir, ro.audit_dir):
+        folder.mkdir(parents=True, exist_ok=True)
     # Each file through a temp file of its own, fsynced: a full disk leaves every file whole (old or new).
     for src, dst, _ in plan.copies:
-        atomic_write(dst, lambda tmp, src=src: shutil.copy2(src, tmp))
+        atomic_write(dst, functools.partial(_copy, src))
     for dst, body in plan.writes:
         atomic_write_bytes(dst, body)
-    summary_changed = _write_summary(out, name, trials, ordered, sources)
+    if manifest_changed:
+        merged.write_manifest(manifest)
+    summary_changed = _write_summary(merged, name, trials, ordered, sources)
 
-    changed = bool(plan.copies or plan.writes or summary_changed)
-    return {"out": str(out), "run_name": name, "sources": [r["path"] for r in ordered], "trials": trials,
+    changed = bool(plan.copies or plan.writes or manifest_changed or summary_changed)
+    return {"out": str(out), "run_name": name, "sources": [r.path for r in ordered], "trials": trials,
             "seeds": seeds, "added_trials": plan.added_trials, "updated_trials": plan.updated_trials,
-            "files_copied": len(plan.copies), "files_written": len(plan.writes),
+            "files_copied": len(plan.copies), "files_written": len(plan.writes) + manifest_changed,
             "files_unchanged": plan.unchanged, "audit_rows_added": plan.audit_rows_added, "changed": changed}
 
 
-def _write_summary(out: Path, name: str, trials: list[str], records: list[dict[str, Any]],
+def _write_summary(merged: Run, name: str, trials: list[str], records: list[MergedSource],
                    sources: list[Source]) -> bool:
     """`summary.json` of the merged run: per-trial results from the sources' summaries, usage
     recomputed from the merged rows, wall time = the longest source (shards run side by side),
     GPU-hours = the sum of each source's `gpu_hours_this_invocation`."""
     from lhd_train.bench.accounting import usage_by_role
 
-    prev = _read_json(RunDir(out).summary)
+    prev = merged.summary()
     by_path = {str(s.path): s.summary for s in sources}
-    per_source = dict(prev.get("by_source") or {})
+    per_source: dict[str, SourceOutcome] = dict((prev.by_source if prev else None) or {})
     for rec in records:
-        summ = by_path.get(rec["path"])
-        if summ:
-            per_source[rec["run_name"]] = {"wall_s": summ.get("wall_s"),
-                                           "gpu_hours": summ.get("gpu_hours_this_invocation"),
-                                           "trials": summ.get("trials") or []}
-    names = [rec["run_name"] for rec in records]
+        summ = by_path.get(str(rec.path))
+        if summ is not None and rec.run_name is not None:
+            per_source[rec.run_name] = SourceOutcome(wall_s=summ.wall_s, gpu_hours=summ.gpu_hours_this_invocation,
+                                                        trials=summ.trials or [])
+    names = [rec.run_name for rec in records]
     per_source = {k: per_source[k] for k in names if k in per_source} | \
         {k: v for k, v in per_source.items() if k not in names}
-    trial_rows = {t["trial_id"]: t for v in per_source.values() for t in v.get("trials") or []
-                  if isinstance(t, dict) and "trial_id" in t}
-    rows = [r for t in trials for r in read_trial_rows(RunDir(out).trial(t).rows)]
-    summary = {
-        "run_id": name,
-        "wall_s": max((v.get("wall_s") or 0.0 for v in per_source.values()), default=0.0),
-        "gpu_hours": round(sum(v.get("gpu_hours") or 0.0 for v in per_source.values()), 4),
-        "gpu_hours_note": "sum over the sources of the GPU-hours of their last `lhd run` invocation "
-                          "(GPUs held x wall time); earlier invocations of a resumed shard are not counted",
-        "usage_by_role": usage_by_role(rows),
-        "trials": [trial_rows[t] for t in trials if t in trial_rows],
-        "by_source": {k: {kk: vv for kk, vv in v.items() if kk != "trials"} | {"trials": v.get("trials") or []}
-                      for k, v in per_source.items()},
-    }
-    body = json.dumps(summary, indent=2, ensure_ascii=False).encode("utf-8")
-    path = RunDir(out).summary
-    if path.exists() and path.read_bytes() == body:
+    outcome = {t.trial_id: t for v in per_source.values() for t in v.trials or []}
+    rows = [r for t in trials for r in merged.trial(t).rows(RoundRow)]
+    summary = Summary(
+        run_id=name,
+        wall_s=max((v.wall_s or 0.0 for v in per_source.values()), default=0.0),
+        gpu_hours=round(sum(v.gpu_hours or 0.0 for v in per_source.values()), 4),
+        gpu_hours_note="sum over the sources of the GPU-hours of their last `lhd run` invocation "
+                       "(GPUs held x wall time); earlier invocations of a resumed shard are not counted",
+        usage_by_role=usage_by_role(rows),
+        trials=[outcome[t] for t in trials if t in outcome],
+        by_source={k: v.model_copy(update={"trials": v.trials or []}) for k, v in per_source.items()},
+    )
+    if prev is not None and prev.to_json() == summary.to_json():
         return False
-    atomic_write_bytes(path, body)
+    merged.write_summary(summary)
     return True
 
 
@@ -459,7 +460,8 @@ def merge_datasets(parts: list[Path], out: Path) -> dict[str, Any]:
 
     if not parts:
         raise InputError("command line", "PARTS", "give at least one dataset folder")
-    metas, dicts = [], []
+    metas: list[dict[str, Any]] = []
+    dicts: list[Any] = []
     seen: dict[Path, Path] = {}
     for p in map(Path, parts):
         if p.resolve() in seen:  # `data merge P P` would count every row twice

@@ -36,6 +36,21 @@ class ResumeSession(Record):
     python: str | None = None
 
 
+class MergedSource(Record):
+    """One run joined by `lhd merge` (its manifest's `source.sources`): where it was, which shard,
+    seeds and trials it gave, its first session's provenance and when it was merged."""
+
+    path: str | None = None
+    run_name: str | None = None
+    shard: list[int] | None = None  # [index, count]
+    seeds: list[int] | None = None
+    trials: list[str] | None = None
+    host: str | None = None
+    started_at: str | None = None
+    packages: dict[str, str | None] | None = None
+    merged_at: str | None = None
+
+
 class RunSource(Record):
     """Where a run not made by `lhd run` came from: `lhd import-reference` (the authors' session
     folders, by trial) or `lhd merge` (the merged runs)."""
@@ -43,7 +58,7 @@ class RunSource(Record):
     kind: str | None = None
     sessions: dict[str, dict[str, Any]] | None = None  # import-reference: trial id -> its session folder
     imported_at: str | None = None
-    sources: list[dict[str, Any]] | None = None  # merge: one record per merged run
+    sources: list[MergedSource] | None = None  # merge: one record per merged run
 
 
 class Manifest(Record):
@@ -85,14 +100,25 @@ class TrialOutcome(Record):
     resumed_rounds: int | None = None
 
 
+class SourceOutcome(Record):
+    """One source of a merged run in its summary.json (`by_source`): that source's last `lhd run`."""
+
+    wall_s: float | None = None
+    gpu_hours: float | None = None
+    trials: list[TrialOutcome] | None = None
+
+
 class Summary(Record):
     """summary.json: what the last `lhd run` session did (usage per role, each trial's outcome)."""
 
     run_id: str | None = None
     wall_s: float | None = None
     gpu_hours_this_invocation: float | None = None
+    gpu_hours: float | None = None  # lhd merge: the sources' gpu_hours_this_invocation summed
+    gpu_hours_note: str | None = None  # lhd merge: what gpu_hours counts
     usage_by_role: dict[str, dict[str, Any]] | None = None
     trials: list[TrialOutcome] | None = None
+    by_source: dict[str, SourceOutcome] | None = None  # lhd merge: each source's last `lhd run`
 
 
 class RunTaskFile(Record):
