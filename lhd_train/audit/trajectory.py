@@ -10,16 +10,19 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lhd_train.bench.prompts import BUILTIN_DIR as PROMPTS_DIR
 from lhd_train.config.auditor import DEFAULT_OPTIONS, RenderOptions
 from lhd_train.config.vocab import MODES
 from lhd_train.errors import DataFileError, InputError
 from lhd_train.rundir.files import read_yaml_mapping, sha256_text
-from lhd_train.rundir.manifest import Manifest, RunTasks
+from lhd_train.rundir.manifest import Manifest, RunTask, RunTasks
 from lhd_train.rundir.rows import RoundRow, SupervisorState
 from lhd_train.rundir.run import Run, read_record
+
+if TYPE_CHECKING:
+    from lhd_train.bench.taskpack import Task
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,10 @@ def _as_run(run_dir: str | Path | Run) -> Run:
     return run_dir if isinstance(run_dir, Run) else Run.at(run_dir)
 
 
+def _task_text(task: RunTask | Task) -> TaskText:
+    return TaskText(task.index, task.title, task.prompt, tuple((f.name, f.content) for f in task.files))
+
+
 def run_task_texts(run: Run) -> tuple[dict[int, TaskText], str]:
     """`load_task_texts` for the pack the run's `config.resolved.yaml` names (none without one)."""
     task_pack = read_yaml_mapping(run.dir.config, "run config").get("task_pack") if run.dir.config.is_file() else None
@@ -82,7 +89,7 @@ def load_task_texts(run_dir: str | Path | Run, task_pack: str | None) -> tuple[d
 
     Order: the run's own `tasks.json` (imported runs carry the exact texts); the pack named in
     the run config (relative paths tried from the working directory, then the run directory);
-    else an empty map, and the performer's round-1 message is shown instead (see `round1_text`)."""
+    else an empty map, and the performer's round-1 message is shown instead (`Trial.round1_messages`)."""
     run = _as_run(run_dir)
     sidecar = run.dir.tasks
     try:
@@ -90,8 +97,7 @@ def load_task_texts(run_dir: str | Path | Run, task_pack: str | None) -> tuple[d
     except DataFileError as e:
         raise InputError(sidecar, e.field, f"cannot be read: {e.problem}") from None
     if stored is not None:
-        return ({t.index: TaskText(t.index, t.title, t.prompt, tuple((f.name, f.content) for f in t.files))
-                 for t in stored.tasks}, str(sidecar))
+        return {t.index: _task_text(t) for t in stored.tasks}, str(sidecar)
     if task_pack:
         from lhd_train.bench.taskpack import load_pack
 
@@ -102,8 +108,7 @@ def load_task_texts(run_dir: str | Path | Run, task_pack: str | None) -> tuple[d
                 continue
             if not _pack_matches_run(run, pack):
                 return {}, f"performer messages (pack '{task_pack}' today is not the pack this run used)"
-            return ({t.index: TaskText(t.index, t.title, t.prompt, tuple((f.name, f.content) for f in t.files))
-                     for t in pack.tasks}, f"pack {pack.path or pack.name}")
+            return {t.index: _task_text(t) for t in pack.tasks}, f"pack {pack.path or pack.name}"
     return {}, "performer messages"
 
 
