@@ -16,7 +16,7 @@ from lhd_train.bench.prompts import BUILTIN_DIR as PROMPTS_DIR
 from lhd_train.config.auditor import DEFAULT_OPTIONS, RenderOptions
 from lhd_train.config.vocab import MODES
 from lhd_train.errors import DataFileError, InputError
-from lhd_train.rundir.files import read_yaml_mapping, sha256_text
+from lhd_train.rundir.files import sha256_text
 from lhd_train.rundir.manifest import Manifest, RunTask, RunTasks
 from lhd_train.rundir.rows import RoundRow, SupervisorState
 from lhd_train.rundir.run import Run, read_record
@@ -80,8 +80,8 @@ def _task_text(task: RunTask | Task) -> TaskText:
 
 def run_task_texts(run: Run) -> tuple[dict[int, TaskText], str]:
     """`load_task_texts` for the pack the run's `config.resolved.yaml` names (none without one)."""
-    task_pack = read_yaml_mapping(run.dir.config, "run config").get("task_pack") if run.dir.config.is_file() else None
-    return load_task_texts(run, task_pack)
+    task_pack = run.config().get("task_pack")
+    return load_task_texts(run, str(task_pack) if task_pack else None)
 
 
 def load_task_texts(run_dir: str | Path | Run, task_pack: str | None) -> tuple[dict[int, TaskText], str]:
