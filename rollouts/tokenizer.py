@@ -10,9 +10,10 @@ whose saved pre-tokenizer splits on whitespace encodes 7 of 7 sample texts to ot
 `AutoTokenizer`; one with GPT-2's byte-level regex differs on runs of spaces, one with an NFKC
 normalizer on full-width text. lhd's own tiny models save Qwen2's regex and NFC on purpose, so
 their ids agree either way (checked on qwen2, qwen3 and llama tiny folders: same ids, same chat
-template encoding); the rule matters for any other generic tokenizer in a qwen2 folder. Generation (hf backend), prompt counting (served backends), training and the
-lens all load through `load_tokenizer`, so the ids a model generated are the ids the lens and
-the trainer see again.
+template encoding); the rule matters for any other generic tokenizer in a qwen2 folder.
+Generation (hf backend), prompt counting (served backends), training and the lens all load
+through `load_tokenizer`, so the ids a model generated are the ids the lens and the trainer see
+again.
 
 A `vllm serve` is outside this rule: it loads the folder with `AutoTokenizer` itself (measured
 with .venv-vllm, transformers 5.19: `CachedQwen2Tokenizer`, the same changed ids), so a folder of
