@@ -7,7 +7,7 @@ builds `Qwen2Tokenizer` instead and rebuilds the pipeline from vocab and merges 
 normalizer and pre-tokenizer, dropping the ones in `tokenizer.json`. Measured with transformers
 5.24 / tokenizers 0.23 (the case `tests/rollouts/test_tokenizer.py` keeps): a tiny qwen2 folder
 whose saved pre-tokenizer splits on whitespace encodes 7 of 7 sample texts to other ids under
-`AutoTokenizer`; one with GPT-2's byte-level regex differs on runs of spaces, one with an NFKC
+`AutoTokenizer`; one with GPT-2's byte-level regex differs on mixed whitespace, one with an NFKC
 normalizer on full-width text. lhd's own tiny models save Qwen2's regex and NFC on purpose, so
 their ids agree either way (checked on qwen2, qwen3 and llama tiny folders: same ids, same chat
 template encoding); the rule matters for any other generic tokenizer in a qwen2 folder.
