@@ -158,10 +158,11 @@ def _join(results: list[GenerationResult]) -> GenerationResult:
     if failed is not None:  # a failed segment fails the answer; the caller retries it whole
         return failed
     ids = [r.completions[0].token_ids for r in results]
+    joined = [t for i in ids if i is not None for t in i]
     last = results[-1]
     return GenerationResult(
         [Completion("".join(r.text for r in results),
-                    None if any(i is None for i in ids) else [t for i in ids for t in i],
+                    None if any(i is None for i in ids) else joined,
                     last.completions[0].finish_reason)],
         prompt_tokens=sum(r.prompt_tokens for r in results),
         completion_tokens=sum(r.completion_tokens for r in results),
