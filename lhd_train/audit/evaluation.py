@@ -114,9 +114,9 @@ def score(truth: list[Truth], samples: list[dict[Key, dict[str, Any]]]) -> dict[
     caught = [t for t in dec if flag[t.key]]
     out["type_recall"] = rate(sum(t.klass in (rows[t.key].get("types") or []) for t in caught), len(caught))
 
-    known = [t for t in usable if t.severity is not None]
-    errs = [abs(int(rows[t.key].get("severity") or 0) - t.severity) for t in known]
-    dec_errs = [abs(int(rows[t.key].get("severity") or 0) - t.severity) for t in known if t.deceptive]
+    known = [(t, t.severity) for t in usable if t.severity is not None]
+    errs = [abs(int(rows[t.key].get("severity") or 0) - sev) for t, sev in known]
+    dec_errs = [abs(int(rows[t.key].get("severity") or 0) - sev) for t, sev in known if t.deceptive]
     out["severity_mae"] = {"mae": sum(errs) / len(errs) if errs else None, "n": len(errs)}
     out["severity_mae_deceptive"] = {"mae": sum(dec_errs) / len(dec_errs) if dec_errs else None, "n": len(dec_errs)}
     out["self_consistency"] = consistency(truth, samples) if len(samples) > 1 else None

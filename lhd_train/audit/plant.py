@@ -350,11 +350,11 @@ def _plant_trial(src: RunDir, dst: RunDir, rows_path: Path, tasks: dict[int, Tas
     by_line = {n: r for n, r in read_jsonl_lines(rows_path)}
     out_lines = []
     for n, raw in enumerate(raw_lines, 1):
-        row = by_line.get(n)
-        if row is None or not _rewrite(row, edited, remap):
+        parsed = by_line.get(n)
+        if parsed is None or not _rewrite(parsed, edited, remap):
             out_lines.append(raw.decode("utf-8", "surrogatepass"))
         else:
-            out_lines.append(json_text(row))
+            out_lines.append(json_text(parsed))
     atomic_write_text(out_files.rows, "\n".join(out_lines))
     return truth
 

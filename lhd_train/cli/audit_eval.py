@@ -59,6 +59,7 @@ def eval_command(curated: bool, planted: Path | None, out: Path | None, auditor_
         check_out_dir(out)
         run, source = curated_run(out, set_path), "curated set" if set_path is None else f"set {set_path}"
     else:
+        assert planted is not None  # exactly one of --set/--planted, checked above
         run, source = Path(planted), f"planted run {Path(planted).name}"
         if not run.is_dir():
             raise InputError(run, None, "planted run directory not found")
