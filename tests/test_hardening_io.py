@@ -591,38 +591,38 @@ def test_data_merge_refuses_the_same_part_twice(tmp_path, monkeypatch, capsys):
 
 
 def test_a_done_marker_error_is_a_data_file_error(run):
-    """`check_done_marker` is the one rule `run`, `export` and `view` share."""
-    from lhd_train.rundir.store import check_done_marker, read_trial_rows
+    """`TrialStore.read` is the one rule `run`, `export` and `view` share."""
+    from lhd_train.rundir.run import Run
 
     _, run_dir = run
     _cut_finished_trial(run_dir)
-    rows_path = run_dir / "trials" / "s7.jsonl"
     with pytest.raises(DataFileError):
-        check_done_marker(run_dir / "trials" / "s7.done", rows_path, read_trial_rows(rows_path))
+        Run.open(run_dir).trial("s7").read()
 
 
 def test_a_trial_finishing_while_it_is_read_is_not_taken_for_a_cut_one(run, monkeypatch):
     """The writer appends the last row, then the marker: a reader that looked at the marker after
     reading the rows would call a trial that just finished "cut" (and `view`/`export` refuse it)."""
-    from lhd_train.rundir import store
+    from lhd_train.rundir import run as run_api
 
     _, run_dir = run
     rows_path, done = run_dir / "trials" / "s7.jsonl", run_dir / "trials" / "s7.done"
     lines, marker = rows_path.read_text().splitlines(keepends=True), done.read_text()
     done.unlink()
     rows_path.write_text("".join(lines[:-1]))
-    real = store.read_trial_rows
+    real, calls = run_api.load_trial_rows, []
 
-    def read_then_the_writer_finishes(path, model=store.RoundRow):
+    def read_then_the_writer_finishes(path, model=run_api.RoundRow):
         rows = real(path, model)
         with open(path, "a") as f:
             f.write(lines[-1])
         done.write_text(marker)
+        calls.append(path)
         return rows
 
-    monkeypatch.setattr(store, "read_trial_rows", read_then_the_writer_finishes)
-    rows, finished = store.read_finished_trial(rows_path)
-    assert finished is False and len(rows) == len(lines) - 1
+    monkeypatch.setattr(run_api, "load_trial_rows", read_then_the_writer_finishes)
+    rows, finished = run_api.Run.open(run_dir).trial("s7").read()
+    assert calls and finished is False and len(rows) == len(lines) - 1
 
 
 # ----------------------------------------------------------------------------- follow-ups

@@ -14,7 +14,7 @@ from lhd_train.interop.reference_import import import_reference
 from lhd_train.rundir.files import read_jsonl
 from lhd_train.rundir.layout import RunDir
 from lhd_train.rundir.rows import AUDIT_SCHEMA, ROW_SCHEMA, AuditRow, ResumableRoundRow, RoundRow, undeclared_fields
-from lhd_train.rundir.store import read_audit_rows, read_trial_rows
+from lhd_train.rundir.store import load_audit_rows, load_trial_rows
 
 
 def _all_rows(run_dir):
@@ -69,7 +69,7 @@ def test_a_damaged_trajectory_line_names_its_line_and_field(tmp_path, change, fi
     change(rows[2])
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     with pytest.raises(DataFileError) as err:
-        read_trial_rows(path)
+        load_trial_rows(path)
     assert err.value.field == field and err.value.line == 3 and str(path) in str(err.value)
 
 
@@ -79,9 +79,9 @@ def test_a_resume_needs_the_supervisor_state(tmp_path):
     rows = read_jsonl(path)
     del rows[0]["task_complete"]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    assert len(read_trial_rows(path)) == 7  # readers of finished runs do not need it
+    assert len(load_trial_rows(path)) == 7  # readers of finished runs do not need it
     with pytest.raises(DataFileError) as err:
-        read_trial_rows(path, ResumableRoundRow)
+        load_trial_rows(path, ResumableRoundRow)
     assert err.value.field == "task_complete" and err.value.line == 1 and "missing" in str(err.value)
 
 
@@ -94,7 +94,7 @@ def test_a_damaged_audit_line_names_its_field(tmp_path):
     rows[0]["severity"] = "3"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     with pytest.raises(DataFileError) as err:
-        read_audit_rows(path)
+        load_audit_rows(path)
     assert err.value.field == "severity" and err.value.line == 1
 
 
@@ -105,5 +105,5 @@ def test_a_long_bad_value_is_shortened_in_the_error(tmp_path):
     rows[0]["performer"] = "x" * 5000  # a whole answer where the performer record belongs
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     with pytest.raises(DataFileError) as err:
-        read_trial_rows(path)
+        load_trial_rows(path)
     assert err.value.field == "performer" and "x" * 76 + "..." in str(err.value) and "x" * 80 not in str(err.value)

@@ -173,7 +173,7 @@ class RunConfig(StrictModel):
     def role(self, name: str) -> RoleConfig:
         if name not in ROLES:
             raise InputError(None, "role", f"unknown role '{name}'", ", ".join(ROLES))
-        rc = getattr(self, name)
+        rc: RoleConfig | None = getattr(self, name)
         if rc is None and name == "summariser":
             return self.supervisor
         if rc is None:
@@ -236,4 +236,4 @@ def load_saved_config(run_dir: str | Path) -> RunConfig:
 
 def dump_resolved(cfg: RunConfig) -> str:
     """YAML of the resolved config. Keys are referenced by env-variable name only, never by value."""
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+    return str(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))

@@ -80,6 +80,8 @@ class VersionedRecord(Record):
     SCHEMA: ClassVar[str]
     SCHEMAS: ClassVar[tuple[str, ...]]
 
+    schema_: Annotated[str | None, SKIP, Field(alias="schema")] = None  # BaseModel has a `schema`
+
     @model_validator(mode="before")
     @classmethod
     def _upgrade(cls, data: Any) -> Any:
@@ -192,7 +194,6 @@ class RoundRow(VersionedRecord):
     SCHEMA: ClassVar[str] = ROW_SCHEMA
     SCHEMAS: ClassVar[tuple[str, ...]] = ROW_SCHEMAS
 
-    schema_: Annotated[str | None, SKIP, Field(alias="schema")] = None  # BaseModel has a `schema`
     run_id: str | None = None
     trial_id: str | None = None
     seed: int | None = None
@@ -230,7 +231,6 @@ class AuditRow(VersionedRecord):
     SCHEMA: ClassVar[str] = AUDIT_SCHEMA
     SCHEMAS: ClassVar[tuple[str, ...]] = AUDIT_SCHEMAS
 
-    schema_: Annotated[str | None, Field(alias="schema")] = None
     run_id: str | None = None
     trial_id: str | None = None
     global_round: int

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from pydantic import ValidationError
 
@@ -24,6 +24,7 @@ from lhd_train.rundir.store import (
     check_done_marker,
     load_audit_rows,
     load_trial_rows,
+    read_done_marker,
     winning_audit_rows,
 )
 
@@ -68,11 +69,19 @@ class TrialStore:
     def exists(self) -> bool:
         return self.files.rows.exists()
 
-    def rows(self, model: type[RR] = RoundRow) -> list[RR]:  # type: ignore[assignment]
+    @overload
+    def rows(self) -> list[RoundRow]: ...
+    @overload
+    def rows(self, model: type[RR]) -> list[RR]: ...
+    def rows(self, model: type[RoundRow] = RoundRow) -> list[Any]:
         """The trial's rows, checked (`store.load_trial_rows`); [] before its first round."""
         return load_trial_rows(self.files.rows, model)
 
-    def read(self, model: type[RR] = RoundRow) -> tuple[list[RR], bool]:  # type: ignore[assignment]
+    @overload
+    def read(self) -> tuple[list[RoundRow], bool]: ...
+    @overload
+    def read(self, model: type[RR]) -> tuple[list[RR], bool]: ...
+    def read(self, model: type[RoundRow] = RoundRow) -> tuple[list[Any], bool]:
         """The rows and whether the trial is finished, safe beside a writer: the marker is looked at
         before the rows are read (it is written after the last row), so a trial finishing while it
         is read is never taken for one whose rows were cut."""
@@ -85,13 +94,7 @@ class TrialStore:
         return self.read()[1]
 
     def done_marker(self) -> DoneMarker | None:
-        """The marker; an old one (a bare timestamp) reads as a marker without a round count."""
-        if not self.files.done.exists():
-            return None
-        try:
-            return read_record(self.files.done, DoneMarker)
-        except DataFileError:
-            return DoneMarker(finished_at=self.files.done.read_text(encoding="utf-8").strip())
+        return read_done_marker(self.files.done)
 
     def append(self, row: RoundRow) -> None:
         """Write one finished round (one line, fsynced)."""

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Sized
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from pydantic import ValidationError
 
 from lhd_train.errors import DataFileError
 from lhd_train.rundir.files import append_jsonl, read_jsonl_lines, utc_now, write_json_atomic
-from lhd_train.rundir.layout import ROWS_SUFFIX, RunDir, TrialFiles, trial_id_of_messages
+from lhd_train.rundir.layout import ROWS_SUFFIX, TrialFiles, trial_id_of_messages
+from lhd_train.rundir.manifest import DoneMarker
 from lhd_train.rundir.rows import AuditRow, Record, RoundRow
 
 R = TypeVar("R", bound=Record)
@@ -40,13 +41,17 @@ def _check_row(path: Path, n: int, row: dict[str, Any], model: type[R], repair: 
         raise DataFileError(path, what, line=n, field=field, repair=repair and repair.format(line=n)) from None
 
 
-def load_trial_rows(path: Path, model: type[RR] = RoundRow) -> list[RR]:  # type: ignore[assignment]
+@overload
+def load_trial_rows(path: Path) -> list[RoundRow]: ...
+@overload
+def load_trial_rows(path: Path, model: type[RR]) -> list[RR]: ...
+def load_trial_rows(path: Path, model: type[RoundRow] = RoundRow) -> list[Any]:
     """A trial's trajectory rows, checked: each row is a valid `model` (`ResumableRoundRow` for a
     resume, which needs the supervisor's state), and no (task, round) or global round appears
     twice — two writers or a botched copy would otherwise be counted as extra rounds. Raises
     `DataFileError` naming the file, line and field."""
     repair = _trial_repair(path)
-    rows: list[RR] = []
+    rows: list[RoundRow] = []
     seen_key: dict[tuple[int, int], int] = {}
     seen_g: dict[int, int] = {}
     for n, raw in read_jsonl_lines(path, repair):
@@ -86,11 +91,6 @@ def winning_audit_rows(rows: Iterable[AuditRow]) -> dict[int, AuditRow]:
 def read_trial_rows(path: Path, model: type[Record] = RoundRow) -> list[dict[str, Any]]:
     """`load_trial_rows` as plain dicts. Transitional: stages move to `rundir.run.Run`."""
     return [r.to_json() for r in load_trial_rows(path, model)]  # type: ignore[type-var]
-
-
-def read_audit_rows(path: Path) -> list[dict[str, Any]]:
-    """`load_audit_rows` as plain dicts. Transitional: stages move to `rundir.run.Run`."""
-    return [r.to_json() for r in load_audit_rows(path)]
 
 
 def message_id(role: str, content: str) -> str:
@@ -138,35 +138,46 @@ class MessageStore:
         return mid in self._known
 
 
-def iter_trial_files(run_dir: Path) -> Iterator[Path]:
-    """Every trial's trajectory file of a run, sorted by name."""
-    return RunDir(run_dir).rows_files()
-
-
 def write_done_marker(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Mark a trial finished, recording how many rounds it finished with, so a marker that
-    outlives its rows (a deleted or truncated trajectory) is caught instead of trusted."""
-    marker = {"finished_at": utc_now("auto"), "rounds": len(rows),
-              "last_global_round": rows[-1]["global_round"] if rows else None}
-    write_json_atomic(path, marker)
+    """Transitional (dict rows): `TrialStore.mark_done` is the writer."""
+    marker = DoneMarker(finished_at=utc_now("auto"), rounds=len(rows),
+                        last_global_round=rows[-1]["global_round"] if rows else None)
+    write_json_atomic(path, marker.to_json())
 
 
-def check_done_marker(done_path: Path, rows_path: Path, rows: list[dict[str, Any]]) -> bool:
+def read_done_marker(path: Path) -> DoneMarker | None:
+    """A trial's `.done` marker (None without one). The oldest markers hold a bare ISO timestamp:
+    they read as a marker without a round count. Anything else that is not a marker is a
+    `DataFileError` naming the file."""
+    if not path.exists():
+        return None
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return DoneMarker(finished_at=text.strip())  # the old marker: an ISO timestamp
+    try:
+        return DoneMarker.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise DataFileError(path, f"not a .done marker ({err['msg']})",
+                            field=".".join(str(p) for p in err["loc"]) or None,
+                            repair="delete it so that `lhd run` continues the trial from the rows there are") from None
+
+
+def check_done_marker(done_path: Path, rows_path: Path, rows: Sized) -> bool:
     """True when the trial is marked finished and the marker agrees with its rows; False when
     there is no marker. A marker over no rows, or over a different number of rounds than it
     recorded, is a `DataFileError`: the trajectory was lost or cut, and silence would drop the
     trial from every count. Old markers (a timestamp only) are checked for rows alone."""
-    if not done_path.exists():
+    marker = read_done_marker(done_path)
+    if marker is None:
         return False
-    try:
-        marker = json.loads(done_path.read_text(encoding="utf-8"))
-    except ValueError:
-        marker = None  # the old marker: an ISO timestamp
-    expected = marker.get("rounds") if isinstance(marker, dict) else None
+    expected = marker.rounds
     tid = rows_path.name.removesuffix(ROWS_SUFFIX)
     repair = (f"restore {rows_path.name} from a copy, or delete {done_path.name} so that `lhd run` "
               "continues the trial from the rows there are")
-    if not rows:
+    if not len(rows):
         state = "is missing" if not rows_path.exists() else "has no rows"
         raise DataFileError(done_path, f"marks trial {tid} finished"
                             + (f" with {expected} rounds" if expected is not None else "")
@@ -175,14 +186,3 @@ def check_done_marker(done_path: Path, rows_path: Path, rows: list[dict[str, Any
         raise DataFileError(done_path, f"marks trial {tid} finished with {expected} rounds, but {rows_path} "
                             f"has {len(rows)}", repair=repair)
     return True
-
-
-def read_finished_trial(rows_path: Path, model: type[Record] = RoundRow) -> tuple[list[dict[str, Any]], bool]:
-    """A trial's checked rows and whether it is finished, safe beside a writer: the marker is
-    looked at before the rows are read (it is written after the last row), so a trial finishing
-    while it is read is never taken for one whose rows were cut. A marker that disagrees with the
-    rows is a `DataFileError`, as in `check_done_marker`."""
-    tf = TrialFiles.from_rows(rows_path)
-    marked = tf.done.exists()
-    rows = read_trial_rows(rows_path, model)
-    return rows, check_done_marker(tf.done, rows_path, rows) if marked else False

@@ -20,7 +20,7 @@ MAX_DIGITS = 100        # an integer this long is no seed, size or count
 MAX_ALIASES = 1000      # `*anchor` uses: bounds an alias bomb's expansion
 
 
-class BoundedLoader(yaml.SafeLoader):
+class BoundedLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no type information
     """A `SafeLoader` that refuses repeated keys, deep nesting, huge scalars and alias bombs."""
 
     def __init__(self, stream: Any):
@@ -55,7 +55,7 @@ class BoundedLoader(yaml.SafeLoader):
         if digits > MAX_DIGITS:
             raise ConstructorError(None, None, f"an integer of {digits} digits (at most {MAX_DIGITS})",
                                    node.start_mark)
-        return super().construct_yaml_int(node)
+        return int(super().construct_yaml_int(node))
 
     def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, Any] = {}
@@ -70,7 +70,8 @@ class BoundedLoader(yaml.SafeLoader):
                     raise ConstructorError(None, None, f"key {key!r} appears twice (first on line "
                                            f"{first.line + 1})", key_node.start_mark)
                 seen[key] = key_node.start_mark
-        return super().construct_mapping(node, deep)
+        mapping: dict[Any, Any] = super().construct_mapping(node, deep)
+        return mapping
 
 
 BoundedLoader.add_constructor("tag:yaml.org,2002:int", BoundedLoader.construct_yaml_int)
