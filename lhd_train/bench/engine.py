@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import platform
 import time
 from pathlib import Path
@@ -21,7 +20,6 @@ from lhd_train.rundir.files import (
     atomic_write_text,
     package_versions,
     python_version,
-    read_yaml_mapping,
     utc_now,
     write_json_atomic,
 )
@@ -46,11 +44,12 @@ def _check_resume(run_dir: Path, cfg: RunConfig, has_rounds: bool = True) -> Non
     """Refuse to resume with a config other than the one the run's rounds were made with. A run
     without any round yet (a failed start: a typo in a model path) may be started again with
     another config: the saved one is then replaced, not enforced."""
-    saved_path = Run.at(run_dir).dir.config
+    run = Run.at(run_dir)
+    saved_path = run.dir.config
     if not saved_path.exists() or not has_rounds:
         return
     try:
-        saved = read_yaml_mapping(saved_path, "resolved config")
+        saved = run.config()
     except InputError as e:
         raise InputError(saved_path, None, f"{' '.join(e.problem.split())}; it records the config of the rounds on "
                          "disk: restore it, or choose a new run_name") from None
@@ -68,11 +67,11 @@ def _started(run: Run, tid: str) -> bool:
     return rows_path.exists() and rows_path.stat().st_size > 0
 
 
-def _read_schedule(path: Path) -> Any:
+def _saved_schedule(run: Run, tid: str) -> dict[str, Any] | None:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise InputError(path, None, f"not valid JSON ({e}); the schedule of a trial with rounds on disk is "
+        return run.schedule(tid)
+    except InputError as e:
+        raise InputError(run.dir.schedule(tid), None, f"{e.problem}; the schedule of a trial with rounds on disk is "
                          "checked against the one drawn now: restore it, or delete it (it is drawn again from "
                          "the seed)") from None
 
@@ -96,7 +95,7 @@ def prepare_run_dir(cfg: RunConfig, pack: Any, seeds: list[int],
         tid = cfg.trial_id(seed)
         sched = draw_schedule(pack, seed, cfg.p_event, cfg.control.category, cfg.control.pressure)
         path = rd.schedule(tid)
-        if tid in started and path.exists() and _read_schedule(path) != sched.to_json():
+        if tid in started and path.exists() and _saved_schedule(run, tid) != sched.to_json():
             raise InputError(path, "entries", "the saved event schedule differs from the one drawn now")
         write_json_atomic(path, sched.to_json())
         schedules[tid] = sched

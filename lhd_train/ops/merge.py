@@ -26,7 +26,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,13 +37,12 @@ from lhd_train.errors import InputError
 from lhd_train.ops.shard import parse_shard_run_name
 from lhd_train.rundir.files import atomic_write, atomic_write_bytes
 from lhd_train.rundir.files import read_json_mapping as _read_json
-from lhd_train.rundir.files import read_yaml_mapping as _read_yaml
 from lhd_train.rundir.files import sha256_file as _sha
 from lhd_train.rundir.files import utc_now as _now
 from lhd_train.rundir.layout import CONFIG, LOCK, TASKS
 from lhd_train.rundir.lock import run_dir_lock
 from lhd_train.rundir.manifest import AuditorRecord, Manifest, MergedSource, RunSource, SourceOutcome, Summary
-from lhd_train.rundir.names import name_problem, trial_id
+from lhd_train.rundir.names import name_problem, parse_trial_id
 from lhd_train.rundir.rows import RoundRow
 from lhd_train.rundir.run import AuditorStore, Run
 from lhd_train.rundir.staging import staged_dir
@@ -97,18 +95,11 @@ class Source:
         return str(self.config.get("run_name") or self.path.name)
 
     def seeds(self) -> list[int]:
-        """The seeds of the trials this source holds, in its config's order (a shard whose config
-        lists the whole grid contributes only the seeds it ran). A trial's seed is the listed seed
-        whose trial id (the one rule, with the config's control study) it is."""
+        """The seeds of the trials this source holds (read from their ids by the one trial-id
+        rule), in its config's order (a shard whose config lists the whole grid contributes only
+        the seeds it ran)."""
         listed = [int(x) for x in (self.config.get("seeds") or (self.manifest.seeds if self.manifest else None) or [])]
-        control = self.config.get("control") or {}
-        of_trial = {trial_id(s, control.get("category"), control.get("pressure")): s for s in listed}
-        present: list[int] = []
-        for t in self.trials:
-            m = re.match(r"s(\d+)", t)  # a trial no listed seed names: the seed its id starts with
-            seed = of_trial.get(t, int(m.group(1)) if m else None)
-            if seed is not None and seed not in present:
-                present.append(seed)
+        present = _union([[parsed[0]] for t in self.trials if (parsed := parse_trial_id(t)) is not None])
         return [s for s in listed if s in present] + [s for s in present if s not in listed]
 
     def record(self) -> MergedSource:
@@ -132,7 +123,7 @@ def _load_source(path: Path, order: int) -> Source:
     run = Run.open(Path(path).resolve(), source=str(path))
     if not run.dir.config.is_file():
         raise InputError(path, None, f"not a run directory of `lhd run` (no {CONFIG})")
-    config = _read_yaml(run.dir.config)
+    config = run.config()
     manifest = run.manifest()
     rank = {t: k for k, t in enumerate((manifest.trials if manifest else None) or [])}
     trials = sorted(_trial_ids(run), key=lambda t: (rank.get(t, len(rank)), t))
@@ -281,7 +272,7 @@ def _merge_runs(run_dirs: list[Path], out: Path, run_name: str | None) -> dict[s
         prev_source = prev_manifest.source if prev_manifest is not None else None
         if prev_source is None or prev_source.kind != MERGE_KIND:
             raise InputError(out, None, "exists and is not a run made by `lhd merge`; choose another --out")
-        prev_cfg = _read_yaml(ro.config)
+        prev_cfg = merged.config()
         prev_sources = list(prev_source.sources or [])
 
     ref_path, ref = (ro.config, prev_cfg) if prev_cfg is not None else \
