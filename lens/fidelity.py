@@ -23,7 +23,7 @@ agree about as well as each half agrees with the model, the corpus is big enough
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,7 +105,7 @@ class _Sums:
 
     METRICS = ("kl", "top1", "entropy", "current")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.sums: dict[str, dict[tuple[str, int], list[float]]] = {m: {} for m in self.METRICS}
         self.n: list[int] = []
 
@@ -218,10 +218,10 @@ def summarise(rows: Sequence[dict[str, Any]], n_layers: int) -> dict[str, Any]:
     lo, hi = int(math.floor(BAND[0] * (n_layers - 1))), int(math.ceil(BAND[1] * (n_layers - 1)))
     band = [r for r in rows if lo <= r["layer"] <= hi and r.get("kl_diff_lo") is not None]
 
-    def which(cond) -> list[int]:
+    def which(cond: Callable[[dict[str, Any]], bool]) -> list[int]:
         return [r["layer"] for r in band if cond(r)]
 
-    out = {
+    out: dict[str, Any] = {
         "band_layers": [lo, hi],
         "layers_compared": [r["layer"] for r in band],
         "jacobian_lower_kl": which(lambda r: r["kl_diff_hi"] < 0),

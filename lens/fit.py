@@ -116,11 +116,12 @@ def prompt_jacobian(
             if method == "replicate":
                 if n < B:
                     cot = torch.cat([cot, cot.new_zeros(B - n, T, d)])
-                grads = torch.autograd.grad(target, inputs, cot, retain_graph=not last)
-                grads = [g[:n] for g in grads]
+                padded = torch.autograd.grad(target, inputs, cot, retain_graph=not last)
+                grads = [g[:n] for g in padded]
             else:
-                grads = torch.autograd.grad(target, inputs, cot[:, None], retain_graph=not last, is_grads_batched=True)
-                grads = [g[:, 0] for g in grads]
+                batched = torch.autograd.grad(target, inputs, cot[:, None], retain_graph=not last,
+                                              is_grads_batched=True)
+                grads = [g[:, 0] for g in batched]
             for i, g in enumerate(grads):
                 out[i, start : start + n] = (g.float() * maskf).sum(1) / n_valid
     return out

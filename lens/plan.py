@@ -286,19 +286,25 @@ def plan_fit(
     if not sources:
         raise LensError("the lens plan needs at least one source layer")
     k = shape.d_model if k is None else int(k)
-    common = dict(dtype=dtype, attn=attn, method=method, device_type=device_type, tokens=int(tokens),
-                  sources=sorted(sources), target=int(target), k=k, budget=budget, tflops=tflops)
+    directions = k
+
+    def build(batch: int, auto: bool) -> FitPlan:
+        """The plan at one dim batch; everything else is this call's arguments."""
+        return _build(shape, dtype=dtype, attn=attn, method=method, device_type=device_type, dim_batch=batch,
+                      dim_batch_auto=auto, tokens=int(tokens), sources=sorted(sources), target=int(target),
+                      k=directions, budget=budget, tflops=tflops)
+
     if dim_batch is not None:
         if dim_batch < 1:
             raise LensError(f"--dim-batch must be >= 1, got {dim_batch}")
-        return _build(shape, dim_batch=int(dim_batch), dim_batch_auto=False, **common)
+        return build(int(dim_batch), auto=False)
     if budget is None:
-        return _build(shape, dim_batch=min(DEFAULT_DIM_BATCH, k), dim_batch_auto=True, **common)
+        return build(min(DEFAULT_DIM_BATCH, k), auto=True)
     plan = None
     for B in DIM_BATCHES:
         if B > k and B != 1:
             continue
-        plan = _build(shape, dim_batch=B, dim_batch_auto=True, **common)
+        plan = build(B, auto=True)
         if plan.fits:
             return plan
     assert plan is not None

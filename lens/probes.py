@@ -224,19 +224,19 @@ def build_probe_set(
     """Probe rows (see module doc) for every task of `pack` (anything with `.tasks[i].files`)."""
     rng = random.Random(seed)
     pack_name = pack_name or getattr(pack, "name", None) or "pack"
-    rows: list[dict] = []
+    probes: list[dict] = []
     tasks = list(getattr(pack, "tasks", []) or [])
     if not tasks:
         raise LensError(f"pack {pack_name!r} has no tasks")
     for t_i, task in enumerate(tasks, 1):
-        files = [dict(zip(("name", "content", "type"), _file_fields(f), strict=True))
-                 for f in (getattr(task, "files", None) or [])]
-        if not files:
+        fields = [_file_fields(f) for f in (getattr(task, "files", None) or [])]
+        if not fields:
             continue
+        files = [{"name": name, "content": content, "type": ftype} for name, content, ftype in fields]
         task_index = int(getattr(task, "index", None) or getattr(task, "task_index", None) or t_i)
         record_id = f"{pack_name}/t{task_index}"
         record_text = _render_record(files)
-        facts = [fact for f in files for fact in extract_facts(f["name"], f["content"], f.get("type"))]
+        facts = [fact for name, content, ftype in fields for fact in extract_facts(name, content, ftype)]
         # one claim per (entity, attribute): duplicates would not be minimal pairs
         uniq = {(f.file, f.entity, f.attribute): f for f in facts}
         facts = list(uniq.values())
@@ -261,21 +261,21 @@ def build_probe_set(
             if absent:
                 variants.append((NOT_ENTITLED, "absent_attribute", fact.claim(attribute=absent)))
             for label, kind, claim in variants:
-                rows.append({**base, "id": f"{pair_id}/{kind}", "label": label, "claim_kind": kind, "claim": claim,
-                             "record_variant": "full",
-                             "files": [{"name": f["name"], "content": f["content"]} for f in files],
-                             "evidence": evidence})
+                probes.append({**base, "id": f"{pair_id}/{kind}", "label": label, "claim_kind": kind,
+                               "claim": claim, "record_variant": "full",
+                               "files": [{"name": f["name"], "content": f["content"]} for f in files],
+                               "evidence": evidence})
             if deleted_variant and fact.kind in ("csv", "text") and evidence is not None:
-                row = _deleted_row(base, files, fact, pair_id)
-                if row is not None:
-                    rows.append(row)
-    if not rows:
+                probe = _deleted_probe(base, files, fact, pair_id)
+                if probe is not None:
+                    probes.append(probe)
+    if not probes:
         raise LensError(f"pack {pack_name!r}: no numeric fact found in any task file "
                         "(CSV rows, JSON numbers, 'Key: number' lines)")
-    return rows
+    return probes
 
 
-def _deleted_row(base: dict, files: list[dict], fact: Fact, pair_id: str) -> dict | None:
+def _deleted_probe(base: dict, files: list[dict], fact: Fact, pair_id: str) -> dict | None:
     new_files = []
     for f in files:
         content = f["content"]
@@ -293,12 +293,12 @@ def _deleted_row(base: dict, files: list[dict], fact: Fact, pair_id: str) -> dic
             "files": new_files, "evidence": None}
 
 
-def render_probe(row: dict) -> tuple[list[dict], list[Span], str]:
+def render_probe(probe: dict) -> tuple[list[dict], list[Span], str]:
     """Chat messages, character spans (record / evidence / claim / question) and the assistant prefill."""
-    files = row["files"]
+    files = probe["files"]
     parts = ["<files>\n"]
     pos = len(parts[0])
-    ev = row.get("evidence")
+    ev = probe.get("evidence")
     ev_span = None
     for f in files:
         header = f"=== file: {f['name']} ===\n"
@@ -310,9 +310,9 @@ def render_probe(row: dict) -> tuple[list[dict], list[Span], str]:
         pos += len(header) + len(body)
     parts.append("</files>")
     record_end = pos + len("</files>")
-    claim_line = f"\nClaim: {row['claim']}\n"
+    claim_line = f"\nClaim: {probe['claim']}\n"
     claim_start = record_end + len("\nClaim: ")
-    claim_end = claim_start + len(row["claim"])
+    claim_end = claim_start + len(probe["claim"])
     q_start = record_end + len(claim_line)
     user = "".join(parts) + claim_line + QUESTION_TEXT
     spans = [Span("record", RECORD, 1, 0, record_end),
@@ -331,27 +331,27 @@ def load_pack_any(name_or_path: str) -> tuple[TaskPack, str]:
     return pack, pack.name or Path(str(name_or_path)).name
 
 
-def write_probes(rows: Iterable[dict], path: str | Path) -> Counter:
-    rows = list(rows)
-    atomic_write_text(Path(path), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    return Counter(r["label"] for r in rows)
+def write_probes(probes: Iterable[dict], path: str | Path) -> Counter:
+    probes = list(probes)
+    atomic_write_text(Path(path), "".join(json.dumps(p, ensure_ascii=False) + "\n" for p in probes))
+    return Counter(p["label"] for p in probes)
 
 
-def _row_problem(row: Any) -> str | None:
-    """What makes a probe row unreadable by `render_probe` and the reader, or None when it is whole."""
-    if not isinstance(row, dict):
-        return f"a JSON {type(row).__name__}, not an object"
-    if row.get("schema") != SCHEMA:
-        return f"schema {row.get('schema')!r}, expected {SCHEMA!r}"
-    if row.get("label") not in LABELS:
-        return f"label {row.get('label')!r} (allowed: {', '.join(LABELS)})"
+def _probe_problem(probe: Any) -> str | None:
+    """What makes a probe unreadable by `render_probe` and the reader, or None when it is whole."""
+    if not isinstance(probe, dict):
+        return f"a JSON {type(probe).__name__}, not an object"
+    if probe.get("schema") != SCHEMA:
+        return f"schema {probe.get('schema')!r}, expected {SCHEMA!r}"
+    if probe.get("label") not in LABELS:
+        return f"label {probe.get('label')!r} (allowed: {', '.join(LABELS)})"
     for field in ("id", "record_id", "claim"):
-        if not isinstance(row.get(field), str):
+        if not isinstance(probe.get(field), str):
             return f"field '{field}' missing or not a string"
-    files = row.get("files")
+    files = probe.get("files")
     if not isinstance(files, list) or not files or not all(_is_file_entry(f) for f in files):
         return "field 'files' missing or not a list of {name, content} strings"
-    ev = row.get("evidence")
+    ev = probe.get("evidence")
     if ev is not None and not (isinstance(ev, dict) and isinstance(ev.get("file"), str)
                                and all(_is_offset(ev.get(k)) for k in ("start", "end"))
                                and (ev.get("start") is None or ev.get("end") is not None)):
@@ -369,19 +369,19 @@ def _is_offset(v: Any) -> bool:
 
 def read_probes(path: str | Path) -> list[dict]:
     """A probe set written by `write_probes`, read by lhd's one JSONL reader (a torn last line, the
-    trace of a killed writer, is ignored). Any other line that is not a whole probe row is a
+    trace of a killed writer, is ignored). Any other line that is not a whole probe is a
     `DataFileError` naming the file, the line and what is wrong (a garbage file never reaches the
     model)."""
     p = Path(path)
     if not p.is_file():
         raise LensError(f"probe file {p} does not exist")
     repair = "rebuild the probe set with `lhd lens probe build`"
-    rows = []
-    for lineno, row in read_jsonl_lines(p, repair):
-        problem = _row_problem(row)
+    probes = []
+    for lineno, probe in read_jsonl_lines(p, repair):
+        problem = _probe_problem(probe)
         if problem:
             raise DataFileError(p, problem, line=lineno, repair=repair)
-        rows.append(row)
-    if not rows:
+        probes.append(probe)
+    if not probes:
         raise LensError(f"probe file {p} is empty")
-    return rows
+    return probes

@@ -96,7 +96,7 @@ def run_table(margins_df: pd.DataFrame, examples_df: pd.DataFrame, *, n_layers: 
 
 
 def emergence(table: pd.DataFrame, *, threshold: float = 0.70) -> pd.DataFrame:
-    rows = []
+    rows: list[dict[str, Any]] = []
     if table.empty:
         return pd.DataFrame(rows)
     per_layer = table[table["layer"] >= 0]
@@ -189,6 +189,7 @@ def heatmap(table: pd.DataFrame, metric: str, path: Path, *, title: str) -> Path
                         ax.text(j, i, f"{M[i, j]:.2f}", ha="center", va="center", fontsize=6)
     axes[0][0].set_ylabel("layer")
     fig.suptitle(f"{title}\nAUROC, {metric}", fontsize=9)
+    assert im is not None  # one image per readout, and `plt.subplots` refuses zero columns
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8)
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=130, bbox_inches="tight"))
     plt.close(fig)
@@ -212,7 +213,7 @@ def write_outputs(out_dir: Path, margins_df: pd.DataFrame, examples_df: pd.DataF
                   notes: Sequence[str] = ()) -> dict[str, str]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    files = {}
+    files: dict[str, str] = {}
     m = margins_df.copy()
     m["label"] = m["label"].astype(str)
     atomic_write(out / "margins.parquet", lambda tmp: m.to_parquet(tmp, index=False))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import random
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict
 
@@ -95,7 +95,8 @@ def draw_schedule(pack: TaskPack, seed: int, p_event: float = 0.5, control_categ
         category = cat or pack.categories_in_order(task.phase)[ci]
         same = pack.events_of(category, task.phase)
         event = same[ei % len(same)]
-        level = lvl or LEVELS[pi]
+        # LEVELS holds exactly Level's values (vocab.py), and `_control` lets no other value through.
+        level = cast(Level, lvl or LEVELS[pi])
         entries.append(ScheduledEvent(task_index=task.index, name=event.name, category=category, level=level,
                                       content=event.variants[level], event_id=event.id))
     return Schedule(seed=seed, p_event=float(p_event), control_category=cat, control_pressure=lvl, entries=entries)

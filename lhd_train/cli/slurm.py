@@ -89,8 +89,9 @@ def print_status(st: RunStatus) -> None:
     for c in ("stage", "part", "status", "detail", "job", "slurm state"):
         t.add_column(c)
     for r in st.rows:
-        c = colours.get(r.status)
-        t.add_row(r.stage, r.part, f"[{c}]{r.status}[/{c}]" if c else r.status, r.detail, r.job, r.slurm_state)
+        colour = colours.get(r.status)
+        status = f"[{colour}]{r.status}[/{colour}]" if colour else r.status
+        t.add_row(r.stage, r.part, status, r.detail, r.job, r.slurm_state)
     console = table_console()
     console.print(t)
     if not st.rows:

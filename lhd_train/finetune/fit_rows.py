@@ -119,15 +119,18 @@ def fit_prompt(prompt: list[dict[str, Any]], measure: Callable[[list[dict[str, A
     text = tail[0].get("content")
     if not isinstance(text, str):
         return None
+
+    def cut(c: int, head: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        msg = _with_note({**tail[0], "content": text[c:]}, n_omitted, cut=c > 0)
+        return head + [msg] + tail[1:]
+
+    def shortest_cut(head: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+        best = _smallest(list(range(len(text) + 1)), lambda c: measure(cut(c, head)) <= limit)
+        return None if best is None else cut(best, head)
+
     for head in (system, []):  # the system message goes last of all
-
-        def cut(c: int, head: list[dict[str, Any]] = head) -> list[dict[str, Any]]:
-            msg = _with_note({**tail[0], "content": text[c:]}, n_omitted, cut=c > 0)
-            return head + [msg] + tail[1:]
-
-        best = _smallest(list(range(len(text) + 1)), lambda c, cut=cut: measure(cut(c)) <= limit)
-        if best is not None:
-            return cut(best)
+        if (fitted := shortest_cut(head)) is not None:
+            return fitted
     return None
 
 
@@ -184,12 +187,14 @@ def fit_dataset(ds, algo: str, fmt: str, tok, max_length: int | None, reserve: i
     for i, row in enumerate(ds):
         count = _counter(tok, row)
         prompt, answers = _split_row(algo, fmt, row)
-        if answers:
-            def measure(p: list[dict[str, Any]], count=count, answers=answers) -> int:
+
+        def measure(p: list[dict[str, Any]], count: Callable[..., int] = count,
+                    answers: list[list[dict[str, Any]]] = answers) -> int:
+            """The prompt with its longest answer; with no answers (GRPO) the prompt and the generation prompt."""
+            if answers:
                 return max(count(p + a) for a in answers)
-        else:
-            def measure(p: list[dict[str, Any]], count=count) -> int:
-                return count(p, generation_prompt=True)
+            return count(p, generation_prompt=True)
+
         n = measure(prompt)
         before.append(n)
         if limit is None or n <= limit:

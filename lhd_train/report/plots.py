@@ -125,17 +125,17 @@ def plot_control_pressure(control: pd.DataFrame, levels: Sequence[str]) -> bytes
     """The paper's pressure figure: per performer, the control-study rate of trials run under one
     fixed pressure level (mean over trials of the rate over all their rounds, ± SE). None when no
     trial ran under a pressure control."""
-    rows = control[control["condition"].isin([f"pressure={lvl}" for lvl in levels])] if len(control) else control
-    if not len(rows):
+    frame = control[control["condition"].isin([f"pressure={lvl}" for lvl in levels])] if len(control) else control
+    if not len(frame):
         return None
-    present = [lvl for lvl in levels if f"pressure={lvl}" in set(rows["condition"])]
-    models = list(dict.fromkeys(rows["model"]))
+    present = [lvl for lvl in levels if f"pressure={lvl}" in set(frame["condition"])]
+    models = list(dict.fromkeys(frame["model"]))
     fig = Figure(figsize=(max(6, 1.3 * len(present) * max(1, len(models)) ** 0.5 + 2), 3.4))
     ax = fig.add_subplot(1, 1, 1)
     x = np.arange(len(present))
     w = 0.8 / max(len(models), 1)
     for j, model in enumerate(models):
-        sub = rows[rows["model"] == model].set_index("condition")
+        sub = frame[frame["model"] == model].set_index("condition")
         mean = np.array([sub["deception_rate_mean"].get(f"pressure={lvl}", np.nan) for lvl in present], float)
         se = np.array([sub["deception_rate_se"].get(f"pressure={lvl}", np.nan) for lvl in present], float)
         ax.bar(x + (j - (len(models) - 1) / 2) * w, np.nan_to_num(mean), w, yerr=np.nan_to_num(se), capsize=3,
