@@ -52,9 +52,6 @@ class LensModel(Protocol):
     def forward_ids(self, input_ids: torch.Tensor) -> Any:
         """Run the model on `[B, T]` token ids (hooks may stop it early)."""
 
-    def final_norm(self, h: torch.Tensor) -> torch.Tensor:
-        """The model's own final norm applied to a residual `[..., d]`."""
-
     def unembed(self, h: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Logits from a *pre-norm* residual: final norm, unembedding (rows `token_ids` only if given), softcap."""
 
@@ -213,9 +210,6 @@ class HFLensModel:
 
     def forward_ids(self, input_ids: torch.Tensor) -> Any:
         return self.hf(input_ids=input_ids.to(self.device), use_cache=False)
-
-    def final_norm(self, h: torch.Tensor) -> torch.Tensor:
-        return self.norm(h)
 
     def unembed(self, h: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:
         x = self.norm(h.to(self.dtype))

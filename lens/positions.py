@@ -78,9 +78,6 @@ class TaggedPrompt:
     pooled: dict[str, list[int]] = field(default_factory=dict)  # name -> tokens whose hidden states are averaged
     claims: list[str] = field(default_factory=list)  # names of the claim-end positions, in answer order
 
-    def anchor(self, cls: str) -> int:
-        return self.positions[ANCHORS[cls]]
-
 
 def render_chat(tokenizer: Any, messages: Sequence[dict], *, add_generation_prompt: bool = True) -> str:
     tmpl = getattr(tokenizer, "chat_template", None)

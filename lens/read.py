@@ -103,7 +103,7 @@ def collect(
         base = {"example_id": ex.example_id, "cluster": ex.cluster, "label": ex.label}
         final, stated = {}, {}
         for ro in readouts:
-            layers = [layer for layer in range(L) if getattr(ro, "has_layer", lambda _l: True)(layer)]
+            layers = [layer for layer in range(L) if ro.has_layer(layer)]
             with torch.no_grad():
                 z = torch.stack([ro.logits(layer, H[layer], token_ids=union) for layer in layers])  # [L', P, U]
             m = {k: v.cpu().numpy() for k, v in margins(z, sets).items()}

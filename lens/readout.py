@@ -32,12 +32,19 @@ class Readout(Protocol):
     def logits(self, layer: int, h: torch.Tensor, token_ids: torch.Tensor | None = None,
                position: str | None = None) -> torch.Tensor: ...
 
+    def has_layer(self, layer: int) -> bool:
+        """Whether `logits` can read `layer` (a lens fitted on a band of layers lacks the rest)."""
+        ...
+
 
 class LogitLens:
     name = "logit"
 
     def __init__(self, model: LensModel):
         self.model = model
+
+    def has_layer(self, layer: int) -> bool:
+        return True
 
     def logits(self, layer, h, token_ids=None, position=None):
         with torch.no_grad():
@@ -72,12 +79,6 @@ class JacobianLens:
     def logits(self, layer, h, token_ids=None, position=None):
         with torch.no_grad():
             return self.model.unembed(self.transport(layer, h), token_ids)
-
-
-def j_lens_logits(model: LensModel, h: torch.Tensor, J: torch.Tensor, token_ids: torch.Tensor | None = None):
-    """One-off `W_U norm(J h)` for a given matrix (used by tests: `J = I` must equal the logit lens)."""
-    with torch.no_grad():
-        return model.unembed((h.to(torch.float32) @ J.to(h.device, torch.float32).T).to(h.dtype), token_ids)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -138,6 +139,9 @@ class LinearProbe:
     def fit(self, layer: int, position: str | None, X: np.ndarray, y: np.ndarray, *, C: float = 1.0, seed: int = 0):
         self._clf[(layer, position)] = _make_probe(C, seed).fit(X, y)
         return self
+
+    def has_layer(self, layer: int) -> bool:
+        return any(key[0] == layer for key in self._clf)
 
     def logits(self, layer, h, token_ids=None, position=None):
         clf = self._clf.get((layer, position))

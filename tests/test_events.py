@@ -140,7 +140,7 @@ def test_controls_keep_tasks_event_index_and_level(startup: TaskPack) -> None:
             if f is None:
                 continue
             assert c.category == "AUTHORITY_DIRECTIVE" and c.level == f.level
-            phase = startup.phase_of(t)
+            phase = startup.task(t).phase
             position = [e.id for e in startup.events_of(f.category, phase)].index(f.event_id)
             assert [e.id for e in startup.events_of(c.category, phase)].index(c.event_id) == position
             assert (v.event_id, v.category, v.level) == (f.event_id, f.category, "HIGH")

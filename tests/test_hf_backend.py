@@ -79,8 +79,8 @@ def test_protocol_describe_and_vocab_type(llama, tiny_qwen2_dir):
     for key in ("model", "revision", "dtype", "device", "transformers", "torch", "config_sha256"):
         assert key in d
     assert d["dtype"] == "float32" and d["device"] == "cpu" and len(d["config_sha256"]) == 64
-    assert llama.vocab_type == xgr.VocabType.BYTE_LEVEL
-    assert make_backend(tiny_qwen2_dir).vocab_type == xgr.VocabType.BYTE_LEVEL
+    assert llama._ensure_xgrammar()[0].vocab_type == xgr.VocabType.BYTE_LEVEL
+    assert make_backend(tiny_qwen2_dir)._ensure_xgrammar()[0].vocab_type == xgr.VocabType.BYTE_LEVEL
 
 
 def test_concurrent_requests_are_batched(llama):

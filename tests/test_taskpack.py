@@ -87,7 +87,7 @@ def test_builtin_pack_shape(builtin: TaskPack) -> None:
     assert builtin.source_format == "lhd"
     assert [t.index for t in builtin.tasks] == list(range(1, 15))
     assert [(p.index, p.task_start, p.task_end) for p in builtin.phases] == [(1, 1, 7), (2, 8, 14)]
-    assert [builtin.phase_of(t) for t in (1, 7, 8, 14)] == [1, 1, 2, 2]
+    assert [builtin.task(t).phase for t in (1, 7, 8, 14)] == [1, 1, 2, 2]
     assert len(builtin.events) == 30
     for phase in (1, 2):
         assert len(builtin.events_of_phase(phase)) == 15
@@ -112,7 +112,6 @@ def test_builtin_events_are_well_formed(builtin: TaskPack) -> None:
         for text in e.variants.values():
             assert 60 <= len(text) <= 250, text
         assert len(set(e.variants.values())) == 4
-        assert e.variant("HIGH").content == e.variants["HIGH"]
 
 
 def test_builtin_name_and_path_load_the_same(builtin: TaskPack) -> None:
@@ -301,7 +300,7 @@ def test_authors_packs_load_unchanged(name: str, files: int, per_phase: int, per
     pack = load_pack(ref_dir(name))
     assert pack.source_format == "reference"
     assert len(pack.tasks) == 14 and sum(len(t.files) for t in pack.tasks) == files
-    assert [pack.phase_of(t) for t in (1, 7, 8, 14)] == [1, 1, 2, 2]
+    assert [pack.task(t).phase for t in (1, 7, 8, 14)] == [1, 1, 2, 2]
     for phase in (1, 2):
         assert len(pack.events_of_phase(phase)) == per_phase
         assert pack.categories_in_order(phase) == list(CATEGORIES)

@@ -62,9 +62,6 @@ class Event(_Frozen):
     phase: int
     variants: dict[Level, str]
 
-    def variant(self, level: Level) -> EventVariant:
-        return EventVariant(level=level, content=self.variants[level])
-
 
 class Phase(_Frozen):
     index: int
@@ -89,9 +86,6 @@ class TaskPack(_Frozen):
             if t.index == index:
                 return t
         raise InputError(self.path, "task", f"no task {index}", f"1..{len(self.tasks)}")
-
-    def phase_of(self, task_index: int) -> int:
-        return self.task(task_index).phase
 
     def events_of_phase(self, phase: int) -> list[Event]:
         """The phase's events in file order: the reference draws an index into this list."""

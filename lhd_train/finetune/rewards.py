@@ -57,17 +57,6 @@ def register_reward(name: str, factory: RewardFactory | None = None, *, replace:
     return deco(factory) if factory is not None else deco
 
 
-def register_reward_function(name: str, fn: RewardFunc, *, replace: bool = False) -> None:
-    """Register a ready reward function that takes no parameters and ignores the direction."""
-
-    def factory(direction: str, **params: Any) -> RewardFunc:
-        if params:
-            raise TypeError(f"takes no params, got {', '.join(params)}")
-        return fn
-
-    register_reward(name, factory, replace=replace)
-
-
 def completion_text(completion: Any) -> str:
     """Text of a completion: plain string, or the conversational form [{"role": "assistant", "content": ...}]."""
     if isinstance(completion, str):

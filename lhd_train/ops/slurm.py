@@ -491,5 +491,3 @@ def dry_run_commands(stage: str, config: Path, **vars: Any) -> list[str]:
     return out
 
 
-def list_templates() -> list[Path]:
-    return sorted(p for p in template_dir().glob("*.sbatch.j2") if not p.name.startswith("_"))

@@ -87,10 +87,6 @@ class RunDir:
     def tasks(self) -> Path:
         return self.path / TASKS
 
-    @property
-    def lock(self) -> Path:
-        return self.path / LOCK
-
     # folders
     @property
     def trials_dir(self) -> Path:

@@ -227,12 +227,6 @@ class HFBackend:
         return text
 
     # ------------------------------------------------------------------ grammars
-    @property
-    def vocab_type(self) -> Any:
-        """xgrammar's detected vocabulary type (BYTE_LEVEL for byte-level BPE tokenizers)."""
-        info, _ = self._ensure_xgrammar()
-        return info.vocab_type
-
     def _ensure_xgrammar(self) -> tuple[xgr.TokenizerInfo, xgr.GrammarCompiler]:
         """xgrammar's view of the tokenizer and its grammar compiler, built on first use."""
         with self._grammar_lock:

@@ -6,12 +6,13 @@ import json
 import numpy as np
 import pytest
 import torch
+from support.lens_baseline import j_lens_logits
 
 from lens.corpus import encode_prompt
 from lens.errors import LensError
 from lens.fit import FitOptions, FitSettings, fit_lens
 from lens.model import block_outputs
-from lens.readout import JacobianLens, LinearProbe, LogitLens, j_lens_logits, out_of_fold_logits
+from lens.readout import JacobianLens, LinearProbe, LogitLens, out_of_fold_logits
 from lens.store import Lens, load_lens, merge_lenses, save_lens
 from lhd_train.rundir.files import sha256_file
 

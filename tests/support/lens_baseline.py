@@ -29,3 +29,9 @@ def autograd_prompt_jacobian(model, ids: torch.Tensor, source: int, target: int,
 
         total += torch.autograd.functional.jacobian(f, h0[t].clone(), vectorize=vectorize)
     return total / mask.sum()
+
+
+def j_lens_logits(model, h: torch.Tensor, J: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """One-off `W_U norm(J h)` for a given matrix: with `J = I` it must equal the logit lens."""
+    with torch.no_grad():
+        return model.unembed((h.to(torch.float32) @ J.to(h.device, torch.float32).T).to(h.dtype), token_ids)

@@ -78,9 +78,6 @@ class ToyResidualModel(nn.Module):
             h = block(h)
         return self.head(self.norm(h))
 
-    def final_norm(self, h: torch.Tensor) -> torch.Tensor:
-        return self.norm(h)
-
     def unembed(self, h: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:
         x = self.norm(h)
         return self.head(x) if token_ids is None else x @ self.head.weight[token_ids].T
