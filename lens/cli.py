@@ -29,7 +29,7 @@ log = logging.getLogger("lens.cli")  # not __name__: that is "__main__" under `p
 
 def _out_lock(*dirs: Path | None, stage: str):
     """lhd's run-directory lock (lhd_train.rundir.lock) on the folders a lens command reads or writes."""
-    from lhd_train.rundir.lock import run_dir_lock
+    from lhd_train.api import run_dir_lock
 
     return run_dir_lock(*dirs, stage=stage)
 
@@ -44,7 +44,7 @@ def _set_threads(n: int | None) -> None:
 def _check_out(out: Path | None, flag: str = "--out") -> None:
     """`--out` may not be a file, a run directory or inside a run's own files (lhd's rule,
     lhd_train.rundir.outputs), checked before any model loads."""
-    from lhd_train.rundir.outputs import check_out_dir
+    from lhd_train.api import check_out_dir
 
     if out is not None:
         check_out_dir(out, flag=flag, what="lens output")
@@ -65,7 +65,7 @@ def fit(args: FitCommand) -> None:
     from lens.model import load_hf, pick_device
     from lens.plan import DEFAULT_DIM_BATCH, resolve_attn, resolve_dtype
     from lens.store import save_lens
-    from lhd_train.ops.shard import parse_shard, shard_bounds
+    from lhd_train.api import parse_shard, shard_bounds
     from rollouts.model_files import weights_fingerprint
 
     _check_out(args.out)

@@ -30,7 +30,7 @@ from lens.model import LensModel, block_outputs
 from lens.positions import ANCHORS, POSITION_CLASSES, ReadExample, render_chat, tag_chat_prompt
 from lens.readout import out_of_fold_logits
 from lens.runs import load_run_examples
-from lhd_train.bench.taskpack import TaskPack
+from lhd_train.api import TaskPack
 
 log = logging.getLogger(__name__)
 

@@ -34,12 +34,7 @@ from pathlib import Path
 
 from lens.errors import LensError
 from lens.positions import QUESTION, RECORD, ReadExample, Span
-from lhd_train.audit.trajectory import TaskText, load_task_texts
-from lhd_train.bench.taskpack import TaskPack
-from lhd_train.metrics.labels import RoundLabel, round_labels
-from lhd_train.rundir.files import read_yaml_mapping
-from lhd_train.rundir.rows import RoundRow
-from lhd_train.rundir.run import Run
+from lhd_train.api import RoundLabel, RoundRow, Run, TaskPack, TaskText, load_task_texts, round_labels
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +135,7 @@ def run_task_texts(run_dir: str | Path | Run) -> tuple[dict[int, TaskText], str]
     the manifest's `pack_source`), tried as written and relative to the run directory, and only
     when it is the pack the run used."""
     run = run_dir if isinstance(run_dir, Run) else Run.open(run_dir)
-    task_pack = read_yaml_mapping(run.dir.config, "run config", missing_ok=True).get("task_pack")
+    task_pack = run.config().get("task_pack")
     if not task_pack:
         manifest = run.manifest()
         task_pack = manifest.pack_source if manifest else None
