@@ -21,7 +21,6 @@ from lhd_train.rundir.files import (
     package_versions,
     python_version,
     utc_now,
-    write_json_atomic,
 )
 from lhd_train.rundir.lock import run_dir_lock
 from lhd_train.rundir.manifest import Manifest, ResumeSession, RoleModel, Summary, TrialOutcome
@@ -97,7 +96,7 @@ def prepare_run_dir(cfg: RunConfig, pack: Any, seeds: list[int],
         path = rd.schedule(tid)
         if tid in started and path.exists() and _saved_schedule(run, tid) != sched.to_json():
             raise InputError(path, "entries", "the saved event schedule differs from the one drawn now")
-        write_json_atomic(path, sched.to_json())
+        run.write_schedule(tid, sched.to_json())
         schedules[tid] = sched
     return run_dir, schedules
 

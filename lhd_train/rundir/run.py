@@ -206,6 +206,11 @@ class Run:
         path = self.dir.schedule(trial_id)
         return read_json_mapping(path) if path.is_file() else None
 
+    def write_schedule(self, trial_id: str, schedule: dict[str, Any]) -> None:
+        """Save a trial's event schedule (drawn before any model call), atomically."""
+        self.dir.schedules_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.dir.schedule(trial_id), schedule)
+
     # trials
     def trial_ids(self) -> list[str]:
         """Trials with a trajectory file, in the manifest's order when it has one, else by name."""
