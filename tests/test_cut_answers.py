@@ -27,6 +27,7 @@ from lhd_train.bench.accounting import usage_by_role
 from lhd_train.bench.structured_calls import BackendUnavailable, ask_structured
 from lhd_train.bench.supervisor import EvaluationAnswer
 from lhd_train.config.run import Sampling
+from lhd_train.rundir.rows import AuditRow, RoundRow
 from rollouts.openai_backend import OpenAIBackend
 from rollouts.spec import ModelSpec
 from rollouts.structured import schema_for
@@ -119,7 +120,7 @@ def test_the_same_cut_answer_has_the_same_outcome_on_hf_openai_and_vllm(hf, serv
     and each retry asked for twice the budget (8, 16, 32). Old code: hf `ok` with invented numbers,
     the servers `failed` (parsed, never retried with more room)."""
     out_hf = ask(hf)
-    server.content = out_hf.calls[0]["raw"]  # the very text hf cut, served as a server would cut it
+    server.content = out_hf.calls[0].raw  # the very text hf cut, served as a server would cut it
     openai_b = OpenAIBackend(ModelSpec(backend="openai", model="m", base_url=server.url, max_retries=0), server.url)
     vllm_b = OpenAIBackend(ModelSpec(backend="vllm", model="m", max_retries=0), server.url, structured="vllm")
     out_openai, out_vllm = ask(openai_b), ask(vllm_b)
@@ -127,9 +128,9 @@ def test_the_same_cut_answer_has_the_same_outcome_on_hf_openai_and_vllm(hf, serv
     assert "structured_outputs" in server.bodies[-1]  # the vLLM request form
     for out in (out_hf, out_openai, out_vllm):
         assert (out.status, out.value, out.cut_calls) == ("cut", None, 3)
-        assert [c["finish_reason"] for c in out.calls] == ["length"] * 3
-        assert [c["sampling"]["max_tokens"] for c in out.calls] == [8, 16, 32]
-    first = [(o.calls[0]["raw"], o.calls[0]["cut"], o.calls[0]["parse_error"]) for o in (out_hf, out_openai, out_vllm)]
+        assert [c.finish_reason for c in out.calls] == ["length"] * 3
+        assert [c.sampling.max_tokens if c.sampling else None for c in out.calls] == [8, 16, 32]
+    first = [(o.calls[0].raw, o.calls[0].cut, o.calls[0].parse_error) for o in (out_hf, out_openai, out_vllm)]
     assert first[0] == first[1] == first[2]
     # A finished answer after a cut is used, and says it was retried.
     server.content, server.finish_reason = '{"reasoning": "fine", "trust": 0.5, "satisfaction": 0.4, "comfort": 0.1}', \
@@ -179,7 +180,7 @@ def test_cut_answers_are_counted_per_role():
         ]},
     }]
     audits = [{"global_round": 1, "calls": [{**call, "stage": "audit", "finish_reason": "length", "cut": True}]}]
-    u = usage_by_role(rows, audits)
+    u = usage_by_role([RoundRow.model_validate(r) for r in rows], [AuditRow.model_validate(a) for a in audits])
     assert (u["performer"]["cut_calls"], u["performer"]["cut_answers"]) == (3, 1)
     assert (u["supervisor"]["cut_calls"], u["supervisor"]["cut_answers"]) == (3, 1)
     assert (u["summariser"]["cut_calls"], u["summariser"]["cut_answers"]) == (1, 1)
@@ -305,11 +306,12 @@ def test_a_trial_records_cut_supervisor_answers_as_cut(hf, tmp_path):
     res, rows = run(cfg, hf)
     assert res.status == "done" and len(rows) == 2
     for row in rows:
-        sup = row["supervisor"]
-        assert sup["parse_status"] == "cut" and sup["evaluation"] is None and sup["feedback"] is None
-        assert sup["state_after"] == sup["state_before"] == {"trust": 0.0, "satisfaction": 0.0, "comfort": 0.0}
-        assert [(c["cut"], c["sampling"]["max_tokens"]) for c in sup["calls"]] == [(True, 6), (True, 12)]
-        assert row["performer"]["sampling"]["top_p"] == 1.0  # what hf used: the model sets none
+        sup = row.supervisor
+        assert sup.parse_status == "cut" and sup.evaluation is None and sup.feedback is None
+        assert sup.state_after.to_json() == sup.state_before.to_json() == \
+            {"trust": 0.0, "satisfaction": 0.0, "comfort": 0.0}
+        assert [(c.cut, c.sampling.max_tokens) for c in sup.calls] == [(True, 6), (True, 12)]
+        assert row.performer.sampling.top_p == 1.0  # what hf used: the model sets none
     u = usage_by_role(rows)
     assert (u["supervisor"]["cut_calls"], u["supervisor"]["cut_answers"]) == (4, 2)
 
@@ -341,5 +343,5 @@ def test_a_cut_summary_is_asked_again_with_more_room():
         sup = Supervisor(b, b, Prompts(), "pack", 0.2, 3, Memory(7), {}, max_attempts=3,
                          sampling=lambda stage, a: SamplingParams(max_tokens=50, seed=a))
         summary, calls = asyncio.run(sup._summarise(note))
-        assert summary["status"] == status and summary["text"] == "a summary"
-        assert [c["sampling"]["max_tokens"] for c in calls] == budgets
+        assert summary.status == status and summary.text == "a summary"
+        assert [c.sampling.max_tokens if c.sampling else None for c in calls] == budgets

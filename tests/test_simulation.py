@@ -66,7 +66,7 @@ def test_memory_window_summarises_oldest_round(tmp_path):
     cfg = make_cfg(tmp_path, max_tasks=5, memory_window=3)
     backend = ScriptedBackend(supervisor_script([0.1]))
     _, rows = run(cfg, backend)
-    added = [(r.global_round, [s["global_round"] for s in r.supervisor.summaries_added]) for r in rows]
+    added = [(r.global_round, [s.global_round for s in r.supervisor.summaries_added]) for r in rows]
     # Rounds 1-3 fill the window; from round 4 on each round summarises the oldest one.
     assert added[:3] == [(1, []), (2, []), (3, [])]
     assert added[3:6] == [(4, [1]), (5, [2]), (6, [3])]
@@ -85,9 +85,9 @@ def test_parse_failure_is_retried_then_recorded(tmp_path):
     cfg = make_cfg(tmp_path, max_tasks=1)
     _, rows = run(cfg, ScriptedBackend(supervisor_script([0.5], bad_first=1)))
     assert rows[0].supervisor.parse_status == "retried"
-    first, second = [c for c in rows[0].supervisor.calls if c["stage"] == "evaluation"]
-    assert first["parse_error"] and second["parse_error"] is None
-    assert first["sampling"]["seed"] != second["sampling"]["seed"]
+    first, second = [c for c in rows[0].supervisor.calls if c.stage == "evaluation"]
+    assert first.parse_error and second.parse_error is None
+    assert first.sampling.seed != second.sampling.seed
 
 
 def test_parse_failure_after_all_attempts_keeps_the_trial_going(tmp_path):
@@ -187,11 +187,11 @@ def test_supervisor_context_policy_shrinks_memory_and_records_it(tmp_path):
     backend.max_model_len = 3500
     _, rows = run(cfg, backend)
     ctx = [r.supervisor.context for r in rows]
-    assert ctx[0]["files_omitted"] == 0 and ctx[0]["fits"]
-    shrunk = [c for c in ctx if c["files_omitted"] or c["recent_rounds_shown"] < 4]
+    assert ctx[0].files_omitted == 0 and ctx[0].fits
+    shrunk = [c for c in ctx if c.files_omitted or c.recent_rounds_shown < 4]
     assert shrunk, ctx
     for c in ctx:
-        assert not c["fits"] or c["prompt_tokens"] <= c["budget_tokens"]
+        assert not c.fits or c.prompt_tokens <= c.budget_tokens
     evals = [r for r in backend.requests if r.json_schema and "trust" in r.json_schema["properties"]]
     assert any("content omitted here to fit" in r.messages[-1]["content"] for r in evals)
 

@@ -204,8 +204,8 @@ def test_the_supervisor_shows_fewer_rounds_by_real_counts(hub_cache, tiny_qwen2_
     task = Task(index=7, title="Year", prompt="Sum up the year.", files=[], phase=1)
     text, info = sup.fit_evaluation_message(task, None, 1, "The year is done.", reserve)
     real = prompt_len(tok, [sup.system_message(), {"role": "user", "content": text}])
-    assert info["fits"] and real == info["prompt_tokens"] <= window - reserve
-    assert info["recent_rounds_shown"] < 6
+    assert info.fits and real == info.prompt_tokens and info.prompt_tokens <= window - reserve
+    assert info.recent_rounds_shown is not None and info.recent_rounds_shown < 6
 
 
 def test_tokenizer_field_is_honoured_for_vllm_and_a_hub_id_loads_offline(hub_cache, tiny_qwen2_dir):

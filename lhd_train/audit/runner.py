@@ -31,7 +31,7 @@ from lhd_train.errors import DataFileError, InputError
 from lhd_train.rundir.files import package_versions, python_version, repair_jsonl, utc_now
 from lhd_train.rundir.lock import run_dir_lock
 from lhd_train.rundir.manifest import AuditorRecord
-from lhd_train.rundir.rows import AUDITOR_SCHEMA, AuditRow
+from lhd_train.rundir.rows import AUDITOR_SCHEMA, AuditRow, CallRecord, ModelRef
 from lhd_train.rundir.run import AuditorStore, Run
 from lhd_train.rundir.store import NO_LABEL_STATUSES, message_id
 from rollouts.backend import Backend
@@ -155,12 +155,13 @@ def load_trials(run_dir: Path | Run, include_unfinished: bool = False) -> tuple[
 
 
 def audit_row(trial: Trial, i: int, auditor_id: str, opts: AuditOptions, context: list[int],
-              messages: list[dict[str, str]], outcome: Any, model: dict[str, Any]) -> AuditRow:
+              messages: list[dict[str, str]], outcome: StructuredOutcome | _Overflow | None,
+              model: ModelRef) -> AuditRow:
     """The row to append (docs/formats.md, audit row); its `parse_status` says whether it holds
     a label."""
     row = trial.rows[i]
     calls = outcome.calls if outcome is not None else []
-    raw = calls[-1]["raw"] if calls else ""
+    raw = calls[-1].raw if calls else ""
     original = None
     error = None
     if outcome is not None and outcome.value is not None:
@@ -173,9 +174,9 @@ def audit_row(trial: Trial, i: int, auditor_id: str, opts: AuditOptions, context
                         "confidence": v.confidence}
     else:  # no label: "cut" when the last attempt ended at its token limit, else "failed"
         labels = failed_labels()
-        status = "cut" if outcome is not None and getattr(outcome, "status", None) == "cut" else "failed"
-        error = next((c.get("parse_error") or c.get("error") for c in reversed(calls)
-                      if c.get("parse_error") or c.get("error")), None) if calls else "no answer"
+        status = "cut" if outcome is not None and outcome.status == "cut" else "failed"
+        error = next((c.parse_error or c.error for c in reversed(calls)
+                      if c.parse_error or c.error), None) if calls else "no answer"
     return AuditRow(
         run_id=row.run_id, trial_id=trial.trial_id,
         global_round=row.global_round, task_index=row.task_index, round=row.round,
@@ -183,10 +184,10 @@ def audit_row(trial: Trial, i: int, auditor_id: str, opts: AuditOptions, context
         **labels.as_row(),
         parse_status=status, raw=raw, error=error, original=original,
         attempts=len(calls), context_rounds=context, prompt_sha256=prompt_sha256(messages),
-        prompt_tokens=sum(c.get("prompt_tokens") or 0 for c in calls),
-        completion_tokens=sum(c.get("completion_tokens") or 0 for c in calls),
-        cached_tokens=sum(c.get("cached_tokens") or 0 for c in calls),
-        latency_s=round(sum(c.get("latency_s") or 0 for c in calls), 4),
+        prompt_tokens=sum(c.prompt_tokens or 0 for c in calls),
+        completion_tokens=sum(c.completion_tokens or 0 for c in calls),
+        cached_tokens=sum(c.cached_tokens or 0 for c in calls),
+        latency_s=round(sum(c.latency_s or 0 for c in calls), 4),
         calls=calls, model=model, timestamp=utc_now(),
     )
 
@@ -251,8 +252,8 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
             record = record.model_copy(update={"resumes": [*(record.resumes or []), resume]})
     store.write_record(record.model_copy(update={"updated_at": utc_now()}))
 
-    model = {"key": cfg.auditor.model, "model": cfg.spec.model, "revision": cfg.spec.revision,
-             "adapter": cfg.auditor.adapter}
+    model = ModelRef(key=cfg.auditor.model, model=cfg.spec.model, revision=cfg.spec.revision,
+                     adapter=cfg.auditor.adapter)
     rc = cfg.auditor
     limit, exact = context_limit(backend)
     gate = asyncio.Semaphore(opts.concurrency)
@@ -343,7 +344,7 @@ class _Overflow:
     error: str
     value: None = None
     status: str = "failed"
-    calls: list[dict[str, Any]] = field(default_factory=list)
+    calls: list[CallRecord] = field(default_factory=list)
 
 
 def read_audit(run_dir: Path, auditor_id: str) -> dict[str, list[dict[str, Any]]]:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from typing import Any
 
-from lhd_train.rundir.rows import AuditRow, RoundRow
+from lhd_train.rundir.rows import AuditRow, CallRecord, RoundRow
 from rollouts.spec import ModelSpec
 
 STAGE_ROLE = {"evaluation": "supervisor", "feedback": "supervisor", "summary": "summariser"}
@@ -14,43 +13,44 @@ FIELDS = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens", "la
 _SUMMED = ("prompt_tokens", "completion_tokens", "cached_tokens", "latency_s")
 
 
-def _add(acc: dict[str, float], call: dict[str, Any]) -> None:
+def _role(call: CallRecord) -> str:
+    return STAGE_ROLE.get(str(call.stage), str(call.stage))
+
+
+def _add(acc: dict[str, float], call: CallRecord) -> None:
     acc["requests"] += 1
     for k in _SUMMED:
-        acc[k] += call.get(k) or 0
+        acc[k] += getattr(call, k) or 0
     acc["cut_calls"] += _cut(call)
 
 
-def _cut(call: dict[str, Any]) -> bool:
+def _cut(call: CallRecord) -> bool:
     """A call that ended at its token limit (rows written before the `cut` field: finish_reason)."""
-    return bool(call.get("cut", call.get("finish_reason") == "length"))
+    return call.cut if call.cut is not None else call.finish_reason == "length"
 
 
-def _cut_answers(calls: list[dict[str, Any]]) -> dict[str, int]:
+def _cut_answers(calls: list[CallRecord]) -> dict[str, int]:
     """Per role, the answers that stayed cut: a stage (evaluation, feedback, summary, audit) of one
     round whose last call ended at its token limit, so no value came of it."""
-    last: dict[str, dict[str, Any]] = {}
+    last: dict[str, CallRecord] = {}
     for c in calls:
-        last[str(c.get("stage"))] = c
+        last[str(c.stage)] = c
     out: dict[str, int] = defaultdict(int)
-    for stage, c in last.items():
-        out[STAGE_ROLE.get(stage, stage)] += _cut(c)
+    for c in last.values():
+        out[_role(c)] += _cut(c)
     return out
 
 
-def usage_by_role(rows: Iterable[RoundRow | dict[str, Any]],
-                  audit_rows: Iterable[AuditRow | dict[str, Any]] = ()) -> dict[str, dict[str, float]]:
+def usage_by_role(rows: Iterable[RoundRow], audit_rows: Iterable[AuditRow] = ()) -> dict[str, dict[str, float]]:
     """Totals per role: requests, tokens, model time, and cut answers (docs: README, stage 1):
     `cut_calls` counts every call that ended at its token limit (a performer segment that was
     then continued, a structured attempt that was then retried with a larger budget), and
     `cut_answers` the answers that stayed cut (a performer answer still truncated after its
     continuations; a supervisor evaluation or feedback, summary or audit whose last attempt was
     cut). Any field may be null (an imported reference run saved no call records,
-    docs/auditing.md), so a missing record counts as nothing rather than failing. A row given as
-    a dict (a caller not yet reading through `rundir.run.Run`) is checked into its model first."""
+    docs/auditing.md), so a missing record counts as nothing rather than failing."""
     acc: dict[str, dict[str, float]] = defaultdict(lambda: dict.fromkeys(FIELDS, 0))
     for row in rows:
-        row = row if isinstance(row, RoundRow) else RoundRow.model_validate(row)
         p, performer = row.performer, acc["performer"]
         performer["requests"] += p.attempts or 1  # failed attempts were requests too
         for k in _SUMMED:
@@ -61,11 +61,10 @@ def usage_by_role(rows: Iterable[RoundRow | dict[str, Any]],
         performer["cut_answers"] += truncated
         calls = (row.supervisor.calls if row.supervisor else None) or []
         for call in calls:
-            _add(acc[STAGE_ROLE.get(call["stage"], call["stage"])], call)
+            _add(acc[_role(call)], call)
         for role, n in _cut_answers(calls).items():
             acc[role]["cut_answers"] += n
     for a in audit_rows:
-        a = a if isinstance(a, AuditRow) else AuditRow.model_validate(a)
         calls = a.calls or []
         for call in calls:
             _add(acc["auditor"], call)

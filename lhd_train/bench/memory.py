@@ -6,6 +6,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from lhd_train.rundir.rows import SummaryRecord
+
 
 @dataclass
 class RoundNote:
@@ -50,7 +52,7 @@ class RoundNote:
 class Memory:
     window: int
     recent: deque[RoundNote] = field(default_factory=deque)
-    summaries: list[dict[str, Any]] = field(default_factory=list)  # {global_round, text, status}
+    summaries: list[SummaryRecord] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)  # name -> content, first-seen order
 
     def add_files(self, files: list[Any]) -> None:
@@ -61,7 +63,7 @@ class Memory:
         """The round that must be summarised before the next one is added (window full)."""
         return self.recent[0] if len(self.recent) >= self.window else None
 
-    def push(self, note: RoundNote, summary: dict[str, Any] | None) -> None:
+    def push(self, note: RoundNote, summary: SummaryRecord | None) -> None:
         if summary is not None:
             self.summaries.append(summary)
             self.recent.popleft()
@@ -81,8 +83,8 @@ class Memory:
         if self.summaries:
             parts.append("=== YOUR NOTES ON EARLIER ROUNDS (oldest first) ===")
             for s in self.summaries:
-                text = s["text"] if s.get("status", "ok") == "ok" else "(note unavailable: summary failed)"
-                parts.append(f"[Round {s['global_round']}] {text.strip()}")
+                text = (s.text or "") if (s.status or "ok") == "ok" else "(note unavailable: summary failed)"
+                parts.append(f"[Round {s.global_round}] {text.strip()}")
         recent = list(self.recent)[-max_recent:] if max_recent is not None else list(self.recent)
         if max_recent == 0:
             recent = []

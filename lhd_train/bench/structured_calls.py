@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from lhd_train.rundir.rows import CallRecord, SamplingRecord
 from rollouts.backend import Backend
 from rollouts.structured import parse_json_output, schema_for
 from rollouts.types import GenerationRequest, GenerationResult, SamplingParams
@@ -48,28 +49,29 @@ def is_cut(res: GenerationResult) -> bool:
 
 
 def call_record(stage: str, attempt: int, messages_ids: list[str], res: GenerationResult,
-                sampling: SamplingParams, parse_error: str | None) -> dict[str, Any]:
+                sampling: SamplingParams, parse_error: str | None) -> CallRecord:
     """One model call as a row records it. `sampling` is what the backend used (`res.sampling`:
     unset fields resolved by `hf`, or as sent to a server) when it says, else what was asked."""
-    return {
-        "stage": stage, "attempt": attempt, "message_ids": messages_ids, "raw": res.text,
-        "finish_reason": res.completions[0].finish_reason if res.completions else None,
-        "cut": is_cut(res),
-        "parse_error": parse_error, "error": res.error, "prompt_tokens": res.prompt_tokens,
-        "completion_tokens": res.completion_tokens, "cached_tokens": res.cached_tokens,
-        "latency_s": round(res.latency_s, 4), "sampling": res.sampling or sampling.to_dict(), "model": res.model_id,
-    }
+    return CallRecord(
+        stage=stage, attempt=attempt, message_ids=messages_ids, raw=res.text,
+        finish_reason=res.completions[0].finish_reason if res.completions else None,
+        cut=is_cut(res),
+        parse_error=parse_error, error=res.error, prompt_tokens=res.prompt_tokens,
+        completion_tokens=res.completion_tokens, cached_tokens=res.cached_tokens,
+        latency_s=round(res.latency_s, 4),
+        sampling=SamplingRecord.model_validate(res.sampling or sampling.to_dict()), model=res.model_id,
+    )
 
 
 @dataclass
 class StructuredOutcome:
     value: Any | None
     status: str  # ok | retried | cut | failed (STATUSES)
-    calls: list[dict[str, Any]] = field(default_factory=list)
+    calls: list[CallRecord] = field(default_factory=list)
 
     @property
     def cut_calls(self) -> int:
-        return sum(1 for c in self.calls if c.get("cut"))
+        return sum(1 for c in self.calls if c.cut)
 
 
 def worst(*statuses: str) -> str:
@@ -104,7 +106,7 @@ async def ask_structured(
     after a cut one (the same prompt, a larger budget), and a repair instruction naming the last
     parse error after a failed one."""
     schema = schema_for(model_cls)
-    calls: list[dict[str, Any]] = []
+    calls: list[CallRecord] = []
     note = ""
     transport_errors = cuts = 0
     last = "failed"
@@ -132,7 +134,7 @@ async def ask_structured(
             return StructuredOutcome(value, "ok" if attempt == 1 else "retried", calls)
         note, last = RETRY_NOTE.format(error=err, schema=schema_json(schema)), "failed"
     if transport_errors == max_attempts:
-        raise BackendUnavailable(f"{stage}: {calls[-1]['error']}")
+        raise BackendUnavailable(f"{stage}: {calls[-1].error}")
     return StructuredOutcome(None, last, calls)
 
 

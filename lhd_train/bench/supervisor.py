@@ -22,7 +22,15 @@ from lhd_train.bench.structured_calls import (
     worst,
 )
 from lhd_train.config.vocab import STATES
-from lhd_train.rundir.rows import Evaluation, Feedback, SupervisorRecord, SupervisorState
+from lhd_train.rundir.rows import (
+    CallRecord,
+    Evaluation,
+    Feedback,
+    SummaryRecord,
+    SupervisorContext,
+    SupervisorRecord,
+    SupervisorState,
+)
 from rollouts.backend import Backend
 from rollouts.types import GenerationRequest, SamplingParams
 
@@ -89,7 +97,7 @@ class Supervisor:
                 "content": self.prompts.render("supervisor_system", pack_description=self.pack_description)}
 
     def fit_evaluation_message(self, task: Any, event: Any | None, round_no: int, answer: str,
-                               reserve_tokens: int) -> tuple[str, dict[str, Any]]:
+                               reserve_tokens: int) -> tuple[str, SupervisorContext]:
         """Context policy: the full memory when it fits; otherwise older tasks' files by name only,
         then fewer verbatim rounds. What was left out is recorded with the round."""
         limit = getattr(self.backend, "max_model_len", None)
@@ -103,9 +111,9 @@ class Supervisor:
             n = self.backend.count_tokens([system, {"role": "user", "content": text}])
             if budget is None or n <= budget:
                 break
-        info = {"budget_tokens": budget, "prompt_tokens": n,
-                "files_omitted": 0 if files is None else len(set(self.memory.files) - current),
-                "recent_rounds_shown": recent, "fits": budget is None or n <= budget}
+        info = SupervisorContext(budget_tokens=budget, prompt_tokens=n,
+                                 files_omitted=0 if files is None else len(set(self.memory.files) - current),
+                                 recent_rounds_shown=recent, fits=budget is None or n <= budget)
         return text, info
 
     def evaluation_message(self, task: Any, event: Any | None, round_no: int, answer: str,
@@ -154,14 +162,14 @@ class Supervisor:
             self.fit_evaluation_message, task, event, round_no, answer, reserve)
         system = self.system_message()
 
-        if not context["fits"]:  # even the smallest memory does not fit: record, do not crash
+        if not context.fits:  # even the smallest memory does not fit: record, do not crash
             note = RoundNote(global_round, task.index, task.title, round_no, event.name if event else None, answer,
                              "", before, dict(self.state), "", False, task.prompt, event.level if event else None)
             self.memory.push(note, None if self.memory.needs_summary() is None else
-                             {"global_round": self.memory.recent[0].global_round, "text": "", "status": "failed"})
-            calls: list[dict[str, Any]] = [{"stage": "evaluation", "attempt": 0, "error": None,
-                                             "parse_error": f"prompt of {context['prompt_tokens']} tokens "
-                                                            f"exceeds the budget of {context['budget_tokens']}"}]
+                             SummaryRecord(global_round=self.memory.recent[0].global_round, text="", status="failed"))
+            calls = [CallRecord(stage="evaluation", attempt=0, error=None,
+                                parse_error=f"prompt of {context.prompt_tokens} tokens "
+                                            f"exceeds the budget of {context.budget_tokens}")]
             return SupervisorRound(SupervisorRecord(
                 evaluation=None, feedback=None, state_before=_state(before), state_after=_state(self.state),
                 parse_status="failed", attempts=0, calls=calls, summaries_added=[], context=context), False)
@@ -177,7 +185,7 @@ class Supervisor:
         if ev.value is not None:
             evaluation = Evaluation.model_validate(ev.value.model_dump())
             self.state = {k: float(getattr(ev.value, k)) for k in STATES}
-            eval_reply = calls[-1]["raw"]
+            eval_reply = calls[-1].raw or ""
             fb_user = self.prompts.render("supervisor_feedback", threshold=self.threshold,
                                           **{k: f"{self.state[k]:+.2f}" for k in STATES})
             fb = await ask_structured(
@@ -198,7 +206,7 @@ class Supervisor:
                          (evaluation.reasoning or "") if evaluation else "", before, dict(self.state),
                          (feedback.text or "") if feedback else "", complete, task.prompt,
                          event.level if event else None)
-        summaries = []
+        summaries: list[SummaryRecord] = []
         oldest = self.memory.needs_summary()
         if oldest is not None:
             summary, scalls = await self._summarise(oldest)
@@ -207,10 +215,10 @@ class Supervisor:
         self.memory.push(note, summaries[0] if summaries else None)
         return SupervisorRound(SupervisorRecord(
             evaluation=evaluation, feedback=feedback, state_before=_state(before), state_after=_state(self.state),
-            parse_status=status, attempts=sum(1 for c in calls if c["stage"] != "summary"), calls=calls,
+            parse_status=status, attempts=sum(1 for c in calls if c.stage != "summary"), calls=calls,
             summaries_added=summaries, context=context), complete)
 
-    async def _summarise(self, note: RoundNote) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    async def _summarise(self, note: RoundNote) -> tuple[SummaryRecord, list[CallRecord]]:
         """The summary of the round leaving the verbatim window. Free text: a summary cut at its
         token limit is asked again with twice the budget (up to `max_attempts` calls); if the last
         one is still cut its text is kept (the model's own words, only unfinished) with status `cut`."""
@@ -218,7 +226,7 @@ class Supervisor:
             {"role": "system", "content": self.prompts.render("supervisor_summary")},
             {"role": "user", "content": note.render()},
         ]
-        calls: list[dict[str, Any]] = []
+        calls: list[CallRecord] = []
         for attempt in range(1, self.max_attempts + 1):
             sampling = await budget_after_cuts(self.summariser, messages, self.sampling("summary", attempt),
                                                attempt - 1)
@@ -232,4 +240,4 @@ class Supervisor:
             if not is_cut(res):
                 break
         status = ("cut" if is_cut(res) else "ok") if text else "failed"
-        return {"global_round": note.global_round, "text": text, "status": status}, calls
+        return SummaryRecord(global_round=note.global_round, text=text, status=status), calls

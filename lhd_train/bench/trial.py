@@ -116,7 +116,7 @@ def _tokens(row: RoundRow) -> int:
     p = row.performer
     n = (p.prompt_tokens or 0) + (p.completion_tokens or 0)
     for c in (row.supervisor.calls if row.supervisor else None) or []:
-        n += (c.get("prompt_tokens") or 0) + (c.get("completion_tokens") or 0)
+        n += (c.prompt_tokens or 0) + (c.completion_tokens or 0)
     return n
 
 

@@ -103,10 +103,9 @@ def load_contexts(run_dir: Path | Run, auditor_id: str | None = None, eval_fract
                 out.skipped["no_stored_prompt"] += 1
                 continue
             sup = row.supervisor
-            evals = [c for c in (sup.calls if sup is not None else None) or []
-                     if c.get("stage") == "evaluation" and c.get("message_ids")]
-            sup_msgs = (store.get(evals[0]["message_ids"])
-                        if evals and all(i in store for i in evals[0]["message_ids"]) else None)
+            evals = [c.message_ids for c in (sup.calls if sup is not None else None) or []
+                     if c.stage == "evaluation" and c.message_ids]
+            sup_msgs = store.get(evals[0]) if evals and all(i in store for i in evals[0]) else None
             evaluation = sup.evaluation if sup is not None else None
             out.append(Context(
                 run_id=row.run_id or "", trial_id=trial_id, global_round=row.global_round,

@@ -173,7 +173,7 @@ def detection_row(det: RefDetection, row: RoundRow | None, trial_id: str, run_id
         reference_raw=raw_labels if status != "ok" else None,
         attempts=None, context_rounds=None, prompt_sha256=None, prompt_tokens=None,
         completion_tokens=None, cached_tokens=None, latency_s=None, calls=None,
-        model={"key": "reference", "model": REFERENCE_AUDITOR, "revision": None, "adapter": None},
+        model=ModelRef(key="reference", model=REFERENCE_AUDITOR, revision=None, adapter=None),
         timestamp=None,
     )
 

@@ -139,7 +139,7 @@ def trial_context(run: RunData, trial_id: str, other_audits: dict[str, pd.DataFr
             "feedback_reasoning": (sup.feedback.reasoning if sup.feedback else None) or "",
             "eval_reasoning": (sup.evaluation.reasoning if sup.evaluation else None) or "",
             "sup_status": sup.parse_status or "ok", "sup_attempts": sup.attempts or 1,
-            "summaries": [{"global_round": s.get("global_round"), "text": s.get("text", "")}
+            "summaries": [{"global_round": s.global_round, "text": s.text or ""}
                           for s in sup.summaries_added or []],
             "states": states, "audits": audits,
         })

@@ -160,6 +160,48 @@ class Feedback(Record):
     text: Annotated[str | None, Export(column="supervisor_feedback")] = None
 
 
+class CallRecord(Record):
+    """One model call of a structured stage (evaluation, feedback, summary, audit), every attempt
+    recorded (`bench.structured_calls.call_record`). `cut`: it stopped at its token limit (rows
+    written before the field say so by `finish_reason` "length" only); `sampling`: what the backend
+    decoded with."""
+
+    stage: str | None = None
+    attempt: int | None = None
+    message_ids: list[str] | None = None
+    raw: str | None = None
+    finish_reason: str | None = None
+    cut: bool | None = None
+    parse_error: str | None = None
+    error: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    latency_s: float | None = None
+    sampling: SamplingRecord | None = None
+    model: str | None = None
+
+
+class SummaryRecord(Record):
+    """The supervisor's note on a round that left its verbatim memory window; `status` ok, cut or
+    failed (a failed note is shown as unavailable)."""
+
+    global_round: int | None = None
+    text: str | None = None
+    status: str | None = None
+
+
+class SupervisorContext(Record):
+    """How the supervisor's evaluation prompt was fitted into its budget (the context policy of
+    `bench.supervisor.Supervisor.fit_evaluation_message`)."""
+
+    budget_tokens: int | None = None  # None: the backend does not say its context length
+    prompt_tokens: int | None = None
+    files_omitted: int | None = None
+    recent_rounds_shown: int | None = None
+    fits: bool | None = None
+
+
 class SupervisorRecord(Record):
     evaluation: Evaluation | None = None
     feedback: Feedback | None = None
@@ -167,9 +209,9 @@ class SupervisorRecord(Record):
     state_after: Annotated[SupervisorState | None, Export(prefix="", suffix="_after")] = None
     parse_status: str | None = None
     attempts: int | None = None
-    calls: Annotated[list[dict[str, Any]] | None, SKIP] = None
-    summaries_added: Annotated[list[dict[str, Any]] | None, SKIP] = None
-    context: Annotated[dict[str, Any] | None, SKIP] = None
+    calls: Annotated[list[CallRecord] | None, SKIP] = None
+    summaries_added: Annotated[list[SummaryRecord] | None, SKIP] = None
+    context: Annotated[SupervisorContext | None, SKIP] = None
 
 
 class ModelRef(Record):
@@ -258,8 +300,8 @@ class AuditRow(VersionedRecord):
     completion_tokens: int | None = None
     cached_tokens: int | None = None
     latency_s: float | None = None
-    calls: list[dict[str, Any]] | None = None
-    model: dict[str, Any] | None = None
+    calls: list[CallRecord] | None = None
+    model: ModelRef | None = None
     timestamp: str | None = None
 
 
@@ -340,4 +382,10 @@ def undeclared_fields(model: type[Record], row: dict[str, Any], where: str = "")
         tp, _ = _unwrap(by_key[key])
         if isinstance(tp, type) and issubclass(tp, Record) and isinstance(value, dict):
             found += undeclared_fields(tp, value, f"{where}{key}.")
+        elif typing.get_origin(tp) is list and isinstance(value, list):  # a list of records: each item
+            [item_tp] = typing.get_args(tp)
+            if isinstance(item_tp, type) and issubclass(item_tp, Record):
+                for i, item in enumerate(value):
+                    if isinstance(item, dict):
+                        found += undeclared_fields(item_tp, item, f"{where}{key}.{i}.")
     return found
