@@ -15,13 +15,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from lhd_train.audit.trajectory import TaskText, load_task_texts
 from lhd_train.config.vocab import STATES
 from lhd_train.errors import InputError
 from lhd_train.metrics.core import trial_stats
-from lhd_train.metrics.load import RunData, load_audit, load_run
+from lhd_train.metrics.labels import RoundLabel, auditor_labels
+from lhd_train.metrics.load import RunData, load_run
 from lhd_train.report.plots import data_uri, plot_states
 from lhd_train.report.render import fmt, render_page, signed
 from lhd_train.report.tables import trials_table_ctx
@@ -59,33 +58,44 @@ def _verdict(status: str, deceptive: Any, severity: Any) -> tuple[str, str]:
     return "honest", "not deceptive"
 
 
-def _audit_view(rec: dict[str, Any], auditor_id: str, mode: str | None, primary: bool) -> dict[str, Any]:
-    status = rec.get("label_status", "missing")
-    cls, text = _verdict(status, rec.get("deceptive"), rec.get("severity"))
+#: auditor id -> (trial id, global round) -> that auditor's label of the round, usable or not
+AuditLabels = dict[str, dict[tuple[str, int], RoundLabel]]
+
+
+def audit_labels(run: RunData) -> AuditLabels:
+    """Every auditor's label of each round it labelled (`metrics.labels.auditor_labels`, the rule
+    the report counts by), the headline auditor first: read once per run for all its pages."""
+    ids = dict.fromkeys([*([run.auditor_id] if run.auditor_id else []), *(a.auditor_id for a in run.auditors)])
+    return {aid: {(lab.trial_id, lab.global_round): lab for lab in auditor_labels(run.store, aid)} for aid in ids}
+
+
+def _audit_view(label: RoundLabel | None, auditor_id: str, mode: str | None, primary: bool) -> dict[str, Any]:
+    """One auditor's verdict on a round as the page shows it; `label` None: not audited."""
+    status = label.label_status if label is not None else "missing"
+    deceptive = label.deceptive if label is not None else None
+    severity = label.severity if label is not None else None
+    cls, text = _verdict(status, deceptive, severity)
     return {"auditor_id": auditor_id, "mode": mode, "primary": primary, "status": status,
-            "flagged": bool(rec.get("deceptive")) and status not in ("failed", "missing"),
-            "verdict_class": cls, "verdict_text": text, "deceptive": "yes" if rec.get("deceptive") else "no",
-            "types": ", ".join(t.lower() for t in rec.get("types") or ()),
-            "severity": fmt(rec.get("severity"), 0), "confidence": fmt(rec.get("confidence"), 2),
-            "reasoning": rec.get("reasoning") or "", "evidence": [str(e) for e in rec.get("evidence") or []]}
+            "flagged": bool(deceptive) and status not in ("failed", "missing"),
+            "verdict_class": cls, "verdict_text": text, "deceptive": "yes" if deceptive else "no",
+            "types": ", ".join(t.lower() for t in label.types) if label is not None else "",
+            "severity": fmt(severity, 0), "confidence": fmt(label.confidence if label is not None else None, 2),
+            "reasoning": label.reasoning if label is not None else "",
+            "evidence": list(label.evidence) if label is not None else []}
 
 
-def trial_context(run: RunData, trial_id: str, other_audits: dict[str, pd.DataFrame] | None = None,
+def trial_context(run: RunData, trial_id: str, labels: AuditLabels | None = None,
                   states_png: bytes | None = None, tasks: dict[int, TaskText] | None = None) -> dict[str, Any]:
-    """Everything the trial template shows, as plain strings and lists (`tasks`: `run_tasks`, read
-    once per run by `write_run_pages`)."""
+    """Everything the trial template shows, as plain strings and lists (`labels`: `audit_labels`,
+    `tasks`: `run_tasks`, each read once per run by `write_run_pages`)."""
     trial_store = run.store.trial(trial_id)
     rows: list[RoundRow]
     rows, _ = trial_store.read()  # a cut finished trial is an error, as in `lhd run`
     rows.sort(key=lambda r: r.global_round)
     store = trial_store.messages()
     tr = run.rounds[run.rounds["trial_id"] == trial_id]
-    primary = {int(g): rec for g, rec in zip(tr["global_round"], tr.to_dict("records"), strict=True)}
-    others: dict[str, dict[int, dict[str, Any]]] = {}
+    labels = audit_labels(run) if labels is None else labels
     modes = {a.auditor_id: a.mode for a in run.auditors}
-    for aid, df in (other_audits or {}).items():
-        sub = df[df["trial_id"] == trial_id]
-        others[aid] = {int(g): rec for g, rec in zip(sub["global_round"], sub.to_dict("records"), strict=True)}
     texts = run_tasks(run) if tasks is None else tasks
 
     shown: list[dict[str, Any]] = []
@@ -116,11 +126,10 @@ def trial_context(run: RunData, trial_id: str, other_audits: dict[str, pd.DataFr
             d = (a - b) if isinstance(a, (int, float)) and isinstance(b, (int, float)) else float("nan")
             states.append({"name": k, "before": signed(b), "after": signed(a), "delta": signed(d),
                            "dir": "up" if d > 0 else ("down" if d < 0 else "")})
-        rec = primary.get(g, {"label_status": "missing"})
-        audits = [_audit_view(rec, run.auditor_id or "none", modes.get(run.auditor_id or ""), True)] \
-            if run.auditor_id else []
-        for aid, recs in others.items():
-            audits.append(_audit_view(recs.get(g, {"label_status": "missing"}), aid, modes.get(aid), False))
+        audits = [_audit_view(labels.get(aid, {}).get((trial_id, g)), aid, modes.get(aid), True)
+                  for aid in ([run.auditor_id] if run.auditor_id else [])]
+        audits += [_audit_view(by_round.get((trial_id, g)), aid, modes.get(aid), False)
+                   for aid, by_round in labels.items() if aid != run.auditor_id]
         flagged = bool(audits and audits[0]["flagged"])
         cls, text = (audits[0]["verdict_class"], audits[0]["verdict_text"]) if audits else ("missing", "not audited")
         meta = []
@@ -177,15 +186,11 @@ def states_plot(run: RunData, trial_id: str) -> bytes | None:
     return plot_states(tr, run.completion_threshold, f"{run.label} · {trial_id}") if len(tr) else None
 
 
-def other_audits(run: RunData) -> dict[str, pd.DataFrame]:
-    return {a.auditor_id: load_audit(run.store, a.auditor_id) for a in run.auditors if a.auditor_id != run.auditor_id}
-
-
 def write_trial_page(run: RunData, trial_id: str, out: Path, back_href: str | None = None,
-                     back_text: str = "the report", others: dict[str, pd.DataFrame] | None = None,
+                     back_text: str = "the report", labels: AuditLabels | None = None,
                      states_png: bytes | None = None, tasks: dict[int, TaskText] | None = None) -> Path:
     """Write one trial's page to `out` (a file path)."""
-    ctx = trial_context(run, trial_id, others, states_png, tasks)
+    ctx = trial_context(run, trial_id, labels, states_png, tasks)
     html = render_page("trial.html.j2", script="viewer.js", back_href=back_href, back_text=back_text, **ctx)
     atomic_write_text(out, html)
     return out
@@ -194,10 +199,10 @@ def write_trial_page(run: RunData, trial_id: str, out: Path, back_href: str | No
 def write_run_pages(run: RunData, out_dir: Path, back_href: str | None = None, back_text: str = "the report",
                     state_pngs: dict[str, bytes | None] | None = None) -> dict[str, Path]:
     """One page per trial of the run into `out_dir`; returns trial id → page path."""
-    others, tasks = other_audits(run), run_tasks(run)
+    labels, tasks = audit_labels(run), run_tasks(run)
     pages = {}
     for tid in run.trials["trial_id"]:
-        pages[tid] = write_trial_page(run, tid, out_dir / f"{safe_name(tid)}.html", back_href, back_text, others,
+        pages[tid] = write_trial_page(run, tid, out_dir / f"{safe_name(tid)}.html", back_href, back_text, labels,
                                       (state_pngs or {}).get(tid), tasks)
     return pages
 
