@@ -3,6 +3,7 @@ and the readers reject a line that does not, naming the file, the line and the f
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from support.scripted import ScriptedBackend
@@ -13,7 +14,18 @@ from lhd_train.errors import DataFileError
 from lhd_train.interop.reference_import import import_reference
 from lhd_train.rundir.files import read_jsonl
 from lhd_train.rundir.layout import RunDir
-from lhd_train.rundir.rows import AUDIT_SCHEMA, ROW_SCHEMA, AuditRow, ResumableRoundRow, RoundRow, undeclared_fields
+from lhd_train.rundir.rows import (
+    AUDIT_SCHEMA,
+    ROW_SCHEMA,
+    AuditRow,
+    CallRecord,
+    ModelRef,
+    ResumableRoundRow,
+    RoundRow,
+    SupervisorContext,
+    undeclared_fields,
+)
+from lhd_train.rundir.run import Run
 from lhd_train.rundir.store import load_audit_rows, load_trial_rows
 
 
@@ -56,11 +68,41 @@ def test_undeclared_fields_names_nested_keys():
     RoundRow.model_validate(row)  # unknown fields are kept, not refused: a newer writer's rows still load
 
 
+def test_undeclared_fields_names_keys_inside_lists_of_records():
+    row = {"task_index": 1, "round": 1, "global_round": 1, "performer": {},
+           "supervisor": {"calls": [{"stage": "evaluation"},
+                                    {"stage": "feedback", "new_knob": 1, "sampling": {"top_p": 0.9, "odd": 2}}],
+                          "summaries_added": [{"global_round": 1, "text": "t", "mood": "ok"}]}}
+    assert undeclared_fields(RoundRow, row) == ["supervisor.calls.1.new_knob", "supervisor.calls.1.sampling.odd",
+                                                "supervisor.summaries_added.0.mood"]
+    assert RoundRow.model_validate(row).supervisor.calls[1].new_knob == 1  # kept, as every unknown field
+
+
+def test_model_calls_of_a_stored_run_read_as_records():
+    """The v1 fixture's supervisor and auditor calls, the supervisor's prompt budget and the
+    auditor's model come back as records a stage reads by attribute."""
+    run = Run.open(Path(__file__).parent / "data" / "runs" / "v1-control-study")
+    [tid] = run.trial_ids()
+    sup = run.trial(tid).rows()[0].supervisor
+    assert sup is not None and sup.calls is not None and sup.context is not None
+    first = sup.calls[0]
+    assert isinstance(first, CallRecord) and (first.stage, first.attempt, first.cut, first.finish_reason) == \
+        ("evaluation", 1, True, "length")
+    assert first.sampling is not None and first.sampling.max_tokens == 160 and first.prompt_tokens == 2370
+    assert [c.stage for c in sup.calls] == ["evaluation", "evaluation", "feedback", "feedback", "feedback"]
+    assert isinstance(sup.context, SupervisorContext) and sup.context.fits and sup.context.budget_tokens == 7472
+    audit_rows = run.auditor("tiny-full").rows(tid)
+    model = audit_rows[0].model
+    assert isinstance(model, ModelRef) and (model.key, model.model, model.adapter) == ("tiny", "runs/tiny-llama", None)
+    assert all(isinstance(c, CallRecord) and c.stage == "audit" for r in audit_rows for c in r.calls or [])
+
+
 @pytest.mark.parametrize("change, field", [
     (lambda r: r["performer"].__setitem__("latency_s", "slow"), "performer.latency_s"),
     (lambda r: r.__setitem__("round", True), "round"),
     (lambda r: r.pop("global_round"), "global_round"),
     (lambda r: r["supervisor"]["state_after"].__setitem__("trust", "high"), "supervisor.state_after.trust"),
+    (lambda r: r["supervisor"]["calls"][1].__setitem__("prompt_tokens", "many"), "supervisor.calls.1.prompt_tokens"),
 ])
 def test_a_damaged_trajectory_line_names_its_line_and_field(tmp_path, change, field):
     cfg, tids = make_run(tmp_path, seeds=(7,), satisfactions=SHAPE)
