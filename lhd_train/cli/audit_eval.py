@@ -87,8 +87,13 @@ def eval_command(curated: bool, planted: Path | None, out: Path | None, auditor_
         console.print(f"[yellow]{res.record['note']}[/yellow]")
     console.print(f"results: {out / 'eval.json'}, {out / 'eval.md'}")
     if target is not None:
-        where = attach(res, Path(target))
-        console.print(f"filed for the report of {target}: {where}")
+        try:
+            where = attach(res, Path(target))
+        except OSError as e:  # e.g. a read-only source run: the results above are complete without it
+            console.print(f"[yellow]not filed for the report of {target} ({e}); pass --attach RUN to file them "
+                          "in a run you can write to[/yellow]")
+        else:
+            console.print(f"filed for the report of {target}: {where}")
     if res.record["incomplete"]:
         console.print("[yellow]some rounds have no audit row yet (model unreachable); run the same command "
                       "again[/yellow]")
