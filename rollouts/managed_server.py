@@ -125,6 +125,9 @@ class ManagedServer:
         self.foreign = None if self.expect_model in served else served
         return self.foreign is None
 
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
     def stop(self, grace_s: float = 20.0) -> None:
         self.cancelled = True  # a start() still waiting in another thread gives up
         if self.proc is None or self.proc.poll() is not None:
