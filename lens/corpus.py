@@ -13,7 +13,7 @@ import torch
 
 from lens.errors import LensError
 from lhd_train.errors import DataFileError
-from lhd_train.rundir.files import read_jsonl_lines, sha256_file
+from lhd_train.io.files import read_jsonl_lines, sha256_file
 
 
 @dataclass

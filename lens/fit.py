@@ -41,8 +41,8 @@ from lens.errors import LensError
 from lens.model import LensModel, capture, normalise_layer, run
 from lens.positions import valid_position_mask
 from lens.store import Lens
-from lhd_train.rundir.csv_cells import safe_cell
-from lhd_train.rundir.files import atomic_write, atomic_write_text
+from lhd_train.io.csv_cells import safe_cell
+from lhd_train.io.files import atomic_write, atomic_write_text
 from rollouts.model_files import changed_parts
 
 log = logging.getLogger(__name__)

@@ -18,8 +18,8 @@ import pandas as pd
 
 from lens.positions import POSITION_CLASSES
 from lens.stats import bootstrap_auroc, emergence_layer
-from lhd_train.rundir.csv_cells import write_csv
-from lhd_train.rundir.files import atomic_write, atomic_write_text
+from lhd_train.io.csv_cells import write_csv
+from lhd_train.io.files import atomic_write, atomic_write_text
 
 READOUT_ORDER = ["jacobian", "logit", "probe", "stated"]
 
@@ -221,7 +221,7 @@ def write_outputs(out_dir: Path, margins_df: pd.DataFrame, examples_df: pd.DataF
     e["label"] = e["label"].astype(str)
     atomic_write(out / "examples.parquet", lambda tmp: e.to_parquet(tmp, index=False))
     files.update(margins=str(out / "margins.parquet"), examples=str(out / "examples.parquet"))
-    write_csv(table, out / "auroc.csv")  # text cells never start a formula (rundir/csv_cells)
+    write_csv(table, out / "auroc.csv")  # text cells never start a formula (lhd_train/io/csv_cells.py)
     write_csv(emerg, out / "emergence.csv")
     atomic_write_text(out / "auroc.md", markdown(table, emerg, title=title, notes=notes))
     files.update(auroc_csv=str(out / "auroc.csv"), auroc_md=str(out / "auroc.md"), emergence=str(out / "emergence.csv"))

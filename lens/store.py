@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from lens.errors import LensError
-from lhd_train.rundir.files import atomic_write, atomic_write_text, sha256_file, utc_now
+from lhd_train.io.files import atomic_write, atomic_write_text, sha256_file
+from lhd_train.io.provenance import utc_now
 
 FORMAT = "lhd.jlens/1"
 WEIGHTS = "lens.safetensors"

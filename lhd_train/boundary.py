@@ -64,7 +64,7 @@ def _storage_cause(exc: BaseException) -> tuple[str | None, str] | None:
     """(file, reason) of the refused write (disk full, read-only, ...) behind `exc`: `exc` itself
     or an OSError it was raised from (datasets and transformers wrap it), a Rust I/O error's code
     in the text (safetensors), or torch's writer failing, which keeps no errno."""
-    from lhd_train.rundir.files import STORAGE_ERRNOS
+    from lhd_train.io.files import STORAGE_ERRNOS
 
     seen: set[int] = set()
     e: BaseException | None = exc
@@ -85,7 +85,7 @@ def _storage_cause(exc: BaseException) -> tuple[str | None, str] | None:
 
 def _known_failure(exc: Exception) -> Exception | None:
     """A one-line error for a refused write or a chat template that fails; None for anything else."""
-    from lhd_train.rundir.files import StorageError
+    from lhd_train.io.files import StorageError
     from rollouts.model_files import chat_template_error
 
     template = chat_template_error(exc, [])

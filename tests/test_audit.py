@@ -32,7 +32,7 @@ from lhd_train.config.auditor import AuditOptions, RenderOptions, load_auditor_c
 from lhd_train.config.run import parse_config
 from lhd_train.config.vocab import CATEGORIES
 from lhd_train.errors import InputError
-from lhd_train.rundir.files import read_jsonl
+from lhd_train.io.files import read_jsonl
 from lhd_train.rundir.run import Run
 
 # Task 1: 2 rounds, task 2: 3 rounds (fails), tasks 3 and 4: 1 round each -> 7 rounds.

@@ -15,7 +15,7 @@ from lhd_train.cli.audit import export_command
 from lhd_train.errors import InputError
 from lhd_train.interop.export import export_run, round_columns
 from lhd_train.interop.reference_import import import_reference
-from lhd_train.rundir.files import read_jsonl
+from lhd_train.io.files import read_jsonl
 
 
 def test_export_of_an_audited_run_loads_back(tmp_path):

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lhd_train.rundir.files import read_jsonl
+from lhd_train.io.files import read_jsonl
 
 RUN = "h"  # run_name of every run in this file
 SEED = 11
@@ -218,7 +218,7 @@ def test_every_writing_stage_refuses_a_locked_run(held, monkeypatch, capsys, tmp
 
 def test_json_files_are_replaced_through_unique_temp_names(tmp_path, monkeypatch):
     """Two writers of one file must not share a temp name (before: `<name>.tmp` for everyone)."""
-    from lhd_train.rundir import files
+    from lhd_train.io import files
 
     seen = []
     real = os.replace

@@ -22,11 +22,11 @@ from test_audit import make_run, write_mini_pack
 from test_hardening import cli, one_error
 
 from lhd_train.errors import DataFileError, InputError, LhdError
-from lhd_train.rundir.files import append_jsonl, read_jsonl, write_json_atomic
+from lhd_train.io.files import append_jsonl, read_jsonl, write_json_atomic
 
 
 def storage_error() -> type[Exception]:
-    from lhd_train.rundir.files import StorageError  # imported here: every test runs on older code too
+    from lhd_train.io.files import StorageError
 
     return StorageError
 
@@ -114,7 +114,7 @@ ULIMIT = """
 import resource, sys
 from pathlib import Path
 from lhd_train.cli import guarded
-from lhd_train.rundir.files import append_jsonl
+from lhd_train.io.files import append_jsonl
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
 path = Path(sys.argv[1])
 def body():
@@ -573,7 +573,7 @@ def test_slurm_config_values_with_line_breaks_never_reach_the_script(tmp_path):
 def test_csv_cells_cannot_start_a_formula(tmp_path):
     import pandas as pd
 
-    from lhd_train.rundir.csv_cells import write_csv
+    from lhd_train.io.csv_cells import write_csv
 
     df = pd.DataFrame({"text": ["=HYPERLINK(\"x\")", "+1", "-cmd", "@SUM(A1)", "\t=1", "plain", None],
                        "n": [-1, 2, 3, 4, 5, 6, 7]})

@@ -280,7 +280,7 @@ def scripted_run(tmp_path, performer_text: str | None = None):
     from lhd_train.bench.taskpack import load_pack
     from lhd_train.bench.trial import RunContext, run_trial
     from lhd_train.config.run import dump_resolved, parse_config
-    from lhd_train.rundir.files import append_jsonl
+    from lhd_train.io.files import append_jsonl
 
     cfg = parse_config({"run_name": "real", "output_dir": str(tmp_path), "seeds": [7], "max_tasks": 3,
                         "models": {"m": {"backend": "hf", "model": "unused"}},
@@ -574,7 +574,7 @@ def _four_rounds(tmp_path, done: bool):
 def test_load_refuses_a_finished_trial_whose_rows_were_cut(tmp_path):
     """Today the trial silently loads two rounds shorter. The `.done` rule of `lhd run`."""
     from lhd_train.errors import DataFileError
-    from lhd_train.rundir.files import read_jsonl
+    from lhd_train.io.files import read_jsonl
     from lhd_train.rundir.store import write_done_marker
 
     path = _four_rounds(tmp_path, done=False)

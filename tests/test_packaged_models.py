@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from lhd_train.errors import InputError
+from lhd_train.io.files import sha256_file
 from lhd_train.packaged_models import MODELS, PROVENANCE, build_packaged_model, locate_gguf
-from lhd_train.rundir.files import sha256_file
 
 
 def test_missing_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

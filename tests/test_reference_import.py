@@ -15,7 +15,7 @@ from lhd_train.config.auditor import AuditOptions, load_auditor_config
 from lhd_train.config.run import parse_config
 from lhd_train.errors import InputError
 from lhd_train.interop.reference_import import import_reference
-from lhd_train.rundir.files import read_jsonl
+from lhd_train.io.files import read_jsonl
 from lhd_train.rundir.store import MessageStore
 
 SESSION = "startup_consulting_20250101_120000_seed42_model_some-model"
@@ -304,7 +304,7 @@ def test_a_full_disk_during_an_import_keeps_the_run_as_it_was(tmp_path, monkeypa
     import errno
     import os
 
-    from lhd_train.rundir.files import StorageError
+    from lhd_train.io.files import StorageError
 
     out = tmp_path / "run"
     import_reference(write_session(tmp_path / "ref"), out)

@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from lhd_train.cli.app import app
-from lhd_train.rundir.files import read_jsonl
+from lhd_train.io.files import read_jsonl
 
 SESSIONS = Path(__file__).resolve().parent / "data" / "reference-sessions"
 S1, S2 = "s390185437", "s960523766"

@@ -12,7 +12,7 @@ from test_reference_import import write_session
 
 from lhd_train.errors import DataFileError
 from lhd_train.interop.reference_import import import_reference
-from lhd_train.rundir.files import read_jsonl
+from lhd_train.io.files import read_jsonl
 from lhd_train.rundir.layout import RunDir
 from lhd_train.rundir.rows import (
     AUDIT_SCHEMA,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from lhd_train.rundir.files import read_jsonl
+from lhd_train.io.files import read_jsonl
 
 
 def write_config(tmp_path: Path, model_dir: Path, **kw) -> Path:

@@ -12,7 +12,7 @@ import pytest
 
 import lhd_train.bench.engine as engine
 from lhd_train.config.run import parse_config
-from lhd_train.rundir.files import read_jsonl
+from lhd_train.io.files import read_jsonl
 from rollouts.openai_backend import OpenAIBackend, _is_transient
 from rollouts.spec import ModelSpec
 from rollouts.vllm_server import vllm_command

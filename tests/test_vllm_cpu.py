@@ -512,7 +512,7 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         pytest.skip(problem)
     smollm2_dir: Path = request.getfixturevalue("smollm2_dir")  # built only when vLLM can run
     import lhd_train.bench.engine as engine
-    from lhd_train.rundir.files import read_jsonl
+    from lhd_train.io.files import read_jsonl
     from rollouts.managed_server import ManagedServer
 
     t0 = time.monotonic()
@@ -679,7 +679,7 @@ def test_lora_adapter_from_lhd_train_is_served_and_routed(served):
 @pytest.mark.timeout(2400)
 def test_audit_on_the_same_server_reads_the_shared_prefix_from_cache(served):
     from lhd_train.cli.audit import audit_command
-    from lhd_train.rundir.files import read_jsonl
+    from lhd_train.io.files import read_jsonl
 
     # Labels from a 135M model are not the point here (it loops inside the label lists), so the
     # answers are kept short: the check is the prompt layout meeting vLLM's prefix cache.

@@ -18,7 +18,8 @@ from pydantic import Field, model_validator
 from lhd_train.config.base import StrictModel, validate
 from lhd_train.config.vocab import DeceptionType
 from lhd_train.errors import InputError
-from lhd_train.rundir.files import append_jsonl, sha256_text, utc_now, write_json_atomic
+from lhd_train.io.files import append_jsonl, sha256_text, write_json_atomic
+from lhd_train.io.provenance import utc_now
 from lhd_train.rundir.layout import RunDir
 from lhd_train.rundir.rows import ROW_SCHEMA
 from lhd_train.rundir.store import MessageStore, write_done_marker

@@ -24,14 +24,8 @@ from lhd_train.audit.evaluation import Key, headline_lines, markdown, score, tru
 from lhd_train.audit.plant import PLANT_INFO
 from lhd_train.config.auditor import AuditOptions, AuditorConfig
 from lhd_train.errors import InputError
-from lhd_train.rundir.files import (
-    atomic_write_text,
-    read_json_mapping,
-    read_jsonl,
-    sha256_text,
-    utc_now,
-    write_json_atomic,
-)
+from lhd_train.io.files import atomic_write_text, read_json_mapping, read_jsonl, sha256_text, write_json_atomic
+from lhd_train.io.provenance import utc_now
 from lhd_train.rundir.layout import RunDir
 from lhd_train.rundir.outputs import check_out_dir
 from rollouts.backend import Backend

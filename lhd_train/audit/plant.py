@@ -34,15 +34,15 @@ from lhd_train.audit.curated import GROUND_TRUTH
 from lhd_train.audit.trajectory import TaskText, load_task_texts
 from lhd_train.config.vocab import TYPES
 from lhd_train.errors import InputError
-from lhd_train.rundir.files import (
+from lhd_train.io.files import (
     append_jsonl,
     atomic_write_text,
     json_text,
     read_jsonl_lines,
     read_yaml_mapping,
-    utc_now,
     write_json_atomic,
 )
+from lhd_train.io.provenance import utc_now
 from lhd_train.rundir.layout import RunDir, TrialFiles
 from lhd_train.rundir.outputs import check_out_dir
 from lhd_train.rundir.staging import staged_dir

@@ -28,7 +28,8 @@ from lhd_train.audit.trajectory import AuditorPrompts, Trial, build_messages, lo
 from lhd_train.bench.structured_calls import BackendUnavailable, StructuredOutcome, ask_structured, call_seed
 from lhd_train.config.auditor import AuditOptions, AuditorConfig
 from lhd_train.errors import DataFileError, InputError
-from lhd_train.rundir.files import package_versions, python_version, repair_jsonl, utc_now
+from lhd_train.io.files import repair_jsonl
+from lhd_train.io.provenance import package_versions, python_version, utc_now
 from lhd_train.rundir.lock import run_dir_lock
 from lhd_train.rundir.manifest import AuditorRecord
 from lhd_train.rundir.rows import AUDITOR_SCHEMA, AuditRow, CallRecord, ModelRef

@@ -16,7 +16,7 @@ from lhd_train.bench.prompts import BUILTIN_DIR as PROMPTS_DIR
 from lhd_train.config.auditor import DEFAULT_OPTIONS, RenderOptions
 from lhd_train.config.vocab import MODES
 from lhd_train.errors import DataFileError, InputError
-from lhd_train.rundir.files import sha256_text
+from lhd_train.io.files import sha256_text
 from lhd_train.rundir.manifest import Manifest, RunTask, RunTasks
 from lhd_train.rundir.rows import RoundRow, SupervisorState
 from lhd_train.rundir.run import Run, read_record

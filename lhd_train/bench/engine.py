@@ -16,12 +16,8 @@ from lhd_train.bench.taskpack import load_pack, pack_sha256
 from lhd_train.bench.trial import RunContext, TrialOnDisk, TrialResult, read_trial, run_trial, tasks_done
 from lhd_train.config.run import RunConfig, dump_resolved
 from lhd_train.errors import InputError, LhdError
-from lhd_train.rundir.files import (
-    atomic_write_text,
-    package_versions,
-    python_version,
-    utc_now,
-)
+from lhd_train.io.files import atomic_write_text
+from lhd_train.io.provenance import package_versions, python_version, utc_now
 from lhd_train.rundir.lock import run_dir_lock
 from lhd_train.rundir.manifest import Manifest, ResumeSession, RoleModel, Summary, TrialOutcome
 from lhd_train.rundir.rows import RoundRow, RunModels

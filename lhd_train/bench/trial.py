@@ -20,7 +20,8 @@ from lhd_train.bench.supervisor import NO_FEEDBACK, Supervisor
 from lhd_train.config.run import RunConfig
 from lhd_train.config.vocab import STATES
 from lhd_train.errors import DataFileError
-from lhd_train.rundir.files import repair_jsonl, utc_now
+from lhd_train.io.files import repair_jsonl
+from lhd_train.io.provenance import utc_now
 from lhd_train.rundir.rows import (
     EventRecord,
     PerformerRecord,

@@ -40,7 +40,7 @@ def slurm_render_cmd(
         typer.echo(text, nl=False)
         return
     from lhd_train.errors import InputError
-    from lhd_train.rundir.files import atomic_write_text
+    from lhd_train.io.files import atomic_write_text
 
     if out.is_dir():
         raise InputError("command line", "--out", f"{out} is a folder; the script is a file", "a file path")

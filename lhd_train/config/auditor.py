@@ -15,7 +15,7 @@ from lhd_train.config.base import StrictModel, apply_overrides, relative_to_file
 from lhd_train.config.run import ModelMap, RoleConfig
 from lhd_train.config.vocab import Mode
 from lhd_train.errors import InputError
-from lhd_train.rundir.files import read_yaml_mapping
+from lhd_train.io.files import read_yaml_mapping
 from lhd_train.rundir.layout import RunDir
 from lhd_train.rundir.names import name_problem
 from rollouts.spec import ModelSpec

@@ -16,8 +16,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from lhd_train.errors import InputError
-from lhd_train.rundir.files import read_yaml_mapping, yaml_problem
-from lhd_train.rundir.strict_yaml import load_yaml
+from lhd_train.io.files import read_yaml_mapping, yaml_problem
+from lhd_train.io.strict_yaml import load_yaml
 
 M = TypeVar("M", bound=BaseModel)
 

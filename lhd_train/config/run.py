@@ -10,7 +10,7 @@ from pydantic import AfterValidator, Field, Strict, field_validator, model_valid
 from lhd_train.config.base import StrictModel, read_config, relative_to_file, validate
 from lhd_train.config.vocab import CATEGORIES, LEVELS, ROLES
 from lhd_train.errors import InputError
-from lhd_train.rundir.files import read_yaml_mapping
+from lhd_train.io.files import read_yaml_mapping
 from lhd_train.rundir.layout import RunDir
 from lhd_train.rundir.names import name_problem, trial_id
 from rollouts.spec import ModelSpec

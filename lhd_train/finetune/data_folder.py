@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from lhd_train.errors import InputError
-from lhd_train.rundir.files import read_json_mapping, read_jsonl, write_json_atomic
+from lhd_train.io.files import read_json_mapping, read_jsonl, write_json_atomic
 
 SETTINGS_FILE = "settings.json"
 

@@ -34,7 +34,8 @@ from lhd_train.errors import InputError
 from lhd_train.finetune.contexts import Context, Contexts, load_contexts
 from lhd_train.finetune.data_folder import claim_folder
 from lhd_train.finetune.grading import Grade, Grader
-from lhd_train.rundir.files import append_jsonl, package_versions, read_jsonl, repair_jsonl, write_json_atomic
+from lhd_train.io.files import append_jsonl, read_jsonl, repair_jsonl, write_json_atomic
+from lhd_train.io.provenance import package_versions
 from rollouts.backend import Backend
 from rollouts.factory import build_backend
 from rollouts.types import GenerationRequest

@@ -18,7 +18,7 @@ from lhd_train.bench.supervisor import EvaluationAnswer
 from lhd_train.config.auditor import AuditorConfig, RenderOptions
 from lhd_train.config.run import RoleConfig
 from lhd_train.finetune.contexts import Context
-from lhd_train.rundir.files import append_jsonl, read_jsonl, repair_jsonl
+from lhd_train.io.files import append_jsonl, read_jsonl, repair_jsonl
 from lhd_train.rundir.run import Run
 from rollouts.backend import Backend
 

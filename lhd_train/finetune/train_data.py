@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from lhd_train.errors import InputError
-from lhd_train.rundir.files import sha256_file
+from lhd_train.io.files import sha256_file
 
 DATA_SIDECAR = "lhd_data.json"
 REQUIRED = {

@@ -33,7 +33,8 @@ from lhd_train.finetune.trainer_args import (  # noqa: F401  (re-exported: tests
     resolve_dtype,
     trainer_arguments,
 )
-from lhd_train.rundir.files import package_versions, python_version, utc_now, write_json_atomic
+from lhd_train.io.files import write_json_atomic
+from lhd_train.io.provenance import package_versions, python_version, utc_now
 from rollouts.model_files import changed_parts, weights_fingerprint
 
 ADAPTER_SUBDIR = "adapter"

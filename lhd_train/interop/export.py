@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from lhd_train.errors import InputError
-from lhd_train.rundir.files import printable
+from lhd_train.io.files import printable
 from lhd_train.rundir.outputs import check_out_dir
 from lhd_train.rundir.rows import AuditRow, Column, RoundRow, export_columns
 from lhd_train.rundir.run import Run

@@ -40,7 +40,8 @@ from lhd_train.interop.reference_files import (
     newest_detectors,
     session_config,
 )
-from lhd_train.rundir.files import atomic_write_text, package_versions, python_version, utc_now
+from lhd_train.io.files import atomic_write_text
+from lhd_train.io.provenance import package_versions, python_version, utc_now
 from lhd_train.rundir.layout import LOCK, RunDir
 from lhd_train.rundir.lock import run_dir_lock
 from lhd_train.rundir.manifest import AuditorRecord, Manifest, RoleModel, RunSource, RunTask, RunTaskFile, RunTasks

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from lhd_train.errors import InputError
-from lhd_train.rundir.files import read_yaml_mapping
+from lhd_train.io.files import read_yaml_mapping
 
 ROOT = Path(__file__).resolve().parents[2]
 ACCELERATE_CONFIGS = {"single_gpu": "configs/accelerate/single_gpu.yaml", "zero3": "configs/accelerate/zero3.yaml",

@@ -18,6 +18,8 @@ import pandas as pd
 
 from lhd_train.config.vocab import LEVELS, TYPES
 from lhd_train.errors import InputError
+from lhd_train.io.csv_cells import write_csv
+from lhd_train.io.files import atomic_write_bytes, atomic_write_text, check_writable_dir
 from lhd_train.metrics.core import RunMetrics, compute_all
 from lhd_train.metrics.horizon import chains_summary, chains_table, delayed_table, horizon_table
 from lhd_train.metrics.load import COVERAGE_MIN, RunData, load_runs
@@ -44,8 +46,6 @@ from lhd_train.report.tables import (
 )
 from lhd_train.report.validity import auditor_validity, validity_md
 from lhd_train.report.viewer import safe_name, states_plot, write_run_pages
-from lhd_train.rundir.csv_cells import write_csv
-from lhd_train.rundir.files import atomic_write_bytes, atomic_write_text, check_writable_dir
 from lhd_train.rundir.outputs import check_out_dir
 
 MAX_STATE_PLOTS = 60  # per report; more trials still get their own page (with its plot)

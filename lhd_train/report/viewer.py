@@ -18,13 +18,13 @@ from typing import Any
 from lhd_train.audit.trajectory import TaskText, load_task_texts
 from lhd_train.config.vocab import STATES
 from lhd_train.errors import InputError
+from lhd_train.io.files import atomic_write_text, check_writable_dir
 from lhd_train.metrics.core import trial_stats
 from lhd_train.metrics.labels import RoundLabel, auditor_labels
 from lhd_train.metrics.load import RunData, load_run
 from lhd_train.report.plots import data_uri, plot_states
 from lhd_train.report.render import fmt, render_page, signed
 from lhd_train.report.tables import trials_table_ctx
-from lhd_train.rundir.files import atomic_write_text, check_writable_dir
 from lhd_train.rundir.outputs import check_out_dir
 from lhd_train.rundir.rows import RoundRow, SupervisorRecord, SupervisorState
 from lhd_train.rundir.run import Run

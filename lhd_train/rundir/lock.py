@@ -27,7 +27,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from lhd_train.errors import LhdError
-from lhd_train.rundir.files import STORAGE_ERRNOS, storage_error, utc_now
+from lhd_train.io.files import STORAGE_ERRNOS, storage_error
+from lhd_train.io.provenance import utc_now
 from lhd_train.rundir.layout import LOCK as LOCK_NAME
 
 # Directories this process holds: resolved path -> (fd, depth).

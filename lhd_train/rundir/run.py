@@ -15,7 +15,8 @@ from typing import Any, TypeVar, overload
 from pydantic import ValidationError
 
 from lhd_train.errors import DataFileError, InputError
-from lhd_train.rundir.files import append_jsonl, read_json_mapping, read_yaml_mapping, utc_now, write_json_atomic
+from lhd_train.io.files import append_jsonl, read_json_mapping, read_yaml_mapping, write_json_atomic
+from lhd_train.io.provenance import utc_now
 from lhd_train.rundir.layout import RunDir, TrialFiles
 from lhd_train.rundir.manifest import AuditorRecord, DoneMarker, Manifest, Summary
 from lhd_train.rundir.rows import AuditRow, Record, RoundRow

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from lhd_train.rundir.files import storage_error
+from lhd_train.io.files import storage_error
 from lhd_train.rundir.layout import LOCK
 
 STAGING = ".staging-"

@@ -11,7 +11,8 @@ from typing import Any, TypeVar, overload
 from pydantic import ValidationError
 
 from lhd_train.errors import DataFileError
-from lhd_train.rundir.files import append_jsonl, read_jsonl_lines, utc_now, write_json_atomic
+from lhd_train.io.files import append_jsonl, read_jsonl_lines, write_json_atomic
+from lhd_train.io.provenance import utc_now
 from lhd_train.rundir.layout import ROWS_SUFFIX, TrialFiles, trial_id_of_messages
 from lhd_train.rundir.manifest import DoneMarker
 from lhd_train.rundir.rows import AuditRow, Record, RoundRow

@@ -14,7 +14,7 @@ from lens.fit import FitOptions, FitSettings, fit_lens
 from lens.model import block_outputs
 from lens.readout import JacobianLens, LinearProbe, LogitLens, out_of_fold_logits
 from lens.store import Lens, load_lens, merge_lenses, save_lens
-from lhd_train.rundir.files import sha256_file
+from lhd_train.io.files import sha256_file
 
 
 def test_save_load_roundtrip(llama, fit_prompts, tmp_path):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lhd_train.rundir.files import atomic_write_text, printable
+from lhd_train.io.files import atomic_write_text, printable
 
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 

@@ -13,22 +13,15 @@ import hashlib
 import json
 import os
 import re
-import sys
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from lhd_train.errors import DataFileError, InputError, LhdError
-from lhd_train.rundir.strict_yaml import load_yaml
-
-# Packages whose versions are recorded with every run, audit, dataset and adapter.
-PACKAGES: tuple[str, ...] = ("lhd", "torch", "transformers", "tokenizers", "trl", "peft", "accelerate", "datasets",
-                             "xgrammar", "openai", "vllm", "bitsandbytes", "wandb", "deepspeed")
+from lhd_train.io.strict_yaml import load_yaml
 
 # ---------------------------------------------------------------- refused writes
 
@@ -259,7 +252,7 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, json_text(obj, indent=2).encode("utf-8"))
 
 
-# ---------------------------------------------------------------- hashes, time, versions
+# ---------------------------------------------------------------- hashes
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     """Hex SHA-256 of a file's bytes, read in chunks (model weights are many GB)."""
@@ -272,26 +265,6 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
 
 def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def utc_now(timespec: str = "seconds") -> str:
-    """ISO-8601 UTC timestamp, the one format of every `*_at` field."""
-    return datetime.now(UTC).isoformat(timespec=timespec)
-
-
-def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:
-    """Installed versions of `names` (None when not installed), for provenance records."""
-    out: dict[str, str | None] = {}
-    for name in names:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
-
-
-def python_version() -> str:
-    return sys.version.split()[0]
 
 
 # ---------------------------------------------------------------- YAML / JSON mappings
