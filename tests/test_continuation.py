@@ -45,10 +45,10 @@ def test_truncated_answer_is_continued_and_recorded(tmp_path):
     cfg = make_cfg(tmp_path, max_tasks=2)
     backend = TruncatingBackend(cut=2)
     _, rows = run(cfg, backend)
-    first = rows[0]["performer"]
-    assert first["text"] == "part1 part2 part3"
-    assert first["segments"] == 3 and first["truncated"] is False and first["finish_reason"] == "stop"
-    assert first["completion_tokens"] == 3 and first["token_ids"] == [1, 2, 3]
+    first = rows[0].performer
+    assert first.text == "part1 part2 part3"
+    assert first.segments == 3 and first.truncated is False and first.finish_reason == "stop"
+    assert first.completion_tokens == 3 and first.token_ids == [1, 2, 3]
     reqs = _performer_requests(backend)
     opening, second, third = reqs[:3]
     # A continuation re-sends the same conversation plus the answer so far and the request to go on.
@@ -65,13 +65,13 @@ def test_truncated_answer_is_continued_and_recorded(tmp_path):
 def test_continuation_is_bounded(tmp_path):
     cfg = make_cfg(tmp_path, max_tasks=1)
     _, rows = run(cfg, TruncatingBackend(cut=99))
-    p = rows[0]["performer"]
-    assert p["segments"] == 5 and p["truncated"] is True and p["finish_reason"] == "length"
-    assert p["text"] == "part1 part2 part3 part4 part5"
+    p = rows[0].performer
+    assert p.segments == 5 and p.truncated is True and p.finish_reason == "length"
+    assert p.text == "part1 part2 part3 part4 part5"
 
     cfg = make_cfg(tmp_path / "one", max_tasks=1, performer={"model": "m", "max_segments": 1})
     _, rows = run(cfg, TruncatingBackend(cut=99))
-    assert rows[0]["performer"]["segments"] == 1 and rows[0]["performer"]["truncated"] is True
+    assert rows[0].performer.segments == 1 and rows[0].performer.truncated is True
 
 
 def test_performer_max_tokens_default_fits_a_report(tmp_path):
