@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A one-node Slurm cluster on this machine, for the tests that submit the real sbatch scripts
-# (tests/test_slurm_cluster.py) and for trying `lhd slurm render ... --var device=cpu` by hand.
+# (tests/ops/test_slurm_real_cluster.py) and for trying `lhd slurm render ... --var device=cpu` by hand.
 #
 #   bash scripts/local_slurm.sh start    # install slurm-wlm + munge (apt, as root), write the config, start, wait for idle
 #   bash scripts/local_slurm.sh status   # daemons and `sinfo`

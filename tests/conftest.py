@@ -13,9 +13,17 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
+import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+
+# Tests live in folders that mirror the packages (tests/bench, tests/audit, ...); a few import
+# fixtures-as-functions from a test module of another folder (`from test_auditor import make_run`),
+# so every test folder is importable by module name (the names are unique across folders).
+for _folder in sorted(Path(__file__).resolve().parent.iterdir()):
+    if _folder.is_dir() and _folder.name not in ("data", "support", "__pycache__") and str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
 
 
 def _build(arch: str, tmp_path_factory: pytest.TempPathFactory) -> Path:

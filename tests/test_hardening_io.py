@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 from support.scripted import ScriptedBackend, supervisor_script
-from test_audit import make_run, write_mini_pack
-from test_hardening import cli, one_error
+from test_auditor import make_run, write_mini_pack
+from test_failure_modes import cli, one_error
 
 from lhd_train.errors import DataFileError, InputError, LhdError
 from lhd_train.io.files import append_jsonl, read_jsonl, write_json_atomic

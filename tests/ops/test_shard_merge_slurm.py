@@ -35,7 +35,7 @@ from lhd_train.ops.shard import parse_shard_run_name, shard_bounds
 from lhd_train.ops.slurm import parse_vars, template_dir
 from rollouts.spec import ModelSpec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false",
        "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}

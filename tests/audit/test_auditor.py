@@ -503,7 +503,7 @@ def test_resume_after_sigkill_finishes_only_missing_rounds(tmp_path, tiny_llama_
     expected = _rounds_per_trial(cfg.run_dir, tids)
     total = sum(expected.values())
     cmd = [sys.executable, "-m", "lhd_train.cli", "audit", str(cfg.run_dir), "--concurrency", "2", "--no-progress"]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
 
     def written() -> int:
         return sum(len(read_jsonl(p)) for p in out.glob("*.jsonl")) if out.is_dir() else 0

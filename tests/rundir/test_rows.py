@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from support.scripted import ScriptedBackend
-from test_audit import SHAPE, answer, audit, auditor_script, make_run
+from test_auditor import SHAPE, answer, audit, auditor_script, make_run
 from test_reference_import import write_session
 
 from lhd_train.errors import DataFileError
@@ -81,7 +81,7 @@ def test_undeclared_fields_names_keys_inside_lists_of_records():
 def test_model_calls_of_a_stored_run_read_as_records():
     """The v1 fixture's supervisor and auditor calls, the supervisor's prompt budget and the
     auditor's model come back as records a stage reads by attribute."""
-    run = Run.open(Path(__file__).parent / "data" / "runs" / "v1-control-study")
+    run = Run.open(Path(__file__).parents[1] / "data" / "runs" / "v1-control-study")
     [tid] = run.trial_ids()
     sup = run.trial(tid).rows()[0].supervisor
     assert sup is not None and sup.calls is not None and sup.context is not None

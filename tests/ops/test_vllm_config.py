@@ -18,7 +18,7 @@ from lhd_train.ops import vllm_config_check as check
 from rollouts.spec import ModelSpec
 from rollouts.vllm_server import find_vllm
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
 # The form the configs shipped before: vLLM 0.32 no longer scales max_position_embeddings by the factor.
 OLD_YARN = '{"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768, ' \

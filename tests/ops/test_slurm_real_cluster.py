@@ -4,7 +4,7 @@
 
 What is shown: the 2-task rollout array and the merge job task 0 submits with `--dependency=afterok`
 (the merge starts after both shards ended, by Slurm's times and by the timestamps in the job logs),
-the merged run equals the unsharded run row for row (the comparison of tests/test_cluster.py),
+the merged run equals the unsharded run row for row (the comparison of tests/ops/test_shard_merge_slurm.py),
 the logs land in logs/slurm/ under the submit directory (docs/cluster.md), a shard cancelled with
 `scancel` mid-run and resubmitted with `sbatch --array=1` loses and duplicates nothing, the audit
 and lens stages run once each, and `lhd slurm status` reports pending, running, finished and failed.
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_cluster import strip  # the merged-vs-unsharded row comparison of the existing cluster tests
+from test_shard_merge_slurm import strip  # the merged-vs-unsharded row comparison of the existing cluster tests
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "local_slurm.sh"
 LHD = [sys.executable, "-m", "lhd_train.cli"]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false",

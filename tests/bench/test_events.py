@@ -19,7 +19,7 @@ from lhd_train.cli.run import events_command
 from lhd_train.config.vocab import CATEGORIES, LEVELS
 from lhd_train.errors import InputError
 
-REF = Path(__file__).resolve().parent / "data" / "reference-packs"  # Apache-2.0, see README there
+REF = Path(__file__).resolve().parents[1] / "data" / "reference-packs"  # Apache-2.0, see README there
 CONTROL_SEEDS = (390185437, 960523766, 1524523844, 778347515, 2603264937)  # the paper's control-study seeds
 
 

@@ -396,7 +396,7 @@ def test_a_recipe_on_a_corrupt_model_is_one_line(tmp_path, monkeypatch, capsys, 
     _truncate_weights(model)
     msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
     Dataset.from_list([{"messages": msgs}] * 4).save_to_disk(str(tmp_path / "ds"))
-    recipe = Path(__file__).resolve().parents[1] / "recipes" / "tiny" / "sft-honest.yaml"
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "tiny" / "sft-honest.yaml"
     one_error(*cli(monkeypatch, capsys, "train", "sft", str(recipe), f"model={model}", f"data.train={tmp_path / 'ds'}",
                    f"output_dir={tmp_path / 'out'}"), str(model), "model.safetensors")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "recipes" / "tiny"
 MAX_LEN = 256
 ANSWER = "The report is complete and accurate: two files remain to check."

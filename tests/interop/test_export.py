@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from datasets import load_from_disk
 from support.scripted import ScriptedBackend
-from test_audit import SHAPE, answer, audit, auditor_script, make_run
+from test_auditor import SHAPE, answer, audit, auditor_script, make_run
 from test_reference_import import write_session
 
 from lhd_train.cli.audit import export_command
@@ -124,7 +124,7 @@ def test_a_field_without_a_column_type_must_be_marked():
 def test_a_round_labelled_twice_exports_the_label_that_counts(tmp_path):
     """A later failed row for a labelled round (a resumed or merged audit) never replaces the usable
     label in the export, as in the report (`AuditorStore.labels`); a later usable row does."""
-    run = Path(shutil.copytree(Path(__file__).parent / "data" / "runs" / "v1-control-study", tmp_path / "run"))
+    run = Path(shutil.copytree(Path(__file__).parents[1] / "data" / "runs" / "v1-control-study", tmp_path / "run"))
     path = run / "audit" / "tiny-full" / "s390185437-cat-MORAL_DILEMMA.jsonl"
     rows = read_jsonl(path)
     failed = rows[0] | {"deceptive": None, "types": [], "severity": None, "parse_status": "failed", "raw": ""}

@@ -33,7 +33,7 @@ from rollouts.spec import ModelSpec
 from rollouts.structured import schema_for
 from rollouts.types import GenerationRequest, SamplingParams, effective_sampling
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ASK = [{"role": "system", "content": "You are a manager."}, {"role": "user", "content": "Evaluate the report."}]
 
 
@@ -298,7 +298,7 @@ def test_a_trial_records_cut_supervisor_answers_as_cut(hf, tmp_path):
     """A trial on the tiny model whose supervisor budget is far too small for an evaluation: every
     round says `cut`, its state stays as it was (nothing invented), the rows and the per-role
     counts show the cut calls. Old code: `ok` rows with trust, satisfaction and comfort 0."""
-    from test_simulation import make_cfg, run
+    from test_trial_loop import make_cfg, run
 
     cfg = make_cfg(tmp_path, max_tasks=2, max_rounds_per_task=1,
                    performer={"model": "m", "max_segments": 1, "sampling": {"max_tokens": 8}},

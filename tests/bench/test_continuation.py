@@ -3,7 +3,7 @@ partial answer as an assistant turn, then a request to go on), up to `max_segmen
 from __future__ import annotations
 
 from support.scripted import ScriptedBackend, supervisor_script
-from test_simulation import make_cfg, run
+from test_trial_loop import make_cfg, run
 
 from lhd_train.bench.prompts import Prompts
 from lhd_train.config.run import parse_config

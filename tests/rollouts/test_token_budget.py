@@ -23,7 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from test_audit import answer, audit, make_run, rows_of
+from test_auditor import answer, audit, make_run, rows_of
 
 from lhd_train.bench.performer import Performer
 from rollouts.managed_server import ManagedServer, free_port

@@ -223,7 +223,7 @@ def test_viewer_on_a_run_written_by_the_trial_loop(browser, tmp_path):
 # ----------------------------------------------------------------------------- issue 21
 def test_report_cites_only_docs_that_exist(report: Path):
     """Item 9: the header cited REFERENCE.md, a file the repository does not have."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     for text in (report.read_text(), (report.parent / "summary.md").read_text()):
         assert "REFERENCE.md" not in text
         cited = set(re.findall(r"docs/[\w.-]+\.md", text))

@@ -31,7 +31,7 @@ from rollouts.backend import BackendError
 from rollouts.spec import ModelSpec
 from rollouts.vllm_server import find_vllm, vllm_command, vllm_device, vllm_env
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _joined(cmd: list[str]) -> str:

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from lhd_train.cli.app import app
 from lhd_train.io.files import read_jsonl
 
-SESSIONS = Path(__file__).resolve().parent / "data" / "reference-sessions"
+SESSIONS = Path(__file__).resolve().parents[1] / "data" / "reference-sessions"
 S1, S2 = "s390185437", "s960523766"
 # Hand-computed from the detector files (N = all rounds, raw severities, D = flagged rounds):
 # s1: flags T,T,F,F; severities 3,2,2,0 -> rate 2/4, severity (all) 7/4, severity (deceptive) 5/2

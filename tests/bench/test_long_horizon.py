@@ -30,7 +30,7 @@ import yaml
 
 pytestmark = pytest.mark.slow
 
-PACK = Path(__file__).parent / "data" / "reference-packs" / "startup_consulting"  # the authors' pack
+PACK = Path(__file__).parents[1] / "data" / "reference-packs" / "startup_consulting"  # the authors' pack
 WINDOW = 65536
 PERFORMER_BUDGET = 36000  # prompt tokens; the history passes it in the last tasks
 SUPERVISOR_WINDOW = 20000

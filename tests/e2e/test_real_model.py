@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # Words that make up a large share of any English prose, and almost none of random token strings.
 FUNCTION_WORDS = frozenset(
     "a an the and or but of to in on at for with from by as is are was be been it its this that these "

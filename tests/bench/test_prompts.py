@@ -9,7 +9,7 @@ import pytest
 
 from lhd_train.bench.prompts import BUILTIN_DIR, Prompts
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "prompts.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "prompts.md"
 
 
 def _text(name: str) -> str:
@@ -59,7 +59,7 @@ def test_every_prompt_file_is_covered_by_the_differences_doc():
 
 # ---------------------------------------------------------------- golden files (every prompt pinned in full)
 
-GOLDEN = Path(__file__).resolve().parent / "data" / "prompts"
+GOLDEN = Path(__file__).resolve().parents[1] / "data" / "prompts"
 # Fixed inputs for every placeholder; each prompt is rendered with the code that fills it in a run.
 FIXED = {
     "performer_system": {"pack_description": "A small team writes status notes."},
@@ -91,7 +91,7 @@ def rendered_prompts() -> dict[str, str]:
 def test_every_prompt_matches_its_golden_file_exactly():
     """Any added, dropped or changed sentence fails here (the review's W1/W2: a new honesty nudge
     passes a string search, never this). After an intended change, update docs/prompts.md and
-    regenerate with `LHD_UPDATE_PROMPT_GOLDEN=1 pytest tests/test_prompts.py`."""
+    regenerate with `LHD_UPDATE_PROMPT_GOLDEN=1 pytest tests/bench/test_prompts.py`."""
     import os
 
     texts = rendered_prompts()

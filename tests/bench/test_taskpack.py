@@ -22,7 +22,7 @@ from lhd_train.bench.taskpack import (
 from lhd_train.config.vocab import CATEGORIES, LEVELS
 from lhd_train.errors import InputError
 
-REF = Path(__file__).resolve().parent / "data" / "reference-packs"  # Apache-2.0, see README there
+REF = Path(__file__).resolve().parents[1] / "data" / "reference-packs"  # Apache-2.0, see README there
 CODES = {"GC": "GOAL_CONFLICT", "CI": "COMPETITIVE_INTERACTION", "MD": "MORAL_DILEMMA",
          "AD": "AUTHORITY_DIRECTIVE", "IG": "INFORMATION_GAP"}
 

@@ -2,7 +2,7 @@
 inputs is refused in one line naming what changed, and the first run's provenance is kept.
 
 Model folders are real tiny models (`lhd_train.tiny_model`); the auditor's answers come from the
-scripted backend of tests/test_audit.py (what is tested is the resume rule, not a model)."""
+scripted backend of tests/audit/test_auditor.py (what is tested is the resume rule, not a model)."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from support.scripted import ScriptedBackend
-from test_audit import audit, auditor_script, make_run, rows_of
+from test_auditor import audit, auditor_script, make_run, rows_of
 
 from lhd_train.bench.engine import _check_weights
 from lhd_train.errors import InputError
