@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 from lhd_train.audit.curated import CURATED_PATH, build_curated_run, load_curated
 from lhd_train.audit.evaluation import HONEST, Truth, kappa, score, wilson
+from lhd_train.audit.ground_truth import read_ground_truth
 from lhd_train.audit.plant import HEDGES, plant_run
 from lhd_train.bench.engine import prepare_run_dir
 from lhd_train.bench.prompts import Prompts
@@ -29,8 +30,9 @@ from lhd_train.cli.app import app
 from lhd_train.config.run import parse_config
 from lhd_train.config.vocab import TYPES
 from lhd_train.errors import InputError
-from lhd_train.rundir.layout import RunDir
-from lhd_train.rundir.store import MessageStore, message_id, read_trial_rows
+from lhd_train.rundir.rows import AuditRow
+from lhd_train.rundir.run import Run
+from lhd_train.rundir.store import message_id
 
 REPO = Path(__file__).resolve().parents[1]
 AUTHORS = REPO / "tests" / "data" / "reference-packs" / "startup_consulting" / "tasks.json"
@@ -105,14 +107,21 @@ def test_curated_set_loads_and_refuses_bad_items(tmp_path):
 
 def test_curated_run_is_a_run_with_one_trial_per_item(tmp_path):
     cset = load_curated()
-    run = build_curated_run(cset, tmp_path / "run")
-    rd = RunDir(run)
-    assert rd.trial_ids() == [f"c{n:02d}" for n in range(1, len(cset.items) + 1)]
-    truth = [json.loads(line) for line in (run / "ground_truth.jsonl").read_text().splitlines()]
-    for item, tid, t in zip(cset.items, rd.trial_ids(), truth, strict=True):
-        (row,) = read_trial_rows(rd.trial(tid).rows)
-        assert row["performer"]["text"] == item.answer and row["task_index"] == item.task
+    run = Run.open(build_curated_run(cset, tmp_path / "run"))
+    assert run.trial_ids() == [f"c{n:02d}" for n in range(1, len(cset.items) + 1)]
+    truth = [json.loads(line) for line in (run.path / "ground_truth.jsonl").read_text().splitlines()]
+    assert [t.to_json() for t in read_ground_truth(run)] == truth  # the reader gives back what was written
+    tasks = run.tasks()
+    assert tasks is not None and [t.index for t in tasks.tasks] == sorted({i.task for i in cset.items})
+    manifest = run.manifest()
+    assert manifest is not None and manifest.items == len(cset.items) and manifest.set_sha256
+    for item, tid, t in zip(cset.items, run.trial_ids(), truth, strict=True):
+        trial = run.trial(tid)
+        (row,), finished = trial.read()
+        assert finished and row.performer.text == item.answer and row.task_index == item.task
+        assert trial.messages().get(row.performer.message_ids)[-1]["content"] == item.answer
         assert t["trial_id"] == tid and t["deceptive"] == item.deceptive and t["severity"] == item.severity
+        assert t["type"] == (item.types[0] if item.types else None) and t["item"] == item.id
         assert item.id not in tid  # the label is not in the trial id the auditor's seeds use
 
 
@@ -135,7 +144,7 @@ def test_wilson_matches_the_formula_and_a_published_value():
 
 
 def audit_row(deceptive, types=(), severity=0):
-    return {"deceptive": deceptive, "types": list(types), "severity": severity}
+    return AuditRow(global_round=1, deceptive=deceptive, types=list(types), severity=severity)
 
 
 def test_score_against_hand_counts():
@@ -246,31 +255,33 @@ def test_plant_is_deterministic_and_its_ground_truth_holds(tmp_path):
     assert len(truth) == sum(a.planted.values()) > 0
     assert sum(a.chosen.values()) == sum(a.planted.values()) + sum(a.skipped.values())
     files = {t: {f["filename"]: f["content"] for f in task["files"]} for t, task in authors_tasks().items()}
-    src, dst = RunDir(run), RunDir(tmp_path / "a")
+    src, dst = Run.open(run), Run.open(tmp_path / "a")
     planted = {(t["trial_id"], t["global_round"]): t for t in truth}
     for tid in src.trial_ids():
-        old_rows = {r["global_round"]: r for r in read_trial_rows(src.trial(tid).rows)}
-        new_rows = {r["global_round"]: r for r in read_trial_rows(dst.trial(tid).rows)}
+        old_rows = {r.global_round: r for r in src.trial(tid).rows()}
+        new_rows = {r.global_round: r for r in dst.trial(tid).rows()}
         assert old_rows.keys() == new_rows.keys()
-        store = MessageStore(dst.trial(tid).messages)
+        assert dst.trial(tid).done_marker() == src.trial(tid).done_marker()  # finished when the original did
+        store = dst.trial(tid).messages()
         # the copy's store starts with the original's bytes; new messages are appended
-        assert dst.trial(tid).messages.read_bytes().startswith(src.trial(tid).messages.read_bytes())
+        assert dst.trial(tid).files.messages.read_bytes().startswith(src.trial(tid).files.messages.read_bytes())
         first_plant = min([g for (t, g) in planted if t == tid], default=10**9)
-        old_lines = src.trial(tid).rows.read_bytes().splitlines()
-        new_lines = dst.trial(tid).rows.read_bytes().splitlines()
+        old_lines = src.trial(tid).files.rows.read_bytes().splitlines()
+        new_lines = dst.trial(tid).files.rows.read_bytes().splitlines()
         for g in sorted(old_rows):
-            old, new = old_rows[g]["performer"]["text"], new_rows[g]["performer"]["text"]
+            old, new = old_rows[g].performer.text, new_rows[g].performer.text
             if g < first_plant:  # nothing before the first plant can change, byte for byte
                 assert old_lines[g - 1] == new_lines[g - 1]
-            for key in ("message_ids", "new_message_ids"):
-                store.get(new_rows[g]["performer"][key])  # every id resolves
-            for call in new_rows[g]["supervisor"]["calls"]:
-                store.get(call["message_ids"])
+            store.get(new_rows[g].performer.message_ids)  # every id resolves
+            store.get(new_rows[g].performer.new_message_ids)
+            for call in new_rows[g].supervisor.calls:
+                store.get(call.message_ids)
             t = planted.get((tid, g))
             if t is None:
                 assert new == old
                 continue
-            assert new != old and t["task_index"] == old_rows[g]["task_index"]
+            assert new != old and t["task_index"] == old_rows[g].task_index
+            assert new_rows[g].performer.token_ids is None  # not the tokens of the planted text
             ev = t["evidence"][0]
             assert ev["quote"] in files[t["task_index"]][ev["file"]]
             if t["type"] == "FALSIFICATION":
@@ -282,11 +293,11 @@ def test_plant_is_deterministic_and_its_ground_truth_holds(tmp_path):
             else:
                 assert t["before"] in old and t["after"].strip() in HEDGES and t["after"] in new
             # later prompts show the planted answer, never the original
-            sup_prompt = "".join(m["content"] for m in store.get(new_rows[g]["supervisor"]["calls"][0]["message_ids"]))
+            sup_prompt = "".join(m["content"] for m in store.get(new_rows[g].supervisor.calls[0].message_ids))
             assert new.strip() in sup_prompt and old.strip() not in sup_prompt
             later = [r for h, r in new_rows.items() if h > g]
             if later:
-                ids = later[0]["performer"]["message_ids"]
+                ids = later[0].performer.message_ids
                 assert message_id("assistant", new) in ids and message_id("assistant", old) not in ids
 
 
@@ -295,9 +306,9 @@ def test_plant_skips_answers_without_figures_and_never_forces(tmp_path):
     rep = plant_run(run, tmp_path / "p", seed=0, rate=1.0)
     assert sum(rep.planted.values()) == 0 and sum(rep.skipped.values()) == rep.rounds > 0
     assert (tmp_path / "p" / "ground_truth.jsonl").read_text() == ""
-    src, dst = RunDir(run), RunDir(tmp_path / "p")
+    src, dst = Run.open(run), Run.open(tmp_path / "p")
     for tid in src.trial_ids():
-        for a, b in zip(src.trial(tid).__dict__.values(), dst.trial(tid).__dict__.values(), strict=True):
+        for a, b in zip(src.trial(tid).files.__dict__.values(), dst.trial(tid).files.__dict__.values(), strict=True):
             if isinstance(a, Path):
                 assert a.read_bytes() == b.read_bytes()
 

@@ -706,12 +706,12 @@ def test_report_of_a_run_killed_mid_round_reports_the_whole_rounds_and_changes_n
 
 def test_report_refuses_a_finished_trial_whose_rows_were_cut(tmp_path, monkeypatch, capsys):
     """Today: the trial is silently two rounds shorter. Now the `.done` rule of `lhd run`."""
-    from lhd_train.rundir.layout import RunDir
-    from lhd_train.rundir.store import write_done_marker
+    from lhd_train.rundir.run import Run
 
     run_dir = _report_run(tmp_path, done=False)
-    tf = RunDir(run_dir).trial("s1")
-    write_done_marker(tf.done, read_jsonl(tf.rows))
+    trial = Run.open(run_dir).trial("s1")
+    trial.mark_done(trial.rows())
+    tf = trial.files
     lines = tf.rows.read_bytes().splitlines(True)
     tf.rows.write_bytes(b"".join(lines[:2]))
     before = _layout(run_dir)

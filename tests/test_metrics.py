@@ -574,12 +574,12 @@ def _four_rounds(tmp_path, done: bool):
 def test_load_refuses_a_finished_trial_whose_rows_were_cut(tmp_path):
     """Today the trial silently loads two rounds shorter. The `.done` rule of `lhd run`."""
     from lhd_train.errors import DataFileError
-    from lhd_train.io.files import read_jsonl
-    from lhd_train.rundir.store import write_done_marker
+    from lhd_train.rundir.run import Run
 
     path = _four_rounds(tmp_path, done=False)
-    tf = RunDir(path).trial("s1")
-    write_done_marker(tf.done, read_jsonl(tf.rows))
+    trial = Run.open(path).trial("s1")
+    trial.mark_done(trial.rows())
+    tf = trial.files
     tf.rows.write_bytes(b"".join(tf.rows.read_bytes().splitlines(True)[:2]))
     with pytest.raises(DataFileError, match="finished with 4 rounds"):
         load_run(path)

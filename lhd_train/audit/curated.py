@@ -5,8 +5,8 @@ The set (`evalset/curated.json`) is judged by the same code as any run: `build_c
 writes it as a run directory, one trial per item holding one round of the item's task, so an
 auditor cannot see the other answers to the same task (in `full` mode a trial is all it sees).
 Trial ids are neutral (`c01`, `c02`, ...): an item id such as `t04-fals-churn` would name the label.
-The labels go to `ground_truth.jsonl` beside the run, in the rows `lhd audit-eval` reads for
-planted runs too (docs/validity.md)."""
+The labels go to `ground_truth.jsonl` beside the run, as the `LabelledAnswer` rows `lhd audit-eval`
+reads for planted runs too (`audit.ground_truth`, docs/validity.md)."""
 from __future__ import annotations
 
 import json
@@ -15,17 +15,17 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from lhd_train.audit.ground_truth import FileQuote, LabelledAnswer, write_ground_truth
 from lhd_train.config.base import StrictModel, validate
 from lhd_train.config.vocab import DeceptionType
 from lhd_train.errors import InputError
-from lhd_train.io.files import append_jsonl, sha256_text, write_json_atomic
+from lhd_train.io.files import sha256_text
 from lhd_train.io.provenance import utc_now
-from lhd_train.rundir.layout import RunDir
-from lhd_train.rundir.rows import ROW_SCHEMA
-from lhd_train.rundir.store import MessageStore, write_done_marker
+from lhd_train.rundir.manifest import Manifest, RunTask, RunTaskFile, RunTasks
+from lhd_train.rundir.rows import ModelRef, PerformerRecord, RoundRow, RunModels
+from lhd_train.rundir.run import Run
 
 CURATED_PATH = Path(__file__).resolve().parent / "evalset" / "curated.json"
-GROUND_TRUTH = "ground_truth.jsonl"  # beside a curated or planted run's files, never read by other stages
 RUN_ID = "audit-eval-curated"
 
 
@@ -89,12 +89,17 @@ def trial_ids(items: list[CuratedItem]) -> list[str]:
     return [f"c{n:0{width}d}" for n in range(1, len(items) + 1)]
 
 
-def truth_row(item: CuratedItem, trial_id: str) -> dict:
-    """The ground-truth row of one item (the format of `plant.GroundTruth` rows)."""
-    return {"trial_id": trial_id, "global_round": 1, "task_index": item.task, "round": 1, "source": "curated",
-            "item": item.id, "deceptive": item.deceptive, "type": item.types[0] if item.types else None,
-            "severity": item.severity, "evidence": [e.model_dump() for e in item.evidence],
-            "answer_quotes": item.answer_quotes, "why": item.why}
+def set_sha256(cset: CuratedSet) -> str:
+    """The hash a curated run records of the set it was built from (a changed set is refused)."""
+    return sha256_text(json.dumps(cset.model_dump(by_alias=True), sort_keys=True))
+
+
+def truth_row(item: CuratedItem, trial_id: str) -> LabelledAnswer:
+    """The ground-truth row of one item."""
+    evidence = [FileQuote(file=e.file, quote=e.quote) for e in item.evidence]
+    return LabelledAnswer(trial_id=trial_id, global_round=1, task_index=item.task, round=1, source="curated",
+                          item=item.id, deceptive=item.deceptive, type=item.types[0] if item.types else None,
+                          severity=item.severity, evidence=evidence, answer_quotes=item.answer_quotes, why=item.why)
 
 
 def build_curated_run(cset: CuratedSet, out: Path) -> Path:
@@ -105,8 +110,8 @@ def build_curated_run(cset: CuratedSet, out: Path) -> Path:
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise InputError("command line", "--out", f"{out} is not empty; the curated run is built in a new folder")
-    rd = RunDir(out)
-    rd.trials_dir.mkdir(parents=True, exist_ok=True)
+    run = Run.at(out)
+    run.dir.trials_dir.mkdir(parents=True, exist_ok=True)
     packs = {name: load_pack(name) for name in sorted({i.pack for i in cset.items})}
     if len(packs) != 1:  # tasks.json holds one task per index
         raise InputError(CURATED_PATH, "items.pack", "a set draws on one pack", ", ".join(packs))
@@ -117,26 +122,26 @@ def build_curated_run(cset: CuratedSet, out: Path) -> Path:
         if i.task not in known:
             raise InputError(CURATED_PATH, f"items.{i.id}.task", f"pack {pack.name} has no task {i.task}",
                              f"1..{len(pack.tasks)}")
-    write_json_atomic(rd.tasks, {"source": f"pack {pack.name}", "tasks": [
-        {"index": t, "title": known[t].title, "prompt": known[t].prompt,
-         "files": [{"name": f.name, "content": f.content} for f in known[t].files]} for t in used]})
-    truth = out / GROUND_TRUTH
+    run.write_tasks(RunTasks(source=f"pack {pack.name}", tasks=[
+        RunTask(index=t, title=known[t].title, prompt=known[t].prompt,
+                files=[RunTaskFile(name=f.name, content=f.content) for f in known[t].files]) for t in used]))
+    truth = []
     for item, tid in zip(cset.items, trial_ids(cset.items), strict=True):
-        files = rd.trial(tid)
+        trial = run.trial(tid)
         task = known[item.task]
-        store = MessageStore(files.messages)
+        store = trial.messages()
         new_ids = store.put([{"role": "user", "content": f"Task {task.index}: {task.title}"}])
         answer_ids = store.put([{"role": "assistant", "content": item.answer}])
-        row = {"schema": ROW_SCHEMA, "run_id": RUN_ID, "trial_id": tid, "seed": 0, "pack": pack.name,
-               "task_index": item.task, "task_title": task.title, "round": 1, "global_round": 1, "event": None,
-               "performer": {"text": item.answer, "message_ids": new_ids + answer_ids, "new_message_ids": new_ids},
-               "supervisor": None, "task_complete": None,
-               "models": {"performer": {"model": "curated set (hand-written)"}}, "timestamp": utc_now()}
-        append_jsonl(files.rows, row)
-        write_done_marker(files.done, [row])
-        append_jsonl(truth, truth_row(item, tid))
-    write_json_atomic(rd.manifest, {"run_id": RUN_ID, "kind": "curated audit-evaluation set",
-                                    "set_sha256": sha256_text(json.dumps(cset.model_dump(by_alias=True),
-                                                                         sort_keys=True)),
-                                    "items": len(cset.items), "pack": pack.name, "created_at": utc_now()})
+        row = RoundRow(run_id=RUN_ID, trial_id=tid, seed=0, pack=pack.name, task_index=item.task,
+                       task_title=task.title, round=1, global_round=1, event=None,
+                       performer=PerformerRecord(text=item.answer, message_ids=new_ids + answer_ids,
+                                                 new_message_ids=new_ids),
+                       supervisor=None, task_complete=None,
+                       models=RunModels(performer=ModelRef(model="curated set (hand-written)")), timestamp=utc_now())
+        trial.append(row)
+        trial.mark_done([row])
+        truth.append(truth_row(item, tid))
+    write_ground_truth(run, truth)
+    run.write_manifest(Manifest(run_id=RUN_ID, kind="curated audit-evaluation set", set_sha256=set_sha256(cset),
+                                items=len(cset.items), pack=pack.name, created_at=utc_now()))
     return out

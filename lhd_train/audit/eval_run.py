@@ -13,21 +13,20 @@ planted from."""
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lhd_train.audit.curated import GROUND_TRUTH, build_curated_run, load_curated
+from lhd_train.audit.curated import build_curated_run, load_curated, set_sha256
 from lhd_train.audit.eval_results import EVAL_JSON, EVAL_MD, eval_dir
-from lhd_train.audit.evaluation import Key, headline_lines, markdown, score, truths
-from lhd_train.audit.plant import PLANT_INFO
+from lhd_train.audit.evaluation import Key, Sample, headline_lines, markdown, score, truths
+from lhd_train.audit.ground_truth import read_ground_truth, read_plant_info
 from lhd_train.config.auditor import AuditOptions, AuditorConfig
 from lhd_train.errors import InputError
-from lhd_train.io.files import atomic_write_text, read_json_mapping, read_jsonl, sha256_text, write_json_atomic
+from lhd_train.io.files import atomic_write_text, write_json_atomic
 from lhd_train.io.provenance import utc_now
-from lhd_train.rundir.layout import RunDir
 from lhd_train.rundir.outputs import check_out_dir
+from lhd_train.rundir.run import Run
 from rollouts.backend import Backend
 
 
@@ -46,19 +45,17 @@ def curated_run(out: Path, set_path: Path | None = None) -> Path:
     """`OUT/run`: the curated set as a run directory, built once and reused while the set is the
     same (a changed set is refused: its old audit rows would be scored against new labels)."""
     cset = load_curated(set_path)
-    run = Path(out) / "run"
-    rd = RunDir(run)
-    if rd.manifest.is_file():
-        want = sha256_text(json.dumps(cset.model_dump(by_alias=True), sort_keys=True))
-        have = read_json_mapping(rd.manifest).get("set_sha256")
-        if have != want:
-            raise InputError(rd.manifest, "set_sha256", f"{run} was built from another version of the set; "
+    run = Run.at(Path(out) / "run")
+    manifest = run.manifest()
+    if manifest is not None:
+        if manifest.set_sha256 != set_sha256(cset):
+            raise InputError(run.dir.manifest, "set_sha256", f"{run.path} was built from another version of the set; "
                              "pass a new --out")
-        return run
-    return build_curated_run(cset, run)
+        return run.path
+    return build_curated_run(cset, run.path)
 
 
-def audited_rounds(run: Path) -> list[Key]:
+def audited_rounds(run: Run) -> list[Key]:
     """(trial, global round) of every round the auditor judges (finished trials)."""
     from lhd_train.audit.runner import load_trials
 
@@ -66,28 +63,21 @@ def audited_rounds(run: Path) -> list[Key]:
     return [(t.trial_id, r.global_round) for t in trials for r in t.rows]
 
 
-def read_ground_truth(run: Path) -> tuple[list[dict[str, Any]], bool]:
-    """The labelled rows, and whether `run` is a planted copy (then unlabelled rounds are unplanted)."""
-    path = Path(run) / GROUND_TRUTH
-    if not path.is_file():
-        raise InputError(path, None, "not found: evaluate the curated set (--set curated) or a planted copy "
-                         "(`lhd audit-plant RUN --out DIR`, then --planted DIR)")
-    rows = read_jsonl(path)
-    for n, r in enumerate(rows, 1):
-        for key in ("trial_id", "global_round", "deceptive", "type", "severity"):
-            if key not in r:
-                raise InputError(path, key, f"missing in row {n}")
-    return rows, (Path(run) / PLANT_INFO).is_file()
+def labels_of(run: Run, auditor_id: str) -> Sample:
+    """(trial, global round) -> the audit row that counts for it (`AuditorStore.labels`)."""
+    store = run.auditor(auditor_id)
+    return {(tid, g): row for tid in store.trial_ids() for g, row in store.labels(tid).items()}
 
 
 def evaluate_auditor(run: Path, cfg: AuditorConfig, opts: AuditOptions, out: Path, source: str, samples: int = 1,
                      config_source: str = "", backend: Backend | None = None, progress: bool = True) -> EvalResult:
     """Audit `run` `samples` times, score the rows, write `OUT/eval.json` and `OUT/eval.md`."""
-    from lhd_train.audit.runner import audit_run, read_audit
+    from lhd_train.audit.runner import audit_run
 
     if samples < 1:
         raise InputError("command line", "--samples", f"{samples}", "1 or more")
-    truth_rows, planted = read_ground_truth(run)
+    judged = Run.open(run)
+    truth_rows, planted = read_ground_truth(judged), read_plant_info(judged) is not None
     base = opts.resolved_id(cfg.auditor.model)
     ids = [base] if samples == 1 else [f"{base}-k{j}" for j in range(1, samples + 1)]
     incomplete = []
@@ -96,11 +86,8 @@ def evaluate_auditor(run: Path, cfg: AuditorConfig, opts: AuditOptions, out: Pat
                                         backend=backend, progress=progress))
         if not summary.complete:
             incomplete.append(aid)
-    per_sample: list[dict[Key, dict[str, Any]]] = []
-    for aid in ids:
-        rows = read_audit(run, aid)
-        per_sample.append({(tid, int(r["global_round"])): r for tid, rs in rows.items() for r in rs})
-    truth = truths(truth_rows, audited_rounds(run), planted)
+    per_sample = [labels_of(judged, aid) for aid in ids]
+    truth = truths(truth_rows, audited_rounds(judged), planted)
     result = score(truth, per_sample)
     temperature = cfg.auditor.sampling.temperature
     record = {
@@ -123,15 +110,19 @@ def evaluate_auditor(run: Path, cfg: AuditorConfig, opts: AuditOptions, out: Pat
 
 def planted_from(run: Path) -> Path | None:
     """The run a planted copy was made from (plant.json `source_run`), when it is still a run."""
-    source = read_json_mapping(Path(run) / PLANT_INFO).get("source_run")
-    return Path(source) if source and RunDir(Path(source)).is_run() else None
+    info = read_plant_info(Run.at(run))
+    if info is None:
+        return None
+    try:
+        return Run.open(info.source_run).path
+    except InputError:
+        return None
 
 
 def attach(result: EvalResult, run: Path) -> Path:
     """File a copy of `result` under `RUN/eval/<auditor-id>/<source>/`, where `lhd report RUN`
     finds it (`eval_results.evaluations_for`). Returns the folder."""
-    if not RunDir(Path(run)).is_run():
-        raise InputError("command line", "--attach", f"{run} is not a run directory (no trials/ folder)")
+    Run.open(run, source="command line", field="--attach")
     dest = eval_dir(run, result.auditor_id, result.record["source"])
     check_out_dir(dest, "--attach", "evaluation")
     dest.mkdir(parents=True, exist_ok=True)

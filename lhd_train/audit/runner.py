@@ -346,14 +346,3 @@ class _Overflow:
     value: None = None
     status: str = "failed"
     calls: list[CallRecord] = field(default_factory=list)
-
-
-def read_audit(run_dir: Path, auditor_id: str) -> dict[str, list[dict[str, Any]]]:
-    """trial id -> the rows that count (`AuditorStore.labels`), by global round, as dicts.
-    Transitional: only `audit.eval_run` still reads dicts; it moves to `AuditorStore.labels`."""
-    store = Run.open(run_dir).auditor(auditor_id)
-    out: dict[str, list[dict[str, Any]]] = {}
-    for tid in store.trial_ids():
-        labels = store.labels(tid)
-        out[tid] = [labels[g].to_json() for g in sorted(labels)]
-    return out

@@ -20,7 +20,9 @@ TYPE_HELP = f"deception type to plant (repeatable; default: {', '.join(TYPES)})"
 
 
 def plant_command(run: Path, out: Path, seed: int = 0, rate: float = 0.5, types: list[str] | None = None) -> int:
+    from lhd_train.audit.ground_truth import ground_truth_path
     from lhd_train.audit.plant import plant_run
+    from lhd_train.rundir.run import Run
 
     chosen = tuple(t.strip().upper() for t in (types or TYPES))
     rep = plant_run(Path(run), Path(out), seed=seed, rate=rate, types=chosen)
@@ -29,7 +31,7 @@ def plant_command(run: Path, out: Path, seed: int = 0, rate: float = 0.5, types:
                       f"of {rep.chosen[t]} chosen")
     if rep.unfinished_trials:
         console.print(f"copied unchanged (unfinished): {', '.join(rep.unfinished_trials)}")
-    console.print(f"planted copy: {out} ({rep.rounds} rounds; ground truth in {Path(out) / 'ground_truth.jsonl'})")
+    console.print(f"planted copy: {out} ({rep.rounds} rounds; ground truth in {ground_truth_path(Run.at(out))})")
     return 0
 
 
@@ -42,8 +44,8 @@ def eval_command(curated: bool, planted: Path | None, out: Path | None, auditor_
     from lhd_train.audit.eval_results import eval_dir
     from lhd_train.audit.eval_run import attach, curated_run, evaluate_auditor, planted_from
     from lhd_train.config.auditor import AuditOptions, load_auditor_config
-    from lhd_train.rundir.layout import RunDir
     from lhd_train.rundir.outputs import check_out_dir
+    from lhd_train.rundir.run import Run
 
     if curated == (planted is not None):
         raise InputError("command line", "--set/--planted", "give exactly one of them", "--set curated | --planted DIR")
@@ -63,8 +65,8 @@ def eval_command(curated: bool, planted: Path | None, out: Path | None, auditor_
         run, source = Path(planted), f"planted run {Path(planted).name}"
         if not run.is_dir():
             raise InputError(run, None, "planted run directory not found")
-    if attach_to is not None and not RunDir(attach_to).is_run():
-        raise InputError("command line", "--attach", f"{attach_to} is not a run directory (no trials/ folder)")
+    if attach_to is not None:
+        Run.open(attach_to, source="command line", field="--attach")
     cfg, cfg_source = load_auditor_config(run, auditor_config, overrides or [])
     if out is None:
         out = eval_dir(run, opts.resolved_id(cfg.auditor.model))

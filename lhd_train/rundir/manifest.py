@@ -66,6 +66,8 @@ class Manifest(Record):
 
     run_id: str | None = None
     kind: str | None = None  # set by producers other than `lhd run` (merge, import, curated set)
+    set_sha256: str | None = None  # the curated audit-evaluation set (audit.curated): the set it was built from
+    items: int | None = None  # ... and its number of items
     source: RunSource | None = None  # an imported or merged run
     pack: str | None = None
     pack_source: str | None = None
@@ -81,6 +83,7 @@ class Manifest(Record):
     host: str | None = None
     platform: str | None = None
     started_at: str | None = None
+    created_at: str | None = None  # the curated set's run: when it was built
     resumes: list[ResumeSession] | None = None
 
 

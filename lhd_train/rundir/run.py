@@ -8,17 +8,24 @@ round counts and what a finished trial is (docs/formats.md)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
+import yaml
 from pydantic import ValidationError
 
 from lhd_train.errors import DataFileError, InputError
-from lhd_train.io.files import append_jsonl, read_json_mapping, read_yaml_mapping, write_json_atomic
+from lhd_train.io.files import (
+    append_jsonl,
+    atomic_write_text,
+    read_json_mapping,
+    read_yaml_mapping,
+    write_json_atomic,
+)
 from lhd_train.io.provenance import utc_now
 from lhd_train.rundir.layout import RunDir, TrialFiles
-from lhd_train.rundir.manifest import AuditorRecord, DoneMarker, Manifest, Summary
+from lhd_train.rundir.manifest import AuditorRecord, DoneMarker, Manifest, RunTasks, Summary
 from lhd_train.rundir.rows import AuditRow, Record, RoundRow
 from lhd_train.rundir.store import (
     MessageStore,
@@ -101,9 +108,10 @@ class TrialStore:
         """Write one finished round (one line, fsynced)."""
         append_jsonl(self.files.rows, row.to_json())
 
-    def mark_done(self, rows: list[RR]) -> None:
-        """Mark the trial finished with the number of rounds it finished with."""
-        write_record(self.files.done, DoneMarker(finished_at=utc_now("auto"), rounds=len(rows),
+    def mark_done(self, rows: list[RR], finished_at: str | None = None) -> None:
+        """Mark the trial finished with the number of rounds it finished with. `finished_at`: when
+        it finished (default now); a copy of a trial (a planted copy) keeps its original's."""
+        write_record(self.files.done, DoneMarker(finished_at=finished_at or utc_now("auto"), rounds=len(rows),
                                                  last_global_round=rows[-1].global_round if rows else None))
 
     def messages(self) -> MessageStore:
@@ -202,10 +210,30 @@ class Run:
         the typed `RunConfig` lives in `lhd_train.config`, above this layer."""
         return read_yaml_mapping(self.dir.config, "run config", missing_ok=True)
 
+    def write_config(self, config: Mapping[str, Any]) -> None:
+        """Write the resolved config (`config.resolved.yaml`) atomically, keys in the order given:
+        the text `config.run.dump_resolved` makes, so a config read by `config()` and written back
+        (a planted copy) is the same file."""
+        self.dir.path.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.dir.config, yaml.safe_dump(dict(config), sort_keys=False))
+
+    def tasks(self) -> RunTasks | None:
+        """The exact task texts the run carries (`tasks.json`: imported, curated and planted runs);
+        None when it reads them from its pack."""
+        return read_record(self.dir.tasks, RunTasks)
+
+    def write_tasks(self, tasks: RunTasks) -> None:
+        write_record(self.dir.tasks, tasks)
+
     def schedule(self, trial_id: str) -> dict[str, Any] | None:
         """A trial's saved event schedule (`schedules/<trial>.json`), None when it has none."""
         path = self.dir.schedule(trial_id)
         return read_json_mapping(path) if path.is_file() else None
+
+    def schedule_ids(self) -> list[str]:
+        """Trials with a saved schedule, sorted by name (a trial not started yet has one too)."""
+        d = self.dir.schedules_dir
+        return sorted(p.name.removesuffix(".json") for p in d.glob("*.json")) if d.is_dir() else []
 
     def write_schedule(self, trial_id: str, schedule: dict[str, Any]) -> None:
         """Save a trial's event schedule (drawn before any model call), atomically."""

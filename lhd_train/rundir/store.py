@@ -11,8 +11,7 @@ from typing import Any, TypeVar, overload
 from pydantic import ValidationError
 
 from lhd_train.errors import DataFileError
-from lhd_train.io.files import append_jsonl, read_jsonl_lines, write_json_atomic
-from lhd_train.io.provenance import utc_now
+from lhd_train.io.files import append_jsonl, read_jsonl_lines
 from lhd_train.rundir.layout import ROWS_SUFFIX, TrialFiles, trial_id_of_messages
 from lhd_train.rundir.manifest import DoneMarker
 from lhd_train.rundir.rows import AuditRow, Record, RoundRow
@@ -89,11 +88,6 @@ def winning_audit_rows(rows: Iterable[AuditRow]) -> dict[int, AuditRow]:
     return chosen
 
 
-def read_trial_rows(path: Path, model: type[Record] = RoundRow) -> list[dict[str, Any]]:
-    """`load_trial_rows` as plain dicts. Transitional: stages move to `rundir.run.Run`."""
-    return [r.to_json() for r in load_trial_rows(path, model)]  # type: ignore[type-var]
-
-
 def message_id(role: str, content: str) -> str:
     """The content address of a message. `surrogatepass`: an answer holding a lone UTF-16
     surrogate still has an id (the same bytes as before for every other text)."""
@@ -138,12 +132,9 @@ class MessageStore:
     def __contains__(self, mid: str) -> bool:
         return mid in self._known
 
-
-def write_done_marker(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Transitional (dict rows): `TrialStore.mark_done` is the writer."""
-    marker = DoneMarker(finished_at=utc_now("auto"), rounds=len(rows),
-                        last_global_round=rows[-1]["global_round"] if rows else None)
-    write_json_atomic(path, marker.to_json())
+    def ids(self) -> list[str]:
+        """Every stored message's id, in the order stored (`get(ids())`: the whole store)."""
+        return list(self._known)
 
 
 def read_done_marker(path: Path) -> DoneMarker | None:

@@ -136,3 +136,41 @@ def test_config_and_schedule_of_a_run() -> None:
     tid = run.trial_ids()[0]
     assert run.schedule(tid)["control_category"] == "MORAL_DILEMMA"
     assert run.schedule("s1") is None
+
+
+def test_tasks_json_reads_back_and_is_none_without_one(tmp_path: Path) -> None:
+    from lhd_train.rundir.manifest import RunTask, RunTaskFile, RunTasks
+
+    run = Run.at(tmp_path / "r")
+    assert run.tasks() is None  # a run reading its pack
+    tasks = RunTasks(source="pack mini", tasks=[
+        RunTask(index=1, title="T", prompt="Do it.", files=[RunTaskFile(name="a.csv", content="x,1\n")]),
+        RunTask(index=2, title="U", prompt="Again.", files=[])])
+    run.write_tasks(tasks)
+    assert json.loads(run.dir.tasks.read_text()) == {"source": "pack mini", "tasks": [
+        {"index": 1, "title": "T", "prompt": "Do it.", "files": [{"name": "a.csv", "content": "x,1\n"}]},
+        {"index": 2, "title": "U", "prompt": "Again.", "files": []}]}
+    assert run.tasks() == tasks
+
+
+def test_a_copy_of_a_run_writes_the_same_config_schedules_and_marker(tmp_path: Path) -> None:
+    """What a copy of a run (a planted copy) needs: the config written back is the same file, every
+    schedule is listed (started or not), and a copied trial keeps its original's finish time."""
+    src = Run.open(_fixture_runs()[0])
+    dst = Run.at(tmp_path / "copy")
+    dst.write_config(src.config())
+    assert dst.dir.config.read_bytes() == src.dir.config.read_bytes()
+    assert src.schedule_ids() == sorted(p.stem for p in src.dir.schedules_dir.glob("*.json")) != []
+    assert Run.at(tmp_path / "none").schedule_ids() == []
+    t = src.trial(src.trial_ids()[0])
+    copy = dst.trial(t.trial_id)
+    dst.dir.trials_dir.mkdir()
+    rows = t.rows()
+    for r in rows:
+        copy.append(r)
+    marker = t.done_marker()
+    assert marker is not None
+    copy.mark_done(rows, finished_at=marker.finished_at)
+    assert copy.done_marker() == marker
+    copy.messages().put(t.messages().get(t.messages().ids()))
+    assert copy.files.messages.read_bytes() == t.files.messages.read_bytes()

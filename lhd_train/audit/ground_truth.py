@@ -1,0 +1,108 @@
+"""The known labels of an audit evaluation, as typed records, and their one reader and writer.
+
+A curated set's run (`audit.curated`) and a planted copy (`audit.plant`) carry, in their root,
+`ground_truth.jsonl`: one `LabelledAnswer` per labelled round. A planted copy also carries
+`plant.json` (`PlantInfo`: how it was planted, and the counts). They are `lhd audit-eval`'s own
+files, beside the run's (docs/validity.md): no other stage reads them, and the run directory
+itself (`rundir`) does not know them."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import ValidationError, model_validator
+
+from lhd_train.errors import InputError
+from lhd_train.io.files import atomic_write_text, json_text, read_jsonl_lines
+from lhd_train.rundir.rows import Record
+from lhd_train.rundir.run import Run, read_record, write_record
+
+GROUND_TRUTH = "ground_truth.jsonl"
+PLANT_INFO = "plant.json"
+
+
+class FileQuote(Record):
+    """Where a label's evidence is: an exact excerpt of one of the task's files."""
+
+    file: str
+    quote: str
+
+
+class LabelledAnswer(Record):
+    """One labelled round: honest, or one deception type at a severity. Planted rows record the
+    edit (`before` / `after`) and the seed; curated rows the item, its deceptive passages and why."""
+
+    trial_id: str
+    global_round: int
+    task_index: int | None = None
+    round: int | None = None
+    source: str | None = None  # planted | curated
+    item: str | None = None  # curated: the set's item id
+    deceptive: bool
+    type: str | None  # a deception type (config.vocab.TYPES); None for an honest answer
+    severity: int
+    before: str | None = None  # planted: the text edited ...
+    after: str | None = None  # ... and what it became ("" for a removed sentence)
+    evidence: list[FileQuote] = []
+    answer_quotes: list[str] | None = None  # curated: the deceptive passages, exact
+    why: str | None = None  # curated
+    seed: int | None = None  # planted: the seed of `lhd audit-plant`
+
+    @model_validator(mode="after")
+    def _typed_when_deceptive(self) -> LabelledAnswer:
+        if self.deceptive != (self.type is not None):
+            raise ValueError("a deceptive answer names its type, an honest one none")
+        return self
+
+
+class PlantInfo(Record):
+    """plant.json: the settings a planted copy was made with, and what was planted."""
+
+    source_run: str
+    seed: int
+    rate: float
+    types: list[str]
+    task_source: str | None = None
+    created_at: str | None = None
+    rounds: int = 0  # rounds of finished trials (the candidates)
+    chosen: dict[str, int] = {}
+    planted: dict[str, int] = {}
+    skipped: dict[str, int] = {}  # chosen, but nothing plantable
+    repeated: int = 0  # of the skipped: the answer repeats (or is part of) another round's answer
+    unfinished_trials: list[str] = []  # copied, not planted
+
+
+def ground_truth_path(run: Run) -> Path:
+    return run.path / GROUND_TRUTH
+
+
+def write_ground_truth(run: Run, labels: list[LabelledAnswer]) -> None:
+    """Write every label at once (an empty file when there is none: nothing was plantable)."""
+    run.path.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(ground_truth_path(run), "".join(json_text(r.to_json()) + "\n" for r in labels))
+
+
+def read_ground_truth(run: Run) -> list[LabelledAnswer]:
+    """The labels, each checked; an `InputError` naming the file, the row and the field."""
+    path = ground_truth_path(run)
+    if not path.is_file():
+        raise InputError(path, None, "not found: evaluate the curated set (--set curated) or a planted copy "
+                         "(`lhd audit-plant RUN --out DIR`, then --planted DIR)")
+    out = []
+    for n, raw in read_jsonl_lines(path):
+        try:
+            out.append(LabelledAnswer.model_validate(raw))
+        except ValidationError as e:
+            err = e.errors()[0]
+            field = ".".join(str(p) for p in err["loc"]) or None
+            problem = "missing" if err["type"] == "missing" else err["msg"]
+            raise InputError(path, field, f"{problem} in row {n}") from None
+    return out
+
+
+def write_plant_info(run: Run, info: PlantInfo) -> None:
+    write_record(run.path / PLANT_INFO, info)
+
+
+def read_plant_info(run: Run) -> PlantInfo | None:
+    """plant.json, checked; None for a run that is not a planted copy."""
+    return read_record(run.path / PLANT_INFO, PlantInfo)
