@@ -416,7 +416,9 @@ def test_audit_eval_options_are_checked(tmp_path):
 @pytest.mark.timeout(5400)  # 37 prompts of ~3.5k tokens: tens of minutes on CPU (docs/validity.md)
 def test_audit_eval_smollm2_on_the_curated_set(tmp_path, smollm2_dir):
     """SmolLM2 judges one answer of each class of the curated set (the whole set takes ~15 min on two
-    CPU cores; `lhd audit-eval --set curated` runs all of it), and eval.json is recounted from the rows."""
+    CPU cores; `lhd audit-eval --set curated` runs all of it), and eval.json is recounted from the rows.
+    Temperature 1, as on the planted run: at temperature 0 SmolLM2 runs into the 160-token cap on
+    every answer, every row is cut, and the recount would compare nothing but the failure count."""
     cset = load_curated()
     first = {}
     for item in cset.items:
@@ -424,13 +426,14 @@ def test_audit_eval_smollm2_on_the_curated_set(tmp_path, smollm2_dir):
     subset = tmp_path / "subset.json"
     subset.write_text(json.dumps({**cset.model_dump(by_alias=True), "items": [
         i.model_dump(by_alias=True) for i in first.values()]}))
-    cfg = auditor_yaml(tmp_path, smollm2_dir, 160, temperature=0.0, max_attempts=1)
+    cfg = auditor_yaml(tmp_path, smollm2_dir, 160, temperature=1.0, max_attempts=1)
     out = tmp_path / "eval"
     res = CliRunner().invoke(app, ["audit-eval", "--set", str(subset), "--out", str(out), "--auditor", str(cfg),
                                    "--no-progress"])
     assert res.exit_code in (0, 3), res.output
     rec = check_eval_json(out, out / "run", "a-full")
     assert rec["result"]["rounds"] == len(first) == 4
+    assert rec["result"]["failed_or_missing"] < 4  # some verdicts: the recount compares real numbers
     print("\n".join(rec["headline"]))
 
 

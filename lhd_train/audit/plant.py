@@ -14,14 +14,15 @@ on the seed, the trial id and the global round. A chosen answer with nothing pla
 type is skipped and counted, never given another type; so is an answer that repeats another
 round's answer (or is part of it), since the prompts quoting both could not be told apart.
 
-The copy is a run directory (`lhd audit` accepts it). Rows whose answer or message ids changed
-are rewritten; every other row line and every other file is copied byte for byte; the run's
-audit rows are not copied. The message store is content-addressed, so an edited answer is a new
-message: it is appended, and every id of a message holding the old answer (the performer's later
-history, the supervisor's prompts) is replaced by the id of the same message holding the new
-one. The supervisor's recorded reactions stay those to the original answer. The ground truth goes
-to `ground_truth.jsonl` and the settings and counts to `plant.json`, in the copy's root
-(`audit.ground_truth`)."""
+The copy is a run directory (`lhd audit` accepts it), written through `rundir.run` like any
+other. Rows whose answer or message ids changed are rewritten; every other row and file is
+written back as it was read (for a run `lhd` wrote, byte for byte), and a trial's `.done` keeps
+its finish time; the run's audit rows are not copied. The message store is content-addressed,
+so an edited answer is a new message: it is appended, and every id of a message holding the old
+answer (the performer's later history, the supervisor's prompts) is replaced by the id of the
+same message holding the new one. The supervisor's recorded reactions stay those to the original
+answer. The ground truth goes to `ground_truth.jsonl` and the settings and counts to
+`plant.json`, in the copy's root (`audit.ground_truth`)."""
 from __future__ import annotations
 
 import random
