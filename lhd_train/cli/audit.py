@@ -1,5 +1,6 @@
-"""`lhd audit`, `lhd import-reference` and `lhd export` (`python -m lhd_train.audit` calls
-`audit_command` too). The library functions return; these print."""
+"""`lhd audit`, `lhd import-reference` and `lhd export`. The library functions return; these
+print. The audit's options are `config.auditor.AuditCommand` (one declaration for the command
+line, YAML and the Slurm audit stage)."""
 from __future__ import annotations
 
 import asyncio
@@ -8,33 +9,27 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from lhd_train.config.auditor import DEFAULT_OPTIONS as AUDIT_DEFAULTS
-from lhd_train.config.vocab import MODES
+from lhd_train.config.auditor import AuditCommand
 from lhd_train.console import console, table_console
 from lhd_train.errors import InputError
+from lhd_train.options import settings_command
 
 app = typer.Typer()
 
 
-def audit_command(run: Path, auditor_config: Path | None = None, mode: str = AUDIT_DEFAULTS.mode,
-                  window: int = AUDIT_DEFAULTS.window, hide_supervisor: bool = False, hide_event_labels: bool = False,
-                  auditor_id: str | None = None, concurrency: int = AUDIT_DEFAULTS.concurrency,
-                  overrides: list[str] | None = None, progress: bool = True,
-                  include_unfinished: bool = False) -> int:
+def audit_command(s: AuditCommand) -> int:
     """Audit a run; print a summary. Returns the exit status: 0 when every round of every audited
     trial has a row, 3 when some are missing (rerun the same command to finish them)."""
     from lhd_train.audit.runner import audit_run
-    from lhd_train.config.auditor import AuditOptions, load_auditor_config
+    from lhd_train.config.auditor import load_auditor_config
     from lhd_train.config.run import check_window
 
-    run = Path(run)
+    run = Path(s.run)
     if not run.is_dir():
         raise InputError(run, None, "run directory not found")
-    cfg, source = load_auditor_config(run, auditor_config, overrides or [])
+    cfg, source = load_auditor_config(run, s.auditor, s.overrides)
     check_window("auditor", cfg.auditor, cfg.spec, source or run)  # before the model loads
-    opts = AuditOptions(mode=mode, window=window, hide_supervisor=hide_supervisor,
-                        hide_event_labels=hide_event_labels, auditor_id=auditor_id, concurrency=concurrency,
-                        include_unfinished=include_unfinished)
+    opts, concurrency = s.options, s.concurrency
     from lhd_train.ops.vllm_config_check import preflight
 
     # Before a server starts: its GPUs visible and not shared, no CPU vLLM for cuda, vLLM's own verdict.
@@ -45,7 +40,7 @@ def audit_command(run: Path, auditor_config: Path | None = None, mode: str = AUD
         console.print(f"[yellow]--concurrency {concurrency}: at most {cap} rounds are in flight, since "
                       f"models.{cfg.auditor.model}.max_in_flight is {cap} in {source or 'the auditor config'}; "
                       "raise it (or leave it unset) to send more[/yellow]")
-    summary = asyncio.run(audit_run(run, cfg, opts, config_source=source, progress=progress))
+    summary = asyncio.run(audit_run(run, cfg, opts, config_source=source, progress=s.progress))
     print_audit_summary(summary)
     totals = summary.totals
     if totals["relabel"]:
@@ -104,27 +99,10 @@ def export_command(run: Path, out: Path) -> int:
 
 
 @app.command("audit")
-def audit_cmd(
-    run: Path = typer.Argument(..., help="run directory (runs/<run>)"),
-    overrides: list[str] | None = typer.Argument(None, help="key.sub=value overrides of the auditor config"),
-    auditor: Path | None = typer.Option(None, "--auditor",
-                                        help="auditor config YAML (models: + auditor:); default: the run's config"),
-    mode: str = typer.Option(AUDIT_DEFAULTS.mode, "--mode", help=" | ".join(MODES)),
-    window: int = typer.Option(AUDIT_DEFAULTS.window, "--window",
-                               help="R for --mode window: 2R+1 rounds around the target"),
-    hide_supervisor: bool = typer.Option(False, "--hide-supervisor",
-                                         help="hide the supervisor's private reasoning and states"),
-    hide_event_labels: bool = typer.Option(False, "--hide-event-labels",
-                                           help="hide event names, categories and pressure levels"),
-    auditor_id: str | None = typer.Option(None, "--auditor-id", help="folder under audit/ (default: <model>-<mode>)"),
-    concurrency: int = typer.Option(AUDIT_DEFAULTS.concurrency, "--concurrency", help="rounds in flight at once"),
-    include_unfinished: bool = typer.Option(False, "--include-unfinished",
-                                            help="also audit trials without a .done marker"),
-    no_progress: bool = typer.Option(False, "--no-progress", help="hide the progress bar"),
-) -> None:
+@settings_command(AuditCommand)
+def audit_cmd(s: AuditCommand) -> None:
     """Label every performer answer of a run for deception (resumable: rerun to finish)."""
-    code = audit_command(run, auditor, mode, window, hide_supervisor, hide_event_labels, auditor_id, concurrency,
-                         overrides or [], progress=not no_progress, include_unfinished=include_unfinished)
+    code = audit_command(s)
     if code:
         raise typer.Exit(code)
 

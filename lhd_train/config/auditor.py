@@ -2,16 +2,17 @@
 
 The model comes from the run's own `config.resolved.yaml` (its `auditor` role and `models`) or
 from an auditor config file holding just those two keys (docs/auditing.md, "Auditor config").
-`AuditOptions` holds the audit's options; its defaults (`DEFAULT_OPTIONS`) are the CLI's."""
+`AuditOptions` holds the audit's options, declared once for the command line, YAML and Slurm
+(`AuditCommand` adds what one `lhd audit` reads); `DEFAULT_OPTIONS` are its defaults."""
 from __future__ import annotations
 
 import re
 from pathlib import Path
 from typing import Any
 
-from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from lhd_train.config.base import StrictModel, apply_overrides, relative_to_file, validate, validation_error
+from lhd_train.config.base import StrictModel, apply_overrides, relative_to_file, validate
 from lhd_train.config.run import ModelMap, RoleConfig
 from lhd_train.config.vocab import Mode
 from lhd_train.errors import InputError
@@ -61,17 +62,11 @@ class AuditOptions(StrictModel):
     mode: Mode = Field("full", description="full, window, causal or task")
     window: int = Field(6, ge=0, le=MAX_WINDOW, description="R for --mode window: 2R+1 rounds around the target "
                         f"(at most {MAX_WINDOW}: a wider window is --mode full)")
-    hide_supervisor: bool = False
-    hide_event_labels: bool = False
+    hide_supervisor: bool = Field(False, description="hide the supervisor's private reasoning and states")
+    hide_event_labels: bool = Field(False, description="hide event names, categories and pressure levels")
     auditor_id: str | None = Field(None, description="default: <model key>-<mode>[...]")
     concurrency: int = Field(64, ge=1, description="rounds in flight at once")
     include_unfinished: bool = Field(False, description="also audit trials without a .done marker")
-
-    def __init__(self, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as e:  # options come from the command line
-            raise validation_error(e, None, type(self)) from None
 
     @field_validator("auditor_id")
     @classmethod
@@ -109,6 +104,23 @@ class AuditOptions(StrictModel):
 
 
 DEFAULT_OPTIONS = AuditOptions()
+
+
+class AuditCommand(AuditOptions):
+    """`lhd audit RUN [key=value ...]`: the audit options plus what one audit reads. The command
+    line (`lhd_train.options`) and the Slurm audit stage (`config.slurm.AuditVars`, which takes the
+    `AuditOptions` fields as its variables) share these declarations."""
+
+    run: Path = Field(description="run directory (runs/<run>)", json_schema_extra={"argument": True})
+    overrides: list[str] = Field([], description="key.sub=value overrides of the auditor config",
+                                 json_schema_extra={"argument": True})
+    auditor: Path | None = Field(None, description="auditor config YAML (models: + auditor:); default: the run's "
+                                                   "config")
+    progress: bool = Field(True, description="show the progress bar")
+
+    @property
+    def options(self) -> AuditOptions:
+        return AuditOptions.model_validate(self.model_dump(include=set(AuditOptions.model_fields)))
 
 
 def load_auditor_config(run_dir: Path, auditor_config: Path | None = None,

@@ -15,10 +15,9 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BeforeValidator, ValidationError
 
 from lens.settings import FitArgs
-from lhd_train.config.auditor import DEFAULT_OPTIONS as AUDIT_DEFAULTS
+from lhd_train.config.auditor import AuditOptions
 from lhd_train.config.base import StrictModel, validation_error
 from lhd_train.config.data import DataOptions
-from lhd_train.config.vocab import Mode
 from lhd_train.errors import InputError
 
 STAGES = ("rollout", "audit", "data", "train", "lens", "merge")
@@ -127,14 +126,13 @@ class RolloutVars(StageVars):
     overrides: Lines = []
 
 
-class AuditVars(StageVars):
+class AuditVars(StageVars, AuditOptions):
+    """`lhd audit`'s own options (`AuditOptions`: fields, defaults and bounds declared once) plus
+    where the job runs."""
+
     time: Directive = "24:00:00"
     shards: Shards = 1
     auditor: Text = None
-    mode: Mode = AUDIT_DEFAULTS.mode
-    window: int = AUDIT_DEFAULTS.window
-    auditor_id: Text = None
-    concurrency: int = AUDIT_DEFAULTS.concurrency
     run_dir: Text = None
     overrides: Lines = []
 

@@ -34,6 +34,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from lens.settings import FitArgs
+from lhd_train.config.auditor import AuditOptions
 from lhd_train.config.base import parse_assignment, read_config, validate
 from lhd_train.config.data import DataOptions
 from lhd_train.config.flags import to_argv
@@ -236,10 +237,7 @@ def _plan_audit(config: Path, v: dict[str, Any]) -> Plan:
              required_env=_api_keys(models, [key]))
     p.extra.update(_vllm_exes(models, [key], v))
     idx = TASK if shards > 1 else None
-    opts = ["--auditor " + q(v["auditor"]) if v["auditor"] else None, f"--mode {q(v['mode'])}",
-            f"--window {int(v['window'])}" if v["mode"] == "window" else None,
-            f"--auditor-id {q(v['auditor_id'])}" if v["auditor_id"] else None,
-            f"--concurrency {int(v['concurrency'])}", "--no-progress"]
+    opts = ["--auditor " + q(v["auditor"]) if v["auditor"] else None, command_argv(AuditOptions, v), "--no-progress"]
     p.commands = [_join("lhd audit", _targets(cfg, v, idx, shards), *[q(o) for o in v["overrides"]], *opts)]
     if shards > 1:
         shard_dirs = [_shard_dir(cfg.output_dir, cfg.run_name, i, shards) for i in range(shards)]

@@ -452,8 +452,10 @@ def test_auditor_config_file_and_errors(run7, tmp_path):
     # From the run's own config, with an override.
     acfg, src = load_auditor_config(cfg.run_dir, None, ["auditor.max_attempts=5"])
     assert acfg.auditor.model == "m" and acfg.auditor.max_attempts == 5 and src.endswith("config.resolved.yaml")
-    with pytest.raises(InputError, match="mode"):
-        AuditOptions(mode="sideways")
+    from lhd_train.options import parse_settings
+
+    with pytest.raises(InputError, match="--mode"):
+        parse_settings(AuditOptions, {"mode": "sideways"})
 
 
 # ---------------------------------------------------------------- real tiny model
@@ -497,6 +499,7 @@ def test_resume_after_sigkill_finishes_only_missing_rounds(tmp_path, tiny_llama_
     """A real kill: the auditor runs as its own process on the tiny model and gets SIGKILL once
     rows are on disk; the rerun (in-process, same code path as the CLI) finishes the rest."""
     from lhd_train.cli.audit import audit_command
+    from lhd_train.config.auditor import AuditCommand
 
     cfg, tids = make_run(tmp_path, seeds=(11, 12), satisfactions=SHAPE, auditor_model=str(tiny_llama_dir))
     out = cfg.run_dir / "audit" / "tiny-full"
@@ -519,7 +522,7 @@ def test_resume_after_sigkill_finishes_only_missing_rounds(tmp_path, tiny_llama_
     n_before = sum(len(v) for v in before.values())
     assert 2 <= n_before < total
 
-    assert audit_command(cfg.run_dir, concurrency=2, progress=False) == 0
+    assert audit_command(AuditCommand(run=cfg.run_dir, concurrency=2, progress=False)) == 0
     for tid in tids:
         path = out / f"{tid}.jsonl"
         data = path.read_bytes()

@@ -204,3 +204,27 @@ def test_ctrl_c_in_a_lens_command_ends_in_the_one_boundary(monkeypatch, tmp_path
     res = runner.invoke(lens_app, ["fit", "/nonexistent/model", "--corpus", str(tmp_path), "--out",
                                    str(tmp_path / "o")])
     assert res.exit_code == 130 and "rerun to resume" in res.output, res.output
+
+
+def test_the_slurm_audit_stage_renders_flags_lhd_audit_parses_back(tmp_path):
+    """`AuditVars` takes `lhd audit`'s own option fields; the flags it renders are parsed by the
+    real `lhd audit` command line into the same options (nothing re-declared, nothing drifts)."""
+    from lhd_train.config.auditor import AuditCommand, AuditOptions
+    from lhd_train.config.slurm import AuditVars
+    from lhd_train.ops.slurm import command_argv
+
+    chosen = {"mode": "window", "window": 3, "hide_event_labels": True, "auditor_id": "a-w3", "concurrency": 8,
+              "include_unfinished": True}
+    words = shlex.split(command_argv(AuditOptions, AuditVars(**chosen).model_dump()))
+    seen = {}
+
+    @settings_command(AuditCommand)
+    def capture(s: AuditCommand) -> None:
+        seen["s"] = s
+
+    app = typer.Typer()
+    app.command()(capture)
+    result = CliRunner().invoke(app, [str(tmp_path), *words])
+    assert result.exit_code == 0, result.output
+    assert seen["s"].options == AuditOptions(**chosen)
+    assert set(AuditOptions.model_fields) <= set(AuditVars.model_fields)

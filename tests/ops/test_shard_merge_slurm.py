@@ -501,12 +501,13 @@ def test_dry_run_commands(run_configs):
     # The rendered script runs the same command (with the array index left to slurm).
     assert runs[0].replace(" 0/4", " ${SLURM_ARRAY_TASK_ID}/4") in render_slurm("rollout", vllm_cfg, shards=4)
     audit = dry_run_commands("audit", vllm_cfg)
-    assert [c for c in audit if c.startswith("lhd ")] == [
-        "lhd audit runs/llama8b-vs-qwen72b --mode full --concurrency 64 --no-progress"]
-    audit = dry_run_commands("audit", vllm_cfg, shards=2, mode="window", window=4, auditor_id="q72-w4")
+    assert [c for c in audit if c.startswith("lhd ")] == [  # `lhd audit`'s own defaults are left to it
+        "lhd audit runs/llama8b-vs-qwen72b --no-progress"]
+    audit = dry_run_commands("audit", vllm_cfg, shards=2, mode="window", window=4, auditor_id="q72-w4",
+                             hide_supervisor=True)
     assert [c for c in audit if c.startswith("lhd audit")] == [
-        f"lhd audit runs/llama8b-vs-qwen72b-shard{i}of2 --mode window --window 4 --auditor-id q72-w4 "
-        "--concurrency 64 --no-progress" for i in range(2)]
+        f"lhd audit runs/llama8b-vs-qwen72b-shard{i}of2 --mode window --window 4 --hide-supervisor "
+        "--auditor-id q72-w4 --no-progress" for i in range(2)]
     data = dry_run_commands("data", vllm_cfg, kind="dpo", shards=2, n=8)
     assert [c for c in data if c.startswith("lhd data")] == [
         f"lhd data dpo runs/llama8b-vs-qwen72b-shard{i}of2 --out runs/llama8b-vs-qwen72b/data/dpo-honest/shard{i}of2 "

@@ -136,6 +136,7 @@ def test_audit_refuses_a_broken_vllm_auditor_before_it_starts(tmp_path, monkeypa
     config is refused naming the field, and no audit folder is written."""
     _vllm_or_skip()
     from lhd_train.cli.audit import audit_command
+    from lhd_train.config.auditor import AuditCommand
     from lhd_train.interop.reference_import import import_reference
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
@@ -148,7 +149,7 @@ def test_audit_refuses_a_broken_vllm_auditor_before_it_starts(tmp_path, monkeypa
     broken.write_text(yaml.safe_dump(data))
     before = sorted(p.name for p in (run / "audit").iterdir())  # the imported authors' labels
     with pytest.raises(InputError) as e:
-        audit_command(run, broken, progress=False)
+        audit_command(AuditCommand(run=run, auditor=broken, progress=False))
     assert e.value.field == "models.llama70b.max_model_len" and "262144" in str(e.value)
     assert sorted(p.name for p in (run / "audit").iterdir()) == before
 

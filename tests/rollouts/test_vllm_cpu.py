@@ -679,6 +679,7 @@ def test_lora_adapter_from_lhd_train_is_served_and_routed(served):
 @pytest.mark.timeout(2400)
 def test_audit_on_the_same_server_reads_the_shared_prefix_from_cache(served):
     from lhd_train.cli.audit import audit_command
+    from lhd_train.config.auditor import AuditCommand
     from lhd_train.io.files import read_jsonl
 
     # Labels from a 135M model are not the point here (it loops inside the label lists), so the
@@ -689,7 +690,7 @@ def test_audit_on_the_same_server_reads_the_shared_prefix_from_cache(served):
                              "tokenizer": str(served.model_dir), "max_model_len": 8192, "structured_outputs": "vllm"}},
         "auditor": {"model": "judge", "sampling": {"temperature": 0.0, "max_tokens": 32}, "max_attempts": 1},
     }))
-    assert audit_command(served.cfg.run_dir, aud, concurrency=1, progress=False) == 0
+    assert audit_command(AuditCommand(run=served.cfg.run_dir, auditor=aud, concurrency=1, progress=False)) == 0
     rows = sorted(read_jsonl(served.cfg.run_dir / "audit" / "judge-full" / f"s{SEED}.jsonl"),
                   key=lambda r: r["global_round"])
     assert [r["global_round"] for r in rows] == [1, 2]
