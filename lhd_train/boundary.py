@@ -1,5 +1,5 @@
 """The one error boundary of every entry point (`lhd`, `python -m lhd_train.cli`, `python -m lens`,
-`python -m lens.cli`, `python -m lhd_train.ops.gpu_check`, ...): bad input, a model that cannot
+`python -m lens.cli`): bad input, a model that cannot
 load, a disk that refuses a write (also one made by datasets, torch or transformers, whose errors
 lhd's writers do not see) and a chat template that fails end as one `error:` line and exit status
 2, never a traceback; Ctrl-C ends with a resume hint. Library code only logs; the boundary gives
@@ -32,9 +32,15 @@ def configure_logging() -> None:
             package_log.propagate = False
 
 
+def report_error(exc: BaseException) -> int:
+    """Print `exc` as the one line a user sees (no traceback); the exit status for it."""
+    print(f"error: {exc}", file=sys.stderr)  # plain: no wrapping, no markup in paths or fields
+    return 2
+
+
 def guarded(call: Callable[[], int | None]) -> int:
     """Run `call` and turn lhd's errors into `report_error`, Ctrl-C into a resume hint."""
-    from lhd_train.errors import LhdError, report_error
+    from lhd_train.errors import LhdError
     from rollouts.backend import BackendError
 
     configure_logging()

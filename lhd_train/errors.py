@@ -1,18 +1,11 @@
 """Typed errors that name the file, the field and what is allowed."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 
 class LhdError(Exception):
     """Base class: everything the CLI turns into a clean one-line message (no traceback)."""
-
-
-def report_error(exc: BaseException) -> int:
-    """Print `exc` as the one line a user sees (no traceback); the exit status for it."""
-    print(f"error: {exc}", file=sys.stderr)  # plain: no wrapping, no markup in paths or fields
-    return 2
 
 
 class InputError(LhdError):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,6 @@ from lhd_train.config.auditor import load_auditor_config
 from lhd_train.config.data import BuildSettings
 from lhd_train.config.run import RoleConfig, load_saved_config
 from lhd_train.config.vocab import Direction
-from lhd_train.console import console
 from lhd_train.errors import InputError
 from lhd_train.finetune.contexts import Context, Contexts, load_contexts
 from lhd_train.finetune.data_folder import claim_folder
@@ -39,6 +39,8 @@ from lhd_train.io.provenance import package_versions
 from rollouts.backend import Backend
 from rollouts.factory import build_backend
 from rollouts.types import GenerationRequest
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -147,11 +149,11 @@ def audit_agreement(contexts: Contexts, pools: dict[str, list[Scored]]) -> dict[
 
 def _say_agreement(a: dict[str, Any]) -> None:
     if a["auditor_id"] is None:
-        console.print("the run has no audit labels: originals are judged by the grader alone (run `lhd audit` first)")
+        log.warning("the run has no audit labels: originals are judged by the grader alone (run `lhd audit` first)")
     elif a["disagree"]:
-        console.print(f"grader and the run's audit ({a['auditor_id']}) disagree on {a['disagree']} of {a['compared']} "
-                      f"original answers ({a['flagged_by_grader_only']} flagged by the grader only, "
-                      f"{a['flagged_by_audit_only']} by the audit only): such an original is never a target")
+        log.info("grader and the run's audit (%s) disagree on %d of %d original answers (%d flagged by the grader "
+                 "only, %d by the audit only): such an original is never a target", a["auditor_id"], a["disagree"],
+                 a["compared"], a["flagged_by_grader_only"], a["flagged_by_audit_only"])
 
 
 def _save(rows_by_split: dict[str, list[dict[str, Any]]], out: Path, meta: dict[str, Any]) -> Path:
