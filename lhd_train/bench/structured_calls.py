@@ -35,7 +35,9 @@ CUT_ERROR = "cut at the token limit (finish_reason length) after {n} tokens"
 
 
 class BackendUnavailable(RuntimeError):
-    """The model could not be reached after the backend's own retries."""
+    """The model could not be reached after the backend's own retries. Internal to the stages:
+    `run_trial` and the audit runner catch it and record the trial or round as not done (a rerun
+    resumes); it never reaches the error boundary, so it is not an `LhdError`."""
 
 
 def call_seed(*parts: object) -> int:

@@ -38,7 +38,8 @@ from rollouts.types import SamplingParams
 
 
 class TrialFailed(RuntimeError):
-    """The trial cannot go on now (a model unreachable). Finished rounds are on disk; rerun resumes."""
+    """The trial cannot go on now (a model unreachable). Finished rounds are on disk; rerun resumes.
+    Internal: `run_trial` catches it and reports the trial as failed (not an `LhdError`)."""
 
 
 @dataclass
