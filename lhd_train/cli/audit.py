@@ -11,8 +11,8 @@ from rich.table import Table
 
 from lhd_train.config.auditor import AuditCommand
 from lhd_train.console import console, table_console
-from lhd_train.errors import InputError
 from lhd_train.options import settings_command
+from lhd_train.rundir.run import Run
 
 app = typer.Typer()
 
@@ -24,9 +24,7 @@ def audit_command(s: AuditCommand) -> int:
     from lhd_train.config.auditor import load_auditor_config
     from lhd_train.config.run import check_window
 
-    run = Path(s.run)
-    if not run.is_dir():
-        raise InputError(run, None, "run directory not found")
+    run = Run.open(s.run).path  # the one "not a run directory" rule, before any model loads
     cfg, source = load_auditor_config(run, s.auditor, s.overrides)
     check_window("auditor", cfg.auditor, cfg.spec, source or run)  # before the model loads
     opts, concurrency = s.options, s.concurrency
