@@ -345,3 +345,76 @@ def test_only_the_command_layer_prints():
     assert not stale, f"KNOWN_PRINTS lists modules that no longer print (drop the entries): {stale}"
     assert set(console_users) <= set(KNOWN_PRINTS), \
         f"library modules importing lhd_train.console: {sorted(set(console_users) - set(KNOWN_PRINTS))}"
+
+
+# ------------------------------------------------------------------ raw row-key lookups
+
+def _record_keys() -> set[str]:
+    """Every key a run record holds (the rows and run-level records of `lhd_train.rundir`, nested
+    records included), except the two of a chat message, which many dicts share."""
+    import typing
+
+    from pydantic import BaseModel
+
+    from lhd_train.rundir import manifest, rows
+
+    keys: set[str] = set()
+    seen: set[type] = set()
+
+    def walk(model: type[BaseModel]) -> None:
+        if model in seen:
+            return
+        seen.add(model)
+        for name, field in model.model_fields.items():
+            keys.add(field.alias or name)
+            for arg in typing.get_args(field.annotation) or (field.annotation,):
+                for inner in typing.get_args(arg) or (arg,):
+                    if isinstance(inner, type) and issubclass(inner, BaseModel):
+                        walk(inner)
+
+    for record in (rows.RoundRow, rows.AuditRow, manifest.Manifest, manifest.Summary, manifest.DoneMarker,
+                   manifest.AuditorRecord):
+        walk(record)
+    return keys - {"role", "content"}
+
+
+#: names a run record goes by in this code base (a DataFrame column or a chat message is not one)
+RECORD_NAMES = re.compile(r"^(row|rows|rr|manifest|marker|performer|perf|supervisor|sup)$")
+
+
+def row_key_lookups(source: str, keys: set[str]) -> list[str]:
+    """`line: name["key"]` / `name.get("key")` for each lookup (a read, not a write into a dict
+    being built) of a record key on a variable named like a run record: the dict access the typed
+    records replace (attributes instead). Names, not types, say what a variable holds here; the
+    type checker covers the rest (a record is not subscriptable)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        base = key = None
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and isinstance(node.ctx, ast.Load):
+            base, key = node.value, node.slice.value
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args
+              and node.func.attr in ("get", "pop", "setdefault") and isinstance(node.args[0], ast.Constant)):
+            base, key = node.func.value, node.args[0].value
+        while isinstance(base, ast.Subscript):  # rows[0]["x"], row["a"]["b"]
+            base = base.value
+        name = base.id if isinstance(base, ast.Name) else base.attr if isinstance(base, ast.Attribute) else None
+        if isinstance(key, str) and key in keys and name and RECORD_NAMES.match(name):
+            found.append(f"{node.lineno}: {name}[{key!r}]")
+    return found
+
+
+def test_the_row_key_counter_counts():
+    keys = _record_keys()
+    src = 'a = row["performer"]["text"]\nb = rows[0].get("global_round")\nc = df["global_round"]\nd = m["content"]\n'
+    assert sorted(row_key_lookups(src, keys)) == ["1: row['performer']", "1: row['text']", "2: rows['global_round']"]
+
+
+def test_no_raw_row_key_lookups_outside_rundir():
+    """Stages read run records as models (`row.performer.text`), not dicts (issue 23)."""
+    keys = _record_keys()
+    found = []
+    for module, path in module_files().items():
+        if in_package(module, "lhd_train.rundir"):
+            continue
+        found += [f"{path.relative_to(ROOT)}:{hit}" for hit in row_key_lookups(path.read_text(encoding="utf-8"), keys)]
+    assert found == [], f"{len(found)} raw row-key lookups outside rundir/:\n" + "\n".join(found)

@@ -129,9 +129,9 @@ def performer_info(manifest: Manifest, config: dict[str, Any], first_row: RoundR
     in_row = first_row.models.performer if first_row is not None and first_row.models is not None else None
     if in_row is not None and in_row.model:
         return Performer(in_row.model, in_row.adapter, in_row.revision)
-    perf = config.get("performer") or {}
-    spec = (config.get("models") or {}).get(perf.get("model"), {}) if perf else {}
-    return Performer(spec.get("model") or perf.get("model"), perf.get("adapter"), spec.get("revision"))
+    role = config.get("performer") or {}  # the run config (YAML), not a run record
+    spec = (config.get("models") or {}).get(role.get("model"), {}) if role else {}
+    return Performer(spec.get("model") or role.get("model"), role.get("adapter"), spec.get("revision"))
 
 
 def _short(name: str | None) -> str:
