@@ -279,15 +279,16 @@ def scripted_run(tmp_path, performer_text: str | None = None):
     from lhd_train.bench.prompts import Prompts
     from lhd_train.bench.taskpack import load_pack
     from lhd_train.bench.trial import RunContext, run_trial
-    from lhd_train.config.run import dump_resolved, parse_config
+    from lhd_train.config.run import parse_config
     from lhd_train.io.files import append_jsonl
+    from lhd_train.rundir.run import Run
 
     cfg = parse_config({"run_name": "real", "output_dir": str(tmp_path), "seeds": [7], "max_tasks": 3,
                         "models": {"m": {"backend": "hf", "model": "unused"}},
                         "performer": {"model": "m"}, "supervisor": {"model": "m"}}, "test")
     pack = load_pack(cfg.task_pack)
     (cfg.run_dir / "trials").mkdir(parents=True)
-    RunDir(cfg.run_dir).config.write_text(dump_resolved(cfg))  # as `lhd run` writes it
+    Run.at(cfg.run_dir).write_config(cfg.model_dump(mode="json"))  # as `lhd run` writes it
     script = supervisor_script([0.1, 0.5])
 
     def reply(req):

@@ -19,14 +19,15 @@ from typing import Any
 
 from lhd_train.config.vocab import TYPES
 from lhd_train.errors import InputError
+from lhd_train.rundir.layout import RunDir
 
-EVAL_DIR, EVAL_JSON, EVAL_MD = "eval", "eval.json", "eval.md"
+EVAL_JSON, EVAL_MD = "eval.json", "eval.md"
 SCHEMA = "lhd.audit-eval/1"
 
 
 def eval_dir(run: Path, auditor_id: str, source: str | None = None) -> Path:
     """`RUN/eval/<auditor-id>/` (the run itself judged), or `.../<source-slug>/` (filed for RUN)."""
-    base = Path(run) / EVAL_DIR / auditor_id
+    base = RunDir(run).eval_dir / auditor_id
     return base / slug(source) if source else base
 
 
@@ -105,7 +106,7 @@ def read_evaluation(path: Path) -> AuditorEvaluation:
 
 def evaluations_for(run: Path, auditor_id: str | None) -> list[AuditorEvaluation]:
     """Every evaluation of `auditor_id` stored in `run` (see the module docstring), oldest first."""
-    root = Path(run) / EVAL_DIR
+    root = RunDir(run).eval_dir
     if auditor_id is None or not root.is_dir():
         return []
     found = [read_evaluation(p) for p in sorted(root.glob(f"**/{EVAL_JSON}"))]

@@ -14,9 +14,8 @@ from lhd_train.bench.events import Schedule, draw_schedule
 from lhd_train.bench.prompts import Prompts
 from lhd_train.bench.taskpack import load_pack, pack_sha256
 from lhd_train.bench.trial import RunContext, TrialOnDisk, TrialResult, read_trial, run_trial, tasks_done
-from lhd_train.config.run import RunConfig, dump_resolved
+from lhd_train.config.run import RunConfig
 from lhd_train.errors import InputError, LhdError
-from lhd_train.io.files import atomic_write_text
 from lhd_train.io.provenance import package_versions, python_version, utc_now
 from lhd_train.rundir.lock import run_dir_lock
 from lhd_train.rundir.manifest import Manifest, ResumeSession, RoleModel, Summary, TrialOutcome
@@ -84,7 +83,7 @@ def prepare_run_dir(cfg: RunConfig, pack: Any, seeds: list[int],
     for folder in (rd.trials_dir, rd.schedules_dir, rd.logs_dir):
         folder.mkdir(parents=True, exist_ok=True)
     if write_config:
-        atomic_write_text(rd.config, dump_resolved(cfg))
+        run.write_config(cfg.model_dump(mode="json"))
     schedules: dict[str, Schedule] = {}
     for seed in seeds:
         tid = cfg.trial_id(seed)
@@ -252,9 +251,9 @@ async def _run_benchmark(cfg: RunConfig, progress: bool) -> list[TrialResult]:
     weights = model_weights(cfg, RUN_ROLES) if pending else {}
     if pending and has_rounds:
         _check_weights(run_dir, weights)
-    resolved = dump_resolved(cfg)  # the config as given, whatever building the backends does with it
+    resolved = cfg.model_dump(mode="json")  # the config as given, whatever building the backends does with it
     backends, models = build_role_backends(cfg, RUN_ROLES, rd.logs_dir) if pending else ({}, {})
-    atomic_write_text(rd.config, resolved)  # only now: the run could start
+    Run.at(run_dir).write_config(resolved)  # only now: the run could start
     describe = {role: backends[role].describe() for role in backends}
     manifest = Manifest(
         run_id=cfg.run_name, pack=pack.name, pack_source=str(pack.path), pack_sha256=pack_sha256(pack),

@@ -4,7 +4,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
 from pydantic import AfterValidator, Field, Strict, field_validator, model_validator
 
 from lhd_train.config.base import StrictModel, read_config, relative_to_file, validate
@@ -232,8 +231,3 @@ def load_saved_config(run_dir: str | Path) -> RunConfig:
     if not saved.is_file():
         raise InputError(saved, None, "not found: is this a run directory?")
     return parse_config(read_yaml_mapping(saved, "run config"), saved)
-
-
-def dump_resolved(cfg: RunConfig) -> str:
-    """YAML of the resolved config. Keys are referenced by env-variable name only, never by value."""
-    return str(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))

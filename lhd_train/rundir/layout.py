@@ -16,6 +16,7 @@ TASKS = "tasks.json"          # exact task texts of an imported run
 LOCK = ".lock"
 AUDITOR_INFO = "auditor.json"
 TRIALS, SCHEDULES, LOGS, AUDIT = "trials", "schedules", "logs", "audit"
+EVAL = "eval"                 # eval/<auditor-id>/[<source>/]eval.json: `lhd audit-eval` results filed for the run
 GRADING, GRADES = "grading", "grades.jsonl"  # the GRPO rewards' grade cache (finetune.judged_rewards)
 ROWS_SUFFIX = ".jsonl"
 MESSAGES_SUFFIX = ".messages.jsonl"
@@ -103,6 +104,10 @@ class RunDir:
     @property
     def audit_dir(self) -> Path:
         return self.path / AUDIT
+
+    @property
+    def eval_dir(self) -> Path:
+        return self.path / EVAL
 
     @property
     def grading_dir(self) -> Path:

@@ -211,9 +211,9 @@ class Run:
         return read_yaml_mapping(self.dir.config, "run config", missing_ok=True)
 
     def write_config(self, config: Mapping[str, Any]) -> None:
-        """Write the resolved config (`config.resolved.yaml`) atomically, keys in the order given:
-        the text `config.run.dump_resolved` makes, so a config read by `config()` and written back
-        (a planted copy) is the same file."""
+        """Write the resolved config (`config.resolved.yaml`, the one writer: `lhd run` gives it
+        `RunConfig.model_dump(mode="json")`) atomically, keys in the order given, so a config read
+        by `config()` and written back (a planted copy) is the same file."""
         self.dir.path.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.dir.config, yaml.safe_dump(dict(config), sort_keys=False))
 

@@ -690,8 +690,9 @@ def test_resume_refuses_a_changed_recipe(llama, data, tmp_path):
 
 def _run_with_auditor(tmp_path: Path, auditor: dict, supervisor: dict | None = None) -> Path:
     """A run directory holding only its resolved config: what the judged rewards read at preflight."""
-    from lhd_train.config.run import dump_resolved, parse_config
+    from lhd_train.config.run import parse_config
     from lhd_train.rundir.layout import RunDir
+    from lhd_train.rundir.run import Run
 
     cfg = parse_config({
         "run_name": "judged", "output_dir": str(tmp_path), "seeds": [1],
@@ -700,7 +701,7 @@ def _run_with_auditor(tmp_path: Path, auditor: dict, supervisor: dict | None = N
     }, "test")
     rd = RunDir(cfg.run_dir)
     rd.config.parent.mkdir(parents=True, exist_ok=True)
-    rd.config.write_text(dump_resolved(cfg))
+    Run.at(rd.path).write_config(cfg.model_dump(mode="json"))
     return cfg.run_dir
 
 
