@@ -34,7 +34,7 @@ from lhd_train.rundir.rows import AuditRow
 from lhd_train.rundir.run import Run
 from lhd_train.rundir.store import message_id
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 AUTHORS = REPO / "tests" / "data" / "reference-packs" / "startup_consulting" / "tasks.json"
 NUM = re.compile(r"\d+(?:,\d{3})*(?:\.\d+)?")
 ENUMERATOR = re.compile(r"\(\d\)")  # "(1)" list markers are not figures
