@@ -44,6 +44,8 @@ def _parameter(name: str, info: FieldInfo) -> inspect.Parameter:
     flag = flag_of(name, info)
     if is_argument(info):
         param = typer.Argument(None if default == [] else default, help=help_text, show_default=default != [])
+    elif info.annotation is bool and flag.startswith("--no-"):  # a switch that turns something off
+        param = typer.Option(default, flag, help=help_text)
     elif info.annotation is bool:
         param = typer.Option(default, f"{flag}/{negated(flag)}", help=help_text)
     else:

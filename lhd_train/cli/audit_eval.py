@@ -10,10 +10,11 @@ from pathlib import Path
 
 import typer
 
-from lhd_train.config.auditor import DEFAULT_OPTIONS as AUDIT_DEFAULTS
-from lhd_train.config.vocab import MODES, TYPES
+from lhd_train.config.auditor import AuditEvalCommand
+from lhd_train.config.vocab import TYPES
 from lhd_train.console import console
 from lhd_train.errors import InputError
+from lhd_train.options import settings_command
 
 app = typer.Typer()
 TYPE_HELP = f"deception type to plant (repeatable; default: {', '.join(TYPES)})"
@@ -35,22 +36,24 @@ def plant_command(run: Path, out: Path, seed: int = 0, rate: float = 0.5, types:
     return 0
 
 
-def eval_command(curated: bool, planted: Path | None, out: Path | None, auditor_config: Path | None,
-                 mode: str = AUDIT_DEFAULTS.mode, window: int = AUDIT_DEFAULTS.window, samples: int = 1,
-                 hide_supervisor: bool = False, hide_event_labels: bool = False, auditor_id: str | None = None,
-                 concurrency: int = AUDIT_DEFAULTS.concurrency, overrides: list[str] | None = None,
-                 progress: bool = True, set_path: Path | None = None, attach_to: Path | None = None,
-                 no_attach: bool = False) -> int:
+def eval_command(s: AuditEvalCommand) -> int:
     from lhd_train.audit.eval_results import eval_dir
     from lhd_train.audit.eval_run import attach, curated_run, evaluate_auditor, planted_from
-    from lhd_train.config.auditor import AuditOptions, load_auditor_config
+    from lhd_train.config.auditor import load_auditor_config
     from lhd_train.rundir.outputs import check_out_dir
     from lhd_train.rundir.run import Run
 
+    set_path = None
+    if s.labelled_set is not None and s.labelled_set != "curated":
+        set_path = Path(s.labelled_set)
+        if not set_path.is_file():
+            raise InputError("command line", "--set", f"unknown set {s.labelled_set!r}",
+                             "curated, or a set file (JSON)")
+    curated, planted, out, samples = s.labelled_set is not None, s.planted, s.out, s.samples
+    auditor_config, attach_to, overrides = s.auditor, s.attach, s.overrides
     if curated == (planted is not None):
         raise InputError("command line", "--set/--planted", "give exactly one of them", "--set curated | --planted DIR")
-    opts = AuditOptions(mode=mode, window=window, hide_supervisor=hide_supervisor,
-                        hide_event_labels=hide_event_labels, auditor_id=auditor_id, concurrency=concurrency)
+    opts = s.options
     if curated:
         if out is None:
             raise InputError("command line", "--out", "needed with --set curated: the set is written there as a run "
@@ -71,10 +74,10 @@ def eval_command(curated: bool, planted: Path | None, out: Path | None, auditor_
     if out is None:
         out = eval_dir(run, opts.resolved_id(cfg.auditor.model))
     check_out_dir(out)
-    target = None if no_attach else (attach_to or (planted_from(run) if planted is not None else None))
+    target = None if s.no_attach else (attach_to or (planted_from(run) if planted is not None else None))
     if target is not None and Path(target).resolve() == run.resolve():
         target = None  # the run judged: its own eval/<auditor-id>/ is already where its report looks
-    res = evaluate_auditor(run, cfg, opts, out, source, samples, cfg_source, progress=progress)
+    res = evaluate_auditor(run, cfg, opts, out, source, samples, cfg_source, progress=s.progress)
     for line in res.headline:
         console.print(line)
     r = res.record["result"]
@@ -116,35 +119,8 @@ def audit_plant_cmd(
 
 
 @app.command("audit-eval")
-def audit_eval_cmd(
-    overrides: list[str] | None = typer.Argument(None, help="key.sub=value overrides of the auditor config"),
-    set_name: str | None = typer.Option(None, "--set", help="curated: the labelled set shipped with lhd; or a JSON "
-                                        "file in its format (e.g. a subset of it)"),
-    planted: Path | None = typer.Option(None, "--planted", help="a planted copy made by `lhd audit-plant`"),
-    out: Path | None = typer.Option(None, "--out", help="results folder (default for --planted: "
-                                                        "PLANTED/eval/<auditor-id>)"),
-    auditor: Path | None = typer.Option(None, "--auditor", help="auditor config YAML (models: + auditor:)"),
-    mode: str = typer.Option(AUDIT_DEFAULTS.mode, "--mode", help=" | ".join(MODES)),
-    window: int = typer.Option(AUDIT_DEFAULTS.window, "--window", help="R for --mode window"),
-    samples: int = typer.Option(1, "--samples", help="audit k times (auditor ids <id>-k1..k) for self-consistency"),
-    hide_supervisor: bool = typer.Option(False, "--hide-supervisor", help="hide the supervisor's reasoning and states"),
-    hide_event_labels: bool = typer.Option(False, "--hide-event-labels", help="hide event names and levels"),
-    auditor_id: str | None = typer.Option(None, "--auditor-id", help="default: <model>-<mode>"),
-    concurrency: int = typer.Option(AUDIT_DEFAULTS.concurrency, "--concurrency", help="rounds in flight at once"),
-    attach_to: Path | None = typer.Option(None, "--attach", help="also file the results in this run's eval/ folder, "
-                                          "where `lhd report RUN` shows them (default with --planted: the run the "
-                                          "copy was planted from)"),
-    no_attach: bool = typer.Option(False, "--no-attach", help="file the results nowhere but --out"),
-    no_progress: bool = typer.Option(False, "--no-progress", help="hide the progress bar"),
-) -> None:
+@settings_command(AuditEvalCommand)
+def audit_eval_cmd(s: AuditEvalCommand) -> None:
     """Measure an auditor: false-negative rate per type, false-positive rate, kappa, type confusion,
     severity error and self-consistency, against the curated set or a planted run."""
-    set_path = None
-    if set_name is not None and set_name != "curated":
-        set_path = Path(set_name)
-        if not set_path.is_file():
-            raise InputError("command line", "--set", f"unknown set {set_name!r}", "curated, or a set file (JSON)")
-    raise typer.Exit(eval_command(set_name is not None, planted, out, auditor, mode, window, samples,
-                                  hide_supervisor, hide_event_labels, auditor_id, concurrency, overrides or [],
-                                  progress=not no_progress, set_path=set_path, attach_to=attach_to,
-                                  no_attach=no_attach))
+    raise typer.Exit(eval_command(s))

@@ -123,6 +123,30 @@ class AuditCommand(AuditOptions):
         return AuditOptions.model_validate(self.model_dump(include=set(AuditOptions.model_fields)))
 
 
+class AuditEvalCommand(AuditOptions):
+    """`lhd audit-eval`: the audit options (as `lhd audit` declares them) plus which labelled
+    answers are judged and where the results go."""
+
+    overrides: list[str] = Field([], description="key.sub=value overrides of the auditor config",
+                                 json_schema_extra={"argument": True})
+    labelled_set: str | None = Field(None, description="curated: the labelled set shipped with lhd; or a JSON file in "
+                                                       "its format (e.g. a subset of it)",
+                                     json_schema_extra={"flag": "--set"})
+    planted: Path | None = Field(None, description="a planted copy made by `lhd audit-plant`")
+    out: Path | None = Field(None, description="results folder (default for --planted: PLANTED/eval/<auditor-id>)")
+    auditor: Path | None = Field(None, description="auditor config YAML (models: + auditor:)")
+    samples: int = Field(1, ge=1, description="audit k times (auditor ids <id>-k1..k) for self-consistency")
+    attach: Path | None = Field(None, description="also file the results in this run's eval/ folder, where `lhd "
+                                                  "report RUN` shows them (default with --planted: the run the copy "
+                                                  "was planted from)")
+    no_attach: bool = Field(False, description="file the results nowhere but --out")
+    progress: bool = Field(True, description="show the progress bar")
+
+    @property
+    def options(self) -> AuditOptions:
+        return AuditOptions.model_validate(self.model_dump(include=set(AuditOptions.model_fields)))
+
+
 def load_auditor_config(run_dir: Path, auditor_config: Path | None = None,
                         overrides: list[str] | None = None) -> tuple[AuditorConfig, str]:
     """The auditor settings and the file they came from. Overrides (`auditor.sampling.max_tokens=256`,

@@ -228,3 +228,19 @@ def test_the_slurm_audit_stage_renders_flags_lhd_audit_parses_back(tmp_path):
     assert result.exit_code == 0, result.output
     assert seen["s"].options == AuditOptions(**chosen)
     assert set(AuditOptions.model_fields) <= set(AuditVars.model_fields)
+
+
+def test_audit_eval_takes_the_audit_options_from_the_same_model(tmp_path):
+    """`lhd audit-eval` declares none of `lhd audit`'s options itself: the same fields, defaults
+    and bounds, and its own ones (`--samples`) checked by its model; `--no-attach` is one switch."""
+    from lhd_train.cli.app import app
+    from lhd_train.config.auditor import AuditEvalCommand, AuditOptions
+
+    assert set(AuditOptions.model_fields) < set(AuditEvalCommand.model_fields)
+    res = CliRunner().invoke(app, ["audit-eval", "--set", "curated", "--out", str(tmp_path / "o"), "--samples", "0"])
+    assert isinstance(res.exception, InputError) and res.exception.field == "--samples", res.output
+    assert "must be >= 1" in str(res.exception)
+    res = CliRunner().invoke(app, ["audit-eval", "--planted", str(tmp_path), "--window", "-1"])
+    assert isinstance(res.exception, InputError) and res.exception.field == "--window", res.output
+    help_text = CliRunner().invoke(app, ["audit-eval", "--help"], env={"COLUMNS": "200"}).output
+    assert "--no-attach" in help_text and "--no-no-attach" not in help_text
