@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, ValidationError
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, ValidationError
 
 from lens.settings import FitArgs
 from lhd_train.config.auditor import AuditOptions
@@ -128,7 +128,9 @@ class RolloutVars(StageVars):
 
 class AuditVars(StageVars, AuditOptions):
     """`lhd audit`'s own options (`AuditOptions`: fields, defaults and bounds declared once) plus
-    where the job runs."""
+    where the job runs. Not frozen like the options: the renderer fills in worked-out values."""
+
+    model_config = ConfigDict(frozen=False)
 
     time: Directive = "24:00:00"
     shards: Shards = 1
