@@ -106,7 +106,16 @@ class AuditOptions(StrictModel):
 DEFAULT_OPTIONS = AuditOptions()
 
 
-class AuditCommand(AuditOptions):
+class _AuditCommandBase(AuditOptions):
+    """A command that takes the audit options among its own."""
+
+    @property
+    def options(self) -> AuditOptions:
+        """The audit options alone, as `audit_run` takes them."""
+        return AuditOptions.model_validate(self.model_dump(include=set(AuditOptions.model_fields)))
+
+
+class AuditCommand(_AuditCommandBase):
     """`lhd audit RUN [key=value ...]`: the audit options plus what one audit reads. The command
     line (`lhd_train.options`) and the Slurm audit stage (`config.slurm.AuditVars`, which takes the
     `AuditOptions` fields as its variables) share these declarations."""
@@ -118,12 +127,8 @@ class AuditCommand(AuditOptions):
                                                    "config")
     progress: bool = Field(True, description="show the progress bar")
 
-    @property
-    def options(self) -> AuditOptions:
-        return AuditOptions.model_validate(self.model_dump(include=set(AuditOptions.model_fields)))
 
-
-class AuditEvalCommand(AuditOptions):
+class AuditEvalCommand(_AuditCommandBase):
     """`lhd audit-eval`: the audit options (as `lhd audit` declares them) plus which labelled
     answers are judged and where the results go."""
 
@@ -141,10 +146,6 @@ class AuditEvalCommand(AuditOptions):
                                                   "was planted from)")
     no_attach: bool = Field(False, description="file the results nowhere but --out")
     progress: bool = Field(True, description="show the progress bar")
-
-    @property
-    def options(self) -> AuditOptions:
-        return AuditOptions.model_validate(self.model_dump(include=set(AuditOptions.model_fields)))
 
 
 def load_auditor_config(run_dir: Path, auditor_config: Path | None = None,

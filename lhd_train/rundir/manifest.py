@@ -12,17 +12,12 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from lhd_train.rundir.rows import Record
+from lhd_train.rundir.rows import ModelRef, Record
 
 
-class RoleModel(Record):
-    """A role's model as the run loaded it."""
+class RoleModel(ModelRef):
+    """A role's model as the run loaded it: the rows' `ModelRef`, plus what its backend reported."""
 
-    key: str | None = None
-    model: str | None = None
-    revision: str | None = None
-    backend: str | None = None
-    adapter: str | None = None
     describe: dict[str, Any] | None = None
 
 
