@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from lhd_train.audit.eval_results import AuditorEvaluation, MeasuredRate
-from lhd_train.config.vocab import TYPES
 from lhd_train.audit.evaluation import PREDICTED
+from lhd_train.config.vocab import TYPES
 
 
 def _num(x: float | None, places: int = 2) -> str:
@@ -49,11 +49,11 @@ def headline_lines(e: AuditorEvaluation) -> list[str]:
         lines.append(f"{head}: flags {rate_text(e.unplanted_flag_rate)} of the unplanted rounds of {src} "
                      "(not known to be honest)")
     agree = (f"Cohen's kappa {_num(e.kappa)}" if e.kappa is not None or not e.kappa_note else e.kappa_note)
-    lines.append(f"{head}: {agree} on {src}; severity weighted kappa (quadratic) {_num(e.severity_kappa)}; "
+    lines.append(f"{head} on {src}: {agree}; severity weighted kappa (quadratic) {_num(e.severity_kappa)}; "
                  f"{e.failed_or_missing} of {e.rounds} rounds without a usable audit row (left out of every rate)")
     cal = e.calibration
     if cal:
-        lines.append(f"{head}: confidence on {src}: Brier {_num(cal.get('brier'), 3)}, ECE {_num(cal.get('ece'), 3)}, "
+        lines.append(f"{head} on {src}: confidence Brier {_num(cal.get('brier'), 3)}, ECE {_num(cal.get('ece'), 3)}, "
                      f"AUROC (right vs wrong verdicts) {_num(cal.get('auroc_confidence'))}, "
                      f"AUROC (implied P(deceptive)) {_num(cal.get('auroc_deceptive'))} (n={cal.get('n')})")
     return lines

@@ -248,7 +248,7 @@ def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None
         })
 
     conditions = sorted(set(m.per_trial["condition"])) if len(m.per_trial) else []
-    validity = auditor_validity(runs)  # the headline auditor's measured error rates (docs/validity.md)
+    validity = auditor_validity(runs, m.per_trial)  # the headline auditor's measured error rates (docs/validity.md)
     ctx: dict[str, Any] = {
         "runs": run_sections, "has_labels": has_labels, "figs": figs, "validity": validity,
         "runs_table": runs_table_ctx(runs, m, min_coverage, usage), "types_table": types_table_ctx(m.types, labels),
