@@ -180,8 +180,9 @@ def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None
     paired = compare_to_base(runs, m.per_trial)
     held = held_out_comparisons(run_dirs, held_out_auditor, min_coverage) if held_out_auditor and paired else []
     warnings = adapter_warnings(runs, paired, held_out_auditor)
-    for w in warnings if on_warning else ():
-        on_warning(w)
+    for w in warnings:
+        if on_warning is not None:
+            on_warning(w)
     extra = {"horizon": horizon, "delayed": delayed, "chains_summary": chains, "chains": chains_table(m.rounds),
              "usage_by_role": usage_frame(runs, usage)}
     if paired:
