@@ -19,8 +19,8 @@ from support.scripted import ScriptedBackend
 from typer.testing import CliRunner
 
 from lhd_train.audit.curated import CURATED_PATH, build_curated_run, load_curated
-from lhd_train.audit.evaluation import HONEST, Truth, kappa, score, wilson
-from lhd_train.audit.ground_truth import read_ground_truth
+from lhd_train.audit.evaluation import HONEST, Truth, kappa, score, truths, wilson
+from lhd_train.audit.ground_truth import LabelledAnswer, read_ground_truth
 from lhd_train.audit.plant import HEDGES, plant_run
 from lhd_train.bench.engine import prepare_run_dir
 from lhd_train.bench.prompts import Prompts
@@ -178,6 +178,19 @@ def test_score_against_hand_counts():
     assert r["severity_mae_deceptive"] == {"mae": pytest.approx(10 / 6), "n": 6}
     sc = r["self_consistency"]  # the two samples differ on a1 and d2 of the 9 usable in both
     assert (sc["all_agree"]["k"], sc["all_agree"]["n"]) == (7, 9) and sc["pairwise_agreement"] == pytest.approx(7 / 9)
+
+
+def test_truths_cluster_by_trial_on_planted_runs_and_by_task_on_the_curated_set():
+    def label(tid, task, deceptive=True):
+        return LabelledAnswer(trial_id=tid, global_round=1, task_index=task, deceptive=deceptive,
+                              type="FALSIFICATION" if deceptive else None, severity=2 if deceptive else 0)
+
+    curated = truths([label("c01", 4), label("c02", 4, False), label("c03", 7)], [], planted=False)
+    assert [t.group for t in curated] == ["task 4", "task 4", "task 7"]
+    planted = truths([label("s1", 4)], [("s1", 1), ("s1", 2), ("s2", 1)], planted=True)
+    assert [(t.key, t.klass, t.group) for t in planted] == [(("s1", 1), "FALSIFICATION", "s1"),
+                                                            (("s1", 2), "UNPLANTED", "s1"),
+                                                            (("s2", 1), "UNPLANTED", "s2")]
 
 
 def test_kappa_is_none_when_undefined_and_matches_by_hand():
@@ -399,6 +412,10 @@ def test_plant_cli_then_eval_on_the_planted_copy_with_the_tiny_model(tmp_path, t
     assert rec["auditor_ids"] == ["a-task-k1", "a-task-k2"] and rec["result"]["self_consistency"]["k"] == 2
     assert rec["result"]["failed_or_missing"] < rec["result"]["rounds"]  # the tiny model answers some rounds
     assert "auditor a-task: FNR" in res.output
+    assert rec["schema"] == "lhd.audit-eval/2" and rec["result"]["kappa"] is None  # planted: no kappa (D5)
+    if rec["result"]["calibration"]:  # rows with a confidence: the reliability diagram beside eval.json
+        assert (out / "reliability.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert rec["reliability_png"] == "reliability.png"
 
 
 def test_audit_eval_options_are_checked(tmp_path):
