@@ -165,6 +165,9 @@ def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None
     out = Path(out)
     check_out_dir(out, what="report")
     check_writable_dir(out, "report's folder")
+    if held_out_auditor is not None and len(run_dirs) < 2:
+        raise InputError("command line", "--held-out-auditor", "needs two or more runs: it scores the paired "
+                         "comparison of the base run with the others", "lhd report BASE ADAPTER --held-out-auditor ID")
     runs = load_runs([Path(p) for p in run_dirs], auditor, min_coverage)
     if not any(len(r.rounds) for r in runs):
         where = runs[0].store.dir.trials_dir if len(runs) == 1 else "runs"

@@ -105,6 +105,8 @@ def test_a_held_out_auditor_missing_from_a_run_is_refused(tmp_path):
     a, b = _runs(tmp_path, _adapter(tmp_path), held_out=False)
     with pytest.raises(InputError, match="other"):
         build_report([a, b], tmp_path / "r", held_out_auditor="other")
+    with pytest.raises(InputError, match="--held-out-auditor.*two or more runs"):
+        build_report([a], tmp_path / "r1", held_out_auditor="full")
 
 
 def test_the_command_prints_the_warnings_on_stderr(tmp_path):
