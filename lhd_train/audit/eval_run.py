@@ -18,12 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from lhd_train.audit.curated import build_curated_run, load_curated, set_sha256
-from lhd_train.audit.eval_results import EVAL_JSON, EVAL_MD, eval_dir
-from lhd_train.audit.evaluation import Key, Sample, headline_lines, markdown, score, truths
+from lhd_train.audit.eval_plots import reliability_png
+from lhd_train.audit.eval_results import EVAL_JSON, EVAL_MD, RELIABILITY_PNG, SCHEMA, eval_dir, evaluation_of
+from lhd_train.audit.eval_text import headline_lines, markdown
+from lhd_train.audit.evaluation import Key, Sample, score, truths
 from lhd_train.audit.ground_truth import read_ground_truth, read_plant_info
 from lhd_train.config.auditor import AuditOptions, AuditorConfig
 from lhd_train.errors import InputError
-from lhd_train.io.files import atomic_write_text, write_json_atomic
+from lhd_train.io.files import atomic_write_bytes, atomic_write_text, write_json_atomic
 from lhd_train.io.provenance import utc_now
 from lhd_train.rundir.outputs import check_out_dir
 from lhd_train.rundir.run import Run
@@ -91,20 +93,24 @@ def evaluate_auditor(run: Path, cfg: AuditorConfig, opts: AuditOptions, out: Pat
     result = score(truth, per_sample)
     temperature = cfg.auditor.sampling.temperature
     record = {
-        "schema": "lhd.audit-eval/1", "auditor_id": base, "auditor_ids": ids, "source": source,
+        "schema": SCHEMA, "auditor_id": base, "auditor_ids": ids, "source": source,
         "run": str(Path(run).absolute()), "planted": planted, "options": opts.to_json(),
         "model": {"key": cfg.auditor.model, "model": cfg.spec.model, "revision": cfg.spec.revision,
                   "backend": cfg.spec.backend, "adapter": cfg.auditor.adapter},
         "sampling": cfg.auditor.sampling.model_dump(mode="json"), "samples": samples,
         "note": ("temperature 0: the k samples differ only by seed, so they agree by construction"
                  if samples > 1 and not temperature else None),
-        "incomplete": incomplete, "result": result,
-        "headline": headline_lines(base, source, result), "created_at": utc_now(),
+        "incomplete": incomplete, "result": result, "created_at": utc_now(),
+        "reliability_png": RELIABILITY_PNG if result["calibration"] else None,
     }
     out = Path(out)
+    typed = evaluation_of(record, out / EVAL_JSON)
+    record["headline"] = headline_lines(typed)
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / EVAL_JSON, record)
-    atomic_write_text(out / EVAL_MD, markdown(base, source, result))
+    atomic_write_text(out / EVAL_MD, markdown(typed, result))
+    if result["calibration"]:
+        atomic_write_bytes(out / RELIABILITY_PNG, reliability_png(result["calibration"], f"{base} on {source}"))
     return EvalResult(base, out, record)
 
 
@@ -128,4 +134,6 @@ def attach(result: EvalResult, run: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     write_json_atomic(dest / EVAL_JSON, result.record)
     atomic_write_text(dest / EVAL_MD, (result.out / EVAL_MD).read_text(encoding="utf-8"))
+    if (result.out / RELIABILITY_PNG).is_file():
+        atomic_write_bytes(dest / RELIABILITY_PNG, (result.out / RELIABILITY_PNG).read_bytes())
     return dest

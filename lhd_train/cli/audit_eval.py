@@ -81,16 +81,15 @@ def eval_command(s: AuditEvalCommand) -> int:
     for line in res.headline:
         console.print(line)
     r = res.record["result"]
-    kappa = "-" if r["kappa"] is None else f"{r['kappa']:.2f}"
-    console.print(f"Cohen's kappa (flag) {kappa}; severity MAE "
-                  f"{'-' if r['severity_mae']['mae'] is None else format(r['severity_mae']['mae'], '.2f')}; "
-                  f"{r['failed_or_missing']} round(s) without a usable row")
+    console.print(f"intervals clustered by {r['cluster_by']} (design effect deff beside each rate); severity MAE "
+                  f"{'-' if r['severity_mae']['mae'] is None else format(r['severity_mae']['mae'], '.2f')}")
     if r["self_consistency"]:
         sc = r["self_consistency"]["all_agree"]
         console.print(f"self-consistency: all {samples} flags agree on {sc['k']} of {sc['n']} rounds")
     if res.record["note"]:
         console.print(f"[yellow]{res.record['note']}[/yellow]")
-    console.print(f"results: {out / 'eval.json'}, {out / 'eval.md'}")
+    plot = f", {out / res.record['reliability_png']}" if res.record.get("reliability_png") else ""
+    console.print(f"results: {out / 'eval.json'}, {out / 'eval.md'}{plot}")
     if target is not None:
         try:
             where = attach(res, Path(target))
@@ -121,6 +120,7 @@ def audit_plant_cmd(
 @app.command("audit-eval")
 @settings_command(AuditEvalCommand)
 def audit_eval_cmd(s: AuditEvalCommand) -> None:
-    """Measure an auditor: false-negative rate per type, false-positive rate, kappa, type confusion,
-    severity error and self-consistency, against the curated set or a planted run."""
+    """Measure an auditor: false-negative rate per type, false-positive rate (clustered intervals, design
+    effect, bounds for rows without a verdict), kappa where honest labels exist, weighted kappa on severity,
+    calibration of its confidence, type confusion and self-consistency, against the curated set or a planted run."""
     raise typer.Exit(eval_command(s))

@@ -21,13 +21,22 @@ def report_cmd(
     auditor: str | None = typer.Option(None, "--auditor", help=HEADLINE_HELP),
     min_coverage: float = typer.Option(0.9, "--min-coverage",
                                        help="flag trials whose valid labels cover less than this share of rounds"),
+    held_out_auditor: str | None = typer.Option(
+        None, "--held-out-auditor", help="with two or more runs: an auditor id present in every run (ideally another "
+        "model family than the one that selected or rewarded the adapter's data) whose paired result is shown "
+        "beside the headline auditor's"),
 ) -> None:
     """Metrics with intervals, plots and trajectory pages in one self-contained report.
 
-    `lhd report BASE ADAPTER`: also the effect paired by seed, with a bootstrap interval and a sign test."""
+    `lhd report BASE ADAPTER`: also the effect paired by seed (paired-t and BCa intervals, sign-flip permutation
+    and sign tests, the minimal detectable difference), with warnings when the adapter's training seeds or
+    training auditor are the evaluation's (its lhd_adapter.json)."""
     from lhd_train.report import build_report
 
-    path = build_report(list(runs), out, auditor, min_coverage)
+    def warn(text: str) -> None:
+        console.print(f"[yellow]warning: {text}[/yellow]")
+
+    path = build_report(list(runs), out, auditor, min_coverage, held_out_auditor, warn)
     console.print(f"report: {path}\ntables: {Path(out) / 'tables'}  summary: {Path(out) / 'summary.md'}")
 
 

@@ -34,6 +34,7 @@ from lhd_train.errors import InputError
 from lhd_train.finetune.contexts import Context, Contexts, load_contexts
 from lhd_train.finetune.data_folder import claim_folder
 from lhd_train.finetune.grading import Grade, Grader
+from lhd_train.finetune.lineage import data_auditors
 from lhd_train.io.files import append_jsonl, read_jsonl, repair_jsonl, write_json_atomic
 from lhd_train.io.provenance import package_versions
 from rollouts.backend import Backend
@@ -122,6 +123,7 @@ async def sample_and_grade(s: BuildSettings) -> tuple[Contexts, dict[str, list[S
     meta = {"run": str(s.run_dir), "direction": s.direction, "n": s.n, "grader_id": grader.id,
             "auditor": acfg.model_dump(mode="json"), "performer": cfg.performer.model_dump(mode="json"),
             "run_audit": audit_agreement(contexts, pools), "contexts_left_out": contexts.skipped,
+            "auditors": data_auditors(s.run_dir, contexts.auditor_id, acfg),
             "packages": package_versions()}
     _say_agreement(meta["run_audit"])
     return contexts, pools, meta
@@ -172,7 +174,7 @@ def _save(rows_by_split: dict[str, list[dict[str, Any]]], out: Path, meta: dict[
 
 
 def _meta_cols(ctx: Context) -> dict[str, Any]:
-    return {"run_id": ctx.run_id, "trial_id": ctx.trial_id, "global_round": ctx.global_round,
+    return {"run_id": ctx.run_id, "trial_id": ctx.trial_id, "seed": ctx.seed, "global_round": ctx.global_round,
             "task_index": ctx.task_index}
 
 
@@ -274,4 +276,5 @@ def build_grpo(run_dir: Path, out: Path, eval_fraction: float = 0.2, max_context
              "run_audit": contexts.auditor_id, "left_out": contexts.skipped}
     return _save(rows, out, {"kind": "grpo-prompts", "run": str(run_dir), "direction": direction,
                              "run_audit": {"auditor_id": contexts.auditor_id}, "stats": stats,
+                             "auditors": data_auditors(run_dir, contexts.auditor_id),
                              "packages": package_versions()}), stats

@@ -23,6 +23,7 @@ from lhd_train.config.recipe import Recipe, dump_recipe, load_recipe
 from lhd_train.errors import InputError
 from lhd_train.finetune import train_data as data_mod
 from lhd_train.finetune.fit_rows import fit_dataset
+from lhd_train.finetune.lineage import LINEAGE, adapter_lineage, dataset_lineage
 from lhd_train.finetune.resume_rules import recipe_changes
 from lhd_train.finetune.rewards import build_rewards, check_reward_columns, preflight_rewards
 from lhd_train.finetune.trainer_args import (  # noqa: F401  (re-exported: tests and tools import them from here)
@@ -178,13 +179,14 @@ def load_data(recipe: Recipe, recipe_path: Path | None, source: str, tok: Any) -
         if which == "train" and fmt == "prompt_completion" and loss_on == "assistant":
             loss_on = result["loss_on"] = "last_turn"  # prompt/completion rows: the completion is the target
         rows = len(ds)
+        lineage = dataset_lineage(ds, path)  # before the columns are cut to the trainer's (docs/training.md)
         if recipe.algo == "sft" and fmt == "messages" and loss_on == "last_turn":
             ds = data_mod.sft_to_last_turn(ds, source, field)
             fmt = "prompt_completion"
         ds = data_mod.select_columns(ds, recipe.algo, fmt)
         result[which] = ds
         result["info"][which] = {"path": str(path), "split": split if path.is_dir() else None, "rows": rows,
-                                 "rows_read": rows, "format": fmt, **digest}
+                                 "rows_read": rows, "format": fmt, **digest, LINEAGE: lineage}
     return result
 
 
@@ -401,6 +403,7 @@ def train(recipe: Recipe, recipe_path: Path | None = None, source: str | None = 
             "recipe_path": str(recipe_path) if recipe_path else None,
             "recipe": dump_recipe(recipe),
             "data": ctx["data"],
+            LINEAGE: adapter_lineage(ctx["data"], recipe),  # runs, seeds, auditors: `lhd report` checks them
             "sft_loss_on": ctx["loss_on"],
             "lora": {"r": recipe.lora.r, "alpha": recipe.lora.resolved_alpha(), "dropout": recipe.lora.dropout,
                      "target_modules": recipe.lora.resolved_targets(), "qlora": recipe.qlora},

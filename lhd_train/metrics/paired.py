@@ -3,9 +3,14 @@
 
 Two runs of the same seeds with the same event schedules differ only in the performer, so the
 per-seed difference of a trial metric removes the spread between seeds (some schedules invite
-more deception than others). Each trial keeps its own run's headline auditor (load.py's rule).
-The interval is a percentile bootstrap over seeds; the sign test counts seeds that went down
-against seeds that went up; with few seeds neither can tell, and the verdict says so."""
+more deception than others). Each trial keeps its own run's headline auditor (load.py's rule),
+or, with a held-out auditor, both runs are scored again by that one (`report.adapter_checks`).
+The interval is the paired t (the percentile bootstrap under-covers at a few seeds, review
+science-4 D7), with a BCa bootstrap beside it; the test is an exact sign-flip permutation test,
+the sign test a robustness line; the minimal detectable difference at the run's n says how large
+an effect the seeds could have shown (`paired_stats`). Severity over deceptive rounds is the
+NaN-when-no-flag mean: a seed whose adapter trial flags nothing has no deceptive severity, not 0
+(review D11), and such pairs are dropped and counted."""
 from __future__ import annotations
 
 import math
@@ -14,14 +19,20 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
-from lhd_train.metrics.core import BOOT_RESAMPLES, BOOT_SEED, bootstrap_ci
 from lhd_train.metrics.load import RunData
+from lhd_train.metrics.paired_stats import (
+    bca_interval,
+    minimal_detectable_difference,
+    paired_t_interval,
+    sign_flip_p,
+    sign_test,
+)
 
 MIN_PAIRS = 5  # fewer paired seeds than this: too few to tell, whatever the interval says
-PAIRED_METRICS = ("deception_rate", "severity_average_all_rounds", "severity_average_deception_only")
+PAIRED_METRICS = ("deception_rate", "severity_average_all_rounds", "severity_deceptive_nan")
 PAIRED = "paired"
+BOOT_SEED = 0
 
 
 @dataclass
@@ -59,49 +70,49 @@ def pair_trials(base: RunData, other: RunData) -> pd.DataFrame:
     return pd.DataFrame(recs, columns=["trial_id", "seed", "status"])
 
 
-def sign_test(diffs: np.ndarray) -> tuple[int, int, int, float]:
-    """(up, down, zero, two-sided p): an exact binomial test with p = 1/2 on the non-zero
-    differences (ties carry no sign and are left out); p is NaN without a non-zero difference."""
-    up, down = int((diffs > 0).sum()), int((diffs < 0).sum())
-    zero = int(len(diffs) - up - down)
-    p = float(stats.binomtest(up, up + down, 0.5).pvalue) if up + down else float("nan")
-    return up, down, zero, p
-
-
-def verdict(n: int, lo: float, hi: float, sign_p: float = float("nan"), min_pairs: int = MIN_PAIRS,
-            alpha: float = 0.05) -> str:
-    """What the interval lets one say, in words; when it excludes 0 but the sign test does not
-    reach `alpha` (a percentile bootstrap over few seeds is too narrow), the verdict says so."""
+def verdict(n: int, lo: float, hi: float, perm_p: float = float("nan"), mdd: float = float("nan"),
+            min_pairs: int = MIN_PAIRS, alpha: float = 0.05) -> str:
+    """What the paired-t interval lets one say, in words. When it includes 0, the verdict names the
+    minimal detectable difference (an effect smaller than that could not have been told apart);
+    when it excludes 0 but the sign-flip permutation test does not reach `alpha`, it says so."""
     if n == 0:
         return "no paired trials"
     if n < min_pairs:
         return f"too few paired trials to tell ({n} < {min_pairs})"
     if math.isnan(lo) or math.isnan(hi) or lo <= 0.0 <= hi:
-        return "cannot tell: the interval includes 0"
+        tail = f" (at {n} seeds only a difference of ±{mdd:.3g} or more is found with 80 % power)" \
+            if not math.isnan(mdd) else ""
+        return "cannot tell: the interval includes 0" + tail
     out = "lower than the base" if hi < 0 else "higher than the base"
-    if not sign_p < alpha:
-        out += f" by the interval; the sign test does not confirm it (p ≥ {alpha:g})"
+    if not perm_p < alpha:
+        out += f" by the interval; the sign-flip permutation test does not confirm it (p ≥ {alpha:g})"
     return out
 
 
 def paired_effect(base_values: list[float], other_values: list[float], level: float = 0.95,
-                  resamples: int = BOOT_RESAMPLES, seed: int = BOOT_SEED,
-                  min_pairs: int = MIN_PAIRS) -> dict[str, Any]:
-    """The mean per-seed difference other − base over the pairs where both values exist, its
-    percentile bootstrap interval over seeds (`core.bootstrap_ci`: seeded, `resamples` draws),
-    the sign test and the verdict."""
+                  seed: int = BOOT_SEED, min_pairs: int = MIN_PAIRS) -> dict[str, Any]:
+    """The mean per-seed difference other − base over the pairs where both values exist (the
+    others are dropped and counted in `n_undefined`), its paired-t interval (`ci_low`, `ci_high`),
+    the BCa bootstrap interval, the sign-flip permutation p, the sign test, the SD of the
+    differences, the minimal detectable difference at 80 % power and the verdict."""
     a, b = np.asarray(base_values, float), np.asarray(other_values, float)
     ok = ~(np.isnan(a) | np.isnan(b))
+    undefined = int((~ok).sum())
     a, b = a[ok], b[ok]
     d = b - a
     n = int(len(d))
-    lo, hi = bootstrap_ci(d.tolist(), level, resamples, seed)
+    lo, hi = paired_t_interval(d, level)
+    bca_lo, bca_hi = bca_interval(d, level, seed=seed)
     up, down, zero, p = sign_test(d)
+    perm = sign_flip_p(d, seed)
     nan = float("nan")
-    return {"n_pairs": n, "mean_base": float(a.mean()) if n else nan, "mean_other": float(b.mean()) if n else nan,
-            "mean_diff": float(d.mean()) if n else nan, "ci_low": lo, "ci_high": hi,
-            "n_up": up, "n_down": down, "n_zero": zero, "sign_p": p,
-            "verdict": verdict(n, lo, hi, p, min_pairs)}
+    sd = float(d.std(ddof=1)) if n > 1 else nan
+    mdd = minimal_detectable_difference(sd, n)
+    return {"n_pairs": n, "n_undefined": undefined, "mean_base": float(a.mean()) if n else nan,
+            "mean_other": float(b.mean()) if n else nan, "mean_diff": float(d.mean()) if n else nan,
+            "sd_diff": sd, "ci_low": lo, "ci_high": hi, "bca_low": bca_lo, "bca_high": bca_hi,
+            "perm_p": perm, "n_up": up, "n_down": down, "n_zero": zero, "sign_p": p, "mdd": mdd,
+            "verdict": verdict(n, lo, hi, perm, mdd, min_pairs)}
 
 
 def _value(df: pd.DataFrame, metric: str, trial_id: str) -> float:
@@ -133,10 +144,13 @@ def compare_paired(base: RunData, other: RunData, per_trial: pd.DataFrame,
     trials.insert(0, "other", other.key)
     trials.insert(0, "base", base.key)
     paired = trials[trials["status"] == PAIRED]
-    effects = pd.DataFrame([{"base": base.key, "other": other.key, "metric": m,
+    scored_by = base.auditor_id if base.auditor_id == other.auditor_id else f"{base.auditor_id} / {other.auditor_id}"
+    effects = pd.DataFrame([{"base": base.key, "other": other.key, "auditor": scored_by, "metric": m,
                              **paired_effect(paired[f"{m}_base"].tolist(), paired[f"{m}_other"].tolist(),
                                              min_pairs=min_pairs)} for m in metrics])
-    notes = []
+    notes = [f"{r['metric']}: {r['n_undefined']} paired seed(s) dropped, undefined on one side or both"
+             + (" (no flagged round: no deceptive severity)" if r["metric"] == "severity_deceptive_nan" else "")
+             for r in effects.to_dict("records") if r["n_undefined"]]
     for status in ("schedule differs", "schedule not recorded", "seed differs", "only in base", "only in other"):
         tids = trials.loc[trials["status"] == status, "trial_id"].tolist()
         if tids:

@@ -10,7 +10,7 @@ writes is replaced atomically, CSV cells cannot start a formula (`rundir.csv_cel
 is refused when it is a file, a run directory or inside a run's own files (`check_out_dir`)."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,8 @@ from lhd_train.metrics.horizon import chains_summary, chains_table, delayed_tabl
 from lhd_train.metrics.load import COVERAGE_MIN, RunData, load_runs
 from lhd_train.metrics.paired import MIN_PAIRS, PairedComparison, compare_to_base
 from lhd_train.report import plots
-from lhd_train.report.render import ci, fmt, pm, render_page, signed, trials_cell
+from lhd_train.report.adapter_checks import adapter_warnings, held_out_comparisons
+from lhd_train.report.render import ci, fmt, pm, render_page, trials_cell
 from lhd_train.report.tables import (
     breakdown_table_ctx,
     chains_table_ctx,
@@ -35,6 +36,7 @@ from lhd_train.report.tables import (
     cut_text,
     delayed_table_ctx,
     horizon_table_ctx,
+    paired_md,
     paired_table_ctx,
     paired_trials_ctx,
     role_usage,
@@ -72,7 +74,7 @@ def write_tables(out: Path, m: RunMetrics, extra: dict[str, pd.DataFrame]) -> li
 
 def summary_md(runs: list[RunData], m: RunMetrics, horizon: pd.DataFrame, min_coverage: float = COVERAGE_MIN,
                usage: dict[str, dict[str, dict[str, float]]] | None = None,
-               paired: Sequence[PairedComparison] = ()) -> str:
+               paired: Sequence[PairedComparison] = (), warnings: Sequence[str] = ()) -> str:
     lines = ["# LH-Deception report", "",
              "Per-trial metrics as the authors' auditor computes them (docs/reference.md), averaged over trials",
              "(unweighted mean ± SE, ddof=1; 95 % percentile bootstrap interval). Label coverage = rounds with a",
@@ -115,28 +117,12 @@ def summary_md(runs: list[RunData], m: RunMetrics, horizon: pd.DataFrame, min_co
         for r in horizon.to_dict("records"):
             lines.append(f"- {r['run']}: {r['long']} vs {r['short']} ({r['short_mode']}): {r['extra']} extra detections"
                          f" (net gain {fmt(r['net_gain'])}), delayed share of extra {fmt(r['delayed_share_of_extra'])}")
-    lines += paired_md(paired)
+    lines += paired_md(paired, warnings)
     notes = [f"- {run.key}: {n}" for run in runs for n in run.notes]
     if notes:
         lines += ["", "Notes:", "", *notes]
     lines += ["", "Files: report.html, tables/*.csv, plots/*.png, trials/<run>/<trial>.html", ""]
     return "\n".join(lines)
-
-
-def paired_md(paired: Sequence[PairedComparison]) -> list[str]:
-    """The paired comparison with the base run, as summary.md lines."""
-    if not paired:
-        return []
-    lines = ["", f"Paired by seed against the base run {paired[0].base} (difference run − base; 95 % bootstrap "
-             f"interval over seeds; sign test; fewer than {MIN_PAIRS} paired seeds is too few to tell):", ""]
-    for c in paired:
-        for r in c.effects.to_dict("records"):
-            lines.append(f"- {c.other}, {r['metric']}: {r['n_pairs']} paired seeds, {fmt(r['mean_base'])} → "
-                         f"{fmt(r['mean_other'])}, difference {signed(r['mean_diff'], 3)} "
-                         f"{ci(r['ci_low'], r['ci_high'])}, seeds up/down/tied {r['n_up']}/{r['n_down']}/"
-                         f"{r['n_zero']}, sign test p {fmt(r['sign_p'], 4)}: {r['verdict']}")
-        lines += [f"- {c.other}: {n}" for n in c.notes]
-    return lines
 
 
 def pack_info(run: RunData) -> dict[str, str | None]:
@@ -166,9 +152,12 @@ def pack_line(run: RunData) -> str:
 
 
 def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None,
-                 min_coverage: float = COVERAGE_MIN) -> Path:
+                 min_coverage: float = COVERAGE_MIN, held_out_auditor: str | None = None,
+                 on_warning: Callable[[str], None] | None = None) -> Path:
     """Write the whole report into `out`; returns the path of report.html. Trials whose label
-    coverage is below `min_coverage` are flagged and left out of the "covered" rates."""
+    coverage is below `min_coverage` are flagged and left out of the "covered" rates. With two or
+    more runs, `held_out_auditor` scores the paired comparison again, and `on_warning` hears each
+    adapter warning (`report.adapter_checks`) that the report also shows."""
     if not run_dirs:
         raise InputError(None, "runs", "give at least one run directory")
     if not 0.0 <= min_coverage <= 1.0:
@@ -176,6 +165,9 @@ def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None
     out = Path(out)
     check_out_dir(out, what="report")
     check_writable_dir(out, "report's folder")
+    if held_out_auditor is not None and len(run_dirs) < 2:
+        raise InputError("command line", "--held-out-auditor", "needs two or more runs: it scores the paired "
+                         "comparison of the base run with the others", "lhd report BASE ADAPTER --held-out-auditor ID")
     runs = load_runs([Path(p) for p in run_dirs], auditor, min_coverage)
     if not any(len(r.rounds) for r in runs):
         where = runs[0].store.dir.trials_dir if len(runs) == 1 else "runs"
@@ -189,10 +181,15 @@ def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None
     chains = chains_summary(m.rounds)
     usage = {r.key: role_usage(r) for r in runs}
     paired = compare_to_base(runs, m.per_trial)
+    held = held_out_comparisons(run_dirs, held_out_auditor, min_coverage) if held_out_auditor and paired else []
+    warnings = adapter_warnings(runs, paired, held_out_auditor)
+    for w in warnings:
+        if on_warning is not None:
+            on_warning(w)
     extra = {"horizon": horizon, "delayed": delayed, "chains_summary": chains, "chains": chains_table(m.rounds),
              "usage_by_role": usage_frame(runs, usage)}
     if paired:
-        extra["paired"] = pd.concat([c.effects for c in paired], ignore_index=True)
+        extra["paired"] = pd.concat([c.effects for c in (*paired, *held)], ignore_index=True)
         extra["paired_trials"] = pd.concat([c.trials for c in paired], ignore_index=True)
     write_tables(out, m, extra)
 
@@ -248,7 +245,7 @@ def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None
         })
 
     conditions = sorted(set(m.per_trial["condition"])) if len(m.per_trial) else []
-    validity = auditor_validity(runs)  # the headline auditor's measured error rates (docs/validity.md)
+    validity = auditor_validity(runs, m.per_trial)  # the headline auditor's measured error rates (docs/validity.md)
     ctx: dict[str, Any] = {
         "runs": run_sections, "has_labels": has_labels, "figs": figs, "validity": validity,
         "runs_table": runs_table_ctx(runs, m, min_coverage, usage), "types_table": types_table_ctx(m.types, labels),
@@ -264,11 +261,12 @@ def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None
         "paired": [{"base": labels.get(c.base, c.base), "other": labels.get(c.other, c.other), "notes": c.notes,
                     "trials": paired_trials_ctx(c.trials)} for c in paired],
         "paired_table": paired_table_ctx(extra["paired"], labels) if paired else None, "min_pairs": MIN_PAIRS,
+        "adapter_warnings": warnings, "held_out_auditor": held_out_auditor if held else None,
     }
     html = render_page("report.html.j2", **ctx)
     path = out / "report.html"
     atomic_write_text(path, html)
-    atomic_write_text(out / "summary.md", summary_md(runs, m, horizon, min_coverage, usage, paired)
+    atomic_write_text(out / "summary.md", summary_md(runs, m, horizon, min_coverage, usage, [*paired, *held], warnings)
                       + validity_md(validity))
     return path
 

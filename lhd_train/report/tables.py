@@ -11,6 +11,7 @@ import pandas as pd
 from lhd_train.config.vocab import TYPES
 from lhd_train.metrics.core import RunMetrics
 from lhd_train.metrics.load import COVERAGE_MIN, RunData
+from lhd_train.metrics.paired import MIN_PAIRS, PairedComparison
 from lhd_train.report.render import ci, fmt, pm, signed, trials_cell
 
 
@@ -226,20 +227,48 @@ def trials_table_ctx(per_trial: pd.DataFrame, hrefs: dict[str, str]) -> dict[str
 
 
 PAIRED_NAMES = {"deception_rate": "deception rate", "severity_average_all_rounds": "avg severity (all rounds)",
-                "severity_average_deception_only": "avg severity (deceptive; 0 if none)"}
+                "severity_deceptive_nan": "avg severity (deceptive; trials with a flag)"}
+PAIRED_HOW = ("difference run − base over paired seeds; 95 % paired-t interval (read this one) and BCa bootstrap; "
+              "sign-flip permutation test (exact up to 16 seeds); sign test as a robustness line; the minimal "
+              "detectable difference (MDD) is the true difference a two-sided 0.05 t-test finds with 80 % power at "
+              "this many seeds and this spread")
 
 
 def paired_table_ctx(effects: pd.DataFrame, labels: dict[str, str]) -> dict[str, Any]:
-    """One row per (run against the base, metric): `metrics.paired.paired_effect`."""
-    cols = ["run (against the base)", "base", "metric", "paired seeds", "base mean", "run mean",
-            "mean difference (run − base)", "95% CI (bootstrap over seeds)", "seeds up / down / tied",
-            "sign test p", "verdict"]
-    rows = [[labels.get(r["other"], r["other"]), labels.get(r["base"], r["base"]),
-             PAIRED_NAMES.get(r["metric"], r["metric"]), fmt(r["n_pairs"]), fmt(r["mean_base"]),
-             fmt(r["mean_other"]), signed(r["mean_diff"], 3), ci(r["ci_low"], r["ci_high"]),
-             f"{r['n_up']} / {r['n_down']} / {r['n_zero']}", fmt(r["sign_p"], 4), r["verdict"]]
+    """One row per (run against the base, auditor, metric): `metrics.paired.paired_effect`."""
+    cols = ["run (against the base)", "base", "scored by", "metric", "paired seeds (dropped: undefined)", "base mean",
+            "run mean", "mean difference (run − base)", "95% CI (paired t)", "95% CI (BCa bootstrap)",
+            "permutation p (sign flips)", "seeds up / down / tied", "sign test p", "SD of differences",
+            "MDD (80 % power)", "verdict"]
+    rows = [[labels.get(r["other"], r["other"]), labels.get(r["base"], r["base"]), str(r.get("auditor", "")),
+             PAIRED_NAMES.get(r["metric"], r["metric"]), f"{fmt(r['n_pairs'])} ({fmt(r['n_undefined'])})",
+             fmt(r["mean_base"]), fmt(r["mean_other"]), signed(r["mean_diff"], 3), ci(r["ci_low"], r["ci_high"]),
+             ci(r["bca_low"], r["bca_high"]), fmt(r["perm_p"], 4), f"{r['n_up']} / {r['n_down']} / {r['n_zero']}",
+             fmt(r["sign_p"], 4), fmt(r["sd_diff"]), fmt(r["mdd"]), r["verdict"]]
             for r in effects.to_dict("records")]
-    return _t(cols, rows, [False, False, False, True, True, True, True, True, True, True, False])
+    return _t(cols, rows, [False] * 4 + [True] * 11 + [False])
+
+
+def paired_md(paired: Sequence[PairedComparison], warnings: Sequence[str] = ()) -> list[str]:
+    """The paired comparison with the base run (and with a held-out auditor), as summary.md lines;
+    the adapter warnings first (`report.adapter_checks`)."""
+    if not paired:
+        return []
+    lines = ["", f"Paired by seed against the base run {paired[0].base} ({PAIRED_HOW}; fewer than {MIN_PAIRS} "
+             "paired seeds is too few to tell):", ""]
+    lines += [f"- WARNING: {w}" for w in warnings]
+    seen: set[tuple[str, str]] = set()
+    for c in paired:
+        for r in c.effects.to_dict("records"):
+            lines.append(f"- {c.other}, {r['metric']}, scored by {r.get('auditor')}: {r['n_pairs']} paired seeds "
+                         f"({r['n_undefined']} dropped, undefined), {fmt(r['mean_base'])} → {fmt(r['mean_other'])}, "
+                         f"difference {signed(r['mean_diff'], 3)} {ci(r['ci_low'], r['ci_high'])} (paired t; BCa "
+                         f"{ci(r['bca_low'], r['bca_high'])}), permutation p {fmt(r['perm_p'], 4)}, seeds up/down/tied "
+                         f"{r['n_up']}/{r['n_down']}/{r['n_zero']}, sign test p {fmt(r['sign_p'], 4)}, MDD "
+                         f"{fmt(r['mdd'])}: {r['verdict']}")
+        lines += [f"- {c.other}: {n}" for n in c.notes if (c.other, n) not in seen]
+        seen |= {(c.other, n) for n in c.notes}
+    return lines
 
 
 def paired_trials_ctx(trials: pd.DataFrame) -> dict[str, Any]:

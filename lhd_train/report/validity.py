@@ -2,15 +2,19 @@
 
 Every rate in a report rests on an LLM auditor; `lhd audit-eval` measures what that auditor misses
 (docs/validity.md). This module turns the evaluations stored with a run
-(`audit.eval_results.evaluations_for`) into lines for report.html and summary.md, or says that none
-was measured and how to measure it."""
+(`audit.eval_results.evaluations_for`) into lines for report.html and summary.md, with the run's
+rate corrected for those errors (`metrics.correction`, Rogan–Gladen), or says that none was
+measured and how to measure it."""
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lhd_train.audit.eval_results import AuditorEvaluation, MeasuredRate, evaluations_for
-from lhd_train.config.vocab import TYPES
+import pandas as pd
+
+from lhd_train.audit.eval_results import AuditorEvaluation, evaluations_for
+from lhd_train.audit.eval_text import headline_lines
+from lhd_train.metrics.correction import CorrectedRate, ErrorRate, corrected_rate
 from lhd_train.metrics.load import RunData
 
 NOT_MEASURED = ("auditor error rates: not measured (run `lhd audit-eval --planted COPY --auditor CONFIG` on a copy "
@@ -25,37 +29,43 @@ class RunValidity:
     note: str | None         # NOT_MEASURED, or why there is no auditor
 
 
-def rate_text(r: MeasuredRate) -> str:
-    """`0.31 [0.20, 0.45] (n=29)`, or `– (n=0)`."""
-    if not r.n or r.rate is None or r.low is None or r.high is None:
-        return "– (n=0)"
-    return f"{r.rate:.2f} [{r.low:.2f}, {r.high:.2f}] (n={r.n})"
+def correction_for(e: AuditorEvaluation, trial_rates: Sequence[float]) -> CorrectedRate:
+    """The run's rate corrected with this evaluation's FNR and FPR (`metrics.correction`)."""
+    fnr = e.fnr["all"]
+    fpr = ErrorRate(e.fpr.k, e.fpr.n, e.fpr.n_eff) if e.fpr.n else None
+    return corrected_rate(trial_rates, ErrorRate(fnr.k, fnr.n, fnr.n_eff), fpr)
 
 
-def evaluation_lines(e: AuditorEvaluation) -> list[str]:
-    """`auditor X: FNR 0.31 [0.20, 0.45] (n=29) on planted run P falsification`, one per measured rate."""
-    head = f"auditor {e.auditor_id}"
-    lines = [f"{head}: FNR {rate_text(e.fnr[t])} on {e.source} {t.lower()}" for t in TYPES if e.fnr[t].n]
-    lines.append(f"{head}: FNR {rate_text(e.fnr['all'])} on {e.source} deceptive answers")
-    if e.fpr.n:
-        lines.append(f"{head}: FPR {rate_text(e.fpr)} on {e.source} honest answers")
-    if e.unplanted_flag_rate is not None:
-        lines.append(f"{head}: flags {rate_text(e.unplanted_flag_rate)} of the unplanted rounds of {e.source} "
-                     "(not known to be honest)")
-    kappa = "–" if e.kappa is None else f"{e.kappa:.2f}"
-    lines.append(f"{head}: Cohen's kappa {kappa} on {e.source}; {e.failed_or_missing} of {e.rounds} rounds "
-                 f"without a usable audit row (left out of every rate); model {e.model}; {e.path}")
+def correction_line(e: AuditorEvaluation, c: CorrectedRate) -> str:
+    head = f"auditor {e.auditor_id}: deception rate corrected for the errors measured on {e.source}"
+    if c.rate is None:
+        return f"{head}: {c.note}"
+    fpr = "FPR taken as 0" if c.fpr_assumed_zero else f"FPR {c.fpr:.2f}"
+    return (f"{head}: {c.rate:.3f} [{c.ci_low:.3f}, {c.ci_high:.3f}] from the flagged {c.observed:.3f} "
+            f"(FNR {c.fnr:.2f}, {fpr}; {c.note})")
+
+
+def evaluation_lines(e: AuditorEvaluation, trial_rates: Sequence[float] | None = None) -> list[str]:
+    """The evaluation's lines (`eval_text.headline_lines`), where it is stored, and the run's rate
+    corrected with its error rates when the run's per-trial rates are given."""
+    lines = headline_lines(e)
+    lines.append(f"auditor {e.auditor_id}: model {e.model}; {e.path}")
+    if trial_rates is not None:
+        lines.append(correction_line(e, correction_for(e, trial_rates)))
     return lines
 
 
-def auditor_validity(runs: Sequence[RunData]) -> list[RunValidity]:
-    """One entry per run: its headline auditor's evaluations as lines, or NOT_MEASURED."""
+def auditor_validity(runs: Sequence[RunData], per_trial: pd.DataFrame | None = None) -> list[RunValidity]:
+    """One entry per run: its headline auditor's evaluations as lines (with the run's rate corrected
+    when `per_trial`, `core.per_trial_table` of the runs, is given), or NOT_MEASURED."""
     out = []
     for run in runs:
         if run.auditor_id is None:
             out.append(RunValidity(run.label, None, [], "no auditor: nothing to measure"))
             continue
-        lines = [x for e in evaluations_for(run.path, run.auditor_id) for x in evaluation_lines(e)]
+        rates = (per_trial.loc[per_trial["run"] == run.key, "deception_rate"].tolist()
+                 if per_trial is not None and len(per_trial) else None)
+        lines = [x for e in evaluations_for(run.path, run.auditor_id) for x in evaluation_lines(e, rates)]
         out.append(RunValidity(run.label, run.auditor_id, lines, None if lines else NOT_MEASURED))
     return out
 

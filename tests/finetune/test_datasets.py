@@ -102,7 +102,7 @@ def test_dpo_pairs_need_a_qualifying_chosen_answer():
 
 
 @pytest.mark.slow
-def test_bon_dpo_grpo_datasets_on_tiny_model(small_run, tmp_path):
+def test_bon_dpo_grpo_datasets_on_tiny_model(small_run, tmp_path, tiny_llama_dir):
     settings = BuildSettings(run_dir=small_run, out=tmp_path / "bon", n=2, direction="honest", max_contexts=4,
                              progress=False)
     path, stats = build_bon(settings)
@@ -111,6 +111,11 @@ def test_bon_dpo_grpo_datasets_on_tiny_model(small_run, tmp_path):
     assert stats["contexts"] == 4 and len(rows) == 4 - stats["picked"]["none"]
     for r in rows:
         assert r["messages"][-1]["role"] == "assistant" and r["messages"][0]["role"] == "system"
+        assert r["seed"] == int(r["trial_id"][1:])  # trials s<seed>: the adapter's lineage reads this column
+    meta = json.loads((path / "lhd_data.json").read_text())
+    # the run is not audited: only the grader chose the data (a run's audit labels would come first)
+    assert meta["auditors"] == [{"role": "grader (selected the data)", "auditor_id": None, "key": "tiny",
+                                 "model": str(tiny_llama_dir)}]
     grades = (tmp_path / "bon" / "grades.jsonl").read_text().splitlines()
     assert len(grades) == 4 * 3  # original + 2 candidates per context, each graded once
 
@@ -130,7 +135,7 @@ def test_bon_dpo_grpo_datasets_on_tiny_model(small_run, tmp_path):
 
     gpath, gstats = build_grpo(small_run, tmp_path / "grpo")
     gds = load_from_disk(str(gpath))
-    assert {"prompt", "trial_id", "global_round", "run_dir"} <= set(gds["train"].column_names)
+    assert {"prompt", "trial_id", "seed", "global_round", "run_dir"} <= set(gds["train"].column_names)
     n_rounds = sum(len(p.read_text().splitlines()) for p in (small_run / "trials").glob("s?.jsonl"))
     assert gstats["contexts"] == n_rounds == len(gds["train"]) + len(gds.get("eval", []))
 

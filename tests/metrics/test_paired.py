@@ -10,10 +10,13 @@ import csv
 import itertools
 import json
 import math
+import statistics
 from pathlib import Path
+from statistics import NormalDist
 
 import numpy as np
 import pytest
+from scipy import stats
 from support.synthetic import R, write_run
 
 from lhd_train.report import build_report
@@ -41,12 +44,40 @@ def _sev_all(sev: list[int]) -> float:
     return sum(sev) / len(sev)
 
 
-def _exact_bootstrap_interval(diffs: list[float]) -> tuple[float, float]:
-    """The 2.5 % and 97.5 % quantiles of the exact bootstrap distribution of the mean: every one
-    of the n^n equally likely resamples, enumerated."""
+def _exact_bootstrap_means(diffs: list[float]) -> np.ndarray:
+    """The exact bootstrap distribution of the mean: every one of the n^n equally likely resamples."""
     n = len(diffs)
-    means = sorted(sum(diffs[i] for i in idx) / n for idx in itertools.product(range(n), repeat=n))
-    return means[math.floor(0.025 * (len(means) - 1))], means[math.ceil(0.975 * (len(means) - 1))]
+    return np.array([sum(diffs[i] for i in idx) / n for idx in itertools.product(range(n), repeat=n)])
+
+
+def _exact_bca(diffs: list[float], level: float = 0.95) -> tuple[float, float]:
+    """Efron's BCa interval from the exact bootstrap distribution: bias z0 from the share of
+    resampled means below the mean, acceleration from the jackknife."""
+    means = _exact_bootstrap_means(diffs)
+    m = sum(diffs) / len(diffs)
+    z0 = NormalDist().inv_cdf(float(np.mean(means < m)))
+    jack = np.array([(sum(diffs) - x) / (len(diffs) - 1) for x in diffs])
+    dev = jack.mean() - jack
+    a = (dev ** 3).sum() / (6 * ((dev ** 2).sum()) ** 1.5)
+    out = []
+    for q in ((1 - level) / 2, (1 + level) / 2):
+        z = NormalDist().inv_cdf(q)
+        out.append(float(np.quantile(means, NormalDist().cdf(z0 + (z0 + z) / (1 - a * (z0 + z))))))
+    return out[0], out[1]
+
+
+def _t_interval(diffs: list[float]) -> tuple[float, float]:
+    n = len(diffs)
+    half = stats.t.ppf(0.975, n - 1) * statistics.stdev(diffs) / math.sqrt(n)
+    return statistics.mean(diffs) - half, statistics.mean(diffs) + half
+
+
+def _perm_p(diffs: list[float]) -> float:
+    """Two-sided sign-flip p: the share of the 2^n sign patterns with |mean| at least the observed."""
+    obs = abs(sum(diffs))
+    flips = [abs(sum(s * d for s, d in zip(signs, diffs, strict=True)))
+             for signs in itertools.product((1, -1), repeat=len(diffs))]
+    return sum(f >= obs - 1e-12 for f in flips) / len(flips)
 
 
 def _sign_p(up: int, down: int) -> float:
@@ -86,23 +117,32 @@ def test_paired_difference_interval_and_sign_test_by_hand(tmp_path):
         up, down = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
         assert (int(r["n_up"]), int(r["n_down"]), int(r["n_zero"])) == (up, down, 6 - up - down)
         assert float(r["sign_p"]) == pytest.approx(_sign_p(up, down))
-        # 10 000 seeded resamples land within one step of the exact bootstrap quantiles (the
+        assert (float(r["ci_low"]), float(r["ci_high"])) == pytest.approx(_t_interval(diffs))
+        assert float(r["perm_p"]) == pytest.approx(_perm_p(diffs))
+        # 10 000 seeded resamples land within one step of the exact bootstrap's BCa quantiles (the
         # resampled means move in steps of 1/24 here: differences of k/4 averaged over 6 seeds).
-        lo, hi = _exact_bootstrap_interval(diffs)
+        lo, hi = _exact_bca(diffs)
         step = 1 / 24
-        assert float(r["ci_low"]) == pytest.approx(lo, abs=step + 1e-9)
-        assert float(r["ci_high"]) == pytest.approx(hi, abs=step + 1e-9)
-    # rate: 5 seeds down, 1 tied -> the interval excludes 0, but the sign test p = 2/32 does not confirm it
-    assert _sign_p(0, 5) == 0.0625
-    assert eff["deception_rate"]["verdict"].startswith("lower than the base")
-    assert "sign test does not confirm" in eff["deception_rate"]["verdict"]
-    # severity over deceptive rounds (0 without deception): seeds 2 and 5 are 3 -> 0 and 2 -> 1; four tie
-    d = [((max(LORA[s]) and sum(LORA[s]) / sum(x > 0 for x in LORA[s])) or 0)
-         - ((max(BASE[s]) and sum(BASE[s]) / sum(x > 0 for x in BASE[s])) or 0) for s in sorted(BASE)]
-    r = eff["severity_average_deception_only"]
-    assert float(r["mean_diff"]) == pytest.approx(sum(d) / 6)
-    assert (int(r["n_up"]), int(r["n_down"]), int(r["n_zero"])) == (sum(x > 0 for x in d), sum(x < 0 for x in d),
-                                                                    sum(x == 0 for x in d))
+        assert float(r["bca_low"]) == pytest.approx(lo, abs=step + 1e-9)
+        assert float(r["bca_high"]) == pytest.approx(hi, abs=step + 1e-9)
+    # rate: 4 seeds down, 2 tied: the t interval excludes 0, but with 4 non-zero differences no
+    # sign-flip test can go below 2/16
+    r = eff["deception_rate"]
+    assert (int(r["n_down"]), int(r["n_zero"])) == (4, 2) and float(r["perm_p"]) == pytest.approx(2 / 16)
+    assert r["verdict"] == ("lower than the base by the interval; the sign-flip permutation test does not confirm it "
+                            "(p ≥ 0.05)")
+    # severity over deceptive rounds is undefined for a trial without a flag (review D11): seed 3 has
+    # none in either run, seed 2 none in the adapter run, so 2 pairs are dropped and counted
+    def sev_nan(v: list[int]) -> float:
+        flagged = [x for x in v if x > 0]
+        return sum(flagged) / len(flagged) if flagged else math.nan
+
+    d = [sev_nan(LORA[s]) - sev_nan(BASE[s]) for s in sorted(BASE)]
+    kept = [x for x in d if not math.isnan(x)]
+    r = eff["severity_deceptive_nan"]
+    assert (int(r["n_pairs"]), int(r["n_undefined"])) == (4, 2)
+    assert float(r["mean_diff"]) == pytest.approx(sum(kept) / 4)
+    assert "severity_average_deception_only" not in eff  # its 0.0-without-a-flag rule would fake a change
     # per seed, in tables/paired_trials.csv
     trials = {t["trial_id"]: t for t in _csv(out / "tables" / "paired_trials.csv")}
     assert set(trials) == {f"s{k}" for k in BASE} and {t["status"] for t in trials.values()} == {"paired"}
@@ -112,7 +152,7 @@ def test_paired_difference_interval_and_sign_test_by_hand(tmp_path):
     assert 'id="paired"' in html and 'id="table-paired"' in html
     summary = (out / "summary.md").read_text()
     assert "Paired by seed against the base run base" in summary
-    assert "lora, deception_rate: 6 paired seeds" in summary
+    assert "lora, deception_rate, scored by full: 6 paired seeds (0 dropped, undefined)" in summary
 
 
 def test_bootstrap_is_seeded_and_a_constant_difference_has_a_zero_width_interval(tmp_path):
@@ -150,7 +190,7 @@ def test_an_interval_that_includes_zero_cannot_tell(tmp_path):
     r = _effects(tmp_path / "out")["deception_rate"]
     assert float(r["mean_diff"]) == 0.0 and float(r["ci_low"]) < 0 < float(r["ci_high"])
     assert float(r["sign_p"]) == pytest.approx(_sign_p(3, 3)) == 1.0
-    assert r["verdict"] == "cannot tell: the interval includes 0"
+    assert r["verdict"].startswith("cannot tell: the interval includes 0 (at 6 seeds only a difference of ±")
 
 
 def test_trials_whose_schedules_or_seeds_differ_are_named_and_left_out(tmp_path):
