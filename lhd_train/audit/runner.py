@@ -134,12 +134,13 @@ def _check_same_auditor(store: AuditorStore, new: AuditorRecord) -> tuple[Audito
 
 
 def load_trials(run_dir: Path | Run, include_unfinished: bool = False) -> tuple[list[Trial], list[TrialAudit], str]:
-    """The run's trials with rows, and a record for each one skipped."""
+    """The run's trials with rows, and a record for each one skipped. A trial marked finished
+    whose rows are gone or disagree with its marker is a `DataFileError` (`TrialStore.read`), as
+    in `lhd run`: the audit never goes on without it."""
     run = run_dir if isinstance(run_dir, Run) else Run.open(run_dir)
-    rd = run.dir
     tasks, task_source = run_task_texts(run)
     trials, skipped = [], []
-    for tid in rd.trial_ids():
+    for tid in run.trial_ids():
         trial = load_trial(run, tid, tasks)
         if not trial.rows:
             skipped.append(TrialAudit(trial.trial_id, skipped="no rounds"))
@@ -148,10 +149,6 @@ def load_trials(run_dir: Path | Run, include_unfinished: bool = False) -> tuple[
                                       skipped="unfinished (no .done marker): finish the run first"))
         else:
             trials.append(trial)
-    for tid in rd.done_trial_ids():  # a marker whose rows are gone: say so
-        files = rd.trial(tid)
-        if not files.rows.exists():
-            skipped.append(TrialAudit(tid, skipped=f"no trajectory file, but {files.done.name} marks it finished"))
     return trials, skipped, task_source
 
 

@@ -38,17 +38,19 @@ def _readers(run_dir, out):
             ("data", "grpo", str(run_dir), "--out", str(out / "d"))]
 
 
-def test_every_reader_refuses_a_finished_trial_whose_rows_were_deleted(two_trials, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("lost", ["s7", "s8"])  # the run's first trial and its last
+def test_every_reader_refuses_a_finished_trial_whose_rows_were_deleted(lost, two_trials, tmp_path, monkeypatch,
+                                                                       capsys):
     run_dir = two_trials
-    (run_dir / "trials" / "s7.jsonl").unlink()
+    (run_dir / "trials" / f"{lost}.jsonl").unlink()
     before = _tree(run_dir)
     for args in _readers(run_dir, tmp_path / "out"):
-        line = one_error(*cli(monkeypatch, capsys, *args), "s7.done", "marks trial s7 finished", "is missing",
-                         "restore s7.jsonl")
-        assert "delete s7.done" in line, (args[0], line)
+        line = one_error(*cli(monkeypatch, capsys, *args), f"{lost}.done", f"marks trial {lost} finished",
+                         "is missing", f"restore {lost}.jsonl")
+        assert f"delete {lost}.done" in line, (args[0], line)
     assert _tree(run_dir) == before
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*.csv"))
-    assert "s7" in Run.open(run_dir).trial_ids()  # the marker keeps the trial in the run's list
+    assert lost in Run.open(run_dir).trial_ids()  # the marker keeps the trial in the run's list
 
 
 @pytest.mark.parametrize("garbage", [b"garbage\n", b"", b"\xff\xfe\x00junk", b"{}", b"[1, 2]"])
