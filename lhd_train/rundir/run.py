@@ -185,7 +185,9 @@ class Run:
         else is an `InputError` naming the path (`source`/`field`: the flag or file that gave it)."""
         run = cls(path)
         if not run.dir.is_run():
-            what = "does not exist" if not run.path.exists() else "has no trials/ folder"
+            what = ("does not exist" if not run.path.exists() else
+                    f"a report written by `lhd report`: it holds {run.dir.report_marker.name}"
+                    if run.dir.is_report() else "has no trials/ folder")
             raise InputError(source or run.path, field, f"not a run directory ({what})",
                              "a folder written by `lhd run`, `lhd merge` or `lhd import-reference`")
         return run
