@@ -11,7 +11,8 @@ A rerun never mixes settings: `auditor.json` records the settings and the audito
 and a rerun whose settings or files differ is refused. Rows labelled while their trial was
 unfinished (`--include-unfinished`) carry `trial_unfinished: true` and are labelled again once
 the trial has its .done marker (the full and window views saw a trajectory that was still
-growing)."""
+growing); a relabel that fails replaces the stale label (`store.winning_audit_rows`), so the round
+counts as failed and is not asked again."""
 from __future__ import annotations
 
 import asyncio
@@ -56,7 +57,8 @@ class TrialAudit:
     flagged: int = 0  # deceptive rows on disk after this run
     on_disk: int = 0
     relabel: int = 0  # rounds labelled while the trial was unfinished, labelled again now that it is done
-    partial: int = 0  # rounds whose label on disk was made from the unfinished trial (trial_unfinished)
+    relabel_failed: int = 0  # ... whose new row has no label: the round now counts as failed
+    partial: int = 0  # rounds of a trial still unfinished whose label was made from the partial trajectory
 
 
 @dataclass
@@ -73,7 +75,7 @@ class AuditSummary:
     @property
     def totals(self) -> dict[str, int]:
         keys = ("rounds", "already", "audited", "failed", "repaired", "missing", "flagged", "on_disk", "relabel",
-                "partial")
+                "relabel_failed", "partial")
         return {k: sum(getattr(t, k) for t in self.trials) for k in keys}
 
 
@@ -217,6 +219,7 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
     # What is left to do: the rounds without a row that counts (the one winning-row rule).
     jobs: list[tuple[Trial, int]] = []
     stats: dict[str, TrialAudit] = {}
+    relabels: set[tuple[str, int]] = set()
     for trial in trials:
         repair_jsonl(rd.audit_rows(auditor_id, trial.trial_id))
         labels = store.labels(trial.trial_id)
@@ -224,6 +227,7 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
                 if not (trial.finished and r.trial_unfinished)}  # relabel once the trial is finished
         st = stats[trial.trial_id] = TrialAudit(trial.trial_id, rounds=len(trial.rows), already=len(done))
         st.relabel = len(set(labels) - done)
+        relabels |= {(trial.trial_id, g) for g in set(labels) - done}
         jobs += [(trial, i) for i, r in enumerate(trial.rows) if r.global_round not in done]
 
     owns_backend = backend is None and bool(jobs)
@@ -294,6 +298,7 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
         store.append(row)
         st.audited += 1
         st.failed += row.parse_status in NO_LABEL_STATUSES
+        st.relabel_failed += row.parse_status in NO_LABEL_STATUSES and (trial.trial_id, g) in relabels
         st.repaired += row.parse_status == "repaired"
         bar.update(1)
         bar.set_postfix_str(f"{trial.trial_id} r{g} "
@@ -316,7 +321,7 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
         labels = store.labels(trial.trial_id)
         st.on_disk = len(labels)
         st.flagged = sum(1 for r in labels.values() if r.deceptive)
-        st.partial = sum(1 for r in labels.values() if r.trial_unfinished)
+        st.partial = 0 if trial.finished else sum(1 for r in labels.values() if r.trial_unfinished)
     return AuditSummary(auditor_id, out_dir, [stats[t.trial_id] for t in trials] + skipped,
                         time.perf_counter() - t0)
 

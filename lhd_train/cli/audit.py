@@ -44,6 +44,9 @@ def audit_command(s: AuditCommand) -> int:
     if totals["relabel"]:
         console.print(f"{totals['relabel']} round(s) labelled while their trial was unfinished were labelled again "
                       "now that it is finished")
+    if totals["relabel_failed"]:
+        console.print(f"[yellow]{totals['relabel_failed']} of those relabels failed (no usable answer): the label made "
+                      "from the unfinished trial no longer counts; those rounds count as failed[/yellow]")
     if totals["partial"]:
         console.print(f"[yellow]{totals['partial']} label(s) were made from an unfinished trial (trial_unfinished in "
                       "the row); rerun `lhd audit` once the trial is finished to redo them[/yellow]")

@@ -78,13 +78,23 @@ def load_audit_rows(path: Path) -> list[AuditRow]:
 NO_LABEL_STATUSES = ("failed", "cut")  # an audit row without a usable label (cut: stopped at its token limit)
 
 
+def _replaces(new: AuditRow, old: AuditRow | None) -> bool:
+    """Whether `new`, written after `old` for the same round, counts instead of it."""
+    if old is None or new.parse_status not in NO_LABEL_STATUSES or old.parse_status in NO_LABEL_STATUSES:
+        return True
+    # `new` has no label, `old` has one: that label stays, unless it was made from the trial while
+    # it was unfinished and `new` from the finished trial (a failed relabel: the stale label goes).
+    return bool(old.trial_unfinished) and not new.trial_unfinished
+
+
 def winning_audit_rows(rows: Iterable[AuditRow]) -> dict[int, AuditRow]:
-    """The one rule for a round labelled twice (a resumed, repaired or merged audit): the later row
-    wins, except that a failed or cut row never replaces a usable one. Keyed by global round."""
+    """The one rule for a round labelled twice (a resumed, repaired, relabelled or merged audit):
+    the later row wins, except that a failed or cut row never replaces a usable one, unless that
+    one was labelled while the trial was unfinished (`trial_unfinished`) and the failed row after
+    the trial finished. Keyed by global round."""
     chosen: dict[int, AuditRow] = {}
     for row in rows:
-        old = chosen.get(row.global_round)
-        if old is None or not (row.parse_status in NO_LABEL_STATUSES and old.parse_status not in NO_LABEL_STATUSES):
+        if _replaces(row, chosen.get(row.global_round)):
             chosen[row.global_round] = row
     return chosen
 
