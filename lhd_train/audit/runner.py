@@ -29,7 +29,7 @@ from lhd_train.audit.trajectory import AuditorPrompts, Trial, build_messages, lo
 from lhd_train.bench.structured_calls import BackendUnavailable, StructuredOutcome, ask_structured, call_seed
 from lhd_train.config.auditor import AuditOptions, AuditorConfig
 from lhd_train.errors import DataFileError, InputError
-from lhd_train.io.files import repair_jsonl
+from lhd_train.io.files import StorageError, repair_jsonl
 from lhd_train.io.provenance import package_versions, python_version, utc_now
 from lhd_train.rundir.lock import run_dir_lock
 from lhd_train.rundir.manifest import AuditorRecord
@@ -265,12 +265,17 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
     def ids(messages: list[dict[str, str]]) -> list[str]:
         return [message_id(m["role"], m["content"]) for m in messages]
 
+    refused: list[StorageError] = []  # the disk refused a row: no round asks the model after that
+
     async def one(trial: Trial, i: int) -> None:
         st = stats[trial.trial_id]
         g = trial.rows[i].global_round
         assert backend is not None  # built above whenever there are jobs
         outcome: StructuredOutcome | _Overflow
         async with gate:  # built inside the gate so only `concurrency` prompts are in memory at once
+            if refused:
+                bar.update(1)
+                return
             messages, context = build_messages(trial, i, opts.mode, opts.window, opts.render, prompts, cache)
             try:
                 n = await asyncio.to_thread(backend.count_tokens, messages) if limit else 0
@@ -295,7 +300,12 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
             row.error = outcome.error
         if not trial.finished:
             row.trial_unfinished = True  # labelled from a partial trajectory: redone after the trial ends
-        store.append(row)
+        try:
+            store.append(row)
+        except StorageError as e:  # a full disk: every later row would be refused too
+            refused.append(e)
+            bar.update(1)
+            return
         st.audited += 1
         st.failed += row.parse_status in NO_LABEL_STATUSES
         st.relabel_failed += row.parse_status in NO_LABEL_STATUSES and (trial.trial_id, g) in relabels
@@ -310,6 +320,8 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
         bar.close()
         if owns_backend and backend is not None:
             await backend.aclose()
+    if refused:  # one line naming the file and what was kept, not "model unreachable" (a rerun resumes)
+        raise refused[0]
     for (trial, i), res in zip(jobs, results, strict=True):
         if isinstance(res, BaseException):  # a bug, not a model problem: keep the others, report it
             st = stats[trial.trial_id]
