@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from lhd_train.config.auditor import AuditCommand
-from lhd_train.console import console, table_console
+from lhd_train.console import console, shown_markup, table_console
 from lhd_train.options import settings_command
 from lhd_train.rundir.run import Run
 
@@ -71,7 +71,7 @@ def print_audit_summary(summary) -> None:  # AuditSummary
     table_console().print(table)
     for t in summary.trials:
         for err in t.errors[:5]:
-            console.print(f"[red]{t.trial_id}: {err}[/red]")
+            console.print(f"[red]{t.trial_id}: {shown_markup(err)}[/red]")  # a server's words: text only
     console.print(f"audit rows: {summary.out_dir}")
 
 
