@@ -64,8 +64,10 @@ def check_report_dir(out: Path, flag: str = "--out") -> None:
     folder of other files that the swap would remove."""
     out = Path(out)
     if out.is_dir() and not RunDir(out).is_report() and any(out.iterdir()):
-        raise InputError("command line", flag, f"{out} holds files and is not a report's folder (no {REPORT_MARKER}); "
-                         "a report replaces its folder whole",
+        older = " (a report of an lhd from before that file? delete the folder and rerun)" \
+            if (out / "report.html").is_file() else ""
+        raise InputError("command line", flag, f"{out} holds files and is not a report's folder (no {REPORT_MARKER}"
+                         f"{older}); a report replaces its folder whole",
                          f"a new or empty folder, or one written by `lhd report` (it holds {REPORT_MARKER})")
 
 
