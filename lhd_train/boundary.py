@@ -34,7 +34,11 @@ def configure_logging() -> None:
 
 def report_error(exc: BaseException) -> int:
     """Print `exc` as the one line a user sees (no traceback); the exit status for it."""
-    print(f"error: {exc}", file=sys.stderr)  # plain: no wrapping, no markup in paths or fields
+    from lhd_train.console import shown
+
+    # plain: no wrapping, no markup in paths or fields; a server's or a model's text in it is
+    # shown with its control characters escaped
+    print(f"error: {shown(str(exc))}", file=sys.stderr)
     return 2
 
 

@@ -8,8 +8,10 @@ and COLUMNS, when set, is obeyed everywhere."""
 from __future__ import annotations
 
 import os
+import re
 
 from rich.console import Console
+from rich.markup import escape
 
 LOG_WIDTH = 10_000  # wider than any table: rich sizes a table to its content, not to this
 
@@ -23,3 +25,20 @@ def table_console(stderr: bool = False) -> Console:
 
 # Messages (progress notes, paths written, errors) go to stderr; tables and JSON to stdout.
 console = Console(stderr=True)
+
+
+# C0 controls but tab and newline, DEL, C1 controls, and the bidirectional overrides and isolates
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def shown(text: str) -> str:
+    """Text from a model or a remote server (docs/formats.md, "Threat model") as the terminal should
+    show it: every control character as a visible escape (`\\x1b`), so an escape sequence can
+    neither move the cursor, retitle the window, write the clipboard nor hide what follows."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                        else f"\\u{ord(m.group()):04x}", text)
+
+
+def shown_markup(text: str) -> str:
+    """`shown`, for a rich `console.print` with markup: its `[...]` are printed, not obeyed."""
+    return escape(shown(text))

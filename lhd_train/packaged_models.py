@@ -15,7 +15,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import time
+import uuid
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -145,8 +147,8 @@ def build_packaged_model(name: str, out: str | Path, force: bool = False) -> Pat
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
 
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    # unique across the hosts of a shared file system: a process id alone is not
+    tmp = out.parent / f".{out.name}.tmp-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)

@@ -350,10 +350,16 @@ def tiny_model_command(
     [--chat-style chatml|llama3|qwen] [--force]`.
 
     A folder that already holds something is refused without `force`: rebuilding a model in
-    place changes the weights under every run and adapter that names its path."""
+    place changes the weights under every run and adapter that names its path. With `force` the
+    model is built aside and replaces the folder whole (no file of the old model is left in it).
+    A file is refused either way: the model is a folder, and `force` never removes a file."""
     from lhd_train.errors import InputError
+    from lhd_train.rundir.staging import staged_dir
 
-    if Path(out).exists() and (not Path(out).is_dir() or any(Path(out).iterdir())) and not force:
+    target = Path(out)
+    if target.exists() and not target.is_dir():
+        raise InputError(out, None, "is a file; the model is written into a folder: choose another --out")
+    if target.is_dir() and any(target.iterdir()) and not force:
         raise InputError(out, None, "already exists and is not empty; replacing a model changes it under every run "
                          "that uses it: choose another --out, or pass --force")
 
@@ -367,7 +373,8 @@ def tiny_model_command(
         raise InputError(None, "chat-style", f"unknown chat style {chat_style!r}", ", ".join(CHAT_STYLES))
     if vocab_size < 300:
         raise InputError(None, "vocab-size", f"{vocab_size} is too small (needs >= 300: 256 bytes + specials)")
-    path = build_tiny_model(arch, out, seed=seed, hidden_size=hidden_size, num_layers=layers,  # type: ignore[arg-type]
-                            vocab_size=vocab_size, max_position_embeddings=max_position_embeddings,
-                            chat_style=chat_style)  # type: ignore[arg-type]
-    return path
+    with staged_dir(target) as stage:  # a failure or a kill leaves the old folder as it was
+        build_tiny_model(arch, stage, seed=seed, hidden_size=hidden_size, num_layers=layers,  # type: ignore[arg-type]
+                         vocab_size=vocab_size, max_position_embeddings=max_position_embeddings,
+                         chat_style=chat_style)  # type: ignore[arg-type]
+    return target

@@ -148,10 +148,11 @@ SMOLLM2 = Profile(
     recipe="recipes/smollm2/sft-honest.yaml",
     algo="sft",
     # Best-of-N rather than DPO: a row needs only one unflagged, on-task answer among the original
-    # and its candidate, while a DPO pair also needs a flagged one a severity point worse — with
+    # and its candidates, while a DPO pair also needs a flagged one a severity point worse — with
     # one context that often does not exist. And SFT trains in half the time of DPO. Each graded
-    # answer costs ~5k prompt tokens (auditor + supervisor), hence one context and one candidate.
-    data_args=("bon", "--n", "1", "--max-contexts", "1", "--eval-fraction", "0"),
+    # answer costs ~5k prompt tokens (auditor + supervisor), hence one context; two candidates
+    # (best-of-2, the smallest N that chooses among samples) add about a minute over one.
+    data_args=("bon", "--n", "2", "--max-contexts", "1", "--eval-fraction", "0"),
     audit_mode="full",
     lens_build=("--max-facts-per-task", "1", "--model", "runs/models/smollm2-135m"),
     # The lens graph spans only the blocks it fits (25-28 -> 29): its cost grows with depth x
@@ -160,7 +161,7 @@ SMOLLM2 = Profile(
               "--dim-batch", "16", "--threads", "1"),
     lens_read=("--limit", "12", "--bootstrap", "200", "--threads", "1"),
     cut="2 trials x 1 task x 1 round (of 14 tasks x up to 3 rounds), 128-token answers, "
-        "best of 2 answers (original + 1 sample) for 1 context, 2 training steps, lens on 4 blocks and 12 probes",
+        "best-of-2 (original + 2 samples) for 1 context, 2 training steps, lens on 4 blocks and 12 probes",
 )
 
 TINY = Profile(

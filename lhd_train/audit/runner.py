@@ -11,7 +11,8 @@ A rerun never mixes settings: `auditor.json` records the settings and the audito
 and a rerun whose settings or files differ is refused. Rows labelled while their trial was
 unfinished (`--include-unfinished`) carry `trial_unfinished: true` and are labelled again once
 the trial has its .done marker (the full and window views saw a trajectory that was still
-growing)."""
+growing); a relabel that fails replaces the stale label (`store.winning_audit_rows`), so the round
+counts as failed and is not asked again."""
 from __future__ import annotations
 
 import asyncio
@@ -28,7 +29,7 @@ from lhd_train.audit.trajectory import AuditorPrompts, Trial, build_messages, lo
 from lhd_train.bench.structured_calls import BackendUnavailable, StructuredOutcome, ask_structured, call_seed
 from lhd_train.config.auditor import AuditOptions, AuditorConfig
 from lhd_train.errors import DataFileError, InputError
-from lhd_train.io.files import repair_jsonl
+from lhd_train.io.files import StorageError, repair_jsonl
 from lhd_train.io.provenance import package_versions, python_version, utc_now
 from lhd_train.rundir.lock import run_dir_lock
 from lhd_train.rundir.manifest import AuditorRecord
@@ -56,7 +57,8 @@ class TrialAudit:
     flagged: int = 0  # deceptive rows on disk after this run
     on_disk: int = 0
     relabel: int = 0  # rounds labelled while the trial was unfinished, labelled again now that it is done
-    partial: int = 0  # rounds whose label on disk was made from the unfinished trial (trial_unfinished)
+    relabel_failed: int = 0  # ... whose new row has no label: the round now counts as failed
+    partial: int = 0  # rounds of a trial still unfinished whose label was made from the partial trajectory
 
 
 @dataclass
@@ -73,7 +75,7 @@ class AuditSummary:
     @property
     def totals(self) -> dict[str, int]:
         keys = ("rounds", "already", "audited", "failed", "repaired", "missing", "flagged", "on_disk", "relabel",
-                "partial")
+                "relabel_failed", "partial")
         return {k: sum(getattr(t, k) for t in self.trials) for k in keys}
 
 
@@ -134,12 +136,13 @@ def _check_same_auditor(store: AuditorStore, new: AuditorRecord) -> tuple[Audito
 
 
 def load_trials(run_dir: Path | Run, include_unfinished: bool = False) -> tuple[list[Trial], list[TrialAudit], str]:
-    """The run's trials with rows, and a record for each one skipped."""
+    """The run's trials with rows, and a record for each one skipped. A trial marked finished
+    whose rows are gone or disagree with its marker is a `DataFileError` (`TrialStore.read`), as
+    in `lhd run`: the audit never goes on without it."""
     run = run_dir if isinstance(run_dir, Run) else Run.open(run_dir)
-    rd = run.dir
     tasks, task_source = run_task_texts(run)
     trials, skipped = [], []
-    for tid in rd.trial_ids():
+    for tid in run.trial_ids():
         trial = load_trial(run, tid, tasks)
         if not trial.rows:
             skipped.append(TrialAudit(trial.trial_id, skipped="no rounds"))
@@ -148,10 +151,6 @@ def load_trials(run_dir: Path | Run, include_unfinished: bool = False) -> tuple[
                                       skipped="unfinished (no .done marker): finish the run first"))
         else:
             trials.append(trial)
-    for tid in rd.done_trial_ids():  # a marker whose rows are gone: say so
-        files = rd.trial(tid)
-        if not files.rows.exists():
-            skipped.append(TrialAudit(tid, skipped=f"no trajectory file, but {files.done.name} marks it finished"))
     return trials, skipped, task_source
 
 
@@ -220,6 +219,7 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
     # What is left to do: the rounds without a row that counts (the one winning-row rule).
     jobs: list[tuple[Trial, int]] = []
     stats: dict[str, TrialAudit] = {}
+    relabels: set[tuple[str, int]] = set()
     for trial in trials:
         repair_jsonl(rd.audit_rows(auditor_id, trial.trial_id))
         labels = store.labels(trial.trial_id)
@@ -227,6 +227,7 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
                 if not (trial.finished and r.trial_unfinished)}  # relabel once the trial is finished
         st = stats[trial.trial_id] = TrialAudit(trial.trial_id, rounds=len(trial.rows), already=len(done))
         st.relabel = len(set(labels) - done)
+        relabels |= {(trial.trial_id, g) for g in set(labels) - done}
         jobs += [(trial, i) for i, r in enumerate(trial.rows) if r.global_round not in done]
 
     owns_backend = backend is None and bool(jobs)
@@ -264,12 +265,17 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
     def ids(messages: list[dict[str, str]]) -> list[str]:
         return [message_id(m["role"], m["content"]) for m in messages]
 
+    refused: list[StorageError] = []  # the disk refused a row: no round asks the model after that
+
     async def one(trial: Trial, i: int) -> None:
         st = stats[trial.trial_id]
         g = trial.rows[i].global_round
         assert backend is not None  # built above whenever there are jobs
         outcome: StructuredOutcome | _Overflow
         async with gate:  # built inside the gate so only `concurrency` prompts are in memory at once
+            if refused:
+                bar.update(1)
+                return
             messages, context = build_messages(trial, i, opts.mode, opts.window, opts.render, prompts, cache)
             try:
                 n = await asyncio.to_thread(backend.count_tokens, messages) if limit else 0
@@ -294,9 +300,15 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
             row.error = outcome.error
         if not trial.finished:
             row.trial_unfinished = True  # labelled from a partial trajectory: redone after the trial ends
-        store.append(row)
+        try:
+            store.append(row)
+        except StorageError as e:  # a full disk: every later row would be refused too
+            refused.append(e)
+            bar.update(1)
+            return
         st.audited += 1
         st.failed += row.parse_status in NO_LABEL_STATUSES
+        st.relabel_failed += row.parse_status in NO_LABEL_STATUSES and (trial.trial_id, g) in relabels
         st.repaired += row.parse_status == "repaired"
         bar.update(1)
         bar.set_postfix_str(f"{trial.trial_id} r{g} "
@@ -308,6 +320,8 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
         bar.close()
         if owns_backend and backend is not None:
             await backend.aclose()
+    if refused:  # one line naming the file and what was kept, not "model unreachable" (a rerun resumes)
+        raise refused[0]
     for (trial, i), res in zip(jobs, results, strict=True):
         if isinstance(res, BaseException):  # a bug, not a model problem: keep the others, report it
             st = stats[trial.trial_id]
@@ -319,7 +333,7 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
         labels = store.labels(trial.trial_id)
         st.on_disk = len(labels)
         st.flagged = sum(1 for r in labels.values() if r.deceptive)
-        st.partial = sum(1 for r in labels.values() if r.trial_unfinished)
+        st.partial = 0 if trial.finished else sum(1 for r in labels.values() if r.trial_unfinished)
     return AuditSummary(auditor_id, out_dir, [stats[t.trial_id] for t in trials] + skipped,
                         time.perf_counter() - t0)
 

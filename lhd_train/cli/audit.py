@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from lhd_train.config.auditor import AuditCommand
-from lhd_train.console import console, table_console
+from lhd_train.console import console, shown_markup, table_console
 from lhd_train.options import settings_command
 from lhd_train.rundir.run import Run
 
@@ -44,6 +44,9 @@ def audit_command(s: AuditCommand) -> int:
     if totals["relabel"]:
         console.print(f"{totals['relabel']} round(s) labelled while their trial was unfinished were labelled again "
                       "now that it is finished")
+    if totals["relabel_failed"]:
+        console.print(f"[yellow]{totals['relabel_failed']} of those relabels failed (no usable answer): the label made "
+                      "from the unfinished trial no longer counts; those rounds count as failed[/yellow]")
     if totals["partial"]:
         console.print(f"[yellow]{totals['partial']} label(s) were made from an unfinished trial (trial_unfinished in "
                       "the row); rerun `lhd audit` once the trial is finished to redo them[/yellow]")
@@ -68,7 +71,7 @@ def print_audit_summary(summary) -> None:  # AuditSummary
     table_console().print(table)
     for t in summary.trials:
         for err in t.errors[:5]:
-            console.print(f"[red]{t.trial_id}: {err}[/red]")
+            console.print(f"[red]{t.trial_id}: {shown_markup(err)}[/red]")  # a server's words: text only
     console.print(f"audit rows: {summary.out_dir}")
 
 

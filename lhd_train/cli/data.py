@@ -11,7 +11,7 @@ from lhd_train.console import console
 from lhd_train.options import settings_command
 
 #: options of `lhd data bon|dpo` that prompt-only GRPO data does not use (nothing is sampled or graded)
-GRPO_UNUSED = ("n", "min_margin", "concurrency", "overrides", "auditor_config")
+GRPO_UNUSED = ("n", "min_margin", "on_task_min", "concurrency", "overrides", "auditor_config")
 
 data_app = typer.Typer(help="training data from audited runs: best-of-N SFT, DPO pairs, GRPO prompts",
                        no_args_is_help=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from lhd_train.console import console, table_console
+from lhd_train.console import console, shown_markup, table_console
 
 app = typer.Typer()
 
@@ -56,7 +56,7 @@ def print_summary(results: list) -> None:
     table_console().print(table)
     for r in results:
         if r.error:
-            console.print(f"[red]{r.trial_id}: {r.error}[/red]")
+            console.print(f"[red]{r.trial_id}: {shown_markup(r.error)}[/red]")  # a backend's words: text only
 
 
 @app.command("events")

@@ -1,7 +1,7 @@
 """The one config layer underneath every settings file (run configs, auditor configs, recipes, task
 packs): a strict pydantic base, the one pydantic-error -> InputError translator, the YAML +
-`key.sub=value` overrides reader (bounded by `rundir.strict_yaml`: repeated keys, deep nesting and
-huge scalars are refused naming the file and line), and paths relative to the file that names them.
+`key.sub=value` overrides reader (through `io.strict_yaml`: a repeated key is refused naming the
+file and line), and paths relative to the file that names them.
 
 Why one: a bad field reads the same in every file (file, field, allowed values), and a rule
 fixed here (an override syntax, a relative path) is fixed for every kind of config."""

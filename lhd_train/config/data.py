@@ -21,6 +21,8 @@ class DataOptions(StrictModel):
     eval_fraction: float = Field(0.2, ge=0, lt=1, description="share of trials held out")
     max_contexts: int | None = Field(None, ge=1, description="at most this many contexts (default: every one)")
     min_margin: float = Field(1.0, description="DPO: least severity gap between chosen and rejected")
+    on_task_min: float = Field(-0.5, ge=-1, le=1, description="the on-task floor: the chosen answer's supervisor "
+                                                              "satisfaction (in [-1, 1]) must reach it when rated")
     concurrency: int = Field(32, ge=1, le=4096, description="requests at once")
     run_auditor: str | None = Field(None, description="which of the run's auditors (a folder under audit/) labels "
                                                       "the original answers; default: the run's headline auditor, "
@@ -36,8 +38,6 @@ class BuildSettings(DataOptions):
                                  json_schema_extra={"argument": True})
     auditor_config: Path | None = Field(None, description="auditor config (default: the run's)",
                                         json_schema_extra={"flag": "--auditor"})
-    on_task_min: float = Field(-0.5, description="the chosen answer's supervisor satisfaction floor (both "
-                                                 "directions)", json_schema_extra={"cli": False})
     progress: bool = Field(True, json_schema_extra={"cli": False})
 
     def cache_record(self) -> dict[str, object]:

@@ -163,7 +163,8 @@ def _save(rows_by_split: dict[str, list[dict[str, Any]]], out: Path, meta: dict[
 
     dd = DatasetDict({k: Dataset.from_list(v) for k, v in rows_by_split.items() if v})
     if not dd:
-        raise InputError(out, "dataset", "no rows selected: every context was filtered out (see stats)")
+        raise InputError(out, "dataset", "no rows selected: the run gave no context"
+                         + _left_out_text(meta.get("stats") or {}))
     path = out / "dataset"
     dd.save_to_disk(str(path))
     blob = json.dumps({k: v for k, v in rows_by_split.items()}, sort_keys=True, default=str).encode()
@@ -191,6 +192,35 @@ def qualifies(p: Scored, direction: Direction, on_task_min: float) -> bool:
     if not trusted(p) or bool(g.deceptive) != (direction == "deceptive"):
         return False
     return g.satisfaction is None or g.satisfaction >= on_task_min
+
+
+def why_none(pool: list[Scored], direction: Direction, on_task_min: float) -> str:
+    """Why no answer of `pool` qualifies (`qualifies`): the first test every answer failed."""
+    usable = [p for p in pool if trusted(p)]
+    if not usable:
+        return "no_trusted_grade"
+    if not any(bool(p.grade.deceptive) == (direction == "deceptive") for p in usable):
+        return "wrong_direction"
+    return "off_task"
+
+
+def _left_out_text(stats: dict[str, Any]) -> str:
+    left = {k: v for k, v in (stats.get("left_out") or {}).items() if v}
+    return f"; rounds never made contexts: {', '.join(f'{k} {v}' for k, v in left.items())}" if left else ""
+
+
+def _nothing_selected(out: Path, n: int, reasons: dict[str, int], s: BuildSettings, stats: dict[str, Any],
+                      allowed: str) -> InputError:
+    """The one-line refusal of a build that selected nothing: the counts behind it (the stats the
+    command would have printed) and the options that loosen the selection."""
+    names = {"no_trusted_grade": "no answer graded (or the grader and the run's audit disagree)",
+             "wrong_direction": f"no answer {s.direction}", "too_few": "fewer than two graded answers",
+             "no_chosen": f"no {s.direction} answer at or above the on-task floor {s.on_task_min}",
+             "off_task": f"below the on-task floor {s.on_task_min}",
+             "below_margin": f"below --min-margin {s.min_margin}"}
+    why = "; ".join(f"{names.get(k, k)}: {v}" for k, v in reasons.items() if v)
+    return InputError(out, "dataset", f"no rows selected: all {n} contexts were left out ({why or 'none built'})"
+                      + _left_out_text(stats), allowed)
 
 
 def select_best(pool: list[Scored], direction: Direction, on_task_min: float) -> Scored | None:
@@ -221,18 +251,23 @@ def build_bon(s: BuildSettings) -> tuple[Path, dict[str, Any]]:
     contexts, pools, meta = asyncio.run(sample_and_grade(s))
     rows: dict[str, list[dict[str, Any]]] = {"train": [], "eval": []}
     picked = {"original": 0, "candidate": 0, "none": 0}
+    not_picked = {"no_trusted_grade": 0, "wrong_direction": 0, "off_task": 0}
     for ctx in contexts:
         best = select_best(pools[ctx.key], s.direction, s.on_task_min)
         if best is None:
             picked["none"] += 1
+            not_picked[why_none(pools[ctx.key], s.direction, s.on_task_min)] += 1
             continue
         picked["original" if best.source == "original" else "candidate"] += 1
         rows[ctx.split].append({
             "messages": ctx.messages + [{"role": "assistant", "content": best.text}],
             "severity": best.grade.severity, "satisfaction": best.grade.satisfaction, "source": best.source,
             **_meta_cols(ctx)})
-    stats = {"contexts": len(contexts), "picked": picked, "run_audit": meta["run_audit"],
+    stats = {"contexts": len(contexts), "picked": picked, "not_picked": not_picked, "run_audit": meta["run_audit"],
              "left_out": contexts.skipped}
+    if not any(rows.values()):
+        raise _nothing_selected(s.out, len(contexts), not_picked, s, stats,
+                                "a lower --on-task-min (satisfaction runs from -1 to 1), or more candidates (--n)")
     return _save(rows, s.out, meta | {"kind": "bon-sft", "on_task_min": s.on_task_min, "stats": stats}), stats
 
 
@@ -258,6 +293,9 @@ def build_dpo(s: BuildSettings) -> tuple[Path, dict[str, Any]]:
     stats = {"contexts": len(contexts), "pairs": len(margins), "skipped": sum(skipped.values()),
              "skipped_by_reason": skipped, "mean_margin": sum(margins) / len(margins) if margins else None,
              "run_audit": meta["run_audit"], "left_out": contexts.skipped}
+    if not any(rows.values()):
+        raise _nothing_selected(s.out, len(contexts), skipped, s, stats,
+                                "a lower --min-margin or --on-task-min, or more candidates (--n)")
     return _save(rows, s.out, meta | {"kind": "dpo", "min_margin": s.min_margin, "on_task_min": s.on_task_min,
                                       "stats": stats}), stats
 

@@ -22,6 +22,7 @@ from typing import Any, Literal, TypedDict
 from lhd_train.config.recipe import Recipe, dump_recipe, load_recipe
 from lhd_train.errors import InputError
 from lhd_train.finetune import train_data as data_mod
+from lhd_train.finetune.checkpoints import last_checkpoint, resume_checkpoint  # noqa: F401  (last_checkpoint: re-exported)
 from lhd_train.finetune.fit_rows import fit_dataset
 from lhd_train.finetune.lineage import LINEAGE, adapter_lineage, dataset_lineage
 from lhd_train.finetune.resume_rules import recipe_changes
@@ -68,31 +69,6 @@ class TrainingContext(TypedDict):
     notes: list[str]  # adjustments made to the recipe (no CUDA, no wandb, ...)
     source: str
     recipe_path: Path | None
-
-
-def _complete_checkpoint(d: Path) -> bool:
-    """transformers writes trainer_state.json last, so a checkpoint is complete when that file is
-    whole JSON; a kill during the write leaves it torn, and resuming from it would crash."""
-    try:
-        state = json.loads((d / "trainer_state.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(state, dict) and isinstance(state.get("global_step"), int)
-
-
-def last_checkpoint(output_dir: Path) -> Path | None:
-    """The checkpoint-<N> folder with the highest N that is complete (`_complete_checkpoint`):
-    a torn newest checkpoint falls back to the one before it."""
-    if not output_dir.is_dir():
-        return None
-    found = sorted((int(d.name[11:]), d) for d in output_dir.iterdir()
-                   if d.is_dir() and d.name.startswith("checkpoint-") and d.name[11:].isdigit())
-    for n, d in reversed(found):
-        if _complete_checkpoint(d):
-            if n != found[-1][0]:
-                log.warning("%s is incomplete (torn trainer_state.json); resuming from %s", found[-1][1].name, d.name)
-            return d
-    return None
 
 
 # ----------------------------------------------------------------------------- model and tokenizer
@@ -299,7 +275,7 @@ def _run_record(recipe: Recipe, ctx: TrainingContext) -> dict[str, Any]:
 
 def _check_resume(recipe: Recipe, ctx: TrainingContext) -> Path | None:
     out: Path = ctx["out"]
-    ckpt = last_checkpoint(out)
+    ckpt = resume_checkpoint(out)  # the newest complete one (a damaged newer one is named and left aside)
     if ckpt is None:
         return None
     if not recipe.resume:

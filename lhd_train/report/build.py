@@ -7,7 +7,9 @@ and performer model (+ adapter).
 The report only reads its runs (a read-only run works with `--out` elsewhere) and reports what is
 finished (`metrics.load`); with no finished round in any run it says so in one line. Every file it
 writes is replaced atomically, CSV cells cannot start a formula (`rundir.csv_cells`), and `--out`
-is refused when it is a file, a run directory or inside a run's own files (`check_out_dir`)."""
+is refused when it is a file, a run directory or inside a run's own files (`check_out_dir`). The
+report is built in a sibling folder and put in place whole, with `lhd_report.json` marking the folder
+as a report's: a rerun into it replaces the old report; a folder of other files is refused."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -48,7 +50,8 @@ from lhd_train.report.tables import (
 )
 from lhd_train.report.validity import auditor_validity, validity_md
 from lhd_train.report.viewer import safe_name, states_plot, write_run_pages
-from lhd_train.rundir.outputs import check_out_dir
+from lhd_train.rundir.outputs import check_out_dir, check_report_dir, write_report_marker
+from lhd_train.rundir.staging import staged_dir
 
 MAX_STATE_PLOTS = 60  # per report; more trials still get their own page (with its plot)
 
@@ -163,7 +166,8 @@ def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None
     if not 0.0 <= min_coverage <= 1.0:
         raise InputError(None, "min_coverage", f"{min_coverage} is not a share", "a number in [0, 1]")
     out = Path(out)
-    check_out_dir(out, what="report")
+    check_out_dir(out, what="report", beside="report")
+    check_report_dir(out)
     check_writable_dir(out, "report's folder")
     if held_out_auditor is not None and len(run_dirs) < 2:
         raise InputError("command line", "--held-out-auditor", "needs two or more runs: it scores the paired "
@@ -173,6 +177,14 @@ def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None
         where = runs[0].store.dir.trials_dir if len(runs) == 1 else "runs"
         raise InputError(where, None, "no finished round yet: nothing to report (rerun `lhd report` once "
                          "`lhd run` has written a round)")
+    with staged_dir(out) as stage:  # built aside, then put in place whole: a rerun replaces the old report
+        write_report(runs, stage, min_coverage)
+        write_report_marker(stage, [str(p) for p in run_dirs])
+    return out / "report.html"
+
+
+def write_report(runs: list[RunData], out: Path, min_coverage: float = COVERAGE_MIN) -> Path:
+    """Write report.html, summary.md, tables/, plots/ and the trial pages of `runs` into `out`."""
     out.mkdir(parents=True, exist_ok=True)
     m = compute_all(runs, min_coverage)
     labels = {r.key: r.label for r in runs}

@@ -18,6 +18,7 @@ AUDITOR_INFO = "auditor.json"
 TRIALS, SCHEDULES, LOGS, AUDIT = "trials", "schedules", "logs", "audit"
 EVAL = "eval"                 # eval/<auditor-id>/[<source>/]eval.json: `lhd audit-eval` results filed for the run
 GRADING, GRADES = "grading", "grades.jsonl"  # the GRPO rewards' grade cache (finetune.judged_rewards)
+REPORT_MARKER = "lhd_report.json"  # written by `lhd report` into its folder: a report, never a run directory
 ROWS_SUFFIX = ".jsonl"
 MESSAGES_SUFFIX = ".messages.jsonl"
 DONE_SUFFIX = ".done"
@@ -157,6 +158,15 @@ class RunDir:
     def auditor_infos(self) -> list[Path]:
         return sorted(self.audit_dir.glob(f"*/{AUDITOR_INFO}"))
 
+    @property
+    def report_marker(self) -> Path:
+        return self.path / REPORT_MARKER
+
+    def is_report(self) -> bool:
+        """A folder `lhd report` wrote (it holds the report's marker): its own `trials/` page
+        folder does not make it a run directory."""
+        return self.report_marker.is_file()
+
     def is_run(self) -> bool:
-        """Has a `trials/` folder: the minimum every reader needs."""
-        return self.trials_dir.is_dir()
+        """Has a `trials/` folder (the minimum every reader needs) and is not a report's folder."""
+        return self.trials_dir.is_dir() and not self.is_report()

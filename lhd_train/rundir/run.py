@@ -82,8 +82,9 @@ class TrialStore:
     @overload
     def rows(self, model: type[RR]) -> list[RR]: ...
     def rows(self, model: type[RoundRow] = RoundRow) -> list[Any]:
-        """The trial's rows, checked (`store.load_trial_rows`); [] before its first round."""
-        return load_trial_rows(self.files.rows, model)
+        """The trial's rows, checked (`store.load_trial_rows`) and held against its `.done` marker
+        like `read`; [] before its first round."""
+        return self.read(model)[0]
 
     @overload
     def read(self) -> tuple[list[RoundRow], bool]: ...
@@ -94,7 +95,7 @@ class TrialStore:
         before the rows are read (it is written after the last row), so a trial finishing while it
         is read is never taken for one whose rows were cut."""
         marked = self.files.done.exists()
-        rows = self.rows(model)
+        rows = load_trial_rows(self.files.rows, model)
         return rows, check_done_marker(self.files.done, self.files.rows, rows) if marked else False
 
     def finished(self) -> bool:
@@ -184,7 +185,9 @@ class Run:
         else is an `InputError` naming the path (`source`/`field`: the flag or file that gave it)."""
         run = cls(path)
         if not run.dir.is_run():
-            what = "does not exist" if not run.path.exists() else "has no trials/ folder"
+            what = ("does not exist" if not run.path.exists() else
+                    f"a report written by `lhd report`: it holds {run.dir.report_marker.name}"
+                    if run.dir.is_report() else "has no trials/ folder")
             raise InputError(source or run.path, field, f"not a run directory ({what})",
                              "a folder written by `lhd run`, `lhd merge` or `lhd import-reference`")
         return run
@@ -242,8 +245,10 @@ class Run:
 
     # trials
     def trial_ids(self) -> list[str]:
-        """Trials with a trajectory file, in the manifest's order when it has one, else by name."""
-        found = self.dir.trial_ids()
+        """Trials with a trajectory file or a `.done` marker, in the manifest's order when it has
+        one, else by name. A marker whose rows are gone keeps its trial listed, so every reader
+        meets it (`TrialStore.read` refuses it, naming the repair) instead of dropping the trial."""
+        found = sorted({*self.dir.trial_ids(), *self.dir.done_trial_ids()})
         manifest = self.manifest() if self.dir.manifest.is_file() else None
         rank = {t: i for i, t in enumerate((manifest.trials if manifest else None) or [])}
         return sorted(found, key=lambda t: (rank.get(t, len(rank)), t))

@@ -4,12 +4,15 @@ A stage that fills a folder file by file leaves half of it behind when it is ref
 meets a full disk, and the next try then finds a folder it does not recognise. `staged_dir`
 builds in a hidden sibling folder (same file system, so the final step is a rename) and swaps it
 in only when the body finished; on any failure the sibling is removed and the target is as it
-was. A kill -9 can leave a sibling `.NAME.staging-*` behind: it never blocks a retry (each try
-has a name of its own) and the next successful try removes it."""
+was. A kill -9 can leave a sibling `.NAME.staging-<host>-<pid>-*` behind: it never blocks a retry
+(each try has a name of its own) and the next successful try on the same host removes it once
+its process is gone. A process id means nothing on another host of a shared cluster file system,
+so a sibling of another host is left alone (it may be a job still running there)."""
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,7 +38,7 @@ def staged_dir(target: Path, copy_existing: bool = False) -> Iterator[Path]:
     body returns, it replaces `target`. Raises `StorageError` (nothing changed) when the disk
     refuses the copy or the swap."""
     target = Path(target)
-    stage = target.with_name(f".{target.name}{STAGING}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    stage = target.with_name(f".{target.name}{STAGING}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -50,8 +53,16 @@ def staged_dir(target: Path, copy_existing: bool = False) -> Iterator[Path]:
     finally:
         _remove(stage)
     for old in _siblings(target, STAGING):  # left by an earlier try that was killed
-        if not _alive(old.name.rsplit(STAGING, 1)[-1].split("-")[0]):
+        if _dead_here(old.name.rsplit(STAGING, 1)[-1]):
             _remove(old)
+
+
+def _dead_here(tag: str) -> bool:
+    """Whether the try that named its folder `<host>-<pid>-<random>` ran on this host and its
+    process is gone (`<pid>-<random>`: an older name, without its host, taken for this host's)."""
+    parts = tag.rsplit("-", 2)
+    host, pid = (parts[0], parts[1]) if len(parts) == 3 else (socket.gethostname(), parts[0])
+    return host == socket.gethostname() and not _alive(pid)
 
 
 def _alive(pid: str) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Sized
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
@@ -12,7 +13,7 @@ from pydantic import ValidationError
 
 from lhd_train.errors import DataFileError
 from lhd_train.io.files import append_jsonl, read_jsonl_lines
-from lhd_train.rundir.layout import ROWS_SUFFIX, TrialFiles, trial_id_of_messages
+from lhd_train.rundir.layout import DONE_SUFFIX, ROWS_SUFFIX, TrialFiles, trial_id_of_messages
 from lhd_train.rundir.manifest import DoneMarker
 from lhd_train.rundir.rows import AuditRow, Record, RoundRow
 
@@ -77,13 +78,23 @@ def load_audit_rows(path: Path) -> list[AuditRow]:
 NO_LABEL_STATUSES = ("failed", "cut")  # an audit row without a usable label (cut: stopped at its token limit)
 
 
+def _replaces(new: AuditRow, old: AuditRow | None) -> bool:
+    """Whether `new`, written after `old` for the same round, counts instead of it."""
+    if old is None or new.parse_status not in NO_LABEL_STATUSES or old.parse_status in NO_LABEL_STATUSES:
+        return True
+    # `new` has no label, `old` has one: that label stays, unless it was made from the trial while
+    # it was unfinished and `new` from the finished trial (a failed relabel: the stale label goes).
+    return bool(old.trial_unfinished) and not new.trial_unfinished
+
+
 def winning_audit_rows(rows: Iterable[AuditRow]) -> dict[int, AuditRow]:
-    """The one rule for a round labelled twice (a resumed, repaired or merged audit): the later row
-    wins, except that a failed or cut row never replaces a usable one. Keyed by global round."""
+    """The one rule for a round labelled twice (a resumed, repaired, relabelled or merged audit):
+    the later row wins, except that a failed or cut row never replaces a usable one, unless that
+    one was labelled while the trial was unfinished (`trial_unfinished`) and the failed row after
+    the trial finished. Keyed by global round."""
     chosen: dict[int, AuditRow] = {}
     for row in rows:
-        old = chosen.get(row.global_round)
-        if old is None or not (row.parse_status in NO_LABEL_STATUSES and old.parse_status not in NO_LABEL_STATUSES):
+        if _replaces(row, chosen.get(row.global_round)):
             chosen[row.global_round] = row
     return chosen
 
@@ -137,24 +148,45 @@ class MessageStore:
         return list(self._known)
 
 
+def _done_marker_error(path: Path, what: str, field: str | None = None) -> DataFileError:
+    tid = path.name.removesuffix(DONE_SUFFIX)
+    return DataFileError(path, f"not a .done marker ({what}), so trial {tid} cannot be taken as finished",
+                         field=field, repair="delete it so that `lhd run` continues the trial from the rows there are")
+
+
+def _is_timestamp(text: str) -> bool:
+    try:
+        datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return False
+    return True
+
+
 def read_done_marker(path: Path) -> DoneMarker | None:
-    """A trial's `.done` marker (None without one). The oldest markers hold a bare ISO timestamp:
-    they read as a marker without a round count. Anything else that is not a marker is a
-    `DataFileError` naming the file."""
+    """A trial's `.done` marker (None without one): JSON with the round count the trial finished
+    with, or, in the oldest runs, a bare ISO timestamp (read as a marker without a count).
+    Anything else (empty, binary, a JSON marker without its count) is a `DataFileError` naming
+    the trial: taken for the oldest format it would pass rows cut short as a finished trial."""
     if not path.exists():
         return None
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except UnicodeDecodeError:
+        raise _done_marker_error(path, "not UTF-8 text") from None
     try:
         data = json.loads(text)
     except ValueError:
-        return DoneMarker(finished_at=text.strip())  # the old marker: an ISO timestamp
+        if _is_timestamp(text):
+            return DoneMarker(finished_at=text)  # the oldest marker: an ISO timestamp
+        raise _done_marker_error(path, f"neither JSON nor a timestamp: {text[:40]!r}") from None
     try:
-        return DoneMarker.model_validate(data)
+        marker = DoneMarker.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
-        raise DataFileError(path, f"not a .done marker ({err['msg']})",
-                            field=".".join(str(p) for p in err["loc"]) or None,
-                            repair="delete it so that `lhd run` continues the trial from the rows there are") from None
+        raise _done_marker_error(path, err["msg"], ".".join(str(p) for p in err["loc"]) or None) from None
+    if marker.rounds is None:  # every JSON marker has recorded its round count
+        raise _done_marker_error(path, "no round count", "rounds")
+    return marker
 
 
 def check_done_marker(done_path: Path, rows_path: Path, rows: Sized) -> bool:

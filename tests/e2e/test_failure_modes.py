@@ -272,13 +272,16 @@ def test_a_marker_that_disagrees_with_the_rows_is_an_error(copy, monkeypatch, ca
     one_error(*cli(monkeypatch, capsys, "run", str(cfg), "--no-progress"), str(trial_file(run_dir, ".done")))
 
 
-def test_a_report_says_which_trials_it_left_out(copy):
+def test_a_report_refuses_a_finished_trial_whose_rows_are_gone(copy):
+    """Before (issue 31): a note in summary.md and a report of the other trials; now the `.done`
+    rule of `lhd run` (tests/rundir/test_lost_trials.py holds every reader to it)."""
+    from lhd_train.errors import DataFileError
     from lhd_train.metrics.load import load_run
 
     _, run_dir = copy
     trial_file(run_dir).unlink()
-    data = load_run(run_dir)
-    assert any(f"s{SEED}" in n and "left out" in n for n in data.notes), data.notes
+    with pytest.raises(DataFileError, match=f"marks trial s{SEED} finished"):
+        load_run(run_dir)
 
 
 # ----------------------------------------------------------------------------- 3. a failed start

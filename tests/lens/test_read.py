@@ -164,7 +164,7 @@ def write_run(root: Path, flagged: dict[tuple[str, int], bool]) -> Path:
         with (run / "trials" / f"{trial}.messages.jsonl").open("w") as f:
             for r in store.values():
                 f.write(json.dumps(r) + "\n")
-        (run / "trials" / f"{trial}.done").write_text("")
+        (run / "trials" / f"{trial}.done").write_text(json.dumps({"rounds": len(rows)}))
         with (run / "audit" / "auditor-a" / f"{trial}.jsonl").open("w") as f:
             for a in audits:
                 f.write(json.dumps(a) + "\n")

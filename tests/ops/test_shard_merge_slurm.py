@@ -240,7 +240,10 @@ def test_merge_is_idempotent_and_incremental(tmp_path, shards):
     assert second["trials"] == ["s11", "s12", "s13", "s14", "s15"] and second["seeds"] == cfg.seeds
     a, b = tree(full), tree(inc)
     assert {k: v for k, v in a.items() if k != "manifest.json"} == {k: v for k, v in b.items() if k != "manifest.json"}
-    # A shard that grew (a resumed trial, new audit rows) updates the merged copy.
+    # A shard that grew (a resumed trial, new audit rows) updates the merged copy. Only a trial
+    # without its .done marker grows (readers refuse a marker that disagrees with the rows).
+    for run_dir in (dirs[0], full):
+        (run_dir / "trials" / "s11.done").unlink()
     trial = dirs[0] / "trials" / "s11.jsonl"
     last = trial.read_text().splitlines()[-1]
     row = json.loads(last)

@@ -383,7 +383,7 @@ def _fake_run(d: Path, seeds: list[int], rows: int, done: list[int]) -> None:
         (d / "trials" / f"s{s}.jsonl").write_text("".join(json.dumps({**row, "round": i + 1, "global_round": i + 1})
                                                           + "\n" for i in range(rows)))
         if s in done:
-            (d / "trials" / f"s{s}.done").write_text("")
+            (d / "trials" / f"s{s}.done").write_text(json.dumps({"rounds": rows}))
 
 
 def test_status_from_run_directories(tmp_path):

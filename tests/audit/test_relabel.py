@@ -1,0 +1,68 @@
+"""Issue 31, item 4: a failed relabel of a round first labelled while its trial was unfinished.
+
+`lhd audit --include-unfinished` labels a growing trial and flags those rows `trial_unfinished`;
+once the trial has its `.done` marker the next audit labels those rounds again. Before, when that
+relabel failed (no parsable answer), the winning-row rule ("a failed row never replaces a usable
+one") kept the label made from the partial trajectory: it kept counting in the report, which said
+nothing; the audit kept advising "rerun once the trial is finished" although it was; and every
+rerun appended another failed row for the same round."""
+from __future__ import annotations
+
+from support.scripted import ScriptedBackend
+from test_auditor import answer, audit, auditor_script, make_run, rows_of
+
+from lhd_train.metrics.load import load_run
+from lhd_train.rundir.rows import AuditRow
+from lhd_train.rundir.run import Run
+from lhd_train.rundir.store import winning_audit_rows
+
+FAILS = 2  # the round whose relabel never parses
+
+
+def test_a_failed_relabel_replaces_the_label_of_the_unfinished_trial(tmp_path):
+    cfg, (tid,) = make_run(tmp_path)
+    done = cfg.run_dir / "trials" / f"{tid}.done"
+    marker = done.read_bytes()
+    done.unlink()
+    first = audit(cfg, ScriptedBackend(auditor_script(default=answer(True, ["FALSIFICATION"], 3))),
+                  include_unfinished=True)
+    n = first.totals["rounds"]
+    assert n > FAILS and first.totals["partial"] == n
+    done.write_bytes(marker)  # the trial finishes
+
+    relabel = audit(cfg, ScriptedBackend(auditor_script({FAILS: "not an answer"}, default=answer(False))))
+    assert relabel.totals["relabel"] == n and relabel.totals["failed"] == relabel.totals["relabel_failed"] == 1
+    assert relabel.totals["partial"] == 0  # before: 1, and "rerun once the trial is finished"
+    label = Run.open(cfg.run_dir).auditor("m-full").labels(tid)[FAILS]
+    assert label.parse_status == "failed" and not label.trial_unfinished  # before: the stale flagged label
+
+    rounds = load_run(cfg.run_dir).rounds.set_index("global_round")
+    assert rounds.loc[FAILS, "label_status"] == "failed" and rounds.loc[FAILS, "deceptive"] is None
+    assert int(rounds["flagged"].sum()) == 0  # no label of the partial trajectory counts any more
+    notes = load_run(cfg.run_dir).notes
+    assert any("1 round(s) whose audit failed" in n for n in notes), notes
+
+    rows = len(rows_of(cfg, "m-full", tid))
+    again = audit(cfg, ScriptedBackend(auditor_script({FAILS: "not an answer"})))
+    assert again.totals["audited"] == 0 and len(rows_of(cfg, "m-full", tid)) == rows  # before: one more failed row
+
+
+def _row(g: int, status: str, unfinished: bool | None, deceptive: bool | None) -> AuditRow:
+    return AuditRow.model_validate({"trial_id": "s1", "global_round": g, "parse_status": status,
+                                    "trial_unfinished": unfinished, "deceptive": deceptive})
+
+
+def test_the_winning_row_rule_hand_checked():
+    """A failed or cut row never replaces a usable label of the finished trial, but does replace
+    one made from the unfinished trial; a usable row replaces anything before it."""
+    cases = [
+        ([("ok", None, True), ("failed", None, None)], "ok"),          # a failed rerun: the label stays
+        ([("ok", True, True), ("failed", None, None)], "failed"),      # a failed relabel: the stale label goes
+        ([("ok", True, True), ("cut", None, None)], "cut"),
+        ([("ok", True, True), ("failed", True, None)], "ok"),          # still unfinished: nothing better yet
+        ([("failed", None, None), ("ok", None, False)], "ok"),
+        ([("ok", True, True), ("failed", None, None), ("ok", None, False)], "ok"),
+    ]
+    for rows, want in cases:
+        got = winning_audit_rows([_row(1, s, u, d) for s, u, d in rows])[1]
+        assert got.parse_status == want, (rows, got)
