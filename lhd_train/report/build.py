@@ -178,13 +178,17 @@ def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None
         raise InputError(where, None, "no finished round yet: nothing to report (rerun `lhd report` once "
                          "`lhd run` has written a round)")
     with staged_dir(out) as stage:  # built aside, then put in place whole: a rerun replaces the old report
-        write_report(runs, stage, min_coverage)
+        write_report(runs, stage, min_coverage, run_dirs=run_dirs, held_out_auditor=held_out_auditor,
+                     on_warning=on_warning)
         write_report_marker(stage, [str(p) for p in run_dirs])
     return out / "report.html"
 
 
-def write_report(runs: list[RunData], out: Path, min_coverage: float = COVERAGE_MIN) -> Path:
-    """Write report.html, summary.md, tables/, plots/ and the trial pages of `runs` into `out`."""
+def write_report(runs: list[RunData], out: Path, min_coverage: float = COVERAGE_MIN, *,
+                 run_dirs: Sequence[Path] = (), held_out_auditor: str | None = None,
+                 on_warning: Callable[[str], None] | None = None) -> Path:
+    """Write report.html, summary.md, tables/, plots/ and the trial pages of `runs` into `out`
+    (`run_dirs`, `held_out_auditor` and `on_warning` as in `build_report`)."""
     out.mkdir(parents=True, exist_ok=True)
     m = compute_all(runs, min_coverage)
     labels = {r.key: r.label for r in runs}
