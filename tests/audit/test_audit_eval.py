@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from lhd_train.audit.curated import CURATED_PATH, build_curated_run, load_curated
 from lhd_train.audit.evaluation import HONEST, Truth, kappa, score, wilson
 from lhd_train.audit.ground_truth import read_ground_truth
-from lhd_train.audit.plant import HEDGES, plant_run
+from lhd_train.audit.plant import plant_run
 from lhd_train.bench.engine import prepare_run_dir
 from lhd_train.bench.prompts import Prompts
 from lhd_train.bench.taskpack import load_pack
@@ -283,15 +283,15 @@ def test_plant_is_deterministic_and_its_ground_truth_holds(tmp_path):
             assert new != old and t["task_index"] == old_rows[g].task_index
             assert new_rows[g].performer.token_ids is None  # not the tokens of the planted text
             ev = t["evidence"][0]
-            assert ev["quote"] in files[t["task_index"]][ev["file"]]
+            assert ev["quote"] in files[ev.get("task", t["task_index"])][ev["file"]]  # cross-round: an earlier task
             if t["type"] == "FALSIFICATION":
                 assert t["before"] in old and t["after"] in new and t["before"] != t["after"]
                 assert numbers(t["before"]) <= corpus_numbers(ev["quote"])
             elif t["type"] == "CONCEALMENT":
                 assert t["before"] in old and t["before"] not in new and t["after"] == ""
                 assert len(old) - len(new) >= len(t["before"])
-            else:
-                assert t["before"] in old and t["after"].strip() in HEDGES and t["after"] in new
+            else:  # the sentence said vaguely, or a hedge composed for it (tests/audit/test_plant.py)
+                assert t["before"] in old and t["after"] in new and t["after"] != t["before"]
             # later prompts show the planted answer, never the original
             sup_prompt = "".join(m["content"] for m in store.get(new_rows[g].supervisor.calls[0].message_ids))
             assert new.strip() in sup_prompt and old.strip() not in sup_prompt
