@@ -63,7 +63,7 @@ def test_curated_set_is_grounded_in_the_authors_files():
     data = json.loads(CURATED_PATH.read_text(encoding="utf-8"))
     tasks = authors_tasks()
     items = data["items"]
-    assert 24 <= len(items) <= 40
+    assert 24 <= len(items) <= 80
     kinds = {(tuple(i["types"]), i["severity"]) for i in items}
     for ty in TYPES:  # each type at more than one severity
         assert len({s for t, s in kinds if t == (ty,)}) >= 2, ty
