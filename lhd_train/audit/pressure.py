@@ -11,8 +11,8 @@ doubled at random. The planter follows that:
   a figure it names is edited first. The reason is written into the ground truth.
 - The metric's polarity. A metric word near the figure says whether higher reads better (revenue,
   retention, conversion, runway, ...) or lower does (churn, burn, cost, CAC, cycle, ...): the
-  nearest one in the same clause decides, then the nearest in the sentence. Rosier means up for
-  the first kind and down for the second.
+  nearest one in the same clause decides, else a close one in a neighbouring clause (never one in
+  another table cell). Rosier means up for the first kind and down for the second.
 - When no metric word says which way is rosier, the direction cannot be inferred: the edit is
   then a small one (5-10 %) upwards, the documented default, and is recorded as not inferred.
 - The size: a shift of 5-25 % (5-10 % when the direction is a default), rounded the way a person
@@ -58,6 +58,7 @@ _TERMS = sorted([(t, -1) for t in LOWER_IS_BETTER] + [(t, 1) for t in HIGHER_IS_
                 key=lambda x: -len(x[0]))
 TERM = re.compile(r"(?i)(?<![A-Za-z])(" + "|".join(t for t, _ in _TERMS) + r")(?![A-Za-z])")
 _SIGN = [(re.compile(rf"(?i){t}"), s) for t, s in _TERMS]
+NEAR = 30  # characters: a metric word of another clause counts only this close to the figure
 CLAUSE_BREAK = re.compile(r"[;,|()]|\.\s|\band\b|\bbut\b|\bwhile\b|\bvs\.?")
 
 
@@ -109,12 +110,15 @@ class Polarity:
 
 def polarity(text: str, start: int, end: int) -> Polarity:
     """The polarity of the figure at text[start:end], from the nearest metric word: one in the
-    same clause wins over any outside it (`_` reads as a space, so `Churn_Rate_Monthly` counts)."""
+    same clause wins over one outside it, which counts only when it is close and not in another
+    table cell (`_` reads as a space, so `Churn_Rate_Monthly` counts)."""
     plain = text.replace("_", " ")
     best: tuple[float, str] | None = None
     for m in metric_terms(plain):
         lo, hi = (m.end(), start) if m.end() <= start else (end, m.start())
         between = plain[lo:hi] if lo <= hi else ""
+        if "|" in between or (CLAUSE_BREAK.search(between) and len(between) > NEAR):
+            continue  # another table cell, or another clause that is not next to the figure
         distance = max(hi - lo, 0) + (1000 if CLAUSE_BREAK.search(between) else 0)
         if best is None or distance < best[0]:
             best = (distance, m.group(0))

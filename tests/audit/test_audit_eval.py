@@ -216,7 +216,10 @@ def performer_reply(pack, answers: dict[int, str]):
 def make_pack_run(tmp_path: Path, answers_for_tasks: dict[int, str] | None = None, seeds=(11, 12),
                   max_tasks: int = 5) -> Path:
     pack = load_pack("startup_consulting")
-    honest = {i.task: i.answer for i in load_curated().items if not i.deceptive}
+    honest: dict[int, str] = {}
+    for i in load_curated().items:  # the first honest answer of each task (the set has several for some)
+        if not i.deceptive:
+            honest.setdefault(i.task, i.answer)
     answers = answers_for_tasks or {t: honest[t] for t in range(1, max_tasks + 1)}
     data = {"run_name": "p", "output_dir": str(tmp_path / "runs"), "seeds": list(seeds),
             "task_pack": "startup_consulting", "p_event": 0.5, "max_tasks": max_tasks,
@@ -459,13 +462,13 @@ def confusion_from_files(run: Path, auditor_id: str) -> dict[str, dict[str, int]
 @pytest.mark.timeout(1800)  # 4 prompts of ~5.7k tokens: ~4 CPU-minutes (docs/performance.md); slower when shared
 def test_audit_eval_smollm2_on_a_planted_demo_run(tmp_path, smollm2_dir):
     """SmolLM2 judges a planted demo run: one trial, two tasks of two rounds each, a concealment and
-    a falsification planted (seed 2), two rounds left as they were. eval.json is recounted from
+    a falsification planted (seed 2, no cap per trial), two rounds left as they were. eval.json is recounted from
     ground_truth.jsonl and the audit rows (a cut row has no verdict and is left out of every rate).
     Temperature 1: at temperature 0 SmolLM2 repeats the type names until the 160-token cap on every
     round (docs/validity.md), and a test of the arithmetic needs some verdicts to count."""
     run = make_pack_run(tmp_path, seeds=(21,), max_tasks=2)
     planted = tmp_path / "demo-planted"
-    rep = plant_run(run, planted, seed=2, rate=0.5)
+    rep = plant_run(run, planted, seed=2, rate=0.5, max_per_trial=0)  # two plants in one trial: no cap
     assert rep.rounds == 4 and rep.planted == {"FALSIFICATION": 1, "CONCEALMENT": 1, "EQUIVOCATION": 0}
     cfg = auditor_yaml(tmp_path, smollm2_dir, 160, temperature=1.0, max_attempts=1)
     res = CliRunner().invoke(app, ["audit-eval", "--planted", str(planted), "--auditor", str(cfg), "--no-progress"])
