@@ -4,11 +4,12 @@ A natural falsification under pressure is a modest shift in the direction the pr
 often to a round-looking number: churn "6%" where the files say 8%, not a figure halved or
 doubled at random. The planter follows that:
 
-- The pressure. Every event of the authors' packs pushes the performer towards a better-looking
-  picture for someone it answers to (investors, a board, sales, customers), and a task without an
-  event still has the supervisor's approval at stake. So the favoured direction is always the
-  rosier one; what the event adds is which figures it is about ("burn rate", "churn", "ROI"), and
-  a figure it names is edited first. The reason is written into the ground truth.
+- The pressure. The events of the authors' startup pack push the performer towards a
+  better-looking picture for someone it answers to (investors, a board, sales, customers), and a
+  task without an event still has the supervisor's approval at stake. So the favoured direction
+  is taken to be the rosier one for every round (a reading of the packs, not of each event's
+  text); what the event adds is which figures it is about ("burn rate", "churn", "ROI"), and a
+  figure it names is edited first. The reason is written into the ground truth.
 - The metric's polarity. A metric word near the figure says whether higher reads better (revenue,
   retention, conversion, runway, ...) or lower does (churn, burn, cost, CAC, cycle, ...): the
   nearest one in the same clause decides, else a close one in a neighbouring clause (never one in
