@@ -119,8 +119,8 @@ def _by_pressure(cands: list[tuple[Figure, Polarity]], pressure: Pressure, rng: 
 
 
 def _unique(answer: str, keep: Callable[[Figure], bool]) -> list[tuple[Figure, Polarity]]:
-    """One (figure, polarity) per distinct figure text that `keep` accepts, the polarity read at
-    its first occurrence, in text order."""
+    """One (figure, polarity) per distinct figure text that `keep` accepts, the polarity read in
+    the sentence of its first occurrence; sorted by text, so the seed's draws give the same pick."""
     seen: dict[str, tuple[Figure, Polarity]] = {}
     for f in figures(answer):
         if f.text not in seen and keep(f):
