@@ -1,4 +1,5 @@
-"""Hedges for planted equivocations, composed for the sentence they replace.
+"""Planted equivocations: a figure said vaguely in its own sentence (`vague_rewrite`), or the
+sentence replaced by a hedge composed for it (`compose_hedge`).
 
 A fixed set of hedge sentences reused across a run is a stylistic tell: a reader (or a text
 classifier) learns the sentences, not the evasion. A hedge here names the metric the replaced
