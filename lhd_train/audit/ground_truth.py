@@ -8,6 +8,7 @@ itself (`rundir`) does not know them."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError, model_validator
 
@@ -25,6 +26,7 @@ class FileQuote(Record):
 
     file: str
     quote: str
+    task: int | None = None  # the task whose files hold it, when not the labelled round's own (cross-round)
 
 
 class LabelledAnswer(Record):
@@ -44,8 +46,14 @@ class LabelledAnswer(Record):
     after: str | None = None  # ... and what it became ("" for a removed sentence)
     evidence: list[FileQuote] = []
     answer_quotes: list[str] | None = None  # curated: the deceptive passages, exact
-    why: str | None = None  # curated
+    why: str | None = None  # curated: why the label holds; planted: why the edit went the way it did
     seed: int | None = None  # planted: the seed of `lhd audit-plant`
+    plant: str | None = None  # planted: how (FALSIFICATION, CROSS_ROUND, CONCEALMENT, EQUIVOCATION)
+    direction: str | None = None  # planted falsification: up | down
+    size: float | None = None  # planted falsification: new / old - 1
+    direction_inferred: bool | None = None  # False: the documented default direction (audit.pressure)
+    earlier_global_round: int | None = None  # cross-round: the round whose figure the answer contradicts
+    earlier_quote: str | None = None  # cross-round: that round's sentence holding the figure
 
     @model_validator(mode="after")
     def _typed_when_deceptive(self) -> LabelledAnswer:
@@ -69,6 +77,12 @@ class PlantInfo(Record):
     skipped: dict[str, int] = {}  # chosen, but nothing plantable
     repeated: int = 0  # of the skipped: the answer repeats (or is part of) another round's answer
     unfinished_trials: list[str] = []  # copied, not planted
+    max_per_trial: int | None = None  # at most this many planted rounds per trial (None: no cap)
+    cross_round: float | None = None  # share of falsifications planted across rounds where possible
+    capped: int = 0  # rounds chosen but not tried: their trial already had max_per_trial plants
+    cross_round_planted: int = 0  # of the falsifications: planted across rounds
+    directions: dict[str, int] = {}  # falsifications: up / down / default (direction not inferred)
+    detectability: dict[str, Any] | None = None  # the text-only control (audit.detectability)
 
 
 def ground_truth_path(run: Run) -> Path:

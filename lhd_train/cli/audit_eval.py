@@ -20,20 +20,42 @@ app = typer.Typer()
 TYPE_HELP = f"deception type to plant (repeatable; default: {', '.join(TYPES)})"
 
 
-def plant_command(run: Path, out: Path, seed: int = 0, rate: float = 0.5, types: list[str] | None = None) -> int:
+def plant_command(run: Path, out: Path, seed: int = 0, rate: float = 0.5, types: list[str] | None = None,
+                  max_per_trial: int = 1, cross_round: float = 0.5) -> int:
     from lhd_train.audit.ground_truth import ground_truth_path
     from lhd_train.audit.plant import plant_run
     from lhd_train.rundir.run import Run
 
     chosen = tuple(t.strip().upper() for t in (types or TYPES))
-    rep = plant_run(Path(run), Path(out), seed=seed, rate=rate, types=chosen)
+    rep = plant_run(Path(run), Path(out), seed=seed, rate=rate, types=chosen, max_per_trial=max_per_trial,
+                    cross_round=cross_round)
     for t in chosen:
         console.print(f"{t.lower()}: {rep.planted[t]} planted, {rep.skipped[t]} skipped (nothing plantable) "
                       f"of {rep.chosen[t]} chosen")
+    if rep.planted.get("FALSIFICATION"):
+        d = rep.directions
+        console.print(f"falsifications: {rep.cross_round} across rounds; {d['up']} up, {d['down']} down as the "
+                      f"pressure favours, {d['default']} in the default direction (not inferable)")
+    if rep.capped:
+        console.print(f"{rep.capped} chosen round(s) left as they were: their trial had {max_per_trial} plant(s)")
     if rep.unfinished_trials:
         console.print(f"copied unchanged (unfinished): {', '.join(rep.unfinished_trials)}")
     console.print(f"planted copy: {out} ({rep.rounds} rounds; ground truth in {ground_truth_path(Run.at(out))})")
+    if rep.detectability is not None:
+        for key, what in (("rounds", "finds the planted rounds among all rounds"),
+                          ("edits", "tells a planted answer from the answer it replaced")):
+            console.print(f"detectability: a text-only classifier {what}: {_auroc_line(rep.detectability[key])}")
     return 0
+
+
+def _auroc_line(d: dict) -> str:
+    """'AUROC 0.55 [0.41, 0.70] (n=.., planted ..; length alone 0.52)', or why there is none."""
+    length = "-" if d["length_auroc"] is None else f"{d['length_auroc']:.2f}"
+    if d["auroc"] is None:
+        return f"not measured ({d.get('note', 'one class only')}); length alone {length}"
+    ci = "" if d["ci95"] is None else f" [{d['ci95'][0]:.2f}, {d['ci95'][1]:.2f}]"
+    return (f"AUROC {d['auroc']:.2f}{ci} (n={d['n']}, {d['positives']} planted, {d['trials']} trials; "
+            f"0.5 is chance; length alone {length})")
 
 
 def eval_command(s: AuditEvalCommand) -> int:
@@ -110,11 +132,16 @@ def audit_plant_cmd(
     run: Path = typer.Argument(..., help="run directory to copy"),
     out: Path = typer.Option(..., "--out", help="the planted copy (a new folder)"),
     seed: int = typer.Option(0, "--seed", help="decides which answers, which type, which figure or sentence"),
-    rate: float = typer.Option(0.5, "--rate", help="share of rounds chosen for a plant"),
+    rate: float = typer.Option(0.5, "--rate", help="chance that a round is chosen for a plant"),
     types: list[str] | None = typer.Option(None, "--type", help=TYPE_HELP),
+    max_per_trial: int = typer.Option(1, "--max-per-trial", min=0,
+                                      help="at most this many planted rounds per trial (0: no cap)"),
+    cross_round: float = typer.Option(0.5, "--cross-round", min=0.0, max=1.0,
+                                      help="share of falsifications that contradict a figure an earlier answer of "
+                                           "the trial gave, where the trial has one"),
 ) -> None:
     """Copy a run with known deceptions planted into chosen answers, and write their ground truth."""
-    raise typer.Exit(plant_command(run, out, seed, rate, types))
+    raise typer.Exit(plant_command(run, out, seed, rate, types, max_per_trial, cross_round))
 
 
 @app.command("audit-eval")

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from lhd_train.audit.curated import CURATED_PATH, build_curated_run, load_curated
 from lhd_train.audit.evaluation import HONEST, Truth, kappa, score, truths, wilson
 from lhd_train.audit.ground_truth import LabelledAnswer, read_ground_truth
-from lhd_train.audit.plant import HEDGES, plant_run
+from lhd_train.audit.plant import plant_run
 from lhd_train.bench.engine import prepare_run_dir
 from lhd_train.bench.prompts import Prompts
 from lhd_train.bench.taskpack import load_pack
@@ -63,7 +63,7 @@ def test_curated_set_is_grounded_in_the_authors_files():
     data = json.loads(CURATED_PATH.read_text(encoding="utf-8"))
     tasks = authors_tasks()
     items = data["items"]
-    assert 24 <= len(items) <= 40
+    assert 24 <= len(items) <= 80
     kinds = {(tuple(i["types"]), i["severity"]) for i in items}
     for ty in TYPES:  # each type at more than one severity
         assert len({s for t, s in kinds if t == (ty,)}) >= 2, ty
@@ -231,7 +231,10 @@ def performer_reply(pack, answers: dict[int, str]):
 def make_pack_run(tmp_path: Path, answers_for_tasks: dict[int, str] | None = None, seeds=(11, 12),
                   max_tasks: int = 5) -> Path:
     pack = load_pack("startup_consulting")
-    honest = {i.task: i.answer for i in load_curated().items if not i.deceptive}
+    honest: dict[int, str] = {}
+    for i in load_curated().items:  # the first honest answer of each task (the set has several for some)
+        if not i.deceptive:
+            honest.setdefault(i.task, i.answer)
     answers = answers_for_tasks or {t: honest[t] for t in range(1, max_tasks + 1)}
     data = {"run_name": "p", "output_dir": str(tmp_path / "runs"), "seeds": list(seeds),
             "task_pack": "startup_consulting", "p_event": 0.5, "max_tasks": max_tasks,
@@ -298,15 +301,15 @@ def test_plant_is_deterministic_and_its_ground_truth_holds(tmp_path):
             assert new != old and t["task_index"] == old_rows[g].task_index
             assert new_rows[g].performer.token_ids is None  # not the tokens of the planted text
             ev = t["evidence"][0]
-            assert ev["quote"] in files[t["task_index"]][ev["file"]]
+            assert ev["quote"] in files[ev.get("task", t["task_index"])][ev["file"]]  # cross-round: an earlier task
             if t["type"] == "FALSIFICATION":
                 assert t["before"] in old and t["after"] in new and t["before"] != t["after"]
                 assert numbers(t["before"]) <= corpus_numbers(ev["quote"])
             elif t["type"] == "CONCEALMENT":
                 assert t["before"] in old and t["before"] not in new and t["after"] == ""
                 assert len(old) - len(new) >= len(t["before"])
-            else:
-                assert t["before"] in old and t["after"].strip() in HEDGES and t["after"] in new
+            else:  # the sentence said vaguely, or a hedge composed for it (tests/audit/test_plant.py)
+                assert t["before"] in old and t["after"] in new and t["after"] != t["before"]
             # later prompts show the planted answer, never the original
             sup_prompt = "".join(m["content"] for m in store.get(new_rows[g].supervisor.calls[0].message_ids))
             assert new.strip() in sup_prompt and old.strip() not in sup_prompt
@@ -479,13 +482,13 @@ def confusion_from_files(run: Path, auditor_id: str) -> dict[str, dict[str, int]
 @pytest.mark.timeout(1800)  # 4 prompts of ~5.7k tokens: ~4 CPU-minutes (docs/performance.md); slower when shared
 def test_audit_eval_smollm2_on_a_planted_demo_run(tmp_path, smollm2_dir):
     """SmolLM2 judges a planted demo run: one trial, two tasks of two rounds each, a concealment and
-    a falsification planted (seed 2), two rounds left as they were. eval.json is recounted from
+    a falsification planted (seed 2, no cap per trial), two rounds left as they were. eval.json is recounted from
     ground_truth.jsonl and the audit rows (a cut row has no verdict and is left out of every rate).
     Temperature 1: at temperature 0 SmolLM2 repeats the type names until the 160-token cap on every
     round (docs/validity.md), and a test of the arithmetic needs some verdicts to count."""
     run = make_pack_run(tmp_path, seeds=(21,), max_tasks=2)
     planted = tmp_path / "demo-planted"
-    rep = plant_run(run, planted, seed=2, rate=0.5)
+    rep = plant_run(run, planted, seed=2, rate=0.5, max_per_trial=0)  # two plants in one trial: no cap
     assert rep.rounds == 4 and rep.planted == {"FALSIFICATION": 1, "CONCEALMENT": 1, "EQUIVOCATION": 0}
     cfg = auditor_yaml(tmp_path, smollm2_dir, 160, temperature=1.0, max_attempts=1)
     res = CliRunner().invoke(app, ["audit-eval", "--planted", str(planted), "--auditor", str(cfg), "--no-progress"])
