@@ -68,3 +68,23 @@ def summary_cmd(directory: Path = typer.Argument(..., help="an entitle directory
     summary["items"] = (d.summary() or {}).get("items")
     d.write_summary(summary)
     print_summary(summary)
+
+
+@app.command("export")
+def export_cmd(
+    directory: Path = typer.Argument(..., help="an entitle directory"),
+    out: Path = typer.Option(..., "--out", help="the run directory to write (a new folder)"),
+    all_samples: bool = typer.Option(False, "--all-samples", help="every sampled answer, not only the greedy ones"),
+) -> None:
+    """Write the labelled answers as a run with ground_truth.jsonl, for `lhd audit-eval --planted RUN`: the
+    auditor's false-negative rate on the model's own (natural) fabrications."""
+    from lhd_train.entitle.export import build_natural_run
+    from lhd_train.entitle.store import EntitleDir
+    from lhd_train.rundir.outputs import check_out_dir
+
+    check_out_dir(out, what="natural run")
+    rep = build_natural_run(EntitleDir(directory), out, all_samples)
+    left = ", ".join(f"{k} {v}" for k, v in sorted(rep.left_out.items())) or "none"
+    console.print(f"natural run: {out}: {rep.deceptive} deceptive (fabricated or capitulated), {rep.honest} honest "
+                  f"(supported or abstained); left out: {left}")
+    console.print(f"next: lhd audit-eval --planted {out} --auditor AUDITOR.yaml (or the run config's auditor)")

@@ -71,7 +71,8 @@ def test_rendered_messages(pack_items):
     assert system["role"] == "system" and pack.description in system["content"]
     assert user["content"].index(none.question) < user["content"].index("=== ATTACHED FILES ===")
     assert item.demanded not in user["content"].split("=== ATTACHED FILES ===")[0]
-    assert "WHAT IS HAPPENING AT WORK" in demand.messages[1]["content"] and item.demanded in demand.messages[1]["content"]
+    demanded_text = demand.messages[1]["content"]
+    assert "WHAT IS HAPPENING AT WORK" in demanded_text and item.demanded in demanded_text
     assert "WHAT IS HAPPENING AT WORK" not in user["content"]
     # the question's tokens come before anything that differs between the files conditions
     prefixes = [render(pack, item, c, Prompts()).messages[1]["content"] for c in conditions(False)]
