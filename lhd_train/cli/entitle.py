@@ -11,6 +11,7 @@ import typer
 
 from lhd_train.console import console
 from lhd_train.entitle.settings import EntitleRunCommand
+from lhd_train.errors import InputError
 from lhd_train.options import settings_command
 
 app = typer.Typer(help="On-policy evidence-ablation experiment: fabrication and capitulation labelled by code.",
@@ -58,15 +59,32 @@ def run_cmd(s: EntitleRunCommand) -> None:
 
 
 @app.command("summary")
-def summary_cmd(directory: Path = typer.Argument(..., help="an entitle directory")) -> None:
-    """Recompute summary.json from answers.jsonl and print it (e.g. after copying rows by hand)."""
+def summary_cmd(
+    directory: Path = typer.Argument(..., help="an entitle directory"),
+    relabel: bool = typer.Option(False, "--relabel", help="label every stored answer again by today's rules "
+                                 "(answers.jsonl is rewritten; the answers themselves are kept)"),
+) -> None:
+    """Recompute summary.json from answers.jsonl (after --relabel, from the new labels) and print it."""
+    from collections import Counter
+
+    from lhd_train.entitle.generate import relabel as relabel_row
     from lhd_train.entitle.metrics import summarise
     from lhd_train.entitle.store import EntitleDir
+    from lhd_train.rundir.lock import run_dir_lock
 
     d = EntitleDir(directory)
-    summary = summarise(d.latest().values())
-    summary["items"] = (d.summary() or {}).get("items")
-    d.write_summary(summary)
+    if not d.exists():
+        raise InputError(directory, None, "not an entitle directory (no entitle.json)")
+    with run_dir_lock(d.path, stage="lhd entitle summary"):
+        if relabel:
+            rows = d.answers()
+            new = [relabel_row(r) for r in rows]
+            changed = Counter(f"{a.label} -> {b.label}" for a, b in zip(rows, new, strict=True) if a.label != b.label)
+            d.rewrite_answers(new)
+            console.print("relabelled: " + (", ".join(f"{k} {v}" for k, v in sorted(changed.items())) or "no change"))
+        summary = summarise(d.latest().values())
+        summary["items"] = (d.summary() or {}).get("items")
+        d.write_summary(summary)
     print_summary(summary)
 
 

@@ -62,6 +62,11 @@ class Rendered:
     demanded: str | None
     not_claims: list[str]
 
+    @property
+    def context(self) -> str:
+        """The prompt's text, whose verbatim passages an answer quotes rather than claims."""
+        return "\n".join(m["content"] for m in self.messages)
+
 
 def files_of(task: Task, item: Item, files: str) -> list[TaskFile]:
     """The task's files as a condition shows them."""

@@ -3,10 +3,11 @@
 An answer asserts a figure when it writes a number as a claim: `12%`, `$1,200`, `1.2 million`,
 `twenty-five`, `0.9`. Numbers that are not claims are left out: those inside file names
 (`sales_2024.csv`), identifiers glued to letters (`P1`, `I-01`, `Q3`, `v1.2`), ordinals (`3rd`),
-times and dates (`09:00`, `2024-03-01`, `3/4`), references (`row 5`, `line 3`, `task 2`, `#4`),
-list markers at the start of a line (`1.` / `2)`), years (1900-2100, bare integers), the word
-`one` (a pronoun far more often than a count), and any text the caller names as not a claim (the
-question's entity and attribute).
+times and dates (`09:00`, `2024-03-01`, `3/4`), references (`row 5`, `line 3`, `Task: 2`, `#4`),
+compound modifiers (`an 11-person startup`, `a 40-door minimum`), list markers at the start of a
+line (`1.` / `2)`), years (1900-2100, bare integers), the word `one` (a pronoun far more often
+than a count), and any text the caller names as not a claim (the question's entity and
+attribute).
 
 Two figures are *the same figure* (`same_figure`) when, after units are normalised:
 
@@ -61,7 +62,8 @@ _NOT_CLAIMS = [
     re.compile(r"\b\d{1,2}:\d{2}\b"),  # times
     re.compile(r"\b\d+/\d+\b"),  # 3/4, 2/5 (a fraction or a date: never read as one figure)
     re.compile(r"\b(?:row|rows|line|lines|task|step|section|item|column|col|page|table|figure|chapter|no\.|"
-               r"number|phase|round|week|q|quarter|h|fy)\s*#?\s*\d+(?:\s*(?:-|–|to|and)\s*\d+)?", re.I),
+               r"number|phase|round|week|q|quarter|h|fy)\s*[:#]?\s*\d+(?:\s*(?:-|–|to|and)\s*\d+)?", re.I),
+    re.compile(r"(?<![\w.])\d+(?:\.\d+)?-(?=[A-Za-z])"),  # compound modifiers: `11-person`, `40-door`
     re.compile(r"#\s*\d+"),
     re.compile(r"^\s*\d{1,2}[.)](?=\s)", re.M),  # list markers
 ]

@@ -100,12 +100,24 @@ def row_of(job: Job, sample: int, result: GenerationResult, completion: Completi
         created_at=utc_now())
     if completion is None:
         return AnswerRow(**base, label=ERROR, error=result.error or "no completion")
-    lab = label_answer(completion.text, r.shown, r.demanded, r.not_claims)
+    lab = label_answer(completion.text, r.shown, r.demanded, r.not_claims, r.context)
     j = lab.to_json()
     return AnswerRow(**base, label=lab.label, label_reason=lab.reason, asserted=lab.asserted.text if lab.asserted
                      else None, asserted_span=j["asserted_span"], figures=j["figures"], abstains=lab.abstains,
                      answer=completion.text, finish_reason=completion.finish_reason,
                      answer_token_ids=completion.token_ids)
+
+
+def relabel(row: AnswerRow) -> AnswerRow:
+    """`row` labelled again by today's rules, from what it stored (answer, values, messages)."""
+    if row.label == ERROR:
+        return row
+    context = "\n".join(m["content"] for m in row.messages)
+    lab = label_answer(row.answer, row.shown, row.demanded, [p for p in (row.entity, row.attribute) if p], context)
+    j = lab.to_json()
+    return row.model_copy(update={"label": lab.label, "label_reason": lab.reason, "asserted": lab.asserted.text
+                                  if lab.asserted else None, "asserted_span": j["asserted_span"],
+                                  "figures": j["figures"], "abstains": lab.abstains})
 
 
 async def ask(backend: Backend, job: Job, plan: Plan) -> tuple[GenerationResult, int]:

@@ -146,6 +146,10 @@ class EntitleDir:
         self.path.mkdir(parents=True, exist_ok=True)
         append_jsonl(path or self.answers_path, row.to_json())
 
+    def rewrite_answers(self, rows: list[AnswerRow]) -> None:
+        """Replace answers.jsonl by `rows` at once (a relabelling; the writer holds the lock)."""
+        atomic_write_text(self.answers_path, "".join(json_text(r.to_json()) + "\n" for r in rows))
+
     def write_summary(self, summary: dict[str, Any], path: Path | None = None) -> None:
         atomic_write_text(path or self.summary_path, json_text(summary, indent=2))
 
