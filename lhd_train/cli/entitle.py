@@ -106,3 +106,95 @@ def export_cmd(
     console.print(f"natural run: {out}: {rep.deceptive} deceptive (fabricated or capitulated), {rep.honest} honest "
                   f"(supported or abstained); left out: {left}")
     console.print(f"next: lhd audit-eval --planted {out} --auditor AUDITOR.yaml (or the run config's auditor)")
+
+
+def _band(text: str) -> tuple[float, float]:
+    try:
+        lo, hi = (float(x) for x in text.split(","))
+    except ValueError:
+        raise InputError("command line", "--band", f"{text!r}", "two fractions of depth, e.g. 0.35,0.85") from None
+    if not 0 <= lo <= hi <= 1:
+        raise InputError("command line", "--band", f"{text!r}", "0 <= low <= high <= 1")
+    return lo, hi
+
+
+@app.command("read")
+def read_cmd(
+    directory: Path = typer.Argument(..., help="an entitle directory"),
+    lens: Path | None = typer.Option(None, "--lens", help="Jacobian lens directory (J-all); also gives the "
+                                     "random-transport control"),
+    lens_self: Path | None = typer.Option(None, "--lens-self", help="a self-only Jacobian lens directory"),
+    model: str | None = typer.Option(None, "--model", help="default: the model the answers were made with"),
+    out: Path | None = typer.Option(None, "--out", help="default: DIR/read"),
+    band: str = typer.Option("0.35,0.85", "--band", help="the workspace band, fractions of depth (declared in "
+                             "plan.json before reading)"),
+    primary: str | None = typer.Option(None, "--primary", help="READOUT:POSITION of the primary cell (default "
+                                       "jacobian:claim with --lens, else logit:claim)"),
+    bootstrap: int = typer.Option(2000, "--bootstrap", min=0, help="cluster-bootstrap resamples (tasks)"),
+    seed: int = typer.Option(0, "--seed", help="bootstrap, probe and random-transport seed"),
+    max_answers: int | None = typer.Option(None, "--max-answers", min=2, help="read at most this many answers"),
+    probe: bool = typer.Option(True, "--probe/--no-probe", help="also the linear probe (folds grouped by task)"),
+    dtype: str = typer.Option("float32", "--dtype", help="model dtype"),
+    device: str = typer.Option("auto", "--device"),
+    threads: int | None = typer.Option(None, "--threads", min=1, help="torch CPU threads"),
+    progress: bool = typer.Option(True, "--progress/--no-progress"),
+) -> None:
+    """Lens and probe margins at the asserted figure, the decision token and the question (a negative control):
+    fabricated vs supported within each fact, with random-transport, length and echo controls."""
+    from lens.controls import random_transport
+    from lens.entitle_read import EntitleReadConfig, read_entitle, with_adapter
+    from lens.margins import resolve_token_sets
+    from lens.model import load_hf
+    from lens.readout import JacobianLens, LogitLens
+    from lens.store import load_lens
+    from lhd_train.entitle.store import EntitleDir
+    from lhd_train.io.files import read_jsonl
+    from lhd_train.rundir.lock import run_dir_lock
+    from lhd_train.rundir.outputs import check_out_dir
+
+    d = EntitleDir(directory)
+    if not d.exists():
+        raise InputError(directory, None, "not an entitle directory (no entitle.json)")
+    manifest = d.read_manifest()
+    spec = (manifest.get("model") or {}).get("spec") or {}
+    model_id = model or spec.get("model")
+    if not model_id:
+        raise InputError(d.manifest, "model.spec.model", "no model recorded; pass --model")
+    ro_name, _, pos = (primary or ("jacobian:claim" if lens else "logit:claim")).partition(":")
+    out = out or d.read_dir
+    check_out_dir(out, what="entitle read")
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    with run_dir_lock(out, stage="lhd entitle read"):
+        m, tok = load_hf(model_id, dtype=dtype, device=device)
+        m = with_adapter(m, (manifest.get("model") or {}).get("adapter"))
+        readouts: list = [LogitLens(m)]
+        lenses = {}
+        if lens is not None:
+            lz = load_lens(lens, model=m)
+            readouts.insert(0, JacobianLens(m, lz))
+            control = JacobianLens(m, random_transport(lz, seed))
+            control.name = "random_transport"
+            readouts.append(control)
+            lenses["jacobian"] = lz.meta.get("sha256")
+        if lens_self is not None:
+            ls = load_lens(lens_self, model=m)
+            own = JacobianLens(m, ls)
+            own.name = "jacobian_self"
+            readouts.append(own)
+            lenses["jacobian_self"] = ls.meta.get("sha256")
+        sets = resolve_token_sets(tok, model_type=getattr(m, "model_type", None))
+        cfg = EntitleReadConfig(band=_band(band), primary_readout=ro_name, primary_position=pos or "claim",
+                                n_boot=bootstrap, seed=seed, control_seed=seed, probe=probe,
+                                max_answers=max_answers, progress=progress)
+        summary = read_entitle(m, tok, read_jsonl(d.answers_path), readouts, sets, out, cfg,
+                               info={"model": model_id, "lenses": lenses, "entitle_dir": str(d.path)})
+    p = summary.get("primary")
+    if p is None:
+        console.print(f"[yellow]{summary.get('note') or 'no primary cell'}[/yellow]")
+    else:
+        console.print(f"primary ({ro_name} at {pos or 'claim'}, band): paired AUROC {p['auroc']:.2f} "
+                      f"[{p['lo']:.2f}, {p['hi']:.2f}] over {p['n_pairs']} pairs in {p['n_groups']} facts")
+    console.print(f"read {summary['n_answers']} answers -> {out}")
