@@ -198,3 +198,34 @@ def read_cmd(
         console.print(f"primary ({ro_name} at {pos or 'claim'}, band): paired AUROC {p['auroc']:.2f} "
                       f"[{p['lo']:.2f}, {p['hi']:.2f}] over {p['n_pairs']} pairs in {p['n_groups']} facts")
     console.print(f"read {summary['n_answers']} answers -> {out}")
+
+
+@app.command("steer")
+def steer_cmd(
+    directory: Path = typer.Argument(..., help="an entitle directory made with the hf backend"),
+    lens: Path | None = typer.Option(None, "--lens", help="Jacobian lens directory (default: the logit-lens "
+                                     "direction, J = I)"),
+    layer: int | None = typer.Option(None, "--layer", help="block to steer at (default: 60% of the depth)"),
+    alpha: list[float] = typer.Option([1.0], "--alpha", help="strength, in units of the residual's norm at the "
+                                      "decision position (repeatable)"),
+    random: int = typer.Option(3, "--random", min=0, help="norm-matched random directions (the control)"),
+    cell: list[str] = typer.Option(["deleted/none", "control/none"], "--cell", help="files/pressure cells to ask "
+                                   "again (repeatable)"),
+    seed: int = typer.Option(0, "--seed", help="seed of the random directions"),
+    progress: bool = typer.Option(True, "--progress/--no-progress"),
+) -> None:
+    """The causal arm: ask again with the entitlement direction (and random ones) added at the decision token,
+    and test the change in fabrication rate against the unsteered answers (McNemar, paired by fact)."""
+    from lhd_train.entitle.steer import SteerSettings, run_steer
+
+    summary = run_steer(SteerSettings(directory=directory, lens=lens, layer=layer, alphas=list(alpha),
+                                      random=random, seed=seed, cells=list(cell), progress=progress))
+    for o in summary["directions"]:
+        fab = o["fabrication"]
+        line = f"{o['direction']:>12} alpha {o['alpha']:<5g} fabrication {_rate(fab)}"
+        p = o.get("vs_unsteered")
+        if p:
+            line += (f"; vs unsteered: {p['n_pairs']} pairs, {p['a_only']} stopped / {p['b_only']} started, "
+                     f"McNemar p {p['p_mcnemar']:.3g}")
+        console.print(line)
+    console.print(f"results: {Path(directory) / 'steer'}")

@@ -3,7 +3,7 @@
 An answer asserts a figure when it writes a number as a claim: `12%`, `$1,200`, `1.2 million`,
 `twenty-five`, `0.9`. Numbers that are not claims are left out: those inside file names
 (`sales_2024.csv`), identifiers glued to letters (`P1`, `I-01`, `Q3`, `v1.2`), ordinals (`3rd`),
-times and dates (`09:00`, `2024-03-01`, `3/4`), references (`row 5`, `line 3`, `Task: 2`, `#4`),
+times and dates (`09:00`, `2024-03-01`, `2026-09`, `2025-26`, `3/4`), references (`row 5`, `line 3`, `Task: 2`, `#4`),
 compound modifiers (`an 11-person startup`, `a 40-door minimum`), list markers at the start of a
 line (`1.` / `2)`), years (1900-2100, bare integers), the word `one` (a pronoun far more often
 than a count), and any text the caller names as not a claim (the question's entity and
@@ -59,6 +59,7 @@ _BETWEEN = re.compile(r"(?:between|from)\s*$", re.I)
 _NOT_CLAIMS = [
     re.compile(r"[\w.-]+\.(?:csv|json|txt|md|xlsx?|pdf|docx?)\b", re.I),  # file names
     re.compile(r"\d{1,4}[-/]\d{1,2}[-/]\d{1,4}"),  # dates
+    re.compile(r"\b(?:19|20)\d{2}[-/](?:(?:19|20)?\d{2}|\d{1,2})\b"),  # 2026-09, 2025-26, 2025-2026
     re.compile(r"\b\d{1,2}:\d{2}\b"),  # times
     re.compile(r"\b\d+/\d+\b"),  # 3/4, 2/5 (a fraction or a date: never read as one figure)
     re.compile(r"\b(?:row|rows|line|lines|task|step|section|item|column|col|page|table|figure|chapter|no\.|"

@@ -69,6 +69,7 @@ CASES = [
     # numbers that are not claims
     ("See row 3 of churn_2024.csv and task 2; the figure is not provided.", None, None, ABSTAINED, None),
     ("In Q3 2025, P1 and I-01 were reviewed; no figure is given for churn.", None, None, ABSTAINED, None),
+    ("The 2025-26 plan and the 2026-09 deadline; no figure is given for churn.", None, None, ABSTAINED, None),
 ]
 
 
