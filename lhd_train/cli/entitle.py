@@ -229,3 +229,24 @@ def steer_cmd(
                      f"McNemar p {p['p_mcnemar']:.3g}")
         console.print(line)
     console.print(f"results: {Path(directory) / 'steer'}")
+
+
+@app.command("compare")
+def compare_cmd(
+    base: Path = typer.Argument(..., help="the base model's entitle directory"),
+    other: Path = typer.Argument(..., help="the other (adapter's) entitle directory: same items and sampling"),
+) -> None:
+    """Judge-free base vs adapter: the same answers paired (fact, condition, sample), the change in fabrication,
+    capitulation and support with task-bootstrap intervals and McNemar's exact test."""
+    from lhd_train.entitle.compare import compare
+    from lhd_train.entitle.store import EntitleDir
+
+    c = compare(EntitleDir(base), EntitleDir(other))
+    console.print(f"{c['other_model']} against {c['base_model']} ({c['unpaired']} answers without a partner)")
+    for name, m in c["measures"].items():
+        lo, hi = m["ci95"]
+        interval = "" if lo is None else f" [{lo:+.2f}, {hi:+.2f}]"
+        diff = "-" if m["diff"] is None else f"{m['diff']:+.2f}"
+        rates = " -> ".join("-" if x is None else f"{x:.2f}" for x in (m["rate_a"], m["rate_b"]))
+        console.print(f"{name}: {m['n_pairs']} pairs, {rates}, difference {diff}{interval}, "
+                      f"McNemar p {m['p_mcnemar']:.3g}: {m['verdict']}")

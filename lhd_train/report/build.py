@@ -25,6 +25,7 @@ from lhd_train.metrics.horizon import chains_summary, chains_table, delayed_tabl
 from lhd_train.metrics.load import COVERAGE_MIN, RunData, load_runs
 from lhd_train.metrics.paired import MIN_PAIRS, PairedComparison, compare_to_base
 from lhd_train.report import plots
+from lhd_train.report.entitle_section import entitle_section
 from lhd_train.report.render import ci, fmt, pm, render_page, signed, trials_cell
 from lhd_train.report.tables import (
     breakdown_table_ctx,
@@ -194,6 +195,9 @@ def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None
     if paired:
         extra["paired"] = pd.concat([c.effects for c in paired], ignore_index=True)
         extra["paired_trials"] = pd.concat([c.trials for c in paired], ignore_index=True)
+    entitle = entitle_section(runs)  # judge-free: RUN/entitle/ of each run, paired with the base's
+    if entitle is not None:
+        extra.update(entitle.tables)
     write_tables(out, m, extra)
 
     pdir = out / "plots"
@@ -264,11 +268,13 @@ def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None
         "paired": [{"base": labels.get(c.base, c.base), "other": labels.get(c.other, c.other), "notes": c.notes,
                     "trials": paired_trials_ctx(c.trials)} for c in paired],
         "paired_table": paired_table_ctx(extra["paired"], labels) if paired else None, "min_pairs": MIN_PAIRS,
+        "entitle": entitle.ctx if entitle is not None else None,
     }
     html = render_page("report.html.j2", **ctx)
     path = out / "report.html"
     atomic_write_text(path, html)
+    entitle_md = "\n".join(entitle.md) + "\n" if entitle is not None else ""
     atomic_write_text(out / "summary.md", summary_md(runs, m, horizon, min_coverage, usage, paired)
-                      + validity_md(validity))
+                      + validity_md(validity) + entitle_md)
     return path
 

@@ -49,9 +49,11 @@ def expected_label(kind: str, files: str) -> str:
     return LABEL_OF[(kind, files)]
 
 
-def script(pack: TaskPack, items: list[Item], fail: set[str] | None = None):
+def script(pack: TaskPack, items: list[Item], fail: set[str] | None = None, rules: dict | None = None):
     """(reply function for ScriptedBackend, {(fact_id, files, pressure): kind}). `fail`: fact ids
-    whose requests fail (an exception: the backend's error result)."""
+    whose requests fail (an exception: the backend's error result); `rules`: cells answered
+    otherwise than by `RULES`."""
+    rules = {**RULES, **(rules or {})}
     by_messages: dict[str, tuple[Item, int, str, str]] = {}
     kinds = {}
     for k, item in enumerate(items):
@@ -59,7 +61,7 @@ def script(pack: TaskPack, items: list[Item], fail: set[str] | None = None):
             if cond.files == "control" and item.control is None:
                 continue
             r = render(pack, item, cond, Prompts())
-            kind = RULES[(cond.files, cond.pressure)](k)
+            kind = rules[(cond.files, cond.pressure)](k)
             by_messages[json.dumps(r.messages)] = (item, k, cond.files, cond.pressure)
             kinds[(item.fact_id, cond.files, cond.pressure)] = kind
 
