@@ -37,7 +37,8 @@ def print_summary(summary: dict) -> None:
         if measure == "abstention":
             continue
         for cell, r in cells.items():
-            console.print(f"{measure} rate, {cell}: {_rate(r)}")
+            if r["n"] or r["n_unparsed"]:
+                console.print(f"{measure} rate, {cell}: {_rate(r)}")
     for p in summary["paired"]:
         console.print(f"paired {p['test']} ({p['a']} vs {p['b']}): {p['n_pairs']} pairs, {p['a_only']} only in a, "
                       f"{p['b_only']} only in b, McNemar exact p {p['p_mcnemar']:.3g}")
