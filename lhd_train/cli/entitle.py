@@ -156,9 +156,8 @@ def read_cmd(
     d = EntitleDir(directory)
     if not d.exists():
         raise InputError(directory, None, "not an entitle directory (no entitle.json)")
-    manifest = d.read_manifest()
-    spec = (manifest.get("model") or {}).get("spec") or {}
-    model_id = model or spec.get("model")
+    record = d.record()
+    model_id = model or record.model.spec.get("model")
     if not model_id:
         raise InputError(d.manifest, "model.spec.model", "no model recorded; pass --model")
     ro_name, _, pos = (primary or ("jacobian:claim" if lens else "logit:claim")).partition(":")
@@ -170,7 +169,7 @@ def read_cmd(
         torch.set_num_threads(threads)
     with run_dir_lock(out, stage="lhd entitle read"):
         m, tok = load_hf(model_id, dtype=dtype, device=device)
-        m = with_adapter(m, (manifest.get("model") or {}).get("adapter"))
+        m = with_adapter(m, record.model.adapter)
         readouts: list = [LogitLens(m)]
         lenses = {}
         if lens is not None:

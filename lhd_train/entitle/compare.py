@@ -46,12 +46,12 @@ def compare(base: EntitleDir, other: EntitleDir) -> dict[str, Any]:
     for d in (base, other):
         if not d.exists():
             raise InputError(d.path, None, "not an entitle directory (no entitle.json)")
-    sb, so = (d.read_manifest().get("settings") or {} for d in (base, other))
+    sb, so = (d.record().settings for d in (base, other))
     for key in SAME:
         if sb.get(key) != so.get(key):
             raise InputError(other.manifest, f"settings.{key}", f"{so.get(key)!r} here, {sb.get(key)!r} in the base "
                              f"{base.path}; paired answers need the same items and sampling")
-    if [i.to_json() for i in base.items()] != [i.to_json() for i in other.items()]:
+    if base.item_records() != other.item_records():
         raise InputError(other.items_path, None, f"the items differ from the base's ({base.items_path})")
     rb, ro = base.latest(), other.latest()
     out: dict[str, Any] = {"base": str(base.path), "other": str(other.path),
@@ -72,6 +72,5 @@ def compare(base: EntitleDir, other: EntitleDir) -> dict[str, Any]:
 
 
 def _model(d: EntitleDir) -> str:
-    m = d.read_manifest().get("model") or {}
-    spec = m.get("spec") or {}
-    return f"{spec.get('model', '?')}" + (f" + {m['adapter']}" if m.get("adapter") else "")
+    m = d.record().model
+    return f"{m.spec.get('model', '?')}" + (f" + {m.adapter}" if m.adapter else "")

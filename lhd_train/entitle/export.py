@@ -63,7 +63,7 @@ def build_natural_run(d: EntitleDir, out: Path, all_samples: bool = False) -> Ex
         raise InputError("command line", "--out", f"{out} is not empty; the natural run is built in a new folder")
     if not d.exists():
         raise InputError(d.path, None, "not an entitle directory (no entitle.json): run `lhd entitle run` first")
-    titles = {i.fact_id: i.task_title for i in d.items()}
+    titles = {str(i.get("fact_id")): str(i.get("task_title") or "") for i in d.item_records()}
     report = ExportReport(out)
     chosen = []
     for row in d.latest().values():
@@ -108,7 +108,7 @@ def build_natural_run(d: EntitleDir, out: Path, all_samples: bool = False) -> Ex
                                     answer_quotes=[row.asserted] if deceptive and row.asserted else [],
                                     why=_why(row)))
     write_ground_truth(run, truth)
-    config = d.read_manifest().get("run_config") or {}
+    config = d.record().run_config or {}
     auditor_part = {k: config[k] for k in ("models", "auditor", "prompts_dir") if config.get(k) is not None}
     if auditor_part.get("auditor"):
         run.write_config(auditor_part)

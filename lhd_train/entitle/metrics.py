@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from lhd_train.entitle.conditions import ALTERED, CONTROL, DELETED, DEMAND, FULL, NONE
+from lhd_train.entitle.cells import ALTERED, CONTROL, DELETED, DEMAND, FULL, NONE
 from lhd_train.entitle.labels import (
     ABSTAINED,
     ASSERTS_WITHOUT_EVIDENCE,

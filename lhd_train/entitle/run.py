@@ -8,6 +8,7 @@ written (and those that failed), and recomputes `summary.json` from `answers.jso
 from __future__ import annotations
 
 import asyncio
+import json
 import platform
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from lhd_train.entitle.metrics import summarise
 from lhd_train.entitle.settings import RESULT_FIELDS, EntitleRunCommand, resolve_target, with_adapter
 from lhd_train.entitle.store import ERROR, EntitleDir
 from lhd_train.errors import InputError
+from lhd_train.io.files import json_text
 from lhd_train.io.provenance import package_versions, python_version, utc_now
 from lhd_train.rundir.lock import run_dir_lock
 from lhd_train.rundir.outputs import check_out_dir
@@ -87,13 +89,13 @@ def run_entitle(s: EntitleRunCommand, backend: Backend | None = None) -> RunResu
         if d.exists():
             old = d.read_manifest()
             _check_same(d, old, record, weights)
-            if [i.to_json() for i in d.items()] != [i.to_json() for i in items]:
+            if d.item_records() != [json.loads(json_text(i.to_json())) for i in items]:
                 raise InputError(d.items_path, None, "the items built now differ from the ones on disk (the pack "
                                  "changed?); choose a new --out")
             session: dict[str, Any] = {"at": utc_now(), "host": platform.node(), "packages": package_versions()}
             record = {**old, "resumes": [*(old.get("resumes") or []), session]}
         else:
-            d.write_items(items)
+            d.write_items([i.to_json() for i in items])
         done = {k for k, r in d.latest().items() if r.label != ERROR}
         todo = jobs(pack, items, conds, plan, Prompts(target.prompts_dir), done)
         built = backend is None

@@ -22,6 +22,7 @@ from lhd_train.bench.prompts import Prompts
 from lhd_train.bench.taskpack import load_pack, pack_sha256
 from lhd_train.entitle.conditions import Condition
 from lhd_train.entitle.generate import Job, Plan, generate_all, jobs
+from lhd_train.entitle.items import Item
 from lhd_train.entitle.labels import ASSERTS_WITHOUT_EVIDENCE, UNPARSED
 from lhd_train.entitle.metrics import paired_outcomes, rate
 from lhd_train.entitle.store import ERROR, AnswerRow, EntitleDir
@@ -100,16 +101,16 @@ def run_steer(s: SteerSettings, backend: Any = None) -> dict[str, Any]:
     d = EntitleDir(s.directory)
     if not d.exists():
         raise InputError(s.directory, None, "not an entitle directory (no entitle.json): run `lhd entitle run` first")
-    manifest = d.read_manifest()
-    settings = manifest.get("settings") or {}
-    pack = load_pack(str(manifest["pack"]["name"]))
-    if pack_sha256(pack) != manifest["pack"].get("sha256"):
+    record = d.record()
+    settings = record.settings
+    pack = load_pack(record.pack.name)
+    if pack_sha256(pack) != record.pack.sha256:
         raise InputError(d.manifest, "pack.sha256", f"pack {pack.name} changed since the answers were made")
-    spec = ModelSpec.model_validate((manifest.get("model") or {}).get("spec") or {})
+    spec = ModelSpec.model_validate(record.model.spec)
     if spec.backend != "hf":
         raise InputError(d.manifest, "model.spec.backend", f"steering needs the in-process hf backend, the answers "
                          f"were made with {spec.backend}", "hf")
-    adapter = (manifest.get("model") or {}).get("adapter")
+    adapter = record.model.adapter
     plan = Plan(seed=int(settings.get("seed", 0)), samples=0, temperature=1.0, top_p=1.0,
                 max_tokens=int(settings.get("max_tokens", 96)), adapter=adapter)
     conds = _conditions(s.cells)
@@ -131,8 +132,8 @@ def run_steer(s: SteerSettings, backend: Any = None) -> dict[str, Any]:
         directions += [("entitlement", v, a) for a in s.alphas]
         directions += [(f"random{i + 1}", r, a) for i, r in enumerate(random_directions(v, s.random, s.seed))
                        for a in s.alphas]
-        todo_all = jobs(pack, d.items(), conds, plan, Prompts(manifest.get("prompts") if manifest.get("prompts")
-                                                                not in (None, "built-in") else None), set())
+        items = [Item.from_json(x) for x in d.item_records()]
+        todo_all = jobs(pack, items, conds, plan, Prompts(record.prompts_dir), set())
         done = {k for k, r in out.latest().items() if r.label != ERROR}
         meta = {"layer": layer, "lens": str(s.lens) if s.lens else None, "norm_of_v": float(v.norm()),
                 "alphas": s.alphas, "random": s.random, "seed": s.seed, "cells": s.cells, "at": utc_now()}

@@ -17,7 +17,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from lhd_train.entitle.items import Item
 from lhd_train.errors import DataFileError
 from lhd_train.io.files import append_jsonl, atomic_write_text, json_text, read_json_mapping, read_jsonl_lines
 
@@ -84,6 +83,33 @@ class AnswerRow(BaseModel):
         return data
 
 
+class PackRef(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+    sha256: str | None = None
+
+
+class ModelRecord(BaseModel):
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
+    spec: dict[str, Any] = {}
+    adapter: str | None = None
+
+
+class EntitleRecord(BaseModel):
+    """entitle.json, as the readers use it (every other key is kept: `extra`)."""
+
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
+    settings: dict[str, Any] = {}
+    pack: PackRef
+    model: ModelRecord = ModelRecord()
+    run_config: dict[str, Any] | None = None
+    prompts: str | None = None
+
+    @property
+    def prompts_dir(self) -> str | None:
+        return None if self.prompts in (None, "built-in") else self.prompts
+
+
 def answer_id(fact: str, files: str, pressure: str, sample: int) -> str:
     return f"{fact}/{files}/{pressure}/s{sample}"
 
@@ -107,22 +133,25 @@ class EntitleDir:
     def read_manifest(self) -> dict[str, Any]:
         return read_json_mapping(self.manifest)
 
+    def record(self) -> EntitleRecord:
+        """entitle.json, checked; a `DataFileError` naming the field when it is not one."""
+        try:
+            return EntitleRecord.model_validate(self.read_manifest())
+        except ValidationError as e:
+            err = e.errors()[0]
+            raise DataFileError(self.manifest, err["msg"], field=".".join(map(str, err["loc"]))) from None
+
     def write_manifest(self, record: dict[str, Any]) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.manifest, json_text(record, indent=2))
 
-    def items(self) -> list[Item]:
-        out = []
-        for n, raw in read_jsonl_lines(self.items_path, REPAIR):
-            try:
-                out.append(Item.from_json(raw))
-            except (TypeError, KeyError, ValueError) as e:
-                raise DataFileError(self.items_path, f"not an item ({e})", line=n) from None
-        return out
+    def item_records(self) -> list[dict[str, Any]]:
+        """items.jsonl as written (`items.Item.from_json` makes them items again)."""
+        return [raw for _, raw in read_jsonl_lines(self.items_path, REPAIR)]
 
-    def write_items(self, items: list[Item]) -> None:
+    def write_items(self, items: list[dict[str, Any]]) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.items_path, "".join(json_text(i.to_json()) + "\n" for i in items))
+        atomic_write_text(self.items_path, "".join(json_text(i) + "\n" for i in items))
 
     def answers(self, path: Path | None = None) -> list[AnswerRow]:
         """Every row in file order (a rerun's row of an id comes after the failed one it replaces)."""
