@@ -156,7 +156,7 @@ def probe_rows(examples: list[dict], feats: dict[str, list], cfg: EntitleReadCon
         X = np.stack(feats[name])  # [n, L, d]
         for layer in range(X.shape[1]):
             try:
-                Z = out_of_fold_logits(X[:, layer, :], y, groups, n_splits=cfg.probe_folds, seed=cfg.seed)
+                Z = out_of_fold_logits(X[:, layer, :], y, list(groups), n_splits=cfg.probe_folds, seed=cfg.seed)
             except LensError as exc:
                 log.warning("probe at layer %d, %s: %s", layer, name, exc)
                 continue

@@ -78,10 +78,13 @@ def test_read_on_the_tiny_model(tmp_path, tiny_llama_dir):
     lens = Lens({0: torch.randn(m.d_model, m.d_model) / m.d_model ** 0.5}, {"target_layer": m.n_layers - 1})
     sets = resolve_token_sets(tok, fallback="first-token")
     out = tmp_path / "read"
-    cfg = EntitleReadConfig(band=(0.0, 1.0), n_boot=200, progress=False, probe=False)
+    cfg = EntitleReadConfig(band=(0.0, 1.0), n_boot=200, progress=False, probe=True)
     summary = read_entitle(m, tok, rows, [JacobianLens(m, lens), LogitLens(m)], sets, out, cfg)
     assert summary["n_answers"] == len(rows) and summary["primary"]["readout"] == "jacobian"
     margins = list(csv.DictReader((out / "margins.csv").open()))
+    probe = [x for x in margins if x["readout"] == "probe"]  # out of fold, folds grouped by task
+    assert {x["position"] for x in probe} == {"claim", "decision", "question"}
+    assert len(probe) == len(rows) * 3 * m.n_layers
     # the logit lens at the decision position of the last block is the model's own next-token margin
     r0 = rows[0]
     ids = torch.tensor([r0["prompt_token_ids"]])
