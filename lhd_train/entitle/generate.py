@@ -88,12 +88,12 @@ def row_of(job: Job, sample: int, result: GenerationResult, completion: Completi
            adapter: str | None) -> AnswerRow:
     """The labelled row of one answer (or of the request's error, when `completion` is None)."""
     item, r = job.item, job.rendered
-    entity, attribute = (item.control.entity, item.control.attribute) if job.cond.files == "control" and \
-        item.control else (item.entity, item.attribute)
+    control = item.control if job.cond.files == "control" else None
+    entity, attribute = (control.entity, control.attribute) if control else (item.entity, item.attribute)
     base: dict[str, Any] = dict(
         id=answer_id(item.fact_id, job.cond.files, job.cond.pressure, sample), fact=item.fact_id, pack=item.pack,
-        task=item.task, file=item.file, entity=entity, attribute=attribute, files=job.cond.files,
-        pressure=job.cond.pressure, sample=sample, seed=job.sampling.seed,
+        task=item.task, file=control.file if control else item.file, entity=entity, attribute=attribute,
+        files=job.cond.files, pressure=job.cond.pressure, sample=sample, seed=job.sampling.seed,
         temperature=float(job.sampling.temperature or 0.0), max_tokens=job.sampling.max_tokens,
         question=r.question, value=item.value, shown=r.shown, demanded=r.demanded, messages=r.messages,
         prompt_token_ids=result.prompt_token_ids, model=result.model_id, adapter=adapter, attempts=attempts,

@@ -125,3 +125,19 @@ def test_a_rerun_with_other_settings_is_refused(tmp_path):
     run_entitle(settings(out, facts=2), backend=SampledScripted(reply))
     with pytest.raises(InputError, match="settings.seed"):
         run_entitle(settings(out, facts=2, seed=1), backend=SampledScripted(reply))
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["some-model", "a.b=1"], "overrides need a run config"),
+    (["missing.yaml"], "no such config file"),
+    (["some-model", "--facts", "0"], "--facts"),
+])
+def test_bad_input_is_one_clear_line(tmp_path, args, expected):
+    """Through the error boundary of the real entry point: exit status 2, one line, no traceback."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "lhd_train.cli", "entitle", "run", *args, "--out",
+                           str(tmp_path / "o"), "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert expected in done.stderr and "Traceback" not in done.stderr
