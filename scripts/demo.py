@@ -133,7 +133,7 @@ class Profile:
     lens_read: tuple[str, ...]
     cut: str
     # the judge-free experiment (docs/entitle.md): a few facts, greedy, the six conditions
-    entitle_args: tuple[str, ...] = ("--facts", "4", "--max-tokens", "48", "--no-control", "--no-progress")
+    entitle_args: tuple[str, ...] = ("--facts", "6", "--max-tokens", "48", "--no-control", "--no-progress")
 
     @property
     def adapter_run(self) -> str:
@@ -164,7 +164,7 @@ SMOLLM2 = Profile(
     lens_read=("--limit", "12", "--bootstrap", "200", "--threads", "1"),
     cut="2 trials x 1 task x 1 round (of 14 tasks x up to 3 rounds), 128-token answers, "
         "best of 2 answers (original + 1 sample) for 1 context, 2 training steps, lens on 4 blocks and 12 probes, "
-        "judge-free experiment on 4 facts x 6 conditions (greedy, 48-token answers)",
+        "judge-free experiment on 6 facts x 6 conditions (greedy, 48-token answers)",
 )
 
 TINY = Profile(

@@ -94,3 +94,32 @@ def test_smollm2_twenty_facts_six_conditions(tmp_path, smollm2_dir):
         for c in summary["conditions"]))
     if os.environ.get("LHD_ASSERT_TIME"):
         assert took < 600
+
+
+def test_a_run_config_with_an_adapter_as_the_demo_uses_it(tmp_path, tiny_llama_dir):
+    """configs/tiny.yaml with performer.adapter=..., as `make demo` runs it for the adapter; then
+    the read merges the adapter, steering runs on the adapted model, and compare pairs the two."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_llama_dir),
+                                LoraConfig(r=4, lora_alpha=64, target_modules=["q_proj", "v_proj"],
+                                           init_lora_weights=False))
+    peft_model.save_pretrained(tmp_path / "adapter")
+    root = Path(__file__).resolve().parents[2]
+    common = ["--facts", "2", "--max-tokens", "8", "--no-control", "--no-progress"]
+    model = f"models.tiny.model={tiny_llama_dir}"
+    lhd("entitle", "run", str(root / "configs/tiny.yaml"), model, "--out", str(tmp_path / "base"), *common)
+    lhd("entitle", "run", str(root / "configs/tiny.yaml"), model, f"performer.adapter={tmp_path / 'adapter'}",
+        "--out", str(tmp_path / "sft"), *common)
+    base, sft = rows_of(tmp_path / "base" / "answers.jsonl"), rows_of(tmp_path / "sft" / "answers.jsonl")
+    assert {r["adapter"] for r in sft} == {str(tmp_path / "adapter")} and {r["adapter"] for r in base} == {None}
+    assert [r["answer"] for r in base] != [r["answer"] for r in sft]  # the adapter changes the answers
+    res = lhd("entitle", "compare", str(tmp_path / "base"), str(tmp_path / "sft"))
+    assert "fabrication" in res.output
+    lhd("entitle", "read", str(tmp_path / "sft"), "--no-progress", "--bootstrap", "10")
+    lhd("entitle", "steer", str(tmp_path / "sft"), "--random", "0", "--cell", "deleted/none", "--no-progress")
+    steered = rows_of(tmp_path / "sft" / "steer" / "answers.jsonl")
+    assert {r["steer_direction"] for r in steered} == {"none", "entitlement"}
