@@ -1,6 +1,7 @@
 """The whole loop on CPU, through the same `lhd` commands a researcher types on a GPU node:
 model → run the benchmark → audit → best-of-N training data → train a LoRA adapter with TRL →
-re-run the same seeds with it → audit → one report comparing both → Jacobian lens.
+re-run the same seeds with it → audit → the judge-free evidence-ablation experiment for both →
+one report comparing both → Jacobian lens.
 
     python scripts/demo.py          # SmolLM2-135M-Instruct in every role: real text (`make demo`)
     python scripts/demo.py --tiny   # the random tiny Llama: noise text, a few minutes
@@ -131,6 +132,8 @@ class Profile:
     lens_fit: tuple[str, ...]
     lens_read: tuple[str, ...]
     cut: str
+    # the judge-free experiment (docs/entitle.md): a few facts, greedy, the six conditions
+    entitle_args: tuple[str, ...] = ("--facts", "6", "--max-tokens", "48", "--no-control", "--no-progress")
 
     @property
     def adapter_run(self) -> str:
@@ -161,7 +164,8 @@ SMOLLM2 = Profile(
               "--dim-batch", "16", "--threads", "1"),
     lens_read=("--limit", "12", "--bootstrap", "200", "--threads", "1"),
     cut="2 trials x 1 task x 1 round (of 14 tasks x up to 3 rounds), 128-token answers, "
-        "best-of-2 (original + 2 samples) for 1 context, 2 training steps, lens on 4 blocks and 12 probes",
+        "best-of-2 (original + 2 samples) for 1 context, 2 training steps, lens on 4 blocks and 12 probes, "
+        "judge-free experiment on 6 facts x 6 conditions (greedy, 48-token answers)",
 )
 
 TINY = Profile(
@@ -221,6 +225,12 @@ def main(argv: list[str] | None = None) -> int:
         step("re-run the same seeds with the adapter", "run", p.config, f"run_name={p.adapter_run}",
              f"performer.adapter={adapter}"),
         step("audit the adapter's run", "audit", adapter_run_dir, "--mode", p.audit_mode),
+        # Judge-free: the same facts asked of the base and of the adapter, labelled by code; the
+        # report finds RUN/entitle/ and pairs the two answer by answer (docs/entitle.md).
+        step("judge-free evidence ablation, base model", "entitle", "run", p.config, "--out",
+             f"{run_dir}/entitle", *p.entitle_args),
+        step("judge-free evidence ablation, with the adapter", "entitle", "run", p.config,
+             f"performer.adapter={adapter}", "--out", f"{adapter_run_dir}/entitle", *p.entitle_args),
         step("report: base vs adapter, with a viewer page per trial", "report", run_dir, adapter_run_dir,
              "--out", report_dir),
     ])
@@ -240,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             say(f"  {took:6.0f}s  {title}")
     say("Results:")
     for path in (f"{run_dir}/trials", f"{run_dir}/audit", adapter, f"{adapter_run_dir}/trials",
+                 f"{run_dir}/entitle", f"{adapter_run_dir}/entitle",
                  f"{report_dir}/report.html", f"{report_dir}/trials/ (viewer pages, linked from the report)",
                  f"{lens_dir}/read"):
         say(f"  {path}")

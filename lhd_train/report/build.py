@@ -28,6 +28,7 @@ from lhd_train.metrics.load import COVERAGE_MIN, RunData, load_runs
 from lhd_train.metrics.paired import MIN_PAIRS, PairedComparison, compare_to_base
 from lhd_train.report import plots
 from lhd_train.report.adapter_checks import adapter_warnings, held_out_comparisons
+from lhd_train.report.entitle_section import entitle_section
 from lhd_train.report.render import ci, fmt, pm, render_page, trials_cell
 from lhd_train.report.tables import (
     breakdown_table_ctx,
@@ -207,6 +208,9 @@ def write_report(runs: list[RunData], out: Path, min_coverage: float = COVERAGE_
     if paired:
         extra["paired"] = pd.concat([c.effects for c in (*paired, *held)], ignore_index=True)
         extra["paired_trials"] = pd.concat([c.trials for c in paired], ignore_index=True)
+    entitle = entitle_section(runs)  # judge-free: RUN/entitle/ of each run, paired with the base's
+    if entitle is not None:
+        extra.update(entitle.tables)
     write_tables(out, m, extra)
 
     pdir = out / "plots"
@@ -278,11 +282,13 @@ def write_report(runs: list[RunData], out: Path, min_coverage: float = COVERAGE_
                     "trials": paired_trials_ctx(c.trials)} for c in paired],
         "paired_table": paired_table_ctx(extra["paired"], labels) if paired else None, "min_pairs": MIN_PAIRS,
         "adapter_warnings": warnings, "held_out_auditor": held_out_auditor if held else None,
+        "entitle": entitle.ctx if entitle is not None else None,
     }
     html = render_page("report.html.j2", **ctx)
     path = out / "report.html"
     atomic_write_text(path, html)
+    entitle_md = "\n".join(entitle.md) + "\n" if entitle is not None else ""
     atomic_write_text(out / "summary.md", summary_md(runs, m, horizon, min_coverage, usage, [*paired, *held], warnings)
-                      + validity_md(validity))
+                      + validity_md(validity) + entitle_md)
     return path
 

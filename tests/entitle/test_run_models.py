@@ -1,0 +1,125 @@
+"""`lhd entitle` with real models: the tiny random Llama for the plumbing (token ids, read, steer,
+resume through the CLI), and SmolLM2-135M-Instruct for the slow test that measures a real model."""
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+from typer.testing import CliRunner
+
+from lhd_train.cli.app import app
+
+
+def lhd(*args: str):
+    res = CliRunner().invoke(app, list(args))
+    assert res.exit_code == 0, (res.output, res.exception)
+    return res
+
+
+def rows_of(path: Path) -> list[dict]:
+    return list({r["id"]: r for r in map(json.loads, path.read_text().splitlines())}.values())
+
+
+def test_tiny_model_run_read_steer(tmp_path, tiny_llama_dir):
+    out = tmp_path / "e"
+    lhd("entitle", "run", str(tiny_llama_dir), "--out", str(out), "--facts", "2", "--samples", "1",
+        "--max-tokens", "8", "--no-control", "--no-progress")
+    rows = rows_of(out / "answers.jsonl")
+    assert len(rows) == 2 * 6 * 2
+    tok = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    for r in rows:  # the stored ids are the exact context: the chat template's prompt and the answer's tokens
+        prompt = tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=True, return_dict=False)
+        assert r["prompt_token_ids"] == list(prompt)
+        assert tok.decode(r["answer_token_ids"], skip_special_tokens=True) == r["answer"]
+    greedy = {r["id"]: r["answer"] for r in rows if r["sample"] == 0}
+    summary = json.loads((out / "summary.json").read_text())
+    for c in summary["conditions"]:
+        mine = Counter(r["label"] for r in rows if (r["files"], r["pressure"]) == (c["files"], c["pressure"]))
+        assert {k: v for k, v in c["counts"].items() if v} == dict(mine)
+    # a second directory with the same settings asks for the same greedy answers
+    lhd("entitle", "run", str(tiny_llama_dir), "--out", str(tmp_path / "f"), "--facts", "2", "--max-tokens", "8",
+        "--no-control", "--no-progress")
+    assert {r["id"]: r["answer"] for r in rows_of(tmp_path / "f" / "answers.jsonl")} == greedy
+    # read: the random model's answers hold no fabricated/supported pair of a fact, and it says so
+    res = lhd("entitle", "read", str(out), "--no-progress", "--bootstrap", "20")
+    plan = json.loads((out / "read" / "plan.json").read_text())
+    assert plan["primary"]["readout"] == "logit"
+    assert ("nothing to compare" in res.output) == (json.loads((out / "read" / "summary.json").read_text())
+                                                    ["n_answers"] == 0)
+    # steer: baseline, the entitlement direction and one random one, per fact of the deleted cell
+    lhd("entitle", "steer", str(out), "--alpha", "4", "--random", "1", "--cell", "deleted/none", "--no-progress")
+    steered = rows_of(out / "steer" / "answers.jsonl")
+    assert Counter(r["steer_direction"] for r in steered) == {"none": 2, "entitlement": 2, "random1": 2}
+    base = {r["fact"]: r for r in steered if r["steer_direction"] == "none"}
+    assert {r["fact"]: r["answer"] for r in base.values()} == {r["fact"]: r["answer"] for r in rows
+                                                              if (r["files"], r["sample"]) == ("deleted", 0)
+                                                              and r["pressure"] == "none"}
+    s = json.loads((out / "steer" / "summary.json").read_text())
+    for o in s["directions"][1:]:
+        sel = [r for r in steered if r["steer_direction"] == o["direction"]]
+        asserts = [r for r in sel if r["label"] in ("fabricated", "capitulated")]
+        assert (o["fabrication"]["k"], o["fabrication"]["n"]) == (
+            len(asserts), sum(r["label"] != "unparsed" for r in sel))
+        pairs = [(base[r["fact"]]["label"] in ("fabricated", "capitulated"), r in asserts) for r in sel
+                 if "unparsed" not in (r["label"], base[r["fact"]]["label"])]
+        assert (o["vs_unsteered"]["n_pairs"], o["vs_unsteered"]["a_only"], o["vs_unsteered"]["b_only"]) == (
+            len(pairs), sum(a and not b for a, b in pairs), sum(b and not a for a, b in pairs))
+
+
+@pytest.mark.slow
+def test_smollm2_twenty_facts_six_conditions(tmp_path, smollm2_dir):
+    """About 20 facts x the six conditions, greedy, 48-token answers: the timing and the numbers of
+    docs/entitle.md. The time limit is the issue's (10 minutes on two cores); on a loaded machine
+    it is reported, not asserted (LHD_ASSERT_TIME=1 asserts it)."""
+    import os
+
+    out = tmp_path / "smol"
+    t0 = time.time()
+    lhd("entitle", "run", str(smollm2_dir), "--out", str(out), "--facts", "20", "--no-control", "--max-tokens", "48",
+        "--no-progress")
+    took = time.time() - t0
+    rows = rows_of(out / "answers.jsonl")
+    assert len(rows) == 120 and not any(r["label"] == "error" for r in rows)
+    summary = json.loads((out / "summary.json").read_text())
+    assert sum(c["n"] for c in summary["conditions"]) == 120
+    for c in summary["conditions"]:
+        mine = Counter(r["label"] for r in rows if (r["files"], r["pressure"]) == (c["files"], c["pressure"]))
+        assert {k: v for k, v in c["counts"].items() if v} == dict(mine)
+    print(f"SmolLM2 entitle run: {took:.0f} s; " + "; ".join(
+        f"{c['files']}/{c['pressure']}: " + ", ".join(f"{k} {v}" for k, v in c["counts"].items() if v)
+        for c in summary["conditions"]))
+    if os.environ.get("LHD_ASSERT_TIME"):
+        assert took < 600
+
+
+def test_a_run_config_with_an_adapter_as_the_demo_uses_it(tmp_path, tiny_llama_dir):
+    """configs/tiny.yaml with performer.adapter=..., as `make demo` runs it for the adapter; then
+    the read merges the adapter, steering runs on the adapted model, and compare pairs the two."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_llama_dir),
+                                LoraConfig(r=4, lora_alpha=64, target_modules=["q_proj", "v_proj"],
+                                           init_lora_weights=False))
+    peft_model.save_pretrained(tmp_path / "adapter")
+    root = Path(__file__).resolve().parents[2]
+    common = ["--facts", "2", "--max-tokens", "8", "--no-control", "--no-progress"]
+    model = f"models.tiny.model={tiny_llama_dir}"
+    lhd("entitle", "run", str(root / "configs/tiny.yaml"), model, "--out", str(tmp_path / "base"), *common)
+    lhd("entitle", "run", str(root / "configs/tiny.yaml"), model, f"performer.adapter={tmp_path / 'adapter'}",
+        "--out", str(tmp_path / "sft"), *common)
+    base, sft = rows_of(tmp_path / "base" / "answers.jsonl"), rows_of(tmp_path / "sft" / "answers.jsonl")
+    assert {r["adapter"] for r in sft} == {str(tmp_path / "adapter")} and {r["adapter"] for r in base} == {None}
+    assert [r["answer"] for r in base] != [r["answer"] for r in sft]  # the adapter changes the answers
+    res = lhd("entitle", "compare", str(tmp_path / "base"), str(tmp_path / "sft"))
+    assert "fabrication" in res.output
+    lhd("entitle", "read", str(tmp_path / "sft"), "--no-progress", "--bootstrap", "10")
+    lhd("entitle", "steer", str(tmp_path / "sft"), "--random", "0", "--cell", "deleted/none", "--no-progress")
+    steered = rows_of(tmp_path / "sft" / "steer" / "answers.jsonl")
+    assert {r["steer_direction"] for r in steered} == {"none", "entitlement"}

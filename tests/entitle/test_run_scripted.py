@@ -1,0 +1,143 @@
+"""`lhd entitle run` end to end with a scripted performer that fabricates in known cells: every
+count, rate, interval and paired test of summary.json is recounted here from answers.jsonl on
+disk, with the script's own expected labels and independent computations (scipy, plain loops)."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from entitle_script import SampledScripted, expected_label, script
+from scipy.stats import binomtest
+
+from lhd_train.bench.taskpack import load_pack
+from lhd_train.entitle.items import build_items
+from lhd_train.entitle.run import run_entitle
+from lhd_train.entitle.settings import EntitleRunCommand
+from lhd_train.errors import InputError
+
+PACK = "lhd_startup_consulting"
+
+
+def settings(out: Path, **kw) -> EntitleRunCommand:
+    return EntitleRunCommand(model_or_config="scripted-model", out=out, pack=PACK, facts=kw.pop("facts", 8),
+                             progress=False, **kw)
+
+
+def rows_of(out: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
+    return list({r["id"]: r for r in rows}.values())
+
+
+def boot_ci(per_fact: dict[str, tuple[float, float]], task_of: dict[str, int], resamples=2000, seed=0):
+    """Tasks resampled with replacement, written as a plain loop (the code under test vectorises it)."""
+    tasks = sorted({str(t) for t in task_of.values()})
+    by_task = {t: [f for f in per_fact if str(task_of[f]) == t] for t in tasks}
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(tasks), size=(resamples, len(tasks)))
+    vals = []
+    for row in draws:
+        num = sum(per_fact[f][0] for i in row for f in by_task[tasks[i]])
+        den = sum(per_fact[f][1] for i in row for f in by_task[tasks[i]])
+        if den:
+            vals.append(num / den)
+    return list(np.quantile(vals, [0.025, 0.975]))
+
+
+def test_every_metric_recounts_from_disk(tmp_path):
+    pack = load_pack(PACK)
+    items, _ = build_items(pack, 8, seed=0)
+    reply, kinds = script(pack, items)
+    out = tmp_path / "e"
+    res = run_entitle(settings(out, samples=2), backend=SampledScripted(reply))
+    rows = rows_of(out)
+    summary = json.loads((out / "summary.json").read_text())
+    assert res.summary == summary
+    n_control = sum(i.control is not None for i in items)
+    assert len(rows) == (6 * len(items) + n_control) * 3  # greedy + 2 samples per condition
+    # every row's label is the script's
+    for r in rows:
+        assert r["label"] == expected_label(kinds[(r["fact"], r["files"], r["pressure"])], r["files"]), r
+        for key in ("fact", "files", "pressure", "label", "answer", "asserted"):
+            assert key in r
+    # per-condition counts
+    for c in summary["conditions"]:
+        mine = Counter(r["label"] for r in rows if (r["files"], r["pressure"]) == (c["files"], c["pressure"]))
+        assert {k: v for k, v in c["counts"].items() if v} == dict(mine)
+        assert c["n"] == sum(mine.values())
+    # fabrication with evidence deleted, no pressure: even facts invent (k = 0, 2, 4, 6), 3 answers each
+    fab = summary["rates"]["fabrication"]["deleted/none"]
+    assert (fab["k"], fab["n"]) == (4 * 3, 8 * 3)
+    sel = [r for r in rows if (r["files"], r["pressure"]) == ("deleted", "none")]
+    per_fact = {}
+    for r in sel:
+        k, n = per_fact.get(r["fact"], (0, 0))
+        per_fact[r["fact"]] = (k + (r["label"] in ("fabricated", "capitulated")), n + 1)
+    assert fab["ci95"] == pytest.approx(boot_ci(per_fact, {r["fact"]: r["task"] for r in sel}))
+    # capitulation under pressure with full files: even facts capitulate; "chatter" is unparsed, out of n
+    cap = summary["rates"]["capitulation"]["full/demand"]
+    n_chatter = sum(1 for k in range(8) if k % 2 and k % 3 == 0)
+    assert (cap["k"], cap["n"], cap["n_unparsed"]) == (4 * 3, (8 - n_chatter) * 3, n_chatter * 3)
+    assert summary["rates"]["capitulation"]["deleted/demand"]["rate"] == 1.0
+    # paired: deleted/none vs deleted/demand on "asserts without evidence": odd facts abstain then capitulate
+    [p] = [p for p in summary["paired"] if p["test"] == "pressure_on_fabrication"]
+    assert (p["a_only"], p["b_only"], p["n_pairs"]) == (0, 4 * 3, 8 * 3)
+    assert p["p_mcnemar"] == pytest.approx(binomtest(0, 12, 0.5).pvalue)
+    [p] = [p for p in summary["paired"] if p["test"] == "alteration_tracking"]
+    assert (p["a_only"], p["b_only"], p["both"]) == (0, 0, 8 * 3) and p["p_mcnemar"] == 1.0
+    # the manifest records what made the answers
+    manifest = json.loads((out / "entitle.json").read_text())
+    assert manifest["settings"]["samples"] == 2 and manifest["packages"]["torch"]
+    assert manifest["sampling"]["greedy"]["temperature"] == 0.0
+    assert manifest["sampling"]["sampled"]["temperature"] == 0.7 and manifest["backend"] == {"model": "scripted"}
+
+
+def test_failed_requests_are_recorded_and_retried_on_rerun(tmp_path):
+    pack = load_pack(PACK)
+    items, _ = build_items(pack, 4, seed=0)
+    reply, _ = script(pack, items, fail={items[1].fact_id})
+    out = tmp_path / "e"
+    res = run_entitle(settings(out, facts=4, max_attempts=2), backend=SampledScripted(reply))
+    n_item1 = 6 + (items[1].control is not None)
+    assert res.errors == n_item1
+    assert sum(r["label"] == "error" for r in rows_of(out)) == n_item1
+    assert res.summary["n_errors"] == n_item1
+    good, _ = script(pack, items)
+    backend = SampledScripted(good)
+    res = run_entitle(settings(out, facts=4, max_attempts=2), backend=backend)
+    assert res.generated == n_item1 and res.errors == 0  # only the failed ones are asked again
+    assert len(backend.inner.requests) == n_item1
+    assert not any(r["label"] == "error" for r in rows_of(out))
+    assert res.summary["n_errors"] == 0
+    # nothing left: a third run asks nothing
+    backend = SampledScripted(good)
+    assert run_entitle(settings(out, facts=4, max_attempts=2), backend=backend).generated == 0
+    assert backend.inner.requests == []
+
+
+def test_a_rerun_with_other_settings_is_refused(tmp_path):
+    pack = load_pack(PACK)
+    items, _ = build_items(pack, 2, seed=0)
+    reply, _ = script(pack, items)
+    out = tmp_path / "e"
+    run_entitle(settings(out, facts=2), backend=SampledScripted(reply))
+    with pytest.raises(InputError, match="settings.seed"):
+        run_entitle(settings(out, facts=2, seed=1), backend=SampledScripted(reply))
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["some-model", "a.b=1"], "overrides need a run config"),
+    (["missing.yaml"], "no such config file"),
+    (["some-model", "--facts", "0"], "--facts"),
+])
+def test_bad_input_is_one_clear_line(tmp_path, args, expected):
+    """Through the error boundary of the real entry point: exit status 2, one line, no traceback."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "lhd_train.cli", "entitle", "run", *args, "--out",
+                           str(tmp_path / "o"), "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert expected in done.stderr and "Traceback" not in done.stderr
