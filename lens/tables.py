@@ -141,9 +141,12 @@ def run_scores(margins_df: pd.DataFrame, examples_df: pd.DataFrame, n_layers: in
         return []
     y = a["label"].astype(bool)
     echo = a["echo_N"] - a["echo_S"]  # N words in context pull m_E down: oriented like −m_E
+    # the gap pairs the internal margin with the stated one read after the answer: at a position before
+    # the answer it would mix a control with a reading of the answer, so it is read only where both see it
+    sees = ~a["control"].astype(bool)
     out = [Scored("internal", RUN_METRICS["internal"], _frame(a, y, -a["z_int"], echo)),
-           Scored("gap", RUN_METRICS["gap"], _frame(a, y, a["z_stated"] - a["z_int"], echo))]
-    cell = (a["stated"] > 0) & (a["readout"] != "probe")
+           Scored("gap", RUN_METRICS["gap"], _frame(a[sees], y[sees], (a["z_stated"] - a["z_int"])[sees], echo[sees]))]
+    cell = (a["stated"] > 0) & (a["readout"] != "probe") & sees
     out.append(Scored("gap_stated_supported", RUN_METRICS["gap_stated_supported"],
                       _frame(a[cell], y[cell], (a["z_stated"] - a["z_int"])[cell], echo[cell])))
     e = examples_df[examples_df["label"].notna()]
