@@ -274,18 +274,18 @@ def read(args: ReadCommand) -> None:
                 p, _ = load_pack_any(args.pack)
             summary = read_run(m, tok, lz, run, ts, out, cfg, context=args.context, auditor=args.auditor, pack=p)
         typer.echo(f"read {summary['n_examples']} examples -> {out}")
-        p = summary.get("primary_result") or {}
-        d = p.get("declared") or {}
+        res = summary.get("primary_result") or {}
+        d = res.get("declared") or {}
         cell = f"{d.get('metric')} · {d.get('readout')} · {d.get('anchor')} · band {d.get('band')}"
-        if p.get("found"):
+        if res.get("found"):
             def r(x: float | None) -> str:
                 return "n/a" if x is None else f"{x:.3f}"
 
-            typer.echo(f"  primary ({cell}): within-stratum AUROC {r(p['auroc_within'])} "
-                       f"[{r(p['within_lo'])}, {r(p['within_hi'])}], pooled {r(p['auroc'])}; "
-                       f"n_pos {p['n_pos']}, n_neg {p['n_neg']}")
+            typer.echo(f"  primary ({cell}): within-stratum AUROC {r(res['auroc_within'])} "
+                       f"[{r(res['within_lo'])}, {r(res['within_hi'])}], pooled {r(res['auroc'])}; "
+                       f"n_pos {res['n_pos']}, n_neg {res['n_neg']}")
         else:
-            typer.echo(f"  primary ({cell}): not available: {p.get('why')}")
+            typer.echo(f"  primary ({cell}): not available: {res.get('why')}")
         typer.echo(f"  everything else is exploratory or a negative control: {summary['files']['auroc_md']}")
 
 

@@ -8,7 +8,9 @@ lines). Each fact gives a minimal set of claims over the *same record* (the task
 - NOT_ENTITLED: the same sentence about an attribute the files never mention,
 
 plus, optionally, the SUPPORTED sentence against a record with the evidence line deleted
-(NOT_ENTITLED, `record_variant` says which line went). `stated` vs `evidence_deleted` (the same
+(NOT_ENTITLED, `record_variant` says which line went), and the same SUPPORTED sentence against
+the record minus another line of similar length (`stated_other_deleted`, the length-matched
+partner of `evidence_deleted`). `stated` vs `evidence_deleted` (the same
 claim; only the evidence differs) is the primary contrast; the other kinds are reported apart.
 Rows are self-contained JSONL (files included) and model independent: the prompt is rendered
 with each model's chat template when read (`render_probe`), claim first, so that every record
@@ -306,6 +308,9 @@ def build_probe_set(
                 probe = _deleted_probe(base, files, fact, pair_id)
                 if probe is not None:
                     probes.append(probe)
+                    matched = _other_line_deleted_probe(base, files, fact, pair_id)
+                    if matched is not None:
+                        probes.append(matched)
     if not probes:
         raise LensError(f"pack {pack_name!r}: no numeric fact found in any task file "
                         "(CSV rows, JSON numbers, 'Key: number' lines)")
@@ -328,6 +333,32 @@ def _deleted_probe(base: dict, files: list[dict], fact: Fact, pair_id: str) -> d
     return {**base, "id": f"{pair_id}/evidence_deleted", "label": NOT_ENTITLED, "claim_kind": "evidence_deleted",
             "claim": fact.claim(), "record_variant": f"minus {fact.file} chars {fact.line_start}-{fact.line_end}",
             "files": new_files, "evidence": None}
+
+
+def _other_line_deleted_probe(base: dict, files: list[dict], fact: Fact, pair_id: str) -> dict | None:
+    """The stated claim (SUPPORTED) against its record minus *another* line of the evidence file, the
+    one closest in length to the evidence line: with `evidence_deleted`, a pair whose records are
+    both one line short, so prompt length no longer tells them apart (it always does for `stated`
+    vs `evidence_deleted`: the deleted record is the shorter one)."""
+    assert fact.line_start is not None and fact.line_end is not None  # callers pass facts with an evidence line
+    content = next(f["content"] for f in files if f["name"] == fact.file)
+    lines = _lines_with_offsets(content)
+    body = [i for i, (_, _, line) in enumerate(lines) if line.strip() and not line.lstrip().startswith("#")]
+    header = body[0] if fact.kind == "csv" and body else None
+    width = fact.line_end - fact.line_start
+    options = [(abs((e - s) - width), s, e) for i, (s, e, line) in enumerate(lines)
+               if i in body and i != header and s != fact.line_start
+               and not (fact.value_text in line and (fact.entity is None or fact.entity.lower() in line.lower()))]
+    if not options:
+        return None
+    _, start, end = min(options)
+    cut = end + 1 if end < len(content) and content[end] == "\n" else end
+    shift = cut - start if start < fact.line_start else 0
+    new_files = [{"name": f["name"], "content": content[:start] + content[cut:] if f["name"] == fact.file
+                  else f["content"]} for f in files]
+    return {**base, "id": f"{pair_id}/stated_other_deleted", "label": SUPPORTED, "claim_kind": "stated_other_deleted",
+            "claim": fact.claim(), "record_variant": f"minus {fact.file} chars {start}-{end}", "files": new_files,
+            "evidence": {"file": fact.file, "start": fact.line_start - shift, "end": fact.line_end - shift}}
 
 
 def render_probe(probe: dict) -> tuple[list[dict], list[Span], str]:

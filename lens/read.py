@@ -305,13 +305,17 @@ def read_probe_set(model: LensModel, tokenizer: Any, lens: Any, probes: Sequence
     edf = pd.DataFrame(col.examples)
     edf["stated"] = edf["final_m_E_logit"]  # the verdict prompt's own S−N margin at the decision position
     scored = tables.probe_scores(pd.DataFrame(col.rows), edf)
-    pair = edf[edf["claim_kind"].isin(["stated", "evidence_deleted"])]
-    y, cl = pair["claim_kind"] == "stated", pair["cluster"].astype(str)
-    baselines = [] if y.nunique() < 2 else [
-        tables.baseline_row("length", "prompt tokens (stated vs evidence_deleted)", pair["n_tokens"], y, cl,
-                            pair["stratum"], n_boot=cfg.n_boot, seed=cfg.seed),
-        tables.baseline_row("echo S−N", "S minus N tokens in the context at the decision", pair["echo_S"]
-                            - pair["echo_N"], y, cl, pair["stratum"], n_boot=cfg.n_boot, seed=cfg.seed)]
+    baselines = []
+    for positive, what in (("stated", "stated vs evidence_deleted"),
+                           ("stated_other_deleted", "stated, another line deleted vs evidence_deleted")):
+        pair = edf[edf["claim_kind"].isin([positive, "evidence_deleted"])]
+        y, cl = pair["claim_kind"] == positive, pair["cluster"].astype(str)
+        if y.nunique() == 2:
+            baselines += [tables.baseline_row("length", f"prompt tokens ({what})", pair["n_tokens"], y, cl,
+                                              pair["stratum"], n_boot=cfg.n_boot, seed=cfg.seed),
+                          tables.baseline_row("echo S−N", f"S minus N tokens in the context at the decision ({what})",
+                                              pair["echo_S"] - pair["echo_N"], y, cl, pair["stratum"],
+                                              n_boot=cfg.n_boot, seed=cfg.seed)]
     checks = {}
     if lens is not None and "final_m_E_jacobian" in edf:
         checks["final_layer_jacobian_minus_logit_max_abs"] = float(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -40,6 +41,8 @@ RUN_METRICS = {
 PROBE_CONTRASTS = {
     "evidence_deleted": ("m_E", "stated", "evidence_deleted",
                          "m_E: stated vs evidence_deleted (same claim; primary contrast)"),
+    "length_matched": ("m_E", "stated_other_deleted", "evidence_deleted",
+                       "m_E: stated, another line deleted vs evidence_deleted (length-matched)"),
     "absent_attribute": ("m_E", "stated", "absent_attribute", "m_E: stated vs absent_attribute"),
     "different_number": ("m_R", "different_number", "stated", "m_R: different_number vs stated"),
 }
@@ -226,8 +229,8 @@ def layer_choice(scored: Sequence[Scored], table: pd.DataFrame, *, headline: str
             best = t.loc[t[headline].idxmax()] if t[headline].notna().any() else None
             wide = g.pivot_table(index=["example_id", "cluster", "stratum", "y"], columns="layer", values="score",
                                  dropna=False).reset_index()
-            layers = [c for c in wide.columns if isinstance(c, (int, np.integer))]
-            nested = nested_best_layer(wide[layers].to_numpy(float), layers, wide["y"].to_numpy(bool),
+            cols = [c for c in wide.columns if isinstance(c, (int, np.integer))]
+            nested = nested_best_layer(wide[cols].to_numpy(float), [int(c) for c in cols], wide["y"].to_numpy(bool),
                                        wide["cluster"].astype(str).to_numpy(), strata=wide["stratum"].astype(str),
                                        n_splits=n_splits)
             rows.append({"metric_key": sc.key, "metric": sc.title, "readout": ro, "position_class": cls,
@@ -241,8 +244,8 @@ def layer_choice(scored: Sequence[Scored], table: pd.DataFrame, *, headline: str
     return pd.DataFrame(rows)
 
 
-def baseline_row(name: str, what: str, score: Sequence[float], y: Sequence[bool], clusters: Sequence[object],
-                 strata: Sequence[object], *, n_boot: int, seed: int) -> dict:
+def baseline_row(name: str, what: str, score: Any, y: Any, clusters: Any, strata: Any, *, n_boot: int,
+                 seed: int) -> dict:
     """A non-lens score against the same labels, pooled and within strata."""
     pooled = bootstrap_auroc(score, y, clusters, n_boot=n_boot, seed=seed)
     within = bootstrap_auroc(score, y, clusters, strata=strata, n_boot=n_boot, seed=seed)

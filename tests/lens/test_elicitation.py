@@ -71,7 +71,8 @@ def test_compact_record_anchor_is_one_state_per_task(tmp_path, qwen):
     read_run(model, tok, None, run, resolve_token_sets(tok), out,
              ReadConfig(progress=False, probe=False, n_boot=20, primary_readout="logit"), context="compact")
     m = pd.read_parquet(out / "margins.parquet")
-    rec = m[m["position"] == "record_end"].merge(pd.read_parquet(out / "examples.parquet")[["example_id", "task_index"]])
+    tasks = pd.read_parquet(out / "examples.parquet")[["example_id", "task_index"]]
+    rec = m[m["position"] == "record_end"].merge(tasks)
     spread = rec.groupby(["task_index", "layer"])["m_E"].agg(lambda v: v.max() - v.min())
     assert spread.max() < 1e-5
     table = pd.read_csv(out / "auroc.csv")

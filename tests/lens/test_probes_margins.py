@@ -204,3 +204,29 @@ def test_probe_rows_are_schema_2_and_schema_1_is_refused(pack, tmp_path):
     with pytest.raises(DataFileError, match=r"old\.jsonl: line 1: schema 'lhd.lens_probe/1' is no longer read "
                                             r"\(record-first layout.*lhd lens probe build"):
         read_probes(tmp_path / "old.jsonl")
+
+
+def test_length_matched_partner_of_evidence_deleted(pack):
+    """`stated_other_deleted`: the stated claim, its evidence intact, against the record minus the other
+    line closest in length to the evidence line; `evidence_deleted` always has the shorter record."""
+    rows = build_probe_set(pack, max_facts_per_task=3, seed=0)
+    by_pair = {}
+    for r in rows:
+        by_pair.setdefault(r["pair_id"], {})[r["claim_kind"]] = r
+    matched = [p for p in by_pair.values() if "stated_other_deleted" in p]
+    assert matched and all("evidence_deleted" in p for p in matched)
+    for p in matched:
+        full, other, gone = p["stated"], p["stated_other_deleted"], p["evidence_deleted"]
+        assert other["label"] == SUPPORTED and other["claim"] == full["claim"] == gone["claim"]
+        name = full["evidence"]["file"]
+        before = next(f["content"] for f in full["files"] if f["name"] == name)
+        after = next(f["content"] for f in other["files"] if f["name"] == name)
+        ev = before[full["evidence"]["start"]:full["evidence"]["end"]]
+        assert after[other["evidence"]["start"]:other["evidence"]["end"]] == ev  # the evidence is still there
+        removed = [line for line in before.splitlines() if line not in after.splitlines()]
+        assert len(removed) == 1 and removed[0] != ev and len(after) == len(before) - len(removed[0]) - 1
+        # the closest in length among the other lines (the CSV header is never removed)
+        body = [line for line in before.splitlines() if line.strip() and line != ev]
+        if name.endswith(".csv"):
+            body = body[1:]
+        assert abs(len(removed[0]) - len(ev)) == min(abs(len(line) - len(ev)) for line in body)

@@ -73,7 +73,8 @@ def test_fit_then_read_probe_set(arch, tiny_dirs, probe_file, corpus, tmp_path):
                                                               values="m_E")
     assert (first["jacobian_random"] - first["jacobian"]).abs().max() > 1e-3  # a different transport below
     table = pd.read_csv(out / "auroc.csv")
-    assert set(table["metric_key"]) == {"evidence_deleted", "absent_attribute", "different_number"}  # never pooled
+    assert set(table["metric_key"]) == {"evidence_deleted", "length_matched", "absent_attribute",
+                                        "different_number"}  # never pooled
     assert table["auroc"].between(0, 1).all() and table["auroc_within"].dropna().between(0, 1).all()
     assert (table["role"] == "primary").sum() == 1
     md = (out / "auroc.md").read_text()
