@@ -227,11 +227,10 @@ def layer_choice(scored: Sequence[Scored], table: pd.DataFrame, *, headline: str
             if t.empty:
                 continue
             best = t.loc[t[headline].idxmax()] if t[headline].notna().any() else None
-            wide = g.pivot_table(index=["example_id", "cluster", "stratum", "y"], columns="layer", values="score",
-                                 dropna=False).reset_index()
-            cols = [c for c in wide.columns if isinstance(c, (int, np.integer))]
-            nested = nested_best_layer(wide[cols].to_numpy(float), [int(c) for c in cols], wide["y"].to_numpy(bool),
-                                       wide["cluster"].astype(str).to_numpy(), strata=wide["stratum"].astype(str),
+            wide = g.pivot(index="example_id", columns="layer", values="score")  # [examples, layers]
+            who = g.drop_duplicates("example_id").set_index("example_id").loc[wide.index]
+            nested = nested_best_layer(wide.to_numpy(float), [int(c) for c in wide.columns], who["y"].to_numpy(bool),
+                                       who["cluster"].astype(str).to_numpy(), strata=who["stratum"].astype(str),
                                        n_splits=n_splits)
             rows.append({"metric_key": sc.key, "metric": sc.title, "readout": ro, "position_class": cls,
                          "position": pos,
