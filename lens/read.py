@@ -85,6 +85,11 @@ class Collected:
     skipped: list[dict] = field(default_factory=list)
 
 
+def _answer_sets(tokenizer: Any, token_sets: TokenSets) -> AnswerSets:
+    """Yes / No with the same single-token rule as the S / N / R sets (`--token-fallback`)."""
+    return resolve_answer_sets(tokenizer, fallback="first-token" if token_sets.mode == "first-token" else "strict")
+
+
 def _echo_counts(ids: Sequence[int], sets: dict[str, list[int]]) -> dict[str, np.ndarray]:
     """Per set, the running count of its tokens in `ids` (entry p: tokens 0..p, what position p sees)."""
     arr = np.asarray(ids)
@@ -104,8 +109,7 @@ def collect(
     echo covariate, and anchor hidden states for the probe."""
     union = torch.tensor(token_sets.union(), dtype=torch.long, device=model.device)
     sets = token_sets.index_sets()
-    answer_sets = answer_sets or resolve_answer_sets(
-        tokenizer, fallback="first-token" if token_sets.mode == "first-token" else "strict")
+    answer_sets = answer_sets or _answer_sets(tokenizer, token_sets)
     yes_no = torch.tensor(answer_sets.yes + answer_sets.no, dtype=torch.long, device=model.device)
     n_yes = len(answer_sets.yes)
     echo_sets = {"S": token_sets.S, "N": token_sets.N, "R": token_sets.R, "yes": answer_sets.yes,
@@ -297,7 +301,9 @@ def read_probe_set(model: LensModel, tokenizer: Any, lens: Any, probes: Sequence
                                     info={"pair_id": row.get("pair_id"), "claim_kind": row.get("claim_kind"),
                                           "record_variant": row.get("record_variant")},
                                     stratum=row["record_id"], judged="claim"))
-    col = collect(model, tokenizer, examples, _readouts(model, lens, cfg), token_sets, cfg)
+    answer_sets = _answer_sets(tokenizer, token_sets)
+    head["answer_sets"] = answer_sets.to_json()
+    col = collect(model, tokenizer, examples, _readouts(model, lens, cfg), token_sets, cfg, answer_sets)
     if cfg.probe:
         col.rows += probe_rows(col, list(LABELS), {"S": [SUPPORTED], "N": [NOT_ENTITLED], "R": [REFUTED]}, cfg)
     import pandas as pd
@@ -358,7 +364,9 @@ def read_run(model: LensModel, tokenizer: Any, lens: Any, run_dir: str | Path, t
                                        max_claims=cfg.max_claims)
     if not examples:
         raise LensError(f"{run_dir}: no readable round")
-    col = collect(model, tokenizer, examples, _readouts(model, lens, cfg), token_sets, cfg)
+    answer_sets = _answer_sets(tokenizer, token_sets)
+    head["answer_sets"] = answer_sets.to_json()
+    col = collect(model, tokenizer, examples, _readouts(model, lens, cfg), token_sets, cfg, answer_sets)
     col.skipped = info.pop("skipped") + col.skipped
     if cfg.probe:
         # supervised baseline: predicts the flag itself (classes honest/flagged), grouped by trial;
