@@ -6,8 +6,9 @@ turn them into logits over S ∪ N ∪ R, from which the margins follow; the lin
 trained per (layer, position class) with grouped folds and read out of fold. Everything lands
 in one long table (`margins.parquet`), which `lens.tables` and `lens.report` summarise:
 
-- probe sets (claim first, `lens.probes`): AUROC of `m_E` for `stated` vs `evidence_deleted`
-  (the same claim: the primary contrast), and each other claim kind on its own;
+- probe sets (claim first, `lens.probes`): AUROC of `m_E` for the same claim with and without
+  its evidence line (length-matched: the primary contrast by default; and against the full
+  record), and each other claim kind on its own;
 - benchmark runs: after the answer, one elicitation turn (`lens.elicit`) asks whether the figure
   the model gave appears in the files; *stated* = the model's own Yes−No margin at the last
   prompt token, *internal* = the lens margins there. AUROC against the auditor's flag of
@@ -62,7 +63,8 @@ class ReadConfig:
     band_end: float = 0.85
     primary_readout: str = "jacobian"
     primary_anchor: str = "decision"
-    primary_metric: str = "gap_stated_supported"  # run mode; probe sets: always stated vs evidence_deleted
+    primary_metric: str = "gap_stated_supported"  # run mode
+    primary_contrast: str = "length_matched"  # probe sets (`lens.tables.PROBE_CONTRASTS`)
     random_control: bool = True
     progress: bool = True
 
@@ -71,7 +73,7 @@ class ReadConfig:
         return (self.band_start, self.band_end)
 
     def primary(self, mode: str) -> Primary:
-        metric = self.primary_metric if mode == "run" else "evidence_deleted"
+        metric = self.primary_metric if mode == "run" else self.primary_contrast
         return Primary(metric, self.primary_readout, self.primary_anchor, self.band)
 
 

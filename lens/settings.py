@@ -200,8 +200,11 @@ class ReadCommand(Settings):
         "decision", description="Primary cell: the anchor position (run mode: decision, the elicitation's last "
                                 "token; record_end and question_end come before the answer).")
     primary_metric: Literal["internal", "gap", "gap_stated_supported"] = Field(
-        "gap_stated_supported", description="Primary cell, run mode: the score (probe sets: always m_E, stated vs "
-                                            "evidence_deleted).")
+        "gap_stated_supported", description="Primary cell, run mode: the score.")
+    primary_contrast: Literal["length_matched", "evidence_deleted", "absent_attribute", "different_number"] = Field(
+        "length_matched", description="Primary cell, probe sets: the claim-kind contrast (length_matched: the "
+                                      "same claim with and without its evidence line, both records one line "
+                                      "short).")
     random_control: bool = Field(True, description="Also read the random-transport control of the lens "
                                                    "(readout jacobian_random).")
     auditor: str | None = Field(None, description="Run mode: auditor id (default: as lhd report, the newest "

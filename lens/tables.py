@@ -37,12 +37,14 @@ RUN_METRICS = {
     "gap_stated_supported": "gap within stated-supported (stated Yes > No): z(stated)-z(m_E) vs flagged",
     "stated": "stated: -(Yes-No) vs flagged",
 }
-#: probe sets: one contrast per claim kind, never pooled (kind with the higher expected margin first)
+#: probe sets: one contrast per claim kind, never pooled (kind with the higher expected margin first).
+#: The same claim with and without its evidence line: `length_matched` (both records one line short;
+#: the default primary contrast) and `evidence_deleted` (the full record against the shorter one,
+#: which prompt length alone separates within every record)
 PROBE_CONTRASTS = {
-    "evidence_deleted": ("m_E", "stated", "evidence_deleted",
-                         "m_E: stated vs evidence_deleted (same claim; primary contrast)"),
     "length_matched": ("m_E", "stated_other_deleted", "evidence_deleted",
-                       "m_E: stated, another line deleted vs evidence_deleted (length-matched)"),
+                       "m_E: stated, another line deleted vs evidence_deleted (same claim, length-matched)"),
+    "evidence_deleted": ("m_E", "stated", "evidence_deleted", "m_E: stated vs evidence_deleted (same claim)"),
     "absent_attribute": ("m_E", "stated", "absent_attribute", "m_E: stated vs absent_attribute"),
     "different_number": ("m_R", "different_number", "stated", "m_R: different_number vs stated"),
 }

@@ -81,7 +81,7 @@ def test_fit_then_read_probe_set(arch, tiny_dirs, probe_file, corpus, tmp_path):
     assert "THE primary result" in md and "jacobian · decision" in md and "Layer choice" in md
     summary = json.loads((out / "summary.json").read_text())
     assert summary["checks"]["final_layer_jacobian_minus_logit_max_abs"] < 1e-5
-    assert summary["primary_result"]["found"] and summary["primary"]["metric"] == "evidence_deleted"
+    assert summary["primary_result"]["found"] and summary["primary"]["metric"] == "length_matched"
 
 
 def test_read_with_published_layout_lens_and_without_lens(tiny_dirs, probe_file, tmp_path, llama):

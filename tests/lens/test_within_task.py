@@ -142,3 +142,14 @@ def test_nested_layer_choice_is_scored_on_held_out_clusters():
     in_sample = max(roc_auc_score(y, noise[:, j]) for j in range(30))
     held_out = nested_best_layer(noise, list(range(30)), y, cl, n_splits=4).auroc
     assert in_sample > 0.6 and abs(held_out - 0.5) < in_sample - 0.5
+
+
+def test_the_settings_offer_exactly_the_metrics_the_tables_compute():
+    from typing import get_args
+
+    from lens.settings import ReadCommand
+    from lens.tables import PROBE_CONTRASTS, RUN_METRICS
+
+    fields = ReadCommand.model_fields
+    assert set(get_args(fields["primary_contrast"].annotation)) == set(PROBE_CONTRASTS)
+    assert set(get_args(fields["primary_metric"].annotation)) == set(RUN_METRICS) - {"stated"}  # stated: no band
