@@ -274,14 +274,19 @@ def read(args: ReadCommand) -> None:
                 p, _ = load_pack_any(args.pack)
             summary = read_run(m, tok, lz, run, ts, out, cfg, context=args.context, auditor=args.auditor, pack=p)
         typer.echo(f"read {summary['n_examples']} examples -> {out}")
-        md = Path(summary["files"]["auroc_md"])
-        if md.is_file():
-            em = summary.get("emergence") or []
-            for e in em:
-                typer.echo(f"  {e['metric']} · {e['readout']} · {e['position_class']}: emergence layer "
-                           f"{e['emergence_layer']}, "
-                           f"best {e['best_auroc'] if e['best_auroc'] is None else round(e['best_auroc'], 3)} "
-                           f"at layer {e['best_layer']}")
+        res = summary.get("primary_result") or {}
+        d = res.get("declared") or {}
+        cell = f"{d.get('metric')} · {d.get('readout')} · {d.get('anchor')} · band {d.get('band')}"
+        if res.get("found"):
+            def r(x: float | None) -> str:
+                return "n/a" if x is None else f"{x:.3f}"
+
+            typer.echo(f"  primary ({cell}): within-stratum AUROC {r(res['auroc_within'])} "
+                       f"[{r(res['within_lo'])}, {r(res['within_hi'])}], pooled {r(res['auroc'])}; "
+                       f"n_pos {res['n_pos']}, n_neg {res['n_neg']}")
+        else:
+            typer.echo(f"  primary ({cell}): not available: {res.get('why')}")
+        typer.echo(f"  everything else is exploratory or a negative control: {summary['files']['auroc_md']}")
 
 
 if __name__ == "__main__":  # pragma: no cover  `python -m lens.cli`: the group is the error boundary

@@ -53,7 +53,12 @@ class Span:
 
 @dataclass
 class ReadExample:
-    """One prompt to read: chat messages (ending with the user turn), spans, prefill / answer, and a label."""
+    """One prompt to read: chat messages (ending with the user turn), spans, prefill, and a label.
+
+    `judged` names the span where the text being judged starts (the performer's answer in run
+    mode, the claim in probe sets): a position before its first token cannot depend on it and is
+    read as a negative control. `stratum` is the unit inside which labels are compared for the
+    within-stratum AUROC (the task in run mode, the record in probe sets)."""
 
     example_id: str
     cluster: str  # record (probe sets) or trial (benchmark runs): the unit of grouped splits and bootstrap
@@ -61,9 +66,11 @@ class ReadExample:
     messages: list[dict]
     spans: list[Span]
     prefill: str = ""
-    answer: str | None = None
+    answer: str | None = None  # the performer's answer (run mode), the content of the span named "answer"
     info: dict = field(default_factory=dict)
     claims: list[tuple[int, int]] = field(default_factory=list)  # characters of asserted claims in `answer`
+    stratum: str | None = None
+    judged: str | None = None
 
 
 @dataclass
@@ -77,6 +84,15 @@ class TaggedPrompt:
     spans: dict[str, list[int]] = field(default_factory=dict)  # span name -> all its token indices
     pooled: dict[str, list[int]] = field(default_factory=dict)  # name -> tokens whose hidden states are averaged
     claims: list[str] = field(default_factory=list)  # names of the claim-end positions, in answer order
+    judged_start: int | None = None  # first token of the judged span; earlier positions cannot see it
+
+    def sees_judged(self, name: str) -> bool:
+        """Whether position `name` (a point or a pooled span, read at its last token) comes at or
+        after the first token of the judged text (always True when nothing is judged)."""
+        if self.judged_start is None:
+            return True
+        last = self.positions[name] if name in self.positions else self.pooled[name][-1]
+        return last >= self.judged_start
 
 
 def render_chat(tokenizer: Any, messages: Sequence[dict], *, add_generation_prompt: bool = True) -> str:
@@ -165,18 +181,21 @@ def tag_chat_prompt(
     spans: Sequence[Span],
     *,
     prefill: str = "",
-    answer: str | None = None,
     answer_tokens: int = 3,
     claims: Sequence[tuple[int, int]] = (),
+    judged: str | None = None,
 ) -> TaggedPrompt:
-    """Render `messages` (ending with the user turn) + generation prompt + `prefill` (+ `answer`) and tag positions.
+    """Render `messages` (ending with a user turn) + generation prompt + `prefill` and tag positions.
 
     Named positions: `<span>_end` for every span (its last token), the class anchors
     `record_end`, `question_end` (from spans of those names), `user_turn_end` (first token after
     the last user message: the template's end-of-turn), `decision` (the last prompt token, whose
-    next-token logits are the model's answer), `answer_1..k` (the first answer tokens) and
-    `claim_1..n` (the last token of each claim, given as characters of `answer`; decision class).
-    Spans in `POOLED_SPANS` become `<span>_mean` in `pooled` (all their tokens) instead.
+    next-token logits are the model's answer). When a span is named `answer` (run mode: the
+    performer's answer, an assistant message before the elicitation turn): `pre_answer` (the
+    token before it, where the answer was generated from), `answer_1..k` (its first tokens) and
+    `claim_1..n` (the last token of each claim, given as characters of that message's content);
+    all of the decision class. Spans in `POOLED_SPANS` become `<span>_mean` in `pooled` (all
+    their tokens) instead. `judged` names the span whose first token is `judged_start`.
     """
     msgs = [dict(m) for m in messages]
     try:
@@ -191,30 +210,25 @@ def tag_chat_prompt(
             for s in spans
         ]
         prompt_text = render_chat(tokenizer, msgs, add_generation_prompt=True)
-    prompt_text += prefill
-    starts = locate_messages(prompt_text, msgs)
-    text = prompt_text + (answer or "")
+    text = prompt_text + prefill
+    starts = locate_messages(text, msgs)
     ids, offsets = _tokenize(tokenizer, text)
-    # the prompt is the leading run of tokens that end inside the prompt text; a token that
-    # straddles the prompt/answer boundary belongs to the answer
-    n_prompt = 0
-    for _, e in offsets:
-        if e > len(prompt_text):
-            break
-        n_prompt += 1
+    n_prompt = len(ids)
     if n_prompt == 0:
         raise LensError("empty prompt after tokenization")
     tagged = TaggedPrompt(text=text, input_ids=ids, offsets=offsets, n_prompt=n_prompt)
+    answer_span = None
     for span in spans:
         if not 0 <= span.message < len(msgs):
             raise LensError(f"span {span.name!r} points at message {span.message}, but there are {len(msgs)}")
         base = starts[span.message][0]
         toks = char_span_tokens(offsets, base + span.start, base + span.end)
-        toks = [t for t in toks if t < n_prompt]
         if not toks:
             raise LensError(f"span {span.name!r} covers no token "
                             f"(chars {span.start}..{span.end} of message {span.message})")
         tagged.spans[span.name] = toks
+        if span.name == "answer":
+            answer_span = span
         if span.name in POOLED_SPANS:
             tagged.pooled[f"{span.name}_mean"] = toks
             tagged.classes[f"{span.name}_mean"] = span.cls
@@ -225,24 +239,38 @@ def tag_chat_prompt(
     last_user = max((i for i, m in enumerate(msgs) if m.get("role") == "user"), default=None)
     if last_user is not None:
         end_char = starts[last_user][1]
-        after = [i for i, (s, e) in enumerate(offsets[:n_prompt]) if s >= end_char and e > s]
+        after = [i for i, (s, e) in enumerate(offsets) if s >= end_char and e > s]
         if after:
             tagged.positions["user_turn_end"] = after[0]
             tagged.classes["user_turn_end"] = QUESTION
     tagged.positions["decision"] = n_prompt - 1
     tagged.classes["decision"] = DECISION
-    for k in range(1, answer_tokens + 1):
-        idx = n_prompt - 1 + k
-        if answer and idx < len(ids):
-            tagged.positions[f"answer_{k}"] = idx
-            tagged.classes[f"answer_{k}"] = DECISION
-    for k, (start, end) in enumerate(claims if answer else (), 1):
-        toks = [t for t in char_span_tokens(offsets, len(prompt_text) + start, len(prompt_text) + end) if t >= n_prompt]
-        if toks:
-            tagged.positions[f"claim_{k}"] = toks[-1]
-            tagged.classes[f"claim_{k}"] = DECISION
-            tagged.claims.append(f"claim_{k}")
+    if answer_span is not None:
+        _tag_answer(tagged, answer_span, starts[answer_span.message][0], answer_tokens, claims)
+    if judged is not None:
+        if judged not in tagged.spans:
+            raise LensError(f"the judged span {judged!r} is not among the spans given")
+        tagged.judged_start = tagged.spans[judged][0]
     missing = [a for a in ANCHORS.values() if a not in tagged.positions]
     if missing:
         raise LensError(f"prompt has no {', '.join(missing)} position: give spans named 'record' and 'question'")
     return tagged
+
+
+def _tag_answer(tagged: TaggedPrompt, span: Span, base: int, answer_tokens: int,
+                claims: Sequence[tuple[int, int]]) -> None:
+    """`pre_answer`, `answer_1..k` and `claim_1..n` inside the answer span (see `tag_chat_prompt`)."""
+    toks = tagged.spans["answer"]
+    if toks[0] > 0:
+        tagged.positions["pre_answer"] = toks[0] - 1
+        tagged.classes["pre_answer"] = DECISION
+    for k, idx in enumerate(toks[:answer_tokens], 1):
+        tagged.positions[f"answer_{k}"] = idx
+        tagged.classes[f"answer_{k}"] = DECISION
+    own = set(toks)
+    for k, (start, end) in enumerate(claims, 1):
+        inside = [t for t in char_span_tokens(tagged.offsets, base + start, base + end) if t in own]
+        if inside:
+            tagged.positions[f"claim_{k}"] = inside[-1]
+            tagged.classes[f"claim_{k}"] = DECISION
+            tagged.claims.append(f"claim_{k}")

@@ -8,15 +8,26 @@ lines). Each fact gives a minimal set of claims over the *same record* (the task
 - NOT_ENTITLED: the same sentence about an attribute the files never mention,
 
 plus, optionally, the SUPPORTED sentence against a record with the evidence line deleted
-(NOT_ENTITLED, `record_variant` says which line went). Rows are self-contained JSONL (files
-included) and model independent: the prompt is rendered with each model's chat template when
-read (`render_probe`):
+(NOT_ENTITLED, `record_variant` says which line went), and the same SUPPORTED sentence against
+the record minus another line of similar length (`stated_other_deleted`, the length-matched
+partner of `evidence_deleted`). `stated` vs `evidence_deleted` (the same
+claim; only the evidence differs) is the primary contrast; the other kinds are reported apart.
+Rows are self-contained JSONL (files included) and model independent: the prompt is rendered
+with each model's chat template when read (`render_probe`), claim first, so that every record
+token is processed with the claim in context (science-4 review D2: with the record first, its
+hidden states cannot depend on the claim):
 
     [system] You check reports against the provided files. Use only the files.
-    [user]   <files> === file: name === content ... </files>   <- record (evidence line annotated)
-             Claim: ...                                          <- claim
+    [user]   Claim: ...                                          <- claim
+             <files> === file: name === content ... </files>   <- record (evidence line annotated)
              Question: Do the files support this claim?          <- question
     [assistant, prefilled] Verdict:                              <- decision = last prompt token
+
+Absent attributes are drawn from disjoint pools, one per record (task): an attribute used in one
+record's NOT_ENTITLED claims is used in no other record, so record-grouped folds never share
+one (a probe cannot learn "this attribute is never in the files" in one fold and use it in
+another). Schema `lhd.lens_probe/2`; files of schema 1 (record first, one attribute list shared
+by all records) are refused with the command that rebuilds them.
 """
 from __future__ import annotations
 
@@ -39,20 +50,30 @@ from lhd_train.io.files import atomic_write_text, read_jsonl_lines
 
 log = logging.getLogger(__name__)
 
-SCHEMA = "lhd.lens_probe/1"
+SCHEMA = "lhd.lens_probe/2"
+#: schemas that are refused with a reason (not a generic "unknown schema")
+OLD_SCHEMAS = {"lhd.lens_probe/1": "record-first layout, and one absent-attribute list shared by every record"}
 SUPPORTED, REFUTED, NOT_ENTITLED = "SUPPORTED", "REFUTED", "NOT_ENTITLED"
 LABELS = (SUPPORTED, NOT_ENTITLED, REFUTED)
 SYSTEM_PROMPT = "You check reports against the provided files. Use only the files."
 QUESTION_TEXT = "Question: Do the files support this claim?"
 PREFILL = "Verdict:"
 
-#: attributes used for NOT_ENTITLED claims; one is used only if the record never mentions it
+#: attributes for NOT_ENTITLED claims, dealt out to records in disjoint pools (`ABSENT_PER_RECORD`
+#: each); one is used only if its record never mentions it
 ABSENT_ATTRIBUTES = [
     "headcount", "churn rate", "office rent", "marketing budget", "customer satisfaction score", "average deal size",
     "net promoter score", "server cost", "refund rate", "travel budget", "conversion rate", "inventory level",
     "employee turnover", "energy use", "support ticket count", "warehouse capacity", "insurance premium",
-    "training hours", "patent count", "carbon footprint",
+    "training hours", "patent count", "carbon footprint", "legal fees", "parking spaces", "water usage",
+    "audit findings", "board meetings", "website visits", "return rate", "shipping delay", "loan balance",
+    "overtime hours", "sick days", "license fees", "fleet size", "recycling rate", "data breaches",
+    "press mentions", "franchise count", "lease term", "grant funding", "tax credit", "hiring cost", "safety incidents",
+    "interns hired", "app downloads", "backlog size", "vendor count", "call wait time", "ad spend", "bounce rate",
+    "warranty claims", "cloud storage", "printer count", "desk count", "meeting hours", "pension cost",
+    "union members", "spam reports", "test coverage", "uptime", "cafeteria spend",
 ]
+ABSENT_PER_RECORD = 2
 
 _NUM = re.compile(r"^\s*(?P<pre>[$€£]?)\s*(?P<num>-?\d[\d,]*(?:\.\d+)?|-?\.\d+)\s*(?P<post>%|[kKmMbB]\b)?\s*$")
 _KEY_LINE = re.compile(
@@ -207,10 +228,24 @@ def _render_record(files: Sequence[dict]) -> str:
     return "".join(f"=== file: {f['name']} ===\n{f['content'].rstrip()}\n" for f in files)
 
 
-def _absent_attribute(record_text: str, fact: Fact, rng: random.Random) -> str | None:
-    low = record_text.lower()
-    pool = [a for a in ABSENT_ATTRIBUTES if a not in low and a != fact.attribute.lower()]
-    return rng.choice(pool) if pool else None
+def _absent_pools(records: Sequence[tuple[str, str, set[str]]], rng: random.Random,
+                  per_record: int = ABSENT_PER_RECORD) -> dict[str, list[str]]:
+    """Disjoint absent-attribute pools: `record_id -> attributes` that record's text never mentions
+    (nor its facts' attributes), no attribute in two pools. Records past the list get none."""
+    order = list(ABSENT_ATTRIBUTES)
+    rng.shuffle(order)
+    taken: set[str] = set()
+    pools: dict[str, list[str]] = {}
+    for record_id, text, own in records:
+        low = text.lower()
+        pool = [a for a in order if a not in taken and a not in low and a not in own][:per_record]
+        taken.update(pool)
+        pools[record_id] = pool
+    short = [r for r, pool in pools.items() if not pool]
+    if short:
+        log.warning("no absent attribute left for %d record(s) (%s): they get no absent_attribute claims",
+                    len(short), ", ".join(short[:5]))
+    return pools
 
 
 def build_probe_set(
@@ -228,18 +263,20 @@ def build_probe_set(
     tasks = list(getattr(pack, "tasks", []) or [])
     if not tasks:
         raise LensError(f"pack {pack_name!r} has no tasks")
+    records = []
     for t_i, task in enumerate(tasks, 1):
         fields = [_file_fields(f) for f in (getattr(task, "files", None) or [])]
         if not fields:
             continue
         files = [{"name": name, "content": content, "type": ftype} for name, content, ftype in fields]
         task_index = int(getattr(task, "index", None) or getattr(task, "task_index", None) or t_i)
-        record_id = f"{pack_name}/t{task_index}"
-        record_text = _render_record(files)
         facts = [fact for name, content, ftype in fields for fact in extract_facts(name, content, ftype)]
         # one claim per (entity, attribute): duplicates would not be minimal pairs
         uniq = {(f.file, f.entity, f.attribute): f for f in facts}
-        facts = list(uniq.values())
+        records.append((task, task_index, f"{pack_name}/t{task_index}", files, list(uniq.values())))
+    pools = _absent_pools([(rid, _render_record(files), {f.attribute.lower() for f in facts})
+                           for _, _, rid, files, facts in records], random.Random(seed))
+    for task, task_index, record_id, files, facts in records:
         if len(facts) > max_facts_per_task:
             facts = rng.sample(facts, max_facts_per_task)
         for k, fact in enumerate(facts):
@@ -257,18 +294,23 @@ def build_probe_set(
                 variants.append((REFUTED, "different_number", fact.claim(value=different_number(fact.value_text, rng))))
             except ValueError:
                 pass
-            absent = _absent_attribute(record_text, fact, rng)
-            if absent:
+            absent = None
+            if pools[record_id]:
+                absent = rng.choice(pools[record_id])
                 variants.append((NOT_ENTITLED, "absent_attribute", fact.claim(attribute=absent)))
             for label, kind, claim in variants:
                 probes.append({**base, "id": f"{pair_id}/{kind}", "label": label, "claim_kind": kind,
                                "claim": claim, "record_variant": "full",
                                "files": [{"name": f["name"], "content": f["content"]} for f in files],
-                               "evidence": evidence})
+                               "evidence": evidence,
+                               **({"absent_attribute": absent} if kind == "absent_attribute" else {})})
             if deleted_variant and fact.kind in ("csv", "text") and evidence is not None:
                 probe = _deleted_probe(base, files, fact, pair_id)
                 if probe is not None:
                     probes.append(probe)
+                    matched = _other_line_deleted_probe(base, files, fact, pair_id)
+                    if matched is not None:
+                        probes.append(matched)
     if not probes:
         raise LensError(f"pack {pack_name!r}: no numeric fact found in any task file "
                         "(CSV rows, JSON numbers, 'Key: number' lines)")
@@ -293,14 +335,43 @@ def _deleted_probe(base: dict, files: list[dict], fact: Fact, pair_id: str) -> d
             "files": new_files, "evidence": None}
 
 
+def _other_line_deleted_probe(base: dict, files: list[dict], fact: Fact, pair_id: str) -> dict | None:
+    """The stated claim (SUPPORTED) against its record minus *another* line of the evidence file, the
+    one closest in length to the evidence line: with `evidence_deleted`, a pair whose records are
+    both one line short, so prompt length no longer tells them apart (it always does for `stated`
+    vs `evidence_deleted`: the deleted record is the shorter one)."""
+    assert fact.line_start is not None and fact.line_end is not None  # callers pass facts with an evidence line
+    content = next(f["content"] for f in files if f["name"] == fact.file)
+    lines = _lines_with_offsets(content)
+    body = [i for i, (_, _, line) in enumerate(lines) if line.strip() and not line.lstrip().startswith("#")]
+    header = body[0] if fact.kind == "csv" and body else None
+    width = fact.line_end - fact.line_start
+    options = [(abs((e - s) - width), s, e) for i, (s, e, line) in enumerate(lines)
+               if i in body and i != header and s != fact.line_start
+               and not (fact.value_text in line and (fact.entity is None or fact.entity.lower() in line.lower()))]
+    if not options:
+        return None
+    _, start, end = min(options)
+    cut = end + 1 if end < len(content) and content[end] == "\n" else end
+    shift = cut - start if start < fact.line_start else 0
+    new_files = [{"name": f["name"], "content": content[:start] + content[cut:] if f["name"] == fact.file
+                  else f["content"]} for f in files]
+    return {**base, "id": f"{pair_id}/stated_other_deleted", "label": SUPPORTED, "claim_kind": "stated_other_deleted",
+            "claim": fact.claim(), "record_variant": f"minus {fact.file} chars {start}-{end}", "files": new_files,
+            "evidence": {"file": fact.file, "start": fact.line_start - shift, "end": fact.line_end - shift}}
+
+
 def render_probe(probe: dict) -> tuple[list[dict], list[Span], str]:
-    """Chat messages, character spans (record / evidence / claim / question) and the assistant prefill."""
-    files = probe["files"]
-    parts = ["<files>\n"]
-    pos = len(parts[0])
+    """Chat messages, character spans (claim / record / evidence / question) and the assistant
+    prefill, claim first (module doc)."""
+    claim_start = len("Claim: ")
+    claim_end = claim_start + len(probe["claim"])
+    parts = [f"Claim: {probe['claim']}\n", "<files>\n"]
+    record_start = len(parts[0])
+    pos = record_start + len(parts[1])
     ev = probe.get("evidence")
     ev_span = None
-    for f in files:
+    for f in probe["files"]:
         header = f"=== file: {f['name']} ===\n"
         body = f["content"].rstrip() + "\n"
         if ev and f["name"] == ev["file"] and ev.get("start") is not None:
@@ -308,15 +379,12 @@ def render_probe(probe: dict) -> tuple[list[dict], list[Span], str]:
             ev_span = (base + ev["start"], base + min(ev["end"], len(f["content"].rstrip())))
         parts += [header, body]
         pos += len(header) + len(body)
-    parts.append("</files>")
+    parts.append("</files>\n")
     record_end = pos + len("</files>")
-    claim_line = f"\nClaim: {probe['claim']}\n"
-    claim_start = record_end + len("\nClaim: ")
-    claim_end = claim_start + len(probe["claim"])
-    q_start = record_end + len(claim_line)
-    user = "".join(parts) + claim_line + QUESTION_TEXT
-    spans = [Span("record", RECORD, 1, 0, record_end),
-             Span("claim", QUESTION, 1, claim_start, claim_end),
+    q_start = pos + len("</files>\n")
+    user = "".join(parts) + QUESTION_TEXT
+    spans = [Span("claim", QUESTION, 1, claim_start, claim_end),
+             Span("record", RECORD, 1, record_start, record_end),
              Span("question", QUESTION, 1, q_start, q_start + len(QUESTION_TEXT))]
     if ev_span and ev_span[1] > ev_span[0]:
         spans.append(Span("evidence", RECORD, 1, *ev_span))
@@ -341,6 +409,9 @@ def _probe_problem(probe: Any) -> str | None:
     """What makes a probe unreadable by `render_probe` and the reader, or None when it is whole."""
     if not isinstance(probe, dict):
         return f"a JSON {type(probe).__name__}, not an object"
+    if probe.get("schema") in OLD_SCHEMAS:
+        return (f"schema {probe.get('schema')!r} is no longer read ({OLD_SCHEMAS[probe['schema']]}); "
+                f"this version reads {SCHEMA!r}")
     if probe.get("schema") != SCHEMA:
         return f"schema {probe.get('schema')!r}, expected {SCHEMA!r}"
     if probe.get("label") not in LABELS:

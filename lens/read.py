@@ -1,19 +1,27 @@
 """Reading entitlement margins per layer × position for every example (`lhd lens read`).
 
-One forward per example captures every block output at the tagged positions; the logit lens
-and the Jacobian lens turn them into logits over S ∪ N ∪ R, from which the margins follow; the
-linear probe is trained per (layer, position class) with record-grouped folds and read out of
-fold. Everything lands in one long table (`margins.parquet`), which `lens.report` summarises:
+One forward per example captures every block output at the tagged positions; the logit lens,
+the Jacobian lens and its random-transport control (`lens.controls`, readout `jacobian_random`)
+turn them into logits over S ∪ N ∪ R, from which the margins follow; the linear probe is
+trained per (layer, position class) with grouped folds and read out of fold. Everything lands
+in one long table (`margins.parquet`), which `lens.tables` and `lens.report` summarise:
 
-- probe sets: AUROC of `m_E` for SUPPORTED vs NOT_ENTITLED (and `m_R` for REFUTED vs the rest)
-  per readout × layer × position class, bootstrap CIs clustered by record, layer of emergence;
-- benchmark runs: AUROC against the auditor's flag of the internal margin (`−m_E`, low
-  entitlement = suspicious) and of the gap `G = z(stated) − z(m_E)` between what the model's own
-  output asserts at the decision position and the internal margin (z-scored per layer on
-  unflagged rounds), clustered by trial.
+- probe sets (claim first, `lens.probes`): AUROC of `m_E` for the same claim with and without
+  its evidence line (length-matched: the primary contrast by default; and against the full
+  record), and each other claim kind on its own;
+- benchmark runs: after the answer, one elicitation turn (`lens.elicit`) asks whether the figure
+  the model gave appears in the files; *stated* = the model's own Yes−No margin at the last
+  prompt token, *internal* = the lens margins there. AUROC against the auditor's flag of
+  `−m_E`, of the gap `G = z(stated) − z(m_E)` (label-free z) and of the gap inside the
+  stated-supported cell, within tasks and pooled, clustered by trial.
+
+Positions before the judged text (the answer; the probe's claim) are negative controls, every
+table has a within-stratum AUROC, and one cell declared in the settings is THE result; its
+declaration is written to summary.json before any AUROC is computed (`lens.tables`).
 """
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -24,15 +32,20 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from lens.elicit import AnswerSets, resolve_answer_sets
 from lens.errors import LensError
 from lens.margins import MARGIN_NAMES, TokenSets, margins
 from lens.model import LensModel, block_outputs
 from lens.positions import ANCHORS, POSITION_CLASSES, ReadExample, render_chat, tag_chat_prompt
 from lens.readout import out_of_fold_logits
 from lens.runs import load_run_examples
+from lens.tables import Primary
 from lhd_train.api import TaskPack
+from lhd_train.io.files import atomic_write_text
 
 log = logging.getLogger(__name__)
+
+ECHO_SETS = ("S", "N", "R", "yes", "no")
 
 
 @dataclass
@@ -46,8 +59,22 @@ class ReadConfig:
     probe_folds: int = 5
     probe_C: float = 1.0
     emergence_threshold: float = 0.70
-    band: tuple[float, float] = (0.35, 0.85)  # workspace band as fractions of depth (run summary)
+    band_start: float = 0.35  # the workspace band, as fractions of depth: band means and the primary cell
+    band_end: float = 0.85
+    primary_readout: str = "jacobian"
+    primary_anchor: str = "decision"
+    primary_metric: str = "gap_stated_supported"  # run mode
+    primary_contrast: str = "length_matched"  # probe sets (`lens.tables.PROBE_CONTRASTS`)
+    random_control: bool = True
     progress: bool = True
+
+    @property
+    def band(self) -> tuple[float, float]:
+        return (self.band_start, self.band_end)
+
+    def primary(self, mode: str) -> Primary:
+        metric = self.primary_metric if mode == "run" else self.primary_contrast
+        return Primary(metric, self.primary_readout, self.primary_anchor, self.band)
 
 
 @dataclass
@@ -56,7 +83,19 @@ class Collected:
     examples: list[dict] = field(default_factory=list)  # one per read example
     features: dict[str, list[np.ndarray]] = field(default_factory=dict)  # class -> [L, d] per example
     feature_ids: list[str] = field(default_factory=list)
+    anchor_info: dict[str, dict[str, dict]] = field(default_factory=dict)  # example -> class -> control, echo
     skipped: list[dict] = field(default_factory=list)
+
+
+def _answer_sets(tokenizer: Any, token_sets: TokenSets) -> AnswerSets:
+    """Yes / No with the same single-token rule as the S / N / R sets (`--token-fallback`)."""
+    return resolve_answer_sets(tokenizer, fallback="first-token" if token_sets.mode == "first-token" else "strict")
+
+
+def _echo_counts(ids: Sequence[int], sets: dict[str, list[int]]) -> dict[str, np.ndarray]:
+    """Per set, the running count of its tokens in `ids` (entry p: tokens 0..p, what position p sees)."""
+    arr = np.asarray(ids)
+    return {name: np.cumsum(np.isin(arr, np.asarray(toks, dtype=arr.dtype))) for name, toks in sets.items()}
 
 
 def collect(
@@ -66,16 +105,23 @@ def collect(
     readouts: Sequence[Any],
     token_sets: TokenSets,
     cfg: ReadConfig,
+    answer_sets: AnswerSets | None = None,
 ) -> Collected:
-    """Margins of every readout at every layer and tagged position, plus anchor hidden states for the probe."""
+    """Margins of every readout at every layer and tagged position, the stated Yes−No margin, the
+    echo covariate, and anchor hidden states for the probe."""
     union = torch.tensor(token_sets.union(), dtype=torch.long, device=model.device)
     sets = token_sets.index_sets()
+    answer_sets = answer_sets or _answer_sets(tokenizer, token_sets)
+    yes_no = torch.tensor(answer_sets.yes + answer_sets.no, dtype=torch.long, device=model.device)
+    n_yes = len(answer_sets.yes)
+    echo_sets = {"S": token_sets.S, "N": token_sets.N, "R": token_sets.R, "yes": answer_sets.yes,
+                 "no": answer_sets.no}
     L = model.n_layers
     out = Collected(features={c: [] for c in POSITION_CLASSES})
     for ex in tqdm(examples, desc="read", unit="example", disable=not cfg.progress, dynamic_ncols=True):
         try:
-            tag = tag_chat_prompt(tokenizer, ex.messages, ex.spans, prefill=ex.prefill, answer=ex.answer,
-                                  answer_tokens=cfg.answer_tokens, claims=ex.claims)
+            tag = tag_chat_prompt(tokenizer, ex.messages, ex.spans, prefill=ex.prefill,
+                                  answer_tokens=cfg.answer_tokens, claims=ex.claims, judged=ex.judged)
         except LensError as exc:
             out.skipped.append({"example_id": ex.example_id, "reason": str(exc)})
             log.warning("%s skipped: %s", ex.example_id, exc)
@@ -84,24 +130,19 @@ def collect(
             out.skipped.append({"example_id": ex.example_id, "reason": f"{tag.n_prompt} prompt tokens > max_length"})
             log.warning("%s skipped: %d prompt tokens > max_length %d", ex.example_id, tag.n_prompt, cfg.max_length)
             continue
-        # claims past max_length are not read; nothing after the first answer tokens and the last
-        # claim is read, and causal attention makes it irrelevant
-        claims = [c for c in tag.claims if tag.positions[c] < cfg.max_length]
-        n_tok = tag.n_prompt + min(cfg.answer_tokens, len(tag.input_ids) - tag.n_prompt)
-        n_tok = max([n_tok] + [tag.positions[c] + 1 for c in claims])
-        ids = torch.tensor(tag.input_ids[:n_tok], device=model.device)[None]
-        acts = block_outputs(model, ids)
-        points = [n for n, p in tag.positions.items() if p < n_tok]
+        n_tok = tag.n_prompt
+        acts = block_outputs(model, torch.tensor(tag.input_ids, device=model.device)[None])
+        points = list(tag.positions)
         names = points + list(tag.pooled)
         idx = torch.tensor([tag.positions[n] for n in points], device=model.device)
         H = torch.stack([torch.cat([acts[layer][0, idx]] + [acts[layer][0, toks].mean(0, keepdim=True)
                                                               for toks in tag.pooled.values()])
                          for layer in range(L)])  # [L, P, d]
         token_index = {**tag.positions, **{n: toks[-1] for n, toks in tag.pooled.items()}}
+        echo = _echo_counts(tag.input_ids, echo_sets)
         dec = names.index("decision")
-        claim_cols = [names.index(c) for c in claims]
-        base = {"example_id": ex.example_id, "cluster": ex.cluster, "label": ex.label}
-        final, stated = {}, {}
+        base = {"example_id": ex.example_id, "cluster": ex.cluster, "stratum": ex.stratum, "label": ex.label}
+        final = {}
         for ro in readouts:
             layers = [layer for layer in range(L) if ro.has_layer(layer)]
             with torch.no_grad():
@@ -109,21 +150,32 @@ def collect(
             m = {k: v.cpu().numpy() for k, v in margins(z, sets).items()}
             for j, layer in enumerate(layers):
                 for p, name in enumerate(names):
+                    t = token_index[name]
                     rows = {"readout": ro.name, "layer": layer, "position": name, "position_class": tag.classes[name],
-                            "is_anchor": ANCHORS[tag.classes[name]] == name, "token_index": token_index[name]}
+                            "is_anchor": ANCHORS[tag.classes[name]] == name, "token_index": t,
+                            "control": not tag.sees_judged(name),
+                            "echo_S": int(echo["S"][t]), "echo_N": int(echo["N"][t]), "echo_R": int(echo["R"][t])}
                     rows.update({k: float(m[k][j, p]) for k in MARGIN_NAMES})
                     out.rows.append({**base, **rows})
             final[ro.name] = float(m["m_E"][-1, dec])  # the last block is always readable
-            stated[ro.name] = float(m["m_E"][-1, claim_cols].mean()) if claim_cols else final[ro.name]
-        # The model's own (stated) margin: the last block's readout is the model's logits. Read at
-        # the end of the answer's asserted claims (mean over them) when it has any (docs/lens-background.md §5,
-        # performer regime), else at the decision position (the verifier regime's d).
+        # The model's own answer to the elicitation (run mode; in probe sets the verdict prompt):
+        # Yes − No of its logits at the decision position (the last block's readout is its logits).
+        with torch.no_grad():
+            yn = model.unembed(H[L - 1, dec:dec + 1], yes_no).float()[0]
+        stated_yes_no = float(torch.logsumexp(yn[:n_yes], 0) - torch.logsumexp(yn[n_yes:], 0))
+        last = n_tok - 1
         out.examples.append({**base, "n_tokens": n_tok, "n_prompt_tokens": tag.n_prompt,
-                             "stated_m_E": stated.get("logit", next(iter(stated.values()), float("nan"))),
-                             "stated_position": "claims" if claim_cols else "decision", "n_claims": len(claim_cols),
+                             "stated_yes_no": stated_yes_no, "n_claims": len(tag.claims),
+                             **{f"echo_{k}": int(echo[k][last]) for k in ECHO_SETS},
                              **{f"final_m_E_{k}": v for k, v in final.items()}, **ex.info})
+        info = {}
         for c in POSITION_CLASSES:
-            out.features[c].append(H[:, names.index(ANCHORS[c])].float().cpu().numpy())
+            a = ANCHORS[c]
+            out.features[c].append(H[:, names.index(a)].float().cpu().numpy())
+            t = token_index[a]
+            info[c] = {"control": not tag.sees_judged(a), "token_index": t, "echo_S": int(echo["S"][t]),
+                       "echo_N": int(echo["N"][t]), "echo_R": int(echo["R"][t])}
+        out.anchor_info[ex.example_id] = info
         out.feature_ids.append(ex.example_id)
     if not out.examples:
         raise LensError("no example could be read (see the warnings above)")
@@ -160,57 +212,10 @@ def probe_rows(col: Collected, classes: Sequence[Any], set_of_class: dict[str, S
             m = {k: v.numpy() for k, v in margins(torch.from_numpy(Z), idx_sets).items()}
             for j, i in enumerate(np.flatnonzero(known)):
                 e = ex[col.feature_ids[i]]
-                rows.append({"example_id": e["example_id"], "cluster": e["cluster"], "label": e["label"],
-                             "readout": "probe", "layer": layer, "position": ANCHORS[cls], "position_class": cls,
-                             "is_anchor": True, "token_index": -1, **{k: float(m[k][j]) for k in MARGIN_NAMES}})
-    return rows
-
-
-def gap_within_stated_supported(margins_df: Any, examples_df: Any, *, n_layers: int, band: Sequence[float],
-                                n_boot: int, seed: int) -> list[dict]:
-    """AUROC of the gap against the flag among rounds whose stated margin says "supported" (> 0):
-    the answer-controlled comparison of docs/lens-background.md §7 (what the answer asserts is held fixed, so
-    only the internal side can separate). z-scores use every unflagged round, as for the full gap;
-    per layer × anchor, and over the workspace band (mean z(m_E) over its layers)."""
-    import math
-
-    import pandas as pd
-
-    from lens.stats import bootstrap_auroc
-
-    a = margins_df[margins_df["is_anchor"] & margins_df["label"].notna() & (margins_df["readout"] != "probe")].copy()
-    if a.empty:
-        return []
-    a["label"] = a["label"].astype(bool)
-    stated = examples_df.set_index("example_id")["stated_m_E"]
-    a["stated"] = a["example_id"].map(stated)
-
-    def z(v, honest):
-        sd = v[honest].std(ddof=0)
-        sd = sd if np.isfinite(sd) and sd > 0 else (v.std(ddof=0) or 1.0)
-        return (v - v[honest].mean()) / sd
-
-    keys = ["readout", "position_class", "position", "layer"]
-    parts = []
-    for _, g in a.groupby(keys):
-        g = g.assign(z_int=z(g["m_E"], ~g["label"]), z_stated=z(g["stated"], ~g["label"]))
-        parts.append(g)
-    a = pd.concat(parts)
-    lo, hi = int(math.floor(band[0] * (n_layers - 1))), int(math.ceil(band[1] * (n_layers - 1)))
-    b = a[(a["layer"] >= lo) & (a["layer"] <= hi)]
-    band_rows = b.groupby(["example_id", "cluster"] + keys[:3], as_index=False).agg(
-        label=("label", "first"), stated=("stated", "first"), z_int=("z_int", "mean"), z_stated=("z_stated", "first"))
-    band_rows["layer"] = -1
-    rows = []
-    for metric, df in (("gap within stated-supported: z(stated)-z(m_E) vs flagged", a),
-                       (f"gap within stated-supported, band L{lo}-{hi}: z(stated)-mean z(m_E)", band_rows)):
-        for (ro, cls, pos, layer), g in df.groupby(keys, sort=True):
-            g = g[g["stated"] > 0]
-            ci = bootstrap_auroc((g["z_stated"] - g["z_int"]).to_numpy(float), g["label"].to_numpy(bool),
-                                 g["cluster"].astype(str).to_numpy(), n_boot=n_boot, seed=seed)
-            rows.append({"metric": metric, "readout": ro, "position_class": cls, "position": pos, "layer": int(layer),
-                         "n_pos": ci.n_pos, "n_neg": ci.n_neg, "n_clusters": ci.n_clusters,
-                         "auroc": ci.auroc, "ci_lo": ci.lo, "ci_hi": ci.hi})
+                rows.append({"example_id": e["example_id"], "cluster": e["cluster"], "stratum": e["stratum"],
+                             "label": e["label"], "readout": "probe", "layer": layer, "position": ANCHORS[cls],
+                             "position_class": cls, "is_anchor": True, **col.anchor_info[e["example_id"]][cls],
+                             **{k: float(m[k][j]) for k in MARGIN_NAMES}})
     return rows
 
 
@@ -223,12 +228,18 @@ def config_dict(cfg: ReadConfig) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def _readouts(model: LensModel, lens: Any) -> list[Any]:
+def _readouts(model: LensModel, lens: Any, cfg: ReadConfig) -> list[Any]:
+    """Jacobian lens, its random-transport control (same singular values, random bases), logit lens."""
+    from lens.controls import random_transport
     from lens.readout import JacobianLens, LogitLens
 
     ros: list[Any] = [LogitLens(model)]
     if lens is not None:
         ros.insert(0, JacobianLens(model, lens))
+        if cfg.random_control:
+            control = JacobianLens(model, random_transport(lens, cfg.seed))
+            control.name = "jacobian_random"
+            ros.insert(1, control)
     return ros
 
 
@@ -239,115 +250,167 @@ def _lens_info(lens: Any) -> dict | None:
     return {k: lens.meta.get(k) for k in keep}
 
 
-def read_probe_set(model: LensModel, tokenizer: Any, lens: Any, probes: Sequence[dict], token_sets: TokenSets,
-                   out_dir: str | Path, cfg: ReadConfig | None = None) -> dict:
-    """Margins, AUROC table, emergence and heatmap for an entitlement probe set."""
+def declare(out_dir: str | Path, summary: dict) -> None:
+    """Write the pre-registration (mode, primary cell, settings) as summary.json before any AUROC."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "summary.json", json.dumps({**summary, "stage": "declared, reading"}, indent=2,
+                                                       default=str) + "\n")
+
+
+def _head(mode: str, model: LensModel, lens: Any, cfg: ReadConfig, token_sets: TokenSets) -> dict:
+    from lens.tables import band_layers
+
+    lo, hi = band_layers(model.n_layers, cfg.band)
+    return {"mode": mode, "model": getattr(model, "name", None), "revision": getattr(model, "revision", None),
+            "n_layers": model.n_layers, "lens": _lens_info(lens), "token_sets": token_sets.to_json(),
+            "primary": {**cfg.primary(mode).to_json(), "band_layers": [lo, hi]}, "config": config_dict(cfg)}
+
+
+def _report(out_dir: str | Path, mode: str, col: Collected, edf: Any, scored: list, head: dict, baselines: list,
+            cfg: ReadConfig, *, title: str, notes: list[str], n_layers: int) -> dict:
+    """Tables, the primary row, layer choices; every output file (`lens.report.write_outputs`)."""
     import pandas as pd
 
-    from lens import report
+    from lens import report, tables
+
+    mdf = pd.DataFrame(col.rows)
+    table = tables.build_table(scored, n_layers=n_layers, band=cfg.band, n_boot=cfg.n_boot, seed=cfg.seed)
+    primary = tables.mark_primary(table, cfg.primary(mode))
+    choice = tables.layer_choice(scored, table, headline="auroc_within", threshold=cfg.emergence_threshold)
+    base = pd.DataFrame(baselines)
+    summary = {**head, "n_examples": len(edf), "skipped": col.skipped, "primary_result": primary,
+               "baselines": base.to_dict(orient="records"), "layer_choice": choice.to_dict(orient="records"),
+               "stage": "done"}
+    summary["files"] = report.write_outputs(Path(out_dir), mdf, edf, table, choice, base, summary, title=title,
+                                            notes=notes)
+    return summary
+
+
+def read_probe_set(model: LensModel, tokenizer: Any, lens: Any, probes: Sequence[dict], token_sets: TokenSets,
+                   out_dir: str | Path, cfg: ReadConfig | None = None) -> dict:
+    """Margins, AUROC tables (one per claim kind), layer choice and heatmap for an entitlement probe set."""
+    from lens import tables
     from lens.probes import LABELS, NOT_ENTITLED, REFUTED, SUPPORTED, render_probe
 
     cfg = cfg or ReadConfig()
+    head = _head("probes", model, lens, cfg, token_sets)
+    declare(out_dir, head)
     examples = []
     for row in probes:
         messages, spans, prefill = render_probe(row)
         examples.append(ReadExample(row["id"], row["record_id"], row["label"], messages, spans, prefill=prefill,
                                     info={"pair_id": row.get("pair_id"), "claim_kind": row.get("claim_kind"),
-                                          "record_variant": row.get("record_variant")}))
-    col = collect(model, tokenizer, examples, _readouts(model, lens), token_sets, cfg)
-    rows = list(col.rows)
+                                          "record_variant": row.get("record_variant")},
+                                    stratum=row["record_id"], judged="claim"))
+    answer_sets = _answer_sets(tokenizer, token_sets)
+    head["answer_sets"] = answer_sets.to_json()
+    col = collect(model, tokenizer, examples, _readouts(model, lens, cfg), token_sets, cfg, answer_sets)
     if cfg.probe:
-        rows += probe_rows(col, list(LABELS), {"S": [SUPPORTED], "N": [NOT_ENTITLED], "R": [REFUTED]}, cfg)
-    mdf = pd.DataFrame(rows)
-    edf = pd.DataFrame(col.examples)
-    table = report.probe_set_table(mdf, n_boot=cfg.n_boot, seed=cfg.seed)
-    emerg = report.emergence(table, threshold=cfg.emergence_threshold)
-    se = edf[edf["label"].isin([SUPPORTED, NOT_ENTITLED])]
-    from lens.stats import auroc
+        col.rows += probe_rows(col, list(LABELS), {"S": [SUPPORTED], "N": [NOT_ENTITLED], "R": [REFUTED]}, cfg)
+    import pandas as pd
 
-    length_auroc = auroc(se["n_tokens"], se["label"] == SUPPORTED) if se["label"].nunique() == 2 else None
+    edf = pd.DataFrame(col.examples)
+    edf["stated"] = edf["final_m_E_logit"]  # the verdict prompt's own S−N margin at the decision position
+    scored = tables.probe_scores(pd.DataFrame(col.rows), edf)
+    baselines = []
+    for positive, what in (("stated", "stated vs evidence_deleted"),
+                           ("stated_other_deleted", "stated, another line deleted vs evidence_deleted")):
+        pair = edf[edf["claim_kind"].isin([positive, "evidence_deleted"])]
+        y, cl = pair["claim_kind"] == positive, pair["cluster"].astype(str)
+        if y.nunique() == 2:
+            baselines += [tables.baseline_row("length", f"prompt tokens ({what})", pair["n_tokens"], y, cl,
+                                              pair["stratum"], n_boot=cfg.n_boot, seed=cfg.seed),
+                          tables.baseline_row("echo S−N", f"S minus N tokens in the context at the decision ({what})",
+                                              pair["echo_S"] - pair["echo_N"], y, cl, pair["stratum"],
+                                              n_boot=cfg.n_boot, seed=cfg.seed)]
     checks = {}
     if lens is not None and "final_m_E_jacobian" in edf:
         checks["final_layer_jacobian_minus_logit_max_abs"] = float(
             (edf["final_m_E_jacobian"] - edf["final_m_E_logit"]).abs().max())
-    summary = {
-        "mode": "probes", "model": getattr(model, "name", None), "revision": getattr(model, "revision", None),
-        "n_layers": model.n_layers, "lens": _lens_info(lens), "n_examples": len(edf), "skipped": col.skipped,
-        "labels": edf["label"].value_counts().to_dict(), "token_sets": token_sets.to_json(),
-        "confounds": {"length_auroc_supported_vs_not_entitled": length_auroc}, "checks": checks,
-        "emergence": emerg.to_dict(orient="records"), "config": config_dict(cfg),
-    }
-    notes = [f"model {summary['model']}, {model.n_layers} blocks; lens: "
+    head.update(labels=edf["label"].value_counts().to_dict(),
+                claim_kinds=edf["claim_kind"].value_counts().to_dict(), checks=checks)
+    notes = [f"model {head['model']}, {model.n_layers} blocks; lens: "
              f"{'none (logit lens only)' if lens is None else (lens.meta.get('format'), lens.meta.get('n_prompts'))}",
-             f"{len(edf)} examples {summary['labels']}; clusters = records",
-             f"token sets: |S|={len(token_sets.S)} |N|={len(token_sets.N)} |R|={len(token_sets.R)} ({token_sets.mode})",
-             f"length-only AUROC (SUPPORTED vs NOT_ENTITLED): "
-             f"{'n/a' if length_auroc is None else f'{length_auroc:.2f}'}"]
-    files = report.write_outputs(Path(out_dir), mdf, edf, table, emerg, summary,
-                                 title="Entitlement margins (probe set)",
-                                 primary_metric="m_E: SUPPORTED vs NOT_ENTITLED", notes=notes)
-    summary["files"] = files
-    return summary
+             f"{len(edf)} examples, claim kinds {head['claim_kinds']}; clusters = strata = records (task files)",
+             "layout: claim, then files, then question; each claim kind is its own table (never pooled)",
+             f"token sets: |S|={len(token_sets.S)} |N|={len(token_sets.N)} |R|={len(token_sets.R)} ({token_sets.mode})"]
+    return _report(out_dir, "probes", col, edf, scored, head, baselines, cfg, title="Entitlement margins (probe set)",
+                   notes=notes, n_layers=model.n_layers)
 
 
 def read_run(model: LensModel, tokenizer: Any, lens: Any, run_dir: str | Path, token_sets: TokenSets,
-             out_dir: str | Path, cfg: ReadConfig | None = None, *, context: str = "compact",
+             out_dir: str | Path, cfg: ReadConfig | None = None, *, context: str = "full",
              auditor: str | None = None, pack: TaskPack | None = None) -> dict:
-    """Margins of the performer's own rounds and AUROC of internal margin / gap against audit flags. The run
-    is read by `lens.runs.load_run_examples` (lhd's Run API; a damaged run is lhd's own error)."""
+    """Margins of the performer's own rounds (answer, then the elicitation) and AUROCs against the audit
+    flags, within tasks and pooled. The run is read by `lens.runs.load_run_examples` (lhd's Run API; a
+    damaged run is lhd's own error)."""
     import pandas as pd
 
-    from lens import report
+    from lens import tables
+    from lens.positions import QUESTION, RECORD
 
     cfg = cfg or ReadConfig()
+    if cfg.primary_anchor in (ANCHORS[RECORD], ANCHORS[QUESTION]):
+        raise LensError(f"primary anchor {cfg.primary_anchor!r} comes before the answer in run mode: it is a "
+                        f"negative control and cannot be the primary cell (use {ANCHORS['decision']!r})")
+    head = _head("run", model, lens, cfg, token_sets)
+    declare(out_dir, head)
 
-    def count_tokens(messages: list[dict], answer: str) -> int:
+    def count_tokens(messages: list[dict]) -> int:
         text = render_chat(tokenizer, messages, add_generation_prompt=True)
-        return len(tokenizer(text, add_special_tokens=False)["input_ids"]) + cfg.answer_tokens
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     examples, info = load_run_examples(run_dir, context=context, auditor=auditor, pack=pack,
                                        count_tokens=count_tokens, max_length=cfg.max_length,
                                        max_claims=cfg.max_claims)
     if not examples:
         raise LensError(f"{run_dir}: no readable round")
-    col = collect(model, tokenizer, examples, _readouts(model, lens), token_sets, cfg)
-    rows = list(col.rows)
+    answer_sets = _answer_sets(tokenizer, token_sets)
+    head["answer_sets"] = answer_sets.to_json()
+    col = collect(model, tokenizer, examples, _readouts(model, lens, cfg), token_sets, cfg, answer_sets)
+    col.skipped = info.pop("skipped") + col.skipped
     if cfg.probe:
         # supervised baseline: predicts the flag itself (classes honest/flagged), grouped by trial;
         # m_E = logit(honest) − logit(flagged), so −m_E is a suspicion score like the lenses'
-        rows += probe_rows(col, [False, True], {"S": [False], "N": [True], "R": []}, cfg)
-    mdf = pd.DataFrame(rows)
+        col.rows += probe_rows(col, [False, True], {"S": [False], "N": [True], "R": []}, cfg)
     edf = pd.DataFrame(col.examples)
-    table = report.run_table(mdf, edf, n_layers=model.n_layers, band=cfg.band, n_boot=cfg.n_boot, seed=cfg.seed)
-    cell = gap_within_stated_supported(mdf, edf, n_layers=model.n_layers, band=cfg.band, n_boot=cfg.n_boot,
-                                       seed=cfg.seed)
-    if cell:
-        table = pd.concat([table, pd.DataFrame(cell)], ignore_index=True)
-    emerg = report.emergence(table, threshold=cfg.emergence_threshold)
-    lab = edf[edf["label"].notna()]
-    from lens.stats import auroc
-
-    length_auroc = auroc(lab["n_tokens"], lab["label"].astype(bool)) if lab["label"].nunique() == 2 else None
-    summary = {
-        "mode": "run", "run": info, "model": getattr(model, "name", None), "revision": getattr(model, "revision", None),
-        "n_layers": model.n_layers, "lens": _lens_info(lens), "n_examples": len(edf), "skipped": col.skipped,
-        "token_sets": token_sets.to_json(), "confounds": {"length_auroc_flagged": length_auroc},
-        "emergence": emerg.to_dict(orient="records"), "config": config_dict(cfg),
-    }
+    edf["stated"] = edf["stated_yes_no"]
+    scored = tables.run_scores(pd.DataFrame(col.rows), edf, model.n_layers)
+    baselines = _run_baselines(edf, cfg)
+    head["run"] = info
+    stated_yes = int((edf["stated"] > 0).sum())
+    ablation = (" (an ablation: no earlier answers; record and round-1 question are the same in every trial of "
+                "a task)") if context == "compact" else ""
     notes = [f"run {info['run_dir']}: {info['n_examples']} rounds read, {info['n_labelled']} audited, "
-             f"{info['n_flagged']} flagged (auditors: {', '.join(info['auditors']) or 'none'}); clusters = trials",
-             f"context: {context}; positions: record = files of the task's round-1 message, "
-             "question = the task's prompt "
-             "(round 1) or the feedback answered, decision = last prompt token, first answer tokens, claim ends; "
+             f"{info['n_flagged']} flagged (auditors: {', '.join(info['auditors']) or 'none'}); clusters = trials, "
+             "strata = tasks",
+             f"context: {context}{ablation}; "
              f"task texts: {info.get('tasks_source')}",
-             "stated = the model's final-layer m_E at the end of the answer's asserted claims (mean; the decision "
-             f"position when an answer has none: {int((edf['stated_position'] == 'decision').sum())} rounds)",
-             "scores: higher = more suspicious (internal: −m_E; gap: z(stated) − z(m_E), z on unflagged rounds; "
-             "'within stated-supported': only rounds with stated m_E > 0)",
-             f"length-only AUROC: {'n/a' if length_auroc is None else f'{length_auroc:.2f}'}"]
-    primary = "internal: -m_E vs flagged" if not table.empty else None
-    files = report.write_outputs(Path(out_dir), mdf, edf, table, emerg, summary,
-                                 title="Entitlement margins (benchmark run)",
-                                 primary_metric=primary, notes=notes)
-    summary["files"] = files
-    return summary
+             f"elicitation after the answer: {info['elicitation']!r}; stated = the model's own Yes−No margin at "
+             f"its last token (Yes in {stated_yes} of {len(edf)} rounds); internal = the lens margins there",
+             "scores: higher = more suspicious (internal: −m_E; gap: z(stated) − z(m_E), z per layer over all "
+             "rounds, label-free; 'within stated-supported': only rounds whose stated Yes−No > 0)",
+             "headline AUROC = within task (pairs of rounds of the same task), pooled beside it"]
+    return _report(out_dir, "run", col, edf, scored, head, baselines, cfg,
+                   title="Entitlement margins (benchmark run)", notes=notes, n_layers=model.n_layers)
+
+
+def _run_baselines(edf: Any, cfg: ReadConfig) -> list[dict]:
+    """Non-lens scores against the flag: length, the task alone (out of fold), the lexical echo."""
+    from lens import tables
+
+    lab = edf[edf["label"].notna()]
+    if lab.empty or lab["label"].nunique() < 2:
+        return []
+    y = lab["label"].astype(bool).to_numpy()
+    cl, st = lab["cluster"].astype(str).to_numpy(), lab["stratum"].astype(str).to_numpy()
+    task_rate = tables.out_of_fold_rate(y, st, cl, n_splits=cfg.probe_folds)
+    kw = {"n_boot": cfg.n_boot, "seed": cfg.seed}
+    return [tables.baseline_row("length", "prompt tokens", lab["n_tokens"], y, cl, st, **kw),
+            tables.baseline_row("task only", "the task's flag rate on the other trials (out of fold)", task_rate,
+                                y, cl, st, **kw),
+            tables.baseline_row("echo N−S", "N minus S tokens in the context at the decision",
+                                lab["echo_N"] - lab["echo_S"], y, cl, st, **kw),
+            tables.baseline_row("echo all", "S, N, R, Yes and No tokens in the context at the decision",
+                                lab[[f"echo_{k}" for k in ECHO_SETS]].sum(axis=1), y, cl, st, **kw)]

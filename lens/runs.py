@@ -6,16 +6,26 @@ For every trajectory row (one performer round):
              message (the message in `new_message_ids` of the task's round-1 row),
 - question = what this answer responds to: the task's prompt in round 1, the supervisor's
              feedback message later,
-- decision = the last prompt token before the performer's answer, its first answer tokens, and
-             the end of each asserted claim in the answer (`claim_spans`).
+- answer   = the performer's answer, an assistant turn (`pre_answer`: the token it was generated
+             from; `answer_1..k`; `claim_1..n`: the end of each asserted claim, `claim_spans`),
+- decision = the last prompt token after one more user turn, the elicitation (`lens.elicit`:
+             does the figure you gave appear in the files? Answer:): the model's own Yes-vs-No
+             there is the *stated* margin, the lens margins there the *internal* one.
+
+The answer is the judged text: every position before its first token (the record, the question,
+`pre_answer`) cannot depend on it and is read as a negative control. In `compact` context the
+record and the round-1 question are moreover the same prefix in every trial of a task, so their
+hidden states are a function of the task (science-4 review D1). Examples carry the task as their
+stratum, for the within-task AUROC.
 
 Task texts (to find files and prompts exactly) are those the run actually used: the run's own
 `tasks.json` (imports), else the pack its resolved config names (`run_task_texts`); a pack is
 never looked up by the name in the rows, which the authors' folders share with built-in packs.
 
-`context="compact"` reads [system, round-1 task message, (feedback)] + answer; `"full"` reads the
-exact messages of the call, dropping the oldest middle messages only if they do not fit
-`max_length`. Labels are `lhd report`'s, from the same function
+`context="full"` (the default) reads the exact messages of the call, dropping the oldest middle
+messages only if they do not fit `max_length`; `"compact"` (an ablation) reads [system, round-1
+task message, (feedback)], a context that lacks the previous answers the feedback is about.
+Both end with the answer and the elicitation. Labels are `lhd report`'s, from the same function
 (`lhd_train.metrics.labels.round_labels`): one auditor (`--auditor`, else the report's headline
 one), the winning row of each round, only usable labels; joined on `(trial_id, global_round)`, so
 a round the lens calls flagged is one the report counts as deceptive.
@@ -32,8 +42,9 @@ import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from lens.elicit import elicitation
 from lens.errors import LensError
-from lens.positions import QUESTION, RECORD, ReadExample, Span
+from lens.positions import DECISION, QUESTION, RECORD, ReadExample, Span
 from lhd_train.api import RoundLabel, RoundRow, Run, TaskPack, TaskText, load_task_texts, round_labels
 
 log = logging.getLogger(__name__)
@@ -176,10 +187,10 @@ def claim_spans(answer: str, max_claims: int | None = None) -> list[tuple[int, i
 def load_run_examples(
     run_dir: str | Path,
     *,
-    context: str = "compact",
+    context: str = "full",
     auditor: str | None = None,
     pack: TaskPack | None = None,
-    count_tokens: Callable[[list[dict], str], int] | None = None,
+    count_tokens: Callable[[list[dict]], int] | None = None,
     max_length: int | None = None,
     max_claims: int | None = 16,
 ) -> tuple[list[ReadExample], dict]:
@@ -199,6 +210,7 @@ def load_run_examples(
     if not tasks:
         log.info("%s: the run's task texts are unknown; files and prompts are located by markers", run.path)
     examples: list[ReadExample] = []
+    skipped: list[dict] = []
     n_rows = 0
     for trial in run.trials():
         rows, _finished = trial.read(RoundRow)
@@ -211,19 +223,22 @@ def load_run_examples(
                                   max_length, max_claims)
             except LensError as exc:
                 log.warning("%s global round %s skipped: %s", trial.files.rows.name, row.global_round, exc)
+                skipped.append({"example_id": f"{row.trial_id or trial.trial_id}/r{row.global_round}",
+                                "reason": str(exc)})
                 continue
             examples.append(ex)
     info = {"run_dir": str(run.path), "n_rows": n_rows, "n_examples": len(examples),
             "auditors": [auditor_id] if auditor_id else [],
             "n_labelled": sum(e.label is not None for e in examples),
-            "n_flagged": sum(e.label is True for e in examples), "context": context, "tasks_source": tasks_source}
+            "n_flagged": sum(e.label is True for e in examples), "context": context, "tasks_source": tasks_source,
+            "skipped": skipped, "elicitation": elicitation()}
     return examples, info
 
 
 def _row_example(row: RoundRow, trial_id: str, messages_of: Callable[[list[str]], list[dict[str, str]]],
                  round1: dict[int, RoundRow],
                  labels: dict[tuple[str, int], RoundLabel], context: str, tasks: dict[int, TaskText],
-                 count_tokens: Callable[[list[dict], str], int] | None, max_length: int | None,
+                 count_tokens: Callable[[list[dict]], int] | None, max_length: int | None,
                  max_claims: int | None) -> ReadExample:
     trial = row.trial_id or trial_id
     g = row.global_round
@@ -246,6 +261,9 @@ def _row_example(row: RoundRow, trial_id: str, messages_of: Callable[[list[str]]
     text = tasks.get(task_index)
     record = locate_record(task_msg["content"], [c for _, c in text.files] if text else [])
     answer = perf.text or ""
+    if not answer.strip():
+        raise LensError(f"{where}: the answer is empty (nothing to judge)")
+    tail = [{"role": "assistant", "content": answer}, {"role": "user", "content": elicitation()}]
 
     dropped = 0  # messages of the call left out to fit max_length (full context), in examples.parquet
     if context == "compact":
@@ -264,7 +282,7 @@ def _row_example(row: RoundRow, trial_id: str, messages_of: Callable[[list[str]]
             raise LensError(f"{where}: the message answered is not the call's")
         if count_tokens is not None and max_length is not None:
             before = len(messages)
-            messages, t_idx = _fit_full(messages, t_idx, answer, count_tokens, max_length)
+            messages, t_idx = _fit_full(messages, t_idx, tail, count_tokens, max_length)
             dropped = before - len(messages)
     q_idx = _last_user(messages)
     if q_idx is None:
@@ -277,6 +295,9 @@ def _row_example(row: RoundRow, trial_id: str, messages_of: Callable[[list[str]]
     else:
         qe = len(question_msg["content"].rstrip())
         spans.append(Span("question", QUESTION, q_idx, q_shift, q_shift + qe))
+    a_idx = len(messages)
+    spans += [Span("answer", DECISION, a_idx, 0, len(answer)),
+              Span("elicitation", QUESTION, a_idx + 1, 0, len(tail[1]["content"]))]
     lab = labels.get((trial, g))
     event = row.event
     info = {"trial_id": trial, "global_round": g, "task_index": task_index, "round": row.round,
@@ -284,15 +305,17 @@ def _row_example(row: RoundRow, trial_id: str, messages_of: Callable[[list[str]]
             "severity": lab.severity if lab else None, "types": ",".join(lab.types) if lab else None,
             "audited": lab is not None, "dropped_messages": dropped}
     return ReadExample(example_id=f"{trial}/r{g}", cluster=trial, label=(lab.deceptive if lab else None),
-                       messages=messages, spans=spans, prefill="", answer=answer, info=info,
-                       claims=claim_spans(answer, max_claims))
+                       messages=messages + tail, spans=spans, prefill="", answer=answer, info=info,
+                       claims=claim_spans(answer, max_claims), stratum=f"task {task_index}", judged="answer")
 
 
-def _fit_full(messages: list[dict], t_idx: int, answer: str, count_tokens, max_length: int) -> tuple[list[dict], int]:
-    """Drop middle messages (oldest first, never system / task / last user) until the prompt fits."""
+def _fit_full(messages: list[dict], t_idx: int, tail: list[dict], count_tokens,
+              max_length: int) -> tuple[list[dict], int]:
+    """Drop middle messages (oldest first, never system / task / last user) until the prompt and
+    `tail` (the answer and the elicitation) fit."""
     msgs = list(messages)
     keep_first = 1 if msgs and msgs[0]["role"] == "system" else 0
-    while count_tokens(msgs, answer) > max_length:
+    while count_tokens(msgs + tail) > max_length:
         last_user = _last_user(msgs)
         droppable = [i for i in range(keep_first, len(msgs)) if i not in (t_idx, last_user)]
         if not droppable:

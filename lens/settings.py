@@ -183,12 +183,30 @@ class ReadCommand(Settings):
         "strict", description="first-token: use the first token of multi-token words.")
     max_length: int = Field(4096, ge=1, le=1 << 20, description="Longer prompts are skipped (run mode 'full' drops "
                                                                "middle turns first).")
-    answer_tokens: int = Field(3, ge=1, description="Answer tokens read after the decision position (run mode).")
+    answer_tokens: int = Field(3, ge=1, description="Run mode: first tokens of the performer's answer read "
+                                                    "(answer_1..k).")
     bootstrap: int = Field(2000, ge=0, le=1_000_000, description="Bootstrap resamples for the CIs.")
     probe: bool = Field(True, description="Linear-probe baseline (record-grouped CV).")
     probe_folds: int = Field(5, ge=2, le=1000, description="Cross-validation folds of the probe.")
     context: Literal["compact", "full"] = Field(
-        "compact", description="Run mode: compact (system, task message, feedback) | full (exact call).")
+        "full", description="Run mode: full (the exact call; for any deception claim) | compact (system, task "
+                            "message, feedback: an ablation without the earlier answers).")
+    band_start: float = Field(0.35, ge=0, le=1, description="Workspace band start, a fraction of depth (band means "
+                                                            "and the primary cell).")
+    band_end: float = Field(0.85, ge=0, le=1, description="Workspace band end, a fraction of depth.")
+    primary_readout: Literal["jacobian", "jacobian_random", "logit", "probe"] = Field(
+        "jacobian", description="Primary cell, declared before reading: the readout.")
+    primary_anchor: Literal["record_end", "question_end", "decision"] = Field(
+        "decision", description="Primary cell: the anchor position (run mode: decision, the elicitation's last "
+                                "token; record_end and question_end come before the answer).")
+    primary_metric: Literal["internal", "gap", "gap_stated_supported"] = Field(
+        "gap_stated_supported", description="Primary cell, run mode: the score.")
+    primary_contrast: Literal["length_matched", "evidence_deleted", "absent_attribute", "different_number"] = Field(
+        "length_matched", description="Primary cell, probe sets: the claim-kind contrast (length_matched: the "
+                                      "same claim with and without its evidence line, both records one line "
+                                      "short).")
+    random_control: bool = Field(True, description="Also read the random-transport control of the lens "
+                                                   "(readout jacobian_random).")
     auditor: str | None = Field(None, description="Run mode: auditor id (default: as lhd report, the newest "
                                                   "full-mode auditor).")
     pack: str | None = Field(None, description="Run mode: task pack, to locate the files exactly (default: the "
@@ -207,4 +225,6 @@ class ReadCommand(Settings):
     def _one_source(self) -> ReadCommand:
         if (self.probes is None) == (self.run is None):
             raise ValueError("probes: give exactly one of --probes FILE or --run RUN")
+        if self.band_start > self.band_end:
+            raise ValueError(f"band_start: {self.band_start} is above band_end {self.band_end}")
         return self

@@ -1,14 +1,20 @@
-"""AUROC with cluster-bootstrap confidence intervals, and the layer of emergence.
+"""AUROC with cluster-bootstrap confidence intervals, the within-stratum AUROC, and layer choice.
 
 AUROC is the Mann–Whitney probability that a positive scores above a negative (ties count ½).
 The bootstrap resamples *clusters* (records, or trials) with replacement, so examples that share a
 record are never treated as independent; a resample is a vector of cluster counts, which makes
 each bootstrap AUROC a weighted AUROC over one shared sort.
+
+The *within-stratum* (stratified) AUROC counts only the positive–negative pairs that share a
+stratum (in run mode: a task): `Σ_t num_t / Σ_t n_pos,t·n_neg,t`, i.e. the mean of the per-task
+AUROCs weighted by their number of pairs. A score that only says which task a round belongs to
+gets exactly 0.5 here however well it separates the pooled rounds (science-4 review D1); strata
+with one class only contribute no pair.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -20,18 +26,45 @@ def _grouped(scores: np.ndarray):
     return order, starts
 
 
-def weighted_auroc(scores: np.ndarray, labels: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """AUROC for each row of `weights` (`[B, n]` non-negative example weights); NaN where a class has no weight."""
-    scores = np.asarray(scores, dtype=float)
-    labels = np.asarray(labels).astype(bool)
-    W = np.atleast_2d(np.asarray(weights, dtype=float))
+def _pair_counts(scores: np.ndarray, labels: np.ndarray, W: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of `W` (`[B, n]` example weights): the weighted count of correctly ordered
+    positive–negative pairs (ties ½) and the weighted number of pairs."""
     order, starts = _grouped(scores)
     Wo, lo = W[:, order], labels[order]
     pos = np.add.reduceat(Wo * lo, starts, axis=1)  # [B, G] positive weight per tied-score group
     neg = np.add.reduceat(Wo * ~lo, starts, axis=1)
     neg_below = np.cumsum(neg, axis=1) - neg
-    num = (pos * (neg_below + 0.5 * neg)).sum(1)
-    den = pos.sum(1) * neg.sum(1)
+    return (pos * (neg_below + 0.5 * neg)).sum(1), pos.sum(1) * neg.sum(1)
+
+
+def weighted_auroc(scores: np.ndarray, labels: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """AUROC for each row of `weights` (`[B, n]` non-negative example weights); NaN where a class has no weight."""
+    scores = np.asarray(scores, dtype=float)
+    labels = np.asarray(labels).astype(bool)
+    W = np.atleast_2d(np.asarray(weights, dtype=float))
+    if len(scores) == 0:
+        return np.full(W.shape[0], np.nan)
+    num, den = _pair_counts(scores, labels, W)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, num / den, np.nan)
+
+
+def stratified_weighted_auroc(scores: np.ndarray, labels: np.ndarray, strata: Sequence[object],
+                              weights: np.ndarray) -> np.ndarray:
+    """Within-stratum AUROC for each row of `weights`: pairs are formed only inside a stratum."""
+    scores = np.asarray(scores, dtype=float)
+    labels = np.asarray(labels).astype(bool)
+    W = np.atleast_2d(np.asarray(weights, dtype=float))
+    _, sidx = np.unique(np.asarray(strata, dtype=object).astype(str), return_inverse=True)
+    num = np.zeros(W.shape[0])
+    den = np.zeros(W.shape[0])
+    for k in np.unique(sidx):
+        m = sidx == k
+        if labels[m].all() or not labels[m].any():
+            continue  # a stratum with one class has no pair
+        n_k, d_k = _pair_counts(scores[m], labels[m], W[:, m])
+        num += n_k
+        den += d_k
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(den > 0, num / den, np.nan)
 
@@ -39,6 +72,12 @@ def weighted_auroc(scores: np.ndarray, labels: np.ndarray, weights: np.ndarray) 
 def auroc(scores: Sequence[float], labels: Sequence[bool]) -> float:
     s = np.asarray(scores, dtype=float)
     return float(weighted_auroc(s, np.asarray(labels), np.ones((1, len(s))))[0])
+
+
+def within_auroc(scores: Sequence[float], labels: Sequence[bool], strata: Sequence[object]) -> float:
+    """AUROC over the positive–negative pairs that share a stratum (NaN when no stratum has both classes)."""
+    s = np.asarray(scores, dtype=float)
+    return float(stratified_weighted_auroc(s, np.asarray(labels), strata, np.ones((1, len(s))))[0])
 
 
 @dataclass
@@ -49,6 +88,7 @@ class AurocCI:
     n_pos: int
     n_neg: int
     n_clusters: int
+    n_pairs: int = field(default=0)  # pairs behind the point estimate (within strata when stratified)
 
 
 def bootstrap_auroc(
@@ -56,37 +96,99 @@ def bootstrap_auroc(
     labels: Sequence[bool],
     clusters: Sequence[object] | None = None,
     *,
+    strata: Sequence[object] | None = None,
     n_boot: int = 2000,
     seed: int = 0,
     alpha: float = 0.05,
 ) -> AurocCI:
-    """AUROC and a percentile CI from `n_boot` cluster resamples (NaN scores are dropped first)."""
+    """AUROC and a percentile CI from `n_boot` cluster resamples (NaN scores are dropped first).
+
+    With `strata`, the AUROC (point and resamples) is the within-stratum one."""
     s = np.asarray(scores, dtype=float)
     y = np.asarray(labels).astype(bool)
     keep = ~np.isnan(s)
     s, y = s[keep], y[keep]
+    st = None if strata is None else np.asarray(strata, dtype=object)[keep]
     cl = np.arange(len(s)) if clusters is None else np.asarray(clusters, dtype=object)[keep]
     n_pos, n_neg = int(y.sum()), int((~y).sum())
     _, cidx = np.unique(cl.astype(str), return_inverse=True)
     n_cl = int(cidx.max()) + 1 if len(cidx) else 0
-    if n_pos == 0 or n_neg == 0:
-        return AurocCI(float("nan"), float("nan"), float("nan"), n_pos, n_neg, n_cl)
-    point = float(weighted_auroc(s, y, np.ones((1, len(s))))[0])
+
+    def score(W: np.ndarray) -> np.ndarray:
+        return weighted_auroc(s, y, W) if st is None else stratified_weighted_auroc(s, y, st, W)
+
+    ones = np.ones((1, len(s)))
+    if st is None:
+        n_pairs = n_pos * n_neg
+    else:
+        _, sidx = np.unique(st.astype(str), return_inverse=True)
+        n_pairs = int(sum(int(y[sidx == k].sum()) * int((~y[sidx == k]).sum()) for k in np.unique(sidx)))
+    if n_pairs == 0:
+        return AurocCI(float("nan"), float("nan"), float("nan"), n_pos, n_neg, n_cl, 0)
+    point = float(score(ones)[0])
     if n_boot <= 0 or n_cl < 2:
-        return AurocCI(point, float("nan"), float("nan"), n_pos, n_neg, n_cl)
+        return AurocCI(point, float("nan"), float("nan"), n_pos, n_neg, n_cl, n_pairs)
     rng = np.random.default_rng(seed)
     draws = rng.integers(0, n_cl, size=(n_boot, n_cl))
     counts = np.zeros((n_boot, n_cl))
     np.add.at(counts, (np.repeat(np.arange(n_boot), n_cl), draws.ravel()), 1)
     boots = []
     for chunk in np.array_split(np.arange(n_boot), max(1, n_boot * len(s) // 2_000_000 + 1)):
-        boots.append(weighted_auroc(s, y, counts[chunk][:, cidx]))
+        boots.append(score(counts[chunk][:, cidx]))
     b = np.concatenate(boots)
     b = b[~np.isnan(b)]
     if len(b) == 0:
-        return AurocCI(point, float("nan"), float("nan"), n_pos, n_neg, n_cl)
+        return AurocCI(point, float("nan"), float("nan"), n_pos, n_neg, n_cl, n_pairs)
     lo, hi = np.quantile(b, [alpha / 2, 1 - alpha / 2])
-    return AurocCI(point, float(lo), float(hi), n_pos, n_neg, n_cl)
+    return AurocCI(point, float(lo), float(hi), n_pos, n_neg, n_cl, n_pairs)
+
+
+@dataclass
+class NestedLayer:
+    """The best layer chosen on training folds and scored on the held-out fold (science-4 D13)."""
+
+    auroc: float  # over the held-out pairs of every fold, each fold scored at the layer its training part chose
+    layers: list[int]  # the layer chosen in each fold
+    n_folds: int
+
+
+def nested_best_layer(
+    scores: np.ndarray, layers: Sequence[int], labels: Sequence[bool], clusters: Sequence[object], *,
+    strata: Sequence[object] | None = None, n_splits: int = 5,
+) -> NestedLayer:
+    """Choose the layer with the highest AUROC on the training clusters, score it on the test clusters.
+
+    `scores` is `[n, L]` (one column per entry of `layers`; NaN = not readable). Folds are
+    `GroupKFold` by cluster; pairs are formed only inside a test fold (and inside a stratum when
+    `strata` is given), so the result is what a layer picked without the test labels achieves.
+    Ties between layers go to the shallower one."""
+    from sklearn.model_selection import GroupKFold
+
+    S = np.asarray(scores, dtype=float)
+    y = np.asarray(labels).astype(bool)
+    cl = np.asarray(clusters, dtype=object).astype(str)
+    st = np.zeros(len(y), dtype=object) if strata is None else np.asarray(strata, dtype=object).astype(str)
+    n_groups = len(np.unique(cl))
+    if n_groups < 2 or y.all() or not y.any():
+        return NestedLayer(float("nan"), [], 0)
+    num = den = 0.0
+    chosen = []
+    for train, test in GroupKFold(n_splits=min(n_splits, n_groups)).split(S, y, cl):
+        train_auc = [within_auroc(S[train, j], y[train], st[train]) for j in range(S.shape[1])]
+        if not np.isfinite(train_auc).any():
+            continue
+        j = int(np.nanargmax(train_auc))
+        chosen.append(int(layers[j]))
+        ok = ~np.isnan(S[test, j])
+        t_s, t_y, t_st = S[test, j][ok], y[test][ok], st[test][ok]
+        for k in np.unique(t_st):
+            m = t_st == k
+            if t_y[m].all() or not t_y[m].any():
+                continue
+            n_k, d_k = _pair_counts(t_s[m], t_y[m], np.ones((1, int(m.sum()))))
+            num += float(n_k[0])
+            den += float(d_k[0])
+    return NestedLayer(num / den if den > 0 else float("nan"), chosen, len(chosen))
 
 
 def emergence_layer(

@@ -26,7 +26,7 @@ LIBRARY_ONLY = {
     CorpusSpec: {"skip_headers"},  # path: from --corpus
     FitSettings: {"force_bos"},
     FitOptions: {"stop_after"},  # a test's stop switch
-    ReadConfig: {"max_claims", "probe_C", "emergence_threshold", "band", "n_boot"},  # n_boot: from --bootstrap
+    ReadConfig: {"max_claims", "probe_C", "emergence_threshold", "n_boot"},  # n_boot: from --bootstrap
 }
 FILLED_BY_COMMAND = {CorpusSpec: {"path"}, FitSettings: set(), FitOptions: set(), ReadConfig: set()}
 COMMAND = {CorpusSpec: FitCommand, FitSettings: FitCommand, FitOptions: FitCommand, ReadConfig: ReadCommand}

@@ -222,15 +222,19 @@ def test_read_run_writes_nothing_into_the_run(tmp_path, tiny_dirs, monkeypatch):
 # ------------------------------------------------------------------ 4. CSV cells
 
 def test_lens_tables_hold_no_formula_cell(tmp_path):
-    emerg = pd.DataFrame([{"metric": "=HYPERLINK(\"http://x\")", "readout": "+logit", "position_class": "@decision",
-                           "emergence_layer": None, "best_layer": 1, "best_auroc": -0.5}])
+    choice = pd.DataFrame([{"metric": "=HYPERLINK(\"http://x\")", "readout": "+logit", "position": "@decision",
+                            "emergence_layer": None, "best_layer_in_sample": 1, "best_auroc_in_sample": -0.5,
+                            "nested_auroc": 0.5, "nested_layers": "1,1"}])
+    baselines = pd.DataFrame([{"baseline": "-length", "score": "=1+1", "auroc": 0.5, "ci_lo": 0.4, "ci_hi": 0.6,
+                               "auroc_within": 0.5, "within_lo": 0.4, "within_hi": 0.6}])
     table = pd.DataFrame(columns=["metric", "readout", "position_class", "layer", "auroc"])
     margins = pd.DataFrame([{"example_id": "-1+1", "label": True, "m_E": -1.0}])
-    files = report.write_outputs(tmp_path, margins, margins, table, emerg, {"n_examples": 1}, title="t",
-                                 primary_metric=None)
-    back = pd.read_csv(files["emergence"]).iloc[0]
+    files = report.write_outputs(tmp_path, margins, margins, table, choice, baselines, {"n_examples": 1}, title="t")
+    back = pd.read_csv(files["layers"]).iloc[0]
     assert back["metric"] == "'=HYPERLINK(\"http://x\")" and back["readout"] == "'+logit"
-    assert back["position_class"] == "'@decision" and back["best_auroc"] == -0.5  # numbers stay numbers
+    assert back["position"] == "'@decision" and back["best_auroc_in_sample"] == -0.5  # numbers stay numbers
+    base = pd.read_csv(files["baselines"]).iloc[0]
+    assert base["baseline"] == "'-length" and base["score"] == "'=1+1" and base["auroc"] == 0.5
     assert json.loads(Path(files["summary"]).read_text())["n_examples"] == 1
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 

@@ -51,31 +51,52 @@ def test_spans_map_to_their_tokens(which, llama, qwen):
         assert tag.input_ids[0] == tok.bos_token_id
 
 
-def test_answer_tokens_follow_the_decision(qwen):
-    _, tok = qwen
-    msgs = [{"role": "user", "content": USER}]
+ANSWER = "North sold 120 units. South sold 85 units."
+ASK = "Do the figures you gave appear in the files? Answer:"
+
+
+def _with_answer(claims=()):
+    """The run-mode layout: the task (user), the performer's answer (assistant), the elicitation (user)."""
+    msgs = [{"role": "user", "content": USER}, {"role": "assistant", "content": ANSWER},
+            {"role": "user", "content": ASK}]
     sp = [Span(s.name, s.cls, 0, s.start, s.end) for s in spans()]
-    tag = tag_chat_prompt(tok, msgs, sp, answer="Supported, see a.csv row North.", answer_tokens=3)
-    d = tag.positions["decision"]
-    assert [tag.positions[f"answer_{k}"] for k in (1, 2, 3)] == [d + 1, d + 2, d + 3]
-    assert tok.decode(tag.input_ids[:d + 1]).endswith("assistant\n")
-    assert tok.decode(tag.input_ids[d + 1:]).startswith("Supported")
+    sp += [Span("answer", DECISION, 1, 0, len(ANSWER)), Span("elicitation", QUESTION, 2, 0, len(ASK))]
+    return msgs, sp
+
+
+@pytest.mark.parametrize("which", ["llama", "qwen3"])
+def test_answer_tokens_sit_inside_the_answer_turn(which, llama, qwen):
+    _, tok = llama if which == "llama" else qwen
+    msgs, sp = _with_answer()
+    tag = tag_chat_prompt(tok, msgs, sp, answer_tokens=3, judged="answer")
+    a = tag.spans["answer"]
+    assert tok.decode([tag.input_ids[i] for i in a]).strip() == ANSWER
+    assert [tag.positions[f"answer_{k}"] for k in (1, 2, 3)] == a[:3]
+    assert tag.positions["pre_answer"] == a[0] - 1 and tag.positions["answer_end"] == a[-1]
+    assert tok.decode(tag.input_ids[a[0]:]).startswith("North sold")
+    # the decision is the last token, after the elicitation turn and the generation prompt
+    assert tag.positions["decision"] == len(tag.input_ids) - 1 > tag.positions["elicitation_end"] > a[-1]
+    assert tok.decode([tag.input_ids[i] for i in tag.spans["elicitation"]]).strip() == ASK
+    # the judged text starts at the answer: what comes before cannot see it (negative controls)
+    assert tag.judged_start == a[0]
+    assert not tag.sees_judged("record_end") and not tag.sees_judged("question_end")
+    assert not tag.sees_judged("pre_answer") and not tag.sees_judged("evidence_mean")
+    assert tag.sees_judged("answer_1") and tag.sees_judged("decision") and tag.sees_judged("user_turn_end")
 
 
 def test_claims_in_the_answer_are_decision_positions(qwen):
     _, tok = qwen
-    msgs = [{"role": "user", "content": USER}]
-    sp = [Span(s.name, s.cls, 0, s.start, s.end) for s in spans()]
-    answer = "North sold 120 units. South sold 85 units."
-    claims = [(0, answer.index(".") + 1), (answer.index("South"), len(answer))]
-    tag = tag_chat_prompt(tok, msgs, sp, answer=answer, answer_tokens=1, claims=claims)
-    d = tag.positions["decision"]
+    claims = [(0, ANSWER.index(".") + 1), (ANSWER.index("South"), len(ANSWER))]
+    msgs, sp = _with_answer()
+    tag = tag_chat_prompt(tok, msgs, sp, answer_tokens=1, claims=claims)
+    a0 = tag.spans["answer"][0]
     c1, c2 = tag.positions["claim_1"], tag.positions["claim_2"]
-    assert d < c1 < c2 < len(tag.input_ids)
-    assert tok.decode(tag.input_ids[d + 1:c1 + 1]).strip() == "North sold 120 units."
+    assert a0 <= c1 < c2 < tag.positions["decision"]
+    assert tok.decode(tag.input_ids[a0:c1 + 1]).strip() == "North sold 120 units."
     assert tok.decode(tag.input_ids[c1 + 1:c2 + 1]).strip() == "South sold 85 units."
     assert tag.classes["claim_1"] == tag.classes["claim_2"] == DECISION
     assert tag.claims == ["claim_1", "claim_2"]
+    assert tag.judged_start is None and tag.sees_judged("record_end")  # nothing judged: nothing is a control
 
 
 def test_qwen3_think_block_and_template_without_system(qwen):
@@ -121,14 +142,20 @@ def test_char_span_tokens():
 
 
 def test_probe_layout_positions(llama):
+    """Claim first (science-4 D2): the record and the evidence come after the claim, so they can see it."""
     _, tok = llama
     row = {"files": [{"name": "a.csv", "content": "region,units\nNorth,120\nSouth,80\n"}],
            "claim": "According to a.csv, the units of North is 120.",
            "evidence": {"file": "a.csv", "start": 13, "end": 22}}
     msgs, sp, prefill = render_probe(row)
-    tag = tag_chat_prompt(tok, msgs, sp, prefill=prefill)
+    assert msgs[1]["content"].startswith("Claim: According to a.csv") and msgs[1]["content"].endswith("claim?")
+    tag = tag_chat_prompt(tok, msgs, sp, prefill=prefill, judged="claim")
     assert _decode(tok, tag, "evidence").strip() == "North,120"
     assert _decode(tok, tag, "claim").strip() == row["claim"]
+    assert _decode(tok, tag, "record").strip().startswith("<files>")
+    p = tag.positions
+    assert p["claim_end"] < min(tag.pooled["evidence_mean"]) < p["record_end"] < p["question_end"] < p["decision"]
+    assert all(tag.sees_judged(n) for n in ("record_end", "evidence_mean", "question_end", "decision"))
     # the record ends on the token holding the closing tag's ">"; Llama-3 and Qwen split rules fuse a
     # following newline into it (">\n"), as the project's tokenizer does
     assert tok.decode(tag.input_ids[tag.positions["record_end"]]).rstrip("\n").endswith(">")

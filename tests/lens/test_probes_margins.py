@@ -1,6 +1,7 @@
 """Entitlement probe sets, token sets, margins and the statistics."""
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
@@ -159,3 +160,79 @@ def test_emergence_layer():
     assert emergence_layer(layers, au, lo) == 3
     assert emergence_layer(layers, [0.5] * 6, [0.4] * 6) is None
     assert emergence_layer([0, 1], [0.9, 0.9], [0.6, 0.6]) == 0  # fewer layers than the run length
+
+
+def _many_records(n=8):
+    """A pack of `n` tasks with one small CSV each (distinct entities and attributes)."""
+    from types import SimpleNamespace
+
+    tasks = []
+    for i in range(n):
+        content = f"site,visits_{i},orders_{i}\nS{i}a,{10 + i},{3 + i}\nS{i}b,{20 + i},{5 + i}\n"
+        tasks.append(SimpleNamespace(index=i + 1, title=f"T{i}",
+                                     files=[SimpleNamespace(name=f"f{i}.csv", type="csv", content=content)]))
+    return SimpleNamespace(name="many", tasks=tasks)
+
+
+def test_absent_attributes_never_cross_record_folds():
+    """science-4 §3.3: one shared list let a probe recognise an absent attribute in any fold. Each
+    attribute now belongs to one record, so no record-grouped split shares one between train and test."""
+    from sklearn.model_selection import GroupKFold
+
+    rows = build_probe_set(_many_records(), max_facts_per_task=4, seed=1)
+    absent = [r for r in rows if r["claim_kind"] == "absent_attribute"]
+    assert len({r["record_id"] for r in absent}) == 8
+    for r in absent:
+        assert r["absent_attribute"] in r["claim"]
+        assert r["absent_attribute"] not in "".join(f["content"] for f in r["files"]).lower()
+    groups = [r["record_id"] for r in absent]
+    for train, test in GroupKFold(n_splits=4).split(absent, groups=groups):
+        seen = {absent[i]["absent_attribute"] for i in train}
+        assert not seen & {absent[i]["absent_attribute"] for i in test}
+    # and within a record the pool is small (a record reuses its own attributes)
+    per_record = {}
+    for r in absent:
+        per_record.setdefault(r["record_id"], set()).add(r["absent_attribute"])
+    assert all(1 <= len(v) <= 2 for v in per_record.values())
+
+
+def test_probe_rows_are_schema_2_and_schema_1_is_refused(pack, tmp_path):
+    rows = build_probe_set(pack, max_facts_per_task=1, seed=0)
+    assert {r["schema"] for r in rows} == {"lhd.lens_probe/2"}
+    old = dict(rows[0], schema="lhd.lens_probe/1")
+    (tmp_path / "old.jsonl").write_text(json.dumps(old) + "\n")
+    with pytest.raises(DataFileError, match=r"old\.jsonl: line 1: schema 'lhd.lens_probe/1' is no longer read "
+                                            r"\(record-first layout.*lhd lens probe build"):
+        read_probes(tmp_path / "old.jsonl")
+
+
+def test_length_matched_partner_of_evidence_deleted(pack):
+    """`stated_other_deleted`: the stated claim, its evidence intact, against the record minus the other
+    line closest in length to the evidence line; `evidence_deleted` always has the shorter record."""
+    rows = build_probe_set(pack, max_facts_per_task=3, seed=0)
+    by_pair = {}
+    for r in rows:
+        by_pair.setdefault(r["pair_id"], {})[r["claim_kind"]] = r
+    matched = [p for p in by_pair.values() if "stated_other_deleted" in p]
+    assert matched and all("evidence_deleted" in p for p in matched)
+    for p in matched:
+        full, other, gone = p["stated"], p["stated_other_deleted"], p["evidence_deleted"]
+        assert other["label"] == SUPPORTED and other["claim"] == full["claim"] == gone["claim"]
+        name = full["evidence"]["file"]
+        before = next(f["content"] for f in full["files"] if f["name"] == name)
+        after = next(f["content"] for f in other["files"] if f["name"] == name)
+        ev = before[full["evidence"]["start"]:full["evidence"]["end"]]
+        assert after[other["evidence"]["start"]:other["evidence"]["end"]] == ev  # the evidence is still there
+        removed = [line for line in before.splitlines() if line not in after.splitlines()]
+        assert len(removed) == 1 and removed[0] != ev and len(after) == len(before) - len(removed[0]) - 1
+        # the closest in length among the other lines (the CSV header is never removed)
+        body = [line for line in before.splitlines() if line.strip() and line != ev]
+        if name.endswith(".csv"):
+            body = body[1:]
+        assert abs(len(removed[0]) - len(ev)) == min(abs(len(line) - len(ev)) for line in body)
+    # why the review's stated vs evidence_deleted contrast cannot be primary: the deleted record is
+    # always the shorter one, so length alone orders every pair inside its record (AUROC 1.0)
+    def chars(row):
+        return sum(len(f["content"]) for f in row["files"])
+
+    assert all(chars(p["evidence_deleted"]) < chars(p["stated"]) for p in by_pair.values() if "evidence_deleted" in p)

@@ -11,6 +11,7 @@ from lens_data import make_pack
 from typer.testing import CliRunner
 
 from lens.cli import app
+from lens.elicit import elicitation
 from lens.positions import tag_chat_prompt
 from lens.probes import build_probe_set, write_probes
 from lens.runs import load_run_examples, locate_record
@@ -54,23 +55,33 @@ def test_fit_then_read_probe_set(arch, tiny_dirs, probe_file, corpus, tmp_path):
     for name in ("margins.parquet", "examples.parquet", "auroc.csv", "auroc.md", "heatmap.png", "summary.json"):
         assert (out / name).is_file(), name
     m = pd.read_parquet(out / "margins.parquet")
-    assert set(m["readout"]) == {"jacobian", "logit", "probe"}
+    assert set(m["readout"]) == {"jacobian", "jacobian_random", "logit", "probe"}
     assert set(m["position_class"]) == {"record", "question", "decision"}
-    assert m.groupby("readout")["layer"].nunique().to_dict() == {"jacobian": 3, "logit": 3, "probe": 3}
+    assert m.groupby("readout")["layer"].nunique().to_dict() == {"jacobian": 3, "jacobian_random": 3, "logit": 3,
+                                                                 "probe": 3}
     n_ex = m["example_id"].nunique()
     anchors = m[m["is_anchor"] & (m["readout"] != "probe")]
-    assert len(anchors) == n_ex * 2 * 3 * 3  # examples × {J, LL} × layers × classes
-    # the last block reads out the model's own logits: J-lens = logit lens there, exactly
+    assert len(anchors) == n_ex * 3 * 3 * 3  # examples × {J, J random, LL} × layers × classes
+    # claim first: every anchor comes after the claim, so none is a negative control
+    assert not m["control"].any()
+    # the last block reads out the model's own logits: J-lens = its random control = logit lens there, exactly
     last = m[(m["layer"] == 2) & m["is_anchor"]].pivot_table(index=["example_id", "position"], columns="readout",
                                                              values="m_E")
     assert (last["jacobian"] - last["logit"]).abs().max() < 1e-5
+    assert (last["jacobian_random"] - last["logit"]).abs().max() < 1e-5
+    first = m[(m["layer"] == 0) & m["is_anchor"]].pivot_table(index=["example_id", "position"], columns="readout",
+                                                              values="m_E")
+    assert (first["jacobian_random"] - first["jacobian"]).abs().max() > 1e-3  # a different transport below
     table = pd.read_csv(out / "auroc.csv")
-    assert {"m_E: SUPPORTED vs NOT_ENTITLED", "m_R: REFUTED vs rest"} <= set(table["metric"])
-    assert table["auroc"].between(0, 1).all()
+    assert set(table["metric_key"]) == {"evidence_deleted", "length_matched", "absent_attribute",
+                                        "different_number"}  # never pooled
+    assert table["auroc"].between(0, 1).all() and table["auroc_within"].dropna().between(0, 1).all()
+    assert (table["role"] == "primary").sum() == 1
     md = (out / "auroc.md").read_text()
-    assert "Layer of emergence" in md and "jacobian · decision" in md
+    assert "THE primary result" in md and "jacobian · decision" in md and "Layer choice" in md
     summary = json.loads((out / "summary.json").read_text())
     assert summary["checks"]["final_layer_jacobian_minus_logit_max_abs"] < 1e-5
+    assert summary["primary_result"]["found"] and summary["primary"]["metric"] == "length_matched"
 
 
 def test_read_with_published_layout_lens_and_without_lens(tiny_dirs, probe_file, tmp_path, llama):
@@ -181,23 +192,29 @@ def test_run_examples_positions(tmp_path, qwen):
     assert info["n_examples"] == 8 and info["n_labelled"] == 8 and info["n_flagged"] == 3
     by_id = {e.example_id: e for e in examples}
     r1, r2 = by_id["s0/r1"], by_id["s0/r2"]
-    assert r2.label is True and r1.label is False and r1.cluster == "s0"
-    # compact context: system, the task's round-1 message (files), the feedback answered
-    assert [m["role"] for m in r2.messages] == ["system", "user", "user"]
-    tag = tag_chat_prompt(tok, r2.messages, r2.spans, answer=r2.answer)
+    assert r2.label is True and r1.label is False and r1.cluster == "s0" and r1.stratum == "task 1"
+    # full context (the default): the exact call, then the answer and the elicitation turn
+    assert [m["role"] for m in r2.messages] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert r2.messages[-2]["content"] == r2.answer and r2.messages[-1]["content"] == elicitation()
+    # compact context (the ablation): system, the task's round-1 message (files), the feedback answered
+    compact = {e.example_id: e for e in load_run_examples(run, context="compact")[0]}
+    c2 = compact["s0/r2"]
+    assert [m["role"] for m in c2.messages] == ["system", "user", "user", "assistant", "user"]
+    tag = tag_chat_prompt(tok, c2.messages, c2.spans, claims=c2.claims, judged=c2.judged)
     rec = tok.decode([tag.input_ids[i] for i in tag.spans["record"]])
     assert rec.strip().startswith("=== ATTACHED FILES ===") and rec.strip().endswith("--- end of sales.csv ---")
     assert tok.decode([tag.input_ids[i] for i in tag.spans["question"]]).strip().endswith("round 2.")
     assert tok.decode(tag.input_ids[tag.positions["answer_1"]:]).startswith("The files show")
+    assert tok.decode(tag.input_ids[tag.positions["elicitation_end"] - 1:]).startswith(" Answer:") or \
+        "Answer:" in tok.decode(tag.input_ids[tag.spans["elicitation"][-3]:tag.positions["elicitation_end"] + 1])
     # round 1: the question is the task's prompt (before the files), not the closing boilerplate
-    tag1 = tag_chat_prompt(tok, r1.messages, r1.spans, answer=r1.answer)
+    tag1 = tag_chat_prompt(tok, r1.messages, r1.spans, claims=r1.claims)
     question = tok.decode([tag1.input_ids[i] for i in tag1.spans["question"]])
     assert question.strip() == "Summarise the numbers in the files."
     # the asserted claim of the answer (a sentence that states a figure) is a decision position
     assert r1.claims == [(0, len(r1.answer))]
-    # full context keeps the exact call (here: the whole history)
-    full, _ = load_run_examples(run, context="full")
-    assert len({e.example_id: e for e in full}["s0/r4"].messages) == 8
+    # full context keeps the exact call (here: the whole history: 8 messages), then answer and elicitation
+    assert len(by_id["s0/r4"].messages) == 8 + 2
 
 
 def test_locate_record_markers():
@@ -213,28 +230,39 @@ def test_read_run_end_to_end(tmp_path, tiny_dirs):
     run = write_run(tmp_path, FLAGS)
     out = tmp_path / "read_run"
     invoke("read", tiny_dirs["qwen3"], "--run", run, "--out", out, "--bootstrap", 50, "--no-progress",
-           "--probe-folds", 2)
+           "--probe-folds", 2, "--primary-readout", "logit", "--primary-metric", "internal")
     table = pd.read_csv(out / "auroc.csv")
-    metrics = set(table["metric"])
-    assert "internal: -m_E vs flagged" in metrics and "gap: z(stated)-z(m_E) vs flagged" in metrics
-    assert any(m.startswith("stated") for m in metrics) and any(m.startswith("internal band") for m in metrics)
+    assert set(table["metric_key"]) == {"internal", "gap", "gap_stated_supported", "stated"} or \
+        set(table["metric_key"]) == {"internal", "gap", "stated"}  # the cell is empty when no round says Yes
+    assert any(m.startswith("internal: -m_E vs flagged, band") for m in table["metric"])
     assert set(table["readout"]) >= {"logit", "probe", "stated"}
     internal = table[table["metric"] == "internal: -m_E vs flagged"]
     assert (internal["n_pos"] == 3).all() and (internal["n_neg"] == 5).all() and (internal["n_clusters"] == 2).all()
+    # every row has a within-task AUROC column; anchors before the answer are negative controls
+    assert {"auroc_within", "within_lo", "within_hi", "n_within_pairs", "role", "echo_rho"} <= set(table.columns)
+    assert set(table[table["position"].isin(["record_end", "question_end"])]["role"]) == {"negative control"}
+    assert set(table[table["position"] == "decision"]["role"]) <= {"primary", "exploratory"}
+    primary = table[table["role"] == "primary"]
+    assert len(primary) == 1 and primary.iloc[0]["readout"] == "logit" and primary.iloc[0]["layer"] == -1
     m = pd.read_parquet(out / "margins.parquet")
-    assert {"answer_1", "decision", "record_end", "question_end"} <= set(m["position"])
-    assert (out / "heatmap.png").is_file()
+    assert {"answer_1", "answer_end", "pre_answer", "decision", "record_end", "question_end", "claim_1",
+            "elicitation_end"} <= set(m["position"])
+    assert m[m["position"].isin(["record_end", "question_end", "pre_answer"])]["control"].all()
+    assert not m[m["position"].isin(["answer_1", "claim_1", "decision"])]["control"].any()
+    assert (out / "heatmap.png").is_file() and (out / "baselines.csv").is_file()
     s = json.loads((out / "summary.json").read_text())
-    assert s["run"]["n_flagged"] == 3 and s["run"]["auditors"] == ["auditor-a"]
-    # "stated" = the model's own final-layer margin at the end of the answer's asserted claims
+    assert s["run"]["n_flagged"] == 3 and s["run"]["auditors"] == ["auditor-a"] and s["run"]["context"] == "full"
+    assert s["primary"]["readout"] == "logit" and s["primary"]["metric"] == "internal" and s["stage"] == "done"
+    assert {b["baseline"] for b in s["baselines"]} == {"length", "task only", "echo N−S", "echo all"}
+    # "stated" = the model's own Yes−No at the decision (after the elicitation); the gap cell keeps rounds saying Yes
     e = pd.read_parquet(out / "examples.parquet").set_index("example_id")
-    assert (e["stated_position"] == "claims").all() and (e["n_claims"] == 1).all()
-    last = m[(m["readout"] == "logit") & (m["layer"] == m["layer"].max()) & (m["position"] == "claim_1")]
-    assert last.set_index("example_id")["m_E"].sub(e["stated_m_E"]).abs().max() < 1e-6
-    # the gap inside the stated-supported cell (answer-controlled, docs/lens-background.md §7)
-    cell = table[table["metric"].str.startswith("gap within stated-supported")]
-    n_cell = int((e["stated_m_E"] > 0).sum())
-    assert len(cell) and ((cell["n_pos"] + cell["n_neg"]) == n_cell).all()
+    assert (e["stated"] == e["stated_yes_no"]).all() and (e["n_claims"] == 1).all()
+    cell = table[table["metric_key"] == "gap_stated_supported"]
+    n_cell = int((e["stated"] > 0).sum())
+    assert ((cell["n_pos"] + cell["n_neg"]) == n_cell).all()
+    md = (out / "auroc.md").read_text()
+    sections = table.assign(control=table["role"] == "negative control").groupby(["control", "metric"]).ngroups
+    assert md.count("within-stratum AUROC [95% CI, cluster bootstrap] (pooled AUROC)") == sections  # in every table
 
 
 def test_shards_via_cli_merge_to_the_full_fit(tiny_dirs, corpus, tmp_path):
@@ -268,7 +296,8 @@ def test_with_the_project_tiny_model(tmp_path, probe_file, corpus):
                               "--out", str(tmp_path / "read"), "--limit", 6, "--no-probe", "--bootstrap", "0",
                               "--no-progress", "--token-fallback", "first-token"])
     assert res.exit_code == 0, res.output
-    assert set(pd.read_parquet(tmp_path / "read" / "margins.parquet")["readout"]) == {"jacobian", "logit"}
+    assert set(pd.read_parquet(tmp_path / "read" / "margins.parquet")["readout"]) == {"jacobian", "jacobian_random",
+                                                                                    "logit"}
 
 
 def test_band_lens_reads_only_its_layers(tiny_dirs, probe_file, corpus, tmp_path):

@@ -48,7 +48,9 @@ def independent_labels(run_dir: Path, auditor_id: str) -> dict[tuple[str, int], 
 def _lens(run_dir: Path, auditor: str | None = None) -> tuple[dict[tuple[str, int], tuple[bool, float, list[str]]],
                                                                list[str]]:
     """The labels of the examples `lens read --run` reads, and the auditors it names."""
-    examples, info = load_run_examples(run_dir, auditor=auditor)
+    # compact: the synthetic calls hold no history (a full-context read skips later rounds whose
+    # call lacks the task's round-1 message); labels do not depend on the context
+    examples, info = load_run_examples(run_dir, auditor=auditor, context="compact")
     assert len(examples) == info["n_rows"]  # every round is read, labelled or not
     return {(e.info["trial_id"], e.info["global_round"]): (e.label, float(e.info["severity"]),
                                                            [t for t in e.info["types"].split(",") if t])

@@ -124,29 +124,3 @@ def test_evidence_is_the_mean_over_its_tokens(llama):
         h = acts[r["layer"]][0, toks].mean(0, keepdim=True)
         want = margins(LogitLens(model).logits(r["layer"], h, token_ids=union)[None], sets.index_sets())["m_E"]
         assert abs(float(want.reshape(-1)[0]) - r["m_E"]) < 1e-4
-
-
-def test_gap_within_stated_supported_keeps_only_rounds_stated_supported():
-    import pandas as pd
-
-    from lens.read import gap_within_stated_supported
-    from lens.stats import auroc
-
-    ids = [f"t{i % 2}/r{i}" for i in range(8)]
-    flag = [True, False, True, False, False, True, False, False]
-    stated = [0.5, 0.4, -0.3, 0.2, -0.1, 0.7, 0.3, 0.9]  # two rounds say "not supported"
-    internal = [0.1, 0.8, -0.5, 0.6, 0.2, -0.2, 0.9, 0.4]
-    m = pd.DataFrame({"example_id": ids, "cluster": [i.split("/")[0] for i in ids], "label": flag, "readout": "logit",
-                      "layer": 0, "position": "decision", "position_class": "decision", "is_anchor": True,
-                      "m_E": internal})
-    e = pd.DataFrame({"example_id": ids, "stated_m_E": stated})
-    rows = gap_within_stated_supported(m, e, n_layers=1, band=(0.0, 1.0), n_boot=0, seed=0)
-    per_layer = next(r for r in rows if r["layer"] == 0)
-    keep = [i for i, s in enumerate(stated) if s > 0]
-    assert per_layer["n_pos"] + per_layer["n_neg"] == len(keep) == 6
-    honest = [i for i, f in enumerate(flag) if not f]
-    def zs(v):
-        return [(x - pd.Series(v)[honest].mean()) / pd.Series(v)[honest].std(ddof=0) for x in v]
-
-    gap = [a - b for a, b in zip(zs(stated), zs(internal), strict=True)]
-    assert abs(per_layer["auroc"] - auroc([gap[i] for i in keep], [flag[i] for i in keep])) < 1e-12

@@ -58,8 +58,12 @@ def test_the_v1_fixture_reads_with_its_pack_and_labels(v1_run):
         asked = ex.messages[question.message]["content"][question.start:question.end]
         if row["round"] == 1:
             assert asked == pack[row["task_index"]].prompt.strip()
-        else:  # a later round answers the supervisor's feedback, the call's last user message
-            assert question.message == len(ex.messages) - 1 and asked
+        else:  # a later round answers the supervisor's feedback, the call's last user message (before the
+            # answer and the elicitation turn the read appends)
+            assert question.message == len(ex.messages) - 3 and asked
+        assert [m["role"] for m in ex.messages[-2:]] == ["assistant", "user"]
+        assert ex.messages[-2]["content"] == row["performer"]["text"] and ex.judged == "answer"
+        assert ex.stratum == f"task {row['task_index']}"
 
 
 def test_lens_read_run_on_the_v1_fixture(v1_run, tiny_dirs, tmp_path):

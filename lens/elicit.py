@@ -1,0 +1,91 @@
+"""The explicit elicitation that gives run mode its *stated* margin (science-4 review D10).
+
+After the performer's answer the read appends one user turn that asks the model whether the
+figure it gave appears in the files, and reads, at the last prompt token (the `decision`
+position), the model's own preference for Yes over No: `LSE_Yes − LSE_No` of the final-layer
+logits (the last block's readout is the model's logits). The lens margins read at the same
+position are the *internal* side. Before, "stated" was the S-vs-N next-word preference after a
+figure sentence, which nothing tied to what the answer asserts.
+
+The wording avoids the words of the entitlement sets (no "stated", "supported", "evidence",
+"missing", ...), so the question itself adds nothing to the lexical-echo covariate beyond a
+constant. Yes / No are resolved like the S / N sets (`lens.margins`): each word in four surface
+forms, a form kept only if it is one token (or its first token with `fallback="first-token"`).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from lens.errors import LensError
+
+#: the question after the answer; `{subject}` is `subject_phrase(...)`
+ELICITATION = "One check on your reply: {subject} appear in the files you were given? Answer:"
+YES_WORDS = ("yes",)
+NO_WORDS = ("no",)
+
+
+def subject_phrase(attribute: str | None = None, entity: str | None = None) -> str:
+    """"does the figure you gave for the A of E" where the claim's attribute (and entity) are known,
+    else "do the figures you gave" (run mode: answers are free text)."""
+    if attribute and entity:
+        return f"does the figure you gave for the {attribute} of {entity}"
+    if attribute:
+        return f"does the figure you gave for the {attribute}"
+    return "do the figures you gave"
+
+
+def elicitation(attribute: str | None = None, entity: str | None = None) -> str:
+    """The user turn appended after the answer."""
+    return ELICITATION.format(subject=subject_phrase(attribute, entity))
+
+
+@dataclass
+class AnswerSets:
+    """Token ids of the Yes and No forms (and which forms were kept or dropped)."""
+
+    yes: list[int]
+    no: list[int]
+    forms: dict[str, list[str]] = field(default_factory=dict)
+    dropped: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _forms(word: str) -> list[str]:
+    out: list[str] = []
+    for w in (word, word[:1].upper() + word[1:]):
+        for f in (w, " " + w):
+            if f not in out:
+                out.append(f)
+    return out
+
+
+def resolve_answer_sets(tokenizer: Any, *, yes: Sequence[str] = YES_WORDS, no: Sequence[str] = NO_WORDS,
+                        fallback: str = "strict") -> AnswerSets:
+    """Yes / No token ids: single-token forms (or first tokens with `fallback="first-token"`);
+    a token in both sets is dropped from both; an empty set is an error naming the fallback."""
+    ids: dict[str, list[int]] = {"yes": [], "no": []}
+    kept: dict[str, list[str]] = {"yes": [], "no": []}
+    dropped: list[str] = []
+    for name, words in (("yes", yes), ("no", no)):
+        for word in words:
+            for form in _forms(word):
+                toks = tokenizer(form, add_special_tokens=False)["input_ids"]
+                if len(toks) == 1 or (fallback == "first-token" and toks):
+                    if int(toks[0]) not in ids[name]:
+                        ids[name].append(int(toks[0]))
+                        kept[name].append(form if len(toks) == 1 else f"{form}[0]")
+                else:
+                    dropped.append(f"{name}:{form!r}({len(toks)} tokens)")
+    shared = set(ids["yes"]) & set(ids["no"])
+    if shared:
+        dropped += [f"yes&no:#{t}" for t in sorted(shared)]
+        ids = {k: [t for t in v if t not in shared] for k, v in ids.items()}
+    empty = [k for k, v in ids.items() if not v]
+    if empty:
+        raise LensError(f"the {' and '.join(empty)} answer set is empty for this tokenizer: no form of "
+                        f"{', '.join(empty)} is a single token (use --token-fallback first-token)")
+    return AnswerSets(yes=ids["yes"], no=ids["no"], forms=kept, dropped=dropped)
