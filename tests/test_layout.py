@@ -418,3 +418,14 @@ def test_no_raw_row_key_lookups_outside_rundir():
             continue
         found += [f"{path.relative_to(ROOT)}:{hit}" for hit in row_key_lookups(path.read_text(encoding="utf-8"), keys)]
     assert found == [], f"{len(found)} raw row-key lookups outside rundir/:\n" + "\n".join(found)
+
+
+def test_test_module_names_are_unique():
+    """tests/conftest.py puts every test folder on the path, so two test files with one basename
+    shadow each other (pytest stops at collection: 'import file mismatch')."""
+    seen: dict[str, list[str]] = {}
+    for path in (ROOT / "tests").rglob("*.py"):
+        if path.name not in ("__init__.py", "conftest.py") and "data" not in path.relative_to(ROOT / "tests").parts:
+            seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    clashes = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert not clashes, f"test modules sharing a basename (rename one): {clashes}"
