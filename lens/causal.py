@@ -31,7 +31,7 @@ import torch
 from lens.calibration import kl_rows
 from lens.errors import LensError
 from lens.margins import TokenSets
-from lens.model import block_outputs
+from lens.model import block_outputs, capture, run
 from lens.passk import token_ranks
 from lens.promptsets import PromptSet, encode_item, token_forms
 from lens.store import Lens
@@ -105,19 +105,34 @@ def item_edits(model: Any, lens: Lens, layer: int, h: torch.Tensor, intermediate
 
 
 def run_edits(model: Any, ids: torch.Tensor, pos: int, layer: int, deltas: torch.Tensor) -> torch.Tensor:
-    """Log-probabilities `[1 + n, V]` of the last position: row 0 unedited, row b+1 with `h[pos] −= deltas[b]`."""
+    """Log-probabilities `[1 + n, V]` of the last position: row 0 unedited, row b+1 with `h[pos] −= deltas[b]`.
+
+    The tokens before `pos` are the same in every row, so on a Hugging Face model they run once and their
+    key/value cache is shared by the batch, which then runs only the tokens from `pos` on (for a read at
+    the last token: one token per row instead of the whole prompt)."""
     B = deltas.shape[0] + 1
-    batch = ids[None].expand(B, -1).to(model.device)
     full = torch.cat([torch.zeros_like(deltas[:1]), deltas]).to(model.device)
+    ids = ids.to(model.device)
+    hf = getattr(model, "hf", None)
+    cache = None
+    if hf is not None and pos > 0:
+        with torch.no_grad():
+            cache = hf(input_ids=ids[None, :pos], use_cache=True).past_key_values
+        cache.batch_repeat_interleave(B)
+    start = pos if cache is not None else 0
 
     def edit(h: torch.Tensor) -> torch.Tensor:
         h = h.clone()
-        h[:, pos] = (h[:, pos].float() - full).to(h.dtype)
+        h[:, pos - start] = (h[:, pos - start].float() - full).to(h.dtype)
         return h
 
     L = model.n_layers
-    acts = block_outputs(model, batch, layers=[L - 1], edit={layer: edit})
-    with torch.no_grad():
+    batch = ids[None, start:].expand(B, -1)
+    with torch.no_grad(), capture(model, [L - 1], edit={layer: edit}) as acts:
+        if cache is not None:
+            hf(input_ids=batch, past_key_values=cache, use_cache=True)
+        else:
+            run(model, batch)
         return torch.log_softmax(model.unembed(acts[L - 1][:, -1]).float(), dim=-1)
 
 

@@ -77,7 +77,7 @@ def test_output_kl_matches_a_hooked_hf_forward(llama, lens):
     hf = model.hf
     with torch.no_grad():
         base = torch.log_softmax(hf(input_ids=ids[None]).logits[0, -1].float(), -1)
-    assert torch.allclose(logp[0], base, atol=1e-5)
+    assert torch.allclose(logp[0], base, atol=1e-4)
     for b in (0, 1, 6, len(edits) - 1):
         def hook(_m, _i, out, d=deltas[b]):
             t = out[0] if isinstance(out, tuple) else out
@@ -91,7 +91,7 @@ def test_output_kl_matches_a_hooked_hf_forward(llama, lens):
                 after = torch.log_softmax(hf(input_ids=ids[None]).logits[0, -1].float(), -1)
         finally:
             handle.remove()
-        assert torch.allclose(logp[b + 1], after, atol=1e-5)
+        assert torch.allclose(logp[b + 1], after, atol=1e-4)
         kl = torch.nn.functional.kl_div(after, base, log_target=True, reduction="sum")
         got = float((logp[0].exp() * (logp[0] - logp[b + 1])).sum())
         assert got == pytest.approx(float(kl), rel=1e-4, abs=1e-6)

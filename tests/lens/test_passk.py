@@ -217,3 +217,47 @@ def test_cli_prompt_sets_end_to_end(tiny_dirs, tmp_path):
     assert r.exit_code == 2 and "--prompt-set" in r.output
     r = runner.invoke(app, [*base, "--prompt-set", str(tmp_path / "missing.json")])
     assert r.exit_code != 0 and "missing.json" in r.output
+
+
+@pytest.mark.slow
+def test_smollm2_passk_on_the_three_shipped_sets(smollm2_dir, tmp_path):
+    """SmolLM2-135M-Instruct: a small lens (2 Python-docs prompts, 32 tokens, blocks 25-28), then `lhd lens eval
+    --prompt-set` on the three shipped sets; passk.json has the release's keys and recounts from the ranks."""
+    from lens.general_corpus import python_docs_texts, write_texts_jsonl
+
+    corpus = tmp_path / "docs.jsonl"
+    write_texts_jsonl(python_docs_texts()[:4], corpus)
+    r = runner.invoke(app, ["fit", str(smollm2_dir), "--corpus", str(corpus), "--out", str(tmp_path / "L"),
+                            "--n-prompts", "2", "--max-length", "32", "--skip-first", "8", "--source-layers", "25-28",
+                            "--dim-batch", "64", "--threads", "1", "--device", "cpu", "--no-progress",
+                            "--save-dtype", "float32"])
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "ev"
+    r = runner.invoke(app, ["eval", str(smollm2_dir), "--lens", str(tmp_path / "L"), "--prompt-set", "multihop",
+                            "--prompt-set", "order-ops", "--prompt-set", "typo", "--out", str(out), "--threads", "1",
+                            "--device", "cpu", "--no-progress", "--bootstrap", "200", "--causal-random", "1"])
+    assert r.exit_code == 0, r.output
+    passk = json.loads((out / "passk.json").read_text())
+    assert {k: v["n"] for k, v in passk.items()} == {"multihop": 93, "order-ops": 55, "typo": 96}
+    ranks = [json.loads(x) for x in (out / "passk_ranks.jsonl").read_text().splitlines()]
+    for name, entry in passk.items():
+        assert entry["layers"] == [25, 26, 27, 28]
+        for readout in ("logit", "jacobian", "random"):
+            assert set(entry[readout]) == {"1", "5", "10", "50"}
+            rows = [x for x in ranks if x["set"] == name and x["readout"] == readout]
+            assert all(x["score"] == min(x["ranks"].values()) and set(x["ranks"]) == {"25", "26", "27", "28"}
+                       for x in rows)
+            for k in KS:
+                per: dict[str, list[bool]] = {}
+                for x in rows:
+                    per.setdefault(x["item"], []).append(x["score"] <= k)
+                assert len(per) == entry["n"]
+                assert entry[readout][str(k)] == pytest.approx(np.mean([np.mean(v) for v in per.values()]))
+                lo, hi = entry["ci"][readout][str(k)]
+                assert lo <= entry[readout][str(k)] <= hi
+    # order-ops numbers above 9 are several digit tokens in SmolLM2: their word forms are single tokens
+    twelve = next(x for x in ranks if x["set"] == "order-ops" and x["intermediate"] == "12")
+    assert not twelve["fallback"] and " twelve" in twelve["forms"]
+    causal = json.loads((out / "causal.json").read_text())
+    assert set(causal["summary"]) == {"multihop", "order-ops", "typo"}
+    assert causal["summary"]["typo"]["26"]["jacobian"]["n"] == 96  # the middle fitted layer of 25-28
