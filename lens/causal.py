@@ -129,7 +129,7 @@ def run_edits(model: Any, ids: torch.Tensor, pos: int, layer: int, deltas: torch
     L = model.n_layers
     batch = ids[None, start:].expand(B, -1)
     with torch.no_grad(), capture(model, [L - 1], edit={layer: edit}) as acts:
-        if cache is not None:
+        if hf is not None and cache is not None:
             hf(input_ids=batch, past_key_values=cache, use_cache=True)
         else:
             run(model, batch)

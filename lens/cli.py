@@ -219,7 +219,8 @@ def _eval_corpus(args: EvalCommand, m, tok, lz, others) -> None:
                                                                                                     16)),
                      chat=bool(lz.meta.get("chat", False)), force_bos=bool(lz.meta.get("force_bos", True)),
                      n_boot=args.bootstrap, seed=args.seed, progress=args.progress,
-                     messages=recipe["format"] == "messages", temperature_positions=args.temperature_positions)
+                     messages=recipe["format"] == "messages", temperature_positions=args.temperature_positions,
+                     layers=None if args.eval_layers == "all" else lz.source_layers)
     extra = {"random": random_transport(lz, args.control_seed), **others}
     result = evaluate(m, tok, lz, chosen, cfg, halves=halves, extra=extra)
     result.update(model_id=args.model, lens=str(args.lens), lens_sha256=lz.meta.get("sha256"),

@@ -52,6 +52,7 @@ class EvalConfig:
     progress: bool = False
     messages: bool = False  # texts are chat transcripts (the corpus format `messages`), rendered with the template
     temperature_positions: int = 512  # calibration positions a temperature is fitted on
+    layers: list[int] | None = None  # layers read (None: every block); the last block is always read
 
 
 def fit_texts(lens: Lens) -> list[str] | None:
@@ -171,6 +172,7 @@ def evaluate(
     cfg = config or EvalConfig()
     readouts = _readouts(model, lens, halves, extra)
     L = model.n_layers
+    layers = sorted(set(range(L) if cfg.layers is None else cfg.layers) | {L - 1})
     sums, sums_eval = _Sums(), _Sums()
     agree: dict[int, list[float]] = {}
     skipped: list[int] = []
@@ -195,7 +197,7 @@ def evaluate(
         evaluating = log_marginal is not None
         if evaluating:
             sums_eval.n.append(len(ids) - cfg.skip_first)
-        acts = block_outputs(model, ids[None].to(model.device))
+        acts = block_outputs(model, ids[None].to(model.device), layers=layers)
         with torch.no_grad():
             logp = _log_probs(model, acts[L - 1][0, cfg.skip_first:])
             p, top = logp.exp(), logp.argmax(-1)
@@ -204,11 +206,11 @@ def evaluate(
             if calibrating:
                 marginal_sum = p.sum(0) if marginal_sum is None else marginal_sum + p.sum(0)
                 marginal_n += p.shape[0]
-                for layer in range(L):
+                for layer in layers:
                     cal_h.setdefault(layer, []).append(acts[layer][0, cfg.skip_first:].detach().cpu())
             if log_marginal is not None:
                 sums_eval.add(("model", L - 1), uniform=uniform_kl(logp), marginal=kl_rows(logp, log_marginal))
-            for layer in range(L):
+            for layer in layers:
                 h = acts[layer][0, cfg.skip_first:]
                 tops = {}
                 for name, ro in readouts.items():
@@ -227,7 +229,7 @@ def evaluate(
                     agree.setdefault(layer, []).append(float((tops["half_a"] == tops["half_b"]).double().sum()))
     if not sums.n:
         raise LensError(f"no held-out text is longer than skip_first={cfg.skip_first} tokens")
-    rows = _rows(sums, sums_eval, agree, readouts, temperatures, halves, L, cfg)
+    rows = _rows(sums, sums_eval, agree, readouts, temperatures, halves, layers, cfg)
     n_eval = np.asarray(sums_eval.n, dtype=float)
     model_row = {"entropy": _mean(sums.array("entropy", ("model", L - 1)), np.asarray(sums.n, dtype=float)),
                  "current_token": _mean(sums.array("current", ("model", L - 1)), np.asarray(sums.n, dtype=float)),
@@ -253,7 +255,7 @@ def _fit_temperatures(model: LensModel, readouts: Mapping[str, Any], cal_h: dict
     with torch.no_grad():
         logp = _log_probs(model, final[keep].to(model.device))
         out = {}
-        for layer in range(L):
+        for layer in sorted(cal_h):
             h = torch.cat(cal_h[layer])[keep].to(model.device)
             for name, ro in readouts.items():
                 if name == "logit" or ro.has_layer(layer):
@@ -262,14 +264,14 @@ def _fit_temperatures(model: LensModel, readouts: Mapping[str, Any], cal_h: dict
 
 
 def _rows(sums: _Sums, sums_eval: _Sums, agree: dict[int, list[float]], readouts: Mapping[str, Any],
-          temperatures: dict[tuple[str, int], float], halves: tuple[Lens, Lens] | None, L: int,
+          temperatures: dict[tuple[str, int], float], halves: tuple[Lens, Lens] | None, layers: Sequence[int],
           cfg: EvalConfig) -> list[dict[str, Any]]:
     n = np.asarray(sums.n, dtype=float)
     n_eval = np.asarray(sums_eval.n, dtype=float)
     rng = np.random.default_rng(cfg.seed)
     weights = rng.multinomial(len(n), np.full(len(n), 1.0 / len(n)), size=cfg.n_boot).astype(float)
     rows = []
-    for layer in range(L):
+    for layer in layers:
         row: dict[str, Any] = {"layer": layer}
         for name in readouts:
             if name.startswith("half_"):

@@ -159,6 +159,8 @@ class EvalCommand(CorpusArgs):
     max_length: int | None = Field(None, ge=1, le=1 << 20, description="Tokens per text (default: the lens's "
                                                                        "max_length).")
     skip_first: int | None = Field(None, ge=0, description="Positions left out at the start (default: the lens's).")
+    eval_layers: Literal["lens", "all"] = Field("lens", description="--corpus: read the lens's layers and the last "
+                                                                    "block (lens), or every block (all).")
     temperature_positions: int = Field(512, ge=16, description="Positions of the calibration half used to fit "
                                                                "each layer's temperature.")
     target_layer: int | None = Field(None, description="Target layer of a .pt lens (default: last block).")

@@ -132,7 +132,7 @@ def test_cli_eval_end_to_end(tiny_dirs, tmp_path):
     assert r.exit_code == 0, r.output
     out = tmp_path / "ev"
     args = ["eval", str(model), "--lens", str(tmp_path / "full"), "--corpus", str(corpus), "--out", str(out),
-            "--device", "cpu", "--threads", "1", "--no-progress", "--bootstrap", "50"]
+            "--device", "cpu", "--threads", "1", "--no-progress", "--bootstrap", "50", "--eval-layers", "all"]
     r = runner.invoke(app, [*args, "--half-a", str(tmp_path / "h0"), "--half-b", str(tmp_path / "h1")])
     assert r.exit_code == 0, r.output
     res = json.loads((out / "eval.json").read_text())
@@ -182,7 +182,7 @@ def test_smollm2_eval_matches_recomputation(smollm2_dir, tmp_path):
     out = tmp_path / "ev"
     r = runner.invoke(app, ["eval", str(smollm2_dir), "--lens", str(tmp_path / "L"), "--corpus", str(corpus),
                             "--out", str(out), "--held-out", "4", "--threads", "1", "--device", "cpu",
-                            "--no-progress", "--bootstrap", "200"])
+                            "--no-progress", "--bootstrap", "200", "--eval-layers", "all"])
     assert r.exit_code == 0, r.output
     res = json.loads((out / "eval.json").read_text())
     assert res["fit_texts_excluded"] == 2 and res["n_texts"] == 4 and res["n_positions"] == 4 * (32 - 8)

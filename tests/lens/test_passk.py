@@ -220,6 +220,7 @@ def test_cli_prompt_sets_end_to_end(tiny_dirs, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # about 3 CPU minutes; a loaded shared machine stretches that
 def test_smollm2_passk_on_the_three_shipped_sets(smollm2_dir, tmp_path):
     """SmolLM2-135M-Instruct: a small lens (2 Python-docs prompts, 32 tokens, blocks 25-28), then `lhd lens eval
     --prompt-set` on the three shipped sets; passk.json has the release's keys and recounts from the ranks."""
