@@ -1,6 +1,9 @@
-"""Lens fidelity on held-out text: how close each readout at layer `l` comes to the model's own
-next-token distribution, and whether two lenses fitted on disjoint halves of the corpus agree
-(docs/lens.md, "Fidelity"; issue 24 item 4).
+"""Next-token KL on held-out text: how close each readout at layer `l` comes to the model's own
+next-token distribution, beside the baselines that make that number readable, and whether two
+lenses fitted on disjoint halves of the corpus agree (docs/lens.md, "Lens quality"; issues 24, 28).
+A lower KL is not fidelity by itself: where a readout is above the uniform predictor's KL it is
+worse than knowing nothing, and between two such readouts the lower KL belongs to the less
+over-confident one (`lens.calibration`: uniform and marginal baselines, top-k, fitted temperature).
 
 Per held-out text (token ids `[T]`, positions `P = [skip_first, T)`), per layer `l` and readout `r`:
 
@@ -12,7 +15,8 @@ pooled over all positions of all texts; the difference jacobian − logit gets a
 interval from a bootstrap over texts (a text is the unit: its positions are not independent).
 Two diagnostics say why a readout is far from the model: its mean entropy (an over-confident
 readout has a high KL), and how often its top token is the *input* token at `t` rather than a
-prediction of the next one.
+prediction of the next one. Texts 0, 2, 4, ... of the held-out list are the calibration half
+(temperatures, the marginal); texts 1, 3, 5, ... the evaluation half they are scored on.
 
 Split halves (two lenses A, B fitted on disjoint prompts, e.g. `lhd lens fit --shard 0/2` and
 `1/2`): per layer `‖J_A − J_B‖_F / ‖(J_A + J_B)/2‖_F`, the Pearson correlation of their entries
