@@ -101,7 +101,7 @@ def fit(args: FitCommand) -> None:
         sh = r["split_half_rel_diff"]
         typer.echo(
             f"lens: {out}  layers {r['source_layers'][0]}..{r['source_layers'][-1]} "
-            f"-> target {result.lens.target_layer}, "
+            f"-> target {result.lens.target_layer}, estimator {settings.estimator}, "
             f"{r['n_prompts']} prompts ({r['n_skipped']} skipped), {r['seconds_per_prompt'] or 0:.3f} s/prompt, "
             f"last Δmean {r['delta_mean_last']}, split-half max {max(sh.values()) if sh else 'n/a'}"
         )

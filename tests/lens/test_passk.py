@@ -262,3 +262,18 @@ def test_smollm2_passk_on_the_three_shipped_sets(smollm2_dir, tmp_path):
     causal = json.loads((out / "causal.json").read_text())
     assert set(causal["summary"]) == {"multihop", "order-ops", "typo"}
     assert causal["summary"]["typo"]["26"]["jacobian"]["n"] == 96  # the middle fitted layer of 25-28
+
+
+def test_removing_the_mean_unembedding_row_changes_no_rank(llama):
+    """The review (science-4 §2.5 item 1) lists "the logit lens with the unembedding mean removed" as a further
+    readout. Subtracting the mean row `w̄` from every row of `W_U` shifts every logit at a position by the same
+    `w̄·norm(h)`, so ranks and the softmax are those of the logit lens: it is not a separate control."""
+    model, tok = llama
+    ids = torch.tensor([tok.bos_token_id, *tok("The shop sold many boxes of", add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        x = model.hf.model.norm(model.hf(input_ids=ids[None], output_hidden_states=True).hidden_states[1][0])
+        W = model.hf.lm_head.weight
+        z, z0 = x @ W.T, x @ (W - W.mean(0, keepdim=True)).T
+    assert torch.allclose(torch.log_softmax(z, -1), torch.log_softmax(z0, -1), atol=1e-5)
+    for t in (0, 5, 17):
+        assert token_ranks(z[-1], [t]) == token_ranks(z0[-1], [t])
