@@ -201,6 +201,7 @@ def fidelity_plot(result: dict, path: Path, *, title: str) -> Path:
         if model.get(key) is not None:
             axes[0].axhline(model[key], linestyle=style[1:], color="k", linewidth=0.8, label=label)
     axes[0].set_yscale("symlog", linthresh=0.1)
+    axes[0].set_ylim(bottom=0)
     axes[0].legend(fontsize=7)
     axes[1].set_ylim(-0.02, 1.02)
     fig.suptitle(title, fontsize=9)
