@@ -1,4 +1,4 @@
-"""`lhd lens ...`: fit, merge, eval, probe build, read (a typer app the main CLI mounts as `lens`).
+"""`lhd lens ...`: fit, merge, eval, corpus, probe build, read (a typer app the main CLI mounts as `lens`).
 
 Each command's options are one settings model of `lens.settings` (`settings_command` makes the
 flags); the app's group runs every command inside lhd's one error boundary
@@ -101,7 +101,7 @@ def fit(args: FitCommand) -> None:
         sh = r["split_half_rel_diff"]
         typer.echo(
             f"lens: {out}  layers {r['source_layers'][0]}..{r['source_layers'][-1]} "
-            f"-> target {result.lens.target_layer}, "
+            f"-> target {result.lens.target_layer}, estimator {settings.estimator}, "
             f"{r['n_prompts']} prompts ({r['n_skipped']} skipped), {r['seconds_per_prompt'] or 0:.3f} s/prompt, "
             f"last Δmean {r['delta_mean_last']}, split-half max {max(sh.values()) if sh else 'n/a'}"
         )
@@ -154,42 +154,115 @@ def merge(
 @app.command("eval")
 @settings_command(EvalCommand)
 def eval_(args: EvalCommand) -> None:
-    """Per-layer KL to the model's own next-token distribution and top-1 agreement on held-out text, Jacobian lens
-    vs logit lens, and split-half agreement (docs/lens.md, "Fidelity")."""
-    from lens.corpus import CorpusSpec, load_corpus
-    from lens.fidelity import EvalConfig, evaluate, select_held_out
+    """Lens quality: pass@k on prompt sets in the J-lens release's format (logit lens, J-lens, random-transport
+    control, self/future lenses) with a causal check, and/or next-token KL on held-out text beside the uniform and
+    marginal baselines, top-k and a fitted temperature, and split-half agreement (docs/lens.md, "Lens quality")."""
     from lens.model import load_hf
     from lens.plan import resolve_attn
-    from lens.report import write_fidelity
+    from lens.promptsets import load_prompt_set
     from lens.store import load_lens
 
     _check_out(args.out)
     _set_threads(args.threads)
+    sets = [load_prompt_set(p) for p in args.prompt_set]  # checked before the model loads
     with _out_lock(args.out, stage="lhd lens eval"):
-        texts, _ = load_corpus(_take(args, CorpusSpec, path=str(args.corpus)))
         m, tok = load_hf(args.model, dtype=args.dtype, device=args.device, revision=args.revision,
                          attn_implementation=resolve_attn(args.attn, "replicate"))
         lz = load_lens(args.lens, model=m, target_layer=args.target_layer)
-        halves = None if args.half_a is None or args.half_b is None else (
-            load_lens(args.half_a, model=m, target_layer=args.target_layer),
-            load_lens(args.half_b, model=m, target_layer=args.target_layer))
-        chosen, excluded = select_held_out(texts, [lz, *(halves or ())], args.held_out or None)
-        cfg = EvalConfig(max_length=args.max_length or int(lz.meta.get("max_length") or 128),
-                         skip_first=args.skip_first if args.skip_first is not None else int(lz.meta.get("skip_first",
-                                                                                                        16)),
-                         chat=bool(lz.meta.get("chat", False)), force_bos=bool(lz.meta.get("force_bos", True)),
-                         n_boot=args.bootstrap, seed=args.seed, progress=args.progress)
-        result = evaluate(m, tok, lz, chosen, cfg, halves=halves)
-        result.update(model_id=args.model, lens=str(args.lens), lens_sha256=lz.meta.get("sha256"),
-                      lens_n_prompts=lz.n_prompts,
-                      halves=None if halves is None else [str(args.half_a), str(args.half_b)],
-                      corpus=str(args.corpus), fit_texts_excluded=excluded)
-        files = write_fidelity(args.out, result, title=f"{args.model}: lens fidelity ({lz.n_prompts}-prompt lens)")
-        s = result["summary"]
-        typer.echo(f"evaluated {result['n_texts']} held-out texts ({excluded} fit texts left out) "
-                   f"-> {files['markdown']}")
-        typer.echo(f"  middle band {s['band_layers']}: Jacobian lens KL lower at {s['jacobian_lower_kl'] or 'none'}, "
-                   f"higher at {s['jacobian_higher_kl'] or 'none'} (of {s['layers_compared'] or 'none'})")
+        others = {name: load_lens(path, model=m, target_layer=args.target_layer)
+                  for name, path in (("jacobian_self", args.self_lens), ("jacobian_future", args.future_lens))
+                  if path is not None}
+        if sets:
+            _eval_prompt_sets(args, m, tok, lz, sets, others)
+        if args.corpus is not None:
+            _eval_corpus(args, m, tok, lz, others)
+
+
+def _eval_prompt_sets(args: EvalCommand, m, tok, lz, sets, others) -> None:
+    from lens.eval_report import write_prompt_set_outputs
+    from lens.quality import QualityConfig, evaluate_prompt_sets, middle_layer
+    from lens.settings import parse_layers
+
+    layers = [middle_layer(lz)] if args.causal_layers == "middle" else parse_layers(args.causal_layers)
+    cfg = QualityConfig(n_boot=args.bootstrap, seed=args.seed, control_seed=args.control_seed,
+                        force_bos=bool(lz.meta.get("force_bos", True)),
+                        causal_layers=layers if args.causal else None, causal_random=args.causal_random)
+    res = evaluate_prompt_sets(m, tok, lz, sets, others, cfg)
+    meta = {"model": args.model, "lens": str(args.lens), "lens_sha256": lz.meta.get("sha256"),
+            "lens_n_prompts": lz.n_prompts, "lens_estimator": lz.meta.get("estimator", "all"),
+            "layers": lz.source_layers, "readouts": res.readouts, "control_seed": args.control_seed,
+            "causal_layers": cfg.causal_layers, "prompt_sets": {s.name: {"path": s.path, "sha256": s.sha256}
+                                                                for s in sets},
+            **{f"{name}_lens": lens.meta.get("sha256") for name, lens in others.items()}}
+    files = write_prompt_set_outputs(args.out, res.passk, res.ranks, res.causal, res.causal_rows, meta,
+                                     title=f"{args.model}: lens quality ({lz.n_prompts}-prompt lens)")
+    typer.echo(f"pass@k on {len(sets)} prompt sets -> {files['passk']}")
+    for name, entry in res.passk.items():
+        cells = ", ".join(f"{r} {entry[r]['1']:.3f}/{entry[r]['10']:.3f}" for r in res.readouts)
+        typer.echo(f"  {name} ({entry['n']} items) pass@1/@10: {cells}")
+
+
+def _eval_corpus(args: EvalCommand, m, tok, lz, others) -> None:
+    from lens.controls import random_transport
+    from lens.corpus import CorpusSpec, load_corpus
+    from lens.eval_report import write_fidelity
+    from lens.fidelity import EvalConfig, evaluate, select_held_out
+    from lens.store import load_lens
+
+    texts, recipe = load_corpus(_take(args, CorpusSpec, path=str(args.corpus)))
+    halves = None if args.half_a is None or args.half_b is None else (
+        load_lens(args.half_a, model=m, target_layer=args.target_layer),
+        load_lens(args.half_b, model=m, target_layer=args.target_layer))
+    chosen, excluded = select_held_out(texts, [lz, *(halves or ())], args.held_out or None)
+    cfg = EvalConfig(max_length=args.max_length or int(lz.meta.get("max_length") or 128),
+                     skip_first=args.skip_first if args.skip_first is not None else int(lz.meta.get("skip_first",
+                                                                                                    16)),
+                     chat=bool(lz.meta.get("chat", False)), force_bos=bool(lz.meta.get("force_bos", True)),
+                     n_boot=args.bootstrap, seed=args.seed, progress=args.progress,
+                     messages=recipe["format"] == "messages", temperature_positions=args.temperature_positions,
+                     layers=None if args.eval_layers == "all" else lz.source_layers)
+    extra = {"random": random_transport(lz, args.control_seed), **others}
+    result = evaluate(m, tok, lz, chosen, cfg, halves=halves, extra=extra)
+    result.update(model_id=args.model, lens=str(args.lens), lens_sha256=lz.meta.get("sha256"),
+                  lens_n_prompts=lz.n_prompts, control_seed=args.control_seed,
+                  halves=None if halves is None else [str(args.half_a), str(args.half_b)],
+                  corpus=str(args.corpus), corpus_format=recipe["format"], fit_texts_excluded=excluded)
+    files = write_fidelity(args.out, result, title=f"{args.model}: next-token KL by layer ({lz.n_prompts}-prompt "
+                                                   "lens)")
+    s, model_row = result["summary"], result["model"]
+    typer.echo(f"evaluated {result['n_texts']} held-out texts ({excluded} fit texts left out) -> {files['markdown']}")
+    typer.echo(f"  uniform KL {model_row['kl_uniform']:.2f} nats; middle band {s['band_layers']}: Jacobian lens KL "
+               f"lower at {s['jacobian_lower_kl'] or 'none'}, higher at {s['jacobian_higher_kl'] or 'none'} "
+               f"(of {s['layers_compared'] or 'none'})")
+
+
+@app.command("corpus")
+def corpus_(
+    out: Path = typer.Argument(..., help="Output JSONL file."),
+    source: str = typer.Option("python-docs", help="python-docs: the prose of the Python reference shipped with "
+                                                   "Python ({\"text\"} lines, a general-text fit corpus); run: "
+                                                   "the chat transcripts of --run ({\"messages\"} lines, for "
+                                                   "lhd lens eval --format messages)."),
+    run: Path | None = typer.Option(None, help="Benchmark run dir (with --source run)."),
+) -> None:
+    """Write a corpus file that needs no download: general prose, or a run's chat transcripts."""
+    from lens.general_corpus import python_docs_texts, run_transcripts, write_messages_jsonl, write_texts_jsonl
+
+    if out.is_dir():
+        raise LensError(f"{out} is a folder; the corpus is one JSONL file")
+    _check_out(out.parent, flag="OUT")
+    if source == "python-docs":
+        texts = python_docs_texts()
+        write_texts_jsonl(texts, out)
+        typer.echo(f"{len(texts)} texts ({sum(map(len, texts))} characters) -> {out}")
+    elif source == "run":
+        if run is None:
+            raise LensError("--source run needs --run RUN")
+        chats = run_transcripts(run)
+        write_messages_jsonl(chats, out)
+        typer.echo(f"{len(chats)} chat transcripts -> {out}")
+    else:
+        raise LensError(f"unknown --source {source!r} (allowed: python-docs, run)")
 
 
 @probe_app.command("build")

@@ -1,10 +1,14 @@
-"""Fit corpora: a local text file, a JSONL file (a text field), or a `datasets` dataset saved on disk.
+"""Fit corpora: a local text file, a JSONL file (a text field), or a `datasets` dataset saved on disk;
+and, for evaluation only, a JSONL file of chat transcripts (`messages`: each line holds a list of
+`{role, content}` messages; the text of a transcript is its canonical JSON, rendered through the
+model's chat template by `encode_messages`).
 
 `load_corpus` returns the prompt texts plus a *recipe* (everything needed to rebuild the same
 list), which goes into the lens sidecar and is compared on resume.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -22,7 +26,7 @@ class CorpusSpec:
     options and their checks: `lens.settings.CorpusArgs`)."""
 
     path: str
-    format: Literal["auto", "text", "jsonl", "dataset"] = "auto"
+    format: Literal["auto", "text", "jsonl", "dataset", "messages"] = "auto"
     text_field: str = "text"
     split: str | None = None  # for a DatasetDict on disk
     n_prompts: int | None = None
@@ -70,6 +74,22 @@ def _read_jsonl(path: Path, field: str) -> list[str]:
             raise DataFileError(path, f"missing or not a string (each line is a JSON object with a text field "
                                 f"'{field}'; see --text-field)", line=lineno, field=field)
         texts.append(row[field])
+    return texts
+
+
+def _read_messages(path: Path, field: str) -> list[str]:
+    """Each line's chat transcript as canonical JSON text (so the held-out bookkeeping works on strings)."""
+    field = "messages" if field == "text" else field
+    texts: list[str] = []
+    for lineno, row in read_jsonl_lines(path):
+        msgs = row.get(field)
+        if not isinstance(msgs, list) or not msgs or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in msgs):
+            raise DataFileError(path, "missing or not a non-empty list of {\"role\", \"content\"} messages "
+                                f"(each line is a JSON object with a field '{field}'; see --text-field)",
+                                line=lineno, field=field)
+        texts.append(json.dumps([{"role": m["role"], "content": m["content"]} for m in msgs], ensure_ascii=False))
     return texts
 
 
@@ -123,9 +143,15 @@ def load_corpus(spec: CorpusSpec) -> tuple[list[str], dict[str, Any]]:
         fingerprint = sha256_file(path)
     elif fmt == "dataset":
         texts, fingerprint = _read_dataset(path, spec.text_field, spec.split)
+    elif fmt == "messages":
+        if spec.chunk_chars > 0:
+            raise LensError(f"corpus {path}: --chunk-chars would cut chat transcripts apart; leave it at 0 with "
+                            "--format messages")
+        texts = _read_messages(path, spec.text_field)
+        fingerprint = sha256_file(path)
     else:
-        raise LensError(f"unknown corpus format {spec.format!r} (allowed: auto, text, jsonl, dataset)")
-    if spec.skip_headers:
+        raise LensError(f"unknown corpus format {spec.format!r} (allowed: auto, text, jsonl, dataset, messages)")
+    if spec.skip_headers and fmt != "messages":
         texts = ["\n".join(line for line in t.splitlines() if not _is_header(line)) for t in texts]
     texts = [t.strip() for t in texts if t and t.strip()]
     if spec.chunk_chars > 0:
@@ -157,3 +183,15 @@ def encode_prompt(tokenizer: Any, text: str, *, max_length: int, chat: bool = Fa
     if force_bos and bos is not None and (not ids or ids[0] != bos):
         ids.insert(0, bos)
     return torch.tensor(ids[:max_length], dtype=torch.long)
+
+
+def encode_messages(tokenizer: Any, transcript: str, *, max_length: int, force_bos: bool = True) -> torch.Tensor:
+    """Token ids of a chat transcript (`_read_messages` text) rendered with the chat template: its LAST
+    `max_length` tokens, BOS first when forced (a transcript's end, where margins are read, is what is kept)."""
+    msgs = json.loads(transcript)
+    rendered = tokenizer.apply_chat_template(msgs, tokenize=False)
+    ids = list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if force_bos and bos is not None and not (ids and ids[0] == bos and len(ids) <= max_length):
+        ids = [bos, *ids[max(0, len(ids) - (max_length - 1)):]] if max_length > 1 else [bos]
+    return torch.tensor(ids[-max_length:], dtype=torch.long)

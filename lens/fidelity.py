@@ -1,6 +1,9 @@
-"""Lens fidelity on held-out text: how close each readout at layer `l` comes to the model's own
-next-token distribution, and whether two lenses fitted on disjoint halves of the corpus agree
-(docs/lens.md, "Fidelity"; issue 24 item 4).
+"""Next-token KL on held-out text: how close each readout at layer `l` comes to the model's own
+next-token distribution, beside the baselines that make that number readable, and whether two
+lenses fitted on disjoint halves of the corpus agree (docs/lens.md, "Lens quality"; issues 24, 28).
+A lower KL is not fidelity by itself: where a readout is above the uniform predictor's KL it is
+worse than knowing nothing, and between two such readouts the lower KL belongs to the less
+over-confident one (`lens.calibration`: uniform and marginal baselines, top-k, fitted temperature).
 
 Per held-out text (token ids `[T]`, positions `P = [skip_first, T)`), per layer `l` and readout `r`:
 
@@ -12,7 +15,8 @@ pooled over all positions of all texts; the difference jacobian − logit gets a
 interval from a bootstrap over texts (a text is the unit: its positions are not independent).
 Two diagnostics say why a readout is far from the model: its mean entropy (an over-confident
 readout has a high KL), and how often its top token is the *input* token at `t` rather than a
-prediction of the next one.
+prediction of the next one. Texts 0, 2, 4, ... of the held-out list are the calibration half
+(temperatures, the marginal); texts 1, 3, 5, ... the evaluation half they are scored on.
 
 Split halves (two lenses A, B fitted on disjoint prompts, e.g. `lhd lens fit --shard 0/2` and
 `1/2`): per layer `‖J_A − J_B‖_F / ‖(J_A + J_B)/2‖_F`, the Pearson correlation of their entries
@@ -23,7 +27,7 @@ agree about as well as each half agrees with the model, the corpus is big enough
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +35,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from lens.corpus import CorpusSpec, encode_prompt, load_corpus
+from lens.calibration import even_subsample, fit_temperature, kl_rows, tempered_kl, uniform_kl
+from lens.corpus import CorpusSpec, encode_messages, encode_prompt, load_corpus
 from lens.errors import LensError
 from lens.model import LensModel, block_outputs
 from lens.readout import JacobianLens, LogitLens
@@ -49,6 +54,9 @@ class EvalConfig:
     n_boot: int = 1000
     seed: int = 0
     progress: bool = False
+    messages: bool = False  # texts are chat transcripts (the corpus format `messages`), rendered with the template
+    temperature_positions: int = 512  # calibration positions a temperature is fitted on
+    layers: list[int] | None = None  # layers read (None: every block); the last block is always read
 
 
 def fit_texts(lens: Lens) -> list[str] | None:
@@ -103,7 +111,7 @@ class _Sums:
 
     Which (readout, layer) pairs exist does not depend on the text, so every list has one entry per text."""
 
-    METRICS = ("kl", "top1", "entropy", "current")
+    METRICS = ("kl", "top1", "top5", "top10", "entropy", "current", "uniform", "marginal", "kl_temp")
 
     def __init__(self) -> None:
         self.sums: dict[str, dict[tuple[str, int], list[float]]] = {m: {} for m in self.METRICS}
@@ -130,6 +138,29 @@ def _diff_ci(a: np.ndarray, b: np.ndarray, n: np.ndarray, weights: np.ndarray) -
     return float(lo), float(hi)
 
 
+def _encode(tokenizer: Any, text: str, cfg: EvalConfig) -> torch.Tensor:
+    if cfg.messages:
+        return encode_messages(tokenizer, text, max_length=cfg.max_length, force_bos=cfg.force_bos)
+    return encode_prompt(tokenizer, text, max_length=cfg.max_length, chat=cfg.chat, force_bos=cfg.force_bos)
+
+
+def _readouts(model: LensModel, lens: Lens, halves: tuple[Lens, Lens] | None,
+              extra: Mapping[str, Lens] | None) -> dict[str, Any]:
+    readouts: dict[str, Any] = {"logit": LogitLens(model), "jacobian": JacobianLens(model, lens)}
+    named = list((extra or {}).items()) + (list(zip(("half_a", "half_b"), halves, strict=True)) if halves else [])
+    for name, other in named:
+        if other.source_layers != lens.source_layers or other.target_layer != lens.target_layer:
+            raise LensError(f"{'split-half ' if name.startswith('half') else ''}lens {name} has layers "
+                            f"{other.source_layers} -> {other.target_layer}; the lens has {lens.source_layers} -> "
+                            f"{lens.target_layer} (fit it like the lens)")
+        readouts[name] = JacobianLens(model, other)
+    return readouts
+
+
+def _readout_logits(model: LensModel, name: str, ro: Any, layer: int, h: torch.Tensor) -> torch.Tensor:
+    return model.unembed(h if name == "logit" else ro.transport(layer, h)).float()
+
+
 def evaluate(
     model: LensModel,
     tokenizer: Any,
@@ -138,59 +169,125 @@ def evaluate(
     config: EvalConfig | None = None,
     *,
     halves: tuple[Lens, Lens] | None = None,
+    extra: Mapping[str, Lens] | None = None,
 ) -> dict[str, Any]:
-    """Per-layer KL to the model's final distribution and top-1 agreement, logit vs Jacobian lens (+ halves)."""
+    """Per-layer KL to the model's final distribution, top-1/5/10 agreement, the uniform and marginal baselines
+    and the temperature-fitted KL; logit vs Jacobian lens (+ `extra` lenses such as controls, + halves)."""
     cfg = config or EvalConfig()
-    readouts: dict[str, Any] = {"logit": LogitLens(model), "jacobian": JacobianLens(model, lens)}
-    if halves is not None:
-        for name, half in zip(("half_a", "half_b"), halves, strict=True):
-            if half.source_layers != lens.source_layers or half.target_layer != lens.target_layer:
-                raise LensError(f"split-half lens {name} has layers {half.source_layers} -> {half.target_layer}; the "
-                                f"lens has {lens.source_layers} -> {lens.target_layer} (fit both halves like the lens)")
-            readouts[name] = JacobianLens(model, half)
+    readouts = _readouts(model, lens, halves, extra)
     L = model.n_layers
-    sums = _Sums()
+    layers = sorted(set(range(L) if cfg.layers is None else cfg.layers) | {L - 1})
+    sums, sums_eval = _Sums(), _Sums()
     agree: dict[int, list[float]] = {}
     skipped: list[int] = []
-    for i, text in enumerate(tqdm(texts, desc="lens eval", unit="text", disable=not cfg.progress)):
-        ids = encode_prompt(tokenizer, text, max_length=cfg.max_length, chat=cfg.chat, force_bos=cfg.force_bos)
+    # calibration half (even positions of the list) first: its positions fit the temperatures and the marginal
+    order = list(range(0, len(texts), 2)) + list(range(1, len(texts), 2))
+    n_cal_texts = (len(texts) + 1) // 2 if len(texts) >= 2 else len(texts)
+    cal_h: dict[int, list[torch.Tensor]] = {}
+    marginal_sum: torch.Tensor | None = None
+    marginal_n = 0
+    temperatures: dict[tuple[str, int], float] = {}
+    log_marginal: torch.Tensor | None = None
+    for done, i in enumerate(tqdm(order, desc="lens eval", unit="text", disable=not cfg.progress)):
+        calibrating = len(texts) >= 2 and done < n_cal_texts
+        if len(texts) >= 2 and done == n_cal_texts and marginal_sum is not None:
+            temperatures = _fit_temperatures(model, readouts, cal_h, cfg)
+            log_marginal = torch.log((marginal_sum / max(marginal_n, 1)).clamp_min(1e-30))
+        ids = _encode(tokenizer, texts[i], cfg)
         if len(ids) <= cfg.skip_first:
             skipped.append(i)
             continue
         sums.n.append(len(ids) - cfg.skip_first)
-        acts = block_outputs(model, ids[None].to(model.device))
+        evaluating = log_marginal is not None
+        if evaluating:
+            sums_eval.n.append(len(ids) - cfg.skip_first)
+        acts = block_outputs(model, ids[None].to(model.device), layers=layers)
         with torch.no_grad():
             logp = _log_probs(model, acts[L - 1][0, cfg.skip_first:])
             p, top = logp.exp(), logp.argmax(-1)
             current = ids[cfg.skip_first:].to(top.device)  # the input token at each position
-            sums.add(("model", L - 1), entropy=-(p * logp).sum(-1), current=top == current)
-            for layer in range(L):
+            sums.add(("model", L - 1), entropy=-(p * logp).sum(-1), current=top == current, uniform=uniform_kl(logp))
+            if calibrating:
+                marginal_sum = p.sum(0) if marginal_sum is None else marginal_sum + p.sum(0)
+                marginal_n += p.shape[0]
+                for layer in layers:
+                    cal_h.setdefault(layer, []).append(acts[layer][0, cfg.skip_first:].detach().cpu())
+            if log_marginal is not None:
+                sums_eval.add(("model", L - 1), uniform=uniform_kl(logp), marginal=kl_rows(logp, log_marginal))
+            for layer in layers:
                 h = acts[layer][0, cfg.skip_first:]
                 tops = {}
                 for name, ro in readouts.items():
                     if name != "logit" and not ro.has_layer(layer):
                         continue
-                    logq = _log_probs(model, ro.transport(layer, h) if name != "logit" else h)
+                    z = _readout_logits(model, name, ro, layer, h)
+                    logq = torch.log_softmax(z, -1)
                     tops[name] = logq.argmax(-1)
-                    sums.add((name, layer), kl=(p * (logp - logq)).sum(-1), top1=tops[name] == top,
+                    rank = (logq > logq.gather(-1, top[:, None])).sum(-1) + 1  # of the model's top token
+                    kl = kl_rows(logp, logq)
+                    sums.add((name, layer), kl=kl, top1=tops[name] == top, top5=rank <= 5, top10=rank <= 10,
                              entropy=-(logq.exp() * logq).sum(-1), current=tops[name] == current)
+                    if evaluating and (name, layer) in temperatures:
+                        sums_eval.add((name, layer), kl=kl, kl_temp=tempered_kl(logp, z, temperatures[(name, layer)]))
                 if "half_a" in tops and "half_b" in tops:
                     agree.setdefault(layer, []).append(float((tops["half_a"] == tops["half_b"]).double().sum()))
     if not sums.n:
         raise LensError(f"no held-out text is longer than skip_first={cfg.skip_first} tokens")
-    n_texts = len(sums.n)
-    rng = np.random.default_rng(cfg.seed)
-    weights = rng.multinomial(n_texts, np.full(n_texts, 1.0 / n_texts), size=cfg.n_boot).astype(float)
-    rows = []
+    rows = _rows(sums, sums_eval, agree, readouts, temperatures, halves, layers, cfg)
+    n_eval = np.asarray(sums_eval.n, dtype=float)
+    model_row = {"entropy": _mean(sums.array("entropy", ("model", L - 1)), np.asarray(sums.n, dtype=float)),
+                 "current_token": _mean(sums.array("current", ("model", L - 1)), np.asarray(sums.n, dtype=float)),
+                 "kl_uniform": _mean(sums.array("uniform", ("model", L - 1)), np.asarray(sums.n, dtype=float)),
+                 "kl_uniform_eval": _mean(sums_eval.array("uniform", ("model", L - 1)), n_eval),
+                 "kl_marginal_eval": _mean(sums_eval.array("marginal", ("model", L - 1)), n_eval),
+                 "vocab": int(model.unembed(torch.zeros(1, model.d_model, device=model.device)).shape[-1])}
+    return {"layers": rows, "model": model_row, "n_texts": len(sums.n), "n_positions": int(sum(sums.n)),
+            "n_calibration_texts": len(sums.n) - len(sums_eval.n), "n_eval_texts": len(sums_eval.n),
+            "n_eval_positions": int(sum(sums_eval.n)), "readouts": list(readouts), "skipped_texts": skipped,
+            "summary": summarise(rows, L), "settings": {**cfg.__dict__, "kl": "KL(p_model || q_lens), nats",
+                                                         "positions": "[skip_first, T)", "band": list(BAND),
+                                                         "calibration_half": "texts 0, 2, 4, ... of the held-out "
+                                                                             "list; evaluation half: 1, 3, 5, ..."}}
+
+
+def _fit_temperatures(model: LensModel, readouts: Mapping[str, Any], cal_h: dict[int, list[torch.Tensor]],
+                      cfg: EvalConfig) -> dict[tuple[str, int], float]:
+    """Per (readout, layer), the temperature fitted on an even subsample of the calibration positions."""
+    L = model.n_layers
+    final = torch.cat(cal_h[L - 1])
+    keep = torch.as_tensor(even_subsample(final.shape[0], cfg.temperature_positions))
+    with torch.no_grad():
+        logp = _log_probs(model, final[keep].to(model.device))
+        out = {}
+        for layer in sorted(cal_h):
+            h = torch.cat(cal_h[layer])[keep].to(model.device)
+            for name, ro in readouts.items():
+                if name == "logit" or ro.has_layer(layer):
+                    out[(name, layer)] = fit_temperature(logp, _readout_logits(model, name, ro, layer, h))
+    return out
+
+
+def _rows(sums: _Sums, sums_eval: _Sums, agree: dict[int, list[float]], readouts: Mapping[str, Any],
+          temperatures: dict[tuple[str, int], float], halves: tuple[Lens, Lens] | None, layers: Sequence[int],
+          cfg: EvalConfig) -> list[dict[str, Any]]:
     n = np.asarray(sums.n, dtype=float)
-    for layer in range(L):
+    n_eval = np.asarray(sums_eval.n, dtype=float)
+    rng = np.random.default_rng(cfg.seed)
+    weights = rng.multinomial(len(n), np.full(len(n), 1.0 / len(n)), size=cfg.n_boot).astype(float)
+    rows = []
+    for layer in layers:
+        row: dict[str, Any] = {"layer": layer}
+        for name in readouts:
+            if name.startswith("half_"):
+                continue
+            for metric in ("kl", "top1", "top5", "top10", "entropy", "current"):
+                key = "current_token" if metric == "current" else metric
+                row[f"{key}_{name}"] = _mean(sums.array(metric, (name, layer)), n)
+            row[f"kl_eval_{name}"] = _mean(sums_eval.array("kl", (name, layer)), n_eval) if len(n_eval) else None
+            row[f"kl_temp_{name}"] = _mean(sums_eval.array("kl_temp", (name, layer)), n_eval) if len(n_eval) else None
+            row[f"temperature_{name}"] = temperatures.get((name, layer))
         kl_l, hit_l = sums.array("kl", ("logit", layer)), sums.array("top1", ("logit", layer))
         kl_j, hit_j = sums.array("kl", ("jacobian", layer)), sums.array("top1", ("jacobian", layer))
-        row: dict[str, Any] = {"layer": layer, "kl_logit": _mean(kl_l, n), "top1_logit": _mean(hit_l, n),
-                               "kl_jacobian": _mean(kl_j, n), "top1_jacobian": _mean(hit_j, n)}
-        for name in ("logit", "jacobian"):  # diagnostics: how sharp the readout is; does it name the input token?
-            row[f"entropy_{name}"] = _mean(sums.array("entropy", (name, layer)), n)
-            row[f"current_token_{name}"] = _mean(sums.array("current", (name, layer)), n)
         if row["kl_jacobian"] is not None:
             row["kl_diff"] = row["kl_jacobian"] - row["kl_logit"]
             row["kl_diff_lo"], row["kl_diff_hi"] = _diff_ci(kl_j, kl_l, n, weights)
@@ -205,12 +302,7 @@ def evaluate(
                 row.update({f"halves_{k}": v for k, v in _matrix_agreement(halves[0].J[layer],
                                                                            halves[1].J[layer]).items()})
         rows.append(row)
-    model_row = {"entropy": _mean(sums.array("entropy", ("model", L - 1)), n),
-                 "current_token": _mean(sums.array("current", ("model", L - 1)), n)}
-    return {"layers": rows, "model": model_row, "n_texts": n_texts, "n_positions": int(sum(sums.n)),
-            "skipped_texts": skipped,
-            "summary": summarise(rows, L), "settings": {**cfg.__dict__, "kl": "KL(p_model || q_lens), nats",
-                                                         "positions": "[skip_first, T)", "band": list(BAND)}}
+    return rows
 
 
 def summarise(rows: Sequence[dict[str, Any]], n_layers: int) -> dict[str, Any]:

@@ -1,16 +1,11 @@
 """Fitting the Jacobian lens `J_l = E[∂h_final/∂h_l]` (docs/lens-background.md §1).
 
-Per prompt (token ids `[T]`, valid positions `V = [skip_first, T-1)`):
+Per prompt (`lens.jacobian.prompt_jacobian`; token ids `[T]`, valid positions `V = [skip_first, T-1)`):
 
     J_l^(p) = mean_{t in V} sum_{t' in V, t' >= t} ∂h_final[t'] / ∂h_l[t]
 
-computed with one forward and `ceil(k / dim_batch)` backward passes, where `k = d_model` output
-dimensions (or `k` arbitrary directions `C`, giving `C·J_l`; docs/lens-background.md §8). Each backward
-carries `dim_batch` cotangents at once, either as rows of a prompt replicated along the batch
-(`method="replicate"`, the reference's semantics) or as a batched gradient over one forward
-(`method="vmap"`, `autograd.grad(..., is_grads_batched=True)`). Row `i` of a cotangent is the
-unit vector `e_i` (or `C_i`) at every valid *target* position, so the gradient at source position
-`t` is already summed over `t'`; it is then averaged over valid *source* positions in fp32.
+or, with `estimator="self"` / `"future"`, its self-only term `t' = t` / the rest, from random
+signs at the cost of the standard fit (each prompt's signs are seeded by `sign_seed` and its text).
 
 The corpus estimate is the plain mean over prompts, accumulated as two fp32 running sums
 (even / odd prompts), which gives the split-half agreement for free. The sums live in host
@@ -38,8 +33,8 @@ from tqdm.auto import tqdm
 
 from lens.corpus import encode_prompt
 from lens.errors import LensError
-from lens.model import LensModel, capture, normalise_layer, run
-from lens.positions import valid_position_mask
+from lens.jacobian import ESTIMATORS, prompt_jacobian, random_signs
+from lens.model import LensModel, normalise_layer
 from lens.store import Lens
 from lhd_train.io.csv_cells import safe_cell
 from lhd_train.io.files import atomic_write, atomic_write_text
@@ -69,64 +64,6 @@ def resolve_layers(
     return sources, target
 
 
-def prompt_jacobian(
-    model: LensModel,
-    input_ids: torch.Tensor,
-    *,
-    source_layers: Sequence[int],
-    target_layer: int,
-    skip_first: int,
-    dim_batch: int = 64,
-    directions: torch.Tensor | None = None,
-    method: str = "replicate",
-) -> torch.Tensor:
-    """`[n_sources, k, d]` fp32: `C · J_l^(p)` for each source layer (`C = I` unless `directions` is given)."""
-    ids = input_ids.reshape(-1).to(model.device)
-    T = ids.shape[0]
-    mask = valid_position_mask(T, skip_first, device=model.device)
-    n_valid = int(mask.sum())
-    d = model.d_model
-    k = d if directions is None else int(directions.shape[0])
-    if directions is not None and directions.shape[-1] != d:
-        raise LensError(f"directions have width {directions.shape[-1]}, the model has d_model {d}")
-    if method not in ("replicate", "vmap"):
-        raise LensError(f"unknown method {method!r} (allowed: replicate, vmap)")
-    sources = list(source_layers)
-    B = max(1, min(int(dim_batch), k))
-    root = min(sources)
-    out = torch.empty(len(sources), k, d, dtype=torch.float32, device=model.device)
-    maskf = mask.to(torch.float32)[None, :, None]
-
-    with torch.enable_grad(), capture(model, sources + [target_layer], root=root, stop_after=target_layer) as acts:
-        batch = ids[None, :].expand(B, T) if method == "replicate" else ids[None, :]
-        run(model, batch)
-        target = acts[target_layer]
-        inputs = [acts[layer] for layer in sources]
-        dtype = target.dtype
-        starts = list(range(0, k, B))
-        for n_pass, start in enumerate(starts):
-            n = min(B, k - start)
-            rows = torch.zeros(n, d, dtype=dtype, device=model.device)
-            if directions is None:
-                rows[torch.arange(n), torch.arange(start, start + n)] = 1
-            else:
-                rows.copy_(directions[start : start + n].to(dtype))
-            cot = rows[:, None, :] * mask.to(dtype)[None, :, None]  # [n, T, d], zero outside V
-            last = n_pass == len(starts) - 1
-            if method == "replicate":
-                if n < B:
-                    cot = torch.cat([cot, cot.new_zeros(B - n, T, d)])
-                padded = torch.autograd.grad(target, inputs, cot, retain_graph=not last)
-                grads = [g[:n] for g in padded]
-            else:
-                batched = torch.autograd.grad(target, inputs, cot[:, None], retain_graph=not last,
-                                              is_grads_batched=True)
-                grads = [g[:, 0] for g in batched]
-            for i, g in enumerate(grads):
-                out[i, start : start + n] = (g.float() * maskf).sum(1) / n_valid
-    return out
-
-
 @dataclass
 class FitSettings:
     """Everything that changes the estimate (compared on resume), plus pure speed knobs. The command
@@ -138,6 +75,8 @@ class FitSettings:
     max_length: int = 128
     chat: bool = False
     force_bos: bool = True
+    estimator: Literal["all", "self", "future"] = "all"  # lens.jacobian: all later targets, self-only, future-only
+    sign_seed: int = 0  # seeds the random signs of the self / future estimators
     # speed only (not compared on resume)
     dim_batch: int = 64
     method: Literal["replicate", "vmap"] = "replicate"
@@ -280,6 +219,8 @@ def fit_lens(
     meta = dict(meta or {})
     d = model.d_model
     k = d if directions is None else int(directions.shape[0])
+    if settings.estimator not in ESTIMATORS:
+        raise LensError(f"unknown estimator {settings.estimator!r} (allowed: {', '.join(ESTIMATORS)})")
     compared = {
         "model_id": meta.get("model_id", getattr(model, "name", None)),
         "n_layers": model.n_layers,
@@ -290,6 +231,8 @@ def fit_lens(
         "max_length": settings.max_length,
         "chat": settings.chat,
         "force_bos": settings.force_bos,
+        # only when not the default, so a checkpoint written before estimators existed still resumes
+        **({"estimator": settings.estimator, "sign_seed": settings.sign_seed} if settings.estimator != "all" else {}),
         "prompts_sha256": _prompts_digest(prompts),
         "n_prompts_total": len(prompts),
         "directions_sha256": None if directions is None else hashlib.sha256(
@@ -318,7 +261,9 @@ def fit_lens(
             try:
                 Jp = prompt_jacobian(model, ids, source_layers=sources, target_layer=target,
                                      skip_first=settings.skip_first, dim_batch=settings.dim_batch,
-                                     directions=directions, method=settings.method)
+                                     directions=directions, method=settings.method, estimator=settings.estimator,
+                                     signs=None if settings.estimator == "all"
+                                     else random_signs(len(ids), settings.sign_seed, prompts[idx]))
             except LensError as exc:
                 if "too short" not in str(exc):
                     raise
@@ -361,6 +306,8 @@ def fit_lens(
         **meta,
         **{key: compared[key] for key in shared},  # the same settings resume is checked against
         "n_prompts": state.n,
+        "estimator": settings.estimator,
+        **({"sign_seed": settings.sign_seed} if settings.estimator != "all" else {}),
         "fit": {"dim_batch": settings.dim_batch, "method": settings.method, "complete": state.next_idx >= len(prompts)
                 or state.stopped_early, "stopped_early": state.stopped_early},
         "directions": None if directions is None else meta.get("directions", "custom"),

@@ -49,8 +49,11 @@ def parse_layers(spec: str | None) -> list[int] | None:
 class CorpusArgs(Settings):
     """Which texts of a corpus file a fit or an eval reads (`lens.corpus.CorpusSpec` without the path)."""
 
-    format: Literal["auto", "text", "jsonl", "dataset"] = Field("auto", description="Corpus format.")
-    text_field: str = Field("text", description="JSONL / dataset column with the text.")
+    format: Literal["auto", "text", "jsonl", "dataset", "messages"] = Field(
+        "auto", description="Corpus format; messages (lhd lens eval only): JSONL of chat transcripts, each rendered "
+                            "with the model's chat template.")
+    text_field: str = Field("text", description="JSONL / dataset column with the text (--format messages: with "
+                                                "the list of {role, content} messages; 'text' means 'messages').")
     split: str | None = Field(None, description="Split of a DatasetDict (default train).")
     min_chars: int = Field(0, ge=0, description="Drop texts shorter than this (the reference uses 600).")
     chunk_chars: int = Field(0, ge=0, description="Join and re-cut the corpus into pieces of this many characters "
@@ -72,6 +75,10 @@ class FitArgs(CorpusArgs):
                                               "largest of 128, 64, ... that fits the free GPU memory (64 on CPU).")
     method: Literal["replicate", "vmap"] = Field(
         "replicate", description="replicate (reference: prompt repeated along the batch) | vmap (batched grads).")
+    estimator: Literal["all", "self", "future"] = Field(
+        "all", description="all: every later target position (the reference) | self: the self-only term t'=t, by "
+                           "random signs at the same cost | future: all - self (2x the cost).")
+    sign_seed: int = Field(0, ge=0, le=SEED_MAX, description="Seed of the random signs (--estimator self/future).")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Model dtype: auto is bfloat16 on CUDA, float32 elsewhere.")
     attn: Attn = Field("auto", description="attn_implementation: auto is sdpa (eager with --method vmap).")
@@ -92,6 +99,9 @@ class FitArgs(CorpusArgs):
 
     @model_validator(mode="after")
     def _positions_left(self) -> FitArgs:
+        if self.format == "messages":
+            raise ValueError("format: messages (chat transcripts) is a format of lhd lens eval's --corpus; fit on "
+                             "text (auto, text, jsonl, dataset), with --chat for the chat template")
         if self.skip_first >= self.max_length:
             raise ValueError(f"skip_first: {self.skip_first} leaves no position of a {self.max_length}-token "
                              "prompt (it must be below max_length)")
@@ -122,13 +132,26 @@ class FitCommand(FitArgs):
 
 
 class EvalCommand(CorpusArgs):
-    """`lhd lens eval MODEL`: a lens's fidelity on held-out text (docs/lens.md, "Fidelity")."""
+    """`lhd lens eval MODEL`: a lens's quality on the release's prompt sets (pass@k, causal check) and on held-out
+    text (KL beside baselines, top-k, temperature-fitted KL) (docs/lens.md, "Lens quality")."""
 
     model: str = Field(description="HF model id or local model dir.", json_schema_extra={"argument": True})
     lens: Path = Field(description="Lens dir (lens.json + lens.safetensors) or a published jlens .pt.")
-    corpus: Path = Field(description="Held-out text: text file, JSONL or datasets dir. Texts the lens (or a half) "
-                                     "was fitted on are left out when its sidecar names this corpus.")
-    out: Path = Field(description="Output dir: eval.json, eval.md, fidelity.png.")
+    out: Path = Field(description="Output dir: passk.json, passk_ranks.jsonl, causal.json (prompt sets); eval.json, "
+                                  "eval.md, fidelity.png (corpus); quality.md.")
+    prompt_set: list[str] = Field(default_factory=list, description="Prompt set in the J-lens release's format "
+                                  "(a file, or a shipped set: multihop, order-ops, typo); repeat for several.")
+    corpus: Path | None = Field(None, description="Held-out text: text file, JSONL, datasets dir, or (--format "
+                                                  "messages) JSONL of chat transcripts. Texts the lens (or a half) "
+                                                  "was fitted on are left out when its sidecar names this corpus.")
+    self_lens: Path | None = Field(None, description="A self-only lens (lhd lens fit --estimator self) read beside "
+                                                     "the lens.")
+    future_lens: Path | None = Field(None, description="A future-only lens (lhd lens fit --estimator future).")
+    control_seed: int = Field(0, ge=0, le=SEED_MAX, description="Seed of the random-transport control lens.")
+    causal: bool = Field(True, description="Causal check on the prompt sets (project lens directions out).")
+    causal_layers: str = Field("middle", description="Layers of the causal check: middle (the lens's middle fitted "
+                                                     "layer) or a list such as 10,14.")
+    causal_random: int = Field(3, ge=1, le=100, description="Norm-matched random directions per lens direction.")
     held_out: int = Field(50, ge=0, description="Evaluate the first N held-out texts (0 = all).")
     half_a: Path | None = Field(None, description="Split half A: a lens fitted like --lens on half the prompts "
                                                   "(e.g. lhd lens fit --shard 0/2).")
@@ -136,9 +159,15 @@ class EvalCommand(CorpusArgs):
     max_length: int | None = Field(None, ge=1, le=1 << 20, description="Tokens per text (default: the lens's "
                                                                        "max_length).")
     skip_first: int | None = Field(None, ge=0, description="Positions left out at the start (default: the lens's).")
+    eval_layers: Literal["lens", "all"] = Field("lens", description="--corpus: read the lens's layers and the last "
+                                                                    "block (lens), or every block (all).")
+    temperature_positions: int = Field(512, ge=16, description="Positions of the calibration half used to fit "
+                                                               "each layer's temperature.")
     target_layer: int | None = Field(None, description="Target layer of a .pt lens (default: last block).")
-    bootstrap: int = Field(1000, ge=0, le=1_000_000, description="Bootstrap resamples (over texts) for the CIs.")
-    seed: int = Field(0, ge=0, le=SEED_MAX, description="Seed of the bootstrap.")
+    bootstrap: int = Field(1000, ge=0, le=1_000_000, description="Bootstrap resamples (over texts / items) for the "
+                                                                 "CIs.")
+    seed: int = Field(0, ge=0, le=SEED_MAX, description="Seed of the bootstrap and the causal check's random "
+                                                        "directions.")
     dtype: ModelDtype = Field("float32", description="Model dtype.")
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
     revision: str | None = Field(None, description="Model revision.")
@@ -147,10 +176,14 @@ class EvalCommand(CorpusArgs):
     threads: int | None = _threads()
 
     @model_validator(mode="after")
-    def _both_halves(self) -> EvalCommand:
+    def _what_to_evaluate(self) -> EvalCommand:
+        if self.corpus is None and not self.prompt_set:
+            raise ValueError("corpus: give --corpus FILE (held-out KL) and/or --prompt-set FILE (pass@k)")
         if (self.half_a is None) != (self.half_b is None):
             raise ValueError("half_a: give both --half-a and --half-b (two lenses fitted on disjoint halves), "
                              "or neither")
+        if self.causal_layers != "middle":
+            parse_layers(self.causal_layers)
         return self
 
 

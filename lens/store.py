@@ -176,7 +176,9 @@ def _load_jlens_pt(p: Path, *, model: Any, target_layer: int | None) -> Lens:
     return Lens(J=J, meta=meta)
 
 
-MERGE_KEYS = ("model_id", "revision", "n_layers", "target_layer", "skip_first", "max_length", "directions")
+MERGE_KEYS = ("model_id", "revision", "n_layers", "target_layer", "skip_first", "max_length", "directions",
+              "estimator", "sign_seed")
+MERGE_DEFAULTS = {"estimator": "all"}  # a lens written before estimators existed is an `all` lens
 
 
 def _check_disjoint(lenses: Sequence[Lens]) -> None:
@@ -222,9 +224,9 @@ def merge_lenses(lenses: Sequence[Lens]) -> Lens:
                 f"lens 0 has {first.source_layers} / {first.d_model}"
             )
         for key in MERGE_KEYS:
-            if other.meta.get(key) != first.meta.get(key):
-                raise LensError(f"lens {i} differs from lens 0 in {key!r}: "
-                                f"{other.meta.get(key)!r} vs {first.meta.get(key)!r}")
+            a, b = (x.meta.get(key, MERGE_DEFAULTS.get(key)) for x in (other, first))
+            if a != b:
+                raise LensError(f"lens {i} differs from lens 0 in {key!r}: {a!r} vs {b!r}")
     _check_disjoint(lenses)
     weights = [x.n_prompts for x in lenses]
     if any(w <= 0 for w in weights):

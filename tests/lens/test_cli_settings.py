@@ -42,8 +42,10 @@ def test_every_library_setting_is_a_command_option(library):
 def test_eval_options_cover_the_corpus_and_the_eval():
     corpus = {f.name for f in fields(CorpusSpec)} - {"path", "skip_headers", "n_prompts", "chat"}
     assert corpus <= set(EvalCommand.model_fields)
-    # chat and force_bos come from the lens's sidecar, n_boot from --bootstrap
-    assert {f.name for f in fields(EvalConfig)} - set(EvalCommand.model_fields) == {"chat", "force_bos", "n_boot"}
+    # chat and force_bos come from the lens's sidecar, n_boot from --bootstrap, messages from --format,
+    # layers from --eval-layers
+    assert {f.name for f in fields(EvalConfig)} - set(EvalCommand.model_fields) == {"chat", "force_bos", "n_boot",
+                                                                                     "messages", "layers"}
 
 
 def test_defaults_match_the_library_where_both_have_one():

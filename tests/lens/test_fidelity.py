@@ -5,7 +5,9 @@ hand, KL with torch), not with the functions under test."""
 from __future__ import annotations
 
 import json
+import math
 
+import numpy as np
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -130,7 +132,7 @@ def test_cli_eval_end_to_end(tiny_dirs, tmp_path):
     assert r.exit_code == 0, r.output
     out = tmp_path / "ev"
     args = ["eval", str(model), "--lens", str(tmp_path / "full"), "--corpus", str(corpus), "--out", str(out),
-            "--device", "cpu", "--threads", "1", "--no-progress", "--bootstrap", "50"]
+            "--device", "cpu", "--threads", "1", "--no-progress", "--bootstrap", "50", "--eval-layers", "all"]
     r = runner.invoke(app, [*args, "--half-a", str(tmp_path / "h0"), "--half-b", str(tmp_path / "h1")])
     assert r.exit_code == 0, r.output
     res = json.loads((out / "eval.json").read_text())
@@ -180,7 +182,7 @@ def test_smollm2_eval_matches_recomputation(smollm2_dir, tmp_path):
     out = tmp_path / "ev"
     r = runner.invoke(app, ["eval", str(smollm2_dir), "--lens", str(tmp_path / "L"), "--corpus", str(corpus),
                             "--out", str(out), "--held-out", "4", "--threads", "1", "--device", "cpu",
-                            "--no-progress", "--bootstrap", "200"])
+                            "--no-progress", "--bootstrap", "200", "--eval-layers", "all"])
     assert r.exit_code == 0, r.output
     res = json.loads((out / "eval.json").read_text())
     assert res["fit_texts_excluded"] == 2 and res["n_texts"] == 4 and res["n_positions"] == 4 * (32 - 8)
@@ -199,3 +201,90 @@ def test_smollm2_eval_matches_recomputation(smollm2_dir, tmp_path):
             assert row[f"top1_{name}"] == pytest.approx(top1, abs=1.5 / res["n_positions"]), (name, layer)
     assert res["layers"][-1]["kl_logit"] == pytest.approx(0.0, abs=1e-4)
     assert res["layers"][0]["kl_logit"] > 1.0  # the first block is far from the output (a real model)
+
+
+def _positions(model, tok, texts, J, layer, skip=SKIP, maxlen=MAXLEN):
+    """Per text: the model's log-probs and the logit / J readouts' logits at `layer`, by plain torch."""
+    hf = model.hf
+    out = []
+    for text in texts:
+        ids = torch.tensor(([tok.bos_token_id] + tok(text, add_special_tokens=False)["input_ids"])[:maxlen])
+        with torch.no_grad():
+            o = hf(input_ids=ids[None], output_hidden_states=True, use_cache=False)
+            h = o.hidden_states[layer + 1][0, skip:]
+            z = {"logit": hf.model.norm(h) @ hf.lm_head.weight.T,
+                 "jacobian": hf.model.norm(h @ J[layer].T) @ hf.lm_head.weight.T}
+            out.append((torch.log_softmax(o.logits[0, skip:].double(), -1), {k: v.double() for k, v in z.items()}))
+    return out
+
+
+def test_baselines_topk_and_temperature_by_hand(llama, fit_prompts):
+    """Uniform (log V − H), the marginal from the calibration half (texts 0, 2) scored on texts 1, 3, top-5/10,
+    and the temperature: the fitted T is the minimum of the calibration KL (a grid by hand) and the evaluation
+    half's KL at T is recomputed."""
+    model, tok = llama
+    lens = fit_lens(model, tok, fit_prompts[:3], SETTINGS, options=FitOptions(progress=False)).lens
+    res = evaluate(model, tok, lens, HELD_OUT, EvalConfig(skip_first=SKIP, max_length=MAXLEN, n_boot=20,
+                                                          temperature_positions=10_000))
+    layer = 0
+    per = _positions(model, tok, HELD_OUT, lens.J, layer)
+    V = per[0][0].shape[-1]
+    allp = torch.cat([lp for lp, _ in per])
+    uniform = float((math.log(V) + (allp.exp() * allp).sum(-1)).mean())
+    assert res["model"]["kl_uniform"] == pytest.approx(uniform, rel=1e-5)
+    cal, ev = [per[0], per[2]], [per[1], per[3]]
+    m = torch.cat([lp.exp() for lp, _ in cal]).mean(0)
+    evp = torch.cat([lp for lp, _ in ev])
+    marginal = float((evp.exp() * (evp - m.log())).sum(-1).mean())
+    assert res["model"]["kl_marginal_eval"] == pytest.approx(marginal, rel=1e-4)
+    assert res["n_calibration_texts"] == 2 and res["n_eval_texts"] == 2
+    row = res["layers"][layer]
+    for name in ("logit", "jacobian"):
+        z_all = torch.cat([z[name] for _, z in per])
+        top = allp.argmax(-1)
+        rank = (z_all > z_all.gather(-1, top[:, None])).sum(-1) + 1
+        assert row[f"top5_{name}"] == pytest.approx(float((rank <= 5).double().mean()))
+        assert row[f"top10_{name}"] == pytest.approx(float((rank <= 10).double().mean()))
+        zc, pc = torch.cat([z[name] for _, z in cal]), torch.cat([lp for lp, _ in cal])
+
+        def kl_at(t, z=zc, lp=pc):
+            return float((lp.exp() * (lp - torch.log_softmax(z / t, -1))).sum(-1).mean())
+
+        grid = np.exp(np.linspace(math.log(0.02), math.log(50), 400))
+        best = min(kl_at(t) for t in grid)
+        T = row[f"temperature_{name}"]
+        assert kl_at(T) <= best + 1e-4 and kl_at(T) <= kl_at(1.0) + 1e-9
+        ze = torch.cat([z[name] for _, z in ev])
+        assert row[f"kl_temp_{name}"] == pytest.approx(
+            float((evp.exp() * (evp - torch.log_softmax(ze / T, -1))).sum(-1).mean()), rel=1e-4, abs=1e-6)
+        assert row[f"kl_eval_{name}"] == pytest.approx(
+            float((evp.exp() * (evp - torch.log_softmax(ze, -1))).sum(-1).mean()), rel=1e-4, abs=1e-6)
+
+
+def test_cli_eval_on_chat_transcripts(tiny_dirs, tmp_path):
+    """`--format messages`: KL on chat transcripts rendered with the template (the positions the margins are read
+    from), counted from `encode_messages`; the random-transport control is read beside the lens."""
+    from lens.corpus import encode_messages
+    from lens.model import load_tokenizer
+
+    model = tiny_dirs["llama"]
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n\n".join(f"Fit paragraph {i}: the quarterly report lists {i * 11} units sold in region {i} "
+                                  "and notes that the numbers were checked twice." for i in range(2)))
+    assert _fit_cli(model, corpus, tmp_path / "L", "--n-prompts", "2").exit_code == 0
+    chats = [[{"role": "user", "content": f"How many boxes did shop {i} sell?"},
+              {"role": "assistant", "content": f"Shop {i} sold {i * 13} boxes of tea, as the ledger shows."}]
+             for i in range(4)]
+    path = tmp_path / "chats.jsonl"
+    path.write_text("".join(json.dumps({"messages": c}) + "\n" for c in chats))
+    out = tmp_path / "ev"
+    r = runner.invoke(app, ["eval", str(model), "--lens", str(tmp_path / "L"), "--corpus", str(path), "--format",
+                            "messages", "--out", str(out), "--device", "cpu", "--threads", "1", "--no-progress",
+                            "--bootstrap", "20"])
+    assert r.exit_code == 0, r.output
+    res = json.loads((out / "eval.json").read_text())
+    tok = load_tokenizer(str(model))
+    lengths = [len(encode_messages(tok, json.dumps(c), max_length=MAXLEN)) for c in chats]
+    assert res["corpus_format"] == "messages" and res["n_positions"] == sum(n - SKIP for n in lengths)
+    assert res["readouts"] == ["logit", "jacobian", "random"] and res["layers"][0]["kl_random"] is not None
+    assert "Calibration-free view" in (out / "eval.md").read_text()
