@@ -216,7 +216,8 @@ def build_trainer(recipe: Recipe, recipe_path: Path | None = None,
         reward_funcs, reward_weights = build_rewards(recipe.grpo.rewards, recipe.direction, source,
                                                      recipe.grpo.plugins, tokenizer=tok,
                                                      shared={"judge": recipe.grpo.judge,
-                                                             "supervisor_judge": recipe.grpo.supervisor_judge})
+                                                             "supervisor_judge": recipe.grpo.supervisor_judge,
+                                                             "max_failed_share": recipe.grpo.max_failed_grade_share})
         check_reward_columns(reward_funcs, data["train"].column_names, source)
         if data["eval"] is not None:
             check_reward_columns(reward_funcs, data["eval"].column_names, source, "data.eval")
