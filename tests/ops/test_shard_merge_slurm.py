@@ -672,7 +672,7 @@ def test_train_is_sized_from_the_accelerate_config(tmp_path):
     # Several GPUs only on purpose.
     for var in ("nodes", "gpus_per_node"):
         e = _error(render_slurm, "train", rec, **{var: 2})
-        assert e.field == f"--var {var}" and "single_gpu.yaml" in str(e) and "accelerate=zero3" in str(e)
+        assert e.field == f"--var {var}" and "single_gpu.yaml" in str(e) and "accelerate=ddp|zero3" in str(e)
     zero3 = render_slurm("train", rec, accelerate="zero3")
     assert "#SBATCH --nodes=1\n" in zero3 and "#SBATCH --gpus-per-node=8\n" in zero3 and "\nsrun " in zero3
     assert "global batch 128 rows" in zero3
