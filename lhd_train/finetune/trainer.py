@@ -22,7 +22,7 @@ from typing import Any, Literal, TypedDict
 from lhd_train.config.recipe import Recipe, dump_recipe, load_recipe
 from lhd_train.errors import InputError
 from lhd_train.finetune import train_data as data_mod
-from lhd_train.finetune.fit_rows import fit_dataset
+from lhd_train.finetune.fit_rows import fit_once
 from lhd_train.finetune.resume_rules import recipe_changes
 from lhd_train.finetune.rewards import build_rewards, check_reward_columns, preflight_rewards
 from lhd_train.finetune.trainer_args import (  # noqa: F401  (re-exported: tests and tools import them from here)
@@ -278,7 +278,9 @@ def fit_lengths(recipe: Recipe, config: Any, data: TrainingData, tok: Any, sourc
         if data[which] is None:
             continue
         info = data["info"][which]
-        ds, report = fit_dataset(data[which], recipe.algo, info["format"], tok, max_length, reserve, which)
+        ds, report, _ = fit_once(data[which], recipe.algo, info["format"], tok, max_length, reserve, which,
+                                 Path(config.output_dir), f"{info['sha256']}/{info['split']}/{info['rows']}/"
+                                 f"{','.join(data[which].column_names)}")
         data[which] = ds
         info["rows"] = report.kept
         info["length_fit"] = report.to_json()

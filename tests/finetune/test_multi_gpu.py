@@ -117,6 +117,8 @@ def test_qlora_trains_under_ddp(tiny_llama_dir, tmp_path):
            "-m", "lhd_train.cli", "train", "sft", str(QLORA_RECIPE), *overrides]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-6000:]
+    # B4: rank 0 fitted the rows, rank 1 loaded them (lhd_train.finetune.fit_rows.fit_once)
+    assert proc.stderr.count("fitted rows loaded from") == 1, proc.stderr[-6000:]
     meta = json.loads((out / "adapter" / "lhd_adapter.json").read_text())
     assert meta["lora"]["qlora"] is True and meta["training"]["world_size"] == 2
     assert meta["training"]["global_step"] == 2
