@@ -5,6 +5,7 @@ Writes into the recipe's `output_dir`:
     lhd_run.json            what this output dir is being trained on: recipe, base model files, data
                             digests (a resume that changes any of them is refused: `resume_rules`)
     adapter/                the final LoRA adapter + tokenizer + lhd_adapter.json + log_history.json
+    fitted/                 each split fitted to the trainer's length, once (`fit_rows.fit_once`)
 
 Device policy and TRL arguments: `trainer_args`. Rows are fitted to the trainer's length before TRL
 sees them (`fit_rows`): nothing is dropped silently at long context."""
