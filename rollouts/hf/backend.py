@@ -73,12 +73,16 @@ class HFBackend:
         text_cfg = cfg.get_text_config()
         self.max_model_len = int(spec.max_model_len or getattr(text_cfg, "max_position_embeddings", 0) or 10**9)
         # Our decode loop keeps every layer's full key/value history and calls the model with the
-        # transformers 5 forward arguments; other models (sliding-window or linear-attention
+        # transformers 5 forward arguments: the cache is `cache=` from 5.24 on, `past_key_values=`
+        # before (5.17 on the lent GPU image); other models (sliding-window or linear-attention
         # layers, remote code with another signature) decode with `model.generate` instead.
+        # `decode_path` says which, in describe() and so in every run's manifest.
         params = inspect.signature(self._base_model().forward).parameters
+        self.cache_arg = next((a for a in ("cache", "past_key_values") if a in params), None)
         self._own_loop = (all(t == "full_attention" for t in getattr(text_cfg, "layer_types", None) or [])
-                          and not getattr(text_cfg, "sliding_window", None)
-                          and all(p in params for p in ("cache", "position_ids", "logits_to_keep")))
+                          and not getattr(text_cfg, "sliding_window", None) and self.cache_arg is not None
+                          and all(p in params for p in ("position_ids", "logits_to_keep")))
+        self.decode_path = f"loop ({self.cache_arg}=)" if self._own_loop else "model.generate"
         gen_cfg = self._base_model().generation_config
         stops: list[int] = []
         eos = getattr(gen_cfg, "eos_token_id", None)
@@ -135,7 +139,7 @@ class HFBackend:
         # where busy_s goes (our decode loop; on CUDA without synchronising, so only indicative)
         self.timings: dict[str, float] = {"prefill_s": 0.0, "forward_s": 0.0, "sample_s": 0.0}
         self.stats: dict[str, int] = collections.Counter(
-            batches=0, rows=0, max_batch_rows=0, decode_steps=0, json_rows=0,
+            batches=0, loop_batches=0, generate_batches=0, rows=0, max_batch_rows=0, decode_steps=0, json_rows=0,
             json_cut_rows=0, prefill_tokens=0, prefix_reused_tokens=0,
             prefix_matches_ignored=0, oom_splits=0, oom_rows_failed=0)
 
@@ -286,6 +290,7 @@ class HFBackend:
             "prefix_cache_gib": round(self.budget.prefix / 2**30, 3),
             "kv_budget_gib": round(self.budget.batch / 2**30, 3),
             "kv_bytes_per_token": self.shape.kv_bytes_per_token,
+            "decode_path": self.decode_path,
             "config_sha256": hashlib.sha256(cfg_text).hexdigest(),
             "transformers": transformers.__version__,
             "torch": torch.__version__,
