@@ -74,3 +74,11 @@ def test_the_bundle_fits_the_carry_limit_and_imports_cleanly(tmp_path):
     lhd = "import lhd_train.finetune.trainer, rollouts.hf, lens.fit, trl, xgrammar"
     r = subprocess.run([sys.executable, "-c", lhd], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
+    # the device check's own install line, through scripts/gpu_check.sh, then its version gate
+    env = {**os.environ, "PYTHON": sys.executable, "GPU_CHECK_SITE": str(tmp_path / "site-by-script"),
+           "GPU_CHECK_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": ""}
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(archive), "--", "--only", "versions",
+                        "--work", str(tmp_path / "work")], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0 and "first on PYTHONPATH" in r.stderr, (r.stdout[-2000:], r.stderr[-2000:])
+    line = next(x for x in r.stdout.splitlines() if x.startswith("CHECK versions:"))
+    assert ": PASS " in line and f"trl {manifest['packages']['trl']['version']}" in line, line
