@@ -4,7 +4,7 @@ How a call flows:
   `await backend.generate([req])` → the request is tokenised with the chat template, checked
   against the context length and the memory budget, expanded into `n` rows and queued. One
   worker task per event loop takes up to `max_batch_size` queued rows that fit the budget
-  (`rollouts/hf/memory_plan.py`; waiting up to `batch_wait_ms` to fill; rows of one batch share
+  (`rollouts/hf/memory_plan.py`; waiting to fill as `rollouts/hf/batching.py` says; rows of one batch share
   one LoRA adapter), decodes them together in a thread (`asyncio.to_thread`, under the model's
   CUDA device, `rollouts/hf/decode.py`), and resolves each request when all of its rows are done.
 
@@ -38,6 +38,7 @@ import xgrammar as xgr
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from rollouts.backend import BackendError
+from rollouts.hf.batching import BatchFill
 from rollouts.hf.decode import decode_rows
 from rollouts.hf.device import device_context, free_memory, resolve_device
 from rollouts.hf.json_guard import Grammar
@@ -419,33 +420,25 @@ class HFBackend:
     async def _work(self) -> None:
         assert self._wakeup is not None
         wakeup = self._wakeup
-        wait_s = self.spec.batch_wait_ms / 1000.0
+        fill = BatchFill(self.spec.batch_wait_ms / 1000.0, self.spec.max_batch_size)  # rollouts/hf/batching.py
         while not self._closed:
             if not self._queue:
                 wakeup.clear()
                 await wakeup.wait()
                 continue
-            if len(self._queue) < self.spec.max_batch_size and wait_s > 0:
-                deadline = time.perf_counter() + wait_s
-                while len(self._queue) < self.spec.max_batch_size and not self._closed:
-                    left = deadline - time.perf_counter()
-                    if left <= 0:
-                        break
-                    wakeup.clear()
-                    try:
-                        await asyncio.wait_for(wakeup.wait(), timeout=left)
-                    except TimeoutError:
-                        break
+            await fill.wait(lambda: len(self._queue), wakeup, lambda: self._closed)
             if self._closed or not self._queue:
                 continue
             batch = self._take_batch()
             self._inflight = batch
+            t0 = time.perf_counter()
             try:
                 error = await asyncio.to_thread(self._run_batch, batch)
             except Exception as e:  # never let one bad batch kill the worker
                 log.exception("hf backend batch failed")
                 error = f"generation failed: {type(e).__name__}: {e}"
             self._deliver(batch, error)
+            fill.delivered(len(batch), len(self._queue), time.perf_counter() - t0)
             self._inflight = []
         self._fail_queued("backend closed")
 
