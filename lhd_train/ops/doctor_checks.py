@@ -444,8 +444,10 @@ def doctor(config: str | Path | None = None, path: str | Path = ".", gpu_gib: fl
         except Exception as e:  # noqa: BLE001
             rows.append(("check", FAIL, f"{type(e).__name__}: {e}"))
     if config is not None:
+        from lhd_train.ops.kv_check import config_kv_rows
         from lhd_train.ops.vllm_config_check import doctor_rows
 
         rows += check_models(Path(config))
-        rows += doctor_rows(Path(config), gpu_gib)
+        rows += doctor_rows(Path(config))
+        rows += config_kv_rows(Path(config), gpu_gib)
     return rows

@@ -45,9 +45,7 @@ def _sync(ctx: Ctx) -> None:
 def build(ctx: Ctx, layers: int | None = None, dtype: str | None = None) -> Any:
     """The random model on the device: Llama-3.1-8B's config (SMALL on CPU / --small), its token ids
     set to the tiny model's tokenizer (prompts are tokenised with it; ids stay below its size)."""
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
+    from lhd_train.tiny_model import random_llama
     from rollouts.tokenizer import load_tokenizer
 
     assert ctx.model_dir is not None
@@ -58,12 +56,7 @@ def build(ctx: Ctx, layers: int | None = None, dtype: str | None = None) -> Any:
     if layers is not None:
         raw["num_hidden_layers"] = layers
     raw.update(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    cfg = LlamaConfig(**{k: v for k, v in raw.items() if k not in ("architectures", "transformers_version")})
-    torch.manual_seed(0)
-    with torch.device(ctx.device):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype or ctx.dtype),
-                                                 attn_implementation="sdpa")
-    return model.eval(), tok
+    return random_llama(raw, ctx.device, dtype or ctx.dtype), tok
 
 
 def _eight_b(ctx: Ctx) -> tuple[Any, Any]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from lhd_train.ops.vllm_config_check import config_folder
@@ -79,6 +80,21 @@ def kv_estimate(spec: ModelSpec, cfg: Mapping[str, Any], gpu_bytes: float) -> di
     max_len = spec.max_model_len or int((cfg.get("text_config") or cfg).get("max_position_embeddings") or 0)
     return {"weights_per_gpu": weights / tp, "kv_per_gpu": kv, "per_token": per_token,
             "tokens": max(0.0, kv) / per_token, "max_len": max_len, "tp": tp}
+
+
+def config_kv_rows(config: str | Path, gpu_gib: float | None = None) -> list[Row]:
+    """`kv_rows` for the models of a config file (entries that do not validate are left to the
+    config rows of `lhd doctor`)."""
+    import yaml
+
+    data = yaml.safe_load(Path(config).read_text(encoding="utf-8")) or {}
+    specs = {}
+    for key, entry in ((data.get("models") or {}) if isinstance(data, dict) else {}).items():
+        try:
+            specs[key] = ModelSpec(**entry)
+        except Exception:  # noqa: BLE001 - reported by vllm_config_check.doctor_rows
+            continue
+    return kv_rows(specs, str(config), gpu_gib)
 
 
 def kv_rows(specs: Mapping[str, ModelSpec], config: str, gpu_gib: float | None = None) -> list[Row]:

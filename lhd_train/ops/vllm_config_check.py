@@ -238,10 +238,9 @@ def _groups(data: dict, specs: dict[str, ModelSpec]) -> list[tuple[str, dict[str
     return out or [("models", specs)]
 
 
-def doctor_rows(config: str | Path, gpu_gib: float | None = None) -> list[tuple[str, str, str]]:
-    """`lhd doctor --config`: rows for the GPU assignment of each set of models started together,
-    each vllm server's KV cache against its max_model_len (`kv_check`, on a GPU of `gpu_gib` or the
-    visible one) and vLLM's verdict on every vllm model (judged for cuda unless the entry says device: cpu)."""
+def doctor_rows(config: str | Path) -> list[tuple[str, str, str]]:
+    """`lhd doctor --config`: rows for the GPU assignment of each set of models started together and
+    vLLM's verdict on every vllm model (judged for cuda unless the entry says device: cpu)."""
     import yaml
 
     data = yaml.safe_load(Path(config).read_text(encoding="utf-8")) or {}
@@ -271,9 +270,6 @@ def doctor_rows(config: str | Path, gpu_gib: float | None = None) -> list[tuple[
             rows.append((f"structured outputs {key}", OK, "sends vLLM's `structured_outputs` field: a server older "
                          "than vLLM 0.10.2 ignores it silently and answers unconstrained (lhd then parses and "
                          "retries); for such a server use structured_outputs: response_format"))
-    from lhd_train.ops.kv_check import kv_rows
-
-    rows += kv_rows(specs, str(config), gpu_gib)
     devices = {k: "cpu" if s.device == "cpu" else "cuda" for k, s in specs.items()}
     label = {OK: OK, "fail": FAIL, "skip": WARN}
     try:
