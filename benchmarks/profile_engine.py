@@ -9,6 +9,7 @@ the decode steps and batches, and the main thread's hottest functions under cPro
 worker threads are not profiled by cProfile; their CPU is the process CPU less the main thread's).
 
     python benchmarks/profile_engine.py --model PATH [--trials 4] [--tasks 1] [--top 25] [--json out.json]
+        [--no-sequential]
 
 Without --model a tiny random Llama is built in a temporary folder (its Python overhead is large
 against its compute, so per-request and per-step costs stand out).
@@ -73,7 +74,7 @@ class Probe:
         return out
 
 
-def profile(model: Path, trials: int, tasks: int, top: int, tmp: Path) -> dict[str, Any]:
+def profile(model: Path, trials: int, tasks: int, top: int, tmp: Path, sequential: bool = True) -> dict[str, Any]:
     from rollouts.factory import build_backend
     from rollouts.spec import ModelSpec
 
@@ -86,7 +87,7 @@ def profile(model: Path, trials: int, tasks: int, top: int, tmp: Path) -> dict[s
         rec = rt.Recording(backend)
         probe.run("record", rt.run_engine, rec, rt.make_cfg(tmp / "hf", spec, "record", trials, tasks, trials))
         with rt.ignore_eos(backend):
-            for mode, concurrency in (("sequential", 1), ("engine", trials)):
+            for mode, concurrency in ((("sequential", 1),) if sequential else ()) + (("engine", trials),):
                 rt.reset_cache(backend)
                 script = rt.Scripted(backend, rec)
                 probe.run(mode, rt.run_engine, script, rt.make_cfg(tmp / "hf", spec, mode, trials, tasks, concurrency))
@@ -105,6 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tasks", type=int, default=1)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--no-sequential", action="store_true", help="skip the (slow) sequential mode")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model
@@ -112,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
             from lhd_train.tiny_model import build_tiny_model
 
             model = build_tiny_model("llama", Path(tmp) / "tiny", seed=0)
-        modes = profile(model, args.trials, args.tasks, args.top, Path(tmp))
+        modes = profile(model, args.trials, args.tasks, args.top, Path(tmp), not args.no_sequential)
     for mode, m in modes.items():
         print(f"\n######## {mode}\n{m['profile']}")
     if args.json:
