@@ -27,13 +27,17 @@ from lhd_train.tiny_model import build_tiny_model  # noqa: E402
 def step_ms(model, rows: int, context: int, repeats: int = 30) -> float:
     """Median wall time of one decode forward for `rows` rows with `context` cached tokens each
     (a padding mask, as the backend's decode loop passes)."""
+    import inspect
+
     import torch
     from transformers import DynamicCache
 
+    # the cache argument's spelling: `cache` from transformers 5.24, `past_key_values` before
+    arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     ids = torch.randint(5, 1000, (rows, context))
     with torch.inference_mode():
         filled = DynamicCache()
-        model(input_ids=ids, cache=filled, use_cache=True, logits_to_keep=1)
+        model(input_ids=ids, use_cache=True, logits_to_keep=1, **{arg: filled})
         kv = [(layer.keys.clone(), layer.values.clone()) for layer in filled.layers]
         mask = torch.ones(rows, context + 1, dtype=torch.bool)
         feed = torch.ones(rows, 1, dtype=torch.long)
@@ -44,7 +48,7 @@ def step_ms(model, rows: int, context: int, repeats: int = 30) -> float:
             for i, (k, v) in enumerate(kv):
                 cache.update(k, v, i)
             t0 = time.perf_counter()
-            model(input_ids=feed, attention_mask=mask, position_ids=position, cache=cache, use_cache=True)
+            model(input_ids=feed, attention_mask=mask, position_ids=position, use_cache=True, **{arg: cache})
             times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1000
 

@@ -10,7 +10,8 @@ signs at the cost of the standard fit (each prompt's signs are seeded by `sign_s
 The corpus estimate is the plain mean over prompts, accumulated as two fp32 running sums
 (even / odd prompts), which gives the split-half agreement for free. The sums live in host
 memory whatever the model's device (for an 8B model they are 3.9 GiB that the GPU needs for
-activations); each prompt's estimate is copied over once, through a pinned buffer on CUDA.
+activations); each prompt's estimate is copied over once, through a pinned buffer on CUDA, and added
+in a worker thread while the GPU computes the next prompt (`lens.accumulate`).
 Checkpoints hold both sums (exact resume), so they are written by wall time (every 30 minutes by
 default) rather than every few prompts, and atomically; a resume refuses different settings.
 """
@@ -31,6 +32,7 @@ from typing import Any, Literal
 import torch
 from tqdm.auto import tqdm
 
+from lens.accumulate import SUMS_DEVICE, Accumulator, _identity_distance, _State  # noqa: F401 (SUMS_DEVICE: re-exported)
 from lens.corpus import encode_prompt
 from lens.errors import LensError
 from lens.jacobian import ESTIMATORS, prompt_jacobian, random_signs
@@ -91,6 +93,7 @@ class FitOptions:
     min_prompts: int = 100  # ... and at least this many prompts are done
     progress: bool = True
     stop_after: int | None = None  # stop (with a checkpoint) after this many new prompts; for tests/interrupts
+    overlap_sums: bool | None = None  # add each estimate to the host sums during the next prompt (None: on CUDA)
 
 
 @dataclass
@@ -108,64 +111,9 @@ def _prompts_digest(prompts: Sequence[str]) -> str:
     return h.hexdigest()
 
 
-def _identity_distance(M: torch.Tensor) -> float:
-    d = M.shape[-1]
-    if M.shape[-2] != d:
-        return float("nan")
-    eye = torch.eye(d, dtype=M.dtype, device=M.device)
-    return float(torch.linalg.matrix_norm(M - eye) / math.sqrt(d))
-
-
-SUMS_DEVICE = torch.device("cpu")  # where the running sums live (docs/lens.md, "What is computed")
-
-
 def _now() -> float:
     """Wall clock of the checkpoint cadence (a function, so a test can move time on)."""
     return time.monotonic()
-
-
-class _State:
-    """Running sums (host memory, fp32) and bookkeeping; what a checkpoint holds."""
-
-    def __init__(self, n_src: int, k: int, d: int):
-        self.sum_a = torch.zeros(n_src, k, d, dtype=torch.float32, device=SUMS_DEVICE)
-        self.sum_b = torch.zeros_like(self.sum_a)
-        self.staging: torch.Tensor | None = None  # pinned copy target for a per-prompt estimate on CUDA
-        self.n_a = 0
-        self.n_b = 0
-        self.next_idx = 0
-        self.skipped: list[int] = []
-        self.history: list[dict[str, Any]] = []
-        self.stopped_early = False
-
-    @property
-    def n(self) -> int:
-        return self.n_a + self.n_b
-
-    def to_dict(self, settings: dict) -> dict:
-        return {
-            "sum_a": self.sum_a.cpu(),
-            "sum_b": self.sum_b.cpu(),
-            "n_a": self.n_a,
-            "n_b": self.n_b,
-            "next_idx": self.next_idx,
-            "skipped": self.skipped,
-            "history": json.dumps(self.history),
-            "stopped_early": self.stopped_early,
-            "settings": json.dumps(settings, sort_keys=True),
-        }
-
-    @classmethod
-    def from_dict(cls, obj: dict) -> _State:
-        st = cls(1, 1, 1)
-        st.sum_a = obj["sum_a"].to(SUMS_DEVICE, torch.float32)
-        st.sum_b = obj["sum_b"].to(SUMS_DEVICE, torch.float32)
-        st.n_a, st.n_b = int(obj["n_a"]), int(obj["n_b"])
-        st.next_idx = int(obj["next_idx"])
-        st.skipped = list(obj["skipped"])
-        st.history = json.loads(obj["history"])
-        st.stopped_early = bool(obj["stopped_early"])
-        return st
 
 
 def _save_checkpoint(path: Path, state: _State, settings: dict) -> None:
@@ -252,6 +200,8 @@ def fit_lens(
     last_ckpt, since_ckpt = _now(), 0
     bar = tqdm(total=len(prompts), initial=state.next_idx, desc="fit J-lens", unit="prompt",
                disable=not options.progress, dynamic_ncols=True)
+    overlap = options.overlap_sums if options.overlap_sums is not None else torch.device(model.device).type == "cuda"
+    acc = Accumulator(state, options.stop_at_delta, options.min_prompts, overlap)
     try:
         while state.next_idx < len(prompts) and not state.stopped_early:
             idx = state.next_idx
@@ -272,24 +222,25 @@ def fit_lens(
                 state.next_idx += 1
                 bar.update(1)
                 continue
-            _accumulate(state, Jp, idx, len(ids), time.perf_counter() - t0)
+            if not acc.add(Jp, idx, len(ids), time.perf_counter() - t0):
+                break  # the prompts before this one made the early stop due: it is not added
             state.next_idx += 1
             new_done += 1
             since_ckpt += 1
             bar.update(1)
-            bar.set_postfix(delta=f"{state.history[-1]['delta_mean']:.2e}")
-            if options.stop_at_delta > 0 and state.n >= options.min_prompts:
-                recent = [h["delta_mean"] for h in state.history[-10:]]
-                if len(recent) == 10 and sum(recent) / 10 < options.stop_at_delta:
-                    state.stopped_early = True
-                    log.info("early stop after %d prompts (mean Δ of last 10 < %g)", state.n, options.stop_at_delta)
+            if state.history:
+                bar.set_postfix(delta=f"{state.history[-1]['delta_mean']:.2e}")
             if ckpt is not None and _checkpoint_due(options, since_ckpt, _now() - last_ckpt):
+                acc.wait()
                 _save_checkpoint(ckpt, state, compared)
                 last_ckpt, since_ckpt = _now(), 0
             if options.stop_after is not None and new_done >= options.stop_after:
                 break
     finally:
         bar.close()
+        acc.close()
+    if state.stopped_early:
+        log.info("early stop after %d prompts (mean Δ of last 10 < %g)", state.n, options.stop_at_delta)
     if ckpt is not None:
         _save_checkpoint(ckpt, state, compared)
     if state.n == 0:
@@ -323,54 +274,6 @@ def _checkpoint_due(options: FitOptions, prompts_since: int, seconds_since: floa
     if options.checkpoint_every > 0 and prompts_since >= options.checkpoint_every:
         return True
     return options.checkpoint_minutes > 0 and seconds_since >= 60 * options.checkpoint_minutes
-
-
-def _to_host(state: _State, Jp: torch.Tensor) -> torch.Tensor:
-    """The per-prompt estimate in host memory, next to the sums (one copy per prompt)."""
-    if Jp.device == SUMS_DEVICE:
-        return Jp
-    if Jp.device.type == "cuda":
-        if state.staging is None or state.staging.shape != Jp.shape:
-            state.staging = torch.empty(Jp.shape, dtype=torch.float32, pin_memory=True)
-        return state.staging.copy_(Jp)
-    return Jp.to(SUMS_DEVICE)
-
-
-def _accumulate(state: _State, Jp: torch.Tensor, idx: int, n_tokens: int, seconds: float) -> None:
-    """Add one prompt's estimate to its half; Δ per layer = ||M_new − M_old||_F / ||M_new||_F.
-
-    Works one layer at a time so the temporaries stay one `k×d` matrix, with as few passes over it
-    as the bookkeeping allows (host memory bandwidth is the cost: 31 layers of 67 MB for an 8B)."""
-    Jp = _to_host(state, Jp)
-    n_old = state.n
-    target_sum = state.sum_a if n_old % 2 == 0 else state.sum_b
-    other_sum = state.sum_b if n_old % 2 == 0 else state.sum_a
-    rel, id_deepest = [], float("nan")
-    for i in range(Jp.shape[0]):
-        total = torch.add(target_sum[i], other_sum[i])
-        if n_old > 0:  # ||J_p − M_old|| / (n+1) = ||M_new − M_old||
-            diff = torch.linalg.matrix_norm(torch.add(Jp[i], total, alpha=-1.0 / n_old)) / (n_old + 1)
-        total.add_(Jp[i])  # now n_old + 1 times the new mean
-        if n_old > 0:
-            rel.append(float(diff / (torch.linalg.matrix_norm(total) / (n_old + 1)).clamp_min(1e-30)))
-        if i == Jp.shape[0] - 1:
-            id_deepest = _identity_distance(total.div_(n_old + 1))
-        target_sum[i] += Jp[i]
-    if n_old % 2 == 0:
-        state.n_a += 1
-    else:
-        state.n_b += 1
-    jnorm = float(torch.linalg.matrix_norm(Jp).max() / math.sqrt(Jp.shape[-1]))
-    state.history.append({
-        "prompt_index": idx,
-        "n": state.n,
-        "n_tokens": n_tokens,
-        "delta_mean": sum(rel) / len(rel) if rel else float("nan"),
-        "delta_max": max(rel) if rel else float("nan"),
-        "jnorm_max": jnorm,
-        "identity_distance_deepest": id_deepest,
-        "seconds": seconds,
-    })
 
 
 def _report(state: _State, sources: list[int], elapsed: float, new_done: int) -> dict[str, Any]:

@@ -32,6 +32,19 @@ def _check_out(s: BuildSettings) -> None:
     check_out_dir(s.out, what="dataset")
 
 
+def _preflight(s: BuildSettings) -> None:
+    """`lhd run`'s check before any server starts, on the models `lhd data` starts together (the
+    performer, the supervisor, the auditor): their GPUs visible and not shared, no CPU vLLM for cuda,
+    and vLLM's own verdict on each vllm model. Without it a bad config showed only when a server
+    exited, after the 72B had loaded."""
+    from lhd_train.finetune.datasets import data_specs
+    from lhd_train.ops.vllm_config_check import preflight
+
+    specs, source = data_specs(s)
+    for note in preflight(specs, source):
+        console.print(f"[yellow]{note}[/yellow]")
+
+
 @data_app.command("bon")
 @settings_command(BuildSettings, exclude=("min_margin",))
 def data_bon_cmd(s: BuildSettings) -> None:
@@ -39,6 +52,7 @@ def data_bon_cmd(s: BuildSettings) -> None:
     from lhd_train.finetune.datasets import build_bon
 
     _check_out(s)
+    _preflight(s)
     with _data_lock(s.run_dir, s.out, "lhd data bon"):
         path, stats = build_bon(s)
     console.print(f"best-of-{s.n} ({s.direction}): {stats}\ndataset: {path}")
@@ -51,6 +65,7 @@ def data_dpo_cmd(s: BuildSettings) -> None:
     from lhd_train.finetune.datasets import build_dpo
 
     _check_out(s)
+    _preflight(s)
     with _data_lock(s.run_dir, s.out, "lhd data dpo"):
         path, stats = build_dpo(s)
     console.print(f"DPO pairs ({s.direction}): {stats}\ndataset: {path}")

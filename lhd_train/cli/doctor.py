@@ -16,12 +16,15 @@ def doctor_cmd(
                                        "against the visible GPUs, and each vllm model with vLLM's own parser and "
                                        "ModelConfig (config.json only, no weights)"),
     path: Path = typer.Option(Path("."), "--path", help="where checkpoints and runs go (free disk)"),
+    gpu_gib: float | None = typer.Option(None, "--gpu-gib", min=1, help="memory of the GPUs the config's vllm "
+                                         "servers will run on, for the KV-cache estimate (default: the first "
+                                         "visible GPU, else an H100 80GB)"),
     as_json: bool = typer.Option(False, "--json", help="rows as JSON"),
 ) -> None:
     """Python, torch/CUDA, GPUs, package versions and known incompatibilities, disk, cached models."""
     from lhd_train.ops.doctor_checks import FAIL, doctor
 
-    rows = doctor(config, path)
+    rows = doctor(config, path, gpu_gib)
     if as_json:
         typer.echo(json.dumps([{"check": c, "status": s, "detail": d} for c, s, d in rows], indent=1))
     else:

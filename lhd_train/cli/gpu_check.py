@@ -20,6 +20,8 @@ def gpu_check_cmd(
     only: str | None = typer.Option(None, "--only", help="comma-separated check names (env and tiny_model always "
                                                         "run)"),
     small: bool = typer.Option(False, "--small", "--fast", help="small slice, fewer requests and prompts"),
+    everything: bool = typer.Option(False, "--all", help="also the 8B-slice checks (hf_kv_memory, hf_oom_split, "
+                                    "lens_8b_slice), beyond a lease's 8 minutes"),
 ) -> None:
     """The paths most at risk on a GPU node, on one GPU, without network or vLLM (scripts/gpu_check.sh)."""
     from lhd_train.ops.gpu_check import run_checks
@@ -35,7 +37,8 @@ def gpu_check_cmd(
     ops_log.addHandler(projections)
     ops_log.setLevel(logging.INFO)
     try:
-        summary = run_checks(device, work, set(only.split(",")) if only else None, small, on_result=show)
+        summary = run_checks(device, work, set(only.split(",")) if only else None, small, on_result=show,
+                             everything=everything)
     finally:
         ops_log.removeHandler(projections)
         ops_log.setLevel(level)

@@ -106,6 +106,9 @@ class JudgeEndpoint(StrictModel):
     model: str = Field(description="the model name the endpoint serves (vllm serve: the path or id it was given)")
     api_key_env: str | None = Field(None, description="name of the env variable holding the key, if any")
     tokenizer: str | None = Field(None, description="local tokenizer for exact token counts")
+    max_model_len: int | None = Field(
+        None, ge=1, description="the judge's context window in tokens; default: the max_model_len the endpoint "
+        "lists at /v1/models (vLLM does). A prompt over it is not sent: that grade fails and its reward is missing")
     max_in_flight: int | None = Field(None, ge=1, description="default: the openai backend's (32)")
     timeout_s: float | None = Field(None, gt=0, description="default: the openai backend's (3600 s for a "
                                     "127.0.0.1/localhost endpoint, 600 s for a remote one)")
@@ -159,6 +162,10 @@ class GrpoSpec(StrictModel):
         None, description="the auditor-judge of the honesty/satisfaction rewards: an endpoint you started")
     supervisor_judge: JudgeEndpoint | None = Field(
         None, description="the supervisor's endpoint for the satisfaction reward (default: none)")
+    max_failed_grade_share: float = Field(
+        0.2, ge=0, le=1, description="a judged reward whose grade failed (endpoint unreachable, prompt over the "
+        "judge's window, answer unparseable) is missing for that completion, which TRL leaves out; training stops "
+        "once more than this share of the grades so far (all ranks, at least 16) failed")
 
     @field_validator("rewards")
     @classmethod

@@ -158,7 +158,7 @@ class TrainVars(StageVars):
     gpus_per_node: Whole = None
     cpus: Whole = 64
     mem: Directive = "0"
-    accelerate: Text = None  # single_gpu, zero3, fsdp2 or an accelerate YAML (default: the recipe's, else single_gpu)
+    accelerate: Text = None  # single_gpu, ddp, zero3, fsdp2 or a YAML (default: the recipe's, else single_gpu)
     algo: Text = None  # default: the recipe's
     main_port: int = 29500
     rdzv_backend: Text = "c10d"

@@ -57,6 +57,22 @@ class Scored:
         return (-sev, sat) if direction == "honest" else (sev, sat)
 
 
+def data_specs(s: BuildSettings) -> tuple[dict[str, Any], str]:
+    """The models `lhd data bon|dpo` starts at the same time (the performer with its adapter, the
+    supervisor, the auditor), keyed as their configs name them, and the file the auditor comes
+    from: what `vllm_config_check.preflight` checks before any of them starts (issue 30, B6)."""
+    from lhd_train.bench.engine import role_specs
+
+    cfg = load_saved_config(s.run_dir)
+    acfg, source = load_auditor_config(s.run_dir, s.auditor_config, list(s.overrides))
+    specs = role_specs(cfg, ("performer", "supervisor"))
+    key = acfg.auditor.model
+    if key in specs and specs[key].model_dump() != acfg.spec.model_dump():
+        key = f"auditor:{key}"  # another model of the same name, from --auditor
+    specs.setdefault(key, acfg.spec)
+    return specs, source
+
+
 def _role_backends(s: BuildSettings) -> tuple[Any, Backend, Backend, Any, Backend, RoleConfig]:
     """The run's performer and supervisor models and the auditor, one backend per distinct spec."""
     cfg = load_saved_config(s.run_dir)

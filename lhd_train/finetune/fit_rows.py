@@ -12,13 +12,23 @@ even so is dropped, counted and reported (`FitReport`), never silently.
 
 Lengths are counted exactly as TRL tokenises: the chat template over prompt + answer (SFT, DPO:
 the longer of chosen and rejected) or over the prompt with the generation prompt (GRPO, against
-`max_length − max_completion_length`)."""
+`max_length − max_completion_length`).
+
+Fitting tokenises every long row several times (a bisection over its turns), minutes for a
+thousand 100k-token rows, so it runs once per data, tokenizer and length (`fit_once`, issue 30
+B4): the first process fits and saves the result under the output folder, and every other rank
+of a distributed launch, and every resume, loads it."""
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import os
 import re
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from lhd_train.bench.performer import Performer
@@ -27,6 +37,8 @@ NOTE_RE = re.compile(r"^\[Note: (\d+) earlier messages of this conversation were
                      r"window\.\]\n\n")
 CUT_NOTE = "[Note: the start of this message was omitted to fit the context window.]\n\n"
 MAX_LISTED = 50  # dropped row indices listed in the report
+FITTED_DIR = "fitted"  # under the trainer's output_dir: one folder per (split, data, tokenizer, lengths)
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -226,3 +238,76 @@ def fit_dataset(ds, algo: str, fmt: str, tok, max_length: int | None, reserve: i
         return {column: p + row["messages"][-1:]} if fmt == "messages" else {column: p}
 
     return ds.map(apply, with_indices=True), report
+
+
+# ----------------------------------------------------------------------------- once per data
+
+
+def tokenizer_digest(tok: Any) -> str:
+    """What a row's token counts depend on: the vocabulary and merges (the fast tokenizer's own
+    serialisation), the special tokens and the chat template."""
+    backend = getattr(tok, "backend_tokenizer", None)
+    vocab = backend.to_str() if backend is not None else json.dumps(sorted(tok.get_vocab().items()))
+    parts = [vocab, str(getattr(tok, "chat_template", None)), json.dumps(tok.special_tokens_map, sort_keys=True,
+                                                                          default=str)]
+    return hashlib.sha256("\0".join(parts).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def fit_key(data_sha256: str, algo: str, fmt: str, tok: Any, max_length: int | None, reserve: int,
+            split: str) -> str:
+    """The cache key of a fitted split: the data's digest, what is measured and against what limit,
+    the tokenizer, and this module's own text (a change to the fitting rules refits)."""
+    code = hashlib.sha256(Path(__file__).read_bytes() + Performer.OMITTED_NOTE.encode()).hexdigest()
+    parts = [data_sha256, algo, fmt, max_length, reserve, split, tokenizer_digest(tok), code]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+
+
+def fit_once(ds: Any, algo: str, fmt: str, tok: Any, max_length: int | None, reserve: int, split: str,
+             out_dir: Path, data_sha256: str) -> tuple[Any, FitReport, bool]:
+    """`fit_dataset`, done once: (dataset, report, whether it was loaded). The first process (rank 0
+    of a distributed launch, under accelerate's `main_process_first`) fits and saves the result in
+    `out_dir/fitted/<split>-<key>/` (the report, and the rows when fitting changed any); the other
+    ranks wait for it and load it, as does every later run on the same data, tokenizer and lengths."""
+    from accelerate import PartialState
+
+    folder = Path(out_dir) / FITTED_DIR / f"{split}-{fit_key(data_sha256, algo, fmt, tok, max_length, reserve, split)}"
+    state = PartialState()
+    with state.main_process_first():
+        loaded = _load_fitted(folder, ds)
+        if loaded is not None:
+            log.info("data.%s: fitted rows loaded from %s", split, folder)
+            return loaded[0], loaded[1], True
+        fitted, report = fit_dataset(ds, algo, fmt, tok, max_length, reserve, split)
+        if state.is_main_process:
+            _save_fitted(folder, fitted if fitted is not ds else None, report)
+        return fitted, report, False
+
+
+def _load_fitted(folder: Path, ds: Any) -> tuple[Any, FitReport] | None:
+    try:
+        saved = json.loads((folder / "report.json").read_text(encoding="utf-8"))
+        report = FitReport(**saved["report"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not saved.get("rows_changed"):
+        return ds, report
+    from datasets import load_from_disk
+
+    try:
+        return load_from_disk(str(folder / "rows")), report
+    except (OSError, ValueError):
+        return None
+
+
+def _save_fitted(folder: Path, fitted: Any | None, report: FitReport) -> None:
+    """Rows first, then the report (the marker a reader trusts), written into a temporary folder
+    that is renamed into place: a killed writer leaves no half folder that looks complete."""
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    if fitted is not None:
+        fitted.save_to_disk(str(tmp / "rows"))
+    (tmp / "report.json").write_text(json.dumps({"rows_changed": fitted is not None, "report": report.to_json()}),
+                                     encoding="utf-8")
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(tmp, folder)

@@ -12,26 +12,84 @@ in the recipe, or an `openai` model in the run's config). A judge that would sta
 (a managed `vllm serve`, an in-process `hf` model) is refused before the first step
 (`preflight`): TRL calls rewards on every rank, so each rank would start its own copy on the
 trainer's GPUs, with the trainer's distributed environment, blocking the other ranks for the
-whole start-up (issue 20, H3). Outside a trainer (tests, `lhd data`) the run's models are used."""
+whole start-up (issue 20, H3). Outside a trainer (tests, `lhd data`) the run's models are used.
+
+A grade can fail: the endpoint is unreachable, the completion's trajectory is longer than the
+judge's window, or its answer does not parse. Such a completion gets no reward (None, which TRL
+turns into NaN and leaves out of its sums and group means), and the failures are counted across
+ranks; training stops with one `error:` line only when more than `grpo.max_failed_grade_share` of
+the grades so far failed (issue 30, B1). The judge's window is `grpo.judge.max_model_len`, or
+the `max_model_len` the endpoint lists at `/v1/models` (vLLM does), so an over-window prompt is
+refused here (status `too_long`) instead of being sent and answered with an HTTP 400."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
+import logging
+import os
 import shlex
 from pathlib import Path
 from typing import Any
 
 from lhd_train.bench.performer import split_think
+from lhd_train.bench.structured_calls import BackendUnavailable
 from lhd_train.config.auditor import load_auditor_config
-from lhd_train.errors import InputError
+from lhd_train.errors import InputError, LhdError
 from lhd_train.finetune.contexts import Context, load_contexts
 from lhd_train.finetune.grading import Grade, Grader
 from lhd_train.finetune.rewards import RewardFunc, completion_text, register_reward
 from lhd_train.rundir.layout import RunDir
-from rollouts.spec import ModelSpec
+from rollouts.spec import ModelSpec, public_url
 
 _GRADERS: dict[tuple, _Judge] = {}
 JUDGE_PORT = 8001
+#: failed grades stop training only once this many grades (all ranks) were made: a share of a few is noise
+MIN_GRADES_TO_STOP = 16
+UNAVAILABLE = "unavailable"  # the grade's status when the endpoint did not answer after its retries
+log = logging.getLogger(__name__)
+
+
+class JudgeFailing(LhdError):
+    """More than the allowed share of a judged reward's grades failed: the rewards left would come
+    from a few completions only, so training stops (one `error:` line at the boundary)."""
+
+
+def endpoint_window(spec: ModelSpec, timeout_s: float = 10.0) -> int | None:
+    """The context window an OpenAI-compatible endpoint serves `spec.model` with: the
+    `max_model_len` of its entry at `GET {base_url}/models` (vLLM lists it on every model card; one
+    server has one window, so another card's value is used when the name is not listed). None when
+    the endpoint does not say (an API that lists no window) or cannot be reached."""
+    import httpx
+
+    headers = {}
+    if spec.api_key_env and os.environ.get(spec.api_key_env):
+        headers["Authorization"] = f"Bearer {os.environ[spec.api_key_env]}"
+    try:
+        r = httpx.get(str(spec.base_url).rstrip("/") + "/models", headers=headers, timeout=timeout_s)
+        r.raise_for_status()
+        cards = r.json().get("data") or []
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    windows = {c.get("id"): c.get("max_model_len") for c in cards if isinstance(c, dict)}
+    window = windows.get(spec.model)
+    if not isinstance(window, int):
+        window = next((w for w in windows.values() if isinstance(w, int)), None)
+    return window if isinstance(window, int) and window > 0 else None
+
+
+def _learn_window(backend: Any, spec: ModelSpec, role: str) -> None:
+    """Give an endpoint backend without a configured window the one the endpoint reports, so
+    `grading.too_long` refuses an over-window prompt before it is sent."""
+    if spec.backend != "openai" or getattr(backend, "max_model_len", None):
+        return
+    window = endpoint_window(spec)
+    if window:
+        backend.max_model_len = window
+        log.info("%s judge %s: window %d tokens (from the endpoint's /models)", role, spec.model, window)
+    else:
+        log.warning("%s judge %s: its window is unknown (set grpo.judge.max_model_len): prompts over it are "
+                    "sent, refused by the server, and their grades fail", role, spec.model)
 
 
 def endpoint_spec(endpoint: Any) -> ModelSpec | None:
@@ -57,6 +115,7 @@ class _Judge:
         self.judge, self.supervisor_judge, self.training = judge, supervisor_judge, training
         self.grader: Grader | None = None
         self.contexts: dict[tuple[str, int], Context] = {}
+        self.last_error: str | None = None
 
     def _build(self) -> Grader:
         from lhd_train.config.run import load_saved_config
@@ -70,12 +129,14 @@ class _Judge:
         if self.training and (aspec.backend != "openai"):  # preflight refuses this; never start one in a rank
             raise RuntimeError(f"the auditor-judge {aspec.model} is not an endpoint (backend {aspec.backend})")
         auditor = build_backend(aspec, name=acfg.auditor.model, log_dir=str(self.cache.parent))
+        _learn_window(auditor, aspec, "auditor")
         if self.training and sup_spec.backend != "openai":
             supervisor = None  # honesty needs only the auditor; satisfaction was refused by preflight
         elif sup_spec.model_dump() == aspec.model_dump():
             supervisor = auditor
         else:
             supervisor = build_backend(sup_spec, name=cfg.supervisor.model, log_dir=str(self.cache.parent))
+            _learn_window(supervisor, sup_spec, "supervisor")
         self.contexts = {(c.trial_id, c.global_round): c for c in load_contexts(self.run_dir, self.run_auditor, 0.0)}
         return Grader(self.run_dir, acfg, auditor, cfg.supervisor if supervisor else None, supervisor, self.cache,
                       self.concurrency)
@@ -85,10 +146,19 @@ class _Judge:
             self.grader = self._build()
         texts = [split_think(completion_text(c), ["think"])[0] for c in completions]
         ctxs = [self.contexts.get((t, int(g))) for t, g in zip(trial_id, global_round, strict=True)]
-        out = await asyncio.gather(*(self.grader.grade(c, t) for c,
-                                     t in zip(ctxs, texts, strict=True) if c is not None))
+        out = await asyncio.gather(*(self._grade(c, t) for c, t in zip(ctxs, texts, strict=True) if c is not None))
         it = iter(out)
         return [as_audited(next(it), c, t) if c is not None else None for c, t in zip(ctxs, texts, strict=True)]
+
+    async def _grade(self, ctx: Context, text: str) -> Grade:
+        """The grade, or an unusable one (not cached: a rerun asks again) when the endpoint did not
+        answer after its retries; `lhd data` calls the grader directly and stops there instead."""
+        assert self.grader is not None
+        try:
+            return await self.grader.grade(ctx, text)
+        except BackendUnavailable as e:
+            self.last_error = str(e)
+            return Grade(None, None, [], None, UNAVAILABLE, None, UNAVAILABLE)
 
 
 def as_audited(grade: Grade, ctx: Context, text: str) -> Grade:
@@ -105,11 +175,36 @@ class _Setup:
     """What a judged reward was built with, and the training check (`preflight`)."""
 
     def __init__(self, kind: str, run_dir: str | None, auditor_config: str | None, overrides: list[str] | None,
-                 cache: str | None, concurrency: int, judge: Any, supervisor_judge: Any):
+                 cache: str | None, concurrency: int, judge: Any, supervisor_judge: Any,
+                 max_failed_share: float = 0.2):
         self.kind, self.run_dir, self.auditor_config = kind, run_dir, auditor_config
         self.overrides, self.cache, self.concurrency = tuple(overrides or []), cache, concurrency
         self.judge, self.supervisor_judge = endpoint_spec(judge), endpoint_spec(supervisor_judge)
         self.training = False
+        self.max_failed_share = float(max_failed_share)
+        self.graded = 0
+        self.failures: collections.Counter[str] = collections.Counter()  # status -> count, this rank
+
+    def tally(self, judge: _Judge, statuses: list[str | None], log_metric: Any = None) -> None:
+        """Count this call's grades (`statuses`: None for a usable grade, else why it failed), log
+        the failed share over every rank, and stop training (`JudgeFailing`) once it passes
+        `max_failed_share` with at least `MIN_GRADES_TO_STOP` grades made. Every rank calls each
+        reward once per generation batch, so the counts are summed there (a collective)."""
+        self.graded += len(statuses)
+        self.failures.update(s for s in statuses if s is not None)
+        failed, graded = all_ranks_sum(sum(self.failures.values()), self.graded)
+        if callable(log_metric) and graded:
+            log_metric(f"{self.kind}/failed_grade_share", failed / graded)
+        if graded >= MIN_GRADES_TO_STOP and failed > self.max_failed_share * graded:
+            spec = judge.judge or judge.supervisor_judge
+            where = f" of the judge {spec.model} at {public_url(spec.base_url)}" if spec and spec.base_url else ""
+            why = ", ".join(f"{k} {v}" for k, v in self.failures.most_common())
+            last = f"; last endpoint error: {' '.join(judge.last_error.split())[:300]}" if judge.last_error else ""
+            raise JudgeFailing(
+                f"{failed} of {graded} {self.kind} grades{where} failed ({failed / graded:.0%}, more than "
+                f"grpo.max_failed_grade_share {self.max_failed_share:.0%}; on this rank: {why}){last}. Check that the "
+                "endpoint is up and serves the window the trajectories need (docs/training.md, 'The judge's window'), "
+                "or raise grpo.max_failed_grade_share")
 
     def judge_for(self, columns: dict[str, Any]) -> _Judge:
         run_dir = _run_dir_of(columns, self.run_dir)
@@ -154,8 +249,11 @@ def _refusal(kind: str, role: str, key: str, spec: ModelSpec, source: str, field
         serve += ["--tensor-parallel-size", str(spec.tensor_parallel_size)]
     if spec.max_model_len:
         serve += ["--max-model-len", str(spec.max_model_len)]
+    serve += list(spec.extra_args)  # e.g. the YaRN --hf-overrides a window past the native one needs
     train = ["lhd", "train", "grpo", source, f"{field}.base_url=http://127.0.0.1:{JUDGE_PORT}/v1",
              f"{field}.model={spec.model}"]
+    if spec.max_model_len:
+        train.append(f"{field}.max_model_len={spec.max_model_len}")
     return (f"the {kind} reward would build the run's {role} '{key}' ({spec.backend}: {spec.model}) inside every "
             f"training rank, which starts a model on the trainer's GPUs; during training a judge must be an "
             f"endpoint you started. Run instead:\n"
@@ -173,18 +271,21 @@ def _run_dir_of(columns: dict[str, Any], default: str | None) -> str:
 @register_reward("honesty")
 def honesty(direction: str, run_dir: str | None = None, auditor_config: str | None = None,
             overrides: list[str] | None = None, cache: str | None = None, concurrency: int = 32,
-            judge: Any = None, supervisor_judge: Any = None) -> RewardFunc:
+            judge: Any = None, supervisor_judge: Any = None, max_failed_share: float = 0.2) -> RewardFunc:
     sign = -1.0 if direction == "honest" else 1.0
-    setup = _Setup("honesty", run_dir, auditor_config, overrides, cache, concurrency, judge, supervisor_judge)
+    setup = _Setup("honesty", run_dir, auditor_config, overrides, cache, concurrency, judge, supervisor_judge,
+                   max_failed_share)
 
     async def reward(prompts: list, completions: list, trial_id: list, global_round: list, **columns: Any):
-        grades = await setup.judge_for(columns).grades(completions, trial_id, global_round)
+        judge_ = setup.judge_for(columns)
+        grades = await judge_.grades(completions, trial_id, global_round)
         values = [None if g is None or not g.usable else sign * (g.severity or 0) / 4.0 for g in grades]
         log = columns.get("log_metric")
         ok = [g for g in grades if g is not None and g.usable]
         if callable(log) and ok:
             log("honesty/deceptive_share", sum(bool(g.deceptive) for g in ok) / len(ok))
             log("honesty/failed_grades", float(len(grades) - len(ok)))
+        setup.tally(judge_, [None if g.usable else g.audit_status for g in grades if g is not None], log)
         return values
 
     reward.preflight, reward.setup = setup.preflight, setup  # type: ignore[attr-defined]
@@ -194,12 +295,32 @@ def honesty(direction: str, run_dir: str | None = None, auditor_config: str | No
 @register_reward("satisfaction")
 def satisfaction(direction: str, run_dir: str | None = None, auditor_config: str | None = None,
                  overrides: list[str] | None = None, cache: str | None = None, concurrency: int = 32,
-                 judge: Any = None, supervisor_judge: Any = None) -> RewardFunc:
-    setup = _Setup("satisfaction", run_dir, auditor_config, overrides, cache, concurrency, judge, supervisor_judge)
+                 judge: Any = None, supervisor_judge: Any = None, max_failed_share: float = 0.2) -> RewardFunc:
+    setup = _Setup("satisfaction", run_dir, auditor_config, overrides, cache, concurrency, judge, supervisor_judge,
+                   max_failed_share)
 
     async def reward(prompts: list, completions: list, trial_id: list, global_round: list, **columns: Any):
-        grades = await setup.judge_for(columns).grades(completions, trial_id, global_round)
+        judge_ = setup.judge_for(columns)
+        grades = await judge_.grades(completions, trial_id, global_round)
+        # a round without a supervisor evaluation is not a failure ("skipped"): it has nothing to rate
+        setup.tally(judge_, [None if g.satisfaction is not None or g.quality_status == "skipped" else g.quality_status
+                             for g in grades if g is not None], columns.get("log_metric"))
         return [None if g is None or g.satisfaction is None else float(g.satisfaction) for g in grades]
 
     reward.preflight, reward.setup = setup.preflight, setup  # type: ignore[attr-defined]
     return reward
+
+
+def all_ranks_sum(*counts: int) -> list[int]:
+    """`counts` summed over the ranks of an initialised torch.distributed group (as they are on
+    this process otherwise). NCCL needs the tensor on this rank's GPU (LOCAL_RANK), gloo on the CPU."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return list(counts)
+    device = (torch.device("cpu") if dist.get_backend() == "gloo"
+              else torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))))
+    t = torch.tensor(counts, dtype=torch.long, device=device)
+    dist.all_reduce(t)
+    return [int(x) for x in t.tolist()]

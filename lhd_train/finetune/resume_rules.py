@@ -17,8 +17,9 @@ RESUME_FREE = (
     "trainer.save_strategy", "trainer.eval_steps", "trainer.eval_strategy", "trainer.per_device_eval_batch_size",
     "trainer.dataloader_num_workers", "trainer.push_to_hub",
     "grpo.judge.base_url", "grpo.judge.api_key_env", "grpo.judge.timeout_s", "grpo.judge.max_in_flight",
-    "grpo.supervisor_judge.base_url", "grpo.supervisor_judge.api_key_env", "grpo.supervisor_judge.timeout_s",
-    "grpo.supervisor_judge.max_in_flight",
+    "grpo.judge.max_model_len", "grpo.supervisor_judge.base_url", "grpo.supervisor_judge.api_key_env",
+    "grpo.supervisor_judge.timeout_s", "grpo.supervisor_judge.max_in_flight", "grpo.supervisor_judge.max_model_len",
+    "grpo.max_failed_grade_share",  # when to stop on a failing judge, not what is trained
 )
 
 

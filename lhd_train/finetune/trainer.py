@@ -5,6 +5,7 @@ Writes into the recipe's `output_dir`:
     lhd_run.json            what this output dir is being trained on: recipe, base model files, data
                             digests (a resume that changes any of them is refused: `resume_rules`)
     adapter/                the final LoRA adapter + tokenizer + lhd_adapter.json + log_history.json
+    fitted/                 each split fitted to the trainer's length, once (`fit_rows.fit_once`)
 
 Device policy and TRL arguments: `trainer_args`. Rows are fitted to the trainer's length before TRL
 sees them (`fit_rows`): nothing is dropped silently at long context."""
@@ -23,7 +24,7 @@ from lhd_train.config.recipe import Recipe, dump_recipe, load_recipe
 from lhd_train.errors import InputError
 from lhd_train.finetune import train_data as data_mod
 from lhd_train.finetune.checkpoints import last_checkpoint, resume_checkpoint  # noqa: F401  (last_checkpoint: re-exported)
-from lhd_train.finetune.fit_rows import fit_dataset
+from lhd_train.finetune.fit_rows import fit_once
 from lhd_train.finetune.lineage import LINEAGE, adapter_lineage, dataset_lineage
 from lhd_train.finetune.resume_rules import recipe_changes
 from lhd_train.finetune.rewards import build_rewards, check_reward_columns, preflight_rewards
@@ -194,7 +195,8 @@ def build_trainer(recipe: Recipe, recipe_path: Path | None = None,
         reward_funcs, reward_weights = build_rewards(recipe.grpo.rewards, recipe.direction, source,
                                                      recipe.grpo.plugins, tokenizer=tok,
                                                      shared={"judge": recipe.grpo.judge,
-                                                             "supervisor_judge": recipe.grpo.supervisor_judge})
+                                                             "supervisor_judge": recipe.grpo.supervisor_judge,
+                                                             "max_failed_share": recipe.grpo.max_failed_grade_share})
         check_reward_columns(reward_funcs, data["train"].column_names, source)
         if data["eval"] is not None:
             check_reward_columns(reward_funcs, data["eval"].column_names, source, "data.eval")
@@ -255,7 +257,9 @@ def fit_lengths(recipe: Recipe, config: Any, data: TrainingData, tok: Any, sourc
         if data[which] is None:
             continue
         info = data["info"][which]
-        ds, report = fit_dataset(data[which], recipe.algo, info["format"], tok, max_length, reserve, which)
+        ds, report, _ = fit_once(data[which], recipe.algo, info["format"], tok, max_length, reserve, which,
+                                 Path(config.output_dir), f"{info['sha256']}/{info['split']}/{info['rows']}/"
+                                 f"{','.join(data[which].column_names)}")
         data[which] = ds
         info["rows"] = report.kept
         info["length_fit"] = report.to_json()

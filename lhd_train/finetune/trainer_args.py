@@ -54,9 +54,38 @@ def single_process_device_map() -> dict[str, int] | None:
     return {"": torch.cuda.current_device()}
 
 
+#: why a 4-bit base is refused under sharding launchers (issue 30, B3)
+QLORA_SHARDED = ("transformers skips ZeRO-3's sharded initialisation for quantized models (each rank loads the "
+                 "whole 4-bit base) and how DeepSpeed or FSDP2 then shard bitsandbytes' packed 4-bit parameters "
+                 "has not been run on a device by lhd")
+
+
+def sharded_launch() -> str | None:
+    """The sharding launcher this process was started under (accelerate's environment): DeepSpeed
+    ZeRO-3 or FSDP; None for one process, DDP or ZeRO-1/2."""
+    env = os.environ
+    if env.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3":
+        return "DeepSpeed ZeRO-3"
+    if env.get("ACCELERATE_USE_FSDP", "").lower() == "true":
+        return f"FSDP{env.get('FSDP_VERSION', '')}"
+    return None
+
+
+def check_qlora_launch(recipe: Recipe, source: str) -> None:
+    """QLoRA runs in one process or under DDP (configs/accelerate/ddp.yaml); under ZeRO-3 or FSDP it
+    is refused before any model loads (`QLORA_SHARDED`), rather than failing or silently
+    replicating the base somewhere in the first step."""
+    launcher = sharded_launch()
+    if recipe.qlora and launcher is not None:
+        raise InputError(source, "qlora", f"a 4-bit base under {launcher} is not supported: {QLORA_SHARDED}",
+                         "qlora with one process or DDP (accelerate launch --config_file configs/accelerate/ddp.yaml), "
+                         "or qlora=false under ZeRO-3/FSDP2")
+
+
 def trainer_arguments(recipe: Recipe, out: Path, cuda: bool, dtype: str, source: str,
                       reward_weights: list[float] | None) -> tuple[dict[str, Any], list[str]]:
     """The dict passed to SFTConfig/DPOConfig/GRPOConfig, and the automatic adjustments made to it."""
+    check_qlora_launch(recipe, source)
     args = dict(recipe.trainer)
     notes: list[str] = []
 

@@ -428,10 +428,10 @@ def check_slurm() -> Row:
             f"sbatch at {exe}" if exe else "no sbatch on PATH (render scripts here, submit on the cluster)")
 
 
-def doctor(config: str | Path | None = None, path: str | Path = ".") -> list[Row]:
-    """All checks; `config` (optional) adds one row per model it names, the GPU assignment and
-    vLLM's own verdict on its vllm models (vllm_config_check.py); `path` is where checkpoints and
-    run dirs go (free disk)."""
+def doctor(config: str | Path | None = None, path: str | Path = ".", gpu_gib: float | None = None) -> list[Row]:
+    """All checks; `config` (optional) adds one row per model it names, the GPU assignment, each vllm
+    server's KV cache (on a GPU of `gpu_gib`, default the visible one) and vLLM's own verdict on its
+    vllm models (vllm_config_check.py); `path` is where checkpoints and run dirs go (free disk)."""
     rows: list[Row] = [check_python()]
     for fn in (check_torch, check_packages, check_vllm_requirements, check_vllm_server, check_gpu_toolchain):
         try:
@@ -444,8 +444,10 @@ def doctor(config: str | Path | None = None, path: str | Path = ".") -> list[Row
         except Exception as e:  # noqa: BLE001
             rows.append(("check", FAIL, f"{type(e).__name__}: {e}"))
     if config is not None:
+        from lhd_train.ops.kv_check import config_kv_rows
         from lhd_train.ops.vllm_config_check import doctor_rows
 
         rows += check_models(Path(config))
         rows += doctor_rows(Path(config))
+        rows += config_kv_rows(Path(config), gpu_gib)
     return rows

@@ -40,7 +40,7 @@ from lhd_train.config.data import DataOptions
 from lhd_train.config.flags import to_argv
 from lhd_train.config.slurm import stage_vars
 from lhd_train.errors import InputError
-from lhd_train.ops.slurm_gpus import node_gpus
+from lhd_train.ops.slurm_gpus import from_zero, node_gpus
 from lhd_train.ops.slurm_train import train_size
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -232,13 +232,18 @@ def _plan_audit(config: Path, v: dict[str, Any]) -> Plan:
     models, key, source = _auditor_models(config, v, cfg)
     if key is None:
         raise InputError(config, "auditor", "the run config has no auditor role; pass --var auditor=AUDITOR.yaml")
+    overrides = list(v["overrides"])
+    renumbered = from_zero(models[key]) if v["device"] != "cpu" else None
+    if renumbered is not None:  # this job runs the auditor's server alone: "1,2,3,4" asked for 5 GPUs
+        models = {**models, key: models[key].model_copy(update={"gpus": renumbered})}
+        overrides.append(f'models.{key}.gpus="{renumbered}"')
     gpus, notes = node_gpus(models, [key], {key: source}, on_gpu=v["device"] != "cpu", limit=v["max_gpus_per_node"])
     p = Plan("audit", cfg.run_name, array=shards if shards > 1 else None, gpus=gpus, notes=notes,
              required_env=_api_keys(models, [key]))
     p.extra.update(_vllm_exes(models, [key], v))
     idx = TASK if shards > 1 else None
     opts = ["--auditor " + q(v["auditor"]) if v["auditor"] else None, command_argv(AuditOptions, v), "--no-progress"]
-    p.commands = [_join("lhd audit", _targets(cfg, v, idx, shards), *[q(o) for o in v["overrides"]], *opts)]
+    p.commands = [_join("lhd audit", _targets(cfg, v, idx, shards), *[q(o) for o in overrides], *opts)]
     if shards > 1:
         shard_dirs = [_shard_dir(cfg.output_dir, cfg.run_name, i, shards) for i in range(shards)]
         p.merge_commands = [_join("lhd merge", *shard_dirs, "--out", q(cfg.run_dir))]

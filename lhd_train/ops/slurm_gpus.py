@@ -6,7 +6,10 @@ forever), a `gpus:` list whose length is not the server's tensor x data parallel
 models given the same GPU (the second vLLM server would fail for lack of free memory). `gpus:`
 and `device: cuda:N` are positions in the job's `CUDA_VISIBLE_DEVICES` (rollouts/gpus.py, which
 `lhd run` checks again on the node); a managed server without `gpus:` takes the first GPUs the job
-has (`0 .. tp x dp - 1`), as vLLM does with every GPU visible, and an hf model on `cuda` GPU 0."""
+has (`0 .. tp x dp - 1`), as vLLM does with every GPU visible, and an hf model on `cuda` GPU 0.
+A job that starts one server alone (`lhd audit`) gets its positions renumbered from 0 (`from_zero`):
+the flagship auditor's "1,2,3,4" sits beside the performer in `lhd run`, and would otherwise make
+the audit job ask for 5 GPUs and leave the first idle (issue 30, B5)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,6 +28,19 @@ class _Claim:
 
     def __str__(self) -> str:
         return f"'{self.key}' ({self.how})"
+
+
+def from_zero(spec: Any) -> str | None:
+    """A managed vLLM server's `gpus:` renumbered from 0 ("1,2,3,4" -> "0,1,2,3") for a job that
+    starts it alone; None when they already start at 0, are not set, or do not apply."""
+    if spec.backend != "vllm" or spec.device.lower() == "cpu" or not spec.gpus:
+        return None
+    try:
+        positions = parse_positions(spec.gpus)
+    except GpuAssignmentError:
+        return None  # node_gpus reports it
+    compact = list(range(len(positions)))
+    return None if positions == compact else ",".join(map(str, compact))
 
 
 def _positions(source: str, field: str, gpus: str) -> list[int]:

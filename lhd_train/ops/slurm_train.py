@@ -17,8 +17,8 @@ from lhd_train.errors import InputError
 from lhd_train.io.files import read_yaml_mapping
 
 ROOT = Path(__file__).resolve().parents[2]
-ACCELERATE_CONFIGS = {"single_gpu": "configs/accelerate/single_gpu.yaml", "zero3": "configs/accelerate/zero3.yaml",
-                      "fsdp2": "configs/accelerate/fsdp2.yaml"}
+ACCELERATE_CONFIGS = {"single_gpu": "configs/accelerate/single_gpu.yaml", "ddp": "configs/accelerate/ddp.yaml",
+                      "zero3": "configs/accelerate/zero3.yaml", "fsdp2": "configs/accelerate/fsdp2.yaml"}
 
 
 @dataclass
@@ -89,7 +89,7 @@ def train_size(recipe: dict[str, Any], source: Path, algo: str, v: dict[str, Any
             if v[var] not in (None, 1):
                 raise InputError("command line", f"--var {var}",
                                  f"{v[var]}: {name} ({origin}) runs one process on one GPU",
-                                 "1, or --var accelerate=zero3|fsdp2 to train on several GPUs")
+                                 "1, or --var accelerate=ddp|zero3|fsdp2 to train on several GPUs")
         nodes, gpn = 1, 1
     else:
         machines = int(acc.get("num_machines") or 1)
@@ -101,6 +101,14 @@ def train_size(recipe: dict[str, Any], source: Path, algo: str, v: dict[str, Any
         if gpn < 1:
             raise InputError("command line", "--var gpus_per_node", "training needs at least one GPU per node")
     fsdp = acc.get("fsdp_config") or {}
+    zero = (acc.get("deepspeed_config") or {}).get("zero_stage")
+    sharded = "FSDP" if dtype == "FSDP" else ("DeepSpeed ZeRO-3" if dtype == "DEEPSPEED" and str(zero) == "3" else None)
+    if recipe.get("qlora") and sharded:
+        from lhd_train.finetune.trainer_args import QLORA_SHARDED
+
+        raise InputError(source if origin == "accelerate_config" else "command line", origin,
+                         f"{name} is {sharded}, and the recipe sets qlora: true: {QLORA_SHARDED}",
+                         "configs/accelerate/ddp.yaml (--var accelerate=ddp) for QLoRA on several GPUs")
     return TrainSize(name, dtype, nodes, gpn, _trainer_value(recipe, algo, "per_device_train_batch_size"),
                      _trainer_value(recipe, algo, "gradient_accumulation_steps"),
                      dtype == "FSDP" and bool(fsdp.get("fsdp_activation_checkpointing")))

@@ -6,6 +6,7 @@ transformers and xgrammar at module level.
 
   backend.py       `HFBackend`: construction, tokens, grammars, the request queue and worker
   rows.py          a request (`Pending`) and its n rows (`Row`): the unit of work
+  batching.py      when the worker starts the next batch (waits for the senders of the last one)
   decode.py        one batched decode: our own loop over a left-padded cache, or `model.generate`;
                    an out-of-memory batch split in halves and retried
   memory_plan.py   bytes per token and per batch from the model config, the budgets, row admission

@@ -4,7 +4,7 @@ How a call flows:
   `await backend.generate([req])` → the request is tokenised with the chat template, checked
   against the context length and the memory budget, expanded into `n` rows and queued. One
   worker task per event loop takes up to `max_batch_size` queued rows that fit the budget
-  (`rollouts/hf/memory_plan.py`; waiting up to `batch_wait_ms` to fill; rows of one batch share
+  (`rollouts/hf/memory_plan.py`; waiting to fill as `rollouts/hf/batching.py` says; rows of one batch share
   one LoRA adapter), decodes them together in a thread (`asyncio.to_thread`, under the model's
   CUDA device, `rollouts/hf/decode.py`), and resolves each request when all of its rows are done.
 
@@ -38,6 +38,7 @@ import xgrammar as xgr
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from rollouts.backend import BackendError
+from rollouts.hf.batching import BatchFill
 from rollouts.hf.decode import decode_rows
 from rollouts.hf.device import device_context, free_memory, resolve_device
 from rollouts.hf.json_guard import Grammar
@@ -73,12 +74,16 @@ class HFBackend:
         text_cfg = cfg.get_text_config()
         self.max_model_len = int(spec.max_model_len or getattr(text_cfg, "max_position_embeddings", 0) or 10**9)
         # Our decode loop keeps every layer's full key/value history and calls the model with the
-        # transformers 5 forward arguments; other models (sliding-window or linear-attention
+        # transformers 5 forward arguments: the cache is `cache=` from 5.24 on, `past_key_values=`
+        # before (5.17 on the lent GPU image); other models (sliding-window or linear-attention
         # layers, remote code with another signature) decode with `model.generate` instead.
+        # `decode_path` says which, in describe() and so in every run's manifest.
         params = inspect.signature(self._base_model().forward).parameters
+        self.cache_arg = next((a for a in ("cache", "past_key_values") if a in params), None)
         self._own_loop = (all(t == "full_attention" for t in getattr(text_cfg, "layer_types", None) or [])
-                          and not getattr(text_cfg, "sliding_window", None)
-                          and all(p in params for p in ("cache", "position_ids", "logits_to_keep")))
+                          and not getattr(text_cfg, "sliding_window", None) and self.cache_arg is not None
+                          and all(p in params for p in ("position_ids", "logits_to_keep")))
+        self.decode_path = f"loop ({self.cache_arg}=)" if self._own_loop else "model.generate"
         gen_cfg = self._base_model().generation_config
         stops: list[int] = []
         eos = getattr(gen_cfg, "eos_token_id", None)
@@ -135,7 +140,7 @@ class HFBackend:
         # where busy_s goes (our decode loop; on CUDA without synchronising, so only indicative)
         self.timings: dict[str, float] = {"prefill_s": 0.0, "forward_s": 0.0, "sample_s": 0.0}
         self.stats: dict[str, int] = collections.Counter(
-            batches=0, rows=0, max_batch_rows=0, decode_steps=0, json_rows=0,
+            batches=0, loop_batches=0, generate_batches=0, rows=0, max_batch_rows=0, decode_steps=0, json_rows=0,
             json_cut_rows=0, prefill_tokens=0, prefix_reused_tokens=0,
             prefix_matches_ignored=0, oom_splits=0, oom_rows_failed=0)
 
@@ -286,6 +291,7 @@ class HFBackend:
             "prefix_cache_gib": round(self.budget.prefix / 2**30, 3),
             "kv_budget_gib": round(self.budget.batch / 2**30, 3),
             "kv_bytes_per_token": self.shape.kv_bytes_per_token,
+            "decode_path": self.decode_path,
             "config_sha256": hashlib.sha256(cfg_text).hexdigest(),
             "transformers": transformers.__version__,
             "torch": torch.__version__,
@@ -414,33 +420,25 @@ class HFBackend:
     async def _work(self) -> None:
         assert self._wakeup is not None
         wakeup = self._wakeup
-        wait_s = self.spec.batch_wait_ms / 1000.0
+        fill = BatchFill(self.spec.batch_wait_ms / 1000.0, self.spec.max_batch_size)  # rollouts/hf/batching.py
         while not self._closed:
             if not self._queue:
                 wakeup.clear()
                 await wakeup.wait()
                 continue
-            if len(self._queue) < self.spec.max_batch_size and wait_s > 0:
-                deadline = time.perf_counter() + wait_s
-                while len(self._queue) < self.spec.max_batch_size and not self._closed:
-                    left = deadline - time.perf_counter()
-                    if left <= 0:
-                        break
-                    wakeup.clear()
-                    try:
-                        await asyncio.wait_for(wakeup.wait(), timeout=left)
-                    except TimeoutError:
-                        break
+            await fill.wait(lambda: len(self._queue), wakeup, lambda: self._closed)
             if self._closed or not self._queue:
                 continue
             batch = self._take_batch()
             self._inflight = batch
+            t0 = time.perf_counter()
             try:
                 error = await asyncio.to_thread(self._run_batch, batch)
             except Exception as e:  # never let one bad batch kill the worker
                 log.exception("hf backend batch failed")
                 error = f"generation failed: {type(e).__name__}: {e}"
             self._deliver(batch, error)
+            fill.delivered(len(batch), len(self._queue), time.perf_counter() - t0)
             self._inflight = []
         self._fail_queued("backend closed")
 

@@ -100,6 +100,7 @@ def decode_batch(backend: HFBackend, rows: list[Row]) -> str | None:
         backend.batches_run += 1
         st = backend.stats
         st["batches"] += 1
+        st["loop_batches" if backend._own_loop else "generate_batches"] += 1
         st["rows"] += len(rows)
         st["max_batch_rows"] = max(st["max_batch_rows"], len(rows))
         st["decode_steps"] += steps
@@ -119,6 +120,8 @@ def decode_loop(backend: HFBackend, rows: list[Row], sampler: RowSampler) -> int
     3. Rows that finish are dropped from the batch (and leading columns that are padding for
        every remaining row) once they are `_COMPACT_FRACTION` of it."""
     model, dev = backend.model, backend.device
+    cache_arg = backend.cache_arg  # `cache` (transformers >= 5.24) or `past_key_values` (earlier 5.x)
+    assert cache_arg is not None  # _own_loop requires one
     adapter = rows[0].adapter
     n = len(rows)
     lens = [len(r.prompt_ids) for r in rows]
@@ -144,8 +147,8 @@ def decode_loop(backend: HFBackend, rows: list[Row], sampler: RowSampler) -> int
         for li, (k, v) in enumerate(past or []):
             pre.update(k, v, li)
         rows[members[0]].pending.cached_tokens = reused
-        out = model(input_ids=torch.tensor([prompt[reused:]], dtype=torch.long, device=dev), cache=pre,
-                    use_cache=True, logits_to_keep=1)
+        out = model(input_ids=torch.tensor([prompt[reused:]], dtype=torch.long, device=dev),
+                    use_cache=True, logits_to_keep=1, **{cache_arg: pre})
         backend.stats["prefill_tokens"] += len(prompt) - reused
         backend.stats["prefix_reused_tokens"] += reused
         prefilled = _prefilled(pre)
@@ -208,7 +211,8 @@ def decode_loop(backend: HFBackend, rows: list[Row], sampler: RowSampler) -> int
         length += 1
         t0 = time.perf_counter()
         out = model(input_ids=torch.tensor(feed, dtype=torch.long, device=dev).unsqueeze(1),
-                    attention_mask=mask[:, :length], position_ids=position, cache=cache, use_cache=True)
+                    attention_mask=mask[:, :length], position_ids=position, use_cache=True,
+                    **{cache_arg: cache})
         position += 1
         scores = out.logits[:, -1]
         timings["forward_s"] += time.perf_counter() - t0

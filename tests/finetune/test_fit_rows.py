@@ -145,3 +145,32 @@ def test_grpo_prompts_fit_max_length_minus_the_completion(tiny_llama_dir, tok, t
     long = trainer.train_dataset[0]["prompt"]
     assert "earlier messages of this conversation were omitted" in long[1]["content"]
     assert ctx["data"]["train"]["length_fit"]["limit"] == budget
+
+
+def test_rows_are_fitted_once_per_data_tokenizer_and_length(tiny_llama_dir, tok, tmp_path, monkeypatch):
+    """Issue 30, B4: fitting tokenises long rows many times over; it used to run on every rank and on
+    every resume. It now runs once: the result is saved under output_dir/fitted/, and a second build
+    on the same data, tokenizer and length (another rank, a resume) loads it without tokenising.
+    A changed length or changed data fits again."""
+    from lhd_train.finetune import fit_rows
+    from lhd_train.finetune.trainer import build_trainer
+
+    fits = []
+    real = fit_rows.fit_dataset
+    monkeypatch.setattr(fit_rows, "fit_dataset", lambda *a, **k: fits.append(a[4]) or real(*a, **k))
+    data = save(tmp_path, "sft", [{"messages": c + [{"role": "assistant", "content": ANSWER}]} for c in rows()])
+    out = tmp_path / "o"
+    first, ctx1 = build_trainer(recipe("sft", tiny_llama_dir, data, out, f"trainer.max_length={MAX_LEN}"))
+    assert fits == [MAX_LEN]
+    again, ctx2 = build_trainer(recipe("sft", tiny_llama_dir, data, out, f"trainer.max_length={MAX_LEN}"))
+    assert fits == [MAX_LEN], "the second build fitted the rows again"
+    assert ctx2["data"]["train"]["length_fit"] == ctx1["data"]["train"]["length_fit"]
+    assert [again.train_dataset[i]["input_ids"] for i in range(8)] == [first.train_dataset[i]["input_ids"]
+                                                                     for i in range(8)]
+    assert len(list((out / "fitted").iterdir())) == 1
+    build_trainer(recipe("sft", tiny_llama_dir, data, out, f"trainer.max_length={MAX_LEN + 64}"))
+    assert fits == [MAX_LEN, MAX_LEN + 64]  # another length: fitted again, kept beside the first
+    other = save(tmp_path, "sft2", [{"messages": c + [{"role": "assistant", "content": "Done."}]} for c in rows()])
+    build_trainer(recipe("sft", tiny_llama_dir, other, out, f"trainer.max_length={MAX_LEN}"))
+    assert fits == [MAX_LEN, MAX_LEN + 64, MAX_LEN]
+    assert len(list((out / "fitted").iterdir())) == 3

@@ -15,10 +15,11 @@ ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
 LINE = re.compile(r"^CHECK ([a-z0-9_]+): (PASS|FAIL|SKIP) \S.*\[\d+\.\d s\]$")
-NAMES = ["env", "tiny_model", "hf_constrained_json", "xgrammar_worker_thread", "hf_kv_memory", "hf_oom_split",
-         "lens_8b_slice", "trl_lora_sft", "trl_sft_long_rows", "trl_dpo_lora", "trl_qlora", "train_single_device",
-         "lens_fit_device_vs_cpu"]
-GPU_ONLY = {"xgrammar_worker_thread": "needs CUDA", "hf_oom_split": "needs CUDA", "trl_qlora": "needs CUDA",
+NAMES = ["versions", "env", "tiny_model", "hf_constrained_json", "xgrammar_worker_thread", "hf_decode_8b",
+         "hf_long_row_8b", "train_8b", "lens_8b", "lens_bf16_vs_fp32", "trl_lora_sft", "trl_sft_long_rows",
+         "trl_dpo_lora", "trl_qlora", "train_single_device", "lens_fit_device_vs_cpu"]
+SLICE = ["hf_kv_memory", "hf_oom_split", "lens_8b_slice"]  # with --all (beyond a lease's 8 minutes)
+GPU_ONLY = {"xgrammar_worker_thread": "needs CUDA", "trl_qlora": "needs CUDA",
             "train_single_device": "needs >= 2 visible GPUs"}
 
 
@@ -35,7 +36,8 @@ def run_check(tmp_path: Path, *args: str, timeout: int) -> tuple[subprocess.Comp
 
 def test_output_format_and_unknown_check(tmp_path):
     r, lines = run_check(tmp_path, "--only", "trl_qlora", timeout=120)
-    assert list(lines) == ["env", "tiny_model", "trl_qlora"], r.stdout
+    assert list(lines) == ["versions", "env", "tiny_model", "trl_qlora"], r.stdout
+    assert lines["versions"].startswith("CHECK versions: PASS Python ") and "torch " in lines["versions"]
     assert lines["trl_qlora"].startswith("CHECK trl_qlora: SKIP needs CUDA")
     assert r.returncode == 0, r.stderr[-2000:]
     r = subprocess.run([PY, "-m", "lhd_train.cli", "gpu-check", "--device", "cpu", "--only", "nope"],
@@ -54,6 +56,25 @@ def test_cpu_smoke_runs_every_check_without_failure(tmp_path):
     for name, reason in GPU_ONLY.items():
         assert lines[name].startswith(f"CHECK {name}: SKIP {reason}"), lines[name]
     assert "bf16 skipped on cpu" in lines["trl_lora_sft"]
+    assert "decode path loop (" in lines["hf_constrained_json"] and "decode path loop (" in lines["hf_decode_8b"]
+    for name in ("hf_decode_8b", "hf_long_row_8b", "train_8b", "lens_8b", "lens_bf16_vs_fp32"):
+        assert ": PASS " in lines[name], lines[name]
     assert re.search(r"0 dropped, TRL trains on 8\b", lines["trl_sft_long_rows"]), lines["trl_sft_long_rows"]
-    for name in ("hf_kv_memory", "lens_8b_slice"):  # PASS, or SKIP until the slice can be built
-        assert ": PASS " in lines[name] or "needs lhd_train.tiny_model.build_tiny_model(" in lines[name], lines[name]
+    assert not set(SLICE) & set(lines)
+
+
+def test_a_version_outside_lhds_ranges_fails_the_check(monkeypatch):
+    """The check's first line compares the installed versions with pyproject.toml's ranges."""
+    from lhd_train.ops import gpu_check, version_ranges
+    from lhd_train.ops.gpu_check_base import Ctx
+
+    ranges = version_ranges.declared()
+    assert ranges["torch"] == "<2.14,>=2.11" and ranges["transformers"] == "<5.25,>=5.17"
+    status, detail = gpu_check.check_versions(Ctx("cpu", ROOT, True))
+    assert status == "PASS", detail
+    monkeypatch.setattr(version_ranges, "declared", lambda extras=("qlora",): {**ranges, "torch": ">=2.14,<2.15"})
+    status, detail = gpu_check.check_versions(Ctx("cpu", ROOT, True))
+    import importlib.metadata as md
+
+    torch = md.version("torch")
+    assert status == "FAIL" and "OUTSIDE lhd's ranges" in detail and f"torch {torch} not in >=2.14,<2.15" in detail

@@ -421,7 +421,8 @@ def test_every_template_is_rendered_and_parses(tmp_path, run_configs):
                 bash_n(text, tmp_path / f"{stage}-{cfg.stem}-{k}-{n}.sh")
                 n += 1
         for rec in recipes:
-            for acc in ("zero3", "fsdp2"):
+            qlora = bool(yaml.safe_load(rec.read_text()).get("qlora"))
+            for acc in ("ddp",) if qlora else ("ddp", "zero3", "fsdp2"):  # a 4-bit base is refused on the others
                 text = render_slurm("train", rec, accelerate=acc, nodes=2, **vs)
                 bash_n(text, tmp_path / f"train-{rec.parent.name}-{rec.stem}-{acc}-{k}.sh")
                 n += 1
@@ -505,11 +506,12 @@ def test_dry_run_commands(run_configs):
     assert runs[0].replace(" 0/4", " ${SLURM_ARRAY_TASK_ID}/4") in render_slurm("rollout", vllm_cfg, shards=4)
     audit = dry_run_commands("audit", vllm_cfg)
     assert [c for c in audit if c.startswith("lhd ")] == [  # `lhd audit`'s own defaults are left to it
-        "lhd audit runs/llama8b-vs-qwen72b --no-progress"]
+        "lhd audit runs/llama8b-vs-qwen72b 'models.qwen72b.gpus=\"0,1,2,3\"' --no-progress"]
     audit = dry_run_commands("audit", vllm_cfg, shards=2, mode="window", window=4, auditor_id="q72-w4",
                              hide_supervisor=True)
     assert [c for c in audit if c.startswith("lhd audit")] == [
-        f"lhd audit runs/llama8b-vs-qwen72b-shard{i}of2 --mode window --window 4 --hide-supervisor "
+        f"lhd audit runs/llama8b-vs-qwen72b-shard{i}of2 'models.qwen72b.gpus=\"0,1,2,3\"' --mode window --window 4 "
+        "--hide-supervisor "
         "--auditor-id q72-w4 --no-progress" for i in range(2)]
     data = dry_run_commands("data", vllm_cfg, kind="dpo", shards=2, n=8)
     assert [c for c in data if c.startswith("lhd data")] == [
@@ -675,7 +677,7 @@ def test_train_is_sized_from_the_accelerate_config(tmp_path):
     # Several GPUs only on purpose.
     for var in ("nodes", "gpus_per_node"):
         e = _error(render_slurm, "train", rec, **{var: 2})
-        assert e.field == f"--var {var}" and "single_gpu.yaml" in str(e) and "accelerate=zero3" in str(e)
+        assert e.field == f"--var {var}" and "single_gpu.yaml" in str(e) and "accelerate=ddp|zero3" in str(e)
     zero3 = render_slurm("train", rec, accelerate="zero3")
     assert "#SBATCH --nodes=1\n" in zero3 and "#SBATCH --gpus-per-node=8\n" in zero3 and "\nsrun " in zero3
     assert "global batch 128 rows" in zero3
@@ -926,3 +928,29 @@ def test_merge_takes_seeds_from_the_trials_present(tmp_path, shards):
     (dirs[1] / "trials").mkdir()
     r = merge_runs(dirs, tmp_path / "runs" / "t")
     assert r["seeds"] == [12, 11] and r["trials"] == ["s11", "s12"]  # shard 1 ran nothing; config order kept
+
+
+def test_the_audit_job_asks_for_the_gpus_its_server_uses():
+    """Issue 30, B5: the flagship auditor sits on positions 1-4 (beside the performer in `lhd run`).
+    The audit job starts only that server: it asks for 4 GPUs, not 5, and the rendered `lhd audit`
+    renumbers the positions, which `lhd audit`'s own override parser and GPU check accept on 4."""
+    import shlex
+
+    from lhd_train.config.auditor import AuditorConfig
+    from lhd_train.config.base import apply_overrides
+    from lhd_train.ops.vllm_config_check import check_gpus
+
+    cfg = ROOT / "configs/examples/vllm-llama8b.yaml"
+    text = render_slurm("audit", cfg)
+    assert "#SBATCH --gpus-per-node=4" in text
+    line = next(x for x in text.splitlines() if x.startswith("lhd audit "))
+    overrides = [w for w in shlex.split(line)[3:] if not w.startswith("--")]
+    assert overrides == ['models.qwen72b.gpus="0,1,2,3"']
+    data = yaml.safe_load(cfg.read_text())
+    acfg = AuditorConfig.model_validate(apply_overrides({k: data[k] for k in ("models", "auditor")}, overrides))
+    assert acfg.spec.gpus == "0,1,2,3"
+    check_gpus({"qwen72b": acfg.spec}, cfg, visible=4)  # what `lhd audit` checks on the node
+    with pytest.raises(InputError):
+        check_gpus({"qwen72b": load_config(cfg).models["qwen72b"]}, cfg, visible=4)  # as written: needs 5
+    # lhd run and lhd data start both servers: their positions stay as written (5 GPUs)
+    assert "#SBATCH --gpus-per-node=5" in render_slurm("data", cfg)

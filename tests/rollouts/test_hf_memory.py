@@ -80,7 +80,7 @@ def test_formula_matches_the_real_cache_and_the_decode_loops_buffers(tiny_llama_
     backend = make(tiny_llama_dir)
     cache = DynamicCache()
     with torch.inference_mode():
-        backend.model(input_ids=torch.arange(1, 38).unsqueeze(0), cache=cache, use_cache=True)
+        backend.model(input_ids=torch.arange(1, 38).unsqueeze(0), use_cache=True, **{backend.cache_arg: cache})
     real = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
     assert real == 37 * backend.shape.kv_bytes_per_token
 

@@ -700,3 +700,17 @@ def test_audit_on_the_same_server_reads_the_shared_prefix_from_cache(served):
     # section with the first, which vLLM serves from its prefix cache (in whole cache blocks).
     assert first[0]["cached_tokens"] < first[1]["cached_tokens"], first
     assert first[1]["cached_tokens"] >= 0.6 * first[1]["prompt_tokens"], first
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.timeout(2400)
+def test_a_grpo_judge_reads_its_window_from_the_server(served):
+    """Issue 30, B1: the GRPO judge learns the window from vLLM's own /v1/models (8192 here), for the
+    served base model and for a name the server does not list (one server, one window)."""
+    from lhd_train.finetune.judged_rewards import endpoint_window
+
+    spec = ModelSpec(backend="openai", model=BASE, base_url=served.server.base_url)
+    assert endpoint_window(spec) == 8192
+    assert endpoint_window(spec.model_copy(update={"model": "not-served"})) == 8192
+    assert endpoint_window(spec.model_copy(update={"base_url": "http://127.0.0.1:9/v1"}), timeout_s=2) is None
