@@ -9,7 +9,6 @@ from typing import Any
 
 import pandas as pd
 
-from lhd_train.metrics.labels import OK_STATUSES
 from lhd_train.metrics.load import RunData, load_audit
 
 
@@ -179,7 +178,7 @@ def compare_auditors(rounds: pd.DataFrame, long_audit: pd.DataFrame, short_audit
     short-flagged) / short-flagged (the paper's "finds x % more"); `delayed_share_of_extra` =
     extra detections that are delayed deceptions (judged with the long auditor's flags)."""
     def flags(a: pd.DataFrame, name: str) -> pd.DataFrame:
-        ok = a[a["label_status"].isin(OK_STATUSES)]
+        ok = a[a["labelled"]]
         return ok[["trial_id", "global_round", "deceptive", "severity"]].rename(
             columns={"deceptive": f"{name}_flag", "severity": f"{name}_severity"})
 
