@@ -95,29 +95,38 @@ def plot_types(types: pd.DataFrame, labels: dict[str, str]) -> bytes:
     return png(fig)
 
 
-def plot_breakdown(df: pd.DataFrame, by: str, labels: dict[str, str], title: str) -> bytes:
-    """Per-trial mean deception rate (± SE) for each value of `by`, one bar per run."""
-    values = list(dict.fromkeys(df[by])) if len(df) else []
-    runs = list(dict.fromkeys(df["run"])) if len(df) else []
-    fig = Figure(figsize=(max(6, 1.1 * max(len(values), 1) * max(1, len(runs)) ** 0.5 + 2), 3.4))
+def _grouped_bars(df: pd.DataFrame, group: str, at: str, values: list, cell: str, names: dict[str, str],
+                  ticks: list[str], ylabel: str, title: str, width: float) -> bytes:
+    """One bar per row group (`group`: a run, a performer) at each of `values` of column `at`: the
+    mean ± SE of its `MetricSummary` column `cell`."""
+    groups = list(dict.fromkeys(df[group]))
+    fig = Figure(figsize=(max(6, width * max(len(values), 1) * max(1, len(groups)) ** 0.5 + 2), 3.4))
     ax = fig.add_subplot(1, 1, 1)
     x = np.arange(len(values))
-    w = 0.8 / max(len(runs), 1)
-    for j, run in enumerate(runs):
-        sub = df[df["run"] == run].set_index(by)
-        mean = np.array([sub["rate"][v].mean if v in sub.index else np.nan for v in values], float)
-        se = np.array([sub["rate"][v].se if v in sub.index else np.nan for v in values], float)
-        ax.bar(x + (j - (len(runs) - 1) / 2) * w, np.nan_to_num(mean), w, yerr=np.nan_to_num(se), capsize=3,
-               color=RUN_COLORS[j % len(RUN_COLORS)], label=_wrap(labels.get(run, run), 30))
-    ax.set_xticks(x, [_wrap(str(v).lower().replace("_", " "), 12) for v in values], fontsize=8)
+    w = 0.8 / max(len(groups), 1)
+    for j, key in enumerate(groups):
+        sub = df[df[group] == key].set_index(at)[cell]
+        mean, se = (np.array([getattr(sub[v], k) if v in sub.index else np.nan for v in values], float)
+                    for k in ("mean", "se"))
+        ax.bar(x + (j - (len(groups) - 1) / 2) * w, np.nan_to_num(mean), w, yerr=np.nan_to_num(se), capsize=3,
+               color=RUN_COLORS[j % len(RUN_COLORS)], label=_wrap(names.get(key, str(key)), 30))
+    ax.set_xticks(x, ticks, fontsize=8)
     ax.set_ylim(0, 1)
-    ax.set_ylabel("deception rate")
+    ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.grid(axis="y", alpha=0.3)
-    if runs:
+    if groups:
         ax.legend(fontsize=7)
     fig.tight_layout()
     return png(fig)
+
+
+def plot_breakdown(df: pd.DataFrame, by: str, labels: dict[str, str], title: str) -> bytes:
+    """Per-trial mean deception rate (± SE) for each value of `by`, one bar per run (`df` has rows:
+    the report plots only runs with labels)."""
+    values = list(dict.fromkeys(df[by]))
+    ticks = [_wrap(str(v).lower().replace("_", " "), 12) for v in values]
+    return _grouped_bars(df, "run", by, values, "rate", labels, ticks, "deception rate", title, 1.1)
 
 
 def plot_control_pressure(control: pd.DataFrame, levels: Sequence[str],
@@ -129,26 +138,9 @@ def plot_control_pressure(control: pd.DataFrame, levels: Sequence[str],
     if not len(frame):
         return None
     present = [lvl for lvl in levels if f"pressure={lvl}" in set(frame["condition"])]
-    models = list(dict.fromkeys(frame["model"]))
-    fig = Figure(figsize=(max(6, 1.3 * len(present) * max(1, len(models)) ** 0.5 + 2), 3.4))
-    ax = fig.add_subplot(1, 1, 1)
-    x = np.arange(len(present))
-    w = 0.8 / max(len(models), 1)
-    for j, model in enumerate(models):
-        sub = frame[frame["model"] == model].set_index("condition")
-        cells = [sub[metric][f"pressure={lvl}"] if f"pressure={lvl}" in sub.index else None for lvl in present]
-        mean = np.array([c.mean if c else np.nan for c in cells], float)
-        se = np.array([c.se if c else np.nan for c in cells], float)
-        ax.bar(x + (j - (len(models) - 1) / 2) * w, np.nan_to_num(mean), w, yerr=np.nan_to_num(se), capsize=3,
-               color=RUN_COLORS[j % len(RUN_COLORS)], label=_wrap(str(model), 30))
-    ax.set_xticks(x, [lvl.lower() for lvl in present], fontsize=8)
-    ax.set_ylim(0, 1)
-    ax.set_ylabel("deception rate (all rounds)")
-    ax.set_title("control study: deception rate of trials run under one pressure level", fontsize=10)
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return png(fig)
+    return _grouped_bars(frame, "model", "condition", [f"pressure={lvl}" for lvl in present], metric, {},
+                         [lvl.lower() for lvl in present], "deception rate (all rounds)",
+                         "control study: deception rate of trials run under one pressure level", 1.3)
 
 
 def plot_states(trial: pd.DataFrame, threshold: float, title: str) -> bytes:

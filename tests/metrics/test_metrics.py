@@ -13,28 +13,35 @@ from scipy import stats
 from support.synthetic import R, audit_row, write_run
 
 from lhd_train.errors import InputError
-from lhd_train.metrics import (
-    MetricSummary,
-    RoundFlag,
+from lhd_train.metrics.core import (
     breakdown,
-    compare_auditors,
     compute_all,
+    pearson,
+    per_trial_table,
+    summary_table,
+    trial_stats,
+    type_distribution,
+)
+from lhd_train.metrics.horizon import (
+    RoundFlag,
+    chains_summary,
+    compare_auditors,
     deception_chains,
     delayed_rounds,
+    delayed_table,
+    horizon_table,
+)
+from lhd_train.metrics.labels import label_of
+from lhd_train.metrics.load import (
+    LABEL_COLUMNS,
     labels_frame,
     load_audit,
     load_run,
     load_runs,
-    pearson,
-    per_trial_table,
-    summary_table,
     trial_condition,
-    trial_stats,
-    type_distribution,
+    with_counted_columns,
 )
-from lhd_train.metrics.horizon import chains_summary, delayed_table, horizon_table
-from lhd_train.metrics.labels import label_of
-from lhd_train.metrics.load import LABEL_COLUMNS, with_counted_columns
+from lhd_train.metrics.registry import MetricSummary
 from lhd_train.rundir import RunDir
 from lhd_train.rundir.rows import AuditRow
 

@@ -53,12 +53,21 @@ def test_minimal_detectable_difference_has_80_percent_power():
     assert math.isnan(minimal_detectable_difference(0.0, 10)) and math.isnan(minimal_detectable_difference(0.1, 1))
 
 
+def _exact_sign_flip_p(d) -> float:
+    obs = abs(sum(d))
+    return sum(abs(sum(s * x for s, x in zip(signs, d, strict=True))) >= obs - 1e-12
+               for signs in itertools.product((1, -1), repeat=len(d))) / 2 ** len(d)
+
+
 def test_sign_flip_p_exact_and_monte_carlo():
-    d = np.array([0.3, -0.1, 0.25, 0.4, 0.05, -0.2, 0.15])
-    obs = abs(d.sum())
-    exact = sum(abs(sum(s * x for s, x in zip(signs, d, strict=True))) >= obs - 1e-12
-                for signs in itertools.product((1, -1), repeat=len(d))) / 2 ** len(d)
-    assert sign_flip_p(d) == pytest.approx(exact)
+    assert sign_flip_p(np.array([0.3, -0.1, 0.25, 0.4, 0.05, -0.2, 0.15])) == \
+        pytest.approx(_exact_sign_flip_p([0.3, -0.1, 0.25, 0.4, 0.05, -0.2, 0.15]))
+    rng = np.random.default_rng(5)  # per-seed rate differences in quarters: many ties and zeros
+    for n in (2, 3, 6, 11, 16):
+        for _ in range(5):
+            d = rng.integers(-3, 4, n) / 4
+            assert sign_flip_p(d) == pytest.approx(_exact_sign_flip_p(d.tolist()), abs=1e-12), d
+    assert sign_flip_p(np.array([0.5])) == 1.0 and math.isnan(sign_flip_p(np.array([])))
     big = np.random.default_rng(1).normal(0.1, 0.3, 18)
     signs = np.array(list(itertools.product((1.0, -1.0), repeat=18)))
     exact18 = float(np.mean(np.abs(signs @ big) >= abs(big.sum()) - 1e-12))
