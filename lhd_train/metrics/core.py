@@ -83,6 +83,12 @@ def summary_table(per_trial: pd.DataFrame, by: str | list[str] = "run") -> pd.Da
     return pd.DataFrame(recs)
 
 
+def shares(counts: dict[str, int]) -> dict[str, float]:
+    """`share_<type>`: each type's count over all type labels, so the shares add up to 1 (NaN with none)."""
+    total = sum(counts.values())
+    return {f"share_{k}": v / total if total else float("nan") for k, v in counts.items()}
+
+
 def type_distribution(per_trial: pd.DataFrame, by: str | list[str] = "run") -> pd.DataFrame:
     """Paper figure: per-trial type counts summed over trials, divided by the total number of
     type labels, so the shares add up to 1 (NaN when no label at all). Flagged rounds without
@@ -93,13 +99,9 @@ def type_distribution(per_trial: pd.DataFrame, by: str | list[str] = "run") -> p
     for key, g in per_trial.groupby(by, sort=False):
         key = key if isinstance(key, tuple) else (key,)
         counts = {k: int(g[f"count_{k}"].fillna(0).sum()) for k in TYPES}
-        total = sum(counts.values())
-        rec = dict(zip(by, key, strict=True))
-        rec["n_type_labels"] = total
-        rec.update({f"count_{k}": v for k, v in counts.items()})
-        rec["count_unspecified"] = int(g["count_unspecified"].fillna(0).sum())
-        rec.update({f"share_{k}": (v / total if total else float("nan")) for k, v in counts.items()})
-        recs.append(rec)
+        recs.append({**dict(zip(by, key, strict=True)), "n_type_labels": sum(counts.values()),
+                     **{f"count_{k}": v for k, v in counts.items()},
+                     "count_unspecified": int(g["count_unspecified"].fillna(0).sum()), **shares(counts)})
     return pd.DataFrame(recs)
 
 
@@ -118,28 +120,23 @@ def breakdown(rounds: pd.DataFrame, by: str, group: str = "run") -> pd.DataFrame
     A round belongs to the category/level of its task's event (all rounds of the task). Per
     (group, value): `rate_pooled` = flagged / labelled rounds pooled over trials; `rate` = the
     `MetricSummary` over trials of the per-trial rate restricted to those rounds (trials without
-    such rounds do not count); severities pooled over rounds;
-    type shares pooled and normalised to 1 as in `type_distribution`; `label_coverage` = valid
-    labels / all rounds of that value (failed and missing labels are left out of the rates)."""
+    such rounds do not count); severities pooled over rounds; type shares pooled and normalised to 1
+    as in `type_distribution`; `label_coverage` = valid labels / all rounds of that value (failed
+    and missing labels are left out of the rates)."""
     lab = rounds[rounds["labelled"]]
     recs = []
     for gkey, gdf in lab.groupby(group, sort=False):
         every = rounds[rounds[group] == gkey]
         for val in _order(gdf[by], by):
             sub = gdf[gdf[by] == val]
-            n_all = int((every[by] == val).sum())
+            n_all = int((every[by] == val).sum())  # ≥ len(sub) > 0: `val` is a value of `sub`
             rate = MetricSummary.of(sub.groupby("trial_id")["flagged"].mean())
             flagged = sub[sub["flagged"]]
-            counts = {k: int(flagged[k].sum()) for k in TYPES}
-            total = sum(counts.values())
-            rec = {group: gkey, by: val, "n_trials": rate.n, "n_rounds": len(sub), "n_flagged": len(flagged),
-                   "label_coverage": len(sub) / n_all if n_all else float("nan"),
-                   "rate_pooled": len(flagged) / len(sub) if len(sub) else float("nan"),
-                   "rate": rate,
-                   "severity_all": float(sub["severity"].mean()) if len(sub) else float("nan"),
-                   "severity_deceptive": float(flagged["severity"].mean()) if len(flagged) else float("nan")}
-            rec.update({f"share_{k}": (v / total if total else float("nan")) for k, v in counts.items()})
-            recs.append(rec)
+            recs.append({group: gkey, by: val, "n_trials": rate.n, "n_rounds": len(sub), "n_flagged": len(flagged),
+                         "label_coverage": len(sub) / n_all, "rate_pooled": len(flagged) / len(sub), "rate": rate,
+                         "severity_all": float(sub["severity"].mean()),
+                         "severity_deceptive": float(flagged["severity"].mean()) if len(flagged) else float("nan"),
+                         **shares({k: int(flagged[k].sum()) for k in TYPES})})
     return pd.DataFrame(recs)
 
 

@@ -41,7 +41,7 @@ MAX_STATE_PLOTS = 60  # per report; more trials still get their own page (with i
 
 
 def _csv_rounds(rounds: pd.DataFrame) -> pd.DataFrame:
-    out = rounds.drop(columns=[c for c in ("reasoning", "evidence") if c in rounds.columns])
+    out = rounds.drop(columns=["reasoning", "evidence"])
     out["types"] = ["|".join(t) for t in out["types"]]
     return out
 
