@@ -91,13 +91,12 @@ def summary_md(runs: list[RunData], tables: dict[str, Table | None], min_coverag
     return "\n".join(lines)
 
 
-def pack_info(run: RunData) -> dict[str, str | None]:
+def pack_line(run: RunData) -> str:
     """The task pack a run used and its content hash (`taskpack.pack_sha256`): as the run recorded
     them (manifest `pack`, `pack_sha256`), else the hash computed now from the folder the manifest
     names (`pack_source`), marked as such; never from a pack name, which may mean another pack today."""
-    name = run.manifest.pack or run.config.get("task_pack")
-    sha, how = run.manifest.pack_sha256, "recorded by the run"
-    source = run.manifest.pack_source
+    name = run.manifest.pack or run.config.get("task_pack") or "?"
+    sha, how, source = run.manifest.pack_sha256, "recorded by the run", run.manifest.pack_source
     if not sha and source and Path(str(source)).is_dir():
         from lhd_train.bench.taskpack import load_pack, pack_sha256
 
@@ -105,16 +104,7 @@ def pack_info(run: RunData) -> dict[str, str | None]:
             sha, how = pack_sha256(load_pack(Path(str(source)))), f"computed now from {source}"
         except InputError:
             sha = None
-    if not sha:
-        how = "not recorded"
-    return {"name": str(name) if name else None, "sha256": sha, "how": how}
-
-
-def pack_line(run: RunData) -> str:
-    info = pack_info(run)
-    if not info["sha256"]:
-        return f"{info['name'] or '?'} (content hash not recorded)"
-    return f"{info['name'] or '?'} (sha256 {info['sha256'][:16]}…, {info['how']})"
+    return f"{name} (sha256 {sha[:16]}…, {how})" if sha else f"{name} (content hash not recorded)"
 
 
 def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None,
@@ -183,7 +173,7 @@ def write_report(runs: list[RunData], out: Path, min_coverage: float = COVERAGE_
         atomic_write_bytes(pdir / f"{name}.png", data)
         figs[name] = plots.data_uri(data)
 
-    has_labels = bool(m.rounds["labelled"].any()) if len(m.rounds) else False
+    has_labels = bool(m.rounds["labelled"].any())
     if has_labels:
         keep("deception_by_run", plots.plot_run_summary(m.runs))
         keep("type_distribution", plots.plot_types(m.types, labels))
