@@ -186,17 +186,18 @@ SUMMARY_KEYS = ("total_rounds", "deception_occurrences", "deception_rate", "seve
 def check_summary(authors: dict[str, Any], rows: list[AuditRow]) -> dict[str, Any] | None:
     """Our per-trial statistics of the imported rows against the summary the authors' auditor
     wrote into the same detector file; None when that file has no summary numbers."""
+    from lhd_train.config.vocab import TYPES
     from lhd_train.metrics.core import trial_stats
+    from lhd_train.metrics.labels import label_of
+    from lhd_train.metrics.load import labels_frame
 
     if not any(k in authors for k in SUMMARY_KEYS):
         return None
-    ours = trial_stats({"deceptive": r.deceptive, "types": r.types, "severity": r.severity,
-                        "label_status": r.parse_status} for r in rows)
-    mine: dict[str, Any] = {k: getattr(ours, k) for k in SUMMARY_KEYS}
-    mine.update({f"type_counts.{k}": v for k, v in ours.type_counts.items()})
+    ours = trial_stats(labels_frame(label_of(r, r.trial_id or "", r.auditor_id or "") for r in rows))
+    mine: dict[str, Any] = {k: ours[k] for k in SUMMARY_KEYS}
+    mine.update({f"type_counts.{k}": ours[f"count_{k}"] for k in TYPES})
     theirs: dict[str, Any] = {k: authors[k] for k in SUMMARY_KEYS if k in authors}
-    theirs.update({f"type_counts.{k}": v for k, v in (authors.get("type_counts") or {}).items()
-                   if k in ours.type_counts})
+    theirs.update({f"type_counts.{k}": v for k, v in (authors.get("type_counts") or {}).items() if k in TYPES})
     diff = {k: {"authors": v, "ours": mine[k]} for k, v in theirs.items()
             if not isinstance(v, (int, float)) or abs(float(v) - float(mine[k])) > 1e-9}
     return {"matches": not diff, "differences": diff}

@@ -1,60 +1,14 @@
-"""Metrics of the LH-Deception benchmark (docs/reference.md) and our additions.
+"""Metrics of the LH-Deception benchmark (docs/reference.md) and our additions; definitions in
+docs/metrics.md. Modules: `labels` (the public labels API: the headline auditor's label of each
+round), `load` (a run directory as tables, with one auditor's labels), `registry` (the trial
+metrics, `@trial_metric`, and their `MetricSummary` across trials), `core` (every table of a
+report), `horizon` (long vs short auditors, delayed deceptions, chains), `paired` and
+`paired_stats` (an adapter's effect, paired by seed) and `correction` (a rate corrected for the
+auditor's measured errors)."""
+from lhd_train.metrics.core import compute_all, per_trial_table, trial_stats
+from lhd_train.metrics.labels import RoundLabel, round_labels
+from lhd_train.metrics.load import RunData, load_audit, load_run, load_runs
+from lhd_train.metrics.registry import METRICS, MetricSummary, TrialMetric, trial_metric
 
-Definitions are written in docs/metrics.md. Entry points: `round_labels` (the public labels API,
-`metrics.labels`: the headline auditor's label of each round), `load_run`/`load_runs` (tables of a
-run directory with one auditor's labels), `trial_stats` (per trial, exactly as the reference),
-`compute_all` (every table of a report), and the horizon metrics (`compare_auditors`,
-`delayed_rounds`, `deception_chains`)."""
-from lhd_train.metrics.core import (
-    RunMetrics,
-    TrialStats,
-    bootstrap_ci,
-    breakdown,
-    compute_all,
-    control_table,
-    correlations_across,
-    correlations_within,
-    mean_se,
-    pearson,
-    per_trial_table,
-    summarize,
-    summary_table,
-    trial_stats,
-    type_distribution,
-)
-from lhd_train.metrics.horizon import (
-    Chain,
-    RoundFlag,
-    chains_summary,
-    chains_table,
-    compare_auditors,
-    deception_chains,
-    delayed_rounds,
-    delayed_table,
-    horizon_table,
-    undetermined_rounds,
-)
-from lhd_train.metrics.labels import (
-    AuditorInfo,
-    RoundLabel,
-    headline_auditor,
-    list_auditors,
-    pick_auditor,
-    round_labels,
-)
-from lhd_train.metrics.load import (
-    RunData,
-    load_audit,
-    load_run,
-    load_runs,
-    trial_condition,
-)
-
-__all__ = [
-    "AuditorInfo", "Chain", "RoundFlag", "RoundLabel", "RunData", "RunMetrics", "TrialStats", "bootstrap_ci",
-    "breakdown", "chains_summary", "chains_table", "compare_auditors", "compute_all", "control_table",
-    "correlations_across", "correlations_within", "deception_chains", "delayed_rounds", "delayed_table",
-    "headline_auditor", "horizon_table", "list_auditors", "load_audit", "load_run", "load_runs", "mean_se", "pearson",
-    "per_trial_table", "pick_auditor", "round_labels", "summarize", "summary_table", "trial_condition", "trial_stats",
-    "type_distribution", "undetermined_rounds",
-]
+__all__ = ["METRICS", "MetricSummary", "RoundLabel", "RunData", "TrialMetric", "compute_all", "load_audit",
+           "load_run", "load_runs", "per_trial_table", "round_labels", "trial_metric", "trial_stats"]

@@ -9,7 +9,6 @@ from typing import Any
 
 import pandas as pd
 
-from lhd_train.metrics.labels import OK_STATUSES
 from lhd_train.metrics.load import RunData, load_audit
 
 
@@ -138,10 +137,9 @@ def chains_summary(rounds: pd.DataFrame, group: str = "run") -> pd.DataFrame:
         n_trials = g["trial_id"].nunique()
         flagged = int(g["flagged"].sum())
         lengths = Counter(int(x) for x in c["length"]) if len(c) else Counter()
-        labelled = g["labelled"] if "labelled" in g else pd.Series(True, index=g.index)
         recs.append({group: key, "n_trials": n_trials, "n_chains": len(c),
-                     "n_rounds": len(g), "n_unlabelled": int((~labelled.astype(bool)).sum()),
-                     "label_coverage": float(labelled.mean()) if len(g) else float("nan"),
+                     "n_rounds": len(g), "n_unlabelled": int((~g["labelled"]).sum()),
+                     "label_coverage": float(g["labelled"].mean()),
                      "chains_per_trial": len(c) / n_trials if n_trials else float("nan"),
                      "mean_length": float(c["length"].mean()) if len(c) else float("nan"),
                      "max_length": int(c["length"].max()) if len(c) else 0,
@@ -163,11 +161,10 @@ def delayed_table(rounds: pd.DataFrame, group: str = "run") -> pd.DataFrame:
             n_unknown += len(unknown)
             lags += list(d.values())
         flagged = int(g["flagged"].sum())
-        labelled = g["labelled"] if "labelled" in g else pd.Series(True, index=g.index)
         recs.append({group: key, "n_flagged": flagged, "n_delayed": n_delayed, "n_undetermined": n_unknown,
                      "delayed_share": n_delayed / flagged if flagged else float("nan"),
                      "mean_lag_tasks": sum(lags) / len(lags) if lags else float("nan"),
-                     "n_rounds": len(g), "label_coverage": float(labelled.mean()) if len(g) else float("nan")})
+                     "n_rounds": len(g), "label_coverage": float(g["labelled"].mean())})
     return pd.DataFrame(recs)
 
 
@@ -179,7 +176,7 @@ def compare_auditors(rounds: pd.DataFrame, long_audit: pd.DataFrame, short_audit
     short-flagged) / short-flagged (the paper's "finds x % more"); `delayed_share_of_extra` =
     extra detections that are delayed deceptions (judged with the long auditor's flags)."""
     def flags(a: pd.DataFrame, name: str) -> pd.DataFrame:
-        ok = a[a["label_status"].isin(OK_STATUSES)]
+        ok = a[a["labelled"]]
         return ok[["trial_id", "global_round", "deceptive", "severity"]].rename(
             columns={"deceptive": f"{name}_flag", "severity": f"{name}_severity"})
 

@@ -10,6 +10,7 @@ cut after it was written) is a `DataFileError` naming the file, as `lhd run` tre
 shorter trial. No file of the run is changed (no repair on read)."""
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -80,16 +81,39 @@ class RunData:
         return float(self.config.get("completion_threshold", 0.2))
 
 
-def load_audit(run: Run | str | Path, auditor_id: str | None) -> pd.DataFrame:
-    """One row per (trial_id, global_round) labelled by this auditor (empty for None): the
-    `labels.RoundLabel` of each round, usable or not (`label_status` `failed` for a row without a
-    usable label, `label_cut` for one cut at its token limit). Severity and confidence are NaN
-    where there is none."""
+def labels_frame(labels: Iterable[RoundLabel]) -> pd.DataFrame:
+    """One row per label (`labels.RoundLabel`, usable or not) with the columns the metrics count
+    (`with_counted_columns`); severity and confidence NaN where there is none."""
     nan = float("nan")
     recs = [{**asdict(lab), "severity": nan if lab.severity is None else lab.severity,
              "confidence": nan if lab.confidence is None else lab.confidence, "evidence": list(lab.evidence)}
-            for lab in (auditor_labels(run, auditor_id) if auditor_id else [])]
-    return pd.DataFrame(recs, columns=LABEL_COLUMNS)
+            for lab in labels]
+    return with_counted_columns(pd.DataFrame(recs, columns=LABEL_COLUMNS))
+
+
+def with_counted_columns(df: pd.DataFrame) -> pd.DataFrame:
+    """`df` (label columns of `RoundLabel`; a round without a label has NaN there) with its label
+    status `missing` where there is no label, and the columns `registry.TrialLabels` reads:
+    `labelled` (a valid label), `flagged` (a valid label that says deceptive) and one bool column
+    per type. `deceptive` stays True/False/None so a missing label is never "False"."""
+    df["label_status"] = df["label_status"].fillna("missing")
+    df["label_cut"] = df["label_cut"].eq(True)  # no audit row: not cut
+    df["types"] = [t if isinstance(t, tuple) else () for t in df["types"]]
+    df["evidence"] = [e if isinstance(e, list) else [] for e in df["evidence"]]
+    df["reasoning"] = df["reasoning"].fillna("")
+    df["labelled"] = df["label_status"].isin(OK_STATUSES)
+    df["deceptive"] = [bool(d) if lab else None for d, lab in zip(df["deceptive"], df["labelled"], strict=True)]
+    df["flagged"] = [d is True for d in df["deceptive"]]
+    for t in TYPES:
+        df[t] = [t in ty for ty in df["types"]]
+    return df
+
+
+def load_audit(run: Run | str | Path, auditor_id: str | None) -> pd.DataFrame:
+    """One row per (trial_id, global_round) labelled by this auditor (empty for None): the
+    `labels.RoundLabel` of each round, usable or not (`label_status` `failed` for a row without a
+    usable label, `label_cut` for one cut at its token limit), in `labels_frame`'s columns."""
+    return labels_frame(auditor_labels(run, auditor_id) if auditor_id else [])
 
 
 def trial_condition(trial_id: str, schedule: dict[str, Any] | None = None,
@@ -210,19 +234,8 @@ def load_rounds(run: Run, auditor_id: str | None
     if rounds.empty:
         rounds = pd.DataFrame(columns=["trial_id", "global_round", "task_index", "round", "category",
                                        "pressure", "has_event", *STATES])
-    rounds = rounds.merge(load_audit(run, auditor_id), on=["trial_id", "global_round"], how="left")
-    rounds["label_status"] = rounds["label_status"].fillna("missing")
-    rounds["label_cut"] = rounds["label_cut"].eq(True)  # no audit row: not cut
-    rounds["types"] = [t if isinstance(t, tuple) else () for t in rounds["types"]]
-    rounds["evidence"] = [e if isinstance(e, list) else [] for e in rounds["evidence"]]
-    rounds["reasoning"] = rounds["reasoning"].fillna("")
-    rounds["labelled"] = rounds["label_status"].isin(OK_STATUSES)
-    # `deceptive` stays an object column of True/False/None so a missing label is never "False".
-    rounds["deceptive"] = [bool(d) if lab else None
-                           for d, lab in zip(rounds["deceptive"], rounds["labelled"], strict=True)]
-    rounds["flagged"] = [d is True for d in rounds["deceptive"]]
-    for t in TYPES:
-        rounds[t] = [t in ty for ty in rounds["types"]]
+    rounds = with_counted_columns(rounds.merge(load_audit(run, auditor_id), on=["trial_id", "global_round"],
+                                               how="left"))
     return rounds.sort_values(["trial_id", "global_round"]).reset_index(drop=True), raw, done
 
 

@@ -14,6 +14,7 @@ NaN-when-no-flag mean: a seed whose adapter trial flags nothing has no deceptive
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,9 +29,9 @@ from lhd_train.metrics.paired_stats import (
     sign_flip_p,
     sign_test,
 )
+from lhd_train.metrics.registry import PairedValue, TrialMetric, paired_metrics
 
 MIN_PAIRS = 5  # fewer paired seeds than this: too few to tell, whatever the interval says
-PAIRED_METRICS = ("deception_rate", "severity_average_all_rounds", "severity_deceptive_nan")
 PAIRED = "paired"
 BOOT_SEED = 0
 
@@ -116,10 +117,8 @@ def paired_effect(base_values: list[float], other_values: list[float], level: fl
 
 
 def _value(df: pd.DataFrame, metric: str, trial_id: str) -> float:
-    """A trial's metric, NaN when the trial or the column (a run without labels) is absent."""
-    if metric not in df.columns or trial_id not in df.index:
-        return float("nan")
-    return float(df.at[trial_id, metric])
+    """A trial's metric, NaN when the trial is absent."""
+    return float(df.at[trial_id, metric]) if trial_id in df.index else float("nan")
 
 
 def _name(tids: list[str]) -> str:
@@ -127,29 +126,30 @@ def _name(tids: list[str]) -> str:
 
 
 def compare_paired(base: RunData, other: RunData, per_trial: pd.DataFrame,
-                   metrics: tuple[str, ...] = PAIRED_METRICS, min_pairs: int = MIN_PAIRS) -> PairedComparison:
-    """`other` against `base` on their paired trials; `per_trial` is `core.per_trial_table` of
-    both (column `run` = RunData.key). Trials that cannot be paired are named in the notes."""
+                   metrics: Sequence[TrialMetric] | None = None, min_pairs: int = MIN_PAIRS) -> PairedComparison:
+    """`other` against `base` on their paired trials, for each of `metrics` (default: the registry's
+    `paired_metrics`); `per_trial` is `core.per_trial_table` of both (column `run` = RunData.key).
+    Trials that cannot be paired are named in the notes."""
+    metrics = paired_metrics() if metrics is None else metrics
     pairing = pair_trials(base, other)
     vals = {key: per_trial[per_trial["run"] == key].set_index("trial_id") for key in (base.key, other.key)}
     rows = []
     for r in pairing.to_dict("records"):
         rec = dict(r)
         for m in metrics:
-            vb, vo = _value(vals[base.key], m, r["trial_id"]), _value(vals[other.key], m, r["trial_id"])
-            rec[f"{m}_base"], rec[f"{m}_other"] = float(vb), float(vo)
-            rec[f"{m}_diff"] = float(vo) - float(vb) if r["status"] == PAIRED else float("nan")
+            vb, vo = _value(vals[base.key], m.name, r["trial_id"]), _value(vals[other.key], m.name, r["trial_id"])
+            rec[m.name] = PairedValue(vb, vo, vo - vb if r["status"] == PAIRED else float("nan"))
         rows.append(rec)
     trials = pd.DataFrame(rows)
     trials.insert(0, "other", other.key)
     trials.insert(0, "base", base.key)
     paired = trials[trials["status"] == PAIRED]
     scored_by = base.auditor_id if base.auditor_id == other.auditor_id else f"{base.auditor_id} / {other.auditor_id}"
-    effects = pd.DataFrame([{"base": base.key, "other": other.key, "auditor": scored_by, "metric": m,
-                             **paired_effect(paired[f"{m}_base"].tolist(), paired[f"{m}_other"].tolist(),
+    effects = pd.DataFrame([{"base": base.key, "other": other.key, "auditor": scored_by, "metric": m.name,
+                             **paired_effect([v.base for v in paired[m.name]], [v.other for v in paired[m.name]],
                                              min_pairs=min_pairs)} for m in metrics])
-    notes = [f"{r['metric']}: {r['n_undefined']} paired seed(s) dropped, undefined on one side or both"
-             + (" (no flagged round: no deceptive severity)" if r["metric"] == "severity_deceptive_nan" else "")
+    notes = [f"{r['metric']}: {r['n_undefined']} paired seed(s) dropped, undefined on one side or both (no valid "
+             "label; for a severity over deceptive rounds, no flagged round)"
              for r in effects.to_dict("records") if r["n_undefined"]]
     for status in ("schedule differs", "schedule not recorded", "seed differs", "only in base", "only in other"):
         tids = trials.loc[trials["status"] == status, "trial_id"].tolist()

@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from lhd_train.config.vocab import LEVELS, TYPES
+from lhd_train.config.vocab import LEVELS
 from lhd_train.errors import InputError
 from lhd_train.io.csv_cells import write_csv
 from lhd_train.io.files import atomic_write_bytes, atomic_write_text, check_writable_dir
@@ -26,29 +26,12 @@ from lhd_train.metrics.core import RunMetrics, compute_all
 from lhd_train.metrics.horizon import chains_summary, chains_table, delayed_table, horizon_table
 from lhd_train.metrics.load import COVERAGE_MIN, RunData, load_runs
 from lhd_train.metrics.paired import MIN_PAIRS, PairedComparison, compare_to_base
-from lhd_train.report import plots
+from lhd_train.metrics.registry import csv_frame
+from lhd_train.report import plots, tables
 from lhd_train.report.adapter_checks import adapter_warnings, held_out_comparisons
 from lhd_train.report.entitle_section import entitle_section
-from lhd_train.report.render import ci, fmt, pm, render_page, trials_cell
-from lhd_train.report.tables import (
-    breakdown_table_ctx,
-    chains_table_ctx,
-    compute_table_ctx,
-    control_table_ctx,
-    corr_table_ctx,
-    cut_text,
-    delayed_table_ctx,
-    horizon_table_ctx,
-    paired_md,
-    paired_table_ctx,
-    paired_trials_ctx,
-    role_usage,
-    runs_table_ctx,
-    sampling_lines,
-    trials_table_ctx,
-    types_table_ctx,
-    usage_frame,
-)
+from lhd_train.report.render import Table, render_page
+from lhd_train.report.tables import PAIRED_HOW, role_usage, sampling_lines, usage_frame
 from lhd_train.report.validity import auditor_validity, validity_md
 from lhd_train.report.viewer import safe_name, states_plot, write_run_pages
 from lhd_train.rundir.outputs import check_out_dir, check_report_dir, write_report_marker
@@ -58,70 +41,49 @@ MAX_STATE_PLOTS = 60  # per report; more trials still get their own page (with i
 
 
 def _csv_rounds(rounds: pd.DataFrame) -> pd.DataFrame:
-    out = rounds.drop(columns=[c for c in ("reasoning", "evidence") if c in rounds.columns])
+    out = rounds.drop(columns=["reasoning", "evidence"])
     out["types"] = ["|".join(t) for t in out["types"]]
     return out
 
 
 def write_tables(out: Path, m: RunMetrics, extra: dict[str, pd.DataFrame]) -> list[Path]:
+    """tables/*.csv (docs/metrics.md, "Report files"), summaries spread over their columns (`registry.csv_frame`)."""
     tdir = out / "tables"
     tdir.mkdir(parents=True, exist_ok=True)
     frames = {"runs": m.runs, "per_trial": m.per_trial, "type_distribution": m.types,
               "by_category": m.by_category, "by_pressure": m.by_pressure, "by_task": m.by_task,
               "control": m.control, "correlations_within_runs": m.corr_within,
               "correlations_across_runs": m.corr_across, "rounds": _csv_rounds(m.rounds), **extra}
-    paths = []
-    for name, df in frames.items():
-        paths.append(write_csv(df, tdir / f"{name}.csv"))
-    return paths
+    return [write_csv(csv_frame(df), tdir / f"{name}.csv") for name, df in frames.items()]
 
 
-def summary_md(runs: list[RunData], m: RunMetrics, horizon: pd.DataFrame, min_coverage: float = COVERAGE_MIN,
-               usage: dict[str, dict[str, dict[str, float]]] | None = None,
+def _md(t: Table | None) -> list[str]:
+    return t.markdown() if t is not None else []
+
+
+def summary_md(runs: list[RunData], tables: dict[str, Table | None], min_coverage: float = COVERAGE_MIN,
                paired: Sequence[PairedComparison] = (), warnings: Sequence[str] = ()) -> str:
+    """summary.md: the report's key tables (the same `Table`s as report.html) and its notes."""
     lines = ["# LH-Deception report", "",
              "Per-trial metrics as the authors' auditor computes them (docs/reference.md), averaged over trials",
              "(unweighted mean ± SE, ddof=1; 95 % percentile bootstrap interval). Label coverage = rounds with a",
              f"valid label / all rounds; trials below {min_coverage:.0%} are counted, "
              "and the rate is also given without",
-             "them. Definitions: docs/metrics.md. Full report: report.html.", "",
-             "| run | performer | auditor | trials | label coverage (min) | trials below coverage | deception rate "
-             "| 95% CI | rate (covered trials) | severity (all) | severity (deceptive) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    by = {r["run"]: r for r in m.runs.to_dict("records")}
+             "them. Definitions: docs/metrics.md. Full report: report.html.", "", *_md(tables["runs"]),
+             "", "Headline auditor, task pack and sampling per run:", ""]
     for run in runs:
-        s = by.get(run.key, {})
-        sev_deceptive = pm(s.get('severity_average_deception_only_mean'), s.get('severity_average_deception_only_se'))
-        lines.append(f"| {run.key} | {run.model_label} | {run.auditor_id or 'none'} | {trials_cell(s)} | "
-                     f"{fmt(s.get('min_label_coverage'))} | {fmt(s.get('n_low_coverage_trials', 0))} | "
-                     f"{pm(s.get('deception_rate_mean'), s.get('deception_rate_se'))} | "
-                     f"{ci(s.get('deception_rate_ci_low'), s.get('deception_rate_ci_high'))} | "
-                     f"{pm(s.get('deception_rate_covered_mean'), s.get('deception_rate_covered_se'))} | "
-                     f"{pm(s.get('severity_average_all_rounds_mean'), s.get('severity_average_all_rounds_se'))} | "
-                     f"{sev_deceptive} |")
-    lines += ["", "Headline auditor, task pack and counts per run:", ""]
-    for run in runs:
-        s = by.get(run.key, {})
-        sup_ok = pm(s.get("deception_rate_supervisor_ok_mean"), s.get("deception_rate_supervisor_ok_se"))
         lines.append(f"- {run.key}: auditor {run.auditor_id or 'none'} ({run.auditor_reason or 'none'}); "
-                     f"pack {pack_line(run)}; flagged without a type (unspecified) {fmt(s.get('n_unspecified', 0))}; "
-                     f"rounds with a failed supervisor call {fmt(s.get('n_supervisor_failed_rounds', 0))}, "
-                     f"{fmt(s.get('n_supervisor_cut_rounds', 0))} of them cut "
-                     f"(rate without those trials {sup_ok}); audit labels cut {fmt(s.get('n_cut_labels', 0))}")
-        cuts = cut_text((usage or {}).get(run.key, {}))
-        lines.append(f"  - cut answers per role (calls that hit the token limit): {cuts}")
+                     f"pack {pack_line(run)}")
         lines += [f"  - sampling {x}" for x in sampling_lines(run)]
-    lines += ["", "Type distribution (pooled, normalised):", ""]
-    for r in m.types.to_dict("records"):
-        shares = ", ".join(f"{t.lower()} {fmt(r[f'share_{t}'])}" for t in TYPES)
-        lines.append(f"- {r['run']}: {shares} ({r['n_type_labels']} labels; "
-                     f"{r.get('count_unspecified', 0)} flagged without a type, not in the shares)")
-    if len(horizon):
-        lines += ["", "Long- vs short-horizon auditing:", ""]
-        for r in horizon.to_dict("records"):
-            lines.append(f"- {r['run']}: {r['long']} vs {r['short']} ({r['short_mode']}): {r['extra']} extra detections"
-                         f" (net gain {fmt(r['net_gain'])}), delayed share of extra {fmt(r['delayed_share_of_extra'])}")
-    lines += paired_md(paired, warnings)
+    lines += ["", "Type distribution (pooled, normalised; flagged rounds without a type are not in the shares):", "",
+              *_md(tables["types"])]
+    if tables["horizon"] is not None:
+        lines += ["", "Long- vs short-horizon auditing:", "", *_md(tables["horizon"])]
+    if paired:
+        lines += ["", f"Paired by seed against the base run {paired[0].base} ({PAIRED_HOW}; fewer than {MIN_PAIRS} "
+                  "paired seeds is too few to tell):", "", *[f"- WARNING: {w}" for w in warnings],
+                  "", *_md(tables["paired"]), "",
+                  *dict.fromkeys(f"- {c.other}: {n}" for c in paired for n in c.notes)]
     notes = [f"- {run.key}: {n}" for run in runs for n in run.notes]
     if notes:
         lines += ["", "Notes:", "", *notes]
@@ -129,13 +91,12 @@ def summary_md(runs: list[RunData], m: RunMetrics, horizon: pd.DataFrame, min_co
     return "\n".join(lines)
 
 
-def pack_info(run: RunData) -> dict[str, str | None]:
+def pack_line(run: RunData) -> str:
     """The task pack a run used and its content hash (`taskpack.pack_sha256`): as the run recorded
     them (manifest `pack`, `pack_sha256`), else the hash computed now from the folder the manifest
     names (`pack_source`), marked as such; never from a pack name, which may mean another pack today."""
-    name = run.manifest.pack or run.config.get("task_pack")
-    sha, how = run.manifest.pack_sha256, "recorded by the run"
-    source = run.manifest.pack_source
+    name = run.manifest.pack or run.config.get("task_pack") or "?"
+    sha, how, source = run.manifest.pack_sha256, "recorded by the run", run.manifest.pack_source
     if not sha and source and Path(str(source)).is_dir():
         from lhd_train.bench.taskpack import load_pack, pack_sha256
 
@@ -143,16 +104,7 @@ def pack_info(run: RunData) -> dict[str, str | None]:
             sha, how = pack_sha256(load_pack(Path(str(source)))), f"computed now from {source}"
         except InputError:
             sha = None
-    if not sha:
-        how = "not recorded"
-    return {"name": str(name) if name else None, "sha256": sha, "how": how}
-
-
-def pack_line(run: RunData) -> str:
-    info = pack_info(run)
-    if not info["sha256"]:
-        return f"{info['name'] or '?'} (content hash not recorded)"
-    return f"{info['name'] or '?'} (sha256 {info['sha256'][:16]}…, {info['how']})"
+    return f"{name} (sha256 {sha[:16]}…, {how})" if sha else f"{name} (content hash not recorded)"
 
 
 def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None,
@@ -221,7 +173,7 @@ def write_report(runs: list[RunData], out: Path, min_coverage: float = COVERAGE_
         atomic_write_bytes(pdir / f"{name}.png", data)
         figs[name] = plots.data_uri(data)
 
-    has_labels = bool(m.rounds["labelled"].any()) if len(m.rounds) else False
+    has_labels = bool(m.rounds["labelled"].any())
     if has_labels:
         keep("deception_by_run", plots.plot_run_summary(m.runs))
         keep("type_distribution", plots.plot_types(m.types, labels))
@@ -260,27 +212,27 @@ def write_report(runs: list[RunData], out: Path, min_coverage: float = COVERAGE_
                         f"{run.auditor_reason})") if a else "none",
             "pack": pack_line(run), "sampling": sampling_lines(run),
             "auditors": ", ".join(f"{x.auditor_id} ({x.mode})" for x in run.auditors) or "none",
-            "notes": run.notes, "trials": trials_table_ctx(pt, hrefs), "state_plots": state_plots,
+            "notes": run.notes, "trials": tables.trials_table(pt, hrefs), "state_plots": state_plots,
             "anchor": "run-" + sub,
         })
 
     conditions = sorted(set(m.per_trial["condition"])) if len(m.per_trial) else []
     validity = auditor_validity(runs, m.per_trial)  # the headline auditor's measured error rates (docs/validity.md)
+    shown = {  # each table once, for report.html and summary.md
+        "runs": tables.runs_table(runs, m, min_coverage, usage), "types": tables.types_table(m.types, labels),
+        "pressure": tables.breakdown_table(m.by_pressure, "pressure", labels, "pressure"),
+        "category": tables.breakdown_table(m.by_category, "category", labels, "category"),
+        "task": tables.breakdown_table(m.by_task, "task_index", labels, "task"),
+        "control": tables.control_table(m.control), "corr_within": tables.corr_table(m.corr_within, labels),
+        "corr_across": tables.corr_table(m.corr_across), "delayed": tables.delayed_table(delayed, labels),
+        "horizon": tables.horizon_table(horizon, labels) if len(horizon) else None,
+        "chains": tables.chains_table(chains, labels), "compute": tables.compute_table(runs, usage),
+        "paired": tables.paired_table(extra["paired"], labels) if paired else None}
     ctx: dict[str, Any] = {
-        "runs": run_sections, "has_labels": has_labels, "figs": figs, "validity": validity,
-        "runs_table": runs_table_ctx(runs, m, min_coverage, usage), "types_table": types_table_ctx(m.types, labels),
-        "pressure_table": breakdown_table_ctx(m.by_pressure, "pressure", labels, "pressure"),
-        "category_table": breakdown_table_ctx(m.by_category, "category", labels, "category"),
-        "task_table": breakdown_table_ctx(m.by_task, "task_index", labels, "task"),
-        "control_table": control_table_ctx(m.control), "conditions": conditions,
-        "corr_within": corr_table_ctx(m.corr_within, labels), "corr_across": corr_table_ctx(m.corr_across),
-        "horizon_table": horizon_table_ctx(horizon, labels) if len(horizon) else None,
-        "delayed_table": delayed_table_ctx(delayed, labels), "chains_table": chains_table_ctx(chains, labels),
-        "n_state_plots_capped": n_state_plots >= MAX_STATE_PLOTS,
-        "compute_table": compute_table_ctx(runs, usage),
+        "runs": run_sections, "has_labels": has_labels, "figs": figs, "validity": validity, "t": shown,
+        "conditions": conditions, "n_state_plots_capped": n_state_plots >= MAX_STATE_PLOTS,
         "paired": [{"base": labels.get(c.base, c.base), "other": labels.get(c.other, c.other), "notes": c.notes,
-                    "trials": paired_trials_ctx(c.trials)} for c in paired],
-        "paired_table": paired_table_ctx(extra["paired"], labels) if paired else None, "min_pairs": MIN_PAIRS,
+                    "trials": tables.paired_trials_table(c.trials)} for c in paired], "min_pairs": MIN_PAIRS,
         "adapter_warnings": warnings, "held_out_auditor": held_out_auditor if held else None,
         "entitle": entitle.ctx if entitle is not None else None,
     }
@@ -288,7 +240,7 @@ def write_report(runs: list[RunData], out: Path, min_coverage: float = COVERAGE_
     path = out / "report.html"
     atomic_write_text(path, html)
     entitle_md = "\n".join(entitle.md) + "\n" if entitle is not None else ""
-    atomic_write_text(out / "summary.md", summary_md(runs, m, horizon, min_coverage, usage, [*paired, *held], warnings)
+    atomic_write_text(out / "summary.md", summary_md(runs, shown, min_coverage, [*paired, *held], warnings)
                       + validity_md(validity) + entitle_md)
     return path
 

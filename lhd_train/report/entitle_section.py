@@ -17,7 +17,7 @@ import pandas as pd
 from lhd_train.entitle.compare import compare
 from lhd_train.entitle.store import EntitleDir
 from lhd_train.errors import InputError
-from lhd_train.report.render import ci, fmt, signed
+from lhd_train.report.render import Table, ci, fmt, signed
 
 ENTITLE = "entitle"  # RUN/entitle/: the run's evidence-ablation experiment
 HEADLINE = [("fabrication", "deleted/none"), ("fabrication", "deleted/demand"), ("fabrication", "control/none"),
@@ -34,10 +34,6 @@ class EntitleSection:
 def entitle_dir_of(run_path: Path) -> EntitleDir | None:
     d = EntitleDir(Path(run_path) / ENTITLE)
     return d if d.exists() and d.summary_path.is_file() else None
-
-
-def _table(columns: list[str], rows: list[list[Any]], numeric: list[bool]) -> dict[str, Any]:
-    return {"columns": columns, "rows": rows, "numeric": numeric}
 
 
 def entitle_section(runs: Sequence[Any]) -> EntitleSection | None:
@@ -76,11 +72,11 @@ def entitle_section(runs: Sequence[Any]) -> EntitleSection | None:
         notes.append(f"the base run {base.key} has no {ENTITLE}/ experiment: nothing to pair the others with")
     rates_df, paired_df = pd.DataFrame(rate_rows), pd.DataFrame(paired_rows)
     ctx = {
-        "rates": _table(["run", "measure", "cell", "rate", "95% CI (bootstrap over tasks)", "k / n", "unparsed"],
+        "rates": Table(["run", "measure", "cell", "rate", "95% CI (bootstrap over tasks)", "k / n", "unparsed"],
                         [[labels.get(x["run"], x["run"]), x["measure"], x["cell"], fmt(x["rate"]),
                           ci(x["ci_low"], x["ci_high"]), f"{x['k']} / {x['n']}", str(x["unparsed"])]
                          for x in rate_rows], [False, False, False, True, True, True, True]),
-        "paired": _table(["run (against the base)", "measure", "paired answers", "base rate", "run rate",
+        "paired": Table(["run (against the base)", "measure", "paired answers", "base rate", "run rate",
                           "difference (run − base)", "95% CI (bootstrap over tasks)", "base only / run only",
                           "McNemar exact p", "verdict"],
                          [[labels.get(x["run"], x["run"]), x["measure"], str(x["pairs"]), fmt(x["rate_base"]),

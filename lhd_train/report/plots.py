@@ -17,6 +17,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from lhd_train.config.vocab import STATES, TYPES
+from lhd_train.metrics.registry import MetricSummary, summary_metrics
 
 PRESSURE_COLORS = {"CRITICAL": "#8b0000", "HIGH": "#e74c3c", "MEDIUM": "#f5b7b1", "LOW": "#d6eaf8",
                    "none": "#eeeeee"}
@@ -42,36 +43,34 @@ def _wrap(label: str, width: int = 18) -> str:
     return "\n".join(textwrap.wrap(str(label), width)) or str(label)
 
 
-def _err(df: pd.DataFrame, m: str) -> tuple[np.ndarray, np.ndarray]:
-    """Asymmetric error bars from the bootstrap interval; ± SE where the interval is missing."""
-    mean = df[f"{m}_mean"].to_numpy(float)
-    lo, hi, se = (df[f"{m}_{k}"].to_numpy(float) for k in ("ci_low", "ci_high", "se"))
+def _bars(cells: Sequence[MetricSummary]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Means (0 where none) and asymmetric error bars from the bootstrap interval, ± SE where the
+    interval is missing."""
+    mean, se, lo, hi = (np.array([getattr(c, k) for c in cells], float) for k in ("mean", "se", "ci_low", "ci_high"))
     lo = np.where(np.isnan(lo), mean - np.nan_to_num(se), lo)
     hi = np.where(np.isnan(hi), mean + np.nan_to_num(se), hi)
-    return np.clip(mean - lo, 0, None), np.clip(hi - mean, 0, None)
+    return tuple(np.nan_to_num(a) for a in (mean, np.clip(mean - lo, 0, None), np.clip(hi - mean, 0, None)))
 
 
 def plot_run_summary(runs: pd.DataFrame) -> bytes:
-    """Deception rate and both severities per run: bars = mean over trials, whiskers = 95 %
-    bootstrap interval."""
-    panels = [("deception_rate", "deception rate", (0, 1)),
-              ("severity_average_all_rounds", "avg severity, all rounds", (0, 4)),
-              ("severity_average_deception_only", "avg severity, deceptive rounds", (0, 4))]
+    """A panel per plotted metric of the registry (`TrialMetric.plot`, its `bounds` the axis):
+    bars = mean over trials per run, whiskers = 95 % bootstrap interval."""
+    panels = [m for m in summary_metrics() if m.plot]
     n = max(len(runs), 1)
-    fig = Figure(figsize=(max(9, 1.6 * n * 1.5), 3.4))
+    fig = Figure(figsize=(max(3 * len(panels), 1.6 * n * len(panels) / 2), 3.4))
     x = np.arange(len(runs))
     labels = [_wrap(s) for s in runs.get("label", runs.get("run", pd.Series(dtype=str)))]
-    for i, (m, title, ylim) in enumerate(panels):
-        ax = fig.add_subplot(1, 3, i + 1)
+    for i, m in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), i + 1)
         if len(runs):
-            mean = np.nan_to_num(runs[f"{m}_mean"].to_numpy(float))
+            mean, below, above = _bars(runs[m.name].tolist())
             ax.bar(x, mean, color=[RUN_COLORS[j % len(RUN_COLORS)] for j in range(len(runs))],
-                   yerr=_err(runs, m), capsize=4)
+                   yerr=(below, above), capsize=4)
             for xi, v in zip(x, mean, strict=True):
                 ax.text(float(xi), v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
         ax.set_xticks(x, labels, fontsize=7)
-        ax.set_ylim(*ylim)
-        ax.set_title(title, fontsize=10)
+        ax.set_ylim(*m.bounds)
+        ax.set_title(m.label, fontsize=10)
         ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     return png(fig)
@@ -96,32 +95,42 @@ def plot_types(types: pd.DataFrame, labels: dict[str, str]) -> bytes:
     return png(fig)
 
 
-def plot_breakdown(df: pd.DataFrame, by: str, labels: dict[str, str], title: str) -> bytes:
-    """Per-trial mean deception rate (± SE) for each value of `by`, one bar per run."""
-    values = list(dict.fromkeys(df[by])) if len(df) else []
-    runs = list(dict.fromkeys(df["run"])) if len(df) else []
-    fig = Figure(figsize=(max(6, 1.1 * max(len(values), 1) * max(1, len(runs)) ** 0.5 + 2), 3.4))
+def _grouped_bars(df: pd.DataFrame, group: str, at: str, values: list, cell: str, names: dict[str, str],
+                  ticks: list[str], ylabel: str, title: str, width: float) -> bytes:
+    """One bar per row group (`group`: a run, a performer) at each of `values` of column `at`: the
+    mean ± SE of its `MetricSummary` column `cell`."""
+    groups = list(dict.fromkeys(df[group]))
+    fig = Figure(figsize=(max(6, width * max(len(values), 1) * max(1, len(groups)) ** 0.5 + 2), 3.4))
     ax = fig.add_subplot(1, 1, 1)
     x = np.arange(len(values))
-    w = 0.8 / max(len(runs), 1)
-    for j, run in enumerate(runs):
-        sub = df[df["run"] == run].set_index(by)
-        mean = np.array([sub["rate_mean"].get(v, np.nan) for v in values], float)
-        se = np.array([sub["rate_se"].get(v, np.nan) for v in values], float)
-        ax.bar(x + (j - (len(runs) - 1) / 2) * w, np.nan_to_num(mean), w, yerr=np.nan_to_num(se), capsize=3,
-               color=RUN_COLORS[j % len(RUN_COLORS)], label=_wrap(labels.get(run, run), 30))
-    ax.set_xticks(x, [_wrap(str(v).lower().replace("_", " "), 12) for v in values], fontsize=8)
+    w = 0.8 / max(len(groups), 1)
+    for j, key in enumerate(groups):
+        sub = df[df[group] == key].set_index(at)[cell]
+        mean, se = (np.array([getattr(sub[v], k) if v in sub.index else np.nan for v in values], float)
+                    for k in ("mean", "se"))
+        ax.bar(x + (j - (len(groups) - 1) / 2) * w, np.nan_to_num(mean), w, yerr=np.nan_to_num(se), capsize=3,
+               color=RUN_COLORS[j % len(RUN_COLORS)], label=_wrap(names.get(key, str(key)), 30))
+    ax.set_xticks(x, ticks, fontsize=8)
     ax.set_ylim(0, 1)
-    ax.set_ylabel("deception rate")
+    ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.grid(axis="y", alpha=0.3)
-    if runs:
+    if groups:
         ax.legend(fontsize=7)
     fig.tight_layout()
     return png(fig)
 
 
-def plot_control_pressure(control: pd.DataFrame, levels: Sequence[str]) -> bytes | None:
+def plot_breakdown(df: pd.DataFrame, by: str, labels: dict[str, str], title: str) -> bytes:
+    """Per-trial mean deception rate (± SE) for each value of `by`, one bar per run (`df` has rows:
+    the report plots only runs with labels)."""
+    values = list(dict.fromkeys(df[by]))
+    ticks = [_wrap(str(v).lower().replace("_", " "), 12) for v in values]
+    return _grouped_bars(df, "run", by, values, "rate", labels, ticks, "deception rate", title, 1.1)
+
+
+def plot_control_pressure(control: pd.DataFrame, levels: Sequence[str],
+                          metric: str = "deception_rate") -> bytes | None:
     """The paper's pressure figure: per performer, the control-study rate of trials run under one
     fixed pressure level (mean over trials of the rate over all their rounds, ± SE). None when no
     trial ran under a pressure control."""
@@ -129,25 +138,9 @@ def plot_control_pressure(control: pd.DataFrame, levels: Sequence[str]) -> bytes
     if not len(frame):
         return None
     present = [lvl for lvl in levels if f"pressure={lvl}" in set(frame["condition"])]
-    models = list(dict.fromkeys(frame["model"]))
-    fig = Figure(figsize=(max(6, 1.3 * len(present) * max(1, len(models)) ** 0.5 + 2), 3.4))
-    ax = fig.add_subplot(1, 1, 1)
-    x = np.arange(len(present))
-    w = 0.8 / max(len(models), 1)
-    for j, model in enumerate(models):
-        sub = frame[frame["model"] == model].set_index("condition")
-        mean = np.array([sub["deception_rate_mean"].get(f"pressure={lvl}", np.nan) for lvl in present], float)
-        se = np.array([sub["deception_rate_se"].get(f"pressure={lvl}", np.nan) for lvl in present], float)
-        ax.bar(x + (j - (len(models) - 1) / 2) * w, np.nan_to_num(mean), w, yerr=np.nan_to_num(se), capsize=3,
-               color=RUN_COLORS[j % len(RUN_COLORS)], label=_wrap(str(model), 30))
-    ax.set_xticks(x, [lvl.lower() for lvl in present], fontsize=8)
-    ax.set_ylim(0, 1)
-    ax.set_ylabel("deception rate (all rounds)")
-    ax.set_title("control study: deception rate of trials run under one pressure level", fontsize=10)
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return png(fig)
+    return _grouped_bars(frame, "model", "condition", [f"pressure={lvl}" for lvl in present], metric, {},
+                         [lvl.lower() for lvl in present], "deception rate (all rounds)",
+                         "control study: deception rate of trials run under one pressure level", 1.3)
 
 
 def plot_states(trial: pd.DataFrame, threshold: float, title: str) -> bytes:

@@ -1,4 +1,5 @@
-"""The Jinja2 environment shared by the report and the viewer, and number formatting.
+"""The Jinja2 environment shared by the report and the viewer, number formatting, and the table
+model both render (`Table`: HTML through the `table` macro, Markdown for summary.md).
 
 Autoescape is on for every template; the only strings marked safe are our own static CSS and
 JS files (never model text). Pages carry a Content-Security-Policy that allows exactly our one
@@ -9,6 +10,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache, lru_cache
 from pathlib import Path
@@ -90,3 +93,32 @@ def trials_cell(summary: dict) -> str:
     (no rate), so a 2-trial run never reads as a 1-trial one."""
     n, none = int(summary.get("n_trials", 0) or 0), int(summary.get("n_trials_no_label", 0) or 0)
     return f"{n} (+{none} with no label)" if none else str(n)
+
+
+@dataclass(frozen=True)
+class Link:
+    text: str
+    href: str
+
+
+@dataclass(frozen=True)
+class Table:
+    """A report table: column titles, rows of cells (text, or a `Link`), which columns are numeric
+    (right-aligned in HTML). report.html (the `table` macro) and summary.md (`markdown`) render the
+    same model, so the two cannot drift apart."""
+
+    columns: Sequence[str]
+    rows: Sequence[Sequence[str | Link]]
+    numeric: Sequence[bool]
+
+    @classmethod
+    def numeric_after(cls, columns: Sequence[str], rows: Sequence[Sequence[str | Link]], n_text: int) -> Table:
+        """A table whose first `n_text` columns are text and the others numbers."""
+        return cls(columns, rows, [i >= n_text for i in range(len(columns))])
+
+    def markdown(self) -> list[str]:
+        def cell(c: str | Link) -> str:
+            return (c.text if isinstance(c, Link) else c).replace("|", "\\|").replace("\n", " ")
+
+        return ["| " + " | ".join(map(cell, self.columns)) + " |", "|" + "---|" * len(self.columns),
+                *("| " + " | ".join(map(cell, row)) + " |" for row in self.rows)]

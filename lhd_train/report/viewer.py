@@ -22,9 +22,10 @@ from lhd_train.io.files import atomic_write_text, check_writable_dir
 from lhd_train.metrics.core import trial_stats
 from lhd_train.metrics.labels import RoundLabel, auditor_labels
 from lhd_train.metrics.load import RunData, load_run
+from lhd_train.metrics.registry import summary_metrics
 from lhd_train.report.plots import data_uri, plot_states
 from lhd_train.report.render import fmt, render_page, signed
-from lhd_train.report.tables import trials_table_ctx
+from lhd_train.report.tables import trials_table
 from lhd_train.rundir.outputs import check_out_dir
 from lhd_train.rundir.rows import RoundRow, SupervisorRecord, SupervisorState
 from lhd_train.rundir.run import Run
@@ -159,18 +160,17 @@ def trial_context(run: RunData, trial_id: str, labels: AuditLabels | None = None
     trial = info.iloc[0].to_dict() if len(info) else {"trial_id": trial_id, "seed": "?", "condition": "?",
                                                         "n_rounds": len(rows), "n_tasks": len(shown),
                                                         "n_event_tasks": 0, "tasks_completed": 0, "done": False}
-    st = trial_stats(tr[["deceptive", "types", "severity", "label_status"]].to_dict("records"))
+    st = trial_stats(tr)
     if run.auditor_id is None:
         stats_text = "not audited"
     else:
-        stats_text = (f"{st.deception_occurrences} of {st.total_rounds} labelled rounds flagged "
-                      f"(rate {fmt(st.deception_rate)}), average severity {fmt(st.severity_average_all_rounds, 2)}"
-                      f" over all rounds, {fmt(st.severity_average_deception_only, 2)} over deceptive rounds")
+        stats_text = (f"{st['deception_occurrences']} of {st['total_rounds']} labelled rounds flagged; "
+                      + ", ".join(f"{m.label} {fmt(st[m.name])}" for m in summary_metrics()))
     notes = []
-    if st.failed_rounds:
-        notes.append(f"{st.failed_rounds} round(s) whose audit failed are excluded from the rate")
-    if st.missing_rounds and run.auditor_id:
-        notes.append(f"{st.missing_rounds} round(s) not audited yet")
+    if st["failed_rounds"]:
+        notes.append(f"{st['failed_rounds']} round(s) whose audit failed are excluded from the rate")
+    if st["missing_rounds"] and run.auditor_id:
+        notes.append(f"{st['missing_rounds']} round(s) not audited yet")
     a = run.auditor
     auditor_text = (f"{a.auditor_id} ({a.mode}{', R=' + str(a.window) if a.window else ''})" if a else "none")
     if states_png is None and len(tr):
@@ -223,7 +223,7 @@ def build_viewer(run: Path, out: Path | None = None, auditor: str | None = None)
 
     html = render_page("index.html.j2", run_label=data.label, notes=data.notes,
                        auditor_text=data.auditor_id or "none",
-                       trials=trials_table_ctx(per_trial_table(data), {t: p.name for t, p in pages.items()}))
+                       trials=trials_table(per_trial_table(data), {t: p.name for t, p in pages.items()}))
     index = out_dir / "index.html"
     atomic_write_text(index, html)
     return index

@@ -16,6 +16,7 @@ from statistics import NormalDist
 
 import numpy as np
 import pytest
+from markdown_tables import md_rows
 from scipy import stats
 from support.synthetic import R, write_run
 
@@ -152,7 +153,10 @@ def test_paired_difference_interval_and_sign_test_by_hand(tmp_path):
     assert 'id="paired"' in html and 'id="table-paired"' in html
     summary = (out / "summary.md").read_text()
     assert "Paired by seed against the base run base" in summary
-    assert "lora, deception_rate, scored by full: 6 paired seeds (0 dropped, undefined)" in summary
+    [row] = [r for r in md_rows(summary) if r.get("metric") == "deception rate"]
+    assert (row["run (against the base)"], row["scored by"], row["paired seeds (dropped: undefined)"]) == \
+        ("lora (tiny-llama + honest-lora)", "full", "6 (0)")
+    assert row["mean difference (run − base)"] == f"{sum(_rate(LORA[s]) - _rate(BASE[s]) for s in BASE) / 6:+.3f}"
 
 
 def test_bootstrap_is_seeded_and_a_constant_difference_has_a_zero_width_interval(tmp_path):

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+from markdown_tables import md_rows
 from markupsafe import escape
 from support.synthetic import R, write_run
 from typer.testing import CliRunner
@@ -83,7 +84,8 @@ def test_warnings_for_training_seeds_and_the_training_auditor_and_a_held_out_aud
         r = rows[(auditor, "deception_rate")]
         assert float(r["mean_diff"]) == pytest.approx(sum(diffs) / 6)
         assert int(r["n_pairs"]) == 6
-    assert "lora, deception_rate, scored by other: 6 paired seeds" in summary
+    paired = {(r["scored by"], r["metric"]): r for r in md_rows(summary) if "scored by" in r}
+    assert paired[("other", "deception rate")]["paired seeds (dropped: undefined)"] == "6 (0)"
 
 
 def test_no_warning_when_the_evaluation_is_held_out(tmp_path):

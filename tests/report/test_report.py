@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from markdown_tables import md_rows
 from support.browser import Browser
 from support.synthetic import R, write_run
 
@@ -252,7 +253,8 @@ def test_report_names_pack_hash_and_headline_auditor(tmp_path):
     assert "the first full-mode auditor created" in page
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "- computed: auditor full (the first full-mode auditor created); pack startup_consulting" in summary
-    assert "flagged without a type (unspecified) 1" in summary  # N3: the typeless flag is counted and shown
+    row = next(r for r in md_rows(summary) if r.get("run") == "computed")
+    assert row["flagged, no type (unspecified)"] == "1"  # N3: the typeless flag is counted and shown
     with open(tmp_path / "out" / "tables" / "runs.csv") as f:
         rows = {r["run"]: r for r in csv.DictReader(f)}
     assert rows["computed"]["n_unspecified"] == "1" and float(rows["computed"]["deception_rate_mean"]) == 1.0
@@ -318,7 +320,7 @@ def test_report_shows_cut_answers_per_role_and_each_roles_sampling(tmp_path):
     assert usage == {"performer": (1, 0), "supervisor": (4, 1), "summariser": (1, 1), "auditor": (3, 1)}
     cuts = "performer 0 (1 call), supervisor 1 (4 calls), summariser 1 (1 call), auditor 1 (3 calls)"
     summary = (out / "summary.md").read_text()
-    assert f"cut answers per role (calls that hit the token limit): {cuts}" in summary
+    assert md_rows(summary)[0]["cut answers per role (calls that hit the token limit)"] == cuts
     assert cuts in html and "cut answers (stayed cut)" in html
     with open(out / "tables" / "runs.csv") as f:
         s = next(csv.DictReader(f))

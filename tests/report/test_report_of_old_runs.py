@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from markdown_tables import md_rows
+
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "data" / "runs" / "v1-control-study"
 USABLE = {"ok", "retried", "repaired"}  # docs/metrics.md: a label that counts
@@ -31,17 +33,6 @@ def _counted_from_json(run: Path) -> tuple[str, int, int, float]:
     return auditor.name, len(usable), flagged, severity
 
 
-def _summary_row(summary: str, run_id: str) -> dict[str, str]:
-    """The runs table of summary.md as {column: cell} for `run_id`."""
-    table = [ln for ln in summary.splitlines() if ln.startswith("| ")]
-    header = [c.strip() for c in table[0].strip("|").split("|")]
-    for line in table[1:]:
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        if cells[0] == run_id:
-            return dict(zip(header, cells, strict=True))
-    raise AssertionError(f"no row for {run_id} in summary.md:\n{summary}")
-
-
 def test_lhd_report_reads_a_v1_run_and_shows_its_deception_rate(tmp_path: Path) -> None:
     run, out = tmp_path / "run", tmp_path / "report"
     shutil.copytree(FIXTURE, run)
@@ -53,10 +44,10 @@ def test_lhd_report_reads_a_v1_run_and_shows_its_deception_rate(tmp_path: Path) 
 
     auditor, labelled, flagged, severity = _counted_from_json(run)
     run_id = json.loads((run / "manifest.json").read_text())["run_id"]
-    row = _summary_row((out / "summary.md").read_text(encoding="utf-8"), run_id)
-    assert row["auditor"] == auditor
+    [row] = [r for r in md_rows((out / "summary.md").read_text(encoding="utf-8")) if r.get("run") == run_id]
+    assert row["auditor"].split(" (")[0] == auditor
     assert row["deception rate"] == f"{flagged / labelled:.3f}"  # one trial: its rate is the mean
-    assert row["severity (all)"] == f"{severity:.3f}"
+    assert row["avg severity (all rounds)"] == f"{severity:.3f}"
 
     runs_csv = (out / "tables" / "runs.csv").read_text(encoding="utf-8").splitlines()
     csv_row = dict(zip(runs_csv[0].split(","), runs_csv[1].split(","), strict=True))
