@@ -34,7 +34,8 @@ from lens.errors import LensError
 from lens.margins import MARGIN_NAMES, TokenSets, margins
 from lens.model import LensModel, block_outputs
 from lens.paired_auroc import paired_auroc
-from lens.readout import out_of_fold_logits
+from lens.readout import PRIMARY, Readout
+from lens.readout_probe import PROBE, out_of_fold_logits
 from lhd_train.io.csv_cells import write_csv
 from lhd_train.io.files import atomic_write_text, read_json_mapping
 from lhd_train.io.provenance import utc_now
@@ -47,11 +48,10 @@ CONTROLS = ("length", "echo")
 @dataclass
 class EntitleReadConfig:
     band: tuple[float, float] = (0.35, 0.85)
-    primary_readout: str = "jacobian"
+    primary_readout: str = PRIMARY
     primary_position: str = "claim"
     n_boot: int = 2000
     seed: int = 0
-    control_seed: int = 0
     probe: bool = True
     probe_folds: int = 5
     max_answers: int | None = None
@@ -106,7 +106,7 @@ def _echo(ids: list[int], upto: int, sets: TokenSets) -> int:
     return sum(t in n for t in window) - sum(t in s for t in window)
 
 
-def collect(model: LensModel, tokenizer: Any, answers: Sequence[dict[str, Any]], readouts: Sequence[Any],
+def collect(model: LensModel, tokenizer: Any, answers: Sequence[dict[str, Any]], readouts: Sequence[Readout],
             sets: TokenSets, cfg: EntitleReadConfig) -> tuple[list[dict], list[dict], dict[str, list], list[dict]]:
     """(margin rows, example rows, hidden states per position [n][L, d], skipped)."""
     union = torch.tensor(sets.union(), dtype=torch.long, device=model.device)
@@ -163,7 +163,7 @@ def probe_rows(examples: list[dict], feats: dict[str, list], cfg: EntitleReadCon
             for e, zrow in zip(examples, Z, strict=True):
                 m_e = float(zrow[1] - zrow[0]) if np.isfinite(zrow).all() else float("nan")
                 out.append({"id": e["id"], "fact": e["fact"], "task": e["task"], "label": e["label"],
-                            "readout": "probe", "layer": layer, "position": name, "m_E": m_e})
+                            "readout": PROBE, "layer": layer, "position": name, "m_E": m_e})
     return out
 
 
@@ -195,13 +195,13 @@ def auroc_table(rows: list[dict], examples: list[dict], n_layers: int, cfg: Enti
 
 
 def read_entitle(model: LensModel, tokenizer: Any, answers_rows: Sequence[dict[str, Any]],
-                 readouts: Sequence[Any], sets: TokenSets, out_dir: str | Path,
+                 readouts: Sequence[Readout], sets: TokenSets, out_dir: str | Path,
                  cfg: EntitleReadConfig | None = None, info: dict[str, Any] | None = None) -> dict[str, Any]:
     """Declare the plan, read every selected answer, write margins.csv, auroc.csv, read.md and
     summary.json into `out_dir`; returns the summary."""
     cfg = cfg or EntitleReadConfig()
     out = Path(out_dir)
-    names = [ro.name for ro in readouts] + (["probe"] if cfg.probe else [])
+    names = [ro.name for ro in readouts] + ([PROBE] if cfg.probe else [])
     if cfg.primary_readout not in names + list(CONTROLS):
         raise LensError(f"primary readout {cfg.primary_readout!r} is not read (readouts: {', '.join(names)}); pass "
                         "the lens it needs or declare another primary readout")
@@ -286,5 +286,5 @@ def markdown(summary: dict[str, Any], table: list[dict]) -> str:
                          f"{t['n_pairs']} | {t['n_groups']} |")
     lines += ["", "Band cells other than the primary one are exploratory. `question` is the negative control "
               "(identical context within a fact: 0.5 expected); `length` and `echo` are the confound controls; "
-              "`random_transport` is the lens with random singular bases. Per-layer cells: auroc.csv.", ""]
+              "`jacobian_random` is the lens with random singular bases. Per-layer cells: auroc.csv.", ""]
     return "\n".join(lines)

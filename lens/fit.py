@@ -24,7 +24,7 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -418,14 +418,3 @@ def write_fit_outputs(result: FitResult, out_dir: str | Path) -> None:
     for row in result.history:
         w.writerow({c: safe_cell(row.get(c)) for c in cols})  # numbers stay numbers; no text cell is a formula
     atomic_write_text(out / CONVERGENCE, buf.getvalue())
-
-
-def entitlement_directions(model: Any, token_ids: Sequence[int]) -> torch.Tensor:
-    """Rows `g ⊙ w_tau` (final-norm gain times unembedding row) for targeted fits (docs/lens-background.md §8)."""
-    W = model.head.weight[torch.as_tensor(list(token_ids), device=model.device)].float()
-    g = getattr(model.norm, "weight", None)
-    return W * (g.float()[None, :] if g is not None else 1.0)
-
-
-def fit_settings_dict(settings: FitSettings) -> dict[str, Any]:
-    return asdict(settings)

@@ -19,11 +19,19 @@ import numpy as np
 import pandas as pd
 
 from lens.positions import POSITION_CLASSES
-from lens.tables import CONTROL, PRIMARY
+from lens.readout import READOUTS
+from lens.readout_probe import PROBE
+from lens.tables import CONTROL, PRIMARY, STATED
 from lhd_train.io.csv_cells import write_csv
 from lhd_train.io.files import atomic_write, atomic_write_text
 
-READOUT_ORDER = ["jacobian", "jacobian_random", "logit", "probe", "stated"]
+READOUT_ORDER = [*READOUTS, PROBE, STATED]
+
+
+def _ordered(names: Any) -> list[str]:
+    """The readouts in `names` in READOUT_ORDER, then any other in name order."""
+    present = set(names)
+    return [r for r in READOUT_ORDER if r in present] + sorted(present - set(READOUT_ORDER))
 
 
 def _ci(x: Any, lo: Any, hi: Any) -> str:
@@ -73,7 +81,7 @@ def _metric_tables(table: pd.DataFrame, heading: str) -> list[str]:
     lines: list[str] = []
     for metric, g in table.groupby("metric", sort=False):
         g = g.assign(cell=g.apply(_cell, axis=1))
-        order = [r for r in READOUT_ORDER if r in set(g["readout"])] + sorted(set(g["readout"]) - set(READOUT_ORDER))
+        order = _ordered(g["readout"])
         cols = [(ro, pos) for ro in order for pos in dict.fromkeys(g[g["readout"] == ro]["position"])]
         layers = sorted(g["layer"].unique())
         lines += [f"## {heading}: {metric}", "", "within-stratum AUROC [95% CI, cluster bootstrap] (pooled AUROC)", "",
@@ -134,8 +142,7 @@ def heatmap(table: pd.DataFrame, metric_key: str, path: Path, *, title: str) -> 
     t = table[(table["metric_key"] == metric_key) & (table["layer"] >= 0)]
     if t.empty or t["auroc_within"].isna().all():
         return None
-    readouts = [r for r in READOUT_ORDER if r in set(t["readout"])] + sorted(set(t["readout"]) - set(READOUT_ORDER))
-    readouts = [r for r in readouts if r != "stated"]
+    readouts = _ordered(set(t["readout"]) - {STATED})
     layers = sorted(t["layer"].unique())
     fig, axes = plt.subplots(1, len(readouts), figsize=(2.6 * len(readouts) + 1.2, 0.28 * len(layers) + 2.2),
                              squeeze=False, sharey=True, layout="constrained")
