@@ -36,6 +36,8 @@ from lens.model import LensModel, block_outputs
 from lens.paired_auroc import paired_auroc
 from lens.readout import PRIMARY, Readout
 from lens.readout_probe import PROBE, out_of_fold_logits
+from lens.report import write_json
+from lens.stats import band_layers
 from lhd_train.io.csv_cells import write_csv
 from lhd_train.io.files import atomic_write_text, read_json_mapping
 from lhd_train.io.provenance import utc_now
@@ -56,11 +58,6 @@ class EntitleReadConfig:
     probe_folds: int = 5
     max_answers: int | None = None
     progress: bool = True
-
-
-def band_layers(band: Sequence[float], n_layers: int) -> list[int]:
-    lo, hi = int(math.floor(band[0] * (n_layers - 1))), int(math.ceil(band[1] * (n_layers - 1)))
-    return list(range(lo, hi + 1))
 
 
 def select_answers(rows: Sequence[dict[str, Any]], max_answers: int | None = None) -> list[dict[str, Any]]:
@@ -173,7 +170,8 @@ def auroc_table(rows: list[dict], examples: list[dict], n_layers: int, cfg: Enti
     import pandas as pd
 
     df = pd.DataFrame(rows)
-    band = band_layers(cfg.band, n_layers)
+    lo, hi = band_layers(n_layers, cfg.band)
+    band = list(range(lo, hi + 1))
     out = []
 
     def cell(readout: str, position: str, layer: int, g: Any, score: Any) -> dict:
@@ -208,7 +206,8 @@ def read_entitle(model: LensModel, tokenizer: Any, answers_rows: Sequence[dict[s
     if cfg.primary_position not in POSITIONS:
         raise LensError(f"primary position {cfg.primary_position!r}: allowed {', '.join(POSITIONS)}")
     answers = select_answers(answers_rows, cfg.max_answers)
-    band = band_layers(cfg.band, model.n_layers)
+    lo, hi = band_layers(model.n_layers, cfg.band)
+    band = list(range(lo, hi + 1))
     plan = write_plan(out, {
         "contrast": f"{POSITIVE} vs {NEGATIVE} within the same fact (paired AUROC of -m_E)",
         "primary": {"readout": cfg.primary_readout, "position": cfg.primary_position, "layers": "band mean"},
@@ -217,7 +216,7 @@ def read_entitle(model: LensModel, tokenizer: Any, answers_rows: Sequence[dict[s
     if not answers:
         summary = {"n_answers": 0, "plan": plan, "primary": None,
                    "note": "no fact has both a fabricated and a supported answer: nothing to compare"}
-        atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+        write_json(out / "summary.json", summary)
         return summary
     rows, examples, feats, skipped = collect(model, tokenizer, answers, readouts, sets, cfg)
     if cfg.probe and examples:
@@ -232,7 +231,7 @@ def read_entitle(model: LensModel, tokenizer: Any, answers_rows: Sequence[dict[s
                "retokenized": sum(e["retokenized"] for e in examples), "skipped": skipped, "plan": plan,
                "primary": primary, "config": asdict(cfg),
                "negative_control": [t for t in table if t["position"] == "question" and t["layer"] == -1]}
-    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=_json_default) + "\n")
+    write_json(out / "summary.json", summary)
     atomic_write_text(out / "read.md", markdown(summary, table))
     return summary
 
@@ -254,12 +253,6 @@ def _frame(rows: list[dict]) -> Any:
     import pandas as pd
 
     return pd.DataFrame(rows)
-
-
-def _json_default(x: Any) -> Any:
-    if isinstance(x, (np.floating, np.integer)):
-        return x.item()
-    raise TypeError(type(x).__name__)
 
 
 def _f(x: float | None) -> str:

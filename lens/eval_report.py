@@ -9,25 +9,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from lens.passk import KS
 from lens.readout import BASELINE, PRIMARY, READOUTS
+from lens.report import write_json
 from lhd_train.io.files import atomic_write, atomic_write_text
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return None if not np.isfinite(o) else float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    return str(o)
-
-
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj, indent=2, default=_json_default) + "\n"
 
 
 def _f(x: Any, spec: str = ".3f") -> str:
@@ -92,12 +77,12 @@ def write_prompt_set_outputs(out_dir: Path, passk: dict[str, Any], ranks: Sequen
     out.mkdir(parents=True, exist_ok=True)
     files = {"passk": str(out / "passk.json"), "ranks": str(out / "passk_ranks.jsonl"),
              "quality": str(out / "quality.md")}
-    atomic_write_text(out / "passk.json", _dumps(passk))
+    write_json(out / "passk.json", passk)
     atomic_write_text(out / "passk_ranks.jsonl", "".join(json.dumps(r) + "\n" for r in ranks))
     md = [f"# {title}", "", *(f"- {k}: {v}" for k, v in meta.items()), "", *passk_markdown(passk)]
     if causal is not None:
         files["causal"] = str(out / "causal.json")
-        atomic_write_text(out / "causal.json", _dumps({"summary": causal, "meta": meta, "rows": list(causal_rows)}))
+        write_json(out / "causal.json", {"summary": causal, "meta": meta, "rows": list(causal_rows)})
         md += causal_markdown(causal)
     atomic_write_text(out / "quality.md", "\n".join(md))
     return files
@@ -216,5 +201,5 @@ def write_fidelity(out_dir: Path, result: dict, *, title: str) -> dict[str, str]
     files = {"json": str(out / "eval.json"), "markdown": str(out / "eval.md"), "plot": str(out / "fidelity.png")}
     fidelity_plot(result, out / "fidelity.png", title=title)
     atomic_write_text(out / "eval.md", fidelity_markdown(result, title=title))
-    atomic_write_text(out / "eval.json", _dumps({**result, "files": files}))
+    write_json(out / "eval.json", {**result, "files": files})
     return files

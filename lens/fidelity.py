@@ -40,7 +40,7 @@ from lens.corpus import CorpusSpec, encode_messages, encode_prompt, load_corpus
 from lens.errors import LensError
 from lens.model import LensModel, block_outputs
 from lens.readout import BASELINE, PRIMARY, JacobianLens, Readout
-from lens.stats import percentile_ci, ratio_of_sums
+from lens.stats import band_layers, percentile_ci, ratio_of_sums
 from lens.store import Lens
 
 BAND = (0.35, 0.85)  # middle layers, as a fraction of depth (the workspace band of lens.read)
@@ -295,7 +295,7 @@ def _rows(sums: _Sums, sums_eval: _Sums, agree: dict[int, list[float]], readouts
 def summarise(rows: Sequence[dict[str, Any]], n_layers: int) -> dict[str, Any]:
     """Over the middle band: on which fitted layers the primary readout (the J-lens) is closer to the model than
     the baseline (the logit lens)."""
-    lo, hi = int(math.floor(BAND[0] * (n_layers - 1))), int(math.ceil(BAND[1] * (n_layers - 1)))
+    lo, hi = band_layers(n_layers, BAND)
     band = [r for r in rows if lo <= r["layer"] <= hi and r.get("kl_diff_lo") is not None]
 
     def which(cond: Callable[[dict[str, Any]], bool]) -> list[int]:

@@ -16,9 +16,7 @@ default) rather than every few prompts, and atomically; a resume refuses differe
 """
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import json
 import logging
 import math
@@ -36,7 +34,7 @@ from lens.errors import LensError
 from lens.jacobian import ESTIMATORS, prompt_jacobian, random_signs
 from lens.model import LensModel, normalise_layer
 from lens.store import Lens
-from lhd_train.io.csv_cells import safe_cell
+from lhd_train.io.csv_cells import write_csv
 from lhd_train.io.files import atomic_write, atomic_write_text
 from rollouts.model_files import changed_parts
 
@@ -409,12 +407,9 @@ def _report(state: _State, sources: list[int], elapsed: float, new_done: int) ->
 def write_fit_outputs(result: FitResult, out_dir: str | Path) -> None:
     """`fit_report.json` and `convergence.csv` next to the lens."""
     out = Path(out_dir)
+    import pandas as pd
+
     atomic_write_text(out / REPORT, json.dumps(result.report, indent=2) + "\n")
-    buf = io.StringIO()
     cols = ["prompt_index", "n", "n_tokens", "delta_mean", "delta_max", "jnorm_max", "identity_distance_deepest",
             "seconds"]
-    w = csv.DictWriter(buf, fieldnames=cols)
-    w.writeheader()
-    for row in result.history:
-        w.writerow({c: safe_cell(row.get(c)) for c in cols})  # numbers stay numbers; no text cell is a formula
-    atomic_write_text(out / CONVERGENCE, buf.getvalue())
+    write_csv(pd.DataFrame(result.history, columns=cols), out / CONVERGENCE)

@@ -79,29 +79,19 @@ def _forms(word: str) -> list[str]:
     return out
 
 
-def resolve_token_sets(
-    tokenizer: Any,
-    words: Mapping[str, Sequence[str | int]] | None = None,
-    *,
-    model_type: str | None = None,
-    fallback: str = "strict",
-) -> TokenSets:
-    """Resolve word lists to token ids. `fallback="first-token"` keeps the first token of multi-token forms.
-
-    Entries that are ints are taken as token ids as they are (for user-supplied sets).
-    """
+def resolve_forms(tokenizer: Any, words: Mapping[str, Sequence[str | int]], fallback: str = "strict"
+                  ) -> tuple[dict[str, list[int]], dict[str, list[str]], list[str]]:
+    """Per named set, the token ids of its words' single-token forms (`_forms`; the first token of a longer
+    form with `fallback="first-token"`; an int entry is a token id as it is), the forms kept, and what was
+    dropped; a token in two sets says nothing about either and is removed from both."""
     if fallback not in ("strict", "first-token"):
         raise LensError(f"unknown token fallback {fallback!r} (allowed: strict, first-token)")
-    words = dict(words or default_words(model_type))
-    unknown = set(words) - set(SET_NAMES)
-    if unknown:
-        raise LensError(f"token sets must be named S, N, R; got {sorted(unknown)}")
-    ids: dict[str, list[int]] = {k: [] for k in SET_NAMES}
-    kept: dict[str, list[str]] = {k: [] for k in SET_NAMES}
+    ids: dict[str, list[int]] = {k: [] for k in words}
+    kept: dict[str, list[str]] = {k: [] for k in words}
     dropped: list[str] = []
     vocab_size = len(tokenizer) if hasattr(tokenizer, "__len__") else None
-    for name in SET_NAMES:
-        for entry in words.get(name, []):
+    for name, entries in words.items():
+        for entry in entries:
             if isinstance(entry, int):
                 if vocab_size is not None and not 0 <= entry < vocab_size:
                     raise LensError(f"token id {entry} in set {name} is outside the vocabulary ({vocab_size})")
@@ -116,15 +106,31 @@ def resolve_token_sets(
                         kept[name].append(form if len(toks) == 1 else f"{form}[0]")
                 else:
                     dropped.append(f"{name}:{form!r}({len(toks)} tokens)")
-    # a token in two sets says nothing about either
-    for a in SET_NAMES:
-        for b in SET_NAMES:
-            if a < b:
-                shared = set(ids[a]) & set(ids[b])
-                if shared:
-                    dropped += [f"{a}&{b}:#{t}" for t in sorted(shared)]
-                    ids[a] = [t for t in ids[a] if t not in shared]
-                    ids[b] = [t for t in ids[b] if t not in shared]
+    names = list(words)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            shared = set(ids[a]) & set(ids[b])
+            if shared:
+                dropped += [f"{a}&{b}:#{t}" for t in sorted(shared)]
+                ids[a] = [t for t in ids[a] if t not in shared]
+                ids[b] = [t for t in ids[b] if t not in shared]
+    return ids, kept, dropped
+
+
+def resolve_token_sets(
+    tokenizer: Any,
+    words: Mapping[str, Sequence[str | int]] | None = None,
+    *,
+    model_type: str | None = None,
+    fallback: str = "strict",
+) -> TokenSets:
+    """Resolve word lists to token ids (`resolve_forms`). `fallback="first-token"` keeps the first token of
+    multi-token forms. Entries that are ints are taken as token ids as they are (for user-supplied sets)."""
+    words = dict(words or default_words(model_type))
+    unknown = set(words) - set(SET_NAMES)
+    if unknown:
+        raise LensError(f"token sets must be named S, N, R; got {sorted(unknown)}")
+    ids, kept, dropped = resolve_forms(tokenizer, {k: words.get(k, []) for k in SET_NAMES}, fallback)
     if dropped:
         log.info("token sets: dropped %d forms that are not single tokens or are shared: %s", len(dropped),
                  ", ".join(dropped[:40]) + (" ..." if len(dropped) > 40 else ""))

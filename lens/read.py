@@ -21,7 +21,6 @@ declaration is written to summary.json before any AUROC is computed (`lens.table
 """
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -40,9 +39,9 @@ from lens.positions import ANCHORS, POSITION_CLASSES, ReadExample, render_chat, 
 from lens.readout import BASELINE, PRIMARY, Lenses, Readout, build_readouts
 from lens.readout_probe import PROBE, out_of_fold_logits
 from lens.runs import load_run_examples
+from lens.stats import band_layers
 from lens.tables import Primary
 from lhd_train.api import TaskPack
-from lhd_train.io.files import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -243,15 +242,13 @@ def _lens_info(lens: Any) -> dict | None:
 
 def declare(out_dir: str | Path, summary: dict) -> None:
     """Write the pre-registration (mode, primary cell, settings) as summary.json before any AUROC."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "summary.json", json.dumps({**summary, "stage": "declared, reading"}, indent=2,
-                                                       default=str) + "\n")
+    from lens.report import write_json
+
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    write_json(Path(out_dir) / "summary.json", {**summary, "stage": "declared, reading"})
 
 
 def _head(mode: str, model: LensModel, lens: Any, cfg: ReadConfig, token_sets: TokenSets) -> dict:
-    from lens.tables import band_layers
-
     lo, hi = band_layers(model.n_layers, cfg.band)
     return {"mode": mode, "model": getattr(model, "name", None), "revision": getattr(model, "revision", None),
             "n_layers": model.n_layers, "lens": _lens_info(lens), "token_sets": token_sets.to_json(),
@@ -278,6 +275,20 @@ def _report(out_dir: str | Path, mode: str, col: Collected, edf: Any, scored: li
     return summary
 
 
+def _read(model: LensModel, tokenizer: Any, lens: Any, examples: Sequence[ReadExample],
+          token_sets: TokenSets, head: dict, cfg: ReadConfig, probe_classes: Sequence[Any],
+          probe_sets: dict[str, Sequence[Any]]) -> tuple[Collected, list[Readout]]:
+    """Every example through every readout (`collect`), then the probe out of fold; the answer sets go into
+    the declared `head`."""
+    answer_sets = _answer_sets(tokenizer, token_sets)
+    head["answer_sets"] = answer_sets.to_json()
+    readouts = _readouts(model, lens, cfg)
+    col = collect(model, tokenizer, examples, readouts, token_sets, cfg, answer_sets)
+    if cfg.probe:
+        col.rows += probe_rows(col, probe_classes, probe_sets, cfg)
+    return col, readouts
+
+
 def read_probe_set(model: LensModel, tokenizer: Any, lens: Any, probes: Sequence[dict], token_sets: TokenSets,
                    out_dir: str | Path, cfg: ReadConfig | None = None) -> dict:
     """Margins, AUROC tables (one per claim kind), layer choice and heatmap for an entitlement probe set."""
@@ -294,12 +305,8 @@ def read_probe_set(model: LensModel, tokenizer: Any, lens: Any, probes: Sequence
                                     info={"pair_id": row.get("pair_id"), "claim_kind": row.get("claim_kind"),
                                           "record_variant": row.get("record_variant")},
                                     stratum=row["record_id"], judged="claim"))
-    answer_sets = _answer_sets(tokenizer, token_sets)
-    head["answer_sets"] = answer_sets.to_json()
-    readouts = _readouts(model, lens, cfg)
-    col = collect(model, tokenizer, examples, readouts, token_sets, cfg, answer_sets)
-    if cfg.probe:
-        col.rows += probe_rows(col, list(LABELS), {"S": [SUPPORTED], "N": [NOT_ENTITLED], "R": [REFUTED]}, cfg)
+    col, readouts = _read(model, tokenizer, lens, examples, token_sets, head, cfg, list(LABELS),
+                          {"S": [SUPPORTED], "N": [NOT_ENTITLED], "R": [REFUTED]})
     import pandas as pd
 
     edf = pd.DataFrame(col.examples)
@@ -358,14 +365,11 @@ def read_run(model: LensModel, tokenizer: Any, lens: Any, run_dir: str | Path, t
                                        max_claims=cfg.max_claims)
     if not examples:
         raise LensError(f"{run_dir}: no readable round")
-    answer_sets = _answer_sets(tokenizer, token_sets)
-    head["answer_sets"] = answer_sets.to_json()
-    col = collect(model, tokenizer, examples, _readouts(model, lens, cfg), token_sets, cfg, answer_sets)
+    # the probe is a supervised baseline here: it predicts the flag itself (classes honest/flagged), grouped by
+    # trial; m_E = logit(honest) − logit(flagged), so −m_E is a suspicion score like the lenses'
+    col, _ = _read(model, tokenizer, lens, examples, token_sets, head, cfg, [False, True],
+                   {"S": [False], "N": [True], "R": []})
     col.skipped = info.pop("skipped") + col.skipped
-    if cfg.probe:
-        # supervised baseline: predicts the flag itself (classes honest/flagged), grouped by trial;
-        # m_E = logit(honest) − logit(flagged), so −m_E is a suspicion score like the lenses'
-        col.rows += probe_rows(col, [False, True], {"S": [False], "N": [True], "R": []}, cfg)
     edf = pd.DataFrame(col.examples)
     edf["stated"] = edf["stated_yes_no"]
     scored = tables.run_scores(pd.DataFrame(col.rows), edf, model.n_layers)

@@ -171,22 +171,12 @@ def heatmap(table: pd.DataFrame, metric_key: str, path: Path, *, title: str) -> 
     return path
 
 
-def _json_default(o: Any):
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (np.floating, float)):
-        return None if not np.isfinite(o) else float(o)
-    if isinstance(o, (np.bool_,)):
-        return bool(o)
-    if isinstance(o, (np.ndarray,)):
-        return o.tolist()
-    if isinstance(o, Path):
-        return str(o)
-    return str(o)
-
-
 def _finite(o: Any) -> Any:
-    """NaN/inf floats as None (JSON has no NaN), recursively."""
+    """`o` as plain JSON values, recursively: numpy scalars and arrays as numbers and lists, NaN/inf as None."""
+    if isinstance(o, np.ndarray):
+        o = o.tolist()
+    if isinstance(o, np.generic):
+        o = o.item()
     if isinstance(o, float) and not math.isfinite(o):
         return None
     if isinstance(o, dict):
@@ -194,6 +184,12 @@ def _finite(o: Any) -> Any:
     if isinstance(o, (list, tuple)):
         return [_finite(v) for v in o]
     return o
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """`obj` as indented JSON (`_finite`; anything else, such as a path, as its text), written atomically: the
+    one JSON writer of the lens's result files."""
+    atomic_write_text(path, json.dumps(_finite(obj), indent=2, default=str) + "\n")
 
 
 def write_outputs(out_dir: Path, margins_df: pd.DataFrame, examples_df: pd.DataFrame, table: pd.DataFrame,
@@ -221,7 +217,6 @@ def write_outputs(out_dir: Path, margins_df: pd.DataFrame, examples_df: pd.DataF
         png = heatmap(table, str(table["metric_key"].iloc[0]), out / "heatmap.png", title=title)
     if png:
         files["heatmap"] = str(png)
-    summary = _finite({**summary, "files": files})
-    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=_json_default) + "\n")
+    write_json(out / "summary.json", {**summary, "files": files})
     files["summary"] = str(out / "summary.json")
     return files

@@ -13,10 +13,16 @@ with one class only contribute no pair.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
+
+def band_layers(n_layers: int, band: Sequence[float]) -> tuple[int, int]:
+    """First and last layer of a band given as fractions of depth (the workspace band, e.g. 0.35-0.85)."""
+    return int(math.floor(band[0] * (n_layers - 1))), int(math.ceil(band[1] * (n_layers - 1)))
 
 
 def percentile_ci(statistic: Callable[..., np.ndarray], *samples: np.ndarray, n_boot: int, seed: int,

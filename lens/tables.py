@@ -17,7 +17,6 @@ read, labelled or not (science-4 D13; they used to be fitted on the unflagged ro
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -26,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from lens.readout_probe import PROBE
-from lens.stats import bootstrap_auroc, emergence_layer, nested_best_layer
+from lens.stats import band_layers, bootstrap_auroc, emergence_layer, nested_best_layer
 
 PRIMARY, CONTROL, EXPLORATORY = "primary", "negative control", "exploratory"
 STATED = "stated"  # the readout column of the stated margin's rows: the model's own answer, one per example
@@ -63,11 +62,6 @@ class Primary:
 
     def to_json(self) -> dict:
         return asdict(self)
-
-
-def band_layers(n_layers: int, band: Sequence[float]) -> tuple[int, int]:
-    """First and last layer of a band given as fractions of depth."""
-    return int(math.floor(band[0] * (n_layers - 1))), int(math.ceil(band[1] * (n_layers - 1)))
 
 
 def _z(v: pd.Series) -> pd.Series:
