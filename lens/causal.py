@@ -48,12 +48,6 @@ def unit(v: torch.Tensor) -> torch.Tensor:
     return v / n
 
 
-def project_out(h: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """`h − (h·v̂) v̂`: `h` (any leading shape) without its component along `v`."""
-    vh = unit(v.to(h.dtype))
-    return h - (h @ vh)[..., None] * vh
-
-
 @dataclass
 class CausalConfig:
     layers: list[int]

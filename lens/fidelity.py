@@ -98,9 +98,7 @@ def _matrix_agreement(A: torch.Tensor, B: torch.Tensor) -> dict[str, float]:
     eye = torch.eye(A.shape[-1], dtype=A.dtype) if A.shape[0] == A.shape[1] else torch.zeros_like(A)
 
     def corr(x: torch.Tensor, y: torch.Tensor) -> float:
-        x, y = x.flatten() - x.mean(), y.flatten() - y.mean()
-        den = float(x.norm() * y.norm())
-        return float((x @ y) / den) if den > 0 else float("nan")
+        return float(torch.corrcoef(torch.stack([x.flatten(), y.flatten()]))[0, 1])
 
     mid = torch.linalg.matrix_norm((A + B) / 2)
     return {"rel_frob": float(torch.linalg.matrix_norm(A - B) / mid) if mid > 0 else float("nan"),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lens.causal import CausalConfig, causal_rows, item_edits, project_out, run_edits, summarise_causal
+from lens.causal import CausalConfig, causal_rows, item_edits, run_edits, summarise_causal
 from lens.directions import token_directions
 from lens.errors import LensError
 from lens.fit import FitOptions, FitSettings, fit_lens
@@ -15,6 +15,7 @@ from lens.margins import TokenSets
 from lens.model import block_outputs
 from lens.promptsets import PromptItem, PromptSet, encode_item, token_forms
 from lens.readout import JacobianLens, LogitLens
+from lens.store import Lens
 
 LAYER = 1
 
@@ -46,14 +47,19 @@ def test_direction_is_the_lens_logit_and_projection_removes_it(llama, lens):
     g, w = model.hf.model.norm.weight, model.hf.lm_head.weight[token]
     assert torch.allclose(v, J.T @ (g * w), rtol=1e-5, atol=1e-6)  # the adjoint, by autograd, is Jᵀ (g ⊙ w)
     assert torch.allclose(LogitLens(model).direction(LAYER, g * w), g * w)
-    h2 = project_out(h, v)
+    jl = {"jacobian": JacobianLens(model, lens)}
+    edit = item_edits(model, jl, LAYER, h, [[token]], None, torch.Generator().manual_seed(0), n_random=0)
+    assert [e["kind"] for e in edit] == ["jacobian"]
+    h2 = h - edit[0]["delta"]  # the edited residual: h without its component along v
     assert abs(float(h2 @ v)) < 1e-4 * float(v.norm() * h.norm())
     assert float(model.unembed((J @ h2)[None])[0, token]) == pytest.approx(0.0, abs=1e-4)  # its logit is now 0
     w = torch.randn(h.shape[0], generator=torch.Generator().manual_seed(0))
     w = w - (w @ v) / (v @ v) * v  # orthogonal to v: untouched
     assert float(h2 @ w) == pytest.approx(float(h @ w), rel=1e-4, abs=1e-4)
+    zero = Lens({LAYER: torch.zeros_like(J)}, dict(lens.meta))
     with pytest.raises(LensError, match="zero"):
-        project_out(h, torch.zeros_like(h))
+        item_edits(model, {"jacobian": JacobianLens(model, zero)}, LAYER, h, [[token]], None,
+                   torch.Generator().manual_seed(0), n_random=0)
 
 
 def test_output_kl_matches_a_hooked_hf_forward(llama, lens):
