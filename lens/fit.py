@@ -65,7 +65,7 @@ def resolve_layers(
 @dataclass
 class FitSettings:
     """Everything that changes the estimate (compared on resume), plus pure speed knobs. The command
-    line's options and their checks are `lens.settings.FitArgs`, which fills this by field name."""
+    line's options and their checks are `lhd_train.config.lens.FitArgs`, which fills this by field name."""
 
     target_layer: int = -1
     source_layers: list[int] | None = None

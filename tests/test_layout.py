@@ -227,7 +227,7 @@ def in_package(module: str, package: str) -> bool:
 def reaches_outside(graph: dict[str, set[str]], package: str, allowed: tuple[str, ...]) -> list[str]:
     """`importer -> imported` for each import from a module of `package` to a project module that
     is neither in `package` nor in one of the `allowed` packages (nor a parent package of one: importing
-    `lens.settings` runs `lens/__init__.py`)."""
+    `lens.readout` runs `lens/__init__.py`)."""
     return sorted(f"{m} -> {d}" for m, deps in graph.items() if in_package(m, package) for d in deps
                   if not in_package(d, package) and not any(in_package(d, a) or a.startswith(d + ".")
                                                             for a in allowed))

@@ -1,4 +1,4 @@
-"""The lens commands' settings models (lens/settings.py): they fill the library's dataclasses by
+"""The lens commands' settings models (lhd_train/config/lens.py): they fill the library's dataclasses by
 field name, so a field renamed on one side must fail here rather than silently fall back to a
 library default; and the lens commands log through the one boundary's handler, one logger per
 module."""
