@@ -224,8 +224,10 @@ def read_entitle(model: LensModel, tokenizer: Any, answers_rows: Sequence[dict[s
     table = auroc_table(rows, examples, model.n_layers, cfg) if examples else []
     primary = next((t for t in table if (t["readout"], t["position"], t["layer"]) ==
                     (cfg.primary_readout, cfg.primary_position, -1)), None)
-    write_csv(_frame(rows), out / "margins.csv")
-    write_csv(_frame(table), out / "auroc.csv")
+    import pandas as pd
+
+    write_csv(pd.DataFrame(rows), out / "margins.csv")
+    write_csv(pd.DataFrame(table), out / "auroc.csv")
     summary = {"n_answers": len(examples), "n_facts": len({e["fact"] for e in examples}),
                "labels": {lab: sum(e["label"] == lab for e in examples) for lab in (POSITIVE, NEGATIVE)},
                "retokenized": sum(e["retokenized"] for e in examples), "skipped": skipped, "plan": plan,
@@ -247,12 +249,6 @@ def with_adapter(model: Any, adapter: str | None) -> Any:
 
     merged = PeftModel.from_pretrained(model.hf, adapter, is_trainable=False).merge_and_unload()
     return HFLensModel(merged, name=f"{model.name}+{adapter}", revision=model.revision)
-
-
-def _frame(rows: list[dict]) -> Any:
-    import pandas as pd
-
-    return pd.DataFrame(rows)
 
 
 def _f(x: float | None) -> str:

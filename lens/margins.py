@@ -1,10 +1,11 @@
 """Entitlement token sets and margins (docs/lens-background.md §6).
 
 Token sets S (supported), N (not entitled), R (refuted) are frozen word lists. Each word is
-tried in four surface forms (with / without a leading space, lower / Capitalised); a form is kept
-only if it is exactly one token of the model's tokenizer. Dropped forms are logged; a token that
-lands in two sets is removed from both. If S or N ends empty the build fails with a message
-that says how to pass sets (`--token-sets FILE`) or to allow the first-token fallback.
+tried in its surface forms (as given, lower-case, Capitalised; each with and without a leading
+space: four for a lower-case word); a form is kept only if it is exactly one token of the
+model's tokenizer. Dropped forms are logged; a token that lands in two sets is removed from both.
+If S or N ends empty the build fails with a message that says how to pass sets (`--token-sets
+FILE`) or to allow the first-token fallback.
 
 Margins on readout logits `z` (only the columns of S ∪ N ∪ R are needed):
 `m_E = LSE_S(z) − LSE_N(z)`, `m_R = LSE_R(z) − max(LSE_S, LSE_N)`, `m_P = LSE_S − LSE_R`, and
@@ -70,18 +71,15 @@ def default_words(model_type: str | None = None) -> dict[str, list[str]]:
     return words
 
 
-def _forms(word: str) -> list[str]:
-    out = []
-    for w in (word, word[:1].upper() + word[1:]):
-        for f in (w, " " + w):
-            if f not in out:
-                out.append(f)
-    return out
+def surface_forms(word: str) -> list[str]:
+    """as given, lower-case, Capitalised; each bare and with a leading space (no duplicates)."""
+    bases = [word, word.lower(), word[:1].upper() + word[1:]]
+    return list(dict.fromkeys(f for b in bases for f in (b, " " + b)))
 
 
 def resolve_forms(tokenizer: Any, words: Mapping[str, Sequence[str | int]], fallback: str = "strict"
                   ) -> tuple[dict[str, list[int]], dict[str, list[str]], list[str]]:
-    """Per named set, the token ids of its words' single-token forms (`_forms`; the first token of a longer
+    """Per named set, the token ids of its words' single-token forms (`surface_forms`; the first token of a longer
     form with `fallback="first-token"`; an int entry is a token id as it is), the forms kept, and what was
     dropped; a token in two sets says nothing about either and is removed from both."""
     if fallback not in ("strict", "first-token"):
@@ -98,7 +96,7 @@ def resolve_forms(tokenizer: Any, words: Mapping[str, Sequence[str | int]], fall
                 ids[name].append(entry)
                 kept[name].append(f"#{entry}")
                 continue
-            for form in _forms(str(entry)):
+            for form in surface_forms(str(entry)):
                 toks = tokenizer(form, add_special_tokens=False)["input_ids"]
                 if len(toks) == 1 or (fallback == "first-token" and len(toks) > 1):
                     if toks[0] not in ids[name]:

@@ -219,10 +219,6 @@ def probe_rows(col: Collected, classes: Sequence[Any], set_of_class: dict[str, S
     return rows
 
 
-def config_dict(cfg: ReadConfig) -> dict:
-    return asdict(cfg)
-
-
 # ---------------------------------------------------------------------------------------------
 # the two reading modes
 # ---------------------------------------------------------------------------------------------
@@ -252,7 +248,7 @@ def _head(mode: str, model: LensModel, lens: Any, cfg: ReadConfig, token_sets: T
     lo, hi = band_layers(model.n_layers, cfg.band)
     return {"mode": mode, "model": getattr(model, "name", None), "revision": getattr(model, "revision", None),
             "n_layers": model.n_layers, "lens": _lens_info(lens), "token_sets": token_sets.to_json(),
-            "primary": {**cfg.primary(mode).to_json(), "band_layers": [lo, hi]}, "config": config_dict(cfg)}
+            "primary": {**cfg.primary(mode).to_json(), "band_layers": [lo, hi]}, "config": asdict(cfg)}
 
 
 def _report(out_dir: str | Path, mode: str, col: Collected, edf: Any, scored: list, head: dict, baselines: list,

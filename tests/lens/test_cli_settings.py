@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LIBRARY_ONLY = {
     CorpusSpec: {"skip_headers"},  # path: from --corpus
     FitSettings: {"force_bos"},
-    FitOptions: {"stop_after"},  # a test's stop switch
+    FitOptions: {"stop_after", "overlap_sums"},  # a test's stop switch; overlap is decided by the device (on for CUDA)
     ReadConfig: {"max_claims", "probe_C", "emergence_threshold", "n_boot"},  # n_boot: from --bootstrap
 }
 FILLED_BY_COMMAND = {CorpusSpec: {"path"}, FitSettings: set(), FitOptions: set(), ReadConfig: set()}
