@@ -3,14 +3,14 @@
 
 For an RMSNorm model a token's lens logit at layer `l` is `<v, h> / rms(J_l h)` with the fixed
 direction `v = J_lᵀ (g ⊙ w_tok)` (`g` the final-norm gain, `w_tok` the unembedding row; the logit
-lens has `J = I`). For each prompt-set item, at the read position and a chosen layer, the residual
-`h` is edited in one of these ways and the model is run on from there:
+lens has `J = I`): `v` is the readout's `direction` (`lens.readout`). For each prompt-set item, at
+the read position and a chosen layer, the residual `h` is edited in one of these ways and the
+model is run on from there:
 
-- `jacobian`: project out the J-lens direction of the intermediate (its token forms' mean row),
-  `h − (h·v̂) v̂`;
-- `logit`: the same with the logit-lens direction `g ⊙ w_tok`;
-- `entitlement`: project out the entitlement contrast `J_lᵀ (g ⊙ (w̄_S − w̄_N))` (`lens.margins`
-  token sets S and N);
+- `<readout>` (every readout given: `logit`, `jacobian`, its random-transport control, ...): project
+  out the readout's direction of the intermediate (its token forms' mean row), `h − (h·v̂) v̂`;
+- `entitlement`: project out the entitlement contrast through the primary readout (the J-lens),
+  `J_lᵀ (g ⊙ (w̄_S − w̄_N))` (`lens.margins` token sets S and N);
 - `random:<kind>`: a norm-matched control for each of these: `h − |h·v̂| û` with `û` a random unit
   vector, so the edit has the same size as the lens edit but no chosen direction.
 
@@ -21,7 +21,7 @@ All edits of one item and layer run as one batch (row 0 unedited).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,14 +29,16 @@ import numpy as np
 import torch
 
 from lens.calibration import kl_rows
+from lens.directions import token_directions
 from lens.errors import LensError
 from lens.margins import TokenSets
 from lens.model import block_outputs, capture, run
 from lens.passk import token_ranks
 from lens.promptsets import PromptSet, encode_item, token_forms
-from lens.store import Lens
+from lens.readout import BASELINE, PRIMARY, Readout
+from lens.stats import percentile_ci, ratio_of_sums
 
-KINDS = ("jacobian", "logit", "entitlement")
+ENTITLEMENT, RANDOM = "entitlement", "random:"
 
 
 def unit(v: torch.Tensor) -> torch.Tensor:
@@ -44,24 +46,6 @@ def unit(v: torch.Tensor) -> torch.Tensor:
     if not torch.isfinite(n) or n == 0:
         raise LensError("a lens direction is zero (a token row or lens matrix of zeros?)")
     return v / n
-
-
-def project_out(h: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """`h − (h·v̂) v̂`: `h` (any leading shape) without its component along `v`."""
-    vh = unit(v.to(h.dtype))
-    return h - (h @ vh)[..., None] * vh
-
-
-def unembedding_direction(model: Any, token_ids: Sequence[int]) -> torch.Tensor:
-    """`g ⊙ mean_tau w_tau` (fp32): the logit-lens direction of a token set."""
-    W = model.head.weight[torch.as_tensor(list(token_ids), device=model.device)].float().mean(0)
-    g = getattr(model.norm, "weight", None)
-    return W * g.float() if g is not None else W
-
-
-def lens_direction(model: Any, J: torch.Tensor | None, u: torch.Tensor) -> torch.Tensor:
-    """`Jᵀ u` (the J-lens direction of an unembedding direction `u`); `u` itself when `J` is None."""
-    return u if J is None else J.to(u.device, torch.float32).T @ u
 
 
 @dataclass
@@ -72,35 +56,30 @@ class CausalConfig:
     force_bos: bool = True
 
 
-def _matrix(lens: Lens, layer: int) -> torch.Tensor | None:
-    target = lens.target_layer
-    if target is not None and layer >= target:
-        return None  # the identity
-    if layer not in lens.J:
-        raise LensError(f"causal layer {layer}: the lens has no matrix for it (it has {lens.source_layers})")
-    return lens.J[layer]
-
-
-def item_edits(model: Any, lens: Lens, layer: int, h: torch.Tensor, intermediates: Sequence[Sequence[int]],
-               token_sets: TokenSets | None, gen: torch.Generator, n_random: int) -> list[dict[str, Any]]:
+def item_edits(model: Any, readouts: Mapping[str, Readout], layer: int, h: torch.Tensor,
+               intermediates: Sequence[Sequence[int]], token_sets: TokenSets | None, gen: torch.Generator,
+               n_random: int) -> list[dict[str, Any]]:
     """The edits of one item at one layer: `{kind, intermediate index or None, delta}` with `h' = h − delta`."""
-    J = _matrix(lens, layer)
+    for name, ro in readouts.items():
+        if not ro.has_layer(layer):
+            raise LensError(f"causal layer {layer}: the {name} readout cannot read it (a lens fitted on other layers)")
     dirs: list[tuple[str, int | None, torch.Tensor]] = []
     for i, ids in enumerate(intermediates):
-        u = unembedding_direction(model, ids)
-        dirs += [("jacobian", i, lens_direction(model, J, u)), ("logit", i, u)]
-    if token_sets is not None and token_sets.S and token_sets.N:
-        u = unembedding_direction(model, token_sets.S) - unembedding_direction(model, token_sets.N)
-        dirs.append(("entitlement", None, lens_direction(model, J, u)))
+        u = token_directions(model, ids).mean(0)
+        dirs += [(name, i, ro.direction(layer, u)) for name, ro in readouts.items()]
+    primary = readouts.get(PRIMARY) or readouts.get(BASELINE)
+    if primary is not None and token_sets is not None and token_sets.S and token_sets.N:
+        u = token_directions(model, token_sets.S).mean(0) - token_directions(model, token_sets.N).mean(0)
+        dirs.append((ENTITLEMENT, None, primary.direction(layer, u)))
     hf = h.float()
     edits = []
     for kind, idx, v in dirs:
-        vh = unit(v.to(hf.device))
+        vh = unit(v.to(hf.device, torch.float32))
         c = hf @ vh
         edits.append({"kind": kind, "intermediate": idx, "delta": c * vh})
         for _ in range(n_random):
             r = unit(torch.randn(hf.shape[-1], generator=gen, dtype=torch.float32)).to(hf.device)
-            edits.append({"kind": f"random:{kind}", "intermediate": idx, "delta": c.abs() * r})
+            edits.append({"kind": RANDOM + kind, "intermediate": idx, "delta": c.abs() * r})
     return edits
 
 
@@ -136,8 +115,8 @@ def run_edits(model: Any, ids: torch.Tensor, pos: int, layer: int, deltas: torch
         return torch.log_softmax(model.unembed(acts[L - 1][:, -1]).float(), dim=-1)
 
 
-def causal_rows(model: Any, tokenizer: Any, lens: Lens, pset: PromptSet, token_sets: TokenSets | None,
-                cfg: CausalConfig) -> list[dict[str, Any]]:
+def causal_rows(model: Any, tokenizer: Any, readouts: Mapping[str, Readout], pset: PromptSet,
+                token_sets: TokenSets | None, cfg: CausalConfig) -> list[dict[str, Any]]:
     """One row per (item, layer, edit): output KL, top-1 change, answer rank before and after."""
     rows: list[dict[str, Any]] = []
     for n_item, item in enumerate(pset.items):
@@ -147,8 +126,8 @@ def causal_rows(model: Any, tokenizer: Any, lens: Lens, pset: PromptSet, token_s
         acts = block_outputs(model, ids[None].to(model.device), layers=cfg.layers)
         for layer in cfg.layers:
             gen = torch.Generator(device="cpu").manual_seed(cfg.seed * 1_000_003 + n_item * 1009 + layer)
-            edits = item_edits(model, lens, layer, acts[layer][0, pos], [f.ids for f in forms], token_sets, gen,
-                               cfg.n_random)
+            edits = item_edits(model, readouts, layer, acts[layer][0, pos], [f.ids for f in forms], token_sets,
+                               gen, cfg.n_random)
             logp = run_edits(model, ids, pos, layer, torch.stack([e["delta"] for e in edits]))
             kl = kl_rows(logp[:1].expand_as(logp[1:]), logp[1:])
             top = logp.argmax(-1)
@@ -176,33 +155,35 @@ def _per_key(rows: Sequence[dict[str, Any]], layer: int, kind: str, field: str,
 
 
 def summarise_causal(rows: Sequence[dict[str, Any]], *, n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
-    """Per layer and lens kind: mean output KL and top-1 change share, the same for its norm-matched random
+    """Per layer and edit kind: mean output KL and top-1 change share, the same for its norm-matched random
     control (averaged over draws within an item first), and the paired difference with an item-bootstrap CI."""
     out: dict[str, Any] = {}
-    rng = np.random.default_rng(seed)
+    kinds = [k for k in dict.fromkeys(r["kind"] for r in rows) if not k.startswith(RANDOM)]
     for layer in sorted({r["layer"] for r in rows}):
         per: dict[str, Any] = {}
-        for kind in KINDS:
+        for kind in kinds:
             lens_rows = [r for r in rows if r["layer"] == layer and r["kind"] == kind]
             if not lens_rows:
                 continue
             keys = list(dict.fromkeys((r["item"], r["intermediate"]) for r in lens_rows))
-            kl, kl_r = (_per_key(rows, layer, k, "kl", keys) for k in (kind, f"random:{kind}"))
-            ch, ch_r = (_per_key(rows, layer, k, "top1_changed", keys) for k in (kind, f"random:{kind}"))
+            kl, kl_r = (_per_key(rows, layer, k, "kl", keys) for k in (kind, RANDOM + kind))
+            ch, ch_r = (_per_key(rows, layer, k, "top1_changed", keys) for k in (kind, RANDOM + kind))
             entry: dict[str, Any] = {
                 "n": len(keys), "kl": float(kl.mean()), "kl_random": float(kl_r.mean()),
                 "top1_changed": float(ch.mean()), "top1_changed_random": float(ch_r.mean()),
                 "kl_ratio": float(kl.mean() / kl_r.mean()) if kl_r.mean() > 0 else None,
                 "answer_rank_worse": float(np.mean([r["answer_rank_after"] > r["answer_rank_before"]
                                                     for r in lens_rows]))}
-            items = np.asarray([k[0] for k in keys])
-            uniq = list(dict.fromkeys(items.tolist()))
-            if n_boot > 0 and len(uniq) >= 2:  # resample items (an item's intermediates stay together)
-                groups = [np.flatnonzero(items == u) for u in uniq]
-                diff = kl - kl_r
-                boot = [diff[np.concatenate([groups[j] for j in rng.integers(0, len(uniq), len(uniq))])].mean()
-                        for _ in range(n_boot)]
-                entry["kl_diff_ci"] = [float(x) for x in np.percentile(boot, [2.5, 97.5])]
+            # resample items (an item's intermediates stay together): per item, the sum of differences and the count
+            items = [k[0] for k in keys]
+            per_item = {i: [0.0, 0] for i in items}
+            for i, d in zip(items, kl - kl_r, strict=True):
+                per_item[i][0] += float(d)
+                per_item[i][1] += 1
+            sums, counts = (np.asarray([v[j] for v in per_item.values()], dtype=float) for j in (0, 1))
+            ci = percentile_ci(ratio_of_sums, sums, counts, n_boot=n_boot, seed=seed)
+            if ci is not None:
+                entry["kl_diff_ci"] = list(ci)
             per[kind] = entry
         out[str(layer)] = per
     return out

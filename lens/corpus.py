@@ -23,7 +23,7 @@ from lhd_train.io.files import read_jsonl_lines, sha256_file
 @dataclass
 class CorpusSpec:
     """Which texts of a corpus file; its fields are the sidecar's `corpus` recipe (the command-line
-    options and their checks: `lens.settings.CorpusArgs`)."""
+    options and their checks: `lhd_train.config.lens.CorpusArgs`)."""
 
     path: str
     format: Literal["auto", "text", "jsonl", "dataset", "messages"] = "auto"

@@ -1,45 +1,38 @@
-"""Directions in the residual stream that a readout's margin is most sensitive to.
+"""Directions in the residual stream that a readout's logits are most sensitive to.
 
-The entitlement margin read through the Jacobian lens at layer l is, to first order in `h`,
-`m_E ≈ (w_S − w_N) · (g ⊙ norm(J_l h))`, with `w_S`, `w_N` the mean unembedding rows of the S and
-N token sets and `g` the final norm's gain. Its direction in `h` is therefore
-`J_lᵀ (g ⊙ (w_S − w_N))` (the norm's scale factor only rescales it). `entitlement_direction`
-returns the opposite, `v = J_lᵀ (g ⊙ (w_N − w_S))`: adding `v` pushes the lens reading towards
-"not entitled" (science-4 review §2.5, §5.7). Without a lens `J_l = I` (the logit lens's
-direction). `random_directions` are the norm-matched controls: Gaussian directions of the same
-norm (a steering hook scales a direction to the residual's own norm anyway)."""
+A token's logit read at layer l is, to first order in `h`, `(g ⊙ w_tok) · transform(h)` (`g` the
+final norm's gain, `w_tok` the unembedding row; the norm's scale factor only rescales it), so its
+direction in `h` is the readout's adjoint applied to `g ⊙ w_tok` (`Readout.direction`: `J_lᵀ (g ⊙
+w_tok)` for the Jacobian lens, `g ⊙ w_tok` for the logit lens). `token_directions` gives the rows
+`g ⊙ w_tok` (the causal check, targeted fits); `entitlement_direction` returns
+`v = J_lᵀ (g ⊙ (w̄_N − w̄_S))`: adding `v` pushes the lens reading towards "not entitled"
+(science-4 review §2.5, §5.7). `random_directions` are the norm-matched controls: Gaussian
+directions of the same norm (a steering hook scales a direction to the residual's own norm anyway)."""
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-from lens.errors import LensError
 from lens.margins import TokenSets
-from lens.model import HFLensModel
+from lens.readout import JacobianLens, LogitLens
 from lens.store import Lens
 
 
-def norm_gain(model: HFLensModel) -> torch.Tensor:
-    """The final norm's per-dimension gain (ones when the norm has none)."""
-    w = getattr(model.norm, "weight", None)
-    if w is None:
-        return torch.ones(model.d_model)
-    return w.detach().float().cpu()
+def token_directions(model: Any, token_ids: Sequence[int]) -> torch.Tensor:
+    """Rows `g ⊙ w_tok` `[k, d]` (fp32, on the model's device): the final norm's gain (ones when it has none)
+    times each token's unembedding row."""
+    W = model.head.weight[torch.as_tensor(list(token_ids), device=model.device)].float()
+    g = getattr(model.norm, "weight", None)
+    return W if g is None else W * g.float()[None, :]
 
 
-def entitlement_direction(model: HFLensModel, sets: TokenSets, layer: int, lens: Lens | None = None) -> torch.Tensor:
-    """`v = J_lᵀ (g ⊙ (w_N − w_S))` at block `layer` (module doc), fp32 on the CPU."""
-    W = model.head.weight.detach().float().cpu()
-    w_s, w_n = W[list(sets.S)].mean(0), W[list(sets.N)].mean(0)
-    u = norm_gain(model) * (w_n - w_s)
-    if lens is None:
-        return u
-    target = model.n_layers - 1 if lens.target_layer is None else lens.target_layer
-    if layer >= target:
-        return u
-    J = lens.matrix(layer)
-    if J is None:
-        raise LensError(f"the lens has no matrix for layer {layer} (it has {lens.source_layers})")
-    return J.float().cpu().T @ u
+def entitlement_direction(model: Any, sets: TokenSets, layer: int, lens: Lens | None = None) -> torch.Tensor:
+    """`v = J_lᵀ (g ⊙ (w̄_N − w̄_S))` at block `layer` (module doc; `J = I` without a lens), fp32 on the CPU."""
+    u = token_directions(model, sets.N).mean(0) - token_directions(model, sets.S).mean(0)
+    readout = LogitLens(model) if lens is None else JacobianLens(model, lens)
+    return readout.direction(layer, u).float().cpu()
 
 
 def random_directions(like: torch.Tensor, k: int, seed: int = 0) -> list[torch.Tensor]:

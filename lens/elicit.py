@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from lens.errors import LensError
+from lens.margins import resolve_forms
 
 #: the question after the answer; `{subject}` is `subject_phrase(...)`
 ELICITATION = "One check on your reply: {subject} appear in the files you were given? Answer:"
@@ -54,36 +55,12 @@ class AnswerSets:
         return asdict(self)
 
 
-def _forms(word: str) -> list[str]:
-    out: list[str] = []
-    for w in (word, word[:1].upper() + word[1:]):
-        for f in (w, " " + w):
-            if f not in out:
-                out.append(f)
-    return out
-
-
 def resolve_answer_sets(tokenizer: Any, *, yes: Sequence[str] = YES_WORDS, no: Sequence[str] = NO_WORDS,
                         fallback: str = "strict") -> AnswerSets:
-    """Yes / No token ids: single-token forms (or first tokens with `fallback="first-token"`);
-    a token in both sets is dropped from both; an empty set is an error naming the fallback."""
-    ids: dict[str, list[int]] = {"yes": [], "no": []}
-    kept: dict[str, list[str]] = {"yes": [], "no": []}
-    dropped: list[str] = []
-    for name, words in (("yes", yes), ("no", no)):
-        for word in words:
-            for form in _forms(word):
-                toks = tokenizer(form, add_special_tokens=False)["input_ids"]
-                if len(toks) == 1 or (fallback == "first-token" and toks):
-                    if int(toks[0]) not in ids[name]:
-                        ids[name].append(int(toks[0]))
-                        kept[name].append(form if len(toks) == 1 else f"{form}[0]")
-                else:
-                    dropped.append(f"{name}:{form!r}({len(toks)} tokens)")
-    shared = set(ids["yes"]) & set(ids["no"])
-    if shared:
-        dropped += [f"yes&no:#{t}" for t in sorted(shared)]
-        ids = {k: [t for t in v if t not in shared] for k, v in ids.items()}
+    """Yes / No token ids by the token sets' rule (`lens.margins.resolve_forms`: single-token forms, or first
+    tokens with `fallback="first-token"`; a token in both sets is dropped from both); an empty set is an error
+    naming the fallback."""
+    ids, kept, dropped = resolve_forms(tokenizer, {"yes": list(yes), "no": list(no)}, fallback)
     empty = [k for k, v in ids.items() if not v]
     if empty:
         raise LensError(f"the {' and '.join(empty)} answer set is empty for this tokenizer: no form of "

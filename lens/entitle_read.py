@@ -34,7 +34,10 @@ from lens.errors import LensError
 from lens.margins import MARGIN_NAMES, TokenSets, margins
 from lens.model import LensModel, block_outputs
 from lens.paired_auroc import paired_auroc
-from lens.readout import out_of_fold_logits
+from lens.readout import PRIMARY, Readout
+from lens.readout_probe import PROBE, out_of_fold_logits
+from lens.report import write_json
+from lens.stats import band_layers
 from lhd_train.io.csv_cells import write_csv
 from lhd_train.io.files import atomic_write_text, read_json_mapping
 from lhd_train.io.provenance import utc_now
@@ -47,20 +50,14 @@ CONTROLS = ("length", "echo")
 @dataclass
 class EntitleReadConfig:
     band: tuple[float, float] = (0.35, 0.85)
-    primary_readout: str = "jacobian"
+    primary_readout: str = PRIMARY
     primary_position: str = "claim"
     n_boot: int = 2000
     seed: int = 0
-    control_seed: int = 0
     probe: bool = True
     probe_folds: int = 5
     max_answers: int | None = None
     progress: bool = True
-
-
-def band_layers(band: Sequence[float], n_layers: int) -> list[int]:
-    lo, hi = int(math.floor(band[0] * (n_layers - 1))), int(math.ceil(band[1] * (n_layers - 1)))
-    return list(range(lo, hi + 1))
 
 
 def select_answers(rows: Sequence[dict[str, Any]], max_answers: int | None = None) -> list[dict[str, Any]]:
@@ -106,7 +103,7 @@ def _echo(ids: list[int], upto: int, sets: TokenSets) -> int:
     return sum(t in n for t in window) - sum(t in s for t in window)
 
 
-def collect(model: LensModel, tokenizer: Any, answers: Sequence[dict[str, Any]], readouts: Sequence[Any],
+def collect(model: LensModel, tokenizer: Any, answers: Sequence[dict[str, Any]], readouts: Sequence[Readout],
             sets: TokenSets, cfg: EntitleReadConfig) -> tuple[list[dict], list[dict], dict[str, list], list[dict]]:
     """(margin rows, example rows, hidden states per position [n][L, d], skipped)."""
     union = torch.tensor(sets.union(), dtype=torch.long, device=model.device)
@@ -163,7 +160,7 @@ def probe_rows(examples: list[dict], feats: dict[str, list], cfg: EntitleReadCon
             for e, zrow in zip(examples, Z, strict=True):
                 m_e = float(zrow[1] - zrow[0]) if np.isfinite(zrow).all() else float("nan")
                 out.append({"id": e["id"], "fact": e["fact"], "task": e["task"], "label": e["label"],
-                            "readout": "probe", "layer": layer, "position": name, "m_E": m_e})
+                            "readout": PROBE, "layer": layer, "position": name, "m_E": m_e})
     return out
 
 
@@ -173,7 +170,8 @@ def auroc_table(rows: list[dict], examples: list[dict], n_layers: int, cfg: Enti
     import pandas as pd
 
     df = pd.DataFrame(rows)
-    band = band_layers(cfg.band, n_layers)
+    lo, hi = band_layers(n_layers, cfg.band)
+    band = list(range(lo, hi + 1))
     out = []
 
     def cell(readout: str, position: str, layer: int, g: Any, score: Any) -> dict:
@@ -195,20 +193,21 @@ def auroc_table(rows: list[dict], examples: list[dict], n_layers: int, cfg: Enti
 
 
 def read_entitle(model: LensModel, tokenizer: Any, answers_rows: Sequence[dict[str, Any]],
-                 readouts: Sequence[Any], sets: TokenSets, out_dir: str | Path,
+                 readouts: Sequence[Readout], sets: TokenSets, out_dir: str | Path,
                  cfg: EntitleReadConfig | None = None, info: dict[str, Any] | None = None) -> dict[str, Any]:
     """Declare the plan, read every selected answer, write margins.csv, auroc.csv, read.md and
     summary.json into `out_dir`; returns the summary."""
     cfg = cfg or EntitleReadConfig()
     out = Path(out_dir)
-    names = [ro.name for ro in readouts] + (["probe"] if cfg.probe else [])
+    names = [ro.name for ro in readouts] + ([PROBE] if cfg.probe else [])
     if cfg.primary_readout not in names + list(CONTROLS):
         raise LensError(f"primary readout {cfg.primary_readout!r} is not read (readouts: {', '.join(names)}); pass "
                         "the lens it needs or declare another primary readout")
     if cfg.primary_position not in POSITIONS:
         raise LensError(f"primary position {cfg.primary_position!r}: allowed {', '.join(POSITIONS)}")
     answers = select_answers(answers_rows, cfg.max_answers)
-    band = band_layers(cfg.band, model.n_layers)
+    lo, hi = band_layers(model.n_layers, cfg.band)
+    band = list(range(lo, hi + 1))
     plan = write_plan(out, {
         "contrast": f"{POSITIVE} vs {NEGATIVE} within the same fact (paired AUROC of -m_E)",
         "primary": {"readout": cfg.primary_readout, "position": cfg.primary_position, "layers": "band mean"},
@@ -217,7 +216,7 @@ def read_entitle(model: LensModel, tokenizer: Any, answers_rows: Sequence[dict[s
     if not answers:
         summary = {"n_answers": 0, "plan": plan, "primary": None,
                    "note": "no fact has both a fabricated and a supported answer: nothing to compare"}
-        atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+        write_json(out / "summary.json", summary)
         return summary
     rows, examples, feats, skipped = collect(model, tokenizer, answers, readouts, sets, cfg)
     if cfg.probe and examples:
@@ -225,14 +224,16 @@ def read_entitle(model: LensModel, tokenizer: Any, answers_rows: Sequence[dict[s
     table = auroc_table(rows, examples, model.n_layers, cfg) if examples else []
     primary = next((t for t in table if (t["readout"], t["position"], t["layer"]) ==
                     (cfg.primary_readout, cfg.primary_position, -1)), None)
-    write_csv(_frame(rows), out / "margins.csv")
-    write_csv(_frame(table), out / "auroc.csv")
+    import pandas as pd
+
+    write_csv(pd.DataFrame(rows), out / "margins.csv")
+    write_csv(pd.DataFrame(table), out / "auroc.csv")
     summary = {"n_answers": len(examples), "n_facts": len({e["fact"] for e in examples}),
                "labels": {lab: sum(e["label"] == lab for e in examples) for lab in (POSITIVE, NEGATIVE)},
                "retokenized": sum(e["retokenized"] for e in examples), "skipped": skipped, "plan": plan,
                "primary": primary, "config": asdict(cfg),
                "negative_control": [t for t in table if t["position"] == "question" and t["layer"] == -1]}
-    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=_json_default) + "\n")
+    write_json(out / "summary.json", summary)
     atomic_write_text(out / "read.md", markdown(summary, table))
     return summary
 
@@ -248,18 +249,6 @@ def with_adapter(model: Any, adapter: str | None) -> Any:
 
     merged = PeftModel.from_pretrained(model.hf, adapter, is_trainable=False).merge_and_unload()
     return HFLensModel(merged, name=f"{model.name}+{adapter}", revision=model.revision)
-
-
-def _frame(rows: list[dict]) -> Any:
-    import pandas as pd
-
-    return pd.DataFrame(rows)
-
-
-def _json_default(x: Any) -> Any:
-    if isinstance(x, (np.floating, np.integer)):
-        return x.item()
-    raise TypeError(type(x).__name__)
 
 
 def _f(x: float | None) -> str:
@@ -286,5 +275,5 @@ def markdown(summary: dict[str, Any], table: list[dict]) -> str:
                          f"{t['n_pairs']} | {t['n_groups']} |")
     lines += ["", "Band cells other than the primary one are exploratory. `question` is the negative control "
               "(identical context within a fact: 0.5 expected); `length` and `echo` are the confound controls; "
-              "`random_transport` is the lens with random singular bases. Per-layer cells: auroc.csv.", ""]
+              "`jacobian_random` is the lens with random singular bases. Per-layer cells: auroc.csv.", ""]
     return "\n".join(lines)

@@ -9,26 +9,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from lens.passk import KS
+from lens.readout import BASELINE, PRIMARY, READOUTS
+from lens.report import write_json
 from lhd_train.io.files import atomic_write, atomic_write_text
-
-PASSK_READOUTS = ("logit", "jacobian", "random", "jacobian_self", "jacobian_future")
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return None if not np.isfinite(o) else float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    return str(o)
-
-
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj, indent=2, default=_json_default) + "\n"
 
 
 def _f(x: Any, spec: str = ".3f") -> str:
@@ -46,8 +30,7 @@ def passk_markdown(passk: dict[str, Any]) -> list[str]:
              "mean over items of the share of its intermediates scored <= k; [95 % CI] from a bootstrap over items. "
              "AUC: area under pass@k against log k, k in [1, 1000], normalised to 1.", ""]
     for name, entry in passk.items():
-        readouts = [r for r in PASSK_READOUTS if r in entry] + [r for r in entry.get("ci", {})
-                                                                 if r not in PASSK_READOUTS]
+        readouts = [r for r in READOUTS if r in entry] + [r for r in entry.get("ci", {}) if r not in READOUTS]
         tf = entry.get("token_forms", {})
         lines += [f"### {name} ({entry['n']} items, {entry.get('n_intermediates')} intermediates, layers "
                   f"{entry.get('layers')}; {tf.get('n_fallback', 0)} intermediates without a single-token form, "
@@ -94,12 +77,12 @@ def write_prompt_set_outputs(out_dir: Path, passk: dict[str, Any], ranks: Sequen
     out.mkdir(parents=True, exist_ok=True)
     files = {"passk": str(out / "passk.json"), "ranks": str(out / "passk_ranks.jsonl"),
              "quality": str(out / "quality.md")}
-    atomic_write_text(out / "passk.json", _dumps(passk))
+    write_json(out / "passk.json", passk)
     atomic_write_text(out / "passk_ranks.jsonl", "".join(json.dumps(r) + "\n" for r in ranks))
     md = [f"# {title}", "", *(f"- {k}: {v}" for k, v in meta.items()), "", *passk_markdown(passk)]
     if causal is not None:
         files["causal"] = str(out / "causal.json")
-        atomic_write_text(out / "causal.json", _dumps({"summary": causal, "meta": meta, "rows": list(causal_rows)}))
+        write_json(out / "causal.json", {"summary": causal, "meta": meta, "rows": list(causal_rows)})
         md += causal_markdown(causal)
     atomic_write_text(out / "quality.md", "\n".join(md))
     return files
@@ -117,11 +100,12 @@ def _below(rows: Sequence[dict], key: str, level: float | None) -> list[int]:
 
 
 def fidelity_markdown(result: dict, *, title: str) -> str:
-    """Two tables by layer: KL and top-1 of both lenses (with the J − logit CI, and the halves), then the
-    calibration-free view (top-k, KL on the evaluation half raw and after the fitted temperature)."""
+    """Two tables by layer: KL and top-1 of the baseline (logit lens) and the primary readout (J-lens) with the
+    J − logit CI, and the halves; then the calibration-free view of every readout (top-k, KL on the evaluation
+    half raw and after the fitted temperature)."""
     rows = result["layers"]
     model = result.get("model") or {}
-    extra = [r for r in result.get("readouts", []) if r not in ("logit", "jacobian") and not r.startswith("half_")]
+    B, P = BASELINE, PRIMARY
     has_halves = any("halves_top1_agreement" in r for r in rows)
     uni, uni_eval, marg = model.get("kl_uniform"), model.get("kl_uniform_eval"), model.get("kl_marginal_eval")
     head = ["layer", "KL logit", "KL J", "ΔKL J−logit [95% CI]", "top-1 logit", "top-1 J", "Δtop-1 [95% CI]",
@@ -137,10 +121,10 @@ def fidelity_markdown(result: dict, *, title: str) -> str:
              f"evaluation half); the model's marginal next-token distribution (a constant, from the calibration "
              f"half) {_f(marg)} on the evaluation half. A KL above these is worse than knowing nothing about the "
              f"position: it is not evidence of fidelity. Layers with a KL below uniform: logit "
-             f"{_below(rows, 'kl_logit', uni) or 'none'}, J {_below(rows, 'kl_jacobian', uni) or 'none'}.", "",
+             f"{_below(rows, f'kl_{B}', uni) or 'none'}, J {_below(rows, f'kl_{P}', uni) or 'none'}.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [str(r["layer"]), _f(r.get("kl_logit")), _f(r.get("kl_jacobian"))]
+        cells = [str(r["layer"]), _f(r.get(f"kl_{B}")), _f(r.get(f"kl_{P}"))]
         for d in ("kl_diff", "top1_diff"):
             if r.get(d) is not None:
                 ci = f"[{_f(r[d + '_lo'], '+.3f')}, {_f(r[d + '_hi'], '+.3f')}]"
@@ -148,14 +132,14 @@ def fidelity_markdown(result: dict, *, title: str) -> str:
             else:
                 cells.append("–")
             if d == "kl_diff":
-                cells += [_f(r.get("top1_logit")), _f(r.get("top1_jacobian"))]
-        cells += [f"{_f(r.get('entropy_logit'), '.2f')} / {_f(r.get('entropy_jacobian'), '.2f')}",
-                  f"{_f(r.get('current_token_logit'))} / {_f(r.get('current_token_jacobian'))}"]
+                cells += [_f(r.get(f"top1_{B}")), _f(r.get(f"top1_{P}"))]
+        cells += [f"{_f(r.get(f'entropy_{B}'), '.2f')} / {_f(r.get(f'entropy_{P}'), '.2f')}",
+                  f"{_f(r.get(f'current_token_{B}'))} / {_f(r.get(f'current_token_{P}'))}"]
         if has_halves:
             cells += [f"{_f(r.get('kl_half_a'))} / {_f(r.get('kl_half_b'))}", _f(r.get("halves_top1_agreement")),
                       _f(r.get("halves_rel_frob")), _f(r.get("halves_corr_minus_identity"))]
         lines.append("| " + " | ".join(cells) + " |")
-    names = ["logit", "jacobian", *extra]
+    names = result.get("readouts", [B, P])
     head2 = ["layer"] + [f"{n}: top-1/5/10" for n in names] + [f"{n}: KL eval → at T (T)" for n in names]
     lines += ["", "## Calibration-free view", "",
               f"Temperatures fitted per layer on {result.get('n_calibration_texts')} calibration texts, KL scored on "
@@ -186,14 +170,14 @@ def fidelity_plot(result: dict, path: Path, *, title: str) -> Path:
 
     rows = result["layers"]
     model = result.get("model") or {}
-    names = [n for n in result.get("readouts", ["logit", "jacobian"])]
+    lines = [(name, marker + "-") for name, marker in zip(result.get("readouts", []), "os^vD<>ph", strict=False)]
+    lines += [("half_a", "--"), ("half_b", ":")]  # the split halves, when read
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), layout="constrained")
-    styles = {"logit": "o-", "jacobian": "s-", "half_a": "--", "half_b": ":"}
     for ax, metric, label in ((axes[0], "kl", "KL(model ‖ lens), nats"), (axes[1], "top1", "top-1 agreement")):
-        for key in names:
+        for key, style in lines:
             pts = [(r["layer"], r.get(f"{metric}_{key}")) for r in rows if r.get(f"{metric}_{key}") is not None]
             if pts:
-                ax.plot(*zip(*pts, strict=True), styles.get(key, "^-"), label=key, markersize=3)
+                ax.plot(*zip(*pts, strict=True), style, label=key, markersize=3)
         ax.set_xlabel("layer")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
@@ -217,5 +201,5 @@ def write_fidelity(out_dir: Path, result: dict, *, title: str) -> dict[str, str]
     files = {"json": str(out / "eval.json"), "markdown": str(out / "eval.md"), "plot": str(out / "fidelity.png")}
     fidelity_plot(result, out / "fidelity.png", title=title)
     atomic_write_text(out / "eval.md", fidelity_markdown(result, title=title))
-    atomic_write_text(out / "eval.json", _dumps({**result, "files": files}))
+    write_json(out / "eval.json", {**result, "files": files})
     return files

@@ -39,7 +39,8 @@ from lens.calibration import even_subsample, fit_temperature, kl_rows, tempered_
 from lens.corpus import CorpusSpec, encode_messages, encode_prompt, load_corpus
 from lens.errors import LensError
 from lens.model import LensModel, block_outputs
-from lens.readout import JacobianLens, LogitLens
+from lens.readout import BASELINE, PRIMARY, JacobianLens, Readout
+from lens.stats import band_layers, percentile_ci, ratio_of_sums
 from lens.store import Lens
 
 BAND = (0.35, 0.85)  # middle layers, as a fraction of depth (the workspace band of lens.read)
@@ -97,9 +98,7 @@ def _matrix_agreement(A: torch.Tensor, B: torch.Tensor) -> dict[str, float]:
     eye = torch.eye(A.shape[-1], dtype=A.dtype) if A.shape[0] == A.shape[1] else torch.zeros_like(A)
 
     def corr(x: torch.Tensor, y: torch.Tensor) -> float:
-        x, y = x.flatten() - x.mean(), y.flatten() - y.mean()
-        den = float(x.norm() * y.norm())
-        return float((x @ y) / den) if den > 0 else float("nan")
+        return float(torch.corrcoef(torch.stack([x.flatten(), y.flatten()]))[0, 1])
 
     mid = torch.linalg.matrix_norm((A + B) / 2)
     return {"rel_frob": float(torch.linalg.matrix_norm(A - B) / mid) if mid > 0 else float("nan"),
@@ -129,13 +128,10 @@ def _mean(s: np.ndarray, n: np.ndarray) -> float | None:
     return float(s.sum() / n.sum()) if np.isfinite(s).all() and n.sum() > 0 else None
 
 
-def _diff_ci(a: np.ndarray, b: np.ndarray, n: np.ndarray, weights: np.ndarray) -> tuple[float | None, float | None]:
+def _diff_ci(a: np.ndarray, b: np.ndarray, n: np.ndarray, n_boot: int, seed: int) -> tuple[float | None, float | None]:
     """95 % percentile interval of the pooled mean of `a − b` over texts resampled with replacement."""
-    if not (np.isfinite(a).all() and np.isfinite(b).all()) or len(n) < 2:
-        return None, None
-    boot = (weights @ (a - b)) / np.maximum(weights @ n, 1e-12)
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    return float(lo), float(hi)
+    ci = percentile_ci(ratio_of_sums, a - b, n, n_boot=n_boot, seed=seed) if np.isfinite(a - b).all() else None
+    return ci or (None, None)
 
 
 def _encode(tokenizer: Any, text: str, cfg: EvalConfig) -> torch.Tensor:
@@ -144,37 +140,31 @@ def _encode(tokenizer: Any, text: str, cfg: EvalConfig) -> torch.Tensor:
     return encode_prompt(tokenizer, text, max_length=cfg.max_length, chat=cfg.chat, force_bos=cfg.force_bos)
 
 
-def _readouts(model: LensModel, lens: Lens, halves: tuple[Lens, Lens] | None,
-              extra: Mapping[str, Lens] | None) -> dict[str, Any]:
-    readouts: dict[str, Any] = {"logit": LogitLens(model), "jacobian": JacobianLens(model, lens)}
-    named = list((extra or {}).items()) + (list(zip(("half_a", "half_b"), halves, strict=True)) if halves else [])
-    for name, other in named:
-        if other.source_layers != lens.source_layers or other.target_layer != lens.target_layer:
-            raise LensError(f"{'split-half ' if name.startswith('half') else ''}lens {name} has layers "
-                            f"{other.source_layers} -> {other.target_layer}; the lens has {lens.source_layers} -> "
-                            f"{lens.target_layer} (fit it like the lens)")
-        readouts[name] = JacobianLens(model, other)
-    return readouts
-
-
-def _readout_logits(model: LensModel, name: str, ro: Any, layer: int, h: torch.Tensor) -> torch.Tensor:
-    return model.unembed(h if name == "logit" else ro.transport(layer, h)).float()
+def _half_readouts(model: LensModel, halves: tuple[Lens, Lens] | None) -> dict[str, Readout]:
+    """The split halves as J-lenses keyed `half_a`, `half_b` (read beside the readouts, compared with each other)."""
+    if halves is None:
+        return {}
+    a, b = halves
+    if a.source_layers != b.source_layers or a.target_layer != b.target_layer:
+        raise LensError(f"the split-half lenses have layers {a.source_layers} -> {a.target_layer} and "
+                        f"{b.source_layers} -> {b.target_layer}; fit both halves with the same layers")
+    return {"half_a": JacobianLens(model, a), "half_b": JacobianLens(model, b)}
 
 
 def evaluate(
     model: LensModel,
     tokenizer: Any,
-    lens: Lens,
+    readouts: Mapping[str, Readout],
     texts: Sequence[str],
     config: EvalConfig | None = None,
     *,
     halves: tuple[Lens, Lens] | None = None,
-    extra: Mapping[str, Lens] | None = None,
 ) -> dict[str, Any]:
     """Per-layer KL to the model's final distribution, top-1/5/10 agreement, the uniform and marginal baselines
-    and the temperature-fitted KL; logit vs Jacobian lens (+ `extra` lenses such as controls, + halves)."""
+    and the temperature-fitted KL of every readout (`lens.readout.build_readouts`), + the split halves."""
     cfg = config or EvalConfig()
-    readouts = _readouts(model, lens, halves, extra)
+    halves_read = _half_readouts(model, halves)
+    read = {**readouts, **halves_read}
     L = model.n_layers
     layers = sorted(set(range(L) if cfg.layers is None else cfg.layers) | {L - 1})
     sums, sums_eval = _Sums(), _Sums()
@@ -191,7 +181,7 @@ def evaluate(
     for done, i in enumerate(tqdm(order, desc="lens eval", unit="text", disable=not cfg.progress)):
         calibrating = len(texts) >= 2 and done < n_cal_texts
         if len(texts) >= 2 and done == n_cal_texts and marginal_sum is not None:
-            temperatures = _fit_temperatures(model, readouts, cal_h, cfg)
+            temperatures = _fit_temperatures(model, read, cal_h, cfg)
             log_marginal = torch.log((marginal_sum / max(marginal_n, 1)).clamp_min(1e-30))
         ids = _encode(tokenizer, texts[i], cfg)
         if len(ids) <= cfg.skip_first:
@@ -217,10 +207,10 @@ def evaluate(
             for layer in layers:
                 h = acts[layer][0, cfg.skip_first:]
                 tops = {}
-                for name, ro in readouts.items():
-                    if name != "logit" and not ro.has_layer(layer):
+                for name, ro in read.items():
+                    if not ro.has_layer(layer):
                         continue
-                    z = _readout_logits(model, name, ro, layer, h)
+                    z = ro.logits(layer, h).float()
                     logq = torch.log_softmax(z, -1)
                     tops[name] = logq.argmax(-1)
                     rank = (logq > logq.gather(-1, top[:, None])).sum(-1) + 1  # of the model's top token
@@ -229,8 +219,9 @@ def evaluate(
                              entropy=-(logq.exp() * logq).sum(-1), current=tops[name] == current)
                     if evaluating and (name, layer) in temperatures:
                         sums_eval.add((name, layer), kl=kl, kl_temp=tempered_kl(logp, z, temperatures[(name, layer)]))
-                if "half_a" in tops and "half_b" in tops:
-                    agree.setdefault(layer, []).append(float((tops["half_a"] == tops["half_b"]).double().sum()))
+                if halves_read and all(name in tops for name in halves_read):
+                    a, b = (tops[name] for name in halves_read)
+                    agree.setdefault(layer, []).append(float((a == b).double().sum()))
     if not sums.n:
         raise LensError(f"no held-out text is longer than skip_first={cfg.skip_first} tokens")
     rows = _rows(sums, sums_eval, agree, readouts, temperatures, halves, layers, cfg)
@@ -250,7 +241,7 @@ def evaluate(
                                                                              "list; evaluation half: 1, 3, 5, ..."}}
 
 
-def _fit_temperatures(model: LensModel, readouts: Mapping[str, Any], cal_h: dict[int, list[torch.Tensor]],
+def _fit_temperatures(model: LensModel, readouts: Mapping[str, Readout], cal_h: dict[int, list[torch.Tensor]],
                       cfg: EvalConfig) -> dict[tuple[str, int], float]:
     """Per (readout, layer), the temperature fitted on an even subsample of the calibration positions."""
     L = model.n_layers
@@ -262,37 +253,31 @@ def _fit_temperatures(model: LensModel, readouts: Mapping[str, Any], cal_h: dict
         for layer in sorted(cal_h):
             h = torch.cat(cal_h[layer])[keep].to(model.device)
             for name, ro in readouts.items():
-                if name == "logit" or ro.has_layer(layer):
-                    out[(name, layer)] = fit_temperature(logp, _readout_logits(model, name, ro, layer, h))
+                if ro.has_layer(layer):
+                    out[(name, layer)] = fit_temperature(logp, ro.logits(layer, h).float())
     return out
 
 
-def _rows(sums: _Sums, sums_eval: _Sums, agree: dict[int, list[float]], readouts: Mapping[str, Any],
+def _rows(sums: _Sums, sums_eval: _Sums, agree: dict[int, list[float]], readouts: Mapping[str, Readout],
           temperatures: dict[tuple[str, int], float], halves: tuple[Lens, Lens] | None, layers: Sequence[int],
           cfg: EvalConfig) -> list[dict[str, Any]]:
     n = np.asarray(sums.n, dtype=float)
     n_eval = np.asarray(sums_eval.n, dtype=float)
-    rng = np.random.default_rng(cfg.seed)
-    weights = rng.multinomial(len(n), np.full(len(n), 1.0 / len(n)), size=cfg.n_boot).astype(float)
     rows = []
     for layer in layers:
         row: dict[str, Any] = {"layer": layer}
         for name in readouts:
-            if name.startswith("half_"):
-                continue
             for metric in ("kl", "top1", "top5", "top10", "entropy", "current"):
                 key = "current_token" if metric == "current" else metric
                 row[f"{key}_{name}"] = _mean(sums.array(metric, (name, layer)), n)
             row[f"kl_eval_{name}"] = _mean(sums_eval.array("kl", (name, layer)), n_eval) if len(n_eval) else None
             row[f"kl_temp_{name}"] = _mean(sums_eval.array("kl_temp", (name, layer)), n_eval) if len(n_eval) else None
             row[f"temperature_{name}"] = temperatures.get((name, layer))
-        kl_l, hit_l = sums.array("kl", ("logit", layer)), sums.array("top1", ("logit", layer))
-        kl_j, hit_j = sums.array("kl", ("jacobian", layer)), sums.array("top1", ("jacobian", layer))
-        if row["kl_jacobian"] is not None:
-            row["kl_diff"] = row["kl_jacobian"] - row["kl_logit"]
-            row["kl_diff_lo"], row["kl_diff_hi"] = _diff_ci(kl_j, kl_l, n, weights)
-            row["top1_diff"] = row["top1_jacobian"] - row["top1_logit"]
-            row["top1_diff_lo"], row["top1_diff_hi"] = _diff_ci(hit_j, hit_l, n, weights)
+        if row.get(f"kl_{PRIMARY}") is not None and row.get(f"kl_{BASELINE}") is not None:
+            for metric in ("kl", "top1"):  # the headline: the J-lens against the logit lens, paired by text
+                a, b = sums.array(metric, (PRIMARY, layer)), sums.array(metric, (BASELINE, layer))
+                row[f"{metric}_diff"] = row[f"{metric}_{PRIMARY}"] - row[f"{metric}_{BASELINE}"]
+                row[f"{metric}_diff_lo"], row[f"{metric}_diff_hi"] = _diff_ci(a, b, n, cfg.n_boot, cfg.seed)
         if halves is not None and layer in agree:
             for name in ("half_a", "half_b"):
                 row[f"kl_{name}"] = _mean(sums.array("kl", (name, layer)), n)
@@ -306,8 +291,9 @@ def _rows(sums: _Sums, sums_eval: _Sums, agree: dict[int, list[float]], readouts
 
 
 def summarise(rows: Sequence[dict[str, Any]], n_layers: int) -> dict[str, Any]:
-    """Over the middle band: on which fitted layers the Jacobian lens is closer to the model than the logit lens."""
-    lo, hi = int(math.floor(BAND[0] * (n_layers - 1))), int(math.ceil(BAND[1] * (n_layers - 1)))
+    """Over the middle band: on which fitted layers the primary readout (the J-lens) is closer to the model than
+    the baseline (the logit lens)."""
+    lo, hi = band_layers(n_layers, BAND)
     band = [r for r in rows if lo <= r["layer"] <= hi and r.get("kl_diff_lo") is not None]
 
     def which(cond: Callable[[dict[str, Any]], bool]) -> list[int]:
@@ -322,8 +308,7 @@ def summarise(rows: Sequence[dict[str, Any]], n_layers: int) -> dict[str, Any]:
         "jacobian_lower_top1": which(lambda r: r["top1_diff_hi"] < 0),
     }
     if band:
-        out["mean_kl_logit"] = float(np.mean([r["kl_logit"] for r in band]))
-        out["mean_kl_jacobian"] = float(np.mean([r["kl_jacobian"] for r in band]))
-        out["mean_top1_logit"] = float(np.mean([r["top1_logit"] for r in band]))
-        out["mean_top1_jacobian"] = float(np.mean([r["top1_jacobian"] for r in band]))
+        for metric in ("kl", "top1"):
+            for name in (BASELINE, PRIMARY):
+                out[f"mean_{metric}_{name}"] = float(np.mean([r[f"{metric}_{name}"] for r in band]))
     return out

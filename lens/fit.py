@@ -17,15 +17,13 @@ default) rather than every few prompts, and atomically; a resume refuses differe
 """
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import json
 import logging
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,7 +36,7 @@ from lens.errors import LensError
 from lens.jacobian import ESTIMATORS, prompt_jacobian, random_signs
 from lens.model import LensModel, normalise_layer
 from lens.store import Lens
-from lhd_train.io.csv_cells import safe_cell
+from lhd_train.io.csv_cells import write_csv
 from lhd_train.io.files import atomic_write, atomic_write_text
 from rollouts.model_files import changed_parts
 
@@ -69,7 +67,7 @@ def resolve_layers(
 @dataclass
 class FitSettings:
     """Everything that changes the estimate (compared on resume), plus pure speed knobs. The command
-    line's options and their checks are `lens.settings.FitArgs`, which fills this by field name."""
+    line's options and their checks are `lhd_train.config.lens.FitArgs`, which fills this by field name."""
 
     target_layer: int = -1
     source_layers: list[int] | None = None
@@ -312,23 +310,9 @@ def _report(state: _State, sources: list[int], elapsed: float, new_done: int) ->
 def write_fit_outputs(result: FitResult, out_dir: str | Path) -> None:
     """`fit_report.json` and `convergence.csv` next to the lens."""
     out = Path(out_dir)
+    import pandas as pd
+
     atomic_write_text(out / REPORT, json.dumps(result.report, indent=2) + "\n")
-    buf = io.StringIO()
     cols = ["prompt_index", "n", "n_tokens", "delta_mean", "delta_max", "jnorm_max", "identity_distance_deepest",
             "seconds"]
-    w = csv.DictWriter(buf, fieldnames=cols)
-    w.writeheader()
-    for row in result.history:
-        w.writerow({c: safe_cell(row.get(c)) for c in cols})  # numbers stay numbers; no text cell is a formula
-    atomic_write_text(out / CONVERGENCE, buf.getvalue())
-
-
-def entitlement_directions(model: Any, token_ids: Sequence[int]) -> torch.Tensor:
-    """Rows `g ⊙ w_tau` (final-norm gain times unembedding row) for targeted fits (docs/lens-background.md §8)."""
-    W = model.head.weight[torch.as_tensor(list(token_ids), device=model.device)].float()
-    g = getattr(model.norm, "weight", None)
-    return W * (g.float()[None, :] if g is not None else 1.0)
-
-
-def fit_settings_dict(settings: FitSettings) -> dict[str, Any]:
-    return asdict(settings)
+    write_csv(pd.DataFrame(result.history, columns=cols), out / CONVERGENCE)

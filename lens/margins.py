@@ -1,10 +1,11 @@
 """Entitlement token sets and margins (docs/lens-background.md §6).
 
 Token sets S (supported), N (not entitled), R (refuted) are frozen word lists. Each word is
-tried in four surface forms (with / without a leading space, lower / Capitalised); a form is kept
-only if it is exactly one token of the model's tokenizer. Dropped forms are logged; a token that
-lands in two sets is removed from both. If S or N ends empty the build fails with a message
-that says how to pass sets (`--token-sets FILE`) or to allow the first-token fallback.
+tried in its surface forms (as given, lower-case, Capitalised; each with and without a leading
+space: four for a lower-case word); a form is kept only if it is exactly one token of the
+model's tokenizer. Dropped forms are logged; a token that lands in two sets is removed from both.
+If S or N ends empty the build fails with a message that says how to pass sets (`--token-sets
+FILE`) or to allow the first-token fallback.
 
 Margins on readout logits `z` (only the columns of S ∪ N ∪ R are needed):
 `m_E = LSE_S(z) − LSE_N(z)`, `m_R = LSE_R(z) − max(LSE_S, LSE_N)`, `m_P = LSE_S − LSE_R`, and
@@ -70,13 +71,48 @@ def default_words(model_type: str | None = None) -> dict[str, list[str]]:
     return words
 
 
-def _forms(word: str) -> list[str]:
-    out = []
-    for w in (word, word[:1].upper() + word[1:]):
-        for f in (w, " " + w):
-            if f not in out:
-                out.append(f)
-    return out
+def surface_forms(word: str) -> list[str]:
+    """as given, lower-case, Capitalised; each bare and with a leading space (no duplicates)."""
+    bases = [word, word.lower(), word[:1].upper() + word[1:]]
+    return list(dict.fromkeys(f for b in bases for f in (b, " " + b)))
+
+
+def resolve_forms(tokenizer: Any, words: Mapping[str, Sequence[str | int]], fallback: str = "strict"
+                  ) -> tuple[dict[str, list[int]], dict[str, list[str]], list[str]]:
+    """Per named set, the token ids of its words' single-token forms (`surface_forms`; the first token of a longer
+    form with `fallback="first-token"`; an int entry is a token id as it is), the forms kept, and what was
+    dropped; a token in two sets says nothing about either and is removed from both."""
+    if fallback not in ("strict", "first-token"):
+        raise LensError(f"unknown token fallback {fallback!r} (allowed: strict, first-token)")
+    ids: dict[str, list[int]] = {k: [] for k in words}
+    kept: dict[str, list[str]] = {k: [] for k in words}
+    dropped: list[str] = []
+    vocab_size = len(tokenizer) if hasattr(tokenizer, "__len__") else None
+    for name, entries in words.items():
+        for entry in entries:
+            if isinstance(entry, int):
+                if vocab_size is not None and not 0 <= entry < vocab_size:
+                    raise LensError(f"token id {entry} in set {name} is outside the vocabulary ({vocab_size})")
+                ids[name].append(entry)
+                kept[name].append(f"#{entry}")
+                continue
+            for form in surface_forms(str(entry)):
+                toks = tokenizer(form, add_special_tokens=False)["input_ids"]
+                if len(toks) == 1 or (fallback == "first-token" and len(toks) > 1):
+                    if toks[0] not in ids[name]:
+                        ids[name].append(int(toks[0]))
+                        kept[name].append(form if len(toks) == 1 else f"{form}[0]")
+                else:
+                    dropped.append(f"{name}:{form!r}({len(toks)} tokens)")
+    names = list(words)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            shared = set(ids[a]) & set(ids[b])
+            if shared:
+                dropped += [f"{a}&{b}:#{t}" for t in sorted(shared)]
+                ids[a] = [t for t in ids[a] if t not in shared]
+                ids[b] = [t for t in ids[b] if t not in shared]
+    return ids, kept, dropped
 
 
 def resolve_token_sets(
@@ -86,45 +122,13 @@ def resolve_token_sets(
     model_type: str | None = None,
     fallback: str = "strict",
 ) -> TokenSets:
-    """Resolve word lists to token ids. `fallback="first-token"` keeps the first token of multi-token forms.
-
-    Entries that are ints are taken as token ids as they are (for user-supplied sets).
-    """
-    if fallback not in ("strict", "first-token"):
-        raise LensError(f"unknown token fallback {fallback!r} (allowed: strict, first-token)")
+    """Resolve word lists to token ids (`resolve_forms`). `fallback="first-token"` keeps the first token of
+    multi-token forms. Entries that are ints are taken as token ids as they are (for user-supplied sets)."""
     words = dict(words or default_words(model_type))
     unknown = set(words) - set(SET_NAMES)
     if unknown:
         raise LensError(f"token sets must be named S, N, R; got {sorted(unknown)}")
-    ids: dict[str, list[int]] = {k: [] for k in SET_NAMES}
-    kept: dict[str, list[str]] = {k: [] for k in SET_NAMES}
-    dropped: list[str] = []
-    vocab_size = len(tokenizer) if hasattr(tokenizer, "__len__") else None
-    for name in SET_NAMES:
-        for entry in words.get(name, []):
-            if isinstance(entry, int):
-                if vocab_size is not None and not 0 <= entry < vocab_size:
-                    raise LensError(f"token id {entry} in set {name} is outside the vocabulary ({vocab_size})")
-                ids[name].append(entry)
-                kept[name].append(f"#{entry}")
-                continue
-            for form in _forms(str(entry)):
-                toks = tokenizer(form, add_special_tokens=False)["input_ids"]
-                if len(toks) == 1 or (fallback == "first-token" and len(toks) > 1):
-                    if toks[0] not in ids[name]:
-                        ids[name].append(int(toks[0]))
-                        kept[name].append(form if len(toks) == 1 else f"{form}[0]")
-                else:
-                    dropped.append(f"{name}:{form!r}({len(toks)} tokens)")
-    # a token in two sets says nothing about either
-    for a in SET_NAMES:
-        for b in SET_NAMES:
-            if a < b:
-                shared = set(ids[a]) & set(ids[b])
-                if shared:
-                    dropped += [f"{a}&{b}:#{t}" for t in sorted(shared)]
-                    ids[a] = [t for t in ids[a] if t not in shared]
-                    ids[b] = [t for t in ids[b] if t not in shared]
+    ids, kept, dropped = resolve_forms(tokenizer, {k: words.get(k, []) for k in SET_NAMES}, fallback)
     if dropped:
         log.info("token sets: dropped %d forms that are not single tokens or are shared: %s", len(dropped),
                  ", ".join(dropped[:40]) + (" ..." if len(dropped) > 40 else ""))

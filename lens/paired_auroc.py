@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from lens.stats import percentile_ci, ratio_of_sums
+
 
 @dataclass(frozen=True)
 class PairedAuroc:
@@ -68,19 +70,11 @@ def paired_auroc(scores: Sequence[float], positive: Sequence[bool], groups: Sequ
     if not total:
         return PairedAuroc(nan, nan, nan, 0, 0, n_pos, n_neg, n_clusters)
     point = sum(wins.values()) / total
-    if n_boot <= 0 or n_clusters < 2:
-        return PairedAuroc(point, nan, nan, total, len(paired), n_pos, n_neg, n_clusters)
     names = sorted(set(cluster_of.values()))
     idx = {name: i for i, name in enumerate(names)}
     cw, cp = np.zeros(len(names)), np.zeros(len(names))
     for grp in paired:
         cw[idx[cluster_of[grp]]] += wins[grp]
         cp[idx[cluster_of[grp]]] += pairs[grp]
-    rng = np.random.default_rng(seed)
-    draws = rng.integers(0, len(names), size=(n_boot, len(names)))
-    counts = np.zeros((n_boot, len(names)))
-    np.add.at(counts, (np.repeat(np.arange(n_boot), len(names)), draws.ravel()), 1)
-    num, den = counts @ cw, counts @ cp
-    vals = num[den > 0] / den[den > 0]
-    lo, hi = np.quantile(vals, [alpha / 2, 1 - alpha / 2])
-    return PairedAuroc(point, float(lo), float(hi), total, len(paired), n_pos, n_neg, n_clusters)
+    lo, hi = percentile_ci(ratio_of_sums, cw, cp, n_boot=n_boot, seed=seed, alpha=alpha) or (nan, nan)
+    return PairedAuroc(point, lo, hi, total, len(paired), n_pos, n_neg, n_clusters)

@@ -9,7 +9,7 @@ layers. Then
 
     pass@k = mean over items of (share of the item's intermediates whose score <= k)
 
-for k = 1, 5, 10, 50, with a 95 % percentile interval from a bootstrap over items, and
+for k = 1, 5, 10, 50, with a 95 % percentile interval from a bootstrap over items (`lens.stats.percentile_ci`), and
 `auc` = the area under pass@k against log k for k in [1, K_AUC], normalised to 1, which for one
 intermediate of score r is `max(0, 1 − log r / log K_AUC)`. Every readout is scored over the same
 layers (the lens's source layers), so the logit lens is compared on the layers the J-lens reads.
@@ -27,6 +27,8 @@ import torch
 from lens.errors import LensError
 from lens.model import LensModel, block_outputs
 from lens.promptsets import PromptSet, TokenForms, encode_item, token_forms
+from lens.readout import Readout
+from lens.stats import percentile_ci
 
 KS = (1, 5, 10, 50)
 K_AUC = 1000
@@ -57,7 +59,7 @@ class ItemRanks:
         return min(self.ranks[readout].values())
 
 
-def rank_items(model: LensModel, tokenizer: Any, pset: PromptSet, readouts: Mapping[str, Any],
+def rank_items(model: LensModel, tokenizer: Any, pset: PromptSet, readouts: Mapping[str, Readout],
                layers: Sequence[int], *, force_bos: bool = True) -> list[ItemRanks]:
     """Ranks of every intermediate of every item, per readout and layer (one forward per item)."""
     rows: list[ItemRanks] = []
@@ -94,12 +96,9 @@ def item_auc(rows: Sequence[ItemRanks], readout: str, k_max: int = K_AUC) -> np.
     return np.asarray([float(np.mean(v)) for v in vals.values()])
 
 
-def _interval(per_item: np.ndarray, weights: np.ndarray) -> list[float] | None:
-    if len(per_item) < 2 or weights.shape[0] == 0:
-        return None
-    boot = weights @ per_item / len(per_item)
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    return [float(lo), float(hi)]
+def _interval(per_item: np.ndarray, n_boot: int, seed: int) -> list[float] | None:
+    ci = percentile_ci(np.mean, per_item, n_boot=n_boot, seed=seed)
+    return None if ci is None else list(ci)
 
 
 def summarise_set(rows: Sequence[ItemRanks], readouts: Sequence[str], layers: Sequence[int], *,
@@ -110,17 +109,15 @@ def summarise_set(rows: Sequence[ItemRanks], readouts: Sequence[str], layers: Se
     if not items:
         raise LensError("no item to score")
     n = len(items)
-    rng = np.random.default_rng(seed)
-    weights = rng.multinomial(n, np.full(n, 1.0 / n), size=n_boot).astype(float) if n_boot > 0 else np.zeros((0, n))
     out: dict[str, Any] = {"n": n}
     ci: dict[str, dict[str, list[float] | None]] = {}
     auc: dict[str, dict[str, Any]] = {}
     by_layer: dict[str, dict[str, dict[str, float]]] = {}
     for name in readouts:
         out[name] = {str(k): float(item_shares(rows, name, k).mean()) for k in KS}
-        ci[name] = {str(k): _interval(item_shares(rows, name, k), weights) for k in KS}
+        ci[name] = {str(k): _interval(item_shares(rows, name, k), n_boot, seed) for k in KS}
         a = item_auc(rows, name)
-        auc[name] = {"value": float(a.mean()), "ci": _interval(a, weights)}
+        auc[name] = {"value": float(a.mean()), "ci": _interval(a, n_boot, seed)}
         by_layer[name] = {str(layer): {str(k): float(item_shares(rows, name, k, layer).mean()) for k in KS}
                           for layer in layers}
     fallbacks = [f"{r.item}:{r.intermediate}" for r in rows if r.forms.fallback]

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from lens.errors import LensError
+from lens.margins import surface_forms
 
 EVALSETS = Path(__file__).resolve().parent / "evalsets"
 PREFIX = "lens-eval-"
@@ -73,12 +74,6 @@ def synonyms(word: str, set_name: str) -> list[str]:
             if key == name or key in forms:
                 out += [name, *forms]
     return list(dict.fromkeys(out))
-
-
-def surface_forms(word: str) -> list[str]:
-    """as given, lower-case, Capitalised; each bare and with a leading space (no duplicates)."""
-    bases = [word, word.lower(), word[:1].upper() + word[1:]]
-    return list(dict.fromkeys(f for b in bases for f in (b, " " + b)))
 
 
 @dataclass

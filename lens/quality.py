@@ -1,8 +1,8 @@
 """Lens quality on prompt sets: every readout's pass@k (`lens.passk`) and the causal check
 (`lens.causal`), for `lhd lens eval --prompt-set` (docs/lens.md, "Lens quality").
 
-Readouts: the logit lens, the J-lens, its random-transport control (`lens.controls`: the same
-singular values, random orthogonal bases), and self-only / future-only J-lenses when given. All are
+The readouts are what `lens.readout.build_readouts` makes of the given lenses: the logit lens, the
+J-lens, its random-transport control, and self-only / future-only J-lenses when given. All are
 scored over the lens's source layers.
 """
 from __future__ import annotations
@@ -13,13 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lens.causal import CausalConfig, causal_rows, summarise_causal
-from lens.controls import random_transport
 from lens.errors import LensError
 from lens.margins import resolve_token_sets
 from lens.model import LensModel
 from lens.passk import rank_items, rank_rows_json, summarise_set
 from lens.promptsets import PromptSet
-from lens.readout import JacobianLens, LogitLens
+from lens.readout import Readout
 from lens.store import Lens
 
 log = logging.getLogger(__name__)
@@ -29,7 +28,6 @@ log = logging.getLogger(__name__)
 class QualityConfig:
     n_boot: int = 1000
     seed: int = 0
-    control_seed: int = 0
     force_bos: bool = True
     causal_layers: list[int] | None = None  # None: no causal check
     causal_random: int = 3
@@ -49,24 +47,10 @@ def middle_layer(lens: Lens) -> int:
     return layers[(len(layers) - 1) // 2]
 
 
-def build_readouts(model: LensModel, lens: Lens, others: Mapping[str, Lens], control_seed: int) -> dict[str, Any]:
-    """logit, jacobian, random (the control), then the other lenses (e.g. jacobian_self), on the lens's layers."""
-    readouts: dict[str, Any] = {"logit": LogitLens(model), "jacobian": JacobianLens(model, lens),
-                                "random": JacobianLens(model, random_transport(lens, control_seed))}
-    for name, other in others.items():
-        missing = [layer for layer in lens.source_layers if layer not in other.J]
-        if missing or other.target_layer != lens.target_layer:
-            raise LensError(f"the {name} lens lacks layers {missing} or has target {other.target_layer} (the lens: "
-                            f"{lens.source_layers} -> {lens.target_layer}); fit it with the lens's layers")
-        readouts[name] = JacobianLens(model, other)
-    return readouts
-
-
-def evaluate_prompt_sets(model: LensModel, tokenizer: Any, lens: Lens, sets: Sequence[PromptSet],
-                         others: Mapping[str, Lens] | None = None, cfg: QualityConfig | None = None) -> QualityResult:
+def evaluate_prompt_sets(model: LensModel, tokenizer: Any, readouts: Mapping[str, Readout], layers: Sequence[int],
+                         sets: Sequence[PromptSet], cfg: QualityConfig | None = None) -> QualityResult:
+    """Pass@k of every readout on every set over `layers` (the lens's source layers), and the causal check."""
     cfg = cfg or QualityConfig()
-    readouts = build_readouts(model, lens, dict(others or {}), cfg.control_seed)
-    layers = lens.source_layers
     result = QualityResult(passk={}, ranks=[], readouts=list(readouts))
     token_sets = None
     if cfg.causal_layers is not None:
@@ -83,7 +67,7 @@ def evaluate_prompt_sets(model: LensModel, tokenizer: Any, lens: Lens, sets: Seq
         result.passk[pset.name] = summarise_set(rows, list(readouts), layers, n_boot=cfg.n_boot, seed=cfg.seed)
         result.ranks += rank_rows_json(rows)
         if cfg.causal_layers is not None and result.causal is not None:
-            crow = causal_rows(model, tokenizer, lens, pset, token_sets,
+            crow = causal_rows(model, tokenizer, readouts, pset, token_sets,
                                CausalConfig(layers=cfg.causal_layers, n_random=cfg.causal_random, seed=cfg.seed,
                                             force_bos=cfg.force_bos))
             result.causal[pset.name] = summarise_causal(crow, n_boot=cfg.n_boot, seed=cfg.seed)

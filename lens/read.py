@@ -21,7 +21,6 @@ declaration is written to summary.json before any AUROC is computed (`lens.table
 """
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -37,11 +36,12 @@ from lens.errors import LensError
 from lens.margins import MARGIN_NAMES, TokenSets, margins
 from lens.model import LensModel, block_outputs
 from lens.positions import ANCHORS, POSITION_CLASSES, ReadExample, render_chat, tag_chat_prompt
-from lens.readout import out_of_fold_logits
+from lens.readout import BASELINE, PRIMARY, Lenses, Readout, build_readouts
+from lens.readout_probe import PROBE, out_of_fold_logits
 from lens.runs import load_run_examples
+from lens.stats import band_layers
 from lens.tables import Primary
 from lhd_train.api import TaskPack
-from lhd_train.io.files import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class ReadConfig:
     emergence_threshold: float = 0.70
     band_start: float = 0.35  # the workspace band, as fractions of depth: band means and the primary cell
     band_end: float = 0.85
-    primary_readout: str = "jacobian"
+    primary_readout: str = PRIMARY
     primary_anchor: str = "decision"
     primary_metric: str = "gap_stated_supported"  # run mode
     primary_contrast: str = "length_matched"  # probe sets (`lens.tables.PROBE_CONTRASTS`)
@@ -102,7 +102,7 @@ def collect(
     model: LensModel,
     tokenizer: Any,
     examples: Sequence[ReadExample],
-    readouts: Sequence[Any],
+    readouts: Sequence[Readout],
     token_sets: TokenSets,
     cfg: ReadConfig,
     answer_sets: AnswerSets | None = None,
@@ -213,14 +213,10 @@ def probe_rows(col: Collected, classes: Sequence[Any], set_of_class: dict[str, S
             for j, i in enumerate(np.flatnonzero(known)):
                 e = ex[col.feature_ids[i]]
                 rows.append({"example_id": e["example_id"], "cluster": e["cluster"], "stratum": e["stratum"],
-                             "label": e["label"], "readout": "probe", "layer": layer, "position": ANCHORS[cls],
+                             "label": e["label"], "readout": PROBE, "layer": layer, "position": ANCHORS[cls],
                              "position_class": cls, "is_anchor": True, **col.anchor_info[e["example_id"]][cls],
                              **{k: float(m[k][j]) for k in MARGIN_NAMES}})
     return rows
-
-
-def config_dict(cfg: ReadConfig) -> dict:
-    return asdict(cfg)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -228,19 +224,9 @@ def config_dict(cfg: ReadConfig) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def _readouts(model: LensModel, lens: Any, cfg: ReadConfig) -> list[Any]:
-    """Jacobian lens, its random-transport control (same singular values, random bases), logit lens."""
-    from lens.controls import random_transport
-    from lens.readout import JacobianLens, LogitLens
-
-    ros: list[Any] = [LogitLens(model)]
-    if lens is not None:
-        ros.insert(0, JacobianLens(model, lens))
-        if cfg.random_control:
-            control = JacobianLens(model, random_transport(lens, cfg.seed))
-            control.name = "jacobian_random"
-            ros.insert(1, control)
-    return ros
+def _readouts(model: LensModel, lens: Any, cfg: ReadConfig) -> list[Readout]:
+    """Every registered readout the lens allows (`lens.readout`): the logit lens, the J-lens and its control."""
+    return list(build_readouts(model, Lenses(lens, control=cfg.random_control, control_seed=cfg.seed)).values())
 
 
 def _lens_info(lens: Any) -> dict | None:
@@ -252,19 +238,17 @@ def _lens_info(lens: Any) -> dict | None:
 
 def declare(out_dir: str | Path, summary: dict) -> None:
     """Write the pre-registration (mode, primary cell, settings) as summary.json before any AUROC."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "summary.json", json.dumps({**summary, "stage": "declared, reading"}, indent=2,
-                                                       default=str) + "\n")
+    from lens.report import write_json
+
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    write_json(Path(out_dir) / "summary.json", {**summary, "stage": "declared, reading"})
 
 
 def _head(mode: str, model: LensModel, lens: Any, cfg: ReadConfig, token_sets: TokenSets) -> dict:
-    from lens.tables import band_layers
-
     lo, hi = band_layers(model.n_layers, cfg.band)
     return {"mode": mode, "model": getattr(model, "name", None), "revision": getattr(model, "revision", None),
             "n_layers": model.n_layers, "lens": _lens_info(lens), "token_sets": token_sets.to_json(),
-            "primary": {**cfg.primary(mode).to_json(), "band_layers": [lo, hi]}, "config": config_dict(cfg)}
+            "primary": {**cfg.primary(mode).to_json(), "band_layers": [lo, hi]}, "config": asdict(cfg)}
 
 
 def _report(out_dir: str | Path, mode: str, col: Collected, edf: Any, scored: list, head: dict, baselines: list,
@@ -287,6 +271,20 @@ def _report(out_dir: str | Path, mode: str, col: Collected, edf: Any, scored: li
     return summary
 
 
+def _read(model: LensModel, tokenizer: Any, lens: Any, examples: Sequence[ReadExample],
+          token_sets: TokenSets, head: dict, cfg: ReadConfig, probe_classes: Sequence[Any],
+          probe_sets: dict[str, Sequence[Any]]) -> tuple[Collected, list[Readout]]:
+    """Every example through every readout (`collect`), then the probe out of fold; the answer sets go into
+    the declared `head`."""
+    answer_sets = _answer_sets(tokenizer, token_sets)
+    head["answer_sets"] = answer_sets.to_json()
+    readouts = _readouts(model, lens, cfg)
+    col = collect(model, tokenizer, examples, readouts, token_sets, cfg, answer_sets)
+    if cfg.probe:
+        col.rows += probe_rows(col, probe_classes, probe_sets, cfg)
+    return col, readouts
+
+
 def read_probe_set(model: LensModel, tokenizer: Any, lens: Any, probes: Sequence[dict], token_sets: TokenSets,
                    out_dir: str | Path, cfg: ReadConfig | None = None) -> dict:
     """Margins, AUROC tables (one per claim kind), layer choice and heatmap for an entitlement probe set."""
@@ -303,15 +301,12 @@ def read_probe_set(model: LensModel, tokenizer: Any, lens: Any, probes: Sequence
                                     info={"pair_id": row.get("pair_id"), "claim_kind": row.get("claim_kind"),
                                           "record_variant": row.get("record_variant")},
                                     stratum=row["record_id"], judged="claim"))
-    answer_sets = _answer_sets(tokenizer, token_sets)
-    head["answer_sets"] = answer_sets.to_json()
-    col = collect(model, tokenizer, examples, _readouts(model, lens, cfg), token_sets, cfg, answer_sets)
-    if cfg.probe:
-        col.rows += probe_rows(col, list(LABELS), {"S": [SUPPORTED], "N": [NOT_ENTITLED], "R": [REFUTED]}, cfg)
+    col, readouts = _read(model, tokenizer, lens, examples, token_sets, head, cfg, list(LABELS),
+                          {"S": [SUPPORTED], "N": [NOT_ENTITLED], "R": [REFUTED]})
     import pandas as pd
 
     edf = pd.DataFrame(col.examples)
-    edf["stated"] = edf["final_m_E_logit"]  # the verdict prompt's own S−N margin at the decision position
+    edf["stated"] = edf[f"final_m_E_{BASELINE}"]  # the model's own S−N margin at the decision position (last block)
     scored = tables.probe_scores(pd.DataFrame(col.rows), edf)
     baselines = []
     for positive, what in (("stated", "stated vs evidence_deleted"),
@@ -324,10 +319,10 @@ def read_probe_set(model: LensModel, tokenizer: Any, lens: Any, probes: Sequence
                           tables.baseline_row("echo S−N", f"S minus N tokens in the context at the decision ({what})",
                                               pair["echo_S"] - pair["echo_N"], y, cl, pair["stratum"],
                                               n_boot=cfg.n_boot, seed=cfg.seed)]
-    checks = {}
-    if lens is not None and "final_m_E_jacobian" in edf:
-        checks["final_layer_jacobian_minus_logit_max_abs"] = float(
-            (edf["final_m_E_jacobian"] - edf["final_m_E_logit"]).abs().max())
+    # every readout is the model's own logits at the last block: a nonzero gap is a bug, not a finding
+    checks = {f"final_layer_{name}_minus_{BASELINE}_max_abs":
+              float((edf[f"final_m_E_{name}"] - edf[f"final_m_E_{BASELINE}"]).abs().max())
+              for name in (ro.name for ro in readouts) if name != BASELINE}
     head.update(labels=edf["label"].value_counts().to_dict(),
                 claim_kinds=edf["claim_kind"].value_counts().to_dict(), checks=checks)
     notes = [f"model {head['model']}, {model.n_layers} blocks; lens: "
@@ -366,14 +361,11 @@ def read_run(model: LensModel, tokenizer: Any, lens: Any, run_dir: str | Path, t
                                        max_claims=cfg.max_claims)
     if not examples:
         raise LensError(f"{run_dir}: no readable round")
-    answer_sets = _answer_sets(tokenizer, token_sets)
-    head["answer_sets"] = answer_sets.to_json()
-    col = collect(model, tokenizer, examples, _readouts(model, lens, cfg), token_sets, cfg, answer_sets)
+    # the probe is a supervised baseline here: it predicts the flag itself (classes honest/flagged), grouped by
+    # trial; m_E = logit(honest) − logit(flagged), so −m_E is a suspicion score like the lenses'
+    col, _ = _read(model, tokenizer, lens, examples, token_sets, head, cfg, [False, True],
+                   {"S": [False], "N": [True], "R": []})
     col.skipped = info.pop("skipped") + col.skipped
-    if cfg.probe:
-        # supervised baseline: predicts the flag itself (classes honest/flagged), grouped by trial;
-        # m_E = logit(honest) − logit(flagged), so −m_E is a suspicion score like the lenses'
-        col.rows += probe_rows(col, [False, True], {"S": [False], "N": [True], "R": []}, cfg)
     edf = pd.DataFrame(col.examples)
     edf["stated"] = edf["stated_yes_no"]
     scored = tables.run_scores(pd.DataFrame(col.rows), edf, model.n_layers)

@@ -1,152 +1,194 @@
-"""Readouts: logits at (layer, position) from a residual `h_l`, behind one interface.
+"""Readouts: logits at (layer, position) from a residual `h_l`, one class per readout, one registry.
 
-- `LogitLens`: `W_U · norm(h_l)` (the Jacobian lens with `J = I`).
-- `JacobianLens`: `W_U · norm(J_l h_l)` with the model's real final norm (+ softcap), as the
-  reference `apply()`. At and above the target layer `J = I` (so the last block reads out the
-  model's own logits).
-- `LinearProbe`: logistic regression on `h_l` (z-scored with training statistics), one per
-  (layer, position class), whose class logits play the role of vocabulary logits; trained with
-  record-grouped splits, and read out of fold (`out_of_fold_logits`) so no example is scored by
-  a probe that saw its record.
+A readout maps the residual into the space the model's final norm and unembedding read
+(`transform`, tuned-lens's `transform_hidden`) and reads logits there: `logits(layer, h,
+token_ids)` is `W_U · norm(transform(layer, h))` (only the columns of `token_ids` when given:
+margins need only the entitlement sets; the log-normaliser cancels). `direction(layer, u)` is the
+transform's adjoint: the residual direction whose dot product with `h` the readout turns into
+`u · transform(h)` (the causal check and steering project along it).
 
-`logits(layer, h, token_ids=None, position=None)` returns `[..., V]`, or only the columns of
-`token_ids` (margins need only the tokens of the entitlement sets; the log-normaliser cancels).
+`READOUTS` maps each name to its class, in report order; `build_readouts` makes every readout the
+given lenses allow. Evaluation (`lens.fidelity`, `lens.passk`, `lens.causal`), reading (`lens.read`,
+`lens.entitle_read`), tables and plots iterate what it returns and never spell a readout's name
+(`tests/test_layout.py`), so a new readout is one class here and one entry:
+
+- `logit`: `W_U · norm(h_l)` (the Jacobian lens with `J = I`);
+- `jacobian`: `W_U · norm(J_l h_l)` with the model's real final norm (+ softcap), as the reference
+  `apply()`; at and above the target layer `J = I` (the last block reads out the model's logits);
+- `jacobian_random`: the same with each `J_l` replaced by its random-transport control
+  (`lens.controls`: the singular values kept, the bases random);
+- `jacobian_self`, `jacobian_future`: lenses fitted with `--estimator self` / `future`, read beside
+  the lens (they must cover its layers and share its target).
+
+The linear probe (`lens.readout_probe`) reads no transform of the residual: it is trained per
+(layer, position class) out of fold, and its rows carry the readout name `PROBE`.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
 
-import numpy as np
 import torch
 
+from lens.controls import random_transport
 from lens.errors import LensError
 from lens.model import LensModel
 from lens.store import Lens
 
 
-@runtime_checkable
-class Readout(Protocol):
-    name: str
+@dataclass(frozen=True)
+class Lenses:
+    """What the readouts are built from: the lens (None: the logit lens only), the optional self-only and
+    future-only lenses, and whether (and with which seed) to read the lens's random-transport control."""
 
-    def logits(self, layer: int, h: torch.Tensor, token_ids: torch.Tensor | None = None,
-               position: str | None = None) -> torch.Tensor: ...
+    lens: Lens | None = None
+    self_lens: Lens | None = None
+    future_lens: Lens | None = None
+    control: bool = True
+    control_seed: int = 0
 
-    def has_layer(self, layer: int) -> bool:
-        """Whether `logits` can read `layer` (a lens fitted on a band of layers lacks the rest)."""
-        ...
 
+class Readout(ABC):
+    """One way to read logits from a residual; subclasses set `name` and register in `READOUTS`."""
 
-class LogitLens:
-    name = "logit"
+    name: ClassVar[str]
 
     def __init__(self, model: LensModel):
         self.model = model
 
+    @classmethod
+    @abstractmethod
+    def build(cls, model: LensModel, lenses: Lenses) -> Readout | None:
+        """This readout for `model`, or None when `lenses` lack what it reads."""
+
+    @abstractmethod
+    def has_layer(self, layer: int) -> bool:
+        """Whether `layer` can be read (a lens fitted on a band of layers lacks the rest)."""
+
+    @abstractmethod
+    def transform(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        """`h_l` mapped to where the final norm and unembedding read it."""
+
+    def logits(self, layer: int, h: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """`[..., V]` logits (or the columns of `token_ids`) of `h` read at `layer`."""
+        with torch.no_grad():
+            return self.model.unembed(self.transform(layer, h), token_ids)
+
+    def direction(self, layer: int, u: torch.Tensor) -> torch.Tensor:
+        """`Aᵀ u` for the (linear part of the) transform `A` at `layer`, by autograd: `u · A h = (Aᵀ u) · h`."""
+        at = torch.zeros(self.model.d_model, dtype=u.dtype, device=u.device)
+        pullback = torch.func.vjp(lambda h: self.transform(layer, h), at)[1]
+        return pullback(u)[0]
+
+
+class LogitLens(Readout):
+    name = "logit"
+
+    @classmethod
+    def build(cls, model: LensModel, lenses: Lenses) -> Readout:
+        return cls(model)
+
     def has_layer(self, layer: int) -> bool:
         return True
 
-    def logits(self, layer, h, token_ids=None, position=None):
-        with torch.no_grad():
-            return self.model.unembed(h, token_ids)
+    def transform(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        return h
 
 
-class JacobianLens:
+class JacobianLens(Readout):
     name = "jacobian"
 
     def __init__(self, model: LensModel, lens: Lens):
+        super().__init__(model)
         if lens.d_model != model.d_model:
             raise LensError(f"lens d_model {lens.d_model} != model d_model {model.d_model}")
         target = lens.target_layer
         self.target = model.n_layers - 1 if target is None else target
-        self.model = model
         self.lens = lens
-        self._J = {layer: J.to(model.device, torch.float32) for layer, J in lens.J.items()}
+        self._J: dict[int, torch.Tensor] = {}  # fp32 on the model's device, moved there on first use
+
+    @classmethod
+    def source(cls, lenses: Lenses) -> Lens | None:
+        """The lens this readout applies, from the given ones (None: not read)."""
+        return lenses.lens
+
+    @classmethod
+    def build(cls, model: LensModel, lenses: Lenses) -> Readout | None:
+        lens = cls.source(lenses)
+        return None if lens is None else cls(model, lens)
 
     def has_layer(self, layer: int) -> bool:
         """Layers with a matrix, plus the target and above (identity); a lens fitted on a band lacks the rest."""
-        return layer >= self.target or layer in self._J
+        return layer >= self.target or layer in self.lens.J
 
-    def transport(self, layer: int, h: torch.Tensor) -> torch.Tensor:
-        """`J_l h` in fp32, cast back to the model dtype; identity at/above the target layer."""
+    def transform(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        """`J_l h` in fp32, cast back to `h`'s dtype; identity at/above the target layer."""
         if layer >= self.target:
             return h
-        J = self._J.get(layer)
-        if J is None:
-            raise LensError(f"the lens has no matrix for layer {layer} (it has {sorted(self._J)})")
-        return (h.to(torch.float32) @ J.T).to(h.dtype)
-
-    def logits(self, layer, h, token_ids=None, position=None):
-        with torch.no_grad():
-            return self.model.unembed(self.transport(layer, h), token_ids)
+        if layer not in self._J:
+            if layer not in self.lens.J:
+                raise LensError(f"the lens has no matrix for layer {layer} (it has {self.lens.source_layers})")
+            self._J[layer] = self.lens.J[layer].to(self.model.device, torch.float32)
+        return (h.to(torch.float32) @ self._J[layer].T).to(h.dtype)
 
 
-# ---------------------------------------------------------------------------------------------
-# linear probe baseline
-# ---------------------------------------------------------------------------------------------
+class RandomTransportLens(JacobianLens):
+    """The lens's null control: what a J-lens readout shows when `J_l` carries no information about the model."""
+
+    name = "jacobian_random"
+
+    @classmethod
+    def source(cls, lenses: Lenses) -> Lens | None:
+        if lenses.lens is None or not lenses.control:
+            return None
+        return random_transport(lenses.lens, lenses.control_seed)
 
 
-def _make_probe(C: float, seed: int):
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-
-    return make_pipeline(StandardScaler(), LogisticRegression(C=C, max_iter=2000, random_state=seed))
-
-
-def _class_logits(clf, X: np.ndarray, n_classes: int) -> np.ndarray:
-    s = clf.decision_function(X)
-    if s.ndim == 1:  # binary: one log-odds; split it symmetrically into two class logits
-        s = np.stack([-s / 2, s / 2], axis=1)
-    if s.shape[1] != n_classes:
-        raise LensError("a probe fold lacked a class; use more records or fewer folds")
-    return s
+def _beside(other: Lens | None, lenses: Lenses, what: str) -> Lens | None:
+    """`other`, checked to cover the lens's layers and share its target (so both are read on the same layers)."""
+    lens = lenses.lens
+    if other is None or lens is None:
+        return other
+    missing = [layer for layer in lens.source_layers if layer not in other.J]
+    if missing or other.target_layer != lens.target_layer:
+        raise LensError(f"the {what} lens lacks layers {missing} or has target {other.target_layer} (the lens: "
+                        f"{lens.source_layers} -> {lens.target_layer}); fit it with the lens's layers")
+    return other
 
 
-def out_of_fold_logits(
-    X: np.ndarray, y: np.ndarray, groups: Sequence[Any], *, n_splits: int = 5, C: float = 1.0, seed: int = 0
-) -> np.ndarray:
-    """Class logits `[n, K]` for every row from a probe trained on the other record groups.
+class SelfLens(JacobianLens):
+    """A lens fitted with `--estimator self` (the per-position term `t' = t`)."""
 
-    Rows of a fold whose training part lacks a class get NaN.
-    """
-    from sklearn.model_selection import GroupKFold
+    name = "jacobian_self"
 
-    y = np.asarray(y)
-    classes = np.unique(y)
-    group_ids = np.asarray(groups)
-    n_groups = len(np.unique(group_ids))
-    if n_groups < 2:
-        raise LensError("the probe baseline needs at least 2 records (grouped splits)")
-    out = np.full((len(y), len(classes)), np.nan)
-    for train, test in GroupKFold(n_splits=min(n_splits, n_groups)).split(X, y, group_ids):
-        if len(np.unique(y[train])) != len(classes):
-            continue
-        clf = _make_probe(C, seed).fit(X[train], y[train])
-        out[test] = _class_logits(clf, X[test], len(classes))
+    @classmethod
+    def source(cls, lenses: Lenses) -> Lens | None:
+        return _beside(lenses.self_lens, lenses, "self-only")
+
+
+class FutureLens(JacobianLens):
+    """A lens fitted with `--estimator future` (every later target but the position itself)."""
+
+    name = "jacobian_future"
+
+    @classmethod
+    def source(cls, lenses: Lenses) -> Lens | None:
+        return _beside(lenses.future_lens, lenses, "future-only")
+
+
+#: every readout by name, in the order tables and plots show them
+READOUTS: dict[str, type[Readout]] = {cls.name: cls for cls in (LogitLens, JacobianLens, RandomTransportLens,
+                                                                SelfLens, FutureLens)}
+#: the readout every other one is compared with (`J = I`), and the one whose results are the headline
+BASELINE, PRIMARY = LogitLens.name, JacobianLens.name
+
+
+def build_readouts(model: LensModel, lenses: Lenses) -> dict[str, Readout]:
+    """Every registered readout that `lenses` allow, by name, in registry order."""
+    out = {}
+    for name, cls in READOUTS.items():
+        ro = cls.build(model, lenses)
+        if ro is not None:
+            out[name] = ro
     return out
-
-
-class LinearProbe:
-    """Probes fitted on all rows, keyed by (layer, position class); for applying to new data."""
-
-    name = "probe"
-
-    def __init__(self, classes: Sequence[Any]):
-        self.classes = list(classes)
-        self._clf: dict[tuple[int, str | None], Any] = {}
-
-    def fit(self, layer: int, position: str | None, X: np.ndarray, y: np.ndarray, *, C: float = 1.0, seed: int = 0):
-        self._clf[(layer, position)] = _make_probe(C, seed).fit(X, y)
-        return self
-
-    def has_layer(self, layer: int) -> bool:
-        return any(key[0] == layer for key in self._clf)
-
-    def logits(self, layer, h, token_ids=None, position=None):
-        clf = self._clf.get((layer, position))
-        if clf is None:
-            raise LensError(f"no probe fitted for layer {layer}, position {position!r}")
-        X = h.detach().float().cpu().numpy().reshape(-1, h.shape[-1])
-        z = torch.from_numpy(_class_logits(clf, X, len(self.classes))).reshape(*h.shape[:-1], -1)
-        return z if token_ids is None else z[..., token_ids]

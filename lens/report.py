@@ -19,11 +19,19 @@ import numpy as np
 import pandas as pd
 
 from lens.positions import POSITION_CLASSES
-from lens.tables import CONTROL, PRIMARY
+from lens.readout import READOUTS
+from lens.readout_probe import PROBE
+from lens.tables import CONTROL, PRIMARY, STATED
 from lhd_train.io.csv_cells import write_csv
 from lhd_train.io.files import atomic_write, atomic_write_text
 
-READOUT_ORDER = ["jacobian", "jacobian_random", "logit", "probe", "stated"]
+READOUT_ORDER = [*READOUTS, PROBE, STATED]
+
+
+def _ordered(names: Any) -> list[str]:
+    """The readouts in `names` in READOUT_ORDER, then any other in name order."""
+    present = set(names)
+    return [r for r in READOUT_ORDER if r in present] + sorted(present - set(READOUT_ORDER))
 
 
 def _ci(x: Any, lo: Any, hi: Any) -> str:
@@ -73,7 +81,7 @@ def _metric_tables(table: pd.DataFrame, heading: str) -> list[str]:
     lines: list[str] = []
     for metric, g in table.groupby("metric", sort=False):
         g = g.assign(cell=g.apply(_cell, axis=1))
-        order = [r for r in READOUT_ORDER if r in set(g["readout"])] + sorted(set(g["readout"]) - set(READOUT_ORDER))
+        order = _ordered(g["readout"])
         cols = [(ro, pos) for ro in order for pos in dict.fromkeys(g[g["readout"] == ro]["position"])]
         layers = sorted(g["layer"].unique())
         lines += [f"## {heading}: {metric}", "", "within-stratum AUROC [95% CI, cluster bootstrap] (pooled AUROC)", "",
@@ -134,8 +142,7 @@ def heatmap(table: pd.DataFrame, metric_key: str, path: Path, *, title: str) -> 
     t = table[(table["metric_key"] == metric_key) & (table["layer"] >= 0)]
     if t.empty or t["auroc_within"].isna().all():
         return None
-    readouts = [r for r in READOUT_ORDER if r in set(t["readout"])] + sorted(set(t["readout"]) - set(READOUT_ORDER))
-    readouts = [r for r in readouts if r != "stated"]
+    readouts = _ordered(set(t["readout"]) - {STATED})
     layers = sorted(t["layer"].unique())
     fig, axes = plt.subplots(1, len(readouts), figsize=(2.6 * len(readouts) + 1.2, 0.28 * len(layers) + 2.2),
                              squeeze=False, sharey=True, layout="constrained")
@@ -164,22 +171,12 @@ def heatmap(table: pd.DataFrame, metric_key: str, path: Path, *, title: str) -> 
     return path
 
 
-def _json_default(o: Any):
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (np.floating, float)):
-        return None if not np.isfinite(o) else float(o)
-    if isinstance(o, (np.bool_,)):
-        return bool(o)
-    if isinstance(o, (np.ndarray,)):
-        return o.tolist()
-    if isinstance(o, Path):
-        return str(o)
-    return str(o)
-
-
 def _finite(o: Any) -> Any:
-    """NaN/inf floats as None (JSON has no NaN), recursively."""
+    """`o` as plain JSON values, recursively: numpy scalars and arrays as numbers and lists, NaN/inf as None."""
+    if isinstance(o, np.ndarray):
+        o = o.tolist()
+    if isinstance(o, np.generic):
+        o = o.item()
     if isinstance(o, float) and not math.isfinite(o):
         return None
     if isinstance(o, dict):
@@ -187,6 +184,12 @@ def _finite(o: Any) -> Any:
     if isinstance(o, (list, tuple)):
         return [_finite(v) for v in o]
     return o
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """`obj` as indented JSON (`_finite`; anything else, such as a path, as its text), written atomically: the
+    one JSON writer of the lens's result files."""
+    atomic_write_text(path, json.dumps(_finite(obj), indent=2, default=str) + "\n")
 
 
 def write_outputs(out_dir: Path, margins_df: pd.DataFrame, examples_df: pd.DataFrame, table: pd.DataFrame,
@@ -214,7 +217,6 @@ def write_outputs(out_dir: Path, margins_df: pd.DataFrame, examples_df: pd.DataF
         png = heatmap(table, str(table["metric_key"].iloc[0]), out / "heatmap.png", title=title)
     if png:
         files["heatmap"] = str(png)
-    summary = _finite({**summary, "files": files})
-    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=_json_default) + "\n")
+    write_json(out / "summary.json", {**summary, "files": files})
     files["summary"] = str(out / "summary.json")
     return files

@@ -13,10 +13,34 @@ with one class only contribute no pair.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
+
+def band_layers(n_layers: int, band: Sequence[float]) -> tuple[int, int]:
+    """First and last layer of a band given as fractions of depth (the workspace band, e.g. 0.35-0.85)."""
+    return int(math.floor(band[0] * (n_layers - 1))), int(math.ceil(band[1] * (n_layers - 1)))
+
+
+def percentile_ci(statistic: Callable[..., np.ndarray], *samples: np.ndarray, n_boot: int, seed: int,
+                  alpha: float = 0.05) -> tuple[float, float] | None:
+    """Percentile interval of `statistic(*samples, axis=-1)` over `n_boot` resamples of the units (the entries
+    of `samples`, drawn together: `scipy.stats.bootstrap`, paired); None with fewer than 2 units or no resample."""
+    if n_boot <= 0 or len(samples[0]) < 2:
+        return None
+    from scipy.stats import bootstrap
+
+    res = bootstrap(samples, statistic, n_resamples=n_boot, paired=True, vectorized=True, method="percentile",
+                    confidence_level=1 - alpha, random_state=np.random.default_rng(seed))
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def ratio_of_sums(num: np.ndarray, den: np.ndarray, axis: int = -1) -> np.ndarray:
+    """A pooled mean (`Σ num / Σ den`) as a bootstrap statistic: the units are texts, items or clusters."""
+    return num.sum(axis) / den.sum(axis)
 
 
 def _grouped(scores: np.ndarray):

@@ -17,7 +17,6 @@ read, labelled or not (science-4 D13; they used to be fitted on the unflagged ro
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -25,9 +24,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from lens.stats import bootstrap_auroc, emergence_layer, nested_best_layer
+from lens.readout_probe import PROBE
+from lens.stats import band_layers, bootstrap_auroc, emergence_layer, nested_best_layer
 
 PRIMARY, CONTROL, EXPLORATORY = "primary", "negative control", "exploratory"
+STATED = "stated"  # the readout column of the stated margin's rows: the model's own answer, one per example
 CELL = ["readout", "position_class", "position", "layer"]
 
 #: run mode: scores against the auditor's flag (higher = more suspicious)
@@ -61,11 +62,6 @@ class Primary:
 
     def to_json(self) -> dict:
         return asdict(self)
-
-
-def band_layers(n_layers: int, band: Sequence[float]) -> tuple[int, int]:
-    """First and last layer of a band given as fractions of depth."""
-    return int(math.floor(band[0] * (n_layers - 1))), int(math.ceil(band[1] * (n_layers - 1)))
 
 
 def _z(v: pd.Series) -> pd.Series:
@@ -151,12 +147,12 @@ def run_scores(margins_df: pd.DataFrame, examples_df: pd.DataFrame, n_layers: in
     sees = ~a["control"].astype(bool)
     out = [Scored("internal", RUN_METRICS["internal"], _frame(a, y, -a["z_int"], echo)),
            Scored("gap", RUN_METRICS["gap"], _frame(a[sees], y[sees], (a["z_stated"] - a["z_int"])[sees], echo[sees]))]
-    cell = (a["stated"] > 0) & (a["readout"] != "probe") & sees
+    cell = (a["stated"] > 0) & (a["readout"] != PROBE) & sees  # the probe predicts the flag itself
     out.append(Scored("gap_stated_supported", RUN_METRICS["gap_stated_supported"],
                       _frame(a[cell], y[cell], (a["z_stated"] - a["z_int"])[cell], echo[cell])))
     e = examples_df[examples_df["label"].notna()]
     if len(e):
-        e = e.assign(readout="stated", position_class="decision", position="decision", layer=n_layers - 1,
+        e = e.assign(readout=STATED, position_class="decision", position="decision", layer=n_layers - 1,
                      control=False)
         out.append(Scored("stated", RUN_METRICS["stated"],
                           _frame(e, e["label"].astype(bool), -e["stated"], e["echo_N"] - e["echo_S"]), False))

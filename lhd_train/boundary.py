@@ -1,12 +1,9 @@
-"""The one error boundary of every entry point (`lhd`, `python -m lhd_train.cli`, `python -m lens`,
-`python -m lens.cli`): bad input, a model that cannot
+"""The one error boundary of every entry point (`lhd`, `python -m lhd_train.cli`, also under
+`accelerate launch`, and a command group invoked on its own): bad input, a model that cannot
 load, a disk that refuses a write (also one made by datasets, torch or transformers, whose errors
 lhd's writers do not see) and a chat template that fails end as one `error:` line and exit status
 2, never a traceback; Ctrl-C ends with a resume hint. Library code only logs; the boundary gives
-the lens package's loggers their stderr handler.
-
-It sits outside `lhd_train.cli` so the lens command group can use it (`GuardedGroup`): the cli
-package imports the `lhd` app, which mounts the lens group, so importing it from lens is a cycle."""
+the lens library's and the commands' loggers their stderr handler."""
 from __future__ import annotations
 
 import logging
@@ -20,9 +17,9 @@ from typer.core import TyperGroup
 
 
 def configure_logging() -> None:
-    """INFO and above of the `lens` and `lhd_train.finetune` loggers (one per module; `lhd train`
-    reports its progress there) on stderr, once, unless the host program configured logging itself."""
-    for name in ("lens", "lhd_train.finetune"):
+    """INFO and above of the `lens`, `lhd_train.cli` and `lhd_train.finetune` loggers (one per module;
+    `lhd train` reports its progress there) on stderr, once, unless the host program configured logging."""
+    for name in ("lens", "lhd_train.cli", "lhd_train.finetune"):
         package_log = logging.getLogger(name)
         if not logging.getLogger().handlers and not package_log.handlers:
             handler = logging.StreamHandler(sys.stderr)
@@ -113,7 +110,7 @@ def _known_failure(exc: Exception) -> Exception | None:
 
 class GuardedGroup(TyperGroup):
     """A typer group whose commands run inside `guarded`, also when the group is invoked on its own
-    (`python -m lens.cli`, typer's CliRunner): an error becomes exit status 2 and one line."""
+    (typer's CliRunner): an error becomes exit status 2 and one line."""
 
     def invoke(self, ctx: Any) -> Any:
         status = guarded(lambda: super(GuardedGroup, self).invoke(ctx))

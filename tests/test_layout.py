@@ -34,23 +34,24 @@ RUN_DIR_NAMES = {
 
 # Layer contracts, in the style of import-linter, checked on `import_graph()`. The layers, bottom up:
 # rollouts < rundir < config < the stages (bench, audit, metrics, finetune, report, ops, interop)
-# < cli; `lens` stands beside lhd_train. Each package below may import, besides itself, only the
-# packages listed for it (third-party packages are not checked).
+# < cli; `lens` stands beside lhd_train, on its public API. Each package below may import, besides
+# itself, only the packages listed for it (third-party packages are not checked).
 MAY_IMPORT = {
     "rollouts": (),
     "lhd_train.io": ("lhd_train.errors",),
     "lhd_train.rundir": ("lhd_train.errors", "lhd_train.io", "rollouts"),
-    # lens.settings: the lens commands' options, which the Slurm lens stage takes as its variables
-    "lhd_train.config": ("lhd_train.errors", "lhd_train.io", "lhd_train.rundir", "rollouts", "lens.settings"),
+    "lhd_train.config": ("lhd_train.errors", "lhd_train.io", "lhd_train.rundir", "rollouts"),
+    # the public API the lens library builds on: the run directory, its labels and task texts, never
+    # the cluster tooling, the command line or the lens itself
+    "lhd_train.api": ("lhd_train.errors", "lhd_train.rundir", "lhd_train.bench", "lhd_train.audit",
+                      "lhd_train.metrics"),
 }
 # The command layer: only it imports `lhd_train.cli`, and only it prints (`print`, rich's
 # `console.print`, `typer.echo`, writes to sys.stdout/stderr). Library code logs instead
 # (`logging.getLogger(__name__)`); the command decides what the user sees.
 COMMAND_LAYER = {
     "lhd_train/cli/": "the `lhd` command line",
-    "lhd_train/boundary.py": "the one error boundary (outside cli/ so that lens's commands can use it)",
-    "lens/cli.py": "the `lhd lens` / `python -m lens` commands",
-    "lens/__main__.py": "`python -m lens`",
+    "lhd_train/boundary.py": "the one error boundary (`report_error` prints the one `error:` line)",
     "lhd_train/ops/vllm_probe.py": "a script run by vLLM's own python; its stdout line is its answer",
 }
 # Library modules that still print, each with what should replace it. Remove an entry when its
@@ -61,14 +62,15 @@ KNOWN_PRINTS: dict[str, str] = {}
 # SHRINK this list as lens stops reaching into internals (the test refuses entries lens no longer
 # imports); never grow it without moving the thing into that public API.
 LENS_API = {
-    "lhd_train.api": "the public API: a run directory and its records, labels, task texts, lock, --out, --shard",
+    "lhd_train.api": "the public API: a run directory and its records, labels, task packs and texts",
     "lhd_train.errors": "LhdError (LensError's base) and DataFileError (a bad line of a probe or corpus file)",
     "lhd_train.io.files": "the neutral file toolkit: atomic writes, JSONL, hashes (below every stage)",
     "lhd_train.io.csv_cells": "the neutral file toolkit: CSV cells that never start a formula",
     "lhd_train.io.provenance": "the neutral file toolkit: UTC timestamps of lens files",
-    "lhd_train.boundary": "the one error boundary (lens/cli.py, the command layer)",
-    "lhd_train.options": "typer options from a settings model, shared with lhd's CLI (lens/cli.py)",
 }
+# Third-party packages lens may not import: it is a torch and transformers library, and its command
+# line is lhd's (`lhd_train/cli/lens.py`, options in `lhd_train/config/lens.py`).
+LENS_NEVER_IMPORTS = ("typer", "click", "rich")
 
 
 def module_files() -> dict[str, Path]:
@@ -225,7 +227,7 @@ def in_package(module: str, package: str) -> bool:
 def reaches_outside(graph: dict[str, set[str]], package: str, allowed: tuple[str, ...]) -> list[str]:
     """`importer -> imported` for each import from a module of `package` to a project module that
     is neither in `package` nor in one of the `allowed` packages (nor a parent package of one: importing
-    `lens.settings` runs `lens/__init__.py`)."""
+    `lens.readout` runs `lens/__init__.py`)."""
     return sorted(f"{m} -> {d}" for m, deps in graph.items() if in_package(m, package) for d in deps
                   if not in_package(d, package) and not any(in_package(d, a) or a.startswith(d + ".")
                                                             for a in allowed))
@@ -313,9 +315,9 @@ def test_lower_layers_import_nothing_above_them(package):
 
 
 def test_only_the_command_line_imports_it():
-    """No stage (bench, audit, metrics, finetune, report, ops, interop, rundir, config) and no
-    other library module imports `lhd_train.cli`; lens is held by LENS_API below."""
-    bad = importers_of(import_graph(module_files()), "lhd_train.cli", ("lens",))
+    """No stage (bench, audit, metrics, finetune, report, ops, interop, rundir, config), no other
+    library module and not lens imports `lhd_train.cli`."""
+    bad = importers_of(import_graph(module_files()), "lhd_train.cli", ())
     assert not bad, f"library modules importing the CLI (move what they need below it): {bad}"
 
 
@@ -324,6 +326,92 @@ def test_lens_reaches_lhd_train_only_through_its_api():
     assert not bad, f"lens imports lhd_train modules outside LENS_API (use the public API): {bad}"
     stale = sorted(set(LENS_API) - used)
     assert not stale, f"LENS_API lists modules lens no longer imports (drop the entries): {stale}"
+
+
+def third_party_imports(source: str) -> set[str]:
+    """The top-level names of the absolute imports of `source` (TYPE_CHECKING imports left out)."""
+    tops = set()
+    for node in _imports(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            tops |= {a.name.split(".")[0] for a in node.names}
+        elif not node.level and node.module:
+            tops.add(node.module.split(".")[0])
+    return tops
+
+
+def test_lens_is_a_torch_and_transformers_library():
+    """No command-line framework in lens/: its commands and their options live in lhd_train."""
+    assert third_party_imports("import typer\nfrom rich import print\nimport torch.nn\nfrom . import x\n") == {
+        "typer", "rich", "torch"}
+    found = {f"{path.relative_to(ROOT)}: {name}" for module, path in module_files().items()
+             if in_package(module, "lens") for name in third_party_imports(path.read_text(encoding="utf-8"))
+             if name in LENS_NEVER_IMPORTS}
+    assert not found, f"lens imports a command-line framework: {sorted(found)}"
+
+
+# ------------------------------------------------------------------ readouts (issue 32)
+
+def readout_names() -> set[str]:
+    from lens.readout import READOUTS
+    from lens.readout_probe import PROBE
+
+    return set(READOUTS) | {PROBE}
+
+
+def readout_name_lookups(source: str, names: set[str]) -> list[str]:
+    """`line: code` for each place that chooses behaviour by a readout's name spelled as a string literal:
+    a comparison (`name == "logit"`, `name in ("jacobian", ...)`), `x.startswith/endswith/isin("...")`, or
+    a lookup `readouts["logit"]` / `.get("logit")`."""
+    def named(node: ast.AST) -> bool:
+        elts = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+        return any(isinstance(e, ast.Constant) and e.value in names for e in elts)
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        hit = False
+        if isinstance(node, ast.Compare):
+            hit = any(named(x) for x in (node.left, *node.comparators))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            hit = node.func.attr in ("startswith", "endswith", "isin", "get") and bool(node.args) and \
+                named(node.args[0])
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
+            hit = isinstance(node.slice, ast.Constant) and node.slice.value in names
+        if hit:
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_the_readout_name_finder_finds_names():
+    src = ('if name != "logit":\n    pass\nx = ro.name in ("jacobian", "other")\ny = readouts["jacobian_random"]\n'
+           'z = n.startswith("probe")\nw = d.get("logit")\nok = name == PRIMARY\nkeep = {"logit": 1}["x"]\n'
+           'row = r["kl_logit"]\nLiteral["jacobian", "logit"]\n')
+    assert readout_name_lookups(src, {"logit", "jacobian", "jacobian_random", "probe"}) == [
+        "1: name != 'logit'", "3: ro.name in ('jacobian', 'other')", "4: readouts['jacobian_random']",
+        "5: n.startswith('probe')", "6: d.get('logit')"]
+
+
+def test_only_the_readout_modules_name_readouts():
+    """Evaluation, reading, tables and plots iterate the readouts of `lens.readout.READOUTS`; a readout's
+    name is spelled (to choose what it does) only in lens/readout*.py, so a new readout is one class and one
+    registry entry there."""
+    names = readout_names()
+    found = []
+    for path in module_files().values():
+        rel = path.relative_to(ROOT).as_posix()
+        if re.fullmatch(r"lens/readout\w*\.py", rel):
+            continue
+        found += [f"{rel}:{hit}" for hit in readout_name_lookups(path.read_text(encoding="utf-8"), names)]
+    assert found == [], "readouts chosen by name outside lens/readout*.py:\n" + "\n".join(found)
+
+
+def test_the_command_line_offers_the_registered_readouts():
+    """`--primary-readout` lists readouts the registry knows (the choice is declared with the other options)."""
+    import typing
+
+    from lhd_train.config.lens import ReadCommand
+
+    choices = set(typing.get_args(ReadCommand.model_fields["primary_readout"].annotation))
+    assert choices and choices <= readout_names(), choices - readout_names()
 
 
 def test_only_the_command_layer_prints():

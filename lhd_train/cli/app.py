@@ -1,15 +1,28 @@
 """The `lhd` typer app, assembled from one module per command group.
 
 Each group module defines its commands on a typer app of its own (the Slurm, merge and doctor
-commands call into `lhd_train.ops`), and the lens app (same wheel) is mounted as `lhd lens`."""
+commands call into `lhd_train.ops`); the `lens` library's commands are `lhd lens` (`cli/lens.py`)."""
 from __future__ import annotations
 
 import os
 
 import typer
 
-from lens.cli import app as lens_app
-from lhd_train.cli import audit, audit_eval, data, doctor, entitle, gpu_check, merge, models, report, run, slurm, train
+from lhd_train.cli import (
+    audit,
+    audit_eval,
+    data,
+    doctor,
+    entitle,
+    gpu_check,
+    lens,
+    merge,
+    models,
+    report,
+    run,
+    slurm,
+    train,
+)
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -21,5 +34,5 @@ app.add_typer(data.data_app, name="data")
 app.add_typer(slurm.slurm_app, name="slurm")
 for group in (merge, doctor, gpu_check):
     app.add_typer(group.app)
-app.add_typer(lens_app, name="lens", help="Jacobian lens: fit, probe sets, margin readouts")
+app.add_typer(lens.app, name="lens", help="Jacobian lens: fit, probe sets, margin readouts")
 app.add_typer(entitle.app, name="entitle")

@@ -142,11 +142,10 @@ def read_cmd(
 ) -> None:
     """Lens and probe margins at the asserted figure, the decision token and the question (a negative control):
     fabricated vs supported within each fact, with random-transport, length and echo controls."""
-    from lens.controls import random_transport
     from lens.entitle_read import EntitleReadConfig, read_entitle, with_adapter
     from lens.margins import resolve_token_sets
     from lens.model import load_hf
-    from lens.readout import JacobianLens, LogitLens
+    from lens.readout import BASELINE, PRIMARY, Lenses, build_readouts
     from lens.store import load_lens
     from lhd_train.entitle.store import EntitleDir
     from lhd_train.io.files import read_jsonl
@@ -160,7 +159,7 @@ def read_cmd(
     model_id = model or record.model.spec.get("model")
     if not model_id:
         raise InputError(d.manifest, "model.spec.model", "no model recorded; pass --model")
-    ro_name, _, pos = (primary or ("jacobian:claim" if lens else "logit:claim")).partition(":")
+    ro_name, _, pos = (primary or f"{PRIMARY if lens else BASELINE}:claim").partition(":")
     out = out or d.read_dir
     check_out_dir(out, what="entitle read")
     if threads:
@@ -170,26 +169,16 @@ def read_cmd(
     with run_dir_lock(out, stage="lhd entitle read"):
         m, tok = load_hf(model_id, dtype=dtype, device=device)
         m = with_adapter(m, record.model.adapter)
-        readouts: list = [LogitLens(m)]
-        lenses = {}
-        if lens is not None:
-            lz = load_lens(lens, model=m)
-            readouts.insert(0, JacobianLens(m, lz))
-            control = JacobianLens(m, random_transport(lz, seed))
-            control.name = "random_transport"
-            readouts.append(control)
-            lenses["jacobian"] = lz.meta.get("sha256")
-        if lens_self is not None:
-            ls = load_lens(lens_self, model=m)
-            own = JacobianLens(m, ls)
-            own.name = "jacobian_self"
-            readouts.append(own)
-            lenses["jacobian_self"] = ls.meta.get("sha256")
+        given = Lenses(load_lens(lens, model=m) if lens is not None else None,
+                       self_lens=load_lens(lens_self, model=m) if lens_self is not None else None, control_seed=seed)
+        readouts = build_readouts(m, given)
+        lenses = {name: lz.meta["sha256"] for name, ro in readouts.items()
+                  if (lz := getattr(ro, "lens", None)) is not None and "sha256" in lz.meta}
         sets = resolve_token_sets(tok, model_type=getattr(m, "model_type", None))
         cfg = EntitleReadConfig(band=_band(band), primary_readout=ro_name, primary_position=pos or "claim",
-                                n_boot=bootstrap, seed=seed, control_seed=seed, probe=probe,
+                                n_boot=bootstrap, seed=seed, probe=probe,
                                 max_answers=max_answers, progress=progress)
-        summary = read_entitle(m, tok, read_jsonl(d.answers_path), readouts, sets, out, cfg,
+        summary = read_entitle(m, tok, read_jsonl(d.answers_path), list(readouts.values()), sets, out, cfg,
                                info={"model": model_id, "lenses": lenses, "entitle_dir": str(d.path)})
     p = summary.get("primary")
     if p is None:

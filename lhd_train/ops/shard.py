@@ -1,7 +1,7 @@
 """Deterministic sharding of a run's trial grid (`lhd run CONFIG --shard i/n`).
 
 A shard is a contiguous, balanced block of the run's `(seed, trial_id)` list, the same split
-`lhd lens fit --shard i/n` uses for prompts (`lens/cli.py` calls `shard_bounds` here): shard
+`lhd lens fit --shard i/n` uses for prompts (`lhd_train/cli/lens.py` calls `shard_bounds` here): shard
 sizes differ by at most one, every item is in exactly one shard, and concatenating the shards in
 index order gives the original list back (so a merged run lists its seeds in the config's order)."""
 from __future__ import annotations

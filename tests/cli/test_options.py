@@ -16,12 +16,12 @@ from pydantic import BaseModel, Field, model_validator
 from typer.main import get_command
 from typer.testing import CliRunner
 
-from lens.cli import app as lens_app
-from lens.settings import FitArgs, FitCommand
 from lhd_train.boundary import GuardedGroup
 from lhd_train.cli.data import data_app
+from lhd_train.cli.lens import app as lens_app
 from lhd_train.config.data import BuildSettings, DataOptions
 from lhd_train.config.flags import to_argv
+from lhd_train.config.lens import FitArgs, FitCommand
 from lhd_train.config.slurm import DataVars, LensVars
 from lhd_train.errors import InputError
 from lhd_train.ops.slurm import dry_run_commands, render_slurm
@@ -195,12 +195,12 @@ def test_a_bad_variable_is_refused_like_the_flag():
 
 def test_ctrl_c_in_a_lens_command_ends_in_the_one_boundary(monkeypatch, tmp_path):
     """The lens group is lhd's boundary: Ctrl-C is exit 130 with the resume hint, not click's 'Aborted!'."""
-    import lens.cli
+    import lhd_train.cli.lens
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(lens.cli, "_check_out", interrupted)
+    monkeypatch.setattr(lhd_train.cli.lens, "_check_out", interrupted)
     res = runner.invoke(lens_app, ["fit", "/nonexistent/model", "--corpus", str(tmp_path), "--out",
                                    str(tmp_path / "o")])
     assert res.exit_code == 130 and "rerun to resume" in res.output, res.output

@@ -7,21 +7,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lens.causal import (
-    CausalConfig,
-    causal_rows,
-    item_edits,
-    lens_direction,
-    project_out,
-    run_edits,
-    summarise_causal,
-    unembedding_direction,
-)
+from lens.causal import CausalConfig, causal_rows, item_edits, run_edits, summarise_causal
+from lens.directions import token_directions
 from lens.errors import LensError
 from lens.fit import FitOptions, FitSettings, fit_lens
 from lens.margins import TokenSets
 from lens.model import block_outputs
 from lens.promptsets import PromptItem, PromptSet, encode_item, token_forms
+from lens.readout import JacobianLens, LogitLens
+from lens.store import Lens
 
 LAYER = 1
 
@@ -44,20 +38,28 @@ def test_direction_is_the_lens_logit_and_projection_removes_it(llama, lens):
     _, h = _h(model, tok)
     J = lens.J[LAYER]
     token = 7
-    v = lens_direction(model, J, unembedding_direction(model, [token]))
+    v = JacobianLens(model, lens).direction(LAYER, token_directions(model, [token])[0])
     x = J @ h
     norm = model.hf.model.norm
     rms = torch.sqrt(x.pow(2).mean() + norm.variance_epsilon)
     z = model.unembed(x[None])[0, token]
     assert float(z) == pytest.approx(float(v @ h / rms), rel=1e-4, abs=1e-5)  # the token's J-lens logit
-    h2 = project_out(h, v)
+    g, w = model.hf.model.norm.weight, model.hf.lm_head.weight[token]
+    assert torch.allclose(v, J.T @ (g * w), rtol=1e-5, atol=1e-6)  # the adjoint, by autograd, is Jᵀ (g ⊙ w)
+    assert torch.allclose(LogitLens(model).direction(LAYER, g * w), g * w)
+    jl = {"jacobian": JacobianLens(model, lens)}
+    edit = item_edits(model, jl, LAYER, h, [[token]], None, torch.Generator().manual_seed(0), n_random=0)
+    assert [e["kind"] for e in edit] == ["jacobian"]
+    h2 = h - edit[0]["delta"]  # the edited residual: h without its component along v
     assert abs(float(h2 @ v)) < 1e-4 * float(v.norm() * h.norm())
     assert float(model.unembed((J @ h2)[None])[0, token]) == pytest.approx(0.0, abs=1e-4)  # its logit is now 0
     w = torch.randn(h.shape[0], generator=torch.Generator().manual_seed(0))
     w = w - (w @ v) / (v @ v) * v  # orthogonal to v: untouched
     assert float(h2 @ w) == pytest.approx(float(h @ w), rel=1e-4, abs=1e-4)
+    zero = Lens({LAYER: torch.zeros_like(J)}, dict(lens.meta))
     with pytest.raises(LensError, match="zero"):
-        project_out(h, torch.zeros_like(h))
+        item_edits(model, {"jacobian": JacobianLens(model, zero)}, LAYER, h, [[token]], None,
+                   torch.Generator().manual_seed(0), n_random=0)
 
 
 def test_output_kl_matches_a_hooked_hf_forward(llama, lens):
@@ -66,7 +68,8 @@ def test_output_kl_matches_a_hooked_hf_forward(llama, lens):
     pos = len(ids) - 1
     gen = torch.Generator().manual_seed(0)
     sets = TokenSets(S=[5, 6], N=[8, 9], R=[])
-    edits = item_edits(model, lens, LAYER, h, [[7], [11, 12]], sets, gen, n_random=2)
+    readouts = {"jacobian": JacobianLens(model, lens), "logit": LogitLens(model)}
+    edits = item_edits(model, readouts, LAYER, h, [[7], [11, 12]], sets, gen, n_random=2)
     assert [e["kind"] for e in edits][:3] == ["jacobian", "random:jacobian", "random:jacobian"]
     assert len(edits) == (2 * 2 + 1) * 3
     for e in edits[:3]:  # the random edits are norm-matched to the lens edit
@@ -102,7 +105,8 @@ def test_causal_rows_and_summary(llama, lens):
     pset = PromptSet("mine", "m.json", "0", [
         PromptItem("a", "The shop sold many boxes of", ["tea", "coffee"], target="tea"),
         PromptItem("b", "The report lists the units sold in the", ["north"])])
-    rows = causal_rows(model, tok, lens, pset, TokenSets(S=[5, 6], N=[8, 9], R=[]),
+    readouts = {"logit": LogitLens(model), "jacobian": JacobianLens(model, lens)}
+    rows = causal_rows(model, tok, readouts, pset, TokenSets(S=[5, 6], N=[8, 9], R=[]),
                        CausalConfig(layers=[0, 1], n_random=2))
     # per item and layer: (2 lens kinds x intermediates + entitlement) x (1 + 2 random)
     assert len(rows) == 2 * ((2 * 2 + 1) * 3 + (2 * 1 + 1) * 3)
@@ -110,7 +114,8 @@ def test_causal_rows_and_summary(llama, lens):
     h = block_outputs(model, ids[None], layers=[1])[1][0, pos]
     row = next(r for r in rows if r["item"] == "b" and r["layer"] == 1 and r["kind"] == "jacobian")
     forms = token_forms(tok, "north", "mine")
-    v = lens_direction(model, lens.J[1], unembedding_direction(model, forms.ids))
+    g = model.hf.model.norm.weight
+    v = lens.J[1].T @ (g * model.hf.lm_head.weight[forms.ids].mean(0))  # Jᵀ (g ⊙ w̄), by hand
     assert row["removed_norm"] == pytest.approx(abs(float(h @ v / v.norm())), rel=1e-4)
     assert row["answer"] == "model_top1" and row["answer_rank_before"] == 1
     s = summarise_causal(rows, n_boot=100)

@@ -1,4 +1,4 @@
-"""The lens commands' settings models (lens/settings.py): they fill the library's dataclasses by
+"""The lens commands' settings models (lhd_train/config/lens.py): they fill the library's dataclasses by
 field name, so a field renamed on one side must fail here rather than silently fall back to a
 library default; and the lens commands log through the one boundary's handler, one logger per
 module."""
@@ -17,7 +17,7 @@ from lens.corpus import CorpusSpec
 from lens.fidelity import EvalConfig
 from lens.fit import FitOptions, FitSettings
 from lens.read import ReadConfig
-from lens.settings import EvalCommand, FitCommand, ReadCommand, parse_layers
+from lhd_train.config.lens import EvalCommand, FitCommand, ReadCommand, parse_layers
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -72,13 +72,13 @@ def test_fit_settings_refuse_what_the_fit_cannot_use(given, field):
 
 
 def test_lens_logs_through_the_boundary_one_logger_per_module(tmp_path):
-    """`python -m lens.cli`: the warning comes from the `lens.cli` logger, formatted by the handler
-    the boundary configures (the module used to set up its own, on the logger `lens`)."""
+    """`python -m lhd_train.cli lens`: the warning comes from the command module's logger, formatted by the
+    handler the boundary configures (the module used to set up its own, on the logger `lens`)."""
     corpus = tmp_path / "c.txt"
     corpus.write_text("a paragraph of text\n")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-    res = subprocess.run([sys.executable, "-m", "lens.cli", "fit", str(tmp_path / "no-model"), "--corpus",
+    res = subprocess.run([sys.executable, "-m", "lhd_train.cli", "lens", "fit", str(tmp_path / "no-model"), "--corpus",
                           str(corpus), "--out", str(tmp_path / "o")], capture_output=True, text=True, env=env,
                          cwd=ROOT, timeout=300)
     assert res.returncode == 2, res.stderr
-    assert "WARNING lens.cli: no memory plan" in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert "WARNING lhd_train.cli.lens: no memory plan" in res.stderr and "Traceback" not in res.stderr, res.stderr

@@ -81,8 +81,8 @@ def test_general_corpus_and_run_transcripts(tmp_path):
     from support.synthetic import R, write_run
     from typer.testing import CliRunner
 
-    from lens.cli import app
     from lens.general_corpus import python_docs_texts, run_transcripts
+    from lhd_train.cli.lens import app
 
     texts = python_docs_texts()
     assert len(texts) > 50 and sum(map(len, texts)) > 100_000

@@ -11,7 +11,6 @@ import torch
 from test_read import FLAGS, invoke, runner, write_run
 
 from lens import tables
-from lens.cli import app
 from lens.elicit import elicitation, resolve_answer_sets
 from lens.errors import LensError
 from lens.margins import resolve_token_sets
@@ -19,6 +18,7 @@ from lens.positions import tag_chat_prompt
 from lens.read import ReadConfig, collect, read_run
 from lens.readout import LogitLens
 from lens.runs import load_run_examples
+from lhd_train.cli.lens import app
 
 
 def _yes_no_ids(tok):

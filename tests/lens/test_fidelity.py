@@ -10,13 +10,15 @@ import math
 import numpy as np
 import pytest
 import torch
+from scipy.stats import pearsonr
 from typer.testing import CliRunner
 
-from lens.cli import app
 from lens.errors import LensError
 from lens.fidelity import EvalConfig, evaluate, select_held_out
 from lens.fit import FitOptions, FitSettings, fit_lens
+from lens.readout import Lenses, build_readouts
 from lens.store import Lens
+from lhd_train.cli.lens import app
 
 runner = CliRunner()
 SKIP, MAXLEN = 4, 32
@@ -57,10 +59,16 @@ def _hand(model, tok, texts, J: dict[int, torch.Tensor], skip: int = SKIP, maxle
     return {k: tuple(x / v[4] for x in v[:4]) for k, v in acc.items()}
 
 
+def _readouts(model, lens):
+    """The logit lens and the J-lens (the registry's readouts without the control)."""
+    return build_readouts(model, Lenses(lens, control=False))
+
+
 def test_eval_matches_hand_computation(tiny, fit_prompts):
     model, tok = tiny
     lens = fit_lens(model, tok, fit_prompts[:3], SETTINGS, options=FitOptions(progress=False)).lens
-    res = evaluate(model, tok, lens, HELD_OUT, EvalConfig(skip_first=SKIP, max_length=MAXLEN, n_boot=50))
+    res = evaluate(model, tok, _readouts(model, lens), HELD_OUT, EvalConfig(skip_first=SKIP, max_length=MAXLEN,
+                                                                             n_boot=50))
     hand = _hand(model, tok, HELD_OUT, lens.J)
     assert res["n_texts"] == len(HELD_OUT)
     L = model.n_layers
@@ -86,8 +94,8 @@ def test_split_half_agreement(llama, fit_prompts):
     a = fit_lens(model, tok, fit_prompts[:3], SETTINGS, options=FitOptions(progress=False)).lens
     b = fit_lens(model, tok, fit_prompts[3:], SETTINGS, options=FitOptions(progress=False)).lens
     full = fit_lens(model, tok, fit_prompts, SETTINGS, options=FitOptions(progress=False)).lens
-    res = evaluate(model, tok, full, HELD_OUT, EvalConfig(skip_first=SKIP, max_length=MAXLEN, n_boot=20),
-                   halves=(a, b))
+    res = evaluate(model, tok, _readouts(model, full), HELD_OUT,
+                   EvalConfig(skip_first=SKIP, max_length=MAXLEN, n_boot=20), halves=(a, b))
     hand_a, hand_b = _hand(model, tok, HELD_OUT, a.J), _hand(model, tok, HELD_OUT, b.J)
     for row in res["layers"]:
         layer = row["layer"]
@@ -97,15 +105,15 @@ def test_split_half_agreement(llama, fit_prompts):
             A, B = a.J[layer].double(), b.J[layer].double()
             rel = torch.linalg.norm(A - B) / torch.linalg.norm((A + B) / 2)
             assert row["halves_rel_frob"] == pytest.approx(float(rel), rel=1e-6)
-            assert row["halves_corr"] == pytest.approx(float(torch.corrcoef(torch.stack([A.flatten(),
-                                                                                         B.flatten()]))[0, 1]), 1e-6)
+            assert row["halves_corr"] == pytest.approx(pearsonr(A.flatten().numpy(), B.flatten().numpy())[0], 1e-6)
             assert 0 < row["halves_rel_frob"] and row["halves_corr"] < 1
         else:  # at the target the halves are both the identity
             assert row["halves_top1_agreement"] == 1.0
     # a half fitted with other layers is refused, with the layers named
     other = Lens(J={0: a.J[0]}, meta=dict(a.meta))
-    with pytest.raises(LensError, match="split-half lens half_b has layers"):
-        evaluate(model, tok, full, HELD_OUT[:1], EvalConfig(skip_first=SKIP, max_length=MAXLEN), halves=(a, other))
+    with pytest.raises(LensError, match=r"split-half lenses have layers \[0, 1\] -> \d+ and \[0\] -> \d+"):
+        evaluate(model, tok, _readouts(model, full), HELD_OUT[:1], EvalConfig(skip_first=SKIP, max_length=MAXLEN),
+                 halves=(a, other))
 
 
 def test_select_held_out_without_a_recipe_keeps_every_text():
@@ -224,8 +232,8 @@ def test_baselines_topk_and_temperature_by_hand(llama, fit_prompts):
     half's KL at T is recomputed."""
     model, tok = llama
     lens = fit_lens(model, tok, fit_prompts[:3], SETTINGS, options=FitOptions(progress=False)).lens
-    res = evaluate(model, tok, lens, HELD_OUT, EvalConfig(skip_first=SKIP, max_length=MAXLEN, n_boot=20,
-                                                          temperature_positions=10_000))
+    cfg = EvalConfig(skip_first=SKIP, max_length=MAXLEN, n_boot=20, temperature_positions=10_000)
+    res = evaluate(model, tok, _readouts(model, lens), HELD_OUT, cfg)
     layer = 0
     per = _positions(model, tok, HELD_OUT, lens.J, layer)
     V = per[0][0].shape[-1]
@@ -286,5 +294,6 @@ def test_cli_eval_on_chat_transcripts(tiny_dirs, tmp_path):
     tok = load_tokenizer(str(model))
     lengths = [len(encode_messages(tok, json.dumps(c), max_length=MAXLEN)) for c in chats]
     assert res["corpus_format"] == "messages" and res["n_positions"] == sum(n - SKIP for n in lengths)
-    assert res["readouts"] == ["logit", "jacobian", "random"] and res["layers"][0]["kl_random"] is not None
+    assert res["readouts"] == ["logit", "jacobian", "jacobian_random"]
+    assert res["layers"][0]["kl_jacobian_random"] is not None
     assert "Calibration-free view" in (out / "eval.md").read_text()

@@ -10,8 +10,9 @@ from support.lens_baseline import autograd_prompt_jacobian
 from support.lens_toy import ByteTokenizer
 
 from lens.corpus import encode_prompt
+from lens.directions import token_directions
 from lens.errors import LensError
-from lens.fit import FitOptions, FitSettings, entitlement_directions, fit_lens, prompt_jacobian, resolve_layers
+from lens.fit import FitOptions, FitSettings, fit_lens, prompt_jacobian, resolve_layers
 from lens.model import capture, run
 from lens.positions import valid_position_mask
 
@@ -210,7 +211,7 @@ def test_convergence_bookkeeping(llama, fit_prompts, toy):
 def test_targeted_directions_equal_projected_full_J(llama, fit_prompts):
     model, tok = llama
     token_ids = [5, 17, 300]
-    C = entitlement_directions(model, token_ids)
+    C = token_directions(model, token_ids)
     full = fit_lens(model, tok, fit_prompts[:2], SETTINGS, options=FitOptions(progress=False))
     targeted = fit_lens(model, tok, fit_prompts[:2],
                         FitSettings(target_layer=-1, skip_first=4, max_length=32, dim_batch=2),

@@ -18,10 +18,10 @@ from test_read import FLAGS, write_run
 from typer.testing import CliRunner
 
 from lens import report
-from lens.cli import app
 from lens.corpus import CorpusSpec, load_corpus
 from lens.errors import LensError
 from lens.probes import build_probe_set, read_probes, write_probes
+from lhd_train.cli.lens import app
 from lhd_train.errors import DataFileError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,11 +101,11 @@ def test_garbage_probe_files(tmp_path, binary):
     assert f"{bad}: line 2: not valid JSON" in refused("read", NO_MODEL, "--probes", bad, "--out", tmp_path / "o")
 
 
-@pytest.mark.parametrize("entry", [["-m", "lens.cli"], ["-m", "lens"]])
-def test_module_entry_points_print_one_line(entry, binary, tmp_path):
+def test_the_module_entry_point_prints_one_line(binary, tmp_path):
+    """`python -m lhd_train.cli lens ...` (there is no `python -m lens`: the lens is a library)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-    res = subprocess.run([sys.executable, *entry, "fit", NO_MODEL, "--corpus", str(binary), "--out",
-                          str(tmp_path / "o")], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    res = subprocess.run([sys.executable, "-m", "lhd_train.cli", "lens", "fit", NO_MODEL, "--corpus", str(binary),
+                          "--out", str(tmp_path / "o")], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert res.returncode != 0
     lines = [line for line in res.stderr.splitlines() if line.strip() and not line.startswith(("WARNING", "INFO"))]
     assert lines == [lines[0]] and "Traceback" not in res.stderr and f"{binary}:2" in lines[0], res.stderr

@@ -8,9 +8,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from lens.cli import app
 from lens.errors import LensError
 from lens.store import Lens, merge_lenses
+from lhd_train.cli.lens import app
 
 runner = CliRunner()
 

@@ -5,6 +5,7 @@ forms against a tokenizer with a known vocabulary, and the command's files again
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 
@@ -13,7 +14,6 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from lens.cli import app
 from lens.errors import LensError
 from lens.fit import FitOptions, FitSettings, fit_lens
 from lens.passk import KS, ItemRanks, item_auc, rank_items, summarise_set, token_ranks
@@ -29,6 +29,7 @@ from lens.promptsets import (
     token_forms,
 )
 from lens.readout import JacobianLens, LogitLens
+from lhd_train.cli.lens import app
 
 runner = CliRunner()
 #: sha256 of the release's files at commit 581d398 (the copies must be unchanged)
@@ -123,11 +124,19 @@ def test_pass_at_k_interval_and_auc_by_hand():
                    1 - math.log(51) / math.log(1000)])
     assert s["auc"]["logit"]["value"] == pytest.approx(auc)
     assert item_auc(_rows({"d": [("v", {1: 5000})]}), "logit")[0] == 0.0
-    # the interval is a bootstrap over items: 3 items, each with its own share, give the percentile range
-    shares = np.array(per_item[10])
-    boot = np.random.default_rng(1).multinomial(3, [1 / 3] * 3, size=2000) @ shares / 3
-    assert s["ci"]["logit"]["10"] == pytest.approx(list(np.percentile(boot, [2.5, 97.5])))
+    # the interval is a bootstrap over items, checked against the exact bootstrap distribution: every one of
+    # the n^n equally likely resamples of the items' shares enumerated (quantiles chosen away from its jumps)
+    assert s["ci"]["logit"]["10"] == pytest.approx(_exact_interval([1, 0.5, 0]))  # [0, 1]
+    five = _rows({"a": [("x", {3: 1})], "b": [("y", {3: 1}), ("z", {3: 100})], "c": [("y", {3: 1}), ("z", {3: 100})],
+                  "d": [("x", {3: 100})], "e": [("x", {3: 100})]})
+    ci = summarise_set(five, ["logit"], [3], n_boot=20_000, seed=0)["ci"]["logit"]["1"]
+    assert ci == pytest.approx(_exact_interval([1, 0.5, 0.5, 0, 0])) and ci == pytest.approx([0.1, 0.7])
 
+
+def _exact_interval(shares: list[float]) -> list[float]:
+    """The 2.5 % and 97.5 % quantiles of the mean over all n^n resamples of `shares` (the exact bootstrap)."""
+    means = np.sort([np.mean(c) for c in itertools.product(shares, repeat=len(shares))])
+    return [float(means[int(np.ceil(q * len(means))) - 1]) for q in (0.025, 0.975)]
 
 def _hand_ranks(model, ids, pos, J, token_ids):
     """Per layer, the best rank of `token_ids` under the logit lens and `W_U norm(J h)`, by plain torch."""
@@ -196,11 +205,11 @@ def test_cli_prompt_sets_end_to_end(tiny_dirs, tmp_path):
     passk = json.loads((out / "passk.json").read_text())
     assert set(passk) == {"typo", "mine"} and passk["typo"]["n"] == 96 and passk["mine"]["n"] == 2
     for entry in passk.values():
-        for readout in ("logit", "jacobian", "random"):
+        for readout in ("logit", "jacobian", "jacobian_random"):
             assert set(entry[readout]) == {"1", "5", "10", "50"}
     ranks = [json.loads(x) for x in (out / "passk_ranks.jsonl").read_text().splitlines()]
     for name, entry in passk.items():  # recount every pass@k from the per-item ranks
-        for readout in ("logit", "jacobian", "random"):
+        for readout in ("logit", "jacobian", "jacobian_random"):
             rows = [x for x in ranks if x["set"] == name and x["readout"] == readout]
             assert all(x["score"] == min(x["ranks"].values()) for x in rows)
             for k in KS:
@@ -243,7 +252,7 @@ def test_smollm2_passk_on_the_three_shipped_sets(smollm2_dir, tmp_path):
     ranks = [json.loads(x) for x in (out / "passk_ranks.jsonl").read_text().splitlines()]
     for name, entry in passk.items():
         assert entry["layers"] == [25, 26, 27, 28]
-        for readout in ("logit", "jacobian", "random"):
+        for readout in ("logit", "jacobian", "jacobian_random"):
             assert set(entry[readout]) == {"1", "5", "10", "50"}
             rows = [x for x in ranks if x["set"] == name and x["readout"] == readout]
             assert all(x["score"] == min(x["ranks"].values()) and set(x["ranks"]) == {"25", "26", "27", "28"}

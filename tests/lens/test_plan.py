@@ -12,12 +12,12 @@ from support.lens_toy import ByteTokenizer
 from typer.testing import CliRunner
 
 import lens.fit as fit_mod
-from lens.cli import app
 from lens.corpus import encode_prompt
 from lens.errors import LensError
 from lens.fit import FitOptions, FitSettings, fit_lens, prompt_jacobian
 from lens.model import HFLensModel, capture, load_hf, run
 from lens.plan import GiB, ModelShape, activation_bytes_per_token, plan_fit, resolve_attn, resolve_dtype
+from lhd_train.cli.lens import app
 
 runner = CliRunner()
 
@@ -115,7 +115,7 @@ def test_fit_plan_cli_reads_config_json_only(tmp_path):
     from lhd_train.cli.app import app as lhd_app
 
     args = ["fit", str(model), "--plan", "--device", "cuda", "--memory-gib", "80"]
-    for res in (runner.invoke(app, args), runner.invoke(lhd_app, ["lens", *args])):  # python -m lens.cli, lhd
+    for res in (runner.invoke(app, args), runner.invoke(lhd_app, ["lens", *args])):  # the group alone, lhd
         assert res.exit_code == 0, res.output
         assert "bfloat16" in res.output and "dim_batch 64" in res.output and ": fits" in res.output
         assert "per prompt:" in res.output and "PFLOP" in res.output

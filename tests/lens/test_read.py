@@ -10,11 +10,11 @@ import pytest
 from lens_data import make_pack
 from typer.testing import CliRunner
 
-from lens.cli import app
 from lens.elicit import elicitation
 from lens.positions import tag_chat_prompt
 from lens.probes import build_probe_set, write_probes
 from lens.runs import load_run_examples, locate_record
+from lhd_train.cli.lens import app
 
 runner = CliRunner()
 

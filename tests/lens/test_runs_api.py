@@ -13,11 +13,11 @@ import pytest
 from test_read import FLAGS, write_run
 from typer.testing import CliRunner
 
-from lens.cli import app
 from lens.errors import LensError
 from lens.probes import read_probes
 from lens.runs import load_run_examples
 from lhd_train.bench.taskpack import load_pack
+from lhd_train.cli.lens import app
 from lhd_train.errors import DataFileError, InputError
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "runs" / "v1-control-study"

@@ -1,4 +1,5 @@
-"""Storage (T10, T11, jlens .pt) and readouts (T3 lens = model logits, T4 J = I is the logit lens)."""
+"""Storage (T10, T11, jlens .pt) and readouts (T3 lens = model logits, T4 J = I is the logit lens; the
+registry builds what the given lenses allow, each readout's transform and adjoint)."""
 from __future__ import annotations
 
 import json
@@ -8,11 +9,22 @@ import pytest
 import torch
 from support.lens_baseline import j_lens_logits
 
+from lens.controls import random_transport
 from lens.corpus import encode_prompt
 from lens.errors import LensError
 from lens.fit import FitOptions, FitSettings, fit_lens
 from lens.model import block_outputs
-from lens.readout import JacobianLens, LinearProbe, LogitLens, out_of_fold_logits
+from lens.readout import (
+    READOUTS,
+    FutureLens,
+    JacobianLens,
+    Lenses,
+    LogitLens,
+    RandomTransportLens,
+    SelfLens,
+    build_readouts,
+)
+from lens.readout_probe import out_of_fold_logits
 from lens.store import Lens, load_lens, merge_lenses, save_lens
 from lhd_train.io.files import sha256_file
 
@@ -133,8 +145,47 @@ def test_probe_out_of_fold_is_grouped():
     Z = out_of_fold_logits(X, y, groups, n_splits=5)
     assert Z.shape == (n, 3) and np.isfinite(Z).all()
     assert (Z.argmax(1) == y).mean() > 0.8
-    probe = LinearProbe(classes=[0, 1, 2]).fit(3, "decision", X, y)
-    z = probe.logits(3, torch.from_numpy(X[:4]).float(), position="decision")
-    assert z.shape == (4, 3)
     with pytest.raises(LensError):
         out_of_fold_logits(X, y, np.zeros(n), n_splits=5)
+
+
+def _lens(model, layers, scale=1.0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return Lens(J={layer: torch.eye(model.d_model) + scale * torch.randn(model.d_model, model.d_model, generator=g)
+                   / model.d_model for layer in layers}, meta={"target_layer": model.n_layers - 1, "sha256": "s"})
+
+
+def test_the_registry_builds_what_the_lenses_allow(tiny):
+    model, _ = tiny
+    assert list(build_readouts(model, Lenses())) == ["logit"]
+    lens = _lens(model, range(model.n_layers - 1))
+    assert list(build_readouts(model, Lenses(lens, control=False))) == ["logit", "jacobian"]
+    ros = build_readouts(model, Lenses(lens, self_lens=_lens(model, range(model.n_layers - 1), seed=1),
+                                       future_lens=_lens(model, range(model.n_layers - 1), seed=2), control_seed=3))
+    assert list(ros) == list(READOUTS) == ["logit", "jacobian", "jacobian_random", "jacobian_self", "jacobian_future"]
+    assert {name: type(ro) for name, ro in ros.items()} == {
+        "logit": LogitLens, "jacobian": JacobianLens, "jacobian_random": RandomTransportLens,
+        "jacobian_self": SelfLens, "jacobian_future": FutureLens}
+    assert all(ro.name == name for name, ro in ros.items())
+    # the control is the lens's random transport with the given seed
+    assert torch.allclose(ros["jacobian_random"].lens.J[0], random_transport(lens, 3).J[0])
+    # a self-only lens without the lens's layers is refused, naming what it lacks
+    with pytest.raises(LensError, match=r"the self-only lens lacks layers \[1\]"):
+        build_readouts(model, Lenses(lens, self_lens=_lens(model, [0])))
+
+
+def test_transform_and_direction_are_the_lens_and_its_transpose(tiny):
+    model, tok = tiny
+    _, acts = _hidden(model, tok)
+    lens = _lens(model, range(model.n_layers - 1))
+    jl, ll = JacobianLens(model, lens), LogitLens(model)
+    h = acts[0][0]
+    assert torch.allclose(jl.transform(0, h), h @ lens.J[0].T, atol=1e-6)
+    assert torch.equal(ll.transform(0, h), h) and torch.equal(jl.transform(model.n_layers - 1, h), h)
+    u = torch.randn(model.d_model, generator=torch.Generator().manual_seed(1))
+    assert torch.allclose(jl.direction(0, u), lens.J[0].T @ u, atol=1e-6)
+    assert torch.allclose(ll.direction(0, u), u) and torch.allclose(jl.direction(model.n_layers - 1, u), u)
+    # u · J h = (Jᵀ u) · h for any h: the direction is what the readout's logit along u is linear in
+    assert float(u @ jl.transform(0, h[0])) == pytest.approx(float(jl.direction(0, u) @ h[0]), rel=1e-5)
+    with pytest.raises(LensError, match="no matrix for layer 1"):
+        JacobianLens(model, _lens(model, [0])).transform(1, h)

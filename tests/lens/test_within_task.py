@@ -147,8 +147,8 @@ def test_nested_layer_choice_is_scored_on_held_out_clusters():
 def test_the_settings_offer_exactly_the_metrics_the_tables_compute():
     from typing import get_args
 
-    from lens.settings import ReadCommand
     from lens.tables import PROBE_CONTRASTS, RUN_METRICS
+    from lhd_train.config.lens import ReadCommand
 
     fields = ReadCommand.model_fields
     assert set(get_args(fields["primary_contrast"].annotation)) == set(PROBE_CONTRASTS)

@@ -1,13 +1,13 @@
-"""`lhd lens ...`: fit, merge, eval, corpus, probe build, read (a typer app the main CLI mounts as `lens`).
+"""`lhd lens ...`: fit, merge, eval, corpus, probe build, read (the `lens` library's commands, mounted
+as `lhd lens`).
 
-Each command's options are one settings model of `lens.settings` (`settings_command` makes the
-flags); the app's group runs every command inside lhd's one error boundary
-(`lhd_train.boundary`), also as `python -m lens` or `python -m lens.cli`."""
+Each command's options are one settings model of `lhd_train.config.lens` (`settings_command` makes
+the flags), filled into the library's own dataclasses by field name; the group runs every command
+inside lhd's one error boundary (`lhd_train.boundary`), also when invoked on its own."""
 from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -15,23 +15,18 @@ from typing import Any
 import typer
 
 from lens.errors import LensError
-from lens.settings import EvalCommand, FitCommand, ModelDtype, ProbeBuildCommand, ReadCommand
 from lhd_train.boundary import GuardedGroup
+from lhd_train.config.lens import EvalCommand, FitCommand, ModelDtype, ProbeBuildCommand, ReadCommand, parse_layers
 from lhd_train.options import settings_command
+from lhd_train.rundir.lock import run_dir_lock
+from lhd_train.rundir.outputs import check_out_dir
 
 app = typer.Typer(help="Jacobian lens: fit or load a lens, build entitlement probes, read margins.",
                   no_args_is_help=True, cls=GuardedGroup, pretty_exceptions_enable=False)
 probe_app = typer.Typer(help="Entitlement probe sets.", no_args_is_help=True)
 app.add_typer(probe_app, name="probe")
 
-log = logging.getLogger("lens.cli")  # not __name__: that is "__main__" under `python -m lens.cli`
-
-
-def _out_lock(*dirs: Path | None, stage: str):
-    """lhd's run-directory lock (lhd_train.rundir.lock) on the folders a lens command reads or writes."""
-    from lhd_train.api import run_dir_lock
-
-    return run_dir_lock(*dirs, stage=stage)
+log = logging.getLogger(__name__)
 
 
 def _set_threads(n: int | None) -> None:
@@ -44,8 +39,6 @@ def _set_threads(n: int | None) -> None:
 def _check_out(out: Path | None, flag: str = "--out") -> None:
     """`--out` may not be a file, a run directory or inside a run's own files (lhd's rule,
     lhd_train.rundir.outputs), checked before any model loads."""
-    from lhd_train.api import check_out_dir
-
     if out is not None:
         check_out_dir(out, flag=flag, what="lens output")
 
@@ -65,7 +58,7 @@ def fit(args: FitCommand) -> None:
     from lens.model import load_hf, pick_device
     from lens.plan import DEFAULT_DIM_BATCH, resolve_attn, resolve_dtype
     from lens.store import save_lens
-    from lhd_train.api import parse_shard, shard_bounds
+    from lhd_train.ops.shard import parse_shard, shard_bounds
     from rollouts.model_files import weights_fingerprint
 
     _check_out(args.out)
@@ -79,7 +72,7 @@ def fit(args: FitCommand) -> None:
     if corpus is None or out is None:
         raise LensError("lhd lens fit needs --corpus FILE and --out DIR (or --plan to print the plan only)")
     dim_batch = the_plan.dim_batch if the_plan is not None else args.dim_batch
-    with _out_lock(out, stage="lhd lens fit"):  # one fit per --out: two would clobber one checkpoint
+    with run_dir_lock(out, stage="lhd lens fit"):  # one fit per --out: two would clobber one checkpoint
         _set_threads(args.threads)
         prompts, recipe = load_corpus(_take(args, CorpusSpec, path=str(corpus)))
         index, count = parse_shard(args.shard) if args.shard else (0, 1)
@@ -160,40 +153,42 @@ def eval_(args: EvalCommand) -> None:
     from lens.model import load_hf
     from lens.plan import resolve_attn
     from lens.promptsets import load_prompt_set
+    from lens.readout import Lenses, build_readouts
     from lens.store import load_lens
 
     _check_out(args.out)
     _set_threads(args.threads)
     sets = [load_prompt_set(p) for p in args.prompt_set]  # checked before the model loads
-    with _out_lock(args.out, stage="lhd lens eval"):
+    with run_dir_lock(args.out, stage="lhd lens eval"):
         m, tok = load_hf(args.model, dtype=args.dtype, device=args.device, revision=args.revision,
                          attn_implementation=resolve_attn(args.attn, "replicate"))
-        lz = load_lens(args.lens, model=m, target_layer=args.target_layer)
-        others = {name: load_lens(path, model=m, target_layer=args.target_layer)
-                  for name, path in (("jacobian_self", args.self_lens), ("jacobian_future", args.future_lens))
-                  if path is not None}
+
+        def lens_at(path: Path | None) -> Any:
+            return None if path is None else load_lens(path, model=m, target_layer=args.target_layer)
+
+        lz = lens_at(args.lens)
+        readouts = build_readouts(m, Lenses(lz, self_lens=lens_at(args.self_lens),
+                                            future_lens=lens_at(args.future_lens), control_seed=args.control_seed))
         if sets:
-            _eval_prompt_sets(args, m, tok, lz, sets, others)
+            _eval_prompt_sets(args, m, tok, lz, readouts, sets)
         if args.corpus is not None:
-            _eval_corpus(args, m, tok, lz, others)
+            _eval_corpus(args, m, tok, lz, readouts)
 
 
-def _eval_prompt_sets(args: EvalCommand, m, tok, lz, sets, others) -> None:
+def _eval_prompt_sets(args: EvalCommand, m, tok, lz, readouts, sets) -> None:
     from lens.eval_report import write_prompt_set_outputs
     from lens.quality import QualityConfig, evaluate_prompt_sets, middle_layer
-    from lens.settings import parse_layers
 
     layers = [middle_layer(lz)] if args.causal_layers == "middle" else parse_layers(args.causal_layers)
-    cfg = QualityConfig(n_boot=args.bootstrap, seed=args.seed, control_seed=args.control_seed,
-                        force_bos=bool(lz.meta.get("force_bos", True)),
+    cfg = QualityConfig(n_boot=args.bootstrap, seed=args.seed, force_bos=bool(lz.meta.get("force_bos", True)),
                         causal_layers=layers if args.causal else None, causal_random=args.causal_random)
-    res = evaluate_prompt_sets(m, tok, lz, sets, others, cfg)
+    res = evaluate_prompt_sets(m, tok, readouts, lz.source_layers, sets, cfg)
     meta = {"model": args.model, "lens": str(args.lens), "lens_sha256": lz.meta.get("sha256"),
             "lens_n_prompts": lz.n_prompts, "lens_estimator": lz.meta.get("estimator", "all"),
             "layers": lz.source_layers, "readouts": res.readouts, "control_seed": args.control_seed,
             "causal_layers": cfg.causal_layers, "prompt_sets": {s.name: {"path": s.path, "sha256": s.sha256}
                                                                 for s in sets},
-            **{f"{name}_lens": lens.meta.get("sha256") for name, lens in others.items()}}
+            **_other_lenses(readouts, lz)}
     files = write_prompt_set_outputs(args.out, res.passk, res.ranks, res.causal, res.causal_rows, meta,
                                      title=f"{args.model}: lens quality ({lz.n_prompts}-prompt lens)")
     typer.echo(f"pass@k on {len(sets)} prompt sets -> {files['passk']}")
@@ -202,8 +197,13 @@ def _eval_prompt_sets(args: EvalCommand, m, tok, lz, sets, others) -> None:
         typer.echo(f"  {name} ({entry['n']} items) pass@1/@10: {cells}")
 
 
-def _eval_corpus(args: EvalCommand, m, tok, lz, others) -> None:
-    from lens.controls import random_transport
+def _other_lenses(readouts: dict, lens: Any) -> dict[str, Any]:
+    """`<readout>_lens`: the SHA-256 of each lens read beside the main one (self-only, future-only)."""
+    return {f"{name}_lens": other.meta["sha256"] for name, ro in readouts.items()
+            if (other := getattr(ro, "lens", None)) is not None and other is not lens and "sha256" in other.meta}
+
+
+def _eval_corpus(args: EvalCommand, m, tok, lz, readouts) -> None:
     from lens.corpus import CorpusSpec, load_corpus
     from lens.eval_report import write_fidelity
     from lens.fidelity import EvalConfig, evaluate, select_held_out
@@ -221,8 +221,7 @@ def _eval_corpus(args: EvalCommand, m, tok, lz, others) -> None:
                      n_boot=args.bootstrap, seed=args.seed, progress=args.progress,
                      messages=recipe["format"] == "messages", temperature_positions=args.temperature_positions,
                      layers=None if args.eval_layers == "all" else lz.source_layers)
-    extra = {"random": random_transport(lz, args.control_seed), **others}
-    result = evaluate(m, tok, lz, chosen, cfg, halves=halves, extra=extra)
+    result = evaluate(m, tok, readouts, chosen, cfg, halves=halves)
     result.update(model_id=args.model, lens=str(args.lens), lens_sha256=lz.meta.get("sha256"),
                   lens_n_prompts=lz.n_prompts, control_seed=args.control_seed,
                   halves=None if halves is None else [str(args.half_a), str(args.half_b)],
@@ -326,7 +325,7 @@ def read(args: ReadCommand) -> None:
         from lens.probes import read_probes
 
         rows = read_probes(args.probes)[:args.limit]
-    with _out_lock(out, stage="lhd lens read"):
+    with run_dir_lock(out, stage="lhd lens read"):
         m, tok = load_hf(model, dtype=args.dtype, device=args.device, revision=args.revision, attn_implementation=attn)
         lz = load_lens(args.lens, model=m, target_layer=args.target_layer) if args.lens is not None else None
         if lz is not None and lz.meta.get("model_id") not in (None, model):
@@ -361,7 +360,3 @@ def read(args: ReadCommand) -> None:
             typer.echo(f"  primary ({cell}): not available: {res.get('why')}")
         typer.echo(f"  everything else is exploratory or a negative control: {summary['files']['auroc_md']}")
 
-
-if __name__ == "__main__":  # pragma: no cover  `python -m lens.cli`: the group is the error boundary
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    app(prog_name="python -m lens.cli")

@@ -1,16 +1,18 @@
-"""The options of `lhd lens fit` and `lhd lens read`, declared once: type, default, bounds, help.
+"""The options of the `lhd lens` commands, declared once: type, default, bounds, help.
 
-The command line (`lhd_train.options`), the Slurm lens stage (`lhd_train.config.slurm.LensVars`
-takes every `FitArgs` field as a variable) and the job's rendered `lhd lens fit` flags all come
-from these models, so a default cannot differ between them. Depends on pydantic only: the lens
-package stays standalone. Field conventions (`flag`, `argument`) are those of
-`lhd_train.config.flags`."""
+The command line (`lhd_train.cli.lens`, through `lhd_train.options`), the Slurm lens stage
+(`config.slurm.LensVars` takes every `FitArgs` field as a variable) and the job's rendered
+`lhd lens fit` flags all come from these models, so a default cannot differ between them. The
+`lens` package itself takes plain dataclasses (`CorpusSpec`, `FitSettings`, `ReadConfig`, ...),
+filled from these by field name. Field conventions (`flag`, `argument`) are those of `config.flags`."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from lhd_train.config.base import StrictModel
 
 ModelDtype = Literal["float32", "bfloat16", "float16"]
 Attn = Literal["auto", "sdpa", "eager"]
@@ -19,12 +21,6 @@ SEED_MAX = 2**32 - 1
 
 def _threads() -> int | None:
     return Field(None, ge=1, le=4096, description="torch CPU threads (1 is fastest for tiny models on a busy CPU).")
-
-
-class Settings(BaseModel):
-    """Base of the lens settings: an unknown key is an error, as in lhd's own configs."""
-
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
 
 def parse_layers(spec: str | None) -> list[int] | None:
@@ -46,7 +42,7 @@ def parse_layers(spec: str | None) -> list[int] | None:
     return out
 
 
-class CorpusArgs(Settings):
+class CorpusArgs(StrictModel):
     """Which texts of a corpus file a fit or an eval reads (`lens.corpus.CorpusSpec` without the path)."""
 
     format: Literal["auto", "text", "jsonl", "dataset", "messages"] = Field(
@@ -187,7 +183,7 @@ class EvalCommand(CorpusArgs):
         return self
 
 
-class ProbeBuildCommand(Settings):
+class ProbeBuildCommand(StrictModel):
     """`lhd lens probe build`: SUPPORTED / REFUTED / NOT_ENTITLED claims from a pack's own files."""
 
     pack: str = Field(description="Task pack name (built in) or folder.")
@@ -201,7 +197,7 @@ class ProbeBuildCommand(Settings):
         "strict", description="first-token: use the first token of multi-token words.")
 
 
-class ReadCommand(Settings):
+class ReadCommand(StrictModel):
     """`lhd lens read MODEL`: entitlement margins of a probe set or of a run's answers."""
 
     model: str = Field(description="HF model id or local model dir.", json_schema_extra={"argument": True})
