@@ -223,3 +223,17 @@ def test_an_old_planted_result_loses_its_kappa():
     assert e.path == path and e.result.fpr.n == 0 and e.result.unplanted_flag_rate is not None
     old_lines = [x for x in raw["headline"] if "deceptive answers" in x]
     assert old_lines and old_lines[0] in headline_lines(e)
+
+
+def test_a_v2_result_reads_back_whole_and_renders_as_written():
+    """eval.json and eval.md as `lhd audit-eval` wrote them before eval.json became a record
+    (tests/data/records/eval-v2-planted.*): the record keeps every field, and the headline and
+    eval.md rendered from it are the ones written then."""
+    from lhd_train.audit.eval_text import markdown
+
+    path = RECORDS / "eval-v2-planted.json"
+    raw = json.loads(path.read_text())
+    e = read_evaluation(path)
+    assert e.to_json() == raw
+    assert headline_lines(e) == raw["headline"]
+    assert markdown(e) == (RECORDS / "eval-v2-planted.md").read_text()
