@@ -194,10 +194,6 @@ class AuditorEvaluation(Record):
         """Where it was read from or written to."""
         return self._path or Path(EVAL_JSON)
 
-    @property
-    def usable(self) -> int:
-        return self.result.rounds - self.result.failed_or_missing
-
 
 def write_evaluation(path: Path, record: AuditorEvaluation) -> None:
     write_record(path, record)

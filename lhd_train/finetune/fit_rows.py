@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from lhd_train.bench.performer import Performer
 from lhd_train.config.algos import Format
 
@@ -77,14 +79,11 @@ def _fmt(p: dict[str, int]) -> str:
 
 
 def percentiles(values: list[int]) -> dict[str, int]:
+    """The nearest-rank p50, p90, p99 and max of the token counts."""
     if not values:
         return {}
-    s = sorted(values)
-
-    def at(q: float) -> int:
-        return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
-
-    return {"p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "max": s[-1]}
+    found = np.percentile(values, [50, 90, 99, 100], method="nearest")
+    return {k: int(v) for k, v in zip(("p50", "p90", "p99", "max"), found, strict=True)}
 
 
 # ----------------------------------------------------------------------------- one prompt

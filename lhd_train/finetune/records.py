@@ -36,16 +36,10 @@ class AuditorIdentity(Record):
 
 
 class RunAudit(Record):
-    """How the grader's verdicts on the original answers compare with the run's own audit (the
-    counts: best-of-N and DPO; GRPO data records only whose labels it carries)."""
+    """Whose audit labels of the run the data carries (best-of-N and DPO add how the grader's
+    verdicts on the original answers compare with them: `datasets.audit_agreement`)."""
 
     auditor_id: str | None
-    compared: int | None = None
-    agree: int | None = None
-    disagree: int | None = None
-    flagged_by_grader_only: int | None = None
-    flagged_by_audit_only: int | None = None
-    not_compared: int | None = None
 
 
 class DataPart(Record):
@@ -58,7 +52,9 @@ class DataPart(Record):
 
 
 class DataRecord(Record):
-    """dataset.json / lhd_data.json: what a dataset was built from and how (docs/training.md)."""
+    """dataset.json / lhd_data.json: what a dataset was built from and how (docs/training.md). The
+    builders add their settings and provenance (n, grader_id, on_task_min, min_margin, performer,
+    contexts_left_out, packages), kept as they were written."""
 
     kind: str  # bon-sft, dpo, grpo-prompts
     direction: str
@@ -70,13 +66,6 @@ class DataRecord(Record):
     auditors: list[AuditorIdentity] = Field(default_factory=list)  # empty in data made before lineage
     stats: dict[str, Any] = Field(default_factory=dict)
     auditor: dict[str, Any] = Field(default_factory=dict)  # the grader's auditor config (best-of-N, DPO)
-    performer: dict[str, Any] = Field(default_factory=dict)
-    contexts_left_out: dict[str, int] = Field(default_factory=dict)
-    packages: dict[str, str | None] = Field(default_factory=dict)
-    n: int | None = None
-    grader_id: str | None = None
-    on_task_min: float | None = None
-    min_margin: float | None = None
 
 
 def write_data_record(out: Path, record: DataRecord) -> None:

@@ -85,12 +85,10 @@ class TrainingContext(TypedDict):
 
 
 def resolve_model(name: str, recipe_path: Path | None, field: str = "model", source: str | None = None) -> str:
-    """A local folder (relative to the working directory, then the recipe) as an absolute path; else a hub id."""
-    p = Path(name).expanduser()
+    """A local folder (`train_data.resolve_path`'s rule) as an absolute path; else a hub id."""
+    p = data_mod.resolve_path(name, recipe_path, field, source or str(recipe_path or "recipe"), must_exist=False)
     if p.exists():
         return str(p.resolve())
-    if not p.is_absolute() and recipe_path is not None and (recipe_path.parent / p).exists():
-        return str((recipe_path.parent / p).resolve())
     if name.startswith((".", "/", "~")) or name.count("/") > 1:
         raise InputError(source or str(recipe_path or "recipe"), field,
                          f"'{name}' is neither an existing folder nor a hub id (owner/name)")
@@ -152,7 +150,7 @@ def load_data(recipe: Recipe, recipe_path: Path | None, source: str, tok: Any) -
     which: Literal["train", "eval"]
     for which, raw, split, defaults in (
         ("train", recipe.data.train, recipe.data.train_split, ("train",)),
-        ("eval", recipe.data.eval, recipe.data.eval_split, EVAL_DEFAULTS),
+        ("eval", recipe.data.eval, recipe.data.eval_split, data_mod.EVAL_SPLITS),
     ):
         if raw is None:
             result[which] = None
@@ -176,9 +174,6 @@ def load_data(recipe: Recipe, recipe_path: Path | None, source: str, tok: Any) -
                                           rows_read=rows, format=fmt.name, sha256=digest["sha256"],
                                           files=digest["files"], lineage=lineage)
     return result
-
-
-EVAL_DEFAULTS = data_mod.EVAL_SPLITS
 
 
 # ----------------------------------------------------------------------------- the run
