@@ -23,6 +23,7 @@ from collections.abc import Sized
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
+from lhd_train.config.algos import PROMPT_COMPLETION
 from lhd_train.config.recipe import Recipe, dump_recipe, load_recipe
 from lhd_train.errors import InputError
 from lhd_train.finetune import train_data as data_mod
@@ -167,7 +168,7 @@ def load_data(recipe: Recipe, recipe_path: Path | None, source: str, tok: Any) -
         lineage = dataset_lineage(ds, path)  # before the columns are cut to the trainer's (docs/training.md)
         if fmt.answer_in_prompt and loss_on == "last_turn":
             ds = data_mod.sft_to_last_turn(ds, source, field)
-            fmt = algo.format_named("prompt_completion")
+            fmt = PROMPT_COMPLETION
         ds = data_mod.select_columns(ds, algo, fmt)
         result[which] = ds
         result["info"][which] = SplitInfo(path=str(path), split=split if path.is_dir() else None, rows=rows,
