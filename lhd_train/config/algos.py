@@ -45,6 +45,7 @@ class Algo:
     section: type[StrictModel] | None = None  # the recipe section named after the algorithm (`sft:`, `grpo:`)
     online: bool = False  # generates completions and learns from the section's `rewards` (TRL `reward_funcs`)
     unit: str = "rows"  # what one batch element is (the Slurm plan's batch line)
+    unpaired: bool = False  # learns from single answers labelled good or bad: lhd unpairs the pairs and shuffles
 
     def config_class(self) -> Any:
         import trl
@@ -147,6 +148,9 @@ PROMPTS = Format("conversational", ("prompt",))
 ALGOS: dict[str, Algo] = {
     "sft": Algo("sft", "SFTConfig", "SFTTrainer", (MESSAGES, PROMPT_COMPLETION), section=SftSpec),
     "dpo": Algo("dpo", "DPOConfig", "DPOTrainer", (PAIRS,), unit="pairs"),
+    # KTO takes the DPO pairs, unpaired into a desirable (chosen) and an undesirable (rejected)
+    # completion each (`train_data.unpair_shuffled`), so one batch element is one of those halves
+    "kto": Algo("kto", "KTOConfig", "KTOTrainer", (PAIRS,), unit="completions", unpaired=True),
     "grpo": Algo("grpo", "GRPOConfig", "GRPOTrainer", (PROMPTS,), section=GrpoSpec, online=True,
                  unit="completions"),
 }

@@ -115,7 +115,7 @@ class WandbSpec(StrictModel):
 
 
 class Recipe(StrictModel):
-    algo: str = Field(description="a training algorithm of `config.algos.ALGOS`: sft, dpo, grpo")
+    algo: str = Field(description="a training algorithm of `config.algos.ALGOS`: sft, dpo, kto, grpo")
     model: str = Field(description="base model: local folder or hub id")
     revision: str | None = Field(None, description="hub revision (commit, tag or branch) of the base model")
     tokenizer: str | None = Field(None, description="tokenizer folder or id; default: the model's")

@@ -1,7 +1,7 @@
 """Training data: load a `datasets` folder or a JSONL file, check its columns for the trainer, hash it.
 
 Each algorithm's formats are in its table entry (`config.algos`), conversational as TRL 1.16
-expects them: sft `messages` (ending with the answer to learn) or `prompt` + `completion`; dpo
+expects them: sft `messages` (ending with the answer to learn) or `prompt` + `completion`; dpo and kto
 `prompt` + `chosen` + `rejected`; grpo `prompt`, where every other column reaches the reward functions.
 An optional `direction` column (or the dataset record's `direction`, `finetune.records`) must match
 the recipe's direction, so an honest adapter is never trained on deceptive data by mistake.
@@ -163,3 +163,13 @@ def select_columns(ds, algo: Algo, fmt: Format):
     keep = set(fmt.columns) | {c for c in PASSTHROUGH if c in ds.column_names}
     drop = [c for c in ds.column_names if c not in keep]
     return ds.remove_columns(drop) if drop else ds
+
+
+def unpair_shuffled(ds, seed: int):
+    """Pairs → one row per answer (`prompt`, `completion`, `label`: chosen True, rejected False), in
+    an order shuffled with the trainer's seed. TRL's own unpairing puts every chosen row before every
+    rejected one, and KTO reads its rows in order (its KL term pairs each row with its batch
+    neighbour's answer), so without this the first half of an epoch would see only desirable answers."""
+    from trl.data_utils import unpair_preference_dataset
+
+    return unpair_preference_dataset(ds).shuffle(seed=seed).flatten_indices()

@@ -217,6 +217,10 @@ def build_trainer(recipe: Recipe, recipe_path: Path | None = None,
         args["completion_only_loss"] = data["loss_on"] == "last_turn"
     config = build_config(recipe, out, args, source)
     fit_lengths(recipe, config, data, tok, source)
+    if algo.unpaired:  # after the fit, which measures the pairs
+        for which in ("train", "eval"):
+            if data[which] is not None:
+                data[which] = data_mod.unpair_shuffled(data[which], config.seed)
     peft_config = lora_config(recipe)
     qconf = quantization_config(recipe, dtype, source)
 

@@ -1,8 +1,8 @@
 """Issue 32 item 2: one table (`config/algos.py`) maps each training algorithm to its TRL config and
-trainer classes, its data formats and its recipe section; a TRL algorithm lhd does not ship becomes
-one entry plus a recipe. KTO (TRL 1.16's `KTOTrainer`) is the example: it takes the paired rows `lhd
-data dpo` writes (TRL unpairs them: chosen desirable, rejected undesirable), so the test trains it
-on lhd's own data shape and measures what it learned with the base model and PEFT."""
+trainer classes, its data formats and its recipe section; a TRL algorithm becomes one entry plus
+recipes. KTO (TRL 1.16's `KTOTrainer`) was added that way: it takes the paired rows `lhd data dpo`
+writes (TRL unpairs them: chosen desirable, rejected undesirable), so the test trains it on lhd's
+own data shape and measures what it learned with the base model and PEFT."""
 from __future__ import annotations
 
 import dataclasses
@@ -24,7 +24,7 @@ from test_trainer import (  # noqa: F401  (fixtures)
     tokenizer,
 )
 
-from lhd_train.config.algos import ALGOS, PAIRS, Algo
+from lhd_train.config.algos import ALGOS, PAIRS
 from lhd_train.config.recipe import Recipe, load_recipe
 from lhd_train.errors import InputError
 
@@ -47,27 +47,26 @@ def test_every_entry_names_real_trl_classes_formats_and_a_recipe_section():
 
 def test_a_recipe_names_a_table_entry_and_only_its_own_section(tmp_path):
     dpo = RECIPES / "tiny" / "dpo-honest.yaml"
-    with pytest.raises(InputError, match=r"'algo'.*unknown algorithm 'kto'.*sft, dpo, grpo"):
-        load_recipe(dpo, ["algo=kto"])
-    with pytest.raises(InputError, match="unknown algorithm 'kto'"):
-        load_recipe(dpo, [], algo="kto")
+    with pytest.raises(InputError, match=r"'algo'.*unknown algorithm 'orpo'.*sft, dpo, kto, grpo"):
+        load_recipe(dpo, ["algo=orpo"])
+    with pytest.raises(InputError, match="unknown algorithm 'orpo'"):
+        load_recipe(dpo, [], algo="orpo")
     with pytest.raises(InputError, match=r"'sft'.*only used with algo sft \(algo is dpo\)"):
         load_recipe(dpo, ["sft.loss_on=all"])
     assert load_recipe(RECIPES / "tiny" / "sft-honest.yaml").sft is not None  # its own section, defaulted
     assert load_recipe(dpo).sft is None and load_recipe(dpo).grpo is None
 
 
-def test_kto_is_one_table_entry_and_trains_on_lhds_pairs(learnable, data, tmp_path, monkeypatch):  # noqa: F811
+def test_kto_is_one_table_entry_and_trains_on_lhds_pairs(learnable, data, tmp_path):  # noqa: F811
     from lhd_train.finetune.records import read_adapter_record
     from lhd_train.finetune.trainer import train_command
 
-    recipe = tmp_path / "kto-honest.yaml"
-    recipe.write_text((RECIPES / "tiny" / "dpo-honest.yaml").read_text().replace("algo: dpo", "algo: kto"))
-    with pytest.raises(InputError, match="unknown algorithm 'kto'"):
-        load_recipe(recipe)
-    monkeypatch.setitem(ALGOS, "kto", Algo("kto", "KTOConfig", "KTOTrainer", (PAIRS,)))
-    assert load_recipe(recipe, ["trainer.desirable_weight=1.0"]).trainer == {  # checked against KTOConfig
-        **load_recipe(recipe).trainer, "desirable_weight": 1.0}
+    assert ALGOS["kto"].formats == (PAIRS,)  # the pairs `lhd data dpo` writes, nothing of its own
+    recipe = RECIPES / "tiny" / "kto-honest.yaml"
+    assert load_recipe(recipe, ["trainer.desirable_weight=2.0"]).trainer == {  # checked against KTOConfig
+        **load_recipe(recipe).trainer, "desirable_weight": 2.0}
+    with pytest.raises(InputError, match="label_smoothing"):  # a DPOConfig field KTOConfig lacks
+        load_recipe(recipe, ["trainer.label_smoothing=0.1"])
 
     tok = tokenizer(learnable)
 
@@ -84,7 +83,31 @@ def test_kto_is_one_table_entry_and_trains_on_lhds_pairs(learnable, data, tmp_pa
     train = meta.data["train"]
     assert (train.format, train.rows_read, train.rows_trained) == ("conversational", 16, 32)  # 16 pairs, unpaired
     history = json.loads((adapter / "log_history.json").read_text())
-    assert "kl" in history[0] and "rewards/chosen" in history[0]  # KTO's own logs, not DPO's
+    assert all("kl" in h for h in history[:8])  # KTO's own logs, not DPO's
+    # shuffled rows: batches mix good and bad answers (TRL's own order gave 4 good-only steps, then 4 bad-only)
+    assert any("rewards/chosen" in h and "rewards/rejected" in h for h in history[:8]), history
     after = margins(load(learnable, adapter))
     print(f"KTO log p(chosen)-log p(rejected): {sum(before) / 4:.2f} -> {sum(after) / 4:.2f}")
     assert all(a > b + 1.0 for a, b in zip(after, before, strict=True)), (before, after)
+
+
+def test_unpaired_rows_keep_every_answer_with_its_label_and_mix_them():
+    """KTO's rows: each pair gives its chosen answer labelled True and its rejected one False; the
+    order is shuffled, so the first half is not all chosen (as TRL's own unpairing leaves it)."""
+    from datasets import Dataset
+
+    from lhd_train.finetune.train_data import unpair_shuffled
+
+    def msg(role: str, text: str) -> list[dict[str, str]]:
+        return [{"role": role, "content": text}]
+
+    pairs = Dataset.from_list([{"prompt": msg("user", f"q{i}"), "chosen": msg("assistant", f"good{i}"),
+                                "rejected": msg("assistant", f"bad{i}")} for i in range(16)])
+    rows = unpair_shuffled(pairs, seed=0).to_list()
+    got = sorted((r["prompt"][0]["content"], r["completion"][0]["content"], r["label"]) for r in rows)
+    want = sorted([(f"q{i}", f"good{i}", True) for i in range(16)] + [(f"q{i}", f"bad{i}", False) for i in range(16)])
+    assert got == want
+    first_half = [r["label"] for r in rows[:16]]
+    assert 0 < sum(first_half) < 16, first_half
+    assert unpair_shuffled(pairs, seed=0).to_list() == rows  # the seed fixes the order
+    assert unpair_shuffled(pairs, seed=1).to_list() != rows
