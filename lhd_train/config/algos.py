@@ -8,6 +8,7 @@ The table lives in `config/` because the recipe (`config.recipe`) checks `traine
 algorithm's TRL config and refuses a section of another algorithm; `finetune/` builds the trainer."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -46,6 +47,9 @@ class Algo:
     online: bool = False  # generates completions and learns from the section's `rewards` (TRL `reward_funcs`)
     unit: str = "rows"  # what one batch element is (the Slurm plan's batch line)
     unpaired: bool = False  # learns from single answers labelled good or bad: lhd unpairs the pairs and shuffles
+    # a check of the built TRL config that TRL itself makes only once the model is loaded:
+    # returns (trainer field, problem) or None
+    check_config: Callable[[Any], tuple[str, str] | None] | None = None
 
     def config_class(self) -> Any:
         import trl
@@ -140,6 +144,16 @@ class SftSpec(StrictModel):
 
 # ----------------------------------------------------------------------------- the table
 
+
+def _kto_batch(config: Any) -> tuple[str, str] | None:
+    """KTOTrainer refuses a batch of one after loading the model; a 7B model takes minutes to load."""
+    if config.loss_type != "apo_zero_unpaired" and config.per_device_train_batch_size < 2:
+        return ("per_device_train_batch_size",
+                f"{config.per_device_train_batch_size} is too small for KTO (loss_type {config.loss_type}): its KL "
+                "term pairs each row with a batch neighbour's answer, so give 2 or more")
+    return None
+
+
 MESSAGES = Format("messages", ("messages",), answers=("messages",), prompt="messages")
 PROMPT_COMPLETION = Format("prompt_completion", ("prompt", "completion"), answers=("completion",))
 PAIRS = Format("conversational", ("prompt", "chosen", "rejected"), answers=("chosen", "rejected"))
@@ -150,7 +164,8 @@ ALGOS: dict[str, Algo] = {
     "dpo": Algo("dpo", "DPOConfig", "DPOTrainer", (PAIRS,), unit="pairs"),
     # KTO takes the DPO pairs, unpaired into a desirable (chosen) and an undesirable (rejected)
     # completion each (`train_data.unpair_shuffled`), so one batch element is one of those halves
-    "kto": Algo("kto", "KTOConfig", "KTOTrainer", (PAIRS,), unit="completions", unpaired=True),
+    "kto": Algo("kto", "KTOConfig", "KTOTrainer", (PAIRS,), unit="completions", unpaired=True,
+                check_config=_kto_batch),
     "grpo": Algo("grpo", "GRPOConfig", "GRPOTrainer", (PROMPTS,), section=GrpoSpec, online=True,
                  unit="completions"),
 }

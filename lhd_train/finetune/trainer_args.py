@@ -171,11 +171,16 @@ def _wandb_setup(recipe: Recipe, out: Path) -> tuple[str | list[str], str | None
 
 
 def build_config(recipe: Recipe, out: Path, args: dict[str, Any], source: str):
-    cls = recipe.algorithm.config_class()
+    algo = recipe.algorithm
+    cls = algo.config_class()
     try:
-        return cls(output_dir=str(out), **args)
+        config = cls(output_dir=str(out), **args)
     except (ValueError, TypeError) as e:
         raise InputError(source, "trainer", f"{cls.__name__} rejected the arguments: {e}") from None
+    problem = algo.check_config(config) if algo.check_config is not None else None
+    if problem is not None:
+        raise InputError(source, f"trainer.{problem[0]}", problem[1])
+    return config
 
 
 def lora_config(recipe: Recipe):

@@ -111,3 +111,24 @@ def test_unpaired_rows_keep_every_answer_with_its_label_and_mix_them():
     assert 0 < sum(first_half) < 16, first_half
     assert unpair_shuffled(pairs, seed=0).to_list() == rows  # the seed fixes the order
     assert unpair_shuffled(pairs, seed=1).to_list() != rows
+
+
+def test_kto_refuses_a_batch_of_one_before_any_model_loads(tmp_path):
+    """TRL's KTOTrainer refuses a batch of one (its KL term needs a batch neighbour) only after it has
+    loaded the model; lhd refuses it when the config is built, naming the field."""
+    from lhd_train.finetune.trainer_args import build_config, trainer_arguments
+
+    recipe_path = RECIPES / "tiny" / "kto-honest.yaml"
+
+    def config(overrides: list[str]):
+        r = load_recipe(recipe_path, overrides)
+        args, _ = trainer_arguments(r, tmp_path, cuda=False, dtype="float32", source=str(recipe_path),
+                                    reward_weights=None)
+        return build_config(r, tmp_path, args, str(recipe_path))
+
+    with pytest.raises(InputError, match=r"kto-honest.yaml.*'trainer.per_device_train_batch_size'.*1 is too small"):
+        config(["trainer.per_device_train_batch_size=1"])
+    assert config(["trainer.per_device_train_batch_size=2"]).per_device_train_batch_size == 2
+    # the one loss without the KL term takes a batch of one (TRL accepts it too)
+    assert config(["trainer.per_device_train_batch_size=1", "trainer.loss_type=apo_zero_unpaired"]).loss_type == \
+        "apo_zero_unpaired"
