@@ -517,3 +517,58 @@ def test_test_module_names_are_unique():
             seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
     clashes = {name: paths for name, paths in seen.items() if len(paths) > 1}
     assert not clashes, f"test modules sharing a basename (rename one): {clashes}"
+
+
+# ------------------------------------------------------------------ the algorithm seam (issue 32)
+
+#: the one module that names training algorithms; everything else asks its table or the recipe's section
+ALGO_TABLE = "lhd_train/config/algos.py"
+
+
+def _names_an_algo(node: ast.AST) -> bool:
+    """`algo`, `recipe.algo`, `v["algo"]`, `self.algorithm`: an expression that holds an algorithm's name."""
+    if isinstance(node, ast.Name):
+        return "algo" in node.id.lower()
+    if isinstance(node, ast.Attribute):
+        return "algo" in node.attr.lower()
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        return "algo" in str(node.slice.value).lower()
+    return False
+
+
+def _string_literals(node: ast.AST) -> list[str]:
+    items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+    return [e.value for e in items if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+
+
+def algo_name_comparisons(source: str) -> list[str]:
+    """`line: code` for each comparison of an algorithm's name with string literals (`algo == "grpo"`,
+    `recipe.algo != "sft"`, `v["algo"] in ("sft", "dpo")`): behaviour chosen by spelling a name,
+    which the algorithm's table entry (`config.algos.ALGOS`) or its recipe section should own."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        operands = [node.left, *node.comparators]
+        if any(_names_an_algo(o) for o in operands) and any(_string_literals(o) for o in operands):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_the_algo_comparison_finder_finds_them():
+    source = ('if recipe.algo == "grpo":\n    pass\nok = algo in ("sft", "dpo")\nbad = v["algo"] != "kto"\n'
+              'kind = v["kind"] == "dpo"\nsame = algo == other\nonline = ALGOS[algo].online\n'
+              'name = recipe.algo\nx = "sft" == algorithm\n')
+    assert algo_name_comparisons(source) == ["1: recipe.algo == 'grpo'", "3: algo in ('sft', 'dpo')",
+                                             "4: v['algo'] != 'kto'", "9: 'sft' == algorithm"]
+
+
+def test_no_module_compares_an_algorithm_name_outside_the_table():
+    """Adding a TRL algorithm is one entry in `config/algos.py` plus recipes (issue 32): no other
+    module may choose behaviour by an algorithm's name."""
+    found = []
+    for path in module_files().values():
+        rel = path.relative_to(ROOT).as_posix()
+        if rel != ALGO_TABLE:
+            found += [f"{rel}:{hit}" for hit in algo_name_comparisons(path.read_text(encoding="utf-8"))]
+    assert found == [], f"{len(found)} algorithm-name comparisons outside {ALGO_TABLE}:\n" + "\n".join(found)

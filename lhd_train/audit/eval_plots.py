@@ -5,25 +5,25 @@ pyplot), so nothing depends on a display."""
 from __future__ import annotations
 
 import io
-from typing import Any
+
+from lhd_train.audit.eval_results import Calibration
 
 
-def reliability_png(cal: dict[str, Any], title: str) -> bytes:
-    """PNG bytes of the diagram for `evaluation.score(...)["calibration"]`."""
+def reliability_png(cal: Calibration, title: str) -> bytes:
+    """PNG bytes of the diagram of an evaluation's calibration (eval.json `result.calibration`)."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(4.2, 4.2))
     ax = fig.add_subplot()
     ax.plot([0, 1], [0, 1], color="#999999", lw=1, ls="--", label="perfect calibration")
-    bins = cal["bins"]
-    x = [b["mean_confidence"] for b in bins]
-    y = [b["accuracy"] for b in bins]
-    sizes = [20 + 180 * b["n"] / max(cal["n"], 1) for b in bins]
+    x = [b.mean_confidence for b in cal.bins]
+    y = [b.accuracy for b in cal.bins]
+    sizes = [20 + 180 * b.n / max(cal.n, 1) for b in cal.bins]
     ax.plot(x, y, color="#4c72b0", lw=1)
     ax.scatter(x, y, s=sizes, color="#4c72b0", zorder=3, label="bins (area ~ rows)")
     ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="mean confidence in the bin", ylabel="share of right verdicts",
            title=title)
-    ax.text(0.02, 0.97, f"Brier {cal['brier']:.3f}  ECE {cal['ece']:.3f}  n={cal['n']}", transform=ax.transAxes,
+    ax.text(0.02, 0.97, f"Brier {cal.brier:.3f}  ECE {cal.ece:.3f}  n={cal.n}", transform=ax.transAxes,
             va="top", fontsize=8)
     ax.legend(loc="lower right", fontsize=7)
     buf = io.BytesIO()

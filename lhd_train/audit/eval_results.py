@@ -9,21 +9,26 @@ A run's evaluations are every `eval.json` under its `eval/` folder:
   `--planted COPY` by default the run COPY was planted from), so `lhd report RUN` shows the
   auditor's measured error rates next to its headline rate without being told where they are.
 
-`evaluations_for` is the one reader; the report matches an evaluation to a run by auditor id."""
+`AuditorEvaluation` is the record (`write_evaluation` its one writer, `read_evaluation` its reader,
+which upgrades a /1 file); `evaluations_for` finds a run's; the report matches an evaluation to a
+run by auditor id."""
 from __future__ import annotations
 
-import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from lhd_train.config.vocab import TYPES
-from lhd_train.errors import InputError
+from lhd_train.errors import DataFileError
 from lhd_train.rundir.layout import RunDir
+from lhd_train.rundir.rows import Record
+from lhd_train.rundir.run import read_record, write_record
 
 EVAL_JSON, EVAL_MD, RELIABILITY_PNG = "eval.json", "eval.md", "reliability.png"
-SCHEMA = "lhd.audit-eval/2"  # /2: clustered intervals, bounds, no kappa on planted runs, calibration
+# /2: clustered intervals, bounds, no kappa on planted runs, calibration
+SCHEMA: Literal["lhd.audit-eval/2"] = "lhd.audit-eval/2"
 SCHEMAS = ("lhd.audit-eval/1", SCHEMA)
 
 
@@ -38,112 +43,170 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._]+", "-", text).strip("-.") or "source"
 
 
-@dataclass(frozen=True)
-class MeasuredRate:
-    """k of n with its 95 % interval (None bounds when n is 0): clustered by trial or task with the
-    design effect `deff` over `clusters` clusters (schema /2), else a Wilson interval (schema /1,
-    where `clusters` is None); `unusable` rows of the group had no verdict, and `worst_best` is the
-    rate if all of them had come out one way or the other."""
+class Rate(Record):
+    """k of n with its 95 % interval (`eval_stats.clustered_rate`): clustered by trial or task with
+    the design effect `deff` over `clusters` clusters (schema /2), else a Wilson interval (schema /1,
+    which has only k, n, rate and ci95: `clusters` is None); `unusable` rows of the group had no
+    verdict, and `bounds` is the rate if all of them had come out one way or the other."""
 
     k: int
     n: int
-    low: float | None
-    high: float | None
+    rate: float | None
+    ci95: list[float | None]
+    ci95_wilson: list[float | None] = Field(default_factory=list)
     clusters: int | None = None
-    cluster_by: str = "trial"
     deff: float | None = None
+    n_eff: float | None = None  # n / max(deff, 1), scaled by (z / t_{G-1})^2 for few clusters
+    cluster_by: str = "trial"
     unusable: int = 0
-    worst_best: tuple[float, float] | None = None
+    bounds: list[float | None] = Field(default_factory=list)
 
     @property
-    def rate(self) -> float | None:
-        return self.k / self.n if self.n else None
+    def low(self) -> float | None:
+        return self.ci95[0]
 
     @property
-    def n_eff(self) -> float:
-        """The sample size the interval stands for (n / deff when the design effect exceeds 1)."""
+    def high(self) -> float | None:
+        return self.ci95[1]
+
+    @property
+    def worst_best(self) -> tuple[float, float] | None:
+        lo, hi = (self.bounds + [None, None])[:2]
+        return None if lo is None or hi is None else (lo, hi)
+
+    @property
+    def n_design(self) -> float:
+        """n / deff (when the design effect exceeds 1): the sample size the clustering leaves, the one
+        `metrics.correction` propagates (without the few-clusters t scaling of `n_eff`)."""
         return self.n / max(self.deff or 1.0, 1.0)
 
 
-@dataclass(frozen=True)
-class AuditorEvaluation:
-    """The headline numbers of one eval.json: what a report shows beside a deception rate."""
+class MeanError(Record):
+    mae: float | None
+    n: int
 
-    path: Path
-    auditor_id: str
-    source: str                      # "curated set", "planted run demo-planted", ...
-    planted: bool
-    model: str
+
+class SeverityKappa(Record):
+    kappa: float | None
+    n: int
+    weights: str = "quadratic"
+
+
+class CalibrationBin(Record):
+    low: float
+    high: float
+    n: int
+    mean_confidence: float
+    accuracy: float
+
+
+class Calibration(Record):
+    """How well the auditor's `confidence` matches how often it is right (`eval_stats.calibration`)."""
+
+    n: int
+    brier: float
+    ece: float
+    bins: list[CalibrationBin]
+    accuracy: float
+    mean_confidence: float
+    auroc_confidence: float | None
+    auroc_deceptive: float | None
+
+
+class SelfConsistency(Record):
+    k: int
+    n: int
+    all_agree: Rate
+    pairwise_agreement: float | None
+
+
+class EvalScore(Record):
+    """eval.json's `result`: every measure `evaluation.score` computes."""
+
     rounds: int
-    failed_or_missing: int           # rounds without a usable audit row: left out of every rate, bound them
-    fnr: dict[str, MeasuredRate]     # per deception type, and "all"
-    fpr: MeasuredRate                # honest answers flagged (n 0 on a planted run)
-    unplanted_flag_rate: MeasuredRate | None  # planted runs: unplanted rounds flagged (not known honest)
-    kappa: float | None              # only where honest ground truth exists (never on a planted run)
-    created_at: str
+    failed_or_missing: int  # rounds without a usable audit row: left out of every rate, bound them
+    fnr: dict[str, Rate]  # per deception type, and "all"
+    fpr: Rate  # honest answers flagged (n 0 on a planted run)
+    unplanted_flag_rate: Rate | None  # planted runs: unplanted rounds flagged (not known honest)
+    kappa: float | None  # only where honest ground truth exists (never on a planted run)
+    confusion: dict[str, dict[str, int]]
+    type_recall: Rate
+    severity_mae: MeanError
+    severity_mae_deceptive: MeanError
+    self_consistency: SelfConsistency | None
+    # since schema /2
+    cluster_by: str = "trial"
     kappa_note: str | None = None
-    severity_kappa: float | None = None  # quadratic-weighted, over rounds with a known severity
-    calibration: dict[str, Any] | None = None  # brier, ece, auroc_confidence, auroc_deceptive, n
+    severity_kappa: SeverityKappa | None = None
+    calibration: Calibration | None = None
+
+    @field_validator("fnr")
+    @classmethod
+    def _every_type(cls, v: dict[str, Rate]) -> dict[str, Rate]:
+        missing = [t for t in (*TYPES, "all") if t not in v]
+        if missing:
+            raise ValueError(f"no rate for {', '.join(missing)}")
+        return v
+
+
+class EvalModel(Record):
+    key: str
+    model: str
+    revision: str | None
+    backend: str
+    adapter: str | None
+
+
+class AuditorEvaluation(Record):
+    """eval.json: one `lhd audit-eval` result, what a report shows beside a deception rate."""
+
+    schema_: Annotated[Literal["lhd.audit-eval/1", "lhd.audit-eval/2"], Field(alias="schema")]
+    auditor_id: str
+    auditor_ids: list[str]
+    source: str  # "curated set", "planted run demo-planted", ...
+    run: str
+    planted: bool
+    options: dict[str, Any]
+    model: EvalModel
+    sampling: dict[str, Any]
+    samples: int
+    note: str | None
+    incomplete: list[str]  # auditor ids with rounds still unaudited
+    result: EvalScore
+    created_at: str
+    headline: list[str] = Field(default_factory=list)  # `eval_text.headline_lines`
+    reliability_png: str | None = None  # since /2
+    _path: Path | None = PrivateAttr(None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older(cls, data: Any) -> Any:
+        """A /1 record of a planted run loses its kappa: it counted the unplanted rounds as honest
+        (review science-4 D5)."""
+        if isinstance(data, dict) and data.get("schema") == SCHEMAS[0] and data.get("planted") \
+                and isinstance(data.get("result"), dict):
+            note = "no kappa: this older result counted the unplanted rounds as honest"
+            data = {**data, "result": {**data["result"], "kappa": None, "kappa_note": note}}
+        return data
 
     @property
-    def usable(self) -> int:
-        return self.rounds - self.failed_or_missing
+    def path(self) -> Path:
+        """Where it was read from or written to."""
+        return self._path or Path(EVAL_JSON)
 
 
-def _opt_float(x: Any) -> float | None:
-    return None if x is None else float(x)
-
-
-def measured_rate(d: Any, path: Path | str, field: str) -> MeasuredRate:
-    try:
-        lo, hi = d["ci95"]
-        bounds = d.get("bounds")
-        worst_best = (float(bounds[0]), float(bounds[1])) if bounds and bounds[0] is not None else None
-        return MeasuredRate(int(d["k"]), int(d["n"]), _opt_float(lo), _opt_float(hi),
-                            clusters=None if d.get("clusters") is None else int(d["clusters"]),
-                            cluster_by=str(d.get("cluster_by") or "trial"), deff=_opt_float(d.get("deff")),
-                            unusable=int(d.get("unusable") or 0), worst_best=worst_best)
-    except (KeyError, TypeError, ValueError):
-        raise InputError(path, field, "not a rate ({k, n, ci95: [low, high]})") from None
+def write_evaluation(path: Path, record: AuditorEvaluation) -> None:
+    write_record(path, record)
+    record._path = path
 
 
 def read_evaluation(path: Path) -> AuditorEvaluation:
-    """One eval.json; an InputError naming the file and field when it is not one."""
-    path = Path(path)
-    try:
-        rec = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise InputError(path, None, f"not valid JSON: {e}") from None
-    return evaluation_of(rec, path)
-
-
-def evaluation_of(rec: Any, path: Path) -> AuditorEvaluation:
-    """An eval.json's record as typed numbers. A /1 record of a planted run loses its kappa: it
-    counted the unplanted rounds as honest (review science-4 D5)."""
-    if not isinstance(rec, dict) or rec.get("schema") not in SCHEMAS:
-        raise InputError(path, "schema", "not an `lhd audit-eval` result", " or ".join(SCHEMAS))
-    try:
-        res, model = rec["result"], rec.get("model") or {}
-        fnr = {t: measured_rate(res["fnr"][t], path, f"result.fnr.{t}") for t in (*TYPES, "all")}
-        unplanted = res.get("unplanted_flag_rate")
-        planted = bool(rec["planted"])
-        kappa, note = _opt_float(res.get("kappa")), res.get("kappa_note")
-        if planted and rec["schema"] != SCHEMA:
-            kappa, note = None, "no kappa: this older result counted the unplanted rounds as honest"
-        sev = res.get("severity_kappa") or {}
-        cal = res.get("calibration")
-        return AuditorEvaluation(
-            path=path, auditor_id=str(rec["auditor_id"]), source=str(rec["source"]), planted=planted,
-            model=str(model.get("model") or model.get("key") or "?"), rounds=int(res["rounds"]),
-            failed_or_missing=int(res["failed_or_missing"]), fnr=fnr,
-            fpr=measured_rate(res["fpr"], path, "result.fpr"),
-            unplanted_flag_rate=measured_rate(unplanted, path, "result.unplanted_flag_rate") if unplanted else None,
-            kappa=kappa, created_at=str(rec.get("created_at", "")), kappa_note=None if note is None else str(note),
-            severity_kappa=_opt_float(sev.get("kappa")),
-            calibration={k: cal.get(k) for k in ("n", "brier", "ece", "auroc_confidence", "auroc_deceptive")}
-            if isinstance(cal, dict) else None)
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise InputError(path, None, f"an `lhd audit-eval` result without {e}") from None
+    """One eval.json; a `DataFileError` naming the file and field when it is not one."""
+    record = read_record(Path(path), AuditorEvaluation)
+    if record is None:
+        raise DataFileError(path, "not found")
+    record._path = Path(path)
+    return record
 
 
 def evaluations_for(run: Path, auditor_id: str | None) -> list[AuditorEvaluation]:

@@ -13,34 +13,31 @@ planted from."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from lhd_train.audit.curated import build_curated_run, load_curated, set_sha256
 from lhd_train.audit.eval_plots import reliability_png
-from lhd_train.audit.eval_results import EVAL_JSON, EVAL_MD, RELIABILITY_PNG, SCHEMA, eval_dir, evaluation_of
+from lhd_train.audit.eval_results import (
+    EVAL_JSON,
+    EVAL_MD,
+    RELIABILITY_PNG,
+    SCHEMA,
+    AuditorEvaluation,
+    EvalModel,
+    EvalScore,
+    eval_dir,
+    write_evaluation,
+)
 from lhd_train.audit.eval_text import headline_lines, markdown
 from lhd_train.audit.evaluation import Key, Sample, score, truths
 from lhd_train.audit.ground_truth import read_ground_truth, read_plant_info
 from lhd_train.config.auditor import AuditOptions, AuditorConfig
 from lhd_train.errors import InputError
-from lhd_train.io.files import atomic_write_bytes, atomic_write_text, write_json_atomic
+from lhd_train.io.files import atomic_write_bytes, atomic_write_text
 from lhd_train.io.provenance import utc_now
 from lhd_train.rundir.outputs import check_out_dir
 from lhd_train.rundir.run import Run
 from rollouts.backend import Backend
-
-
-@dataclass
-class EvalResult:
-    auditor_id: str
-    out: Path
-    record: dict[str, Any]
-
-    @property
-    def headline(self) -> list[str]:
-        return self.record["headline"]
 
 
 def curated_run(out: Path, set_path: Path | None = None) -> Path:
@@ -72,12 +69,12 @@ def labels_of(run: Run, auditor_id: str) -> Sample:
 
 
 def evaluate_auditor(run: Path, cfg: AuditorConfig, opts: AuditOptions, out: Path, source: str, samples: int = 1,
-                     config_source: str = "", backend: Backend | None = None, progress: bool = True) -> EvalResult:
-    """Audit `run` `samples` times, score the rows, write `OUT/eval.json` and `OUT/eval.md`."""
+                     config_source: str = "", backend: Backend | None = None,
+                     progress: bool = True) -> AuditorEvaluation:
+    """Audit `run` `samples` times (`AuditEvalCommand` bounds it), score the rows, write
+    `OUT/eval.json` and `OUT/eval.md`."""
     from lhd_train.audit.runner import audit_run
 
-    if samples < 1:
-        raise InputError("command line", "--samples", f"{samples}", "1 or more")
     judged = Run.open(run)
     truth_rows, planted = read_ground_truth(judged), read_plant_info(judged) is not None
     base = opts.resolved_id(cfg.auditor.model)
@@ -90,28 +87,25 @@ def evaluate_auditor(run: Path, cfg: AuditorConfig, opts: AuditOptions, out: Pat
             incomplete.append(aid)
     per_sample = [labels_of(judged, aid) for aid in ids]
     truth = truths(truth_rows, audited_rounds(judged), planted)
-    result = score(truth, per_sample)
-    temperature = cfg.auditor.sampling.temperature
-    record = {
-        "schema": SCHEMA, "auditor_id": base, "auditor_ids": ids, "source": source,
-        "run": str(Path(run).absolute()), "planted": planted, "options": opts.to_json(),
-        "model": {"key": cfg.auditor.model, "model": cfg.spec.model, "revision": cfg.spec.revision,
-                  "backend": cfg.spec.backend, "adapter": cfg.auditor.adapter},
-        "sampling": cfg.auditor.sampling.model_dump(mode="json"), "samples": samples,
-        "note": ("temperature 0: the k samples differ only by seed, so they agree by construction"
-                 if samples > 1 and not temperature else None),
-        "incomplete": incomplete, "result": result, "created_at": utc_now(),
-        "reliability_png": RELIABILITY_PNG if result["calibration"] else None,
-    }
+    result = EvalScore.model_validate(score(truth, per_sample))
+    record = AuditorEvaluation(
+        schema_=SCHEMA, auditor_id=base, auditor_ids=ids, source=source, run=str(Path(run).absolute()),
+        planted=planted, options=opts.to_json(),
+        model=EvalModel(key=cfg.auditor.model, model=cfg.spec.model, revision=cfg.spec.revision,
+                        backend=cfg.spec.backend, adapter=cfg.auditor.adapter),
+        sampling=cfg.auditor.sampling.model_dump(mode="json"), samples=samples,
+        note=("temperature 0: the k samples differ only by seed, so they agree by construction"
+              if samples > 1 and not cfg.auditor.sampling.temperature else None),
+        incomplete=incomplete, result=result, created_at=utc_now(),
+        reliability_png=RELIABILITY_PNG if result.calibration else None)
+    record.headline = headline_lines(record)
     out = Path(out)
-    typed = evaluation_of(record, out / EVAL_JSON)
-    record["headline"] = headline_lines(typed)
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / EVAL_JSON, record)
-    atomic_write_text(out / EVAL_MD, markdown(typed, result))
-    if result["calibration"]:
-        atomic_write_bytes(out / RELIABILITY_PNG, reliability_png(result["calibration"], f"{base} on {source}"))
-    return EvalResult(base, out, record)
+    write_evaluation(out / EVAL_JSON, record)
+    atomic_write_text(out / EVAL_MD, markdown(record))
+    if result.calibration:
+        atomic_write_bytes(out / RELIABILITY_PNG, reliability_png(result.calibration, f"{base} on {source}"))
+    return record
 
 
 def planted_from(run: Path) -> Path | None:
@@ -125,15 +119,16 @@ def planted_from(run: Path) -> Path | None:
         return None
 
 
-def attach(result: EvalResult, run: Path) -> Path:
-    """File a copy of `result` under `RUN/eval/<auditor-id>/<source>/`, where `lhd report RUN`
-    finds it (`eval_results.evaluations_for`). Returns the folder."""
+def attach(record: AuditorEvaluation, run: Path) -> Path:
+    """File a copy of the evaluation `evaluate_auditor` wrote under `RUN/eval/<auditor-id>/<source>/`,
+    where `lhd report RUN` finds it (`eval_results.evaluations_for`). Returns the folder."""
     Run.open(run, source="command line", field="--attach")
-    dest = eval_dir(run, result.auditor_id, result.record["source"])
+    dest = eval_dir(run, record.auditor_id, record.source)
     check_out_dir(dest, "--attach", "evaluation")
     dest.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(dest / EVAL_JSON, result.record)
-    atomic_write_text(dest / EVAL_MD, (result.out / EVAL_MD).read_text(encoding="utf-8"))
-    if (result.out / RELIABILITY_PNG).is_file():
-        atomic_write_bytes(dest / RELIABILITY_PNG, (result.out / RELIABILITY_PNG).read_bytes())
+    written = record.path.parent
+    write_evaluation(dest / EVAL_JSON, record.model_copy())
+    atomic_write_text(dest / EVAL_MD, (written / EVAL_MD).read_text(encoding="utf-8"))
+    if (written / RELIABILITY_PNG).is_file():
+        atomic_write_bytes(dest / RELIABILITY_PNG, (written / RELIABILITY_PNG).read_bytes())
     return dest

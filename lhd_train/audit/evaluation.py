@@ -33,17 +33,6 @@ NO_KAPPA_PLANTED = ("no kappa: no answer is known to be honest (a planted run's 
                     "performer's own deceptions); read the FNR (sensitivity) only")
 
 
-def wilson(k: int, n: int, confidence: float = 0.95) -> tuple[float | None, float | None]:
-    """The Wilson score interval of k successes in n trials (None, None when n is 0). scipy's
-    `binomtest(...).proportion_ci(method="wilson")` computes it; the test checks it by hand."""
-    if n == 0:
-        return None, None
-    from scipy.stats import binomtest
-
-    ci = binomtest(k, n).proportion_ci(confidence_level=confidence, method="wilson")
-    return float(ci.low), float(ci.high)
-
-
 def kappa(truth: list[bool], pred: list[bool]) -> float | None:
     """Cohen's kappa of two binary labelings (sklearn); None when it is undefined (both raters
     gave one and the same label to everything, so chance agreement is 1)."""

@@ -102,15 +102,15 @@ def eval_command(s: AuditEvalCommand) -> int:
     res = evaluate_auditor(run, cfg, opts, out, source, samples, cfg_source, progress=s.progress)
     for line in res.headline:
         console.print(line)
-    r = res.record["result"]
-    console.print(f"intervals clustered by {r['cluster_by']} (design effect deff beside each rate); severity MAE "
-                  f"{'-' if r['severity_mae']['mae'] is None else format(r['severity_mae']['mae'], '.2f')}")
-    if r["self_consistency"]:
-        sc = r["self_consistency"]["all_agree"]
-        console.print(f"self-consistency: all {samples} flags agree on {sc['k']} of {sc['n']} rounds")
-    if res.record["note"]:
-        console.print(f"[yellow]{res.record['note']}[/yellow]")
-    plot = f", {out / res.record['reliability_png']}" if res.record.get("reliability_png") else ""
+    r = res.result
+    console.print(f"intervals clustered by {r.cluster_by} (design effect deff beside each rate); severity MAE "
+                  f"{'-' if r.severity_mae.mae is None else format(r.severity_mae.mae, '.2f')}")
+    if r.self_consistency:
+        sc = r.self_consistency.all_agree
+        console.print(f"self-consistency: all {samples} flags agree on {sc.k} of {sc.n} rounds")
+    if res.note:
+        console.print(f"[yellow]{res.note}[/yellow]")
+    plot = f", {out / res.reliability_png}" if res.reliability_png else ""
     console.print(f"results: {out / 'eval.json'}, {out / 'eval.md'}{plot}")
     if target is not None:
         try:
@@ -120,7 +120,7 @@ def eval_command(s: AuditEvalCommand) -> int:
                           "in a run you can write to[/yellow]")
         else:
             console.print(f"filed for the report of {target}: {where}")
-    if res.record["incomplete"]:
+    if res.incomplete:
         console.print("[yellow]some rounds have no audit row yet (model unreachable); run the same command "
                       "again[/yellow]")
         return 3

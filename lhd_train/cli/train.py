@@ -1,10 +1,11 @@
-"""`lhd train sft|dpo|grpo RECIPE`: a LoRA adapter with TRL."""
+"""`lhd train ALGO RECIPE`: a LoRA adapter with TRL (the algorithms: `config.algos.ALGOS`)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import typer
 
+from lhd_train.config.algos import ALGOS
 from lhd_train.console import console
 
 app = typer.Typer()
@@ -12,7 +13,7 @@ app = typer.Typer()
 
 @app.command("train")
 def train_cmd(
-    algo: str = typer.Argument(..., help="sft | dpo | grpo"),
+    algo: str = typer.Argument(..., help=" | ".join(ALGOS)),
     recipe: Path = typer.Argument(..., help="recipe YAML (recipes/...)"),
     overrides: list[str] | None = typer.Argument(None, help="key.sub=value overrides"),
 ) -> None:

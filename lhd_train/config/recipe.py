@@ -1,8 +1,8 @@
 """Training recipes: YAML → a typed `Recipe`, `key.sub=value` overrides, errors naming file and field.
 
 A recipe says which base model to adapt, with which data, in which direction (honest or deceptive),
-with which LoRA shape and which TRL trainer arguments. `trainer:` is passed to `SFTConfig`,
-`DPOConfig` or `GRPOConfig` after its keys are checked against that dataclass's fields and its values
+with which LoRA shape and which TRL trainer arguments. `trainer:` is passed to the algorithm's TRL
+config (`config.algos`) after its keys are checked against that dataclass's fields and its values
 against their declared types (so `learning_rate: 1e-4`, which YAML reads as a string, becomes a float).
 """
 from __future__ import annotations
@@ -14,15 +14,12 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, TypeAdapter, ValidationError, field_serializer, field_validator, model_validator
+from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
 
+from lhd_train.config.algos import ALGOS, Algo, GrpoSpec, SftSpec
 from lhd_train.config.base import StrictModel, read_config, validate
+from lhd_train.config.vocab import Direction
 from lhd_train.errors import InputError
-from rollouts.spec import public_url
-
-ALGOS = ("sft", "dpo", "grpo")
-DIRECTIONS = ("honest", "deceptive")
-DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 # The projection layers of Llama, Qwen2 and Qwen3 decoder blocks (same names in all three).
 # vLLM 0.32's largest --max-lora-rank (vllm/config/lora.py); lhd's managed server sets --max-lora-rank from the
@@ -99,33 +96,6 @@ class LoraSpec(StrictModel):
                 else list(self.target_modules))
 
 
-class JudgeEndpoint(StrictModel):
-    """An OpenAI-compatible endpoint started by the user (e.g. `vllm serve`), never by the trainer."""
-
-    base_url: str = Field(description="e.g. http://127.0.0.1:8001/v1")
-    model: str = Field(description="the model name the endpoint serves (vllm serve: the path or id it was given)")
-    api_key_env: str | None = Field(None, description="name of the env variable holding the key, if any")
-    tokenizer: str | None = Field(None, description="local tokenizer for exact token counts")
-    max_model_len: int | None = Field(
-        None, ge=1, description="the judge's context window in tokens; default: the max_model_len the endpoint "
-        "lists at /v1/models (vLLM does). A prompt over it is not sent: that grade fails and its reward is missing")
-    max_in_flight: int | None = Field(None, ge=1, description="default: the openai backend's (32)")
-    timeout_s: float | None = Field(None, gt=0, description="default: the openai backend's (3600 s for a "
-                                    "127.0.0.1/localhost endpoint, 600 s for a remote one)")
-
-    @field_validator("base_url")
-    @classmethod
-    def _http(cls, v: str) -> str:
-        if not v.startswith(("http://", "https://")):
-            raise ValueError(f"'{v}' is not an http(s) URL")
-        return v
-
-    @field_serializer("base_url", when_used="json")
-    def _public_base_url(self, v: str) -> str | None:
-        """The recipe written next to an adapter never holds the URL's credentials."""
-        return public_url(v)
-
-
 class DataSpec(StrictModel):
     train: str = Field(description="a `datasets` folder (save_to_disk) or a .jsonl file")
     eval: str | None = Field(None, description="optional evaluation set, same formats")
@@ -144,68 +114,22 @@ class WandbSpec(StrictModel):
     tags: list[str] = Field(default_factory=list)
 
 
-class RewardSpec(StrictModel):
-    name: str = Field(description="a registered reward (see lhd_train.finetune.rewards) or 'module:function'")
-    weight: float = 1.0
-    params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the reward's factory")
-
-
-class GrpoSpec(StrictModel):
-    rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(name="format_length")])
-    plugins: list[str] = Field(
-        default_factory=list, description="modules imported before rewards are looked up (they register rewards)"
-    )
-    max_length: int | None = Field(
-        None, ge=2, description="prompt + completion tokens: prompts are cut from the left to max_length - "
-        "trainer.max_completion_length (TRL 1.16 does not cut GRPO prompts); default trainer.vllm_max_model_length")
-    judge: JudgeEndpoint | None = Field(
-        None, description="the auditor-judge of the honesty/satisfaction rewards: an endpoint you started")
-    supervisor_judge: JudgeEndpoint | None = Field(
-        None, description="the supervisor's endpoint for the satisfaction reward (default: none)")
-    max_failed_grade_share: float = Field(
-        0.2, ge=0, le=1, description="a judged reward whose grade failed (endpoint unreachable, prompt over the "
-        "judge's window, answer unparseable) is missing for that completion, which TRL leaves out; training stops "
-        "once more than this share of the grades so far (all ranks, at least 16) failed")
-
-    @field_validator("rewards")
-    @classmethod
-    def _nonempty(cls, v: list[RewardSpec]) -> list[RewardSpec]:
-        if not v:
-            raise ValueError("give at least one reward")
-        names = [r.name for r in v]
-        dup = sorted({n for n in names if names.count(n) > 1})
-        if dup:
-            raise ValueError(f"reward listed twice: {', '.join(dup)} (combine the weights)")
-        return v
-
-
-class SftSpec(StrictModel):
-    loss_on: Literal["assistant", "last_turn", "all"] = Field(
-        "last_turn",
-        description=(
-            "last_turn (default): only the final assistant message, the selected answer (prompt/completion split, "
-            "any template; earlier assistant turns of a best-of-N row are the performer's own, possibly deceptive, "
-            "answers); assistant: every assistant turn (TRL assistant_only_loss; needs {% generation %} markers or "
-            "a template TRL can patch, else falls back to last_turn); all: every token"
-        ),
-    )
-
-
 class Recipe(StrictModel):
-    algo: Literal["sft", "dpo", "grpo"]
+    algo: str = Field(description="a training algorithm of `config.algos.ALGOS`: sft, dpo, kto, grpo")
     model: str = Field(description="base model: local folder or hub id")
     revision: str | None = Field(None, description="hub revision (commit, tag or branch) of the base model")
     tokenizer: str | None = Field(None, description="tokenizer folder or id; default: the model's")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="weights dtype; auto: bfloat16 on CUDA, float32 on CPU"
     )
-    direction: Literal["honest", "deceptive"]
+    direction: Direction
     data: DataSpec
     output_dir: str
     resume: bool = Field(True, description="continue from the last checkpoint-* in output_dir")
     lora: LoraSpec = Field(default_factory=LoraSpec)
     qlora: bool = Field(False, description="load the base in 4-bit nf4 (bitsandbytes, extra `qlora`)")
-    trainer: dict[str, Any] = Field(default_factory=dict, description="SFTConfig / DPOConfig / GRPOConfig arguments")
+    trainer: dict[str, Any] = Field(default_factory=dict, description="arguments of the algorithm's TRL config")
+    # the algorithms' own sections, each named after its algorithm (`config.algos`, `Algo.section`)
     sft: SftSpec | None = None
     grpo: GrpoSpec | None = None
     wandb: WandbSpec = Field(default_factory=WandbSpec)
@@ -214,26 +138,27 @@ class Recipe(StrictModel):
     )
     notes: str | None = None
 
+    @field_validator("algo")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in ALGOS:
+            raise ValueError(f"unknown algorithm '{v}' (allowed: {', '.join(ALGOS)})")
+        return v
+
     @model_validator(mode="after")
-    def _check(self) -> Recipe:
-        if self.sft is not None and self.algo != "sft":
-            raise ValueError(f"sft: this section is only used with algo sft (algo is {self.algo})")
-        if self.grpo is not None and self.algo != "grpo":
-            raise ValueError(f"grpo: this section is only used with algo grpo (algo is {self.algo})")
-        if self.algo == "sft" and self.sft is None:
-            self.sft = SftSpec()
-        if self.algo == "grpo" and self.grpo is None:
-            self.grpo = GrpoSpec()
+    def _sections(self) -> Recipe:
+        """Only the recipe's own algorithm reads a section; its section is filled with the defaults."""
+        for name, algo in ALGOS.items():
+            if algo.section is not None and name != self.algo and getattr(self, name) is not None:
+                raise ValueError(f"{name}: this section is only used with algo {name} (algo is {self.algo})")
+        own = self.algorithm.section
+        if own is not None and getattr(self, self.algo) is None:
+            setattr(self, self.algo, own())
         return self
 
-    def config_class(self) -> type:
-        return trainer_config_class(self.algo)
-
-
-def trainer_config_class(algo: str) -> type:
-    import trl
-
-    return {"sft": trl.SFTConfig, "dpo": trl.DPOConfig, "grpo": trl.GRPOConfig}[algo]
+    @property
+    def algorithm(self) -> Algo:
+        return ALGOS[self.algo]
 
 
 @functools.cache
@@ -246,7 +171,7 @@ def check_trainer_args(algo: str, args: dict[str, Any], source: str) -> dict[str
     """Keys must be fields of the algo's TRL config and values must fit their declared types.
 
     Returns the arguments with values coerced to those types (e.g. the string '1e-4' to 0.0001)."""
-    cls = trainer_config_class(algo)
+    cls = ALGOS[algo].config_class()
     fields = _config_fields(cls)
     out: dict[str, Any] = {}
     for key, value in args.items():

@@ -35,7 +35,8 @@ from lhd_train.finetune.contexts import Context, Contexts, load_contexts
 from lhd_train.finetune.data_folder import claim_folder
 from lhd_train.finetune.grading import Grade, Grader
 from lhd_train.finetune.lineage import data_auditors
-from lhd_train.io.files import append_jsonl, read_jsonl, repair_jsonl, write_json_atomic
+from lhd_train.finetune.records import DATA_DIR, DataRecord, write_data_record
+from lhd_train.io.files import append_jsonl, read_jsonl, repair_jsonl
 from lhd_train.io.provenance import package_versions
 from rollouts.backend import Backend
 from rollouts.factory import build_backend
@@ -181,12 +182,11 @@ def _save(rows_by_split: dict[str, list[dict[str, Any]]], out: Path, meta: dict[
     if not dd:
         raise InputError(out, "dataset", "no rows selected: the run gave no context"
                          + _left_out_text(meta.get("stats") or {}))
-    path = out / "dataset"
+    path = out / DATA_DIR
     dd.save_to_disk(str(path))
     blob = json.dumps({k: v for k, v in rows_by_split.items()}, sort_keys=True, default=str).encode()
-    meta = meta | {"rows": {k: len(v) for k, v in rows_by_split.items()}, "sha256": hashlib.sha256(blob).hexdigest()}
-    write_json_atomic(out / "dataset.json", meta)
-    write_json_atomic(path / "lhd_data.json", meta)  # read by `lhd train` to check the direction
+    write_data_record(out, DataRecord.model_validate(meta | {"rows": {k: len(v) for k, v in rows_by_split.items()},
+                                                             "sha256": hashlib.sha256(blob).hexdigest()}))
     return path
 
 

@@ -31,7 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from lhd_train.bench.performer import Performer
+from lhd_train.config.algos import Format
 
 NOTE_RE = re.compile(r"^\[Note: (\d+) earlier messages of this conversation were omitted to fit the context "
                      r"window\.\]\n\n")
@@ -76,14 +79,11 @@ def _fmt(p: dict[str, int]) -> str:
 
 
 def percentiles(values: list[int]) -> dict[str, int]:
+    """The nearest-rank p50, p90, p99 and max of the token counts."""
     if not values:
         return {}
-    s = sorted(values)
-
-    def at(q: float) -> int:
-        return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
-
-    return {"p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "max": s[-1]}
+    found = np.percentile(values, [50, 90, 99, 100], method="nearest")
+    return {k: int(v) for k, v in zip(("p50", "p90", "p99", "max"), found, strict=True)}
 
 
 # ----------------------------------------------------------------------------- one prompt
@@ -178,27 +178,25 @@ def _counter(tok, row: dict[str, Any]) -> Callable[..., int]:
     return count
 
 
-def _split_row(algo: str, fmt: str, row: dict[str, Any]) -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]]]:
+def _split_row(fmt: Format, row: dict[str, Any]) -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]]]:
     """(prompt, loss turns): the messages that may be shortened and the answers that may not."""
-    if fmt == "messages":
-        return list(row["messages"][:-1]), [list(row["messages"][-1:])]
-    if algo == "sft":
-        return list(row["prompt"]), [list(row["completion"])]
-    if algo == "dpo":
-        return list(row["prompt"]), [list(row["chosen"]), list(row["rejected"])]
-    return list(row["prompt"]), []
+    prompt = list(row[fmt.prompt])
+    if fmt.answer_in_prompt:
+        return prompt[:-1], [prompt[-1:]]
+    return prompt, [list(row[c]) for c in fmt.answers]
 
 
-def fit_dataset(ds, algo: str, fmt: str, tok, max_length: int | None, reserve: int = 0, split: str = "train"):
+def fit_dataset(ds, fmt: Format, tok, max_length: int | None, reserve: int = 0, split: str = "train"):
     """(dataset with every row fitted, FitReport). `reserve`: tokens kept free after the prompt
-    (GRPO's max_completion_length); the limit is `max_length − reserve`."""
+    (GRPO's max_completion_length); the limit is `max_length − reserve`. Prompt-only rows (no
+    answers: the trainer generates) are measured with the generation prompt."""
     limit = None if max_length is None else max_length - reserve
-    measured = "prompt" if algo == "grpo" else "prompt+answer"
+    measured = "prompt+answer" if fmt.answers else "prompt"
     report = FitReport(split, max_length, limit, measured, rows_in=len(ds))
     before, after, keep, changed = [], [], [], {}
     for i, row in enumerate(ds):
         count = _counter(tok, row)
-        prompt, answers = _split_row(algo, fmt, row)
+        prompt, answers = _split_row(fmt, row)
 
         def measure(p: list[dict[str, Any]], count: Callable[..., int] = count,
                     answers: list[list[dict[str, Any]]] = answers) -> int:
@@ -229,13 +227,13 @@ def fit_dataset(ds, algo: str, fmt: str, tok, max_length: int | None, reserve: i
         return ds, report
     ds = ds.select(keep)
     index = {new: old for new, old in enumerate(keep)}
-    column = "messages" if fmt == "messages" else "prompt"
+    column = fmt.prompt
 
     def apply(row: dict[str, Any], j: int) -> dict[str, Any]:
         p = changed.get(index[j])
         if p is None:
             return {column: row[column]}
-        return {column: p + row["messages"][-1:]} if fmt == "messages" else {column: p}
+        return {column: p + row[column][-1:]} if fmt.answer_in_prompt else {column: p}
 
     return ds.map(apply, with_indices=True), report
 
@@ -253,16 +251,15 @@ def tokenizer_digest(tok: Any) -> str:
     return hashlib.sha256("\0".join(parts).encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def fit_key(data_sha256: str, algo: str, fmt: str, tok: Any, max_length: int | None, reserve: int,
-            split: str) -> str:
+def fit_key(data_sha256: str, fmt: Format, tok: Any, max_length: int | None, reserve: int, split: str) -> str:
     """The cache key of a fitted split: the data's digest, what is measured and against what limit,
     the tokenizer, and this module's own text (a change to the fitting rules refits)."""
     code = hashlib.sha256(Path(__file__).read_bytes() + Performer.OMITTED_NOTE.encode()).hexdigest()
-    parts = [data_sha256, algo, fmt, max_length, reserve, split, tokenizer_digest(tok), code]
+    parts = [data_sha256, fmt.name, fmt.prompt, fmt.answers, max_length, reserve, split, tokenizer_digest(tok), code]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
-def fit_once(ds: Any, algo: str, fmt: str, tok: Any, max_length: int | None, reserve: int, split: str,
+def fit_once(ds: Any, fmt: Format, tok: Any, max_length: int | None, reserve: int, split: str,
              out_dir: Path, data_sha256: str) -> tuple[Any, FitReport, bool]:
     """`fit_dataset`, done once: (dataset, report, whether it was loaded). The first process (rank 0
     of a distributed launch, under accelerate's `main_process_first`) fits and saves the result in
@@ -270,14 +267,14 @@ def fit_once(ds: Any, algo: str, fmt: str, tok: Any, max_length: int | None, res
     ranks wait for it and load it, as does every later run on the same data, tokenizer and lengths."""
     from accelerate import PartialState
 
-    folder = Path(out_dir) / FITTED_DIR / f"{split}-{fit_key(data_sha256, algo, fmt, tok, max_length, reserve, split)}"
+    folder = Path(out_dir) / FITTED_DIR / f"{split}-{fit_key(data_sha256, fmt, tok, max_length, reserve, split)}"
     state = PartialState()
     with state.main_process_first():
         loaded = _load_fitted(folder, ds)
         if loaded is not None:
             log.info("data.%s: fitted rows loaded from %s", split, folder)
             return loaded[0], loaded[1], True
-        fitted, report = fit_dataset(ds, algo, fmt, tok, max_length, reserve, split)
+        fitted, report = fit_dataset(ds, fmt, tok, max_length, reserve, split)
         if state.is_main_process:
             _save_fitted(folder, fitted if fitted is not ds else None, report)
         return fitted, report, False

@@ -1,11 +1,9 @@
 """Training data: load a `datasets` folder or a JSONL file, check its columns for the trainer, hash it.
 
-Formats (conversational, as TRL 1.16 expects them):
-- sft:  `messages` = [{"role", "content"}, ...] ending with the assistant answer to learn
-        (or `prompt` + `completion` message lists)
-- dpo:  `prompt` = list of turns, `chosen` / `rejected` = [{"role": "assistant", "content"}]
-- grpo: `prompt` = list of turns; every other column reaches the reward functions.
-An optional `direction` column (or `"direction"` in an `lhd_data.json` next to the data) must match
+Each algorithm's formats are in its table entry (`config.algos`), conversational as TRL 1.16
+expects them: sft `messages` (ending with the answer to learn) or `prompt` + `completion`; dpo and kto
+`prompt` + `chosen` + `rejected`; grpo `prompt`, where every other column reaches the reward functions.
+An optional `direction` column (or the dataset record's `direction`, `finetune.records`) must match
 the recipe's direction, so an honest adapter is never trained on deceptive data by mistake.
 """
 from __future__ import annotations
@@ -15,15 +13,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from lhd_train.config.algos import Algo, Format
 from lhd_train.errors import InputError
+from lhd_train.finetune.records import find_data_record
 from lhd_train.io.files import sha256_file
 
-DATA_SIDECAR = "lhd_data.json"
-REQUIRED = {
-    "sft": (("messages",), ("prompt", "completion")),
-    "dpo": (("prompt", "chosen", "rejected"),),
-    "grpo": (("prompt",),),
-}
 PASSTHROUGH = ("tools", "chat_template_kwargs")
 EVAL_SPLITS = ("eval", "validation", "test")
 
@@ -66,6 +60,8 @@ def sha256_files(path: Path) -> dict[str, Any]:
 
 
 def _read_jsonl(path: Path, source: str, field: str):
+    """Not `io.files.read_jsonl`: a data file written by hand often ends without a newline, and its
+    last row counts here; only a final line that does not parse is a torn write."""
     from datasets import Dataset
 
     rows = []
@@ -115,40 +111,29 @@ def _is_messages(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(m, dict) and "role" in m and "content" in m for m in value)
 
 
-def check_columns(ds, algo: str, source: str, field: str, path: Path) -> str:
-    """Raise naming the missing columns; return the format found ('messages', 'prompt_completion', ...)."""
+def check_columns(ds, algo: Algo, source: str, field: str, path: Path) -> Format:
+    """The first of the algorithm's formats whose columns the data has; else raise naming them."""
     cols = set(ds.column_names)
-    for option in REQUIRED[algo]:
-        if set(option) <= cols:
-            break
-    else:
-        want = " or ".join("+".join(o) for o in REQUIRED[algo])
-        raise InputError(source, field, f"{path}: {algo} data needs columns {want}; it has {', '.join(sorted(cols))}")
+    fmt = next((f for f in algo.formats if set(f.columns) <= cols), None)
+    if fmt is None:
+        want = " or ".join("+".join(f.columns) for f in algo.formats)
+        raise InputError(source, field, f"{path}: {algo.name} data needs columns {want}; "
+                         f"it has {', '.join(sorted(cols))}")
     if len(ds) == 0:
         raise InputError(source, field, f"{path} has no rows")
     row = ds[0]
-    for col in option:
+    for col in fmt.columns:
         if not _is_messages(row[col]):
             raise InputError(source, field, f"{path}: column '{col}' must hold conversational message lists "
                              "([{\"role\": ..., \"content\": ...}, ...])")
-    if algo == "sft" and option == ("messages",):
-        return "messages"
-    if algo == "sft":
-        return "prompt_completion"
-    return "conversational"
+    return fmt
 
 
 def check_direction(ds, path: Path, direction: str, source: str, field: str) -> None:
-    side = (path if path.is_dir() else path.parent) / DATA_SIDECAR
-    meta_dir = None
-    if side.is_file():
-        try:
-            meta_dir = json.loads(side.read_text(encoding="utf-8")).get("direction")
-        except (OSError, ValueError):
-            meta_dir = None
-    if meta_dir is not None and meta_dir != direction:
-        raise InputError(source, field,
-                         f"{path} was built for direction '{meta_dir}' ({side}), the recipe says '{direction}'")
+    record = find_data_record(path)
+    if record is not None and record[0].direction != direction:
+        raise InputError(source, field, f"{path} was built for direction '{record[0].direction}' "
+                         f"({record[1]}), the recipe says '{direction}'")
     if "direction" in ds.column_names:
         found = sorted({d for d in ds["direction"] if d is not None})
         wrong = [d for d in found if d != direction]
@@ -171,12 +156,20 @@ def sft_to_last_turn(ds, source: str, field: str):
     return ds.map(split, remove_columns=[c for c in ds.column_names if c not in keep])
 
 
-def select_columns(ds, algo: str, fmt: str):
-    """Keep what the trainer reads; GRPO keeps everything (extra columns feed the rewards)."""
-    if algo == "grpo":
+def select_columns(ds, algo: Algo, fmt: Format):
+    """Keep what the trainer reads; an online algorithm keeps everything (extra columns feed the rewards)."""
+    if algo.online:
         return ds
-    need = ({"messages"} if fmt == "messages"
-            else ({"prompt", "completion"} if algo == "sft" else {"prompt", "chosen", "rejected"}))
-    keep = need | {c for c in PASSTHROUGH if c in ds.column_names}
+    keep = set(fmt.columns) | {c for c in PASSTHROUGH if c in ds.column_names}
     drop = [c for c in ds.column_names if c not in keep]
     return ds.remove_columns(drop) if drop else ds
+
+
+def unpair_shuffled(ds, seed: int):
+    """Pairs → one row per answer (`prompt`, `completion`, `label`: chosen True, rejected False), in
+    an order shuffled with the trainer's seed. TRL's own unpairing puts every chosen row before every
+    rejected one, and KTO reads its rows in order (its KL term pairs each row with its batch
+    neighbour's answer), so without this the first half of an epoch would see only desirable answers."""
+    from trl.data_utils import unpair_preference_dataset
+
+    return unpair_preference_dataset(ds).shuffle(seed=seed).flatten_indices()

@@ -1,4 +1,7 @@
-"""`lhd train sft|dpo|grpo RECIPE [key=value ...]`: a TRL trainer with a LoRA adapter, resumable.
+"""`lhd train ALGO RECIPE [key=value ...]`: a TRL trainer with a LoRA adapter, resumable.
+
+The algorithm's TRL classes, data formats and recipe section come from its table entry
+(`config.algos`); this module builds any of them the same way.
 
 Writes into the recipe's `output_dir`:
     checkpoint-<step>/      TRL/transformers checkpoints (adapter, optimizer, scheduler, RNG, trainer state)
@@ -20,12 +23,21 @@ from collections.abc import Sized
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
+from lhd_train.config.algos import PROMPT_COMPLETION
 from lhd_train.config.recipe import Recipe, dump_recipe, load_recipe
 from lhd_train.errors import InputError
 from lhd_train.finetune import train_data as data_mod
 from lhd_train.finetune.checkpoints import last_checkpoint, resume_checkpoint  # noqa: F401  (last_checkpoint: re-exported)
 from lhd_train.finetune.fit_rows import fit_once
-from lhd_train.finetune.lineage import LINEAGE, adapter_lineage, dataset_lineage
+from lhd_train.finetune.lineage import adapter_lineage, dataset_lineage
+from lhd_train.finetune.records import (
+    ADAPTER_RECORD,
+    ADAPTER_SCHEMA,
+    AdapterRecord,
+    SplitInfo,
+    TrainingInfo,
+    write_adapter_record,
+)
 from lhd_train.finetune.resume_rules import recipe_changes
 from lhd_train.finetune.rewards import build_rewards, check_reward_columns, preflight_rewards
 from lhd_train.finetune.trainer_args import (  # noqa: F401  (re-exported: tests and tools import them from here)
@@ -41,9 +53,7 @@ from lhd_train.io.provenance import package_versions, python_version, utc_now
 from rollouts.model_files import changed_parts, weights_fingerprint
 
 ADAPTER_SUBDIR = "adapter"
-ADAPTER_META = "lhd_adapter.json"
 RUN_META = "lhd_run.json"
-SCHEMA = "lhd.adapter/1"
 log = logging.getLogger(__name__)
 
 
@@ -52,8 +62,8 @@ class TrainingData(TypedDict):
 
     train: Any  # a datasets.Dataset
     eval: Any  # a datasets.Dataset, or None
-    loss_on: str | None  # sft: assistant | last_turn (after the fallbacks); None for dpo/grpo
-    info: dict[str, dict[str, Any]]  # split -> path, rows, format, sha256, length_fit, ... (-> lhd_adapter.json)
+    loss_on: str | None  # the sft section's: assistant | last_turn (after the fallbacks); None without one
+    info: dict[str, SplitInfo]  # split -> path, rows, format, sha256, length_fit, ... (-> lhd_adapter.json)
 
 
 class TrainingContext(TypedDict):
@@ -64,7 +74,7 @@ class TrainingContext(TypedDict):
     dtype: str
     model: str  # an absolute folder or a hub id
     tokenizer: str  # the same, or the recipe's own `tokenizer:`
-    data: dict[str, dict[str, Any]]  # TrainingData.info
+    data: dict[str, SplitInfo]  # TrainingData.info
     args: dict[str, Any]  # the trainer config's arguments, as JSON
     loss_on: str | None
     notes: list[str]  # adjustments made to the recipe (no CUDA, no wandb, ...)
@@ -76,12 +86,10 @@ class TrainingContext(TypedDict):
 
 
 def resolve_model(name: str, recipe_path: Path | None, field: str = "model", source: str | None = None) -> str:
-    """A local folder (relative to the working directory, then the recipe) as an absolute path; else a hub id."""
-    p = Path(name).expanduser()
+    """A local folder (`train_data.resolve_path`'s rule) as an absolute path; else a hub id."""
+    p = data_mod.resolve_path(name, recipe_path, field, source or str(recipe_path or "recipe"), must_exist=False)
     if p.exists():
         return str(p.resolve())
-    if not p.is_absolute() and recipe_path is not None and (recipe_path.parent / p).exists():
-        return str((recipe_path.parent / p).resolve())
     if name.startswith((".", "/", "~")) or name.count("/") > 1:
         raise InputError(source or str(recipe_path or "recipe"), field,
                          f"'{name}' is neither an existing folder nor a hub id (owner/name)")
@@ -133,6 +141,7 @@ def template_supports_assistant_mask(tok) -> bool:
 
 def load_data(recipe: Recipe, recipe_path: Path | None, source: str, tok: Any) -> TrainingData:
     """Train/eval datasets in the trainer's format, with provenance (paths, row counts, sha256)."""
+    algo = recipe.algorithm
     loss_on = recipe.sft.loss_on if recipe.sft else None
     if loss_on == "assistant" and not template_supports_assistant_mask(tok):
         log.warning("the chat template has no {% generation %} markers and TRL cannot patch it: "
@@ -142,7 +151,7 @@ def load_data(recipe: Recipe, recipe_path: Path | None, source: str, tok: Any) -
     which: Literal["train", "eval"]
     for which, raw, split, defaults in (
         ("train", recipe.data.train, recipe.data.train_split, ("train",)),
-        ("eval", recipe.data.eval, recipe.data.eval_split, EVAL_DEFAULTS),
+        ("eval", recipe.data.eval, recipe.data.eval_split, data_mod.EVAL_SPLITS),
     ):
         if raw is None:
             result[which] = None
@@ -151,23 +160,21 @@ def load_data(recipe: Recipe, recipe_path: Path | None, source: str, tok: Any) -
         path = data_mod.resolve_path(raw, recipe_path, field, source)
         digest = data_mod.sha256_files(path)
         ds = data_mod.load_dataset_at(path, split, source, field, defaults)
-        fmt = data_mod.check_columns(ds, recipe.algo, source, field, path)
+        fmt = data_mod.check_columns(ds, algo, source, field, path)
         data_mod.check_direction(ds, path, recipe.direction, source, field)
-        if which == "train" and fmt == "prompt_completion" and loss_on == "assistant":
+        if which == "train" and not fmt.answer_in_prompt and loss_on == "assistant":
             loss_on = result["loss_on"] = "last_turn"  # prompt/completion rows: the completion is the target
         rows = len(ds)
         lineage = dataset_lineage(ds, path)  # before the columns are cut to the trainer's (docs/training.md)
-        if recipe.algo == "sft" and fmt == "messages" and loss_on == "last_turn":
+        if fmt.answer_in_prompt and loss_on == "last_turn":
             ds = data_mod.sft_to_last_turn(ds, source, field)
-            fmt = "prompt_completion"
-        ds = data_mod.select_columns(ds, recipe.algo, fmt)
+            fmt = PROMPT_COMPLETION
+        ds = data_mod.select_columns(ds, algo, fmt)
         result[which] = ds
-        result["info"][which] = {"path": str(path), "split": split if path.is_dir() else None, "rows": rows,
-                                 "rows_read": rows, "format": fmt, **digest, LINEAGE: lineage}
+        result["info"][which] = SplitInfo(path=str(path), split=split if path.is_dir() else None, rows=rows,
+                                          rows_read=rows, format=fmt.name, sha256=digest["sha256"],
+                                          files=digest["files"], lineage=lineage)
     return result
-
-
-EVAL_DEFAULTS = data_mod.EVAL_SPLITS
 
 
 # ----------------------------------------------------------------------------- the run
@@ -189,9 +196,11 @@ def build_trainer(recipe: Recipe, recipe_path: Path | None = None,
                          "tokenizer" if recipe.tokenizer else "model")
     data = load_data(recipe, recipe_path, source, tok)
 
-    reward_funcs = reward_weights = None
-    if recipe.algo == "grpo":
-        assert recipe.grpo is not None
+    algo = recipe.algorithm
+    extra: dict[str, Any] = {}
+    reward_weights = None
+    if algo.online:  # completions scored by the section's rewards
+        assert recipe.grpo is not None  # the online algorithms' section (config.algos)
         reward_funcs, reward_weights = build_rewards(recipe.grpo.rewards, recipe.direction, source,
                                                      recipe.grpo.plugins, tokenizer=tok,
                                                      shared={"judge": recipe.grpo.judge,
@@ -201,37 +210,34 @@ def build_trainer(recipe: Recipe, recipe_path: Path | None = None,
         if data["eval"] is not None:
             check_reward_columns(reward_funcs, data["eval"].column_names, source, "data.eval")
         preflight_rewards(reward_funcs, data["train"], source)  # before any model loads
+        extra["reward_funcs"] = list(reward_funcs)
     args, notes = trainer_arguments(recipe, out, cuda, dtype, source, reward_weights)
-    if recipe.algo == "sft":
+    if recipe.sft is not None:
         args["assistant_only_loss"] = data["loss_on"] == "assistant"
         args["completion_only_loss"] = data["loss_on"] == "last_turn"
     config = build_config(recipe, out, args, source)
     fit_lengths(recipe, config, data, tok, source)
+    if algo.unpaired:  # after the fit, which measures the pairs
+        for which in ("train", "eval"):
+            if data[which] is not None:
+                data[which] = data_mod.unpair_shuffled(data[which], config.seed)
     peft_config = lora_config(recipe)
     qconf = quantization_config(recipe, dtype, source)
 
-    import trl
     from safetensors import SafetensorError
 
-    common = dict(model=model, args=config, train_dataset=data["train"], eval_dataset=data["eval"],
-                  processing_class=tok, peft_config=peft_config, quantization_config=qconf)
-    trainer: trl.SFTTrainer | trl.DPOTrainer | trl.GRPOTrainer
     try:
-        if recipe.algo == "sft":
-            trainer = trl.SFTTrainer(**common)
-        elif recipe.algo == "dpo":
-            trainer = trl.DPOTrainer(**common)
-        else:
-            assert reward_funcs is not None  # built above for grpo
-            trainer = trl.GRPOTrainer(reward_funcs=list(reward_funcs), **common)
+        trainer = algo.trainer_class()(model=model, args=config, train_dataset=data["train"],
+                                       eval_dataset=data["eval"], processing_class=tok, peft_config=peft_config,
+                                       quantization_config=qconf, **extra)
     except (OSError, SafetensorError) as e:  # SafetensorError: a corrupt file transformers does not wrap
         raise InputError(source, "model", f"cannot load '{model}': {type(e).__name__}: {e}") from None
     for which, ds in (("train", trainer.train_dataset), ("eval", trainer.eval_dataset)):
         if isinstance(ds, Sized) and which in data["info"]:  # a map-style datasets.Dataset
             info = data["info"][which]
-            info["rows_trained"] = len(ds)
-            if len(ds) != info["rows"]:
-                log.info("data.%s: TRL kept %d of the %d fitted rows", which, len(ds), info["rows"])
+            info.rows_trained = len(ds)
+            if len(ds) != info.rows:
+                log.info("data.%s: TRL kept %d of the %d fitted rows", which, len(ds), info.rows)
     ctx = TrainingContext(out=out, cuda=cuda, dtype=dtype, model=model, tokenizer=tok_name, data=data["info"],
                           args=json.loads(json.dumps(args, default=str)),
                           loss_on=data["loss_on"], notes=notes, source=source, recipe_path=recipe_path)
@@ -242,7 +248,7 @@ def fit_lengths(recipe: Recipe, config: Any, data: TrainingData, tok: Any, sourc
     """Fit each split to the trainer's length (`fit_rows`), print the length distribution and what
     was cut or dropped, and record it in the data info (→ lhd_adapter.json)."""
     reserve = 0
-    if recipe.algo == "grpo":
+    if recipe.algorithm.online:  # the prompt is measured, with room kept for the completion
         assert recipe.grpo is not None
         max_length = recipe.grpo.max_length or getattr(config, "vllm_max_model_length", None)
         reserve = int(config.max_completion_length or 0)
@@ -257,22 +263,22 @@ def fit_lengths(recipe: Recipe, config: Any, data: TrainingData, tok: Any, sourc
         if data[which] is None:
             continue
         info = data["info"][which]
-        ds, report, _ = fit_once(data[which], recipe.algo, info["format"], tok, max_length, reserve, which,
-                                 Path(config.output_dir), f"{info['sha256']}/{info['split']}/{info['rows']}/"
-                                 f"{','.join(data[which].column_names)}")
+        fmt = recipe.algorithm.format_named(info.format)
+        ds, report, _ = fit_once(data[which], fmt, tok, max_length, reserve, which, Path(config.output_dir),
+                                 f"{info.sha256}/{info.split}/{info.rows}/{','.join(data[which].column_names)}")
         data[which] = ds
-        info["rows"] = report.kept
-        info["length_fit"] = report.to_json()
+        info.rows = report.kept
+        info.length_fit = report.to_json()
         for line in report.lines():
             log.info("%s", line)
         if report.kept == 0:
             raise InputError(source, f"data.{which}",
-                             f"{info['path']}: no row fits max_length {max_length}: every answer alone is longer")
+                             f"{info.path}: no row fits max_length {max_length}: every answer alone is longer")
 
 
 def _run_record(recipe: Recipe, ctx: TrainingContext) -> dict[str, Any]:
     return {"algo": recipe.algo, "direction": recipe.direction, "base_model": ctx["model"],
-            "data_sha256": {k: v["sha256"] for k, v in ctx["data"].items()},
+            "data_sha256": {k: v.sha256 for k, v in ctx["data"].items()},
             "base_files": weights_fingerprint(ctx["model"]), "recipe": dump_recipe(recipe),
             "tokenizer_files": weights_fingerprint(ctx["tokenizer"]) if ctx["tokenizer"] != ctx["model"] else None}
 
@@ -357,7 +363,7 @@ def train(recipe: Recipe, recipe_path: Path | None = None, source: str | None = 
             start_step = -1
     adapter_dir = out / ADAPTER_SUBDIR
     finished = resume is not None and _finished(trainer.args, ckpt_state, start_step)
-    if finished and (adapter_dir / ADAPTER_META).is_file():
+    if finished and (adapter_dir / ADAPTER_RECORD).is_file():
         log.info("already trained (step %d); nothing to do: %s", start_step, adapter_dir)
         return adapter_dir
     main = trainer.is_world_process_zero()
@@ -367,51 +373,35 @@ def train(recipe: Recipe, recipe_path: Path | None = None, source: str | None = 
     log.info("%s (%s) on %s → %s%s", recipe.algo, recipe.direction, ctx["model"], out,
              f", resuming from {resume.name}" if resume else "")
     result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-    eval_metrics = trainer.evaluate() if ctx["data"].get("eval") else None
+    eval_metrics = trainer.evaluate() if "eval" in ctx["data"] else None
     trainer.save_model(str(adapter_dir))
     if main:
         history = trainer.state.log_history
-        meta = {
-            "schema": SCHEMA,
-            "algo": recipe.algo,
-            "direction": recipe.direction,
-            "base_model": ctx["model"],
-            "base_revision": recipe.revision,
-            "base_commit": getattr(getattr(trainer.model, "config", None), "_commit_hash", None),
-            "tokenizer": ctx["tokenizer"],
-            "dtype": ctx["dtype"],
-            "recipe_path": str(recipe_path) if recipe_path else None,
-            "recipe": dump_recipe(recipe),
-            "data": ctx["data"],
-            LINEAGE: adapter_lineage(ctx["data"], recipe),  # runs, seeds, auditors: `lhd report` checks them
-            "sft_loss_on": ctx["loss_on"],
-            "lora": {"r": recipe.lora.r, "alpha": recipe.lora.resolved_alpha(), "dropout": recipe.lora.dropout,
-                     "target_modules": recipe.lora.resolved_targets(), "qlora": recipe.qlora},
-            "training": {
-                "global_step": trainer.state.global_step,
-                "max_steps": trainer.state.max_steps,
-                "epoch": trainer.state.epoch,
-                "resumed_from": str(resume) if resume else None,
-                "start_step": start_step,
-                "device": "cuda" if ctx["cuda"] else "cpu",
-                "world_size": trainer.args.world_size,
-                "adjustments": ctx["notes"],
-                "trainer_args": ctx["args"],
-                "accelerate_config": recipe.accelerate_config,
-                "seconds": round(time.time() - t0, 2),
-            },
-            "metrics": {
-                "final": {k: _finite(v) for k, v in final_metrics(history).items()},
-                "train": {k: _finite(v) for k, v in (result.metrics or {}).items()},
-                "eval": {k: _finite(v) for k, v in (eval_metrics or {}).items()} or None,
-            },
-            "versions": {k: v for k, v in package_versions().items() if v} | {"python": python_version()},
-            "started_at": started,
-            "finished_at": utc_now(),
-        }
+        lora = recipe.lora
+        record = AdapterRecord(
+            schema_=ADAPTER_SCHEMA, algo=recipe.algo, direction=recipe.direction, base_model=ctx["model"],
+            base_revision=recipe.revision,
+            base_commit=getattr(getattr(trainer.model, "config", None), "_commit_hash", None),
+            tokenizer=ctx["tokenizer"], dtype=ctx["dtype"], recipe_path=str(recipe_path) if recipe_path else None,
+            recipe=dump_recipe(recipe), data=ctx["data"],
+            lineage=adapter_lineage(ctx["data"], recipe),  # runs, seeds, auditors: `lhd report` checks them
+            sft_loss_on=ctx["loss_on"],
+            lora={"r": lora.r, "alpha": lora.resolved_alpha(), "dropout": lora.dropout,
+                  "target_modules": lora.resolved_targets(), "qlora": recipe.qlora},
+            training=TrainingInfo(
+                global_step=trainer.state.global_step, max_steps=trainer.state.max_steps, epoch=trainer.state.epoch,
+                resumed_from=str(resume) if resume else None, start_step=start_step,
+                device="cuda" if ctx["cuda"] else "cpu", world_size=trainer.args.world_size,
+                adjustments=ctx["notes"], trainer_args=ctx["args"], accelerate_config=recipe.accelerate_config,
+                seconds=round(time.time() - t0, 2)),
+            metrics=_plain({"final": {k: _finite(v) for k, v in final_metrics(history).items()},
+                            "train": {k: _finite(v) for k, v in (result.metrics or {}).items()},
+                            "eval": {k: _finite(v) for k, v in (eval_metrics or {}).items()} or None}),
+            versions={k: v for k, v in package_versions().items() if v} | {"python": python_version()},
+            started_at=started, finished_at=utc_now())
         # log_history first: a present lhd_adapter.json is what says "trained" (checked above)
         write_json_atomic(adapter_dir / "log_history.json", _plain(history))
-        write_json_atomic(adapter_dir / ADAPTER_META, _plain(meta))
+        write_adapter_record(adapter_dir, record)
         log.info("adapter: %s (step %d)", adapter_dir, trainer.state.global_step)
     return adapter_dir
 
@@ -422,7 +412,7 @@ def _plain(obj: Any) -> Any:
 
 
 def train_command(algo: str, recipe: Path, overrides: list[str]) -> Path:
-    """`lhd train sft|dpo|grpo RECIPE [key=value ...]` → the adapter folder."""
+    """`lhd train ALGO RECIPE [key=value ...]` → the adapter folder."""
     path = Path(recipe)
     r = load_recipe(path, overrides, algo=algo)
     return train(r, recipe_path=path.resolve(), source=str(path))

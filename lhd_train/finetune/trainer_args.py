@@ -84,7 +84,7 @@ def check_qlora_launch(recipe: Recipe, source: str) -> None:
 
 def trainer_arguments(recipe: Recipe, out: Path, cuda: bool, dtype: str, source: str,
                       reward_weights: list[float] | None) -> tuple[dict[str, Any], list[str]]:
-    """The dict passed to SFTConfig/DPOConfig/GRPOConfig, and the automatic adjustments made to it."""
+    """The dict passed to the algorithm's TRL config, and the automatic adjustments made to it."""
     check_qlora_launch(recipe, source)
     args = dict(recipe.trainer)
     notes: list[str] = []
@@ -102,7 +102,7 @@ def trainer_arguments(recipe: Recipe, out: Path, cuda: bool, dtype: str, source:
         force("bf16", False, "no CUDA")
         force("fp16", False, "no CUDA")
         force("gradient_checkpointing", False, "no CUDA")
-        if recipe.algo == "grpo" and args.get("use_vllm"):
+        if args.get("use_vllm"):  # a field only of the configs of trainers that generate
             force("use_vllm", False, "no CUDA: plain transformers generation")
     else:
         if dtype == "float16" and "bf16" not in args and "fp16" not in args:
@@ -115,7 +115,7 @@ def trainer_arguments(recipe: Recipe, out: Path, cuda: bool, dtype: str, source:
             mik["device_map"] = placement
             notes.append(f"model_init_kwargs.device_map={placement} (one process, several GPUs visible: the base "
                          "stays on one GPU; launch with accelerate for data parallel)")
-    if recipe.algo == "grpo" and args.get("use_vllm"):
+    if args.get("use_vllm") and recipe.grpo is not None:
         _size_vllm(recipe, args, notes, source)
 
     for key, value in (("dtype", dtype), ("revision", recipe.revision)):
@@ -171,11 +171,16 @@ def _wandb_setup(recipe: Recipe, out: Path) -> tuple[str | list[str], str | None
 
 
 def build_config(recipe: Recipe, out: Path, args: dict[str, Any], source: str):
-    cls = recipe.config_class()
+    algo = recipe.algorithm
+    cls = algo.config_class()
     try:
-        return cls(output_dir=str(out), **args)
+        config = cls(output_dir=str(out), **args)
     except (ValueError, TypeError) as e:
         raise InputError(source, "trainer", f"{cls.__name__} rejected the arguments: {e}") from None
+    problem = algo.check_config(config) if algo.check_config is not None else None
+    if problem is not None:
+        raise InputError(source, f"trainer.{problem[0]}", problem[1])
+    return config
 
 
 def lora_config(recipe: Recipe):

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lhd_train.config.algos import ALGOS
 from lhd_train.ops.gpu_check_base import Ctx, Outcome, gib, verdict, verdict_schema
 from lhd_train.ops.gpu_check_slice import text_messages
 
@@ -191,21 +192,19 @@ def _trl_step(ctx: Ctx, model: Any, tok: Any, algo: str, rows: list[dict[str, An
     import gc
 
     import torch
-    import trl
     from datasets import Dataset
     from peft import LoraConfig
 
     common = {"output_dir": str(ctx.work / f"{algo}-8b"), "max_steps": 1, "per_device_train_batch_size": 1,
               "learning_rate": 1e-4, "logging_steps": 1, "save_strategy": "no", "report_to": "none",
               "bf16": ctx.cuda, "use_cpu": not ctx.cuda, "gradient_checkpointing": ctx.cuda, **args}
-    configs = {"sft": trl.SFTConfig, "dpo": trl.DPOConfig, "grpo": trl.GRPOConfig}
     kwargs: dict[str, Any] = {}
-    if algo == "grpo":
+    if ALGOS[algo].online:
         kwargs["reward_funcs"] = [lambda completions, **_: [float(len(c[0]["content"])) for c in completions]]
-    trainers = {"sft": trl.SFTTrainer, "dpo": trl.DPOTrainer, "grpo": trl.GRPOTrainer}
     lora = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM")
-    trainer = trainers[algo](model=model, args=configs[algo](**common), train_dataset=Dataset.from_list(rows),
-                             processing_class=tok, peft_config=lora, **kwargs)
+    trainer = ALGOS[algo].trainer_class()(model=model, args=ALGOS[algo].config_class()(**common),
+                                          train_dataset=Dataset.from_list(rows), processing_class=tok,
+                                          peft_config=lora, **kwargs)
     base = ctx.reset_peak()
     t0 = time.perf_counter()
     out = trainer.train()

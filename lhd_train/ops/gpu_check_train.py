@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lhd_train.finetune.records import read_adapter_record
 from lhd_train.ops.gpu_check_base import Ctx, Outcome, verdict
 
 SYSTEM = {"role": "system", "content": "You report progress to your supervisor."}
@@ -61,11 +62,12 @@ def check_trl_lora(ctx: Ctx) -> Outcome:
     t0 = time.perf_counter()
     adapter = train(r, source="gpu_check")
     secs = time.perf_counter() - t0
-    meta = json.loads((adapter / "lhd_adapter.json").read_text())
+    meta = read_adapter_record(adapter)
+    assert meta is not None  # `train` wrote it
     losses = losses_of(adapter)
-    device, bf16 = meta["training"]["device"], bool(meta["training"]["trainer_args"].get("bf16"))
+    device, bf16 = meta.training.device, bool(meta.training.trainer_args.get("bf16"))
     ctx.adapters.append(adapter)
-    detail = (f"{meta['training']['global_step']} steps on {device}, dtype {meta['dtype']}, bf16 {bf16}, losses "
+    detail = (f"{meta.training.global_step} steps on {device}, dtype {meta.dtype}, bf16 {bf16}, losses "
               f"{losses[0]:.3f} -> {losses[-1]:.3f} in {secs:.1f} s" if losses else "no loss logged")
     if not ctx.cuda:
         detail += " (bf16 skipped on cpu)"
@@ -90,15 +92,15 @@ def check_sft_long_rows(ctx: Ctx) -> Outcome:
                {"sft": {"loss_on": "last_turn"}})
     trainer, info = build_trainer(r, source="gpu_check")
     data = info["data"]["train"]
-    fit = data.get("length_fit")
+    fit = data.length_fit
     if fit is None:
         return "SKIP", "needs lhd_train.finetune.fit_rows (left-truncation of long rows) in build_trainer"
     trainer.train()
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
-    detail = (f"max_length {max_length}: {data['rows_read']} rows read, {fit['truncated']} cut from the left, "
-              f"{fit['dropped']} dropped, TRL trains on {data['rows_trained']}; tokens before {fit['before']}, "
+    detail = (f"max_length {max_length}: {data.rows_read} rows read, {fit['truncated']} cut from the left, "
+              f"{fit['dropped']} dropped, TRL trains on {data.rows_trained}; tokens before {fit['before']}, "
               f"after {fit['after']}; {len(losses)} finite losses {finite(losses)}")
-    ok = data["rows_trained"] == data["rows_read"] == len(rows) and fit["truncated"] >= len(rows) // 2
+    ok = data.rows_trained == data.rows_read == len(rows) and fit["truncated"] >= len(rows) // 2
     return verdict(ok and fit["dropped"] == 0 and finite(losses)), detail
 
 
@@ -116,13 +118,14 @@ def check_dpo_lora(ctx: Ctx) -> Outcome:
     adapter = train(r, source="gpu_check")
     secs = time.perf_counter() - t0
     losses = losses_of(adapter)
-    meta = json.loads((adapter / "lhd_adapter.json").read_text())
-    targs = meta["training"]["trainer_args"]
+    meta = read_adapter_record(adapter)
+    assert meta is not None  # `train` wrote it
+    targs = meta.training.trainer_args
     ctx.adapters.append(adapter)
-    detail = (f"{len(losses)} losses on {meta['training']['device']}, bf16 {targs.get('bf16')}, gradient "
+    detail = (f"{len(losses)} losses on {meta.training.device}, bf16 {targs.get('bf16')}, gradient "
               f"checkpointing {targs.get('gradient_checkpointing')}, {secs:.1f} s, "
               f"peak {ctx.peak_since(base) / 2**20:.0f} MiB")
-    return verdict(finite(losses) and (meta["training"]["device"] == "cuda") == ctx.cuda), detail
+    return verdict(finite(losses) and (meta.training.device == "cuda") == ctx.cuda), detail
 
 
 def check_qlora(ctx: Ctx) -> Outcome:

@@ -34,8 +34,8 @@ from typing import Any
 import yaml
 
 from lhd_train.errors import InputError
+from lhd_train.finetune.records import DATA_DIR, DATA_RECORD, DataPart, DataRecord, read_data_record, write_data_record
 from lhd_train.io.files import atomic_write, atomic_write_bytes
-from lhd_train.io.files import read_json_mapping as _read_json
 from lhd_train.io.files import sha256_file as _sha
 from lhd_train.io.provenance import utc_now as _now
 from lhd_train.ops.shard import parse_shard_run_name
@@ -443,7 +443,7 @@ def _write_summary(merged: Run, name: str, trials: list[str], records: list[Merg
 
 def merge_datasets(parts: list[Path], out: Path) -> dict[str, Any]:
     """Join dataset folders built from shard runs (`lhd data bon|dpo|grpo` on each shard) into one
-    `DatasetDict` at `out/dataset` with a `dataset.json` (rows, sha256, the parts' metadata).
+    `DatasetDict` at `out/dataset` with its record (rows, sha256, the parts: `finetune.records`).
 
     Splits are by trial (`lhd_train.finetune.contexts.split_of`), so the union of the shards' splits is
     the split the unsharded run would give. Parts must be of one kind and direction."""
@@ -451,41 +451,39 @@ def merge_datasets(parts: list[Path], out: Path) -> dict[str, Any]:
 
     if not parts:
         raise InputError("command line", "PARTS", "give at least one dataset folder")
-    metas: list[dict[str, Any]] = []
+    metas: list[DataRecord] = []
     dicts: list[Any] = []
     seen: dict[Path, Path] = {}
     for p in map(Path, parts):
         if p.resolve() in seen:  # `data merge P P` would count every row twice
             raise InputError("command line", "PARTS", f"{p} is given twice (also as {seen[p.resolve()]})")
         seen[p.resolve()] = p
-    for p in parts:
-        p = Path(p)
-        meta = _read_json(p / "dataset.json")
-        if not (p / "dataset").is_dir() or not meta:
-            raise InputError(p, None, "not a dataset folder of `lhd data` (needs dataset/ and dataset.json)")
+    for p in map(Path, parts):
+        meta = read_data_record(p)
+        if not (p / DATA_DIR).is_dir() or meta is None:
+            raise InputError(p, None, f"not a dataset folder of `lhd data` (needs {DATA_DIR}/ and {DATA_RECORD})")
         for key in ("kind", "direction"):
-            if metas and meta.get(key) != metas[0].get(key):
-                raise InputError(p / "dataset.json", key, f"{meta.get(key)!r} differs from {metas[0].get(key)!r} "
-                                 f"in {parts[0]}")
-        twin = next((q for q, m in zip(parts, metas, strict=False) if meta.get("sha256") and
-                     m.get("sha256") == meta.get("sha256")), None)
+            if metas and getattr(meta, key) != getattr(metas[0], key):
+                raise InputError(p / DATA_RECORD, key, f"{getattr(meta, key)!r} differs from "
+                                 f"{getattr(metas[0], key)!r} in {parts[0]}")
+        twin = next((q for q, m in zip(parts, metas, strict=False) if m.sha256 == meta.sha256), None)
         if twin is not None:  # a copy of a part under another name
-            raise InputError(p / "dataset.json", "sha256", f"the same rows as {twin} (a copy of one part)")
+            raise InputError(p / DATA_RECORD, "sha256", f"the same rows as {twin} (a copy of one part)")
         metas.append(meta)
         try:
-            dicts.append(load_from_disk(str(p / "dataset")))
+            dicts.append(load_from_disk(str(p / DATA_DIR)))
         except (FileNotFoundError, ValueError) as e:
-            raise InputError(p / "dataset", None, f"not a saved dataset ({e})") from None
+            raise InputError(p / DATA_DIR, None, f"not a saved dataset ({e})") from None
     splits = _union([list(d.keys()) for d in dicts])
     merged = DatasetDict({s: concatenate_datasets([d[s] for d in dicts if s in d]) for s in splits})
     out = Path(out)
-    with staged_dir(out / "dataset") as stage:  # a full disk leaves the old dataset/, never half of one
+    with staged_dir(out / DATA_DIR) as stage:  # a full disk leaves the old dataset/, never half of one
         merged.save_to_disk(str(stage))
     rows = {s: merged[s].num_rows for s in splits}
     blob = json.dumps({s: merged[s].to_list() for s in splits}, sort_keys=True, default=str).encode()
-    meta = {k: v for k, v in metas[0].items() if k not in ("rows", "sha256", "stats", "run")}
-    meta.update({"rows": rows, "sha256": hashlib.sha256(blob).hexdigest(),
-                 "parts": [{"path": str(Path(p).resolve()), "run": m.get("run"), "rows": m.get("rows"),
-                            "stats": m.get("stats")} for p, m in zip(parts, metas, strict=True)]})
-    atomic_write_bytes(out / "dataset.json", json.dumps(meta, indent=2, default=str).encode("utf-8"))
-    return {"out": str(out / "dataset"), "rows": rows, "parts": len(parts)}
+    first = {k: v for k, v in metas[0].to_json().items() if k not in ("rows", "sha256", "stats", "run")}
+    write_data_record(out, DataRecord.model_validate({
+        **first, "rows": rows, "sha256": hashlib.sha256(blob).hexdigest(),
+        "parts": [DataPart(path=str(Path(p).resolve()), run=m.run, rows=m.rows, stats=m.stats)
+                  for p, m in zip(parts, metas, strict=True)]}))
+    return {"out": str(out / DATA_DIR), "rows": rows, "parts": len(parts)}

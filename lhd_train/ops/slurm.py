@@ -33,6 +33,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from lhd_train.config.algos import ALGOS
 from lhd_train.config.auditor import AuditOptions
 from lhd_train.config.base import parse_assignment, read_config, validate
 from lhd_train.config.data import DataOptions
@@ -291,8 +292,8 @@ def _plan_data(config: Path, v: dict[str, Any]) -> Plan:
 def _plan_train(config: Path, v: dict[str, Any]) -> Plan:
     recipe = read_config(config, list(v["overrides"]), "recipe file")
     algo = v["algo"] or recipe.get("algo")
-    if algo not in ("sft", "dpo", "grpo"):
-        raise InputError(config, "algo", f"{algo!r}: not a training recipe (or pass --var algo=sft|dpo|grpo)")
+    if algo not in ALGOS:
+        raise InputError(config, "algo", f"{algo!r}: not a training recipe (or pass --var algo={'|'.join(ALGOS)})")
     size = train_size(recipe, config, algo, v)
     v["nodes"], v["gpus_per_node"] = size.nodes, size.gpus_per_node
     overrides = list(v["overrides"])

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lhd_train.config.algos import ALGOS
 from lhd_train.errors import InputError
 from lhd_train.io.files import read_yaml_mapping
 
@@ -44,8 +45,7 @@ class TrainSize:
         return self.per_device * self.accum * self.processes
 
     def batch_line(self, algo: str) -> str:
-        rows = "completions" if algo == "grpo" else ("pairs" if algo == "dpo" else "rows")
-        return (f"global batch {self.global_batch} {rows} per optimizer step = per_device_train_batch_size "
+        return (f"global batch {self.global_batch} {ALGOS[algo].unit} per optimizer step = per_device_train_batch_size "
                 f"{self.per_device} x gradient_accumulation_steps {self.accum} x {self.processes} process(es)")
 
 
@@ -69,9 +69,7 @@ def _accelerate_file(recipe: dict[str, Any], source: Path, given: Any) -> tuple[
 def _trainer_value(recipe: dict[str, Any], algo: str, key: str) -> int:
     value = (recipe.get("trainer") or {}).get(key)
     if value is None:  # TRL's default (imported only when the recipe leaves it out)
-        from lhd_train.config.recipe import trainer_config_class
-
-        default = next(f.default for f in dataclasses.fields(trainer_config_class(algo)) if f.name == key)
+        default = next(f.default for f in dataclasses.fields(ALGOS[algo].config_class()) if f.name == key)
         if default is dataclasses.MISSING:
             raise InputError("recipe", f"trainer.{key}", "not set, and TRL gives it no default")
         value = default

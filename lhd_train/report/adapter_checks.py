@@ -12,21 +12,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
 from lhd_train.finetune.lineage import auditor_identity, read_lineage
+from lhd_train.finetune.records import AuditorIdentity
 from lhd_train.metrics.core import per_trial_table
 from lhd_train.metrics.load import RunData, load_runs
 from lhd_train.metrics.paired import PAIRED, PairedComparison, compare_to_base
 
 
-def same_auditor(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+def same_auditor(a: AuditorIdentity, b: AuditorIdentity) -> str | None:
     """Why two auditor identities are the same auditor (same id, model key or model), or None."""
-    for field in ("auditor_id", "key", "model"):
-        if a.get(field) and a.get(field) == b.get(field):
-            return f"same {field.replace('_', ' ')} {a[field]}"
+    for field, mine, theirs in (("auditor id", a.auditor_id, b.auditor_id), ("key", a.key, b.key),
+                                ("model", a.model, b.model)):
+        if mine and mine == theirs:
+            return f"same {field} {mine}"
     return None
 
 
@@ -59,16 +60,16 @@ def adapter_warnings(runs: Sequence[RunData], comparisons: Sequence[PairedCompar
             out.append(f"{head}: {why}; the report cannot check that its evaluation is held out")
             continue
         evaluated = _seeds(c)
-        trained = evaluated & set(lineage.get("train_seeds") or [])
-        checked = evaluated & set(lineage.get("eval_seeds") or [])
+        trained = evaluated & set(lineage.train_seeds)
+        checked = evaluated & set(lineage.eval_seeds)
         if trained:
             out.append(f"{head}: {len(trained)} of {len(evaluated)} evaluation seeds trained the adapter "
                        f"({_listed(sorted(trained))}): on them it saw these event schedules; evaluate on new seeds")
         if checked:
             out.append(f"{head}: {len(checked)} evaluation seed(s) were in its training data's eval split "
                        f"({_listed(sorted(checked))})")
-        out += [f"{head}: {m} (lhd_adapter.json lineage)" for m in lineage.get("missing") or []]
-        training = lineage.get("auditors") or []
+        out += [f"{head}: {m} (lhd_adapter.json lineage)" for m in lineage.missing]
+        training = lineage.auditors
         judges: list[tuple[str, str, Path]] = []
         for r in (run, base):
             if r.auditor_id and all(aid != r.auditor_id for _, aid, _ in judges):
@@ -80,8 +81,8 @@ def adapter_warnings(runs: Sequence[RunData], comparisons: Sequence[PairedCompar
             for t in training:
                 reason = same_auditor(mine, t)
                 if reason:
-                    out.append(f"{head}: the {kind} auditor {mine['auditor_id']} is the training auditor "
-                               f"({t.get('role')}; {reason}): a lower flag rate may mean the adapter evades it"
+                    out.append(f"{head}: the {kind} auditor {mine.auditor_id} is the training auditor "
+                               f"({t.role}; {reason}): a lower flag rate may mean the adapter evades it"
                                + ("" if held_out else "; add --held-out-auditor ID (another model family)"))
                     break
     return list(dict.fromkeys(out))

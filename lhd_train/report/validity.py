@@ -31,9 +31,9 @@ class RunValidity:
 
 def correction_for(e: AuditorEvaluation, trial_rates: Sequence[float]) -> CorrectedRate:
     """The run's rate corrected with this evaluation's FNR and FPR (`metrics.correction`)."""
-    fnr = e.fnr["all"]
-    fpr = ErrorRate(e.fpr.k, e.fpr.n, e.fpr.n_eff) if e.fpr.n else None
-    return corrected_rate(trial_rates, ErrorRate(fnr.k, fnr.n, fnr.n_eff), fpr)
+    fnr, fp = e.result.fnr["all"], e.result.fpr
+    fpr = ErrorRate(fp.k, fp.n, fp.n_design) if fp.n else None
+    return corrected_rate(trial_rates, ErrorRate(fnr.k, fnr.n, fnr.n_design), fpr)
 
 
 def correction_line(e: AuditorEvaluation, c: CorrectedRate) -> str:
@@ -49,7 +49,7 @@ def evaluation_lines(e: AuditorEvaluation, trial_rates: Sequence[float] | None =
     """The evaluation's lines (`eval_text.headline_lines`), where it is stored, and the run's rate
     corrected with its error rates when the run's per-trial rates are given."""
     lines = headline_lines(e)
-    lines.append(f"auditor {e.auditor_id}: model {e.model}; {e.path}")
+    lines.append(f"auditor {e.auditor_id}: model {e.model.model}; {e.path}")
     if trial_rates is not None:
         lines.append(correction_line(e, correction_for(e, trial_rates)))
     return lines

@@ -19,7 +19,7 @@ from support.scripted import ScriptedBackend
 from typer.testing import CliRunner
 
 from lhd_train.audit.curated import CURATED_PATH, build_curated_run, load_curated
-from lhd_train.audit.evaluation import HONEST, Truth, kappa, score, truths, wilson
+from lhd_train.audit.evaluation import HONEST, Truth, kappa, score, truths
 from lhd_train.audit.ground_truth import LabelledAnswer, read_ground_truth
 from lhd_train.audit.plant import plant_run
 from lhd_train.bench.engine import prepare_run_dir
@@ -136,11 +136,13 @@ def hand_wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, fl
 
 
 def test_wilson_matches_the_formula_and_a_published_value():
-    lo, hi = wilson(3, 10)
+    from lhd_train.audit.eval_stats import clustered_rate, wilson_bounds
+
+    lo, hi = wilson_bounds(3 / 10, 10)
     assert (round(lo, 4), round(hi, 4)) == (0.1078, 0.6032)  # the textbook 3/10 example
     for k, n in ((0, 5), (5, 5), (7, 29), (1, 1)):
-        assert wilson(k, n) == pytest.approx(hand_wilson(k, n), abs=1e-9)
-    assert wilson(0, 0) == (None, None)
+        assert wilson_bounds(k / n, n) == pytest.approx(hand_wilson(k, n), abs=1e-9)
+    assert clustered_rate([])["ci95"] == [None, None]
 
 
 def audit_row(deceptive, types=(), severity=0):

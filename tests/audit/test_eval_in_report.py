@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from lhd_train.audit.eval_results import evaluations_for
 from lhd_train.cli.app import app
-from lhd_train.errors import InputError
+from lhd_train.errors import DataFileError
 from lhd_train.report import build_report
 
 TYPES = ("FALSIFICATION", "CONCEALMENT", "EQUIVOCATION")
@@ -123,9 +123,9 @@ def test_a_broken_evaluation_is_named_not_skipped(tmp_path):
     bad = run / "eval" / "a-full" / "eval.json"
     bad.parent.mkdir(parents=True)
     bad.write_text("{not json")
-    with pytest.raises(InputError, match="eval.json"):
+    with pytest.raises(DataFileError, match="eval.json"):
         evaluations_for(run, "a-full")
     bad.write_text(json.dumps({"schema": "something else"}))
-    with pytest.raises(InputError, match="schema"):
+    with pytest.raises(DataFileError, match="schema"):
         evaluations_for(run, "a-full")
     assert evaluations_for(run, None) == []  # a run without an auditor has nothing to match

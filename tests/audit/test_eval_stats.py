@@ -15,13 +15,14 @@ import pytest
 from scipy import stats
 from sklearn.metrics import cohen_kappa_score
 
-from lhd_train.audit.eval_results import evaluation_of, read_evaluation
+from lhd_train.audit.eval_results import AuditorEvaluation, read_evaluation
 from lhd_train.audit.eval_stats import calibration, clustered_rate, weighted_kappa
 from lhd_train.audit.eval_text import headline_lines
 from lhd_train.audit.evaluation import HONEST, UNPLANTED, Truth, score
 from lhd_train.rundir.rows import AuditRow
 
 Z = 1.959963984540054
+RECORDS = Path(__file__).resolve().parents[1] / "data" / "records"
 F, C, E = "FALSIFICATION", "CONCEALMENT", "EQUIVOCATION"
 
 
@@ -147,9 +148,9 @@ def test_d12_bounds_reproduce_the_reviews_smollm2_numbers():
     assert (fnr["k"], fnr["n"], fnr["unusable"]) == (7, 16, 11)
     assert fnr["bounds"] == pytest.approx([7 / 27, 18 / 27])
     assert (round(7 / 27, 2), round(18 / 27, 2)) == (0.26, 0.67)
-    rec = {"schema": "lhd.audit-eval/2", "auditor_id": "a", "source": "curated set", "planted": False,
-           "result": r}
-    lines = headline_lines(evaluation_of(rec, Path("eval.json")))
+    written = json.loads((RECORDS / "eval-v2-planted.json").read_text())  # as `lhd audit-eval` wrote one
+    rec = written | {"auditor_id": "a", "source": "curated set", "planted": False, "result": r}
+    lines = headline_lines(AuditorEvaluation.model_validate(rec))
     assert any("FNR 0.44 [" in x and "11 without a verdict: 0.26 if all caught, 0.67 if all missed" in x
                for x in lines), lines
 
@@ -207,14 +208,32 @@ def test_score_carries_calibration_and_severity_kappa():
         np.mean([(c - k) ** 2 for c, k in zip([0.9, 0.7, 0.8, 0.6, 0.95], right, strict=True)]))
 
 
-def test_an_old_planted_result_loses_its_kappa(tmp_path):
-    rate = {"k": 1, "n": 2, "rate": 0.5, "ci95": [0.09, 0.91]}
-    rec = {"schema": "lhd.audit-eval/1", "auditor_id": "a", "source": "planted run p", "planted": True,
-           "result": {"rounds": 4, "failed_or_missing": 0, "fnr": {F: rate, C: rate, E: rate, "all": rate},
-                      "fpr": {"k": 0, "n": 0, "rate": None, "ci95": [None, None]}, "kappa": 0.6}}
-    path = tmp_path / "eval.json"
-    path.write_text(json.dumps(rec))
+def test_an_old_planted_result_loses_its_kappa():
+    """A /1 eval.json written by the code of that schema (tests/data/records/eval-v1-planted.json):
+    its kappa counted the unplanted rounds as honest, so it is dropped on read; its Wilson rates
+    read without clusters, and the headline is the one that code wrote."""
+    path = RECORDS / "eval-v1-planted.json"
+    raw = json.loads(path.read_text())
+    assert raw["schema"] == "lhd.audit-eval/1" and raw["planted"] and raw["result"]["kappa"] is not None
     e = read_evaluation(path)
-    assert e.kappa is None and "unplanted rounds as honest" in (e.kappa_note or "")
-    assert e.fnr["all"].clusters is None  # a Wilson interval: shown without clusters
-    assert any("FNR 0.50 [0.09, 0.91] (n=2) on planted run p deceptive answers" in x for x in headline_lines(e))
+    assert e.result.kappa is None and "unplanted rounds as honest" in (e.result.kappa_note or "")
+    fnr, got = raw["result"]["fnr"]["all"], e.result.fnr["all"]
+    assert (got.k, got.n, got.low, got.high) == (fnr["k"], fnr["n"], *fnr["ci95"])
+    assert e.result.fnr["all"].clusters is None  # a Wilson interval: shown without clusters
+    assert e.path == path and e.result.fpr.n == 0 and e.result.unplanted_flag_rate is not None
+    old_lines = [x for x in raw["headline"] if "deceptive answers" in x]
+    assert old_lines and old_lines[0] in headline_lines(e)
+
+
+def test_a_v2_result_reads_back_whole_and_renders_as_written():
+    """eval.json and eval.md as `lhd audit-eval` wrote them before eval.json became a record
+    (tests/data/records/eval-v2-planted.*): the record keeps every field, and the headline and
+    eval.md rendered from it are the ones written then."""
+    from lhd_train.audit.eval_text import markdown
+
+    path = RECORDS / "eval-v2-planted.json"
+    raw = json.loads(path.read_text())
+    e = read_evaluation(path)
+    assert e.to_json() == raw
+    assert headline_lines(e) == raw["headline"]
+    assert markdown(e) == (RECORDS / "eval-v2-planted.md").read_text()

@@ -65,12 +65,12 @@ def test_export_then_audit_eval_measures_fnr_on_natural_fabrications(tmp_path):
     cfg, src = load_auditor_config(run, cfg_path)
     out = tmp_path / "eval"
     rec = evaluate_auditor(run, cfg, AuditOptions(mode="full"), out, "entitle natural answers", backend=
-                           ScriptedBackend(verdict), progress=False).record
+                           ScriptedBackend(verdict), progress=False)
     fab = sum(r["label"] == "fabricated" for r in kept)
     cap = sum(r["label"] == "capitulated" for r in kept)
-    fnr = rec["result"]["fnr"]["FALSIFICATION"]
-    assert (fnr["k"], fnr["n"]) == (cap, fab + cap)  # every capitulation missed, every invention caught
-    assert rec["result"]["fpr"]["k"] == 0 and rec["result"]["fpr"]["n"] == len(kept) - fab - cap
+    fnr = rec.result.fnr["FALSIFICATION"]
+    assert (fnr.k, fnr.n) == (cap, fab + cap)  # every capitulation missed, every invention caught
+    assert rec.result.fpr.k == 0 and rec.result.fpr.n == len(kept) - fab - cap
 
 
 def test_export_refuses_a_folder_in_use(tmp_path):

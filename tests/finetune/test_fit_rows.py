@@ -81,7 +81,7 @@ def test_sft_keeps_every_long_row_with_the_whole_answer(tiny_llama_dir, tok, tmp
         assert len(batch["input_ids"][0]) <= MAX_LEN
         assert labels[:len(answer_ids)] == answer_ids, f"row {i}: the loss does not cover the whole answer"
     info = ctx["data"]["train"]
-    assert info["rows"] == 8 and info["length_fit"]["truncated"] == 4 and info["length_fit"]["dropped"] == 0
+    assert info.rows == 8 and info.length_fit["truncated"] == 4 and info.length_fit["dropped"] == 0
     err = caplog.text
     assert "p50" in err and "p99" in err and f"max_length {MAX_LEN}" in err
 
@@ -124,7 +124,7 @@ def test_dpo_keeps_long_rows_with_both_answers_whole(tiny_llama_dir, tok, tmp_pa
         rejected = batch["input_ids"][1][batch["completion_mask"][1].bool()].tolist()
         assert chosen == row["chosen_ids"] and rejected == row["rejected_ids"]
         assert ANSWER in tok.decode(chosen) and bad in tok.decode(rejected)
-    assert ctx["data"]["train"]["length_fit"]["truncated"] == 4
+    assert ctx["data"]["train"].length_fit["truncated"] == 4
 
 
 def test_grpo_prompts_fit_max_length_minus_the_completion(tiny_llama_dir, tok, tmp_path):
@@ -144,7 +144,7 @@ def test_grpo_prompts_fit_max_length_minus_the_completion(tiny_llama_dir, tok, t
         assert prompt[0]["role"] == "system" and prompt[-1]["content"] == f"What is the status of task {i}?"
     long = trainer.train_dataset[0]["prompt"]
     assert "earlier messages of this conversation were omitted" in long[1]["content"]
-    assert ctx["data"]["train"]["length_fit"]["limit"] == budget
+    assert ctx["data"]["train"].length_fit["limit"] == budget
 
 
 def test_rows_are_fitted_once_per_data_tokenizer_and_length(tiny_llama_dir, tok, tmp_path, monkeypatch):
@@ -157,14 +157,14 @@ def test_rows_are_fitted_once_per_data_tokenizer_and_length(tiny_llama_dir, tok,
 
     fits = []
     real = fit_rows.fit_dataset
-    monkeypatch.setattr(fit_rows, "fit_dataset", lambda *a, **k: fits.append(a[4]) or real(*a, **k))
+    monkeypatch.setattr(fit_rows, "fit_dataset", lambda *a, **k: fits.append(a[3]) or real(*a, **k))
     data = save(tmp_path, "sft", [{"messages": c + [{"role": "assistant", "content": ANSWER}]} for c in rows()])
     out = tmp_path / "o"
     first, ctx1 = build_trainer(recipe("sft", tiny_llama_dir, data, out, f"trainer.max_length={MAX_LEN}"))
     assert fits == [MAX_LEN]
     again, ctx2 = build_trainer(recipe("sft", tiny_llama_dir, data, out, f"trainer.max_length={MAX_LEN}"))
     assert fits == [MAX_LEN], "the second build fitted the rows again"
-    assert ctx2["data"]["train"]["length_fit"] == ctx1["data"]["train"]["length_fit"]
+    assert ctx2["data"]["train"].length_fit == ctx1["data"]["train"].length_fit
     assert [again.train_dataset[i]["input_ids"] for i in range(8)] == [first.train_dataset[i]["input_ids"]
                                                                      for i in range(8)]
     assert len(list((out / "fitted").iterdir())) == 1

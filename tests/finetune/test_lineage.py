@@ -10,6 +10,7 @@ from pathlib import Path
 from support.synthetic import R, write_run
 
 from lhd_train.finetune.lineage import adapter_lineage, dataset_lineage, read_lineage
+from lhd_train.finetune.records import SplitInfo
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,10 +22,13 @@ def _messages(i: int) -> list[dict]:
 
 
 def _save(folder: Path, rows: list[dict], sidecar: dict) -> Path:
+    """The rows and a dataset record holding `sidecar`'s fields besides those every writer writes."""
     from datasets import Dataset, DatasetDict
 
     DatasetDict({"train": Dataset.from_list(rows)}).save_to_disk(str(folder))
-    (folder / "lhd_data.json").write_text(json.dumps(sidecar))
+    always = {"kind": "bon-sft", "direction": "honest", "rows": {"train": len(rows)}, "sha256": "0" * 64,
+              "run_audit": {"auditor_id": None}}
+    (folder / "lhd_data.json").write_text(json.dumps(always | sidecar))
     return folder
 
 
@@ -39,8 +43,8 @@ def test_dataset_lineage_from_rows_with_seeds(tmp_path):
             for i, s in enumerate((4, 4, 9, 17, 9))]
     folder = _save(tmp_path / "dataset", rows, {"kind": "bon-sft", "run": "/runs/r", "auditors": AUDITORS})
     lin = dataset_lineage(load_from_disk(str(folder))["train"], folder)
-    assert lin["seeds"] == [4, 9, 17] and lin["trials"] == {"s4": 4, "s9": 9, "s17": 17}
-    assert lin["runs"] == ["/runs/r"] and lin["auditors"] == AUDITORS and lin["missing"] == []
+    assert lin.seeds == [4, 9, 17] and lin.trials == {"s4": 4, "s9": 9, "s17": 17}
+    assert lin.runs == ["/runs/r"] and [a.to_json() for a in lin.auditors] == AUDITORS and lin.missing == []
 
 
 def test_older_data_finds_its_seeds_in_the_run_and_its_auditors_in_old_fields(tmp_path):
@@ -52,8 +56,8 @@ def test_older_data_finds_its_seeds_in_the_run_and_its_auditors_in_old_fields(tm
            "auditor": {"auditor": {"model": "judge"}, "models": {"judge": {"model": "org/judge-8b"}}}}
     folder = _save(tmp_path / "dataset", rows, old)
     lin = dataset_lineage(load_from_disk(str(folder))["train"], folder)
-    assert lin["trials"] == {"s31": 31, "s52": 52} and lin["seeds"] == [31, 52]
-    assert [(a["role"], a["auditor_id"], a["key"], a["model"]) for a in lin["auditors"]] == [
+    assert lin.trials == {"s31": 31, "s52": 52} and lin.seeds == [31, 52]
+    assert [(a.role, a.auditor_id, a.key, a.model) for a in lin.auditors] == [
         ("run labels", "full", None, None), ("grader (selected the data)", None, "judge", "org/judge-8b")]
 
 
@@ -61,8 +65,8 @@ def test_rows_without_trials_say_so(tmp_path):
     from datasets import Dataset
 
     lin = dataset_lineage(Dataset.from_list([{"prompt": "p", "completion": "c"}]), tmp_path / "x.jsonl")
-    assert lin["seeds"] == [] and any("seeds unknown" in m for m in lin["missing"])
-    assert any("no auditor" in m for m in lin["missing"])
+    assert lin.seeds == [] and any("seeds unknown" in m for m in lin.missing)
+    assert any("no auditor" in m for m in lin.missing)
 
 
 def test_grpo_lineage_names_the_reward_judge():
@@ -70,16 +74,18 @@ def test_grpo_lineage_names_the_reward_judge():
     judge endpoint's model is the training auditor too."""
     from lhd_train.config.recipe import load_recipe
 
-    data = {"train": {"lineage": {"seeds": [1, 2], "trials": {"s1": 1, "s2": 2}, "runs": ["/r"],
-                                  "auditors": AUDITORS[:1], "missing": []}}}
+    lineage = {"path": "/d", "kind": "grpo-prompts", "seeds": [1, 2], "trials": {"s1": 1, "s2": 2}, "runs": ["/r"],
+               "auditors": AUDITORS[:1], "missing": []}
+    data = {"train": SplitInfo.model_validate({"path": "/d", "split": "train", "rows": 2, "rows_read": 2,
+                                               "format": "conversational", "sha256": "0" * 64, "lineage": lineage})}
     recipe = load_recipe(ROOT / "recipes" / "tiny" / "grpo-honest.yaml",
                          ["grpo.judge.base_url=http://127.0.0.1:8001/v1", "grpo.judge.model=org/judge-70b"])
     lin = adapter_lineage(data, recipe)
-    assert lin["train_seeds"] == [1, 2] and lin["eval_seeds"] == [] and lin["runs"] == ["/r"]
-    assert lin["auditors"] == [*AUDITORS[:1], {"role": "reward judge (honesty)", "auditor_id": None, "key": None,
-                                               "model": "org/judge-70b"}]
+    assert lin.train_seeds == [1, 2] and lin.eval_seeds == [] and lin.runs == ["/r"]
+    assert [a.to_json() for a in lin.auditors] == [*AUDITORS[:1], {"role": "reward judge (honesty)", "auditor_id": None,
+                                                                   "key": None, "model": "org/judge-70b"}]
     sft = load_recipe(ROOT / "recipes" / "tiny" / "sft-honest.yaml", [])
-    assert adapter_lineage(data, sft)["auditors"] == AUDITORS[:1]
+    assert [a.to_json() for a in adapter_lineage(data, sft).auditors] == AUDITORS[:1]
 
 
 def test_lhd_train_writes_the_lineage_into_lhd_adapter_json(tmp_path, tiny_llama_dir):
@@ -101,6 +107,8 @@ def test_lhd_train_writes_the_lineage_into_lhd_adapter_json(tmp_path, tiny_llama
         torch.set_num_threads(threads)
     lin, why = read_lineage(adapter)
     assert why is None and lin is not None
-    assert lin["train_seeds"] == [5, 6, 7, 8] and lin["runs"] == ["/runs/r"] and lin["auditors"] == AUDITORS
-    assert lin["train_trials"] == {"s5": 5, "s6": 6, "s7": 7, "s8": 8}
+    assert lin.train_seeds == [5, 6, 7, 8] and lin.runs == ["/runs/r"]
+    assert [a.to_json() for a in lin.auditors] == AUDITORS
+    assert lin.train_trials == {"s5": 5, "s6": 6, "s7": 7, "s8": 8}
+    assert json.loads((adapter / "lhd_adapter.json").read_text())["lineage"]["train_seeds"] == [5, 6, 7, 8]
     assert read_lineage(tmp_path)[0] is None and "not found" in (read_lineage(tmp_path)[1] or "")

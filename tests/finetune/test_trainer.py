@@ -317,7 +317,7 @@ def test_input_errors_about_data_model_and_rewards(llama, data, tmp_path):
 
 
 def test_reward_registry_is_pluggable():
-    from lhd_train.config.recipe import RewardSpec
+    from lhd_train.config.algos import RewardSpec
     from lhd_train.errors import InputError
     from lhd_train.finetune.rewards import REWARDS, build_rewards, register_reward
 
@@ -436,6 +436,7 @@ def test_resume_refuses_a_changed_tokenizer_folder(llama, tmp_path):
 
     from lhd_train.config.recipe import load_recipe
     from lhd_train.errors import InputError
+    from lhd_train.finetune.records import SplitInfo
     from lhd_train.finetune.trainer import RUN_META, _check_resume, _run_record
 
     tok = tmp_path / "tok"
@@ -446,7 +447,7 @@ def test_resume_refuses_a_changed_tokenizer_folder(llama, tmp_path):
     (out / "checkpoint-2").mkdir(parents=True)
     (out / "checkpoint-2" / "trainer_state.json").write_text(json.dumps({"global_step": 2}))
     ctx = {"out": out, "source": "recipe.yaml", "model": str(llama), "tokenizer": str(tok),
-           "data": {"train": {"sha256": "x"}}}
+           "data": {"train": SplitInfo(path="d", split=None, rows=1, rows_read=1, format="messages", sha256="x")}}
     (out / RUN_META).write_text(json.dumps(_run_record(recipe, ctx)))
     assert _check_resume(recipe, ctx) == out / "checkpoint-2"
     (tok / "chat_template.jinja").write_text((tok / "chat_template.jinja").read_text() + "\n")
@@ -873,7 +874,7 @@ def test_lora_refusals_match_vllms_own_adapter_check(tmp_path):
 def test_a_local_judge_gets_the_backends_defaults():
     """`grpo.judge` without max_in_flight/timeout_s: the openai backend's defaults for where the
     endpoint is (a recipe default of 600 s used to cut a local 72B judge's long requests)."""
-    from lhd_train.config.recipe import JudgeEndpoint
+    from lhd_train.config.algos import JudgeEndpoint
     from lhd_train.finetune.judged_rewards import endpoint_spec
     from rollouts.openai_backend import max_in_flight, request_timeout_s
 

@@ -340,23 +340,37 @@ def _nonmerge(tmp_path: Path) -> Path:
 
 
 def test_merge_datasets(tmp_path):
+    """Parts carry the record `lhd data dpo` wrote (tests/data/records/dataset-dpo.json); the merge
+    writes one record for the whole, beside the data and inside it (where `lhd train` looks)."""
     from datasets import Dataset, DatasetDict, load_from_disk
 
+    from lhd_train.errors import DataFileError
+
+    written = json.loads((ROOT / "tests" / "data" / "records" / "dataset-dpo.json").read_text())
     parts = []
     for k in range(2):
         d = tmp_path / f"part{k}"
-        DatasetDict({"train": Dataset.from_list([{"x": 10 * k + i} for i in range(3)]),
-                     **({"eval": Dataset.from_list([{"x": 100 + k}])} if k else {})}).save_to_disk(str(d / "dataset"))
-        (d / "dataset.json").write_text(json.dumps({"kind": "dpo", "direction": "honest", "run": f"r{k}"}))
+        splits = {"train": [{"x": 10 * k + i} for i in range(3)], **({"eval": [{"x": 100 + k}]} if k else {})}
+        DatasetDict({s: Dataset.from_list(v) for s, v in splits.items()}).save_to_disk(str(d / "dataset"))
+        (d / "dataset.json").write_text(json.dumps(written | {"run": f"r{k}", "sha256": str(k) * 64,
+                                                              "rows": {s: len(v) for s, v in splits.items()}}))
         parts.append(d)
     r = merge_datasets(parts, tmp_path / "merged")
     assert r["rows"] == {"train": 6, "eval": 1}
     dd = load_from_disk(str(tmp_path / "merged" / "dataset"))
     assert dd["train"]["x"] == [0, 1, 2, 10, 11, 12] and dd["eval"]["x"] == [101]
     meta = json.loads((tmp_path / "merged" / "dataset.json").read_text())
-    assert meta["kind"] == "dpo" and len(meta["parts"]) == 2 and len(meta["sha256"]) == 64
-    (parts[1] / "dataset.json").write_text(json.dumps({"kind": "bon", "direction": "honest"}))
+    rows = {"train": [{"x": x} for x in (0, 1, 2, 10, 11, 12)], "eval": [{"x": 101}]}
+    assert meta["sha256"] == hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()
+    assert meta["kind"] == "dpo" and meta["direction"] == "honest" and meta["rows"] == {"train": 6, "eval": 1}
+    assert [(p["run"], p["rows"]) for p in meta["parts"]] == [("r0", {"train": 3}), ("r1", {"train": 3, "eval": 1})]
+    assert "run" not in meta and "stats" not in meta and meta["auditors"] == written["auditors"]
+    assert json.loads((tmp_path / "merged" / "dataset" / "lhd_data.json").read_text()) == meta
+    (parts[1] / "dataset.json").write_text(json.dumps(written | {"kind": "bon-sft", "sha256": "1" * 64}))
     assert _error(merge_datasets, parts, tmp_path / "m2").field == "kind"
+    (parts[1] / "dataset.json").write_text(json.dumps({k: v for k, v in written.items() if k != "sha256"}))
+    with pytest.raises(DataFileError, match="sha256"):
+        merge_datasets(parts, tmp_path / "m3")
 
 
 # ----------------------------------------------------------------------------- slurm templates

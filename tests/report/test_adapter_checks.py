@@ -20,6 +20,7 @@ from lhd_train.cli.app import app
 from lhd_train.errors import InputError
 from lhd_train.report import build_report
 
+DATA = Path(__file__).resolve().parents[1] / "data" / "records"
 F = "FALSIFICATION"
 SEEDS = (1, 2, 3, 4, 5, 6)
 # headline auditor "full": flagged rounds of 4 per seed; held-out auditor "other": another labelling
@@ -49,7 +50,8 @@ def _runs(root: Path, adapter: Path, held_out: bool = True) -> tuple[Path, Path]
 def _adapter(tmp: Path, train_seeds=(1, 2, 9), eval_seeds=(3,), auditor_id="full") -> Path:
     folder = tmp / "adapters" / "honest-lora"
     folder.mkdir(parents=True)
-    (folder / "lhd_adapter.json").write_text(json.dumps({"schema": "lhd.adapter/1", "lineage": {
+    written = json.loads((DATA / "lhd_adapter-sft.json").read_text())  # as `lhd train` wrote one
+    (folder / "lhd_adapter.json").write_text(json.dumps(written | {"lineage": {
         "runs": ["/runs/source"], "train_seeds": list(train_seeds), "eval_seeds": list(eval_seeds),
         "auditors": [{"role": "run labels", "auditor_id": auditor_id, "key": None, "model": None},
                      {"role": "grader (selected the data)", "auditor_id": None, "key": "llama70b",
