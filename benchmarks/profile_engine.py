@@ -79,7 +79,7 @@ def profile(model: Path, trials: int, tasks: int, top: int, tmp: Path, sequentia
     from rollouts.spec import ModelSpec
 
     spec = rt.spec_for("hf", model, trials, None)
-    backend = build_backend(ModelSpec.model_validate(spec), name="m", log_dir=str(tmp / "logs"))
+    backend = build_backend(parse_spec(spec), name="m", log_dir=str(tmp / "logs"))
     probe = Probe(backend, top)
     import asyncio
 

@@ -30,12 +30,12 @@ import time
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlparse
 
-from pydantic import Field, field_serializer
+from pydantic import field_serializer
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from rollouts.backend import BackendError
 from rollouts.model_files import counting_tokenizer, estimate_tokens
-from rollouts.spec import CheckRow, JobNeeds, ServedSpec, public_url, redact, url_secrets
+from rollouts.spec import CheckRow, ServedSpec, public_url, redact, url_secrets
 from rollouts.types import Completion, GenerationRequest, GenerationResult, sendable
 
 if TYPE_CHECKING:
@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 SCHEMA_NOTE = "\n\nReply with one JSON object, and nothing else, that matches this JSON schema:\n{schema}"
 LOCAL_TIMEOUT_S = 3600.0  # managed or local servers: long prompts wait in a queue behind each other
 REMOTE_TIMEOUT_S = 600.0
+# Before the n-th resend: a uniform random wait in 0 .. min(30, 2**(n-1)) s ("full jitter").
+RETRY_WAIT = wait_random_exponential(multiplier=1, max=30)
 
 
 class OpenAISpec(ServedSpec):
@@ -51,7 +53,6 @@ class OpenAISpec(ServedSpec):
 
     backend: Literal["openai"] = "openai"
     base_url: str | None = None
-    api_key_env: str | None = Field(None, description="name of the env variable holding the key")
 
     @field_serializer("base_url", when_used="json")
     def _public_base_url(self, v: str | None) -> str | None:
@@ -61,13 +62,10 @@ class OpenAISpec(ServedSpec):
     def build(self, name: str = "", log_dir: str | None = None) -> Backend:
         if not self.base_url:
             raise BackendError(f"model '{self.model}': backend openai needs base_url")
-        return OpenAIBackend(self, self.base_url, tokenizer=counting_tokenizer(self), api_key_env=self.api_key_env)
+        return OpenAIBackend(self, self.base_url, tokenizer=counting_tokenizer(self))
 
     def placement(self, cuda: bool) -> str:
         return f"remote endpoint {public_url(self.base_url)} ({self.model}), no GPU here"
-
-    def job_needs(self, key: str, cuda: bool) -> JobNeeds:
-        return JobNeeds(env=[self.api_key_env] if self.api_key_env else [])
 
     @classmethod
     def config_rows(cls, specs: Any, config: str, gpu_gib: float | None = None) -> list[CheckRow]:
@@ -119,7 +117,7 @@ class OpenAIBackend:
     `response_format` and falls back to `prompt` if the server rejects it."""
 
     def __init__(self, spec: ServedSpec, base_url: str, served_name: str | None = None,
-                 structured: str | None = None, tokenizer: Any = None, api_key_env: str | None = None):
+                 structured: str | None = None, tokenizer: Any = None):
         import openai
 
         self.spec = spec
@@ -133,7 +131,7 @@ class OpenAIBackend:
         if self.structured == "auto":
             self.structured = "response_format"
         self._fallback_used = False
-        self.api_key_env = api_key_env
+        self.api_key_env = api_key_env = spec.api_key_env
         key = "EMPTY"
         if api_key_env:
             if api_key_env not in os.environ:
@@ -227,9 +225,8 @@ class OpenAIBackend:
         t0 = time.perf_counter()
         client, gate = self._for_running_loop()
         async with gate:
-            retrying = AsyncRetrying(retry=retry_if_exception(self._resend), stop=stop_after_attempt(
-                self.spec.max_retries + 1), wait=wait_random_exponential(multiplier=1, max=30),
-                before_sleep=self._count_retry, reraise=True)
+            retrying = AsyncRetrying(retry=retry_if_exception(self._resend), wait=RETRY_WAIT, reraise=True,
+                                     stop=stop_after_attempt(self.spec.max_retries + 1), before_sleep=self._count_retry)
             try:
                 sent: tuple[Any, dict[str, Any]] = await retrying(self._send, client, req)
             except Exception as e:  # noqa: BLE001 - every failure becomes a result, as the protocol says

@@ -185,12 +185,16 @@ class ServedSpec(BackendSpec):
         "auto", description="how JSON schemas reach the server (see rollouts/openai_backend.py)")
     tokenizer: str | None = Field(None, description="tokenizer (local folder or a hub id in HF_HOME) for exact "
                                   "token counts; default: the model's own")
+    api_key_env: str | None = Field(None, description="name of the env variable holding the key the server wants")
 
     def extra_folders(self) -> dict[str, str]:
         return {"tokenizer": self.tokenizer} if self.tokenizer else {}
 
     def in_flight_limit(self) -> int | None:
         return self.max_in_flight
+
+    def job_needs(self, key: str, cuda: bool) -> JobNeeds:
+        return JobNeeds(env=[self.api_key_env] if self.api_key_env else [])
 
     def with_in_flight(self, n: int) -> Self:
         return self if self.max_in_flight is not None else self.model_copy(update={"max_in_flight": n})

@@ -6,7 +6,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from lhd_train.rundir.rows import AuditRow, CallRecord, RoundRow
-from rollouts.gpus import cuda_visible
+from rollouts import gpus
 from rollouts.spec import BackendSpec
 
 STAGE_ROLE = {"evaluation": "supervisor", "feedback": "supervisor", "summary": "summariser"}
@@ -75,6 +75,6 @@ def usage_by_role(rows: Iterable[RoundRow], audit_rows: Iterable[AuditRow] = ())
 
 def gpu_hours(specs: Iterable[BackendSpec], wall_s: float) -> float:
     """GPU hours of models that ran for `wall_s` seconds: each on the GPUs it claims here."""
-    cuda = cuda_visible()
+    cuda = gpus.cuda_visible()
     claims = [s.gpu_claim(cuda) for s in specs]
     return round(sum(len(c.positions) for c in claims if c) * wall_s / 3600.0, 4)

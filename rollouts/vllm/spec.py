@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 from pydantic import Field
 
 from rollouts.backend import BackendError, SpecError
-from rollouts.gpus import GpuAssignmentError, GpuClaim, cuda_visible, parse_positions
+from rollouts.gpus import GpuAssignmentError, GpuClaim, parse_positions
 from rollouts.spec import CheckRow, JobNeeds, LoadsAdapters, ManagedSpec
 from rollouts.types import generation_defaults
 
@@ -104,7 +104,8 @@ class VLLMSpec(ManagedSpec, LoadsAdapters):
         where = f"[GPU positions {self.gpus}] " if device != "cpu" and self.gpus else ""
         server = where + "".join(f"{n}={v} " for n, v in env.items()) + cmd
         on_gpu = device == "cuda"
-        return JobNeeds(executables=[self.vllm_executable] if on_gpu and self.vllm_executable else [],
+        return JobNeeds(env=super().job_needs(key, cuda).env,
+                        executables=[self.vllm_executable] if on_gpu and self.vllm_executable else [],
                         vllm_from_path=on_gpu and not self.vllm_executable, server=server)
 
     def serve_argv(self, port: int) -> list[str]:
@@ -141,10 +142,10 @@ class VLLMSpec(ManagedSpec, LoadsAdapters):
     def preflight(cls, specs: Mapping[str, Self]) -> list[str]:
         """The vLLM build (a CPU build for a cuda model is refused), then vLLM's own verdict on each."""
         from rollouts.vllm.preflight import validate_vllm
-        from rollouts.vllm.server import checked_vllm, find_vllm
+        from rollouts.vllm.server import checked_vllm, find_vllm, vllm_device
 
         for spec in specs.values():
-            device = spec.run_device(cuda_visible())
+            device = vllm_device(spec)
             if find_vllm(spec, device) is not None:
                 checked_vllm(spec, device)
         notes = []

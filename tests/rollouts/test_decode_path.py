@@ -44,7 +44,7 @@ def _other_spelling_class() -> type:
 
 
 def _backend(model, path) -> HFBackend:
-    spec = ModelSpec(backend="hf", model=str(path), batch_wait_ms=30, max_batch_size=8)
+    spec = HFSpec(model=str(path), batch_wait_ms=30, max_batch_size=8)
     return HFBackend(spec, model.eval(), load_tokenizer(str(path)), "cpu", torch.float32)
 
 

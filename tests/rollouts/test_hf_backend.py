@@ -46,7 +46,7 @@ def run(coro):
 
 
 def make_backend(path, **kw) -> HFBackend:
-    return HFBackend.from_spec(ModelSpec(backend="hf", model=str(path), **kw))
+    return HFBackend.from_spec(HFSpec(model=str(path), **kw))
 
 
 @pytest.fixture(scope="module")

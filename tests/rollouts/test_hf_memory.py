@@ -32,7 +32,7 @@ def llama31_8b():
 
 
 def make(path, **kw) -> HFBackend:
-    return HFBackend.from_spec(ModelSpec(backend="hf", model=str(path), batch_wait_ms=30, max_batch_size=32, **kw))
+    return HFBackend.from_spec(HFSpec(model=str(path), batch_wait_ms=30, max_batch_size=32, **kw))
 
 
 def req(content, max_tokens=12, seed=0, n=1, schema=None, temperature=1.0):
