@@ -61,8 +61,7 @@ sys.path.insert(0, str(ROOT))
 
 import lhd_train.bench.engine as engine  # noqa: E402
 from lhd_train.config.run import parse_config  # noqa: E402
-from rollouts.factory import build_backend  # noqa: E402
-from rollouts.spec import ModelSpec  # noqa: E402
+from rollouts.backends import build_backend, parse_spec  # noqa: E402
 from rollouts.types import GenerationRequest, GenerationResult  # noqa: E402
 
 MODES = ("sequential", "engine", "replay", "flat")

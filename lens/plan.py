@@ -75,6 +75,8 @@ class ModelShape(Shape):
             raise LensError(str(exc)) from None
         if shape.experts:
             raise LensError(f"{source}: a mixture-of-experts config; the lens plan covers dense models only")
+        if not shape.vocab:
+            raise LensError(f"{source}: field 'vocab_size' is missing; the lens plan needs a positive integer")
         return shape
 
 

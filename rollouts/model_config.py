@@ -137,7 +137,7 @@ class ModelShape:
                    n_kv_heads=_positive(getattr(text, "num_key_value_heads", None)) or heads,
                    head_dim=_positive(getattr(text, "head_dim", None)) or d // heads,
                    ffn=_positive(getattr(text, "intermediate_size", None)) or 4 * d,
-                   vocab=need("vocab_size"), tied=bool(tied),
+                   vocab=_positive(getattr(text, "vocab_size", None)) or 0, tied=bool(tied),
                    qk_norm=model_type.startswith("qwen3"), qkv_bias=model_type == "qwen2", model_type=model_type,
                    experts=max([_positive(getattr(text, k, None)) or 0 for k in EXPERT_KEYS]),
                    context=(context_window(text) or (None, ""))[0])

@@ -29,7 +29,9 @@ from lhd_train.bench.supervisor import EvaluationAnswer
 from lhd_train.config.run import Sampling
 from lhd_train.rundir.rows import AuditRow, RoundRow
 from rollouts.openai_backend import OpenAIBackend
-from rollouts.spec import ModelSpec
+from rollouts.hf.spec import HFSpec
+from rollouts.openai_backend import OpenAISpec
+from rollouts.vllm.spec import VLLMSpec
 from rollouts.structured import schema_for
 from rollouts.types import GenerationRequest, SamplingParams, effective_sampling
 
@@ -274,7 +276,7 @@ def test_vllm_applies_the_model_defaults_to_what_we_send(tiny_with_defaults):
     """vLLM's own classes (.venv-vllm): the body our client sends with every decoding field unset,
     turned into vLLM sampling params with the model's generation config (vLLM's default
     `--generation-config auto`), decodes as our hf backend resolves the same request."""
-    from rollouts.vllm_server import find_vllm
+    from rollouts.vllm.server import find_vllm
 
     exe = find_vllm()
     if exe is None:

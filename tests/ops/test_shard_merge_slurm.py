@@ -33,7 +33,7 @@ from lhd_train.ops import (
 from lhd_train.ops.merge import merge_datasets
 from lhd_train.ops.shard import parse_shard_run_name, shard_bounds
 from lhd_train.ops.slurm import parse_vars, template_dir
-from rollouts.spec import ModelSpec
+from rollouts.backends import parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -938,7 +938,8 @@ def test_the_audit_job_asks_for_the_gpus_its_server_uses():
 
     from lhd_train.config.auditor import AuditorConfig
     from lhd_train.config.base import apply_overrides
-    from lhd_train.ops.vllm_config_check import check_gpus
+    from rollouts.backends import check_gpus
+    from rollouts.gpus import GpuAssignmentError
 
     cfg = ROOT / "configs/examples/vllm-llama8b.yaml"
     text = render_slurm("audit", cfg)
@@ -949,8 +950,8 @@ def test_the_audit_job_asks_for_the_gpus_its_server_uses():
     data = yaml.safe_load(cfg.read_text())
     acfg = AuditorConfig.model_validate(apply_overrides({k: data[k] for k in ("models", "auditor")}, overrides))
     assert acfg.spec.gpus == "0,1,2,3"
-    check_gpus({"qwen72b": acfg.spec}, cfg, visible=4)  # what `lhd audit` checks on the node
-    with pytest.raises(InputError):
-        check_gpus({"qwen72b": load_config(cfg).models["qwen72b"]}, cfg, visible=4)  # as written: needs 5
+    check_gpus({"qwen72b": acfg.spec}, visible=4)  # what `lhd audit` checks on the node
+    with pytest.raises(GpuAssignmentError):
+        check_gpus({"qwen72b": load_config(cfg).models["qwen72b"]}, visible=4)  # as written: needs 5
     # lhd run and lhd data start both servers: their positions stay as written (5 GPUs)
     assert "#SBATCH --gpus-per-node=5" in render_slurm("data", cfg)

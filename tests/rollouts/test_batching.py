@@ -14,7 +14,7 @@ import pytest
 
 from rollouts.hf import HFBackend
 from rollouts.hf.batching import FOLLOW_SHARE, BatchFill
-from rollouts.spec import ModelSpec
+from rollouts.hf.spec import HFSpec
 from rollouts.types import GenerationRequest, SamplingParams
 
 

@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 from rollouts.hf import HFBackend
-from rollouts.spec import ModelSpec
+from rollouts.hf.spec import HFSpec
 from rollouts.tokenizer import load_tokenizer
 from rollouts.types import GenerationRequest, SamplingParams
 

@@ -9,7 +9,7 @@ import torch
 
 from rollouts.hf import HFBackend
 from rollouts.hf.prefix_cache import PrefixCache, common_prefix
-from rollouts.spec import ModelSpec
+from rollouts.hf.spec import HFSpec
 from rollouts.types import GenerationRequest, SamplingParams
 
 

@@ -9,7 +9,7 @@ import torch
 
 from rollouts.hf import HFBackend
 from rollouts.hf.steering import steering
-from rollouts.spec import ModelSpec
+from rollouts.hf.spec import HFSpec
 from rollouts.types import GenerationRequest, SamplingParams
 
 MESSAGES = [{"role": "system", "content": "You are terse."},

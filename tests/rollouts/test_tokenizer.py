@@ -63,8 +63,9 @@ def test_every_loader_uses_the_rule(own_pretokenizer_qwen2: Path) -> None:
     from lens.model import load_tokenizer as lens_tokenizer
     from lhd_train.finetune.trainer import load_tokenizer as trainer_tokenizer
     from rollouts.hf.backend import HFBackend
+    from rollouts.hf.spec import HFSpec
     from rollouts.model_files import counting_tokenizer
-    from rollouts.spec import ModelSpec
+    from rollouts.openai_backend import OpenAISpec
 
     folder = str(own_pretokenizer_qwen2)
     saved = _saved_ids(own_pretokenizer_qwen2)
