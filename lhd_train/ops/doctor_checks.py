@@ -261,16 +261,16 @@ def check_models(config: Path) -> list[Row]:
     rows: list[Row] = []
     cache = hub_cache_dir()
     base = config.parent
-    for label, model, revision, backend in _config_models(config):
+    for label, model, revision, what in _config_models(config):
         name = f"model {label}"
-        if backend == "endpoint":
+        if what == "endpoint":
             rows.append((name, OK, f"{model}: served by a remote endpoint, not checked here"))
             continue
         local = Path(model).expanduser()
         if not local.is_absolute() and (base / local).exists():
             local = base / local
         if local.exists() or model.startswith((".", "/", "~")):
-            if backend == "tokenizer":
+            if what == "tokenizer":
                 found = any((local / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
             else:
                 found = (local / "config.json").is_file()
@@ -285,13 +285,13 @@ def check_models(config: Path) -> list[Row]:
             ref = (repo / "refs" / revision).read_text().strip()
             snaps = [s for s in snaps if s.name == ref] or snaps
         ok_snaps = [s for s in snaps if (s / "config.json").exists() or
-                    (backend == "tokenizer" and (s / "tokenizer_config.json").exists())]
+                    (what == "tokenizer" and (s / "tokenizer_config.json").exists())]
         if not ok_snaps:
             rows.append((name, FAIL, f"{model}{'@' + revision if revision else ''} is not in {cache} "
                          "(download it on a node with network: `hf download " + model + "`; jobs run offline)"))
             continue
         snap = ok_snaps[-1]
-        if backend != "tokenizer":
+        if what != "tokenizer":
             weights = list(snap.glob("*.safetensors")) + list(snap.glob("*.bin"))
             index = list(snap.glob("*.safetensors.index.json"))
             if not weights:

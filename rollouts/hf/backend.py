@@ -29,7 +29,7 @@ import threading
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -46,11 +46,13 @@ from rollouts.hf.memory_plan import TokenCost, admit, batch_bytes, gib, plan_bud
 from rollouts.hf.prefix_cache import PrefixCache
 from rollouts.hf.rows import Pending, Row
 from rollouts.hf.sampling import row_seed
-from rollouts.hf.spec import HFSpec
 from rollouts.model_config import ModelShape
 from rollouts.model_files import check_adapter_dir, check_model_dir, one_line
 from rollouts.tokenizer import load_tokenizer
 from rollouts.types import Completion, GenerationRequest, GenerationResult, generation_defaults, sendable
+
+if TYPE_CHECKING:
+    from rollouts.hf.spec import HFSpec
 
 log = logging.getLogger(__name__)
 
