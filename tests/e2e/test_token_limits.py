@@ -28,12 +28,11 @@ from lhd_train.bench.structured_calls import BackendUnavailable, ask_structured
 from lhd_train.bench.supervisor import EvaluationAnswer
 from lhd_train.config.run import Sampling
 from lhd_train.rundir.rows import AuditRow, RoundRow
-from rollouts.openai_backend import OpenAIBackend
 from rollouts.hf.spec import HFSpec
-from rollouts.openai_backend import OpenAISpec
-from rollouts.vllm.spec import VLLMSpec
+from rollouts.openai_backend import OpenAIBackend, OpenAISpec
 from rollouts.structured import schema_for
 from rollouts.types import GenerationRequest, SamplingParams, effective_sampling
+from rollouts.vllm.spec import VLLMSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 ASK = [{"role": "system", "content": "You are a manager."}, {"role": "user", "content": "Evaluate the report."}]

@@ -14,7 +14,6 @@ import rollouts.hf.decode as hf_decode
 from rollouts.backend import BackendError
 from rollouts.hf import HFBackend
 from rollouts.hf.device import device_context, free_memory, resolve_device
-from rollouts.backend import BackendError
 from rollouts.hf.memory_plan import GIB, TokenCost, admit, batch_bytes, plan_budget
 from rollouts.hf.spec import HFSpec
 from rollouts.model_config import ModelShape

@@ -14,7 +14,7 @@ import lhd_train.bench.engine as engine
 from lhd_train.config.run import parse_config
 from lhd_train.io.files import read_jsonl
 from rollouts.backends import build_backend, parse_spec
-from rollouts.openai_backend import OpenAIBackend, OpenAISpec, _is_transient
+from rollouts.openai_backend import OpenAISpec, _is_transient
 from rollouts.vllm.server import vllm_command
 from rollouts.vllm.spec import VLLMSpec
 

@@ -8,8 +8,8 @@ import asyncio
 import torch
 
 from rollouts.hf import HFBackend
-from rollouts.hf.steering import steering
 from rollouts.hf.spec import HFSpec
+from rollouts.hf.steering import steering
 from rollouts.types import GenerationRequest, SamplingParams
 
 MESSAGES = [{"role": "system", "content": "You are terse."},

@@ -30,8 +30,8 @@ from rollouts.backends import build_backend
 from rollouts.managed_server import ManagedServer, free_port
 from rollouts.openai_backend import OpenAIBackend, OpenAISpec, max_in_flight, request_timeout_s
 from rollouts.spec import ManagedSpec
-from rollouts.vllm.spec import VLLMSpec
 from rollouts.types import GenerationRequest, SamplingParams
+from rollouts.vllm.spec import VLLMSpec
 
 HUB_ID = "lhd-test/tiny-qwen2"
 
