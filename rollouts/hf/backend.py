@@ -46,7 +46,7 @@ from rollouts.hf.memory_plan import TokenCost, admit, batch_bytes, gib, plan_bud
 from rollouts.hf.prefix_cache import PrefixCache
 from rollouts.hf.rows import Pending, Row
 from rollouts.hf.sampling import row_seed
-from rollouts.model_config import ModelShape
+from rollouts.model_config import ModelShape, context_window
 from rollouts.model_files import check_adapter_dir, check_model_dir, one_line
 from rollouts.tokenizer import load_tokenizer
 from rollouts.types import Completion, GenerationRequest, GenerationResult, generation_defaults, sendable
@@ -75,7 +75,8 @@ class HFBackend:
         self.vocab_size = int(getattr(cfg.get_text_config(), "vocab_size", None) or len(tokenizer))  # lm_head rows
         self.n_tokenizer = min(len(tokenizer), self.vocab_size)
         text_cfg = cfg.get_text_config()
-        self.max_model_len = int(spec.max_model_len or getattr(text_cfg, "max_position_embeddings", 0) or 10**9)
+        window = context_window(cfg)  # the one reader's answer, as the run config's window check gets
+        self.max_model_len = int(spec.max_model_len or (window[0] if window else 10**9))
         # Our decode loop keeps every layer's full key/value history and calls the model with the
         # transformers 5 forward arguments: the cache is `cache=` from 5.24 on, `past_key_values=`
         # before (5.17 on the lent GPU image); other models (sliding-window or linear-attention
