@@ -101,3 +101,26 @@ def test_a_non_default_foreign_field_in_an_old_file_is_still_refused():
     entry = {"backend": "hf", "model": "m", "tensor_parallel_size": 2}
     with pytest.raises(ValueError, match="tensor_parallel_size"):
         parse_spec(entry)
+
+
+def doc_model_entries() -> list[tuple[str, dict]]:
+    """(where, entry) of every `models:` entry in a fenced YAML block of the README and docs/."""
+    import re
+
+    found = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "configs").rglob("*.md"))]:
+        for block in re.findall(r"```ya?ml\n(.*?)```", doc.read_text(), re.S):
+            data = yaml.safe_load(block)
+            models = data.get("models") if isinstance(data, dict) else None
+            for key, entry in (models or {}).items():
+                found.append((f"{doc.relative_to(ROOT)}:{key}", entry))
+    return found
+
+
+def test_every_documented_model_entry_loads():
+    entries = doc_model_entries()
+    assert entries, "the docs show at least one models: entry (docs/auditing.md's auditor config)"
+    for where, entry in entries:
+        spec = parse_spec(entry)
+        assert type(spec) is BACKENDS[entry["backend"]], where
+        assert {k: getattr(spec, k) for k in entry} == entry, where
