@@ -75,11 +75,10 @@ class Probe:
 
 
 def profile(model: Path, trials: int, tasks: int, top: int, tmp: Path, sequential: bool = True) -> dict[str, Any]:
-    from rollouts.factory import build_backend
-    from rollouts.spec import ModelSpec
+    from rollouts.backends import build_backend, parse_spec
 
     spec = rt.spec_for("hf", model, trials, None)
-    backend = build_backend(ModelSpec.model_validate(spec), name="m", log_dir=str(tmp / "logs"))
+    backend = build_backend(parse_spec(spec), name="m", log_dir=str(tmp / "logs"))
     probe = Probe(backend, top)
     import asyncio
 

@@ -61,8 +61,7 @@ sys.path.insert(0, str(ROOT))
 
 import lhd_train.bench.engine as engine  # noqa: E402
 from lhd_train.config.run import parse_config  # noqa: E402
-from rollouts.factory import build_backend  # noqa: E402
-from rollouts.spec import ModelSpec  # noqa: E402
+from rollouts.backends import build_backend, parse_spec  # noqa: E402
 from rollouts.types import GenerationRequest, GenerationResult  # noqa: E402
 
 MODES = ("sequential", "engine", "replay", "flat")
@@ -322,7 +321,7 @@ def bench_backend(kind: str, model: Path, trials: int, tasks: int, vllm: str | N
     if kind == "vllm":
         os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # enables /reset_prefix_cache between modes
     t0 = time.perf_counter()
-    backend = build_backend(ModelSpec.model_validate(spec), name="m", log_dir=str(tmp / "logs"))
+    backend = build_backend(parse_spec(spec), name="m", log_dir=str(tmp / "logs"))
     modes: dict[str, dict[str, Any]] = {}
     out: dict[str, Any] = {"backend": kind, "startup_s": round(time.perf_counter() - t0, 1),
                            "describe": backend.describe(), "params": params, "peak_device": device,

@@ -29,6 +29,8 @@ import torch
 
 from lens.errors import LensError
 from lens.model import parse_dtype
+from rollouts.backend import BackendError
+from rollouts.model_config import ModelShape as Shape
 
 GiB = 1024**3
 DIM_BATCHES = (128, 64, 32, 16, 8, 4, 2, 1)  # candidates for an automatic dim_batch, largest first
@@ -61,62 +63,21 @@ def resolve_attn(attn: str, method: str) -> str:
     return "eager" if method == "vmap" else "sdpa"
 
 
-def _field(cfg: Mapping[str, Any], key: str, source: str) -> int:
-    value = cfg.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise LensError(f"{source}: field '{key}' is {value!r}; the lens plan needs a positive integer")
-    return value
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The sizes of a dense decoder-only model that memory and FLOPs depend on."""
-
-    d_model: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    ffn: int
-    vocab: int
-    tied: bool = False
-    qk_norm: bool = False  # Qwen3 normalises queries and keys per head
-    qkv_bias: bool = False  # Qwen2
-    model_type: str = ""
+class ModelShape(Shape):
+    """`rollouts.model_config.ModelShape` (the one reader of a model's config), refusing in lens's
+    own error what the plan cannot cost: a config without the sizes, or a mixture of experts."""
 
     @classmethod
-    def parse(cls, cfg: Mapping[str, Any], source: str = "config.json") -> ModelShape:
-        """From a transformers `config.json` (a multimodal config's `text_config` is used)."""
-        if isinstance(cfg.get("text_config"), Mapping) and "hidden_size" not in cfg:
-            cfg = cfg["text_config"]
-        if any(key in cfg for key in ("num_experts", "num_local_experts", "n_routed_experts")):
+    def parse(cls, cfg: Mapping[str, Any] | Any, source: str = "config.json") -> ModelShape:
+        try:
+            shape = super().parse(cfg, source)
+        except BackendError as exc:
+            raise LensError(str(exc)) from None
+        if shape.experts:
             raise LensError(f"{source}: a mixture-of-experts config; the lens plan covers dense models only")
-        d = _field(cfg, "hidden_size", source)
-        heads = _field(cfg, "num_attention_heads", source)
-        kv = cfg.get("num_key_value_heads") or heads
-        head_dim = cfg.get("head_dim") or d // heads
-        model_type = str(cfg.get("model_type") or "")
-        return cls(d_model=d, n_layers=_field(cfg, "num_hidden_layers", source), n_heads=heads,
-                   n_kv_heads=int(kv), head_dim=int(head_dim), ffn=_field(cfg, "intermediate_size", source),
-                   vocab=_field(cfg, "vocab_size", source), tied=bool(cfg.get("tie_word_embeddings", False)),
-                   qk_norm=model_type.startswith("qwen3"), qkv_bias=model_type == "qwen2",
-                   model_type=model_type)
-
-    @property
-    def block_params(self) -> int:
-        q, kv = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-        attn = self.d_model * (q + 2 * kv) + q * self.d_model + ((q + 2 * kv) if self.qkv_bias else 0)
-        norms = 2 * self.d_model + (2 * self.head_dim if self.qk_norm else 0)
-        return attn + 3 * self.d_model * self.ffn + norms
-
-    @property
-    def n_params(self) -> int:
-        embed = self.vocab * self.d_model * (1 if self.tied else 2)
-        return embed + self.n_layers * self.block_params + self.d_model
-
-    def describe(self) -> str:
-        return (f"{self.model_type or 'decoder'}: d {self.d_model}, {self.n_layers} blocks, {self.n_heads} heads / "
-                f"{self.n_kv_heads} kv, ffn {self.ffn}, vocab {self.vocab}, {self.n_params / 1e9:.2f}B parameters")
+        if not shape.vocab:
+            raise LensError(f"{source}: field 'vocab_size' is missing; the lens plan needs a positive integer")
+        return shape
 
 
 def dtype_bytes(dtype: str) -> int:

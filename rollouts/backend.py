@@ -10,6 +10,15 @@ class BackendError(RuntimeError):
     """A backend could not be built or could not serve (model missing, server dead, ...)."""
 
 
+class SpecError(ValueError):
+    """A model entry that cannot be honoured, found before anything starts: `key` (the entry's key in
+    `models:`, when known) and its `field`, for the caller to name with the file."""
+
+    def __init__(self, key: str | None, field: str | None, problem: str):
+        self.key, self.field, self.problem = key, field, problem
+        super().__init__(problem)
+
+
 @runtime_checkable
 class Backend(Protocol):
     """Async batch generation. Many callers may await `generate` concurrently; the backend

@@ -13,14 +13,23 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rollouts.backend import SpecError
 
 
-class GpuAssignmentError(ValueError):
+class GpuAssignmentError(SpecError):
     """A `gpus:`/`device:` that cannot be honoured; `key` and `field` name the model entry."""
 
-    def __init__(self, key: str | None, field: str | None, problem: str):
-        self.key, self.field, self.problem = key, field, problem
-        super().__init__(problem)
+
+@dataclass(frozen=True)
+class GpuClaim:
+    """The GPU positions one model occupies, the spec field that sets them, and how (for errors)."""
+
+    positions: list[int]
+    field: str
+    how: str
 
 
 def visible_ids() -> list[str] | None:
@@ -30,6 +39,18 @@ def visible_ids() -> list[str] | None:
         return None
     ids = [g.strip() for g in cvd.split(",") if g.strip()]
     return [] if ids == ["-1"] else ids
+
+
+def cuda_visible() -> bool:
+    """Is a CUDA GPU visible? Asks torch only when it is already imported and is a CUDA build (a
+    CPU-only torch in lhd's venv says nothing about the node); otherwise looks for the driver."""
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None and cvd.strip() in ("", "-1"):
+        return False
+    torch = sys.modules.get("torch")
+    if torch is not None and getattr(torch.version, "cuda", None):
+        return bool(torch.cuda.is_available())
+    return Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi") is not None
 
 
 def gpu_count() -> int:
@@ -90,8 +111,7 @@ def hf_position(device: str, key: str | None = None) -> int | None:
 
 
 def find_overlaps(claims: Mapping[str, Sequence[int]]) -> list[tuple[int, str, str]]:
-    """(gpu, first model, second model) for every GPU position claimed by two models. Importable
-    by the Slurm planner, which checks the same rule on a node's plan."""
+    """(gpu, first model, second model) for every GPU position claimed by two models."""
     owner: dict[int, str] = {}
     found: list[tuple[int, str, str]] = []
     for key, positions in claims.items():
@@ -102,17 +122,21 @@ def find_overlaps(claims: Mapping[str, Sequence[int]]) -> list[tuple[int, str, s
     return found
 
 
-def check_claims(claims: Mapping[str, Sequence[int]], visible: int) -> None:
+def check_disjoint(claims: Mapping[str, GpuClaim], why: str = "") -> None:
+    """Refuse a GPU given to two models (the first one found, naming the second model's field)."""
+    for gpu, first, second in find_overlaps({k: c.positions for k, c in claims.items()}):
+        raise GpuAssignmentError(second, claims[second].field,
+                                 f"{why}GPU position {gpu} is given to both '{first}' ({claims[first].how}) and "
+                                 f"'{second}' ({claims[second].how}): each model needs its own GPUs")
+
+
+def check_claims(claims: Mapping[str, GpuClaim], visible: int) -> None:
     """Refuse positions beyond the `visible` GPUs and GPUs shared by two models (one error, the
     first problem found, naming the model entry)."""
-    for key, positions in claims.items():
-        beyond = [p for p in positions if p >= visible]
-        if beyond:
+    for key, claim in claims.items():
+        if any(p >= visible for p in claim.positions):
             have = f"{visible} GPU(s) are visible (positions 0-{visible - 1})" if visible else "no GPU is visible"
             cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
-            raise GpuAssignmentError(key, "gpus", f"needs GPU position(s) {sorted(positions)} but {have}"
+            raise GpuAssignmentError(key, claim.field, f"needs GPU position(s) {sorted(claim.positions)} but {have}"
                                      + (f" (CUDA_VISIBLE_DEVICES={cvd!r})" if cvd is not None else ""))
-    for gpu, first, second in find_overlaps(claims):
-        raise GpuAssignmentError(second, "gpus", f"GPU position {gpu} is given to both '{first}' and '{second}': "
-                                 "each model needs its own GPUs (set `gpus:` on vllm models, `device: cuda:N` on "
-                                 "hf models)")
+    check_disjoint(claims)

@@ -4,7 +4,9 @@ The server runs in its own process group with its log streamed to a file; we wai
 /health endpoint (and, when a served name is expected, for /v1/models to list it: the port was
 free when picked, but another process's server may have bound it since), fail with the log tail
 when it dies or hangs, and stop it on close, on interpreter exit and on SIGTERM, so no GPU is left
-held by an orphan. `stop()` also cancels a start-up under way in another thread."""
+held by an orphan. `stop()` also cancels a start-up under way in another thread.
+
+`ManagedServerBackend` is the OpenAI client that owns its server (vllm, transformers-serve)."""
 from __future__ import annotations
 
 import atexit
@@ -20,8 +22,13 @@ import weakref
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from rollouts.backend import BackendError
+from rollouts.model_config import model_window
+from rollouts.model_files import counting_tokenizer
+from rollouts.openai_backend import OpenAIBackend
+from rollouts.spec import ManagedSpec
 
 _LIVE: weakref.WeakSet[ManagedServer] = weakref.WeakSet()
 
@@ -140,6 +147,32 @@ class ManagedServer:
             self.proc.wait()
         except ProcessLookupError:
             pass
+
+
+class ManagedServerBackend(OpenAIBackend):
+    """An OpenAIBackend that owns the server it talks to."""
+
+    def __init__(self, spec: ManagedSpec, server: ManagedServer, served_name: str, structured: str):
+        server.start(spec.startup_timeout_s)
+        try:  # after start: the server has fetched its model into HF_HOME by now
+            tok = counting_tokenizer(spec)
+        except BackendError:
+            server.stop()
+            raise
+        super().__init__(spec, server.base_url, served_name, structured, tok)
+        self.server = server
+        if self.max_model_len is None and tok is not None:
+            self.max_model_len = (model_window(spec) or (None, ""))[0]
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "backend": self.spec.backend, "command": self.server.cmd,
+                "log": str(self.server.log_path)}
+
+    async def aclose(self) -> None:
+        try:
+            await super().aclose()
+        finally:
+            self.server.stop()  # whatever happened to the client, the server must not outlive us
 
 
 def live_servers() -> list[ManagedServer]:

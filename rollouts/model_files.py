@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rollouts.backend import BackendError
-from rollouts.spec import ModelSpec
+from rollouts.spec import BackendSpec
 
 log = logging.getLogger(__name__)
 
@@ -228,30 +228,6 @@ def changed_parts(before: dict[str, Any] | None, now: dict[str, Any] | None) -> 
     return [PART_NAMES.get(k, k) for k in PART_NAMES if k in old and k in new and old[k] != new[k]]
 
 
-WINDOW_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
-
-
-def context_window(spec: ModelSpec) -> tuple[int, str] | None:
-    """(tokens, where it was read) of the model's context window when known without loading it:
-    `max_model_len` of the spec, else config.json of a local folder (the text model's, for a
-    multimodal config). None for a hub id or a config that does not say."""
-    if spec.max_model_len is not None:
-        return spec.max_model_len, "max_model_len"
-    if not is_local(spec.model) or not (Path(spec.model).expanduser() / "config.json").is_file():
-        return None
-    path = Path(spec.model).expanduser() / "config.json"
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None  # check_model_dir names a torn config.json when the model loads
-    for section in (cfg, cfg.get("text_config") if isinstance(cfg, dict) else None):
-        if isinstance(section, dict):
-            for key in WINDOW_KEYS:
-                if isinstance(section.get(key), int) and not isinstance(section[key], bool) and section[key] > 0:
-                    return section[key], f"{path} {key}"
-    return None
-
-
 def chat_template_source(name: str) -> tuple[str, str] | None:
     """(where, template text) of the chat template a local folder's tokenizer uses: its own
     chat_template.jinja (which transformers prefers), else chat_template.json, else the
@@ -315,7 +291,7 @@ def estimate_tokens(messages: list[dict[str, str]]) -> int:
     return sum(len(m["content"]) // CHARS_PER_TOKEN_ESTIMATE + _MESSAGE_OVERHEAD for m in messages)
 
 
-def counting_tokenizer(spec: ModelSpec) -> Any | None:
+def counting_tokenizer(spec: BackendSpec) -> Any | None:
     """The tokenizer that counts a served model's prompts: `tokenizer:` when given, else the model
     itself, either a local folder or a hub id already in HF_HOME (never downloaded: nodes are often
     offline, and a managed vLLM has fetched its model before this runs). None when the model's own
@@ -323,12 +299,13 @@ def counting_tokenizer(spec: ModelSpec) -> Any | None:
     that does not load is a configuration error."""
     from rollouts.tokenizer import load_tokenizer
 
-    name = spec.tokenizer or spec.model
+    own = spec.extra_folders().get("tokenizer")
     try:
-        return load_tokenizer(name, spec.revision, local_files_only=True, trust_remote_code=spec.trust_remote_code)
+        return load_tokenizer(own or spec.model, spec.revision, local_files_only=True,
+                              trust_remote_code=spec.trust_remote_code)
     except Exception as e:  # noqa: BLE001 - loaders raise OSError, ValueError, HFValidationError, ...
-        if spec.tokenizer:
-            raise BackendError(f"model '{spec.model}': tokenizer: '{spec.tokenizer}' does not load offline "
+        if own:
+            raise BackendError(f"model '{spec.model}': tokenizer: '{own}' does not load offline "
                                f"(a local folder, or a hub id in HF_HOME): {one_line(e, 200)}") from None
         if spec.model not in _warned:
             _warned.add(spec.model)

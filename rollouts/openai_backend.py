@@ -1,7 +1,8 @@
 """Any OpenAI-compatible chat endpoint: remote APIs, an existing `vllm serve`, `transformers serve`.
 
-Bounded in-flight requests, timeouts, retries with exponential backoff and full jitter on
-transient failures (429, 5xx, connection, timeout), none on client errors. API keys come from
+Bounded in-flight requests, timeouts, and tenacity's retries with exponential backoff and full
+jitter on transient failures (429, 5xx, connection, timeout), none on client errors. The SDK's
+own retries are off: they would resend a timed-out request to a managed server (below). API keys come from
 the environment variable the config names and are never stored or logged: an error text a
 server returns (which may echo the Authorization header or the URL) has the key and any credential
 of `base_url` replaced by *** before it leaves the backend, and `describe()` names the URL without
@@ -24,49 +25,72 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlparse
+
+from pydantic import field_serializer
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from rollouts.backend import BackendError
 from rollouts.model_files import counting_tokenizer, estimate_tokens
-from rollouts.spec import ModelSpec, public_url, redact, url_secrets
-from rollouts.types import Completion, GenerationRequest, GenerationResult, generation_defaults, sendable
+from rollouts.spec import CheckRow, ServedSpec, public_url, redact, url_secrets
+from rollouts.types import Completion, GenerationRequest, GenerationResult, sendable
+
+if TYPE_CHECKING:
+    from rollouts.backend import Backend
 
 SCHEMA_NOTE = "\n\nReply with one JSON object, and nothing else, that matches this JSON schema:\n{schema}"
 LOCAL_TIMEOUT_S = 3600.0  # managed or local servers: long prompts wait in a queue behind each other
 REMOTE_TIMEOUT_S = 600.0
-DEFAULT_IN_FLIGHT = 32
-MANAGED_BACKENDS = ("vllm", "transformers-serve")
+# Before the n-th resend: a uniform random wait in 0 .. min(30, 2**(n-1)) s ("full jitter").
+RETRY_WAIT = wait_random_exponential(multiplier=1, max=30)
 
 
-def is_local_server(spec: ModelSpec, base_url: str | None = None) -> bool:
-    """A server lhd starts, or one on this machine (loopback address)."""
-    host = urlparse(base_url or spec.base_url or "").hostname or ""
-    return spec.backend in MANAGED_BACKENDS or host in ("localhost", "::1") or host.startswith("127.")
+class OpenAISpec(ServedSpec):
+    """An OpenAI-compatible endpoint that someone else runs (an API, a `vllm serve` of another job)."""
+
+    backend: Literal["openai"] = "openai"
+    base_url: str | None = None
+
+    @field_serializer("base_url", when_used="json")
+    def _public_base_url(self, v: str | None) -> str | None:
+        """Written forms (config.resolved.yaml, manifest.json, auditor.json) never hold credentials."""
+        return public_url(v)
+
+    def build(self, name: str = "", log_dir: str | None = None) -> Backend:
+        if not self.base_url:
+            raise BackendError(f"model '{self.model}': backend openai needs base_url")
+        return OpenAIBackend(self, self.base_url, tokenizer=counting_tokenizer(self))
+
+    def placement(self, cuda: bool) -> str:
+        return f"remote endpoint {public_url(self.base_url)} ({self.model}), no GPU here"
+
+    @classmethod
+    def config_rows(cls, specs: Any, config: str, gpu_gib: float | None = None) -> list[CheckRow]:
+        return [(f"structured outputs {key}", "ok", "sends vLLM's `structured_outputs` field: a server older than "
+                 "vLLM 0.10.2 ignores it silently and answers unconstrained (lhd then parses and retries); for such "
+                 "a server use structured_outputs: response_format")
+                for key, spec in specs.items() if spec.structured_outputs == "vllm"]
 
 
-def request_timeout_s(spec: ModelSpec, base_url: str | None = None) -> float:
+def is_local_server(spec: ServedSpec, base_url: str | None = None) -> bool:
+    """A server lhd starts, or one on this machine (loopback address; default: the entry's own URL)."""
+    host = urlparse(base_url or getattr(spec, "base_url", None) or "").hostname or ""
+    return spec.managed or host in ("localhost", "::1") or host.startswith("127.")
+
+
+def request_timeout_s(spec: ServedSpec, base_url: str | None = None) -> float:
     """`timeout_s`, or the default for where the server is."""
     if spec.timeout_s is not None:
         return spec.timeout_s
     return LOCAL_TIMEOUT_S if is_local_server(spec, base_url) else REMOTE_TIMEOUT_S
 
 
-def max_in_flight(spec: ModelSpec) -> int:
-    """`max_in_flight`, or for vLLM the server's `--max-num-seqs` (so lhd can fill its batch), or 32."""
-    if spec.max_in_flight is not None:
-        return spec.max_in_flight
-    if spec.backend == "vllm":
-        args = list(spec.extra_args)
-        for i, a in enumerate(args):
-            value = args[i + 1] if a == "--max-num-seqs" and i + 1 < len(args) else (
-                a.split("=", 1)[1] if a.startswith("--max-num-seqs=") else None)
-            if value is not None and value.isdigit() and int(value) > 0:
-                return int(value)
-    return DEFAULT_IN_FLIGHT
+def max_in_flight(spec: ServedSpec) -> int:
+    """`max_in_flight`, or the backend's default (vLLM: its `--max-num-seqs`; otherwise 32)."""
+    return spec.max_in_flight or spec.default_in_flight()
 
 
 def sent_sampling(body: dict[str, Any]) -> dict[str, Any]:
@@ -74,21 +98,6 @@ def sent_sampling(body: dict[str, Any]) -> dict[str, Any]:
     extra = body.get("extra_body") or {}
     keys = ("temperature", "top_p", "max_tokens", "seed", "n", "top_k", "repetition_penalty")
     return {k: body.get(k, extra.get(k)) for k in keys}
-
-
-def served_generation_defaults(spec: ModelSpec) -> dict[str, Any] | None:
-    """The decoding defaults a vLLM server applies to unset fields: those its model folder's
-    generation_config.json sets (vLLM's default `--generation-config auto`). None when unknown:
-    not vLLM, a hub id (not read from here), an unreadable file, or `--generation-config` given."""
-    if spec.backend != "vllm" or any(str(a).startswith("--generation-config") for a in spec.extra_args):
-        return None
-    path = os.path.join(spec.model, "generation_config.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return {} if os.path.isdir(spec.model) and not os.path.exists(path) else None
-    return generation_defaults(data) if isinstance(data, dict) else None
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -107,7 +116,7 @@ class OpenAIBackend:
     (schema written into the prompt; the caller validates and repairs). `auto` starts with
     `response_format` and falls back to `prompt` if the server rejects it."""
 
-    def __init__(self, spec: ModelSpec, base_url: str, served_name: str | None = None,
+    def __init__(self, spec: ServedSpec, base_url: str, served_name: str | None = None,
                  structured: str | None = None, tokenizer: Any = None):
         import openai
 
@@ -122,13 +131,14 @@ class OpenAIBackend:
         if self.structured == "auto":
             self.structured = "response_format"
         self._fallback_used = False
+        self.api_key_env = api_key_env = spec.api_key_env
         key = "EMPTY"
-        if spec.api_key_env:
-            if spec.api_key_env not in os.environ:
-                raise BackendError(f"model '{spec.model}': environment variable {spec.api_key_env} "
+        if api_key_env:
+            if api_key_env not in os.environ:
+                raise BackendError(f"model '{spec.model}': environment variable {api_key_env} "
                                    "(api_key_env) is not set")
-            key = os.environ[spec.api_key_env]
-        self._secrets = ([key] if spec.api_key_env else []) + url_secrets(base_url)
+            key = os.environ[api_key_env]
+        self._secrets = ([key] if api_key_env else []) + url_secrets(base_url)
         # Our own httpx client: the SDK's default one, when dropped, schedules its own close on whatever
         # loop is running, which fails ("Event loop is closed") for a client of an earlier loop.
         def new_client() -> openai.AsyncOpenAI:
@@ -145,11 +155,27 @@ class OpenAIBackend:
         self._tok_lock = threading.Lock()  # callers count tokens from worker threads
         self.stats = {"requests": 0, "retries": 0, "failures": 0}
 
-    @classmethod
-    def from_spec(cls, spec: ModelSpec) -> OpenAIBackend:
-        if not spec.base_url:
-            raise BackendError(f"model '{spec.model}': backend openai needs base_url")
-        return cls(spec, spec.base_url, tokenizer=counting_tokenizer(spec))
+    def served_window(self, timeout_s: float = 10.0) -> int | None:
+        """The context window the endpoint serves the model with: the `max_model_len` of its entry at
+        `GET {base_url}/models` (vLLM lists it on every model card; one server has one window, so
+        another card's value is used when the name is not listed). None when the endpoint does not
+        say (an API that lists no window) or cannot be reached."""
+        import httpx
+
+        headers = {}
+        if self.api_key_env and os.environ.get(self.api_key_env):
+            headers["Authorization"] = f"Bearer {os.environ[self.api_key_env]}"
+        try:
+            r = httpx.get(self.base_url.rstrip("/") + "/models", headers=headers, timeout=timeout_s)
+            r.raise_for_status()
+            cards = r.json().get("data") or []
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+        windows = {c.get("id"): c.get("max_model_len") for c in cards if isinstance(c, dict)}
+        window = windows.get(self.model_id)
+        if not isinstance(window, int):
+            window = next((w for w in windows.values() if isinstance(w, int)), None)
+        return window if isinstance(window, int) and window > 0 else None
 
     @property
     def exact_token_counts(self) -> bool:
@@ -166,10 +192,10 @@ class OpenAIBackend:
 
     def describe(self) -> dict[str, Any]:
         return {"backend": "openai", "model": self.model_id, "revision": self.spec.revision,
-                "base_url": public_url(self.base_url), "api_key_env": self.spec.api_key_env,
+                "base_url": public_url(self.base_url), "api_key_env": self.api_key_env,
                 "structured_outputs": self.structured, "timeout_s": self.timeout_s,
                 "max_in_flight": self.max_in_flight, "exact_token_counts": self.exact_token_counts,
-                "generation_defaults": served_generation_defaults(self.spec)}
+                "generation_defaults": self.spec.served_defaults()}
 
     async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         return list(await asyncio.gather(*(self._one(r) for r in requests)))
@@ -196,40 +222,61 @@ class OpenAIBackend:
         return body
 
     async def _one(self, req: GenerationRequest) -> GenerationResult:
-        import openai
-
         t0 = time.perf_counter()
-        attempt = 0
         client, gate = self._for_running_loop()
         async with gate:
-            while True:
-                self.stats["requests"] += 1
-                try:
-                    body = self._payload(req, self.structured)
-                    res = self._result(await client.chat.completions.create(**body), t0)
-                    res.sampling = sent_sampling(body)
-                    if body["messages"] != req.messages:
-                        res.sent_messages = body["messages"]
-                    return res
-                except openai.BadRequestError as e:
-                    if (req.json_schema is not None and self.structured == "response_format"
-                            and self.spec.structured_outputs == "auto" and "response_format" in str(e)):
-                        self.structured, self._fallback_used = "prompt", True
-                        continue
-                    return self._fail(f"{type(e).__name__}: {e}", t0)
-                except Exception as e:  # noqa: BLE001 - classified below
-                    if isinstance(e, openai.APITimeoutError) and self.server is not None and self.server.alive():
-                        res = self._fail(
-                            f"{type(e).__name__}: no answer within timeout_s={self.timeout_s:.0f} s from the managed "
-                            "server, which is still running (the time includes its queue); not resubmitted, as the "
-                            "server dropped the request's work: raise timeout_s or lower max_in_flight", t0)
-                        res.resubmit = False
-                        return res
-                    if not _is_transient(e) or attempt >= self.spec.max_retries:
-                        return self._fail(f"{type(e).__name__}: {e}", t0)
-                    attempt += 1
-                    self.stats["retries"] += 1
-                    await asyncio.sleep(random.uniform(0, min(30.0, 0.5 * 2 ** attempt)))
+            retrying = AsyncRetrying(retry=retry_if_exception(self._resend), wait=RETRY_WAIT, reraise=True,
+                                     stop=stop_after_attempt(self.spec.max_retries + 1), before_sleep=self._count_retry)
+            try:
+                sent: tuple[Any, dict[str, Any]] = await retrying(self._send, client, req)
+            except Exception as e:  # noqa: BLE001 - every failure becomes a result, as the protocol says
+                return self._failure(e, t0)
+        resp, body = sent
+        res = self._result(resp, t0)
+        res.sampling = sent_sampling(body)
+        if body["messages"] != req.messages:
+            res.sent_messages = body["messages"]
+        return res
+
+    async def _send(self, client: Any, req: GenerationRequest) -> tuple[Any, dict[str, Any]]:
+        """One request; in `auto` mode a server that refuses `response_format` is sent it again at
+        once with the schema in the prompt, and so is every later request."""
+        import openai
+
+        self.stats["requests"] += 1
+        body = self._payload(req, self.structured)
+        try:
+            return await client.chat.completions.create(**body), body
+        except openai.BadRequestError as e:
+            if not ("response_format" in body and self.spec.structured_outputs == "auto"
+                    and "response_format" in str(e)):
+                raise
+        self.structured, self._fallback_used = "prompt", True
+        self.stats["requests"] += 1
+        body = self._payload(req, "prompt")
+        return await client.chat.completions.create(**body), body
+
+    def _dropped_by_live_server(self, exc: BaseException) -> bool:
+        """A timeout from a managed server that still runs: it dropped the request's work, so a
+        resubmission would start from scratch at the back of the same queue."""
+        import openai
+
+        return isinstance(exc, openai.APITimeoutError) and self.server is not None and self.server.alive()
+
+    def _resend(self, exc: BaseException) -> bool:
+        return _is_transient(exc) and not self._dropped_by_live_server(exc)
+
+    def _count_retry(self, state: RetryCallState) -> None:
+        self.stats["retries"] += 1
+
+    def _failure(self, exc: BaseException, t0: float) -> GenerationResult:
+        if not self._dropped_by_live_server(exc):
+            return self._fail(f"{type(exc).__name__}: {exc}", t0)
+        res = self._fail(f"{type(exc).__name__}: no answer within timeout_s={self.timeout_s:.0f} s from the managed "
+                         "server, which is still running (the time includes its queue); not resubmitted, as the "
+                         "server dropped the request's work: raise timeout_s or lower max_in_flight", t0)
+        res.resubmit = False
+        return res
 
     def _fail(self, msg: str, t0: float) -> GenerationResult:
         self.stats["failures"] += 1

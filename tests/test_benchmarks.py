@@ -59,12 +59,12 @@ def test_every_mode_sends_the_same_requests(tmp_path, tiny_llama_dir, monkeypatc
 
 def _fixed_length_body() -> tuple[dict, dict]:
     """The OpenAI backend's body for a schema request, as sent plainly and in the benchmark's form."""
-    from rollouts.openai_backend import OpenAIBackend
-    from rollouts.spec import ModelSpec
+    from rollouts.backends import build_backend
+    from rollouts.openai_backend import OpenAISpec
     from rollouts.types import GenerationRequest, SamplingParams
 
     bench = _load_benchmark()
-    backend = OpenAIBackend.from_spec(ModelSpec(backend="openai", model="m", base_url="http://127.0.0.1:9/v1",
+    backend = build_backend(OpenAISpec(model="m", base_url="http://127.0.0.1:9/v1",
                                                 tokenizer=None))
     req = GenerationRequest([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=7, seed=3),
                             {"type": "object"})

@@ -52,7 +52,7 @@ MAY_IMPORT = {
 COMMAND_LAYER = {
     "lhd_train/cli/": "the `lhd` command line",
     "lhd_train/boundary.py": "the one error boundary (`report_error` prints the one `error:` line)",
-    "lhd_train/ops/vllm_probe.py": "a script run by vLLM's own python; its stdout line is its answer",
+    "rollouts/vllm/probe.py": "a script run by vLLM's own python; its stdout line is its answer",
 }
 # Library modules that still print, each with what should replace it. Remove an entry when its
 # module stops printing (the test refuses stale entries); never add one.
@@ -572,3 +572,60 @@ def test_no_module_compares_an_algorithm_name_outside_the_table():
         if rel != ALGO_TABLE:
             found += [f"{rel}:{hit}" for hit in algo_name_comparisons(path.read_text(encoding="utf-8"))]
     assert found == [], f"{len(found)} algorithm-name comparisons outside {ALGO_TABLE}:\n" + "\n".join(found)
+
+
+# ------------------------------------------------------------------ the backend seam (issue 32)
+
+def backend_name_choices(source: str, names: set[str]) -> list[str]:
+    """`line: code` for each place that chooses behaviour by a backend's name: a comparison (`==`,
+    `!=`, `in`, `not in`) with a backend name or with a tuple/list/set holding one, a `.backend`
+    (or a variable `backend`) compared with a string, and a `match` case on a backend name."""
+    def is_name(node: ast.AST) -> bool:
+        return isinstance(node, ast.Constant) and node.value in names
+
+    def holds_name(node: ast.AST) -> bool:
+        return is_name(node) or (isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(map(is_name, node.elts)))
+
+    def is_backend(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "backend") or (
+            isinstance(node, ast.Name) and node.id == "backend")
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            strings = [s for s in sides if isinstance(s, ast.Constant) and isinstance(s.value, str)]
+            if any(map(holds_name, sides)) or (any(map(is_backend, sides)) and strings):
+                found.append(f"{node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.match_case):
+            if any(isinstance(p, ast.MatchValue) and is_name(p.value) for p in ast.walk(node.pattern)):
+                found.append(f"{node.pattern.lineno}: case {ast.unparse(node.pattern)}")
+    return found
+
+
+def test_the_backend_name_finder_finds_choices():
+    names = {"hf", "vllm", "openai"}
+    source = ('if spec.backend == "vllm":\n    pass\n'
+              'managed = spec.backend in ("vllm", "transformers-serve")\n'
+              'x = "hf" != kind\n'
+              'y = backend != "anything"\n'
+              'match spec.backend:\n    case "openai":\n        pass\n    case _:\n        pass\n'
+              'ok = spec.managed and name == "deepspeed" and version("vllm")\n')
+    assert backend_name_choices(source, names) == [
+        "1: spec.backend == 'vllm'", "3: spec.backend in ('vllm', 'transformers-serve')", "4: 'hf' != kind",
+        "5: backend != 'anything'", "7: case 'openai'"]
+
+
+def test_no_module_outside_rollouts_chooses_by_backend_name():
+    """Behaviour that differs by backend lives in its spec class (rollouts/spec.py and one module per
+    backend); everything else asks the spec (`spec.managed`, `spec.gpu_claim(...)`, `spec.build()`),
+    so adding a backend is a module and one line in `rollouts.backends.BACKENDS`."""
+    from rollouts.backends import BACKENDS
+
+    found = []
+    for module, path in module_files().items():
+        if in_package(module, "rollouts"):
+            continue
+        found += [f"{path.relative_to(ROOT)}:{hit}"
+                  for hit in backend_name_choices(path.read_text(encoding="utf-8"), set(BACKENDS))]
+    assert found == [], f"{len(found)} choices by backend name outside rollouts/:\n" + "\n".join(found)

@@ -102,10 +102,9 @@ def model_files(cfg: AuditorConfig) -> dict[str, Any]:
     id or a served model: their files are not ours to read)."""
     spec = cfg.spec
     out = {"model": weights_fingerprint(spec.model)}
-    if spec.tokenizer:
-        out["tokenizer"] = weights_fingerprint(spec.tokenizer)
+    out |= {part: weights_fingerprint(path) for part, path in spec.extra_folders().items()}
     if cfg.auditor.adapter:
-        out["adapter"] = weights_fingerprint(spec.adapters.get(cfg.auditor.adapter, cfg.auditor.adapter))
+        out["adapter"] = weights_fingerprint(spec.adapter_path(cfg.auditor.adapter))
     return out
 
 
@@ -232,13 +231,10 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
 
     owns_backend = backend is None and bool(jobs)
     if owns_backend:
-        from rollouts.factory import build_backend
+        from rollouts.backends import build_backend
 
-        spec = cfg.spec
-        if cfg.auditor.adapter and cfg.auditor.adapter not in spec.adapters:
-            spec.adapters[cfg.auditor.adapter] = cfg.auditor.adapter
-        if spec.max_in_flight is None:  # unset: --concurrency decides (a value set in the config is kept)
-            spec = spec.model_copy(update={"max_in_flight": opts.concurrency})
+        spec = cfg.spec.with_adapter(cfg.auditor.adapter) if cfg.auditor.adapter else cfg.spec
+        spec = spec.with_in_flight(opts.concurrency)  # unset: --concurrency decides (a value set in the config is kept)
         rd.logs_dir.mkdir(exist_ok=True)
         backend = build_backend(spec, name=cfg.auditor.model, log_dir=str(rd.logs_dir))
     if backend is not None:

@@ -6,7 +6,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from lhd_train.rundir.rows import AuditRow, CallRecord, RoundRow
-from rollouts.spec import ModelSpec
+from rollouts import gpus
+from rollouts.spec import BackendSpec
 
 STAGE_ROLE = {"evaluation": "supervisor", "feedback": "supervisor", "summary": "summariser"}
 FIELDS = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens", "latency_s", "cut_calls", "cut_answers")
@@ -72,23 +73,8 @@ def usage_by_role(rows: Iterable[RoundRow], audit_rows: Iterable[AuditRow] = ())
     return {role: {k: round(v, 3) for k, v in d.items()} for role, d in acc.items()}
 
 
-def gpus_of(spec: ModelSpec) -> int:
-    """GPUs a model occupies: servers by their parallel sizes; in-process models one if on CUDA."""
-    if spec.backend == "vllm":
-        from rollouts.vllm_server import vllm_device
-
-        return 0 if vllm_device(spec) == "cpu" else spec.tensor_parallel_size * spec.data_parallel_size
-    if spec.backend == "hf" and spec.device.startswith("cuda"):
-        return 1
-    if spec.backend == "hf" and spec.device == "auto":
-        try:
-            import torch
-
-            return 1 if torch.cuda.is_available() else 0
-        except ImportError:
-            return 0
-    return 0
-
-
-def gpu_hours(specs: Iterable[ModelSpec], wall_s: float) -> float:
-    return round(sum(gpus_of(s) for s in specs) * wall_s / 3600.0, 4)
+def gpu_hours(specs: Iterable[BackendSpec], wall_s: float) -> float:
+    """GPU hours of models that ran for `wall_s` seconds: each on the GPUs it claims here."""
+    cuda = gpus.cuda_visible()
+    claims = [s.gpu_claim(cuda) for s in specs]
+    return round(sum(len(c.positions) for c in claims if c) * wall_s / 3600.0, 4)

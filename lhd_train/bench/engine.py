@@ -22,14 +22,12 @@ from lhd_train.rundir.manifest import Manifest, ResumeSession, RoleModel, Summar
 from lhd_train.rundir.rows import RoundRow, RunModels
 from lhd_train.rundir.run import Run
 from rollouts.backend import Backend
-from rollouts.factory import build_backend
+from rollouts.backends import ModelSpec, build_backend
 from rollouts.managed_server import live_servers
 from rollouts.model_files import changed_parts, chat_template_error, weights_fingerprint
-from rollouts.spec import ModelSpec
 from rollouts.types import effective_sampling
 
 RUN_ROLES = ("performer", "supervisor", "summariser")
-MANAGED = ("vllm", "transformers-serve")  # backends that start a server process (concurrently)
 # Fields that may change between a run and its resumption without changing what is computed.
 RESUMABLE_CHANGES = {"concurrency", "output_dir"}
 
@@ -48,6 +46,10 @@ def _check_resume(run_dir: Path, cfg: RunConfig, has_rounds: bool = True) -> Non
         raise InputError(saved_path, None, f"{' '.join(e.problem.split())}; it records the config of the rounds on "
                          "disk: restore it, or choose a new run_name") from None
     now = cfg.model_dump(mode="json")
+    try:  # as read today: an older file holds every backend's fields
+        saved = RunConfig.model_validate(saved).model_dump(mode="json")
+    except ValueError:
+        pass  # the raw mapping is compared: what differs is named below
     diff = sorted(k for k in set(saved) | set(now) if k not in RESUMABLE_CHANGES and saved.get(k) != now.get(k))
     if diff:
         raise InputError(saved_path, diff[0],
@@ -105,8 +107,8 @@ def model_weights(cfg: RunConfig, roles: tuple[str, ...]) -> dict[str, Any]:
         spec = cfg.models[rc.model]
         if rc.model not in out:
             out[rc.model] = weights_fingerprint(spec.model)
-            if spec.tokenizer:  # a tokenizer folder of its own: its files and template count as much
-                out[f"tokenizer:{rc.model}"] = weights_fingerprint(spec.tokenizer)
+            for part, path in spec.extra_folders().items():  # a tokenizer folder: its files and template count
+                out[f"{part}:{rc.model}"] = weights_fingerprint(path)
         if rc.adapter and f"adapter:{rc.adapter}" not in out:
             out[f"adapter:{rc.adapter}"] = weights_fingerprint(rc.adapter)
     return out
@@ -146,9 +148,8 @@ def role_specs(cfg: RunConfig, roles: tuple[str, ...]) -> dict[str, ModelSpec]:
     specs: dict[str, ModelSpec] = {}
     for role in roles:
         rc = cfg.role(role)
-        spec = specs.setdefault(rc.model, cfg.models[rc.model].model_copy(deep=True))
-        if rc.adapter and rc.adapter not in spec.adapters:
-            spec.adapters[rc.adapter] = rc.adapter
+        spec = specs.get(rc.model, cfg.models[rc.model])
+        specs[rc.model] = spec.with_adapter(rc.adapter) if rc.adapter else spec.model_copy(deep=True)
     return specs
 
 
@@ -175,7 +176,7 @@ def _start_all(specs: dict[str, ModelSpec], log_dir: Path) -> dict[str, Backend]
 
     before = set(live_servers())
     built: dict[str, Backend] = {}
-    managed = [k for k, spec in specs.items() if spec.backend in MANAGED]
+    managed = [k for k, spec in specs.items() if spec.managed]
     pool = _starter()
     futures = {}
     ok = False
@@ -302,7 +303,7 @@ async def _run_benchmark(cfg: RunConfig, progress: bool) -> list[TrialResult]:
         await close_backends(backends)
         bar.close()
     used_keys = {cfg.role(r).model for r in RUN_ROLES}
-    folders = [n for k in sorted(used_keys) for n in (cfg.models[k].tokenizer, cfg.models[k].model) if n]
+    folders = [n for k in sorted(used_keys) for n in (*cfg.models[k].extra_folders().values(), cfg.models[k].model)]
     for (tid, seed), out in zip(pending, outcomes, strict=True):
         if isinstance(out, LhdError):  # a file on disk that needs a person, not a rerun
             raise out

@@ -28,13 +28,13 @@ def audit_command(s: AuditCommand) -> int:
     cfg, source = load_auditor_config(run, s.auditor, s.overrides)
     check_window("auditor", cfg.auditor, cfg.spec, source or run)  # before the model loads
     opts, concurrency = s.options, s.concurrency
-    from lhd_train.ops.vllm_config_check import preflight
+    from lhd_train.config.run import preflight
 
     # Before a server starts: its GPUs visible and not shared, no CPU vLLM for cuda, vLLM's own verdict.
     for note in preflight({cfg.auditor.model: cfg.spec}, source or run):
         console.print(f"[yellow]{note}[/yellow]")
-    cap = cfg.spec.max_in_flight
-    if cap is not None and cap < concurrency and cfg.spec.backend != "hf":
+    cap = cfg.spec.in_flight_limit()
+    if cap is not None and cap < concurrency:
         console.print(f"[yellow]--concurrency {concurrency}: at most {cap} rounds are in flight, since "
                       f"models.{cfg.auditor.model}.max_in_flight is {cap} in {source or 'the auditor config'}; "
                       "raise it (or leave it unset) to send more[/yellow]")

@@ -37,8 +37,8 @@ def _preflight(s: BuildSettings) -> None:
     performer, the supervisor, the auditor): their GPUs visible and not shared, no CPU vLLM for cuda,
     and vLLM's own verdict on each vllm model. Without it a bad config showed only when a server
     exited, after the 72B had loaded."""
+    from lhd_train.config.run import preflight
     from lhd_train.finetune.datasets import data_specs
-    from lhd_train.ops.vllm_config_check import preflight
 
     specs, source = data_specs(s)
     for note in preflight(specs, source):

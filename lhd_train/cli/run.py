@@ -23,8 +23,7 @@ def run_cmd(
 ) -> None:
     """Run (or resume) the benchmark: N trials concurrently, one JSONL row per finished round."""
     from lhd_train.bench.engine import RUN_ROLES, role_specs, run_benchmark
-    from lhd_train.config.run import load_config
-    from lhd_train.ops.vllm_config_check import preflight
+    from lhd_train.config.run import load_config, preflight
 
     cfg = load_config(config, overrides or [])
     if shard:

@@ -19,7 +19,7 @@ from lhd_train.errors import InputError
 from lhd_train.io.files import read_yaml_mapping
 from lhd_train.rundir.layout import RunDir
 from lhd_train.rundir.names import name_problem
-from rollouts.spec import ModelSpec
+from rollouts.backends import ModelSpec
 
 
 class AuditorConfig(StrictModel):

@@ -1,6 +1,7 @@
 """Run configuration (`lhd run CONFIG`): the typed models of a run config, loaded through `config.base`."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,7 +13,8 @@ from lhd_train.errors import InputError
 from lhd_train.io.files import read_yaml_mapping
 from lhd_train.rundir.layout import RunDir
 from lhd_train.rundir.names import name_problem, trial_id
-from rollouts.spec import ModelSpec
+from rollouts.backend import SpecError
+from rollouts.backends import ModelSpec
 from rollouts.types import SamplingParams
 
 #: A seed: a whole number in 0 .. 2**32-1, the range every sampler (NumPy, vLLM, torch) takes; a
@@ -203,13 +205,25 @@ class RunConfig(StrictModel):
 def check_window(role: str, rc: RoleConfig, spec: ModelSpec, source: str | Path | None = None) -> None:
     """Refuse `max_tokens` at or past the model's context window where it is known (see
     `RunConfig.check_windows`)."""
-    from rollouts.model_files import context_window
+    from rollouts.model_config import model_window
 
-    window = context_window(spec)
+    window = model_window(spec)
     if window is not None and rc.sampling.max_tokens >= window[0]:
         raise InputError(source, f"{role}.sampling.max_tokens",
                          f"{rc.sampling.max_tokens} tokens leave no room for a prompt in the {window[0]}-token "
                          f"window of model '{rc.model}' ({window[1]})", f"1 ... {window[0] - 1}")
+
+
+def preflight(specs: Mapping[str, ModelSpec], source: str | Path | None) -> list[str]:
+    """The backends' check before any server starts (`rollouts.backends.preflight`: GPUs visible and
+    not shared, then each backend's own, e.g. vLLM's verdict on its argv), a refusal naming
+    `source` and the entry's field. Returns notes to show (checks skipped)."""
+    from rollouts.backends import preflight as check
+
+    try:
+        return check(specs)
+    except SpecError as e:
+        raise InputError(source, f"models.{e.key}.{e.field}", e.problem) from None
 
 
 def parse_config(data: dict[str, Any], source: str | Path) -> RunConfig:

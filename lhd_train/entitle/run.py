@@ -102,7 +102,7 @@ def run_entitle(s: EntitleRunCommand, backend: Backend | None = None) -> RunResu
         errors = 0
         if todo:
             if backend is None:
-                from rollouts.factory import build_backend
+                from rollouts.backends import build_backend
 
                 backend = build_backend(spec, name="entitle", log_dir=str(d.path / "logs"))
             record["backend"] = backend.describe()

@@ -10,7 +10,8 @@ from pydantic import Field
 
 from lhd_train.config.base import StrictModel
 from lhd_train.errors import InputError
-from rollouts.spec import ModelSpec
+from rollouts.backends import ModelSpec
+from rollouts.hf.spec import HFSpec
 
 DEFAULT_PACK = "lhd_startup_consulting"  # short files: a context of ~1k tokens per condition
 #: settings that decide what the answers are: a rerun into the same --out must keep them
@@ -84,12 +85,9 @@ def resolve_target(s: EntitleRunCommand) -> Target:
     if s.overrides:
         raise InputError("command line", "OVERRIDES", f"{s.overrides[0]!r}: overrides need a run config",
                          "a run config YAML as MODEL_OR_CONFIG")
-    return Target(ModelSpec(backend="hf", model=s.model_or_config), s.adapter, s.pack or DEFAULT_PACK, None, None)
+    return Target(HFSpec(model=s.model_or_config), s.adapter, s.pack or DEFAULT_PACK, None, None)
 
 
 def with_adapter(spec: ModelSpec, adapter: str | None) -> ModelSpec:
     """The spec with `adapter` loaded at start-up (as `lhd run` adds a role's adapter)."""
-    out = spec.model_copy(deep=True)
-    if adapter and adapter not in out.adapters:
-        out.adapters[adapter] = adapter
-    return out
+    return spec.with_adapter(adapter) if adapter else spec.model_copy(deep=True)

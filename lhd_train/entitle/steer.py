@@ -29,7 +29,7 @@ from lhd_train.entitle.store import ERROR, AnswerRow, EntitleDir
 from lhd_train.errors import InputError
 from lhd_train.io.provenance import utc_now
 from lhd_train.rundir.lock import run_dir_lock
-from rollouts.spec import ModelSpec
+from rollouts.backends import parse_spec
 
 BASELINE = "none"
 
@@ -106,10 +106,10 @@ def run_steer(s: SteerSettings, backend: Any = None) -> dict[str, Any]:
     pack = load_pack(record.pack.name)
     if pack_sha256(pack) != record.pack.sha256:
         raise InputError(d.manifest, "pack.sha256", f"pack {pack.name} changed since the answers were made")
-    spec = ModelSpec.model_validate(record.model.spec)
-    if spec.backend != "hf":
-        raise InputError(d.manifest, "model.spec.backend", f"steering needs the in-process hf backend, the answers "
-                         f"were made with {spec.backend}", "hf")
+    spec = parse_spec(record.model.spec)
+    if not spec.in_process:
+        raise InputError(d.manifest, "model.spec.backend", f"steering needs a model loaded in this process, the "
+                         f"answers were made with {spec.backend}", "a backend that loads the model in-process (hf)")
     adapter = record.model.adapter
     plan = Plan(seed=int(settings.get("seed", 0)), samples=0, temperature=1.0, top_p=1.0,
                 max_tokens=int(settings.get("max_tokens", 96)), adapter=adapter)
@@ -117,10 +117,10 @@ def run_steer(s: SteerSettings, backend: Any = None) -> dict[str, Any]:
     out = EntitleDir(d.steer_dir)
     with run_dir_lock(out.path, stage="lhd entitle steer"):
         if backend is None:
-            from rollouts.factory import build_backend
+            from rollouts.backends import build_backend
 
             backend = build_backend(spec, name="entitle-steer")
-        base = backend.model.get_base_model() if spec.adapters else backend.model
+        base = backend.base_model()
         lm = HFLensModel(base)
         layer = s.layer if s.layer is not None else round(0.6 * (lm.n_layers - 1))
         if not 0 <= layer < lm.n_layers:

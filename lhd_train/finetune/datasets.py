@@ -39,7 +39,7 @@ from lhd_train.finetune.records import DATA_DIR, DataRecord, write_data_record
 from lhd_train.io.files import append_jsonl, read_jsonl, repair_jsonl
 from lhd_train.io.provenance import package_versions
 from rollouts.backend import Backend
-from rollouts.factory import build_backend
+from rollouts.backends import build_backend
 from rollouts.types import GenerationRequest
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class Scored:
 def data_specs(s: BuildSettings) -> tuple[dict[str, Any], str]:
     """The models `lhd data bon|dpo` starts at the same time (the performer with its adapter, the
     supervisor, the auditor), keyed as their configs name them, and the file the auditor comes
-    from: what `vllm_config_check.preflight` checks before any of them starts (issue 30, B6)."""
+    from: what `config.run.preflight` checks before any of them starts (issue 30, B6)."""
     from lhd_train.bench.engine import role_specs
 
     cfg = load_saved_config(s.run_dir)

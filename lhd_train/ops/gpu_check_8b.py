@@ -70,9 +70,9 @@ def _backend(ctx: Ctx, model: Any, tok: Any, rows: int) -> Any:
     import torch
 
     from rollouts.hf import HFBackend
-    from rollouts.spec import ModelSpec
+    from rollouts.hf.spec import HFSpec
 
-    spec = ModelSpec(backend="hf", model=str(ctx.model_dir), device=ctx.device, dtype=ctx.dtype, max_batch_size=rows,
+    spec = HFSpec(model=str(ctx.model_dir), device=ctx.device, dtype=ctx.dtype, max_batch_size=rows,
                      batch_wait_ms=500, enable_prefix_caching=False, max_model_len=131072)
     backend = HFBackend(spec, model, tok, ctx.device, getattr(torch, ctx.dtype))
     backend.stop_set = set()  # fixed length: every row decodes exactly max_tokens (as the throughput benchmark)
@@ -146,10 +146,10 @@ def check_hf_decode(ctx: Ctx) -> Outcome:
         done = sum(len(r.completions[0].token_ids or []) for r in results if r.ok)
         decode_s = sum(backend.timings[k] - before[k] for k in ("forward_s", "sample_s"))
         lens = [len(backend.encode_chat(m)) for m in msgs]
-        per_token = backend.shape.kv_bytes_per_token
+        per_token = backend.cost.kv
         step_bound = (weights + sum(lens) * per_token) / BANDWIDTH
         rate, bound = done / max(decode_s, 1e-9), rows / step_bound
-        formula = batch_bytes(backend.shape, lens, [steps] * rows)
+        formula = batch_bytes(backend.cost, lens, [steps] * rows)
         path = backend.decode_path
         ok = ok and not errors and path.startswith("loop") and (not ctx.cuda or peak <= 1.15 * formula)
         parts.append(f"{rows}x{max(lens)}{' JSON' if json_rows else ''}: {rate:,.0f} tok/s decode ({decode_s:.1f} s), "
@@ -178,7 +178,7 @@ def check_long_row(ctx: Ctx) -> Outcome:
     asyncio.run(backend.aclose())
     prefill = max(backend.timings["prefill_s"] - before, 1e-9)
     params = sum(p.numel() for p in model.parameters())
-    formula = batch_bytes(backend.shape, [n], [4])
+    formula = batch_bytes(backend.cost, [n], [4])
     detail = (f"one row of {n} tokens, decode path {backend.decode_path}: prefill {prefill:.1f} s = {n / prefill:,.0f} "
               f"tok/s, {2 * params * n / prefill / 1e12:.0f} TFLOP/s of the {flops / 1e12:.0f} measured matmul peak "
               f"(attention left out); {wall:.1f} s in all; peak {gib(peak)} vs formula {gib(formula)}"

@@ -57,9 +57,9 @@ def text_messages(backend: Any, tokens: int, i: int) -> list[dict[str, str]]:
 
 def hf_backend(ctx: Ctx, model: Path, **spec: Any) -> Any:
     from rollouts.hf import HFBackend
-    from rollouts.spec import ModelSpec
+    from rollouts.hf.spec import HFSpec
 
-    return HFBackend.from_spec(ModelSpec(backend="hf", model=str(model), device=ctx.device, dtype=ctx.dtype,
+    return HFBackend.from_spec(HFSpec(model=str(model), device=ctx.device, dtype=ctx.dtype,
                                          enable_prefix_caching=False, **spec))
 
 
@@ -68,10 +68,10 @@ def project_hf_8b() -> None:
     if not LLAMA_8B.is_file():
         return
     from lens.plan import ModelShape
-    from rollouts.hf.memory_plan import admit, batch_bytes, model_shape, plan_budget
+    from rollouts.hf.memory_plan import TokenCost, admit, batch_bytes, plan_budget
 
     cfg = json.loads(LLAMA_8B.read_text())
-    shape = model_shape(cfg, 2)
+    shape = TokenCost.of(ModelShape.parse(cfg), 2)
     weights = ModelShape.parse(cfg).n_params * 2
     for gpu, total_gib in GPUS_GIB.items():
         total = int(total_gib * 2**30)
@@ -81,7 +81,7 @@ def project_hf_8b() -> None:
             one = batch_bytes(shape, [length], [256])
             rows = len(admit(shape, budget.batch, [(length, 256)] * 16, 16)) if one <= budget.batch else 0
             fits.append(f"{rows} row(s) of {length} tokens (one row {gib(one)})")
-        proj(f"hf backend, Llama-3.1-8B bf16 on {gpu}: weights {gib(weights)}, KV {shape.kv_bytes_per_token // 1024} "
+        proj(f"hf backend, Llama-3.1-8B bf16 on {gpu}: weights {gib(weights)}, KV {shape.kv // 1024} "
              f"KiB/token, batch budget {gib(budget.batch)}, prefix cache {gib(budget.prefix)}: admits "
              + ", ".join(fits) + " per batch")
 
@@ -97,14 +97,14 @@ def check_hf_kv_memory(ctx: Ctx) -> Outcome:
     backend = hf_backend(ctx, model, max_batch_size=n, batch_wait_ms=500)
     msgs = [text_messages(backend, tokens, i) for i in range(n)]
     lens = sorted(backend.count_tokens(m) for m in msgs)
-    budget, shape = backend.budget, backend.shape
+    budget, shape = backend.budget, backend.cost
     base = ctx.reset_peak()
     bad, secs = json_run(backend, n, lambda i: msgs[i], new, every=2)
     peak = ctx.peak_since(base)
     rows = max(1, backend.stats["max_batch_rows"])
     formula = batch_bytes(shape, lens[-rows:], [new] * rows)
     detail = (f"{n} prompts of {lens[0]}-{lens[-1]} tokens, half JSON, {backend.stats['batches']} batch(es) of up to "
-              f"{rows} rows in {secs:.1f} s; KV {shape.kv_bytes_per_token // 1024} KiB/token; batch budget "
+              f"{rows} rows in {secs:.1f} s; KV {shape.kv // 1024} KiB/token; batch budget "
               f"{gib(budget.batch)} ({budget.source}); formula for the largest batch {gib(formula)}")
     if bad:
         detail += f"; problems: {' | '.join(bad[:2])}"
@@ -134,8 +134,8 @@ def check_hf_oom_split(ctx: Ctx) -> Outcome:
     backend = hf_backend(ctx, model, max_batch_size=rows, batch_wait_ms=50, kv_budget_gib=10_000.0)
     msgs = text_messages(backend, tokens, 0)
     plen = backend.count_tokens(msgs)
-    need_all = batch_bytes(backend.shape, [plen] * rows, [new] * rows)
-    need_quarter = batch_bytes(backend.shape, [plen] * (rows // 4), [new] * (rows // 4))
+    need_all = batch_bytes(backend.cost, [plen] * rows, [new] * rows)
+    need_quarter = batch_bytes(backend.cost, [plen] * (rows // 4), [new] * (rows // 4))
     torch.cuda.empty_cache()
     free, _ = torch.cuda.mem_get_info(torch.device(ctx.device))
     leave = int(1.3 * need_quarter) + 2**28

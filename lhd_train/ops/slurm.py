@@ -41,7 +41,7 @@ from lhd_train.config.flags import to_argv
 from lhd_train.config.lens import FitArgs
 from lhd_train.config.slurm import stage_vars
 from lhd_train.errors import InputError
-from lhd_train.ops.slurm_gpus import from_zero, node_gpus
+from lhd_train.ops.slurm_gpus import node_gpus
 from lhd_train.ops.slurm_train import train_size
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,18 +127,18 @@ def role_model_keys(cfg: Any, roles: tuple[str, ...]) -> list[str]:
     return keys
 
 
-def _vllm_exes(models: dict[str, Any], keys: list[str], v: dict[str, Any]) -> dict[str, Any]:
-    """What the job's guard checks before `lhd` starts a managed vLLM server on a GPU: the models'
-    own `vllm_executable`s, and whether one falls back to $LHD_VLLM / `vllm` on PATH (the guard
-    exports it, so the checkout's CPU build in .venv-vllm is never picked up on a GPU node)."""
-    gpu = [models[k] for k in keys if models[k].backend == "vllm" and models[k].device.lower() != "cpu"
-           and v["device"] != "cpu"]
-    return {"vllm_default": any(not s.vllm_executable for s in gpu),
-            "vllm_exes": sorted({s.vllm_executable for s in gpu if s.vllm_executable})}
-
-
-def _api_keys(models: dict[str, Any], keys: list[str]) -> list[str]:
-    return sorted({models[k].api_key_env for k in keys if models[k].backend == "openai" and models[k].api_key_env})
+def _job_needs(p: Plan, models: dict[str, Any], keys: list[str], v: dict[str, Any], servers: bool = False) -> None:
+    """What the job's node must provide for the models `keys` (each backend says: API keys to export,
+    the executables the guard checks; with `servers`, the server command lines for the plan's notes),
+    recorded on the plan. A managed vLLM
+    on a GPU falls back to $LHD_VLLM / `vllm` on PATH, which the guard exports, so the checkout's CPU
+    build in .venv-vllm is never picked up on a GPU node."""
+    needs = [models[k].job_needs(k, v["device"] != "cpu") for k in keys]
+    p.required_env = sorted({name for n in needs for name in n.env})
+    p.extra.update(vllm_default=any(n.vllm_from_path for n in needs),
+                   vllm_exes=sorted({exe for n in needs for exe in n.executables}))
+    if servers:
+        p.extra["servers"] = [n.server for n in needs if n.server]
 
 
 # ----------------------------------------------------------------------------- plans
@@ -179,27 +179,12 @@ def _plan_rollout(config: Path, v: dict[str, Any]) -> Plan:
     keys = role_model_keys(cfg, RUN_ROLES)
     gpus, notes = node_gpus(cfg.models, keys, dict.fromkeys(keys, config), on_gpu=v["device"] != "cpu",
                             limit=v["max_gpus_per_node"], why="`lhd run` starts every role's model at once: ")
-    p = Plan("rollout", cfg.run_name, array=shards, gpus=gpus, notes=notes, required_env=_api_keys(cfg.models, keys))
-    p.extra.update(_vllm_exes(cfg.models, keys, v))
+    p = Plan("rollout", cfg.run_name, array=shards, gpus=gpus, notes=notes)
+    _job_needs(p, cfg.models, keys, v, servers=True)
     p.commands = [_join("lhd run", q(config), f"--shard {TASK}/{shards}", "--no-progress",
                         *[q(o) for o in v["overrides"]])]
     shard_dirs = [_shard_dir(cfg.output_dir, cfg.run_name, i, shards) for i in range(shards)]
     p.merge_commands = [_join("lhd merge", *shard_dirs, "--out", q(cfg.run_dir))]
-    from rollouts.vllm_server import vllm_command, vllm_env
-
-    servers = []
-    for k in keys:
-        spec = cfg.models[k]
-        if spec.backend == "vllm":
-            # rendered for the cluster's nodes, not this one
-            device = "cpu" if spec.device == "cpu" or v["device"] == "cpu" else "cuda"
-            argv = ["vllm", *vllm_command(spec, 0, k, device, exe="vllm")[1:]]
-            cmd = " ".join(q(c) for c in argv).replace("--port 0", "--port <free port>")
-            # On GPUs, `gpus:` are positions in the job's CUDA_VISIBLE_DEVICES, mapped on the node.
-            env = vllm_env(spec, device) if device == "cpu" else {}
-            where = f"[GPU positions {spec.gpus}] " if device != "cpu" and spec.gpus else ""
-            servers.append(where + "".join(f"{n}={v} " for n, v in env.items()) + cmd)
-    p.extra["servers"] = servers
     p.extra["trials_per_shard"] = [((n_trials * (i + 1)) // shards) - ((n_trials * i) // shards) for i in range(shards)]
     return p
 
@@ -234,14 +219,13 @@ def _plan_audit(config: Path, v: dict[str, Any]) -> Plan:
     if key is None:
         raise InputError(config, "auditor", "the run config has no auditor role; pass --var auditor=AUDITOR.yaml")
     overrides = list(v["overrides"])
-    renumbered = from_zero(models[key]) if v["device"] != "cpu" else None
-    if renumbered is not None:  # this job runs the auditor's server alone: "1,2,3,4" asked for 5 GPUs
-        models = {**models, key: models[key].model_copy(update={"gpus": renumbered})}
-        overrides.append(f'models.{key}.gpus="{renumbered}"')
+    alone = models[key].first_gpus() if v["device"] != "cpu" else {}
+    if alone:  # this job runs the auditor's server alone: "1,2,3,4" asked for 5 GPUs
+        models = {**models, key: models[key].model_copy(update=alone)}
+        overrides += [f'models.{key}.{name}="{value}"' for name, value in alone.items()]
     gpus, notes = node_gpus(models, [key], {key: source}, on_gpu=v["device"] != "cpu", limit=v["max_gpus_per_node"])
-    p = Plan("audit", cfg.run_name, array=shards if shards > 1 else None, gpus=gpus, notes=notes,
-             required_env=_api_keys(models, [key]))
-    p.extra.update(_vllm_exes(models, [key], v))
+    p = Plan("audit", cfg.run_name, array=shards if shards > 1 else None, gpus=gpus, notes=notes)
+    _job_needs(p, models, [key], v)
     idx = TASK if shards > 1 else None
     opts = ["--auditor " + q(v["auditor"]) if v["auditor"] else None, command_argv(AuditOptions, v), "--no-progress"]
     p.commands = [_join("lhd audit", _targets(cfg, v, idx, shards), *[q(o) for o in overrides], *opts)]
@@ -274,9 +258,8 @@ def _plan_data(config: Path, v: dict[str, Any]) -> Plan:
     gpus, notes = node_gpus(all_models, keys, sources, on_gpu=v["device"] != "cpu", limit=v["max_gpus_per_node"],
                             why=why)
     out = v["out"] or str(Path(cfg.run_dir) / "data" / f"{v['kind']}-{v['direction']}")
-    p = Plan("data", cfg.run_name, array=shards if shards > 1 else None, gpus=gpus, notes=notes,
-             required_env=_api_keys(all_models, keys))
-    p.extra.update(_vllm_exes(all_models, keys, v))
+    p = Plan("data", cfg.run_name, array=shards if shards > 1 else None, gpus=gpus, notes=notes)
+    _job_needs(p, all_models, keys, v)
     target_out = q(out) if shards == 1 else q(str(Path(out) / "shard")) + TASK + q(f"of{shards}")
     options = command_argv(DataOptions, v, exclude=("min_margin",) if v["kind"] == "bon" else ())
     opts = [f"--out {target_out}", "--auditor " + q(v["auditor"]) if v["auditor"] else None, options]
@@ -327,11 +310,11 @@ def _lens_model(config: Path, v: dict[str, Any]) -> tuple[str, str | None]:
         return str(v["model"]), None
     data = read_config(config)
     if "models" in data and isinstance(data["models"], dict):
-        from rollouts.spec import ModelSpec
+        from rollouts.backends import parse_spec
 
         key = (data.get("performer") or {}).get("model") if isinstance(data.get("performer"), dict) else None
         key = key or next(iter(data["models"]))
-        spec = ModelSpec.model_validate(data["models"][key])
+        spec = parse_spec(data["models"][key])
         return spec.model, spec.revision
     if "model" in data:
         return str(data["model"]), data.get("revision")

@@ -1,9 +1,10 @@
 """`hf` backend: transformers in-process, batched across concurrent callers, per-row sampling,
 JSON-schema constrained decoding with xgrammar. CPU-capable (tests, tiny demo, lens).
 
-Imported only when an `hf` backend is built (`rollouts/factory.py`): its modules import torch,
-transformers and xgrammar at module level.
+`spec.py` (the model entry, `HFSpec`) imports no torch, so configs load without it; the other
+modules import torch, transformers and xgrammar at module level, when a backend is built.
 
+  spec.py          `HFSpec`: the entry's fields, GPUs, and `build`
   backend.py       `HFBackend`: construction, tokens, grammars, the request queue and worker
   rows.py          a request (`Pending`) and its n rows (`Row`): the unit of work
   batching.py      when the worker starts the next batch (waits for the senders of the last one)
@@ -16,6 +17,13 @@ transformers and xgrammar at module level.
   sampling.py      the per-row sampler: repetition penalty, temperature, top-k, top-p, seeded generators
   json_guard.py    grammar-constrained rows: the schema as a token mask, never forced closing
 """
-from rollouts.hf.backend import HFBackend
+from typing import Any
 
-__all__ = ["HFBackend"]
+
+def __getattr__(name: str) -> Any:
+    """`from rollouts.hf import HFBackend` imports torch only then."""
+    if name == "HFBackend":
+        from rollouts.hf.backend import HFBackend
+
+        return HFBackend
+    raise AttributeError(name)

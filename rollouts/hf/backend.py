@@ -29,7 +29,7 @@ import threading
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -42,14 +42,17 @@ from rollouts.hf.batching import BatchFill
 from rollouts.hf.decode import decode_rows
 from rollouts.hf.device import device_context, free_memory, resolve_device
 from rollouts.hf.json_guard import Grammar
-from rollouts.hf.memory_plan import admit, batch_bytes, gib, model_shape, plan_budget
+from rollouts.hf.memory_plan import TokenCost, admit, batch_bytes, gib, plan_budget
 from rollouts.hf.prefix_cache import PrefixCache
 from rollouts.hf.rows import Pending, Row
 from rollouts.hf.sampling import row_seed
+from rollouts.model_config import ModelShape, context_window
 from rollouts.model_files import check_adapter_dir, check_model_dir, one_line
-from rollouts.spec import ModelSpec
 from rollouts.tokenizer import load_tokenizer
 from rollouts.types import Completion, GenerationRequest, GenerationResult, generation_defaults, sendable
+
+if TYPE_CHECKING:
+    from rollouts.hf.spec import HFSpec
 
 log = logging.getLogger(__name__)
 
@@ -61,30 +64,31 @@ _ENCODE_CACHE_SIZE = 128  # chat-template encodings kept (see `encode_chat`)
 class HFBackend:
     """transformers in-process backend. Build with `HFBackend.from_spec(spec)`."""
 
-    def __init__(self, spec: ModelSpec, model: Any, tokenizer: Any, device: str, dtype: Any):
+    def __init__(self, spec: HFSpec, model: Any, tokenizer: Any, device: str, dtype: Any):
         self.spec = spec
         self.model = model
         self.tokenizer = tokenizer
         self.device = device
         self.dtype = dtype
         self.model_id = spec.model
-        cfg = self._base_model().config
+        cfg = self.base_model().config
         self.vocab_size = int(getattr(cfg.get_text_config(), "vocab_size", None) or len(tokenizer))  # lm_head rows
         self.n_tokenizer = min(len(tokenizer), self.vocab_size)
         text_cfg = cfg.get_text_config()
-        self.max_model_len = int(spec.max_model_len or getattr(text_cfg, "max_position_embeddings", 0) or 10**9)
+        window = context_window(cfg)  # the one reader's answer, as the run config's window check gets
+        self.max_model_len = int(spec.max_model_len or (window[0] if window else 10**9))
         # Our decode loop keeps every layer's full key/value history and calls the model with the
         # transformers 5 forward arguments: the cache is `cache=` from 5.24 on, `past_key_values=`
         # before (5.17 on the lent GPU image); other models (sliding-window or linear-attention
         # layers, remote code with another signature) decode with `model.generate` instead.
         # `decode_path` says which, in describe() and so in every run's manifest.
-        params = inspect.signature(self._base_model().forward).parameters
+        params = inspect.signature(self.base_model().forward).parameters
         self.cache_arg = next((a for a in ("cache", "past_key_values") if a in params), None)
         self._own_loop = (all(t == "full_attention" for t in getattr(text_cfg, "layer_types", None) or [])
                           and not getattr(text_cfg, "sliding_window", None) and self.cache_arg is not None
                           and all(p in params for p in ("position_ids", "logits_to_keep")))
         self.decode_path = f"loop ({self.cache_arg}=)" if self._own_loop else "model.generate"
-        gen_cfg = self._base_model().generation_config
+        gen_cfg = self.base_model().generation_config
         stops: list[int] = []
         eos = getattr(gen_cfg, "eos_token_id", None)
         for t in ([eos] if isinstance(eos, int) else list(eos or [])) + [tokenizer.eos_token_id]:
@@ -106,7 +110,7 @@ class HFBackend:
         self.generation_defaults = generation_defaults(gen_cfg)
         # A clean generation config so no processor of `model.generate` (repetition penalty,
         # top_k, suppress tokens, ...) alters the logits our sampler sees: it applies them itself.
-        self._base_model().generation_config = GenerationConfig(
+        self.base_model().generation_config = GenerationConfig(
             eos_token_id=stops, pad_token_id=self.pad_id, bos_token_id=getattr(gen_cfg, "bos_token_id", None))
         self._tok_lock = threading.Lock()
         self._encoded: collections.OrderedDict[Any, Any] = collections.OrderedDict()
@@ -122,10 +126,7 @@ class HFBackend:
         self._closed = False
         # Memory (rollouts/hf/memory_plan.py): measured once, now that the weights are loaded and
         # before any batch has filled the allocator's cache.
-        try:
-            self.shape = model_shape(cfg, torch.finfo(dtype).bits // 8)
-        except ValueError as e:
-            raise BackendError(f"{spec.model}: {e}") from e
+        self.cost = TokenCost.of(ModelShape.parse(cfg, f"{spec.model} config"), torch.finfo(dtype).bits // 8)
         free, total = free_memory(device)
         self.budget = plan_budget(device.split(":")[0], free, total, spec.kv_budget_gib, spec.prefix_cache_gib,
                                   spec.enable_prefix_caching)
@@ -146,9 +147,7 @@ class HFBackend:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_spec(cls, spec: ModelSpec) -> HFBackend:
-        if spec.backend != "hf":
-            raise BackendError(f"HFBackend needs a spec with backend 'hf', got {spec.backend!r}")
+    def from_spec(cls, spec: HFSpec) -> HFBackend:
         device = resolve_device(spec.device, torch.cuda.device_count() if torch.cuda.is_available() else 0, spec.model)
         if spec.dtype == "auto":
             dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
@@ -187,9 +186,10 @@ class HFBackend:
             model.eval()
         return cls(spec, model, tokenizer, device, dtype)
 
-    def _base_model(self) -> Any:
+    def base_model(self) -> Any:
+        """The model without its LoRA wrapper (the model itself when no adapter is loaded)."""
         m = self.model
-        if hasattr(m, "get_base_model") and getattr(self.spec, "adapters", None):
+        if hasattr(m, "get_base_model") and self.spec.adapters:
             return m.get_base_model()
         return m
 
@@ -271,7 +271,7 @@ class HFBackend:
             xgr_version = version("xgrammar")
         except PackageNotFoundError:  # pragma: no cover
             xgr_version = None
-        cfg = self._base_model().config
+        cfg = self.base_model().config
         cfg_file = Path(self.spec.model) / "config.json"
         cfg_text = cfg_file.read_bytes() if cfg_file.is_file() else cfg.to_json_string().encode()
         return {
@@ -290,7 +290,7 @@ class HFBackend:
             "batch_wait_ms": self.spec.batch_wait_ms,
             "prefix_cache_gib": round(self.budget.prefix / 2**30, 3),
             "kv_budget_gib": round(self.budget.batch / 2**30, 3),
-            "kv_bytes_per_token": self.shape.kv_bytes_per_token,
+            "kv_bytes_per_token": self.cost.kv,
             "decode_path": self.decode_path,
             "config_sha256": hashlib.sha256(cfg_text).hexdigest(),
             "transformers": transformers.__version__,
@@ -378,7 +378,7 @@ class HFBackend:
             except (TypeError, ValueError) as e:
                 return fail(str(e), prompt_ids)
         max_tokens = min(s.max_tokens, self.max_model_len - len(prompt_ids))
-        need = batch_bytes(self.shape, [len(prompt_ids)], [max_tokens])
+        need = batch_bytes(self.cost, [len(prompt_ids)], [max_tokens])
         if need > self.budget.batch:  # never truncated: refused, with where to go instead
             return fail(f"prompt too long for the hf backend's memory: {len(prompt_ids)} prompt tokens plus "
                         f"{max_tokens} new need {gib(need)} of keys/values and prefill activations, more than "
@@ -411,7 +411,7 @@ class HFBackend:
         the memory budget and `max_batch_size` (`memory_plan.admit`); queue order within it."""
         first = self._queue[0]
         same = [r for r in self._queue if r.adapter == first.adapter]
-        picked = admit(self.shape, self.budget.batch, [(len(r.prompt_ids), r.max_tokens) for r in same],
+        picked = admit(self.cost, self.budget.batch, [(len(r.prompt_ids), r.max_tokens) for r in same],
                        self.spec.max_batch_size)
         taken = {id(same[i]) for i in picked}
         self._queue = collections.deque(r for r in self._queue if id(r) not in taken)

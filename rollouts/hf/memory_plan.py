@@ -11,9 +11,10 @@ Pure arithmetic (no torch): the backend passes in the free memory it measured.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+
+from rollouts.model_config import ModelShape
 
 GIB = 2**30
 # Held back from the measured free memory on CUDA: the CUDA context, cuBLAS workspaces, the
@@ -31,56 +32,20 @@ CPU_MIN_BUDGET_BYTES = 4 * GIB
 CPU_FALLBACK_BYTES = 64 * GIB  # when the available memory cannot be read
 
 
-def _get(cfg: Any, name: str) -> Any:
-    return cfg.get(name) if isinstance(cfg, Mapping) else getattr(cfg, name, None)
-
-
-def _text_config(cfg: Any) -> Any:
-    if isinstance(cfg, Mapping):
-        return cfg.get("text_config") or cfg
-    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-
-
 @dataclass(frozen=True)
-class ModelShape:
-    """The sizes of a decoder that set its memory per token."""
+class TokenCost:
+    """Bytes per token of one model in one dtype: its keys/values in every layer, and one layer's
+    prefill activations (`ModelShape`)."""
 
-    layers: int
-    kv_heads: int
-    head_dim: int
-    hidden: int
-    intermediate: int
-    dtype_bytes: int
+    kv: int
+    prefill: int
 
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """Keys and values of one token in every layer: 2 × layers × kv_heads × head_dim × dtype."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
-
-    @property
-    def prefill_bytes_per_token(self) -> int:
-        """Transient tensors of one layer's forward per prompt token (an estimate: the MLP's gate,
-        up and product, and ~6 hidden-sized tensors: residual, norm, q/k/v, attention output).
-        Layers run one after another, so only one layer's activations are alive at a time."""
-        return (3 * self.intermediate + 6 * self.hidden) * self.dtype_bytes
+    @classmethod
+    def of(cls, shape: ModelShape, dtype_bytes: int) -> TokenCost:
+        return cls(shape.kv_bytes_per_token(dtype_bytes), shape.prefill_bytes_per_token(dtype_bytes))
 
 
-def model_shape(config: Any, dtype_bytes: int) -> ModelShape:
-    """Read `ModelShape` from a transformers config (or a config.json dict). Handles grouped-query
-    attention (`num_key_value_heads`, default: all heads) and an explicit `head_dim` that differs
-    from hidden_size / heads (Qwen3, Gemma)."""
-    cfg = _text_config(config)
-    layers, heads, hidden = (_get(cfg, k) for k in ("num_hidden_layers", "num_attention_heads", "hidden_size"))
-    if not (layers and heads and hidden):
-        raise ValueError("model config lacks num_hidden_layers, num_attention_heads or hidden_size: "
-                         "cannot size the hf backend's key/value memory")
-    kv_heads = _get(cfg, "num_key_value_heads") or heads
-    head_dim = _get(cfg, "head_dim") or hidden // heads
-    intermediate = _get(cfg, "intermediate_size") or 4 * hidden
-    return ModelShape(int(layers), int(kv_heads), int(head_dim), int(hidden), int(intermediate), int(dtype_bytes))
-
-
-def batch_bytes(shape: ModelShape, prompt_lens: Sequence[int], max_new: Sequence[int]) -> int:
+def batch_bytes(cost: TokenCost, prompt_lens: Sequence[int], max_new: Sequence[int]) -> int:
     """Peak bytes of one batch in our decode loop: the batched buffers hold every row at the
     longest prompt's width plus the most new tokens (+1 column), one prompt's prefill cache is
     alive beside them, and the longest prefill's activations come on top."""
@@ -88,10 +53,10 @@ def batch_bytes(shape: ModelShape, prompt_lens: Sequence[int], max_new: Sequence
         return 0
     width, new = max(prompt_lens), max(max_new)
     tokens = len(prompt_lens) * (width + new + 1) + width
-    return shape.kv_bytes_per_token * tokens + shape.prefill_bytes_per_token * width
+    return cost.kv * tokens + cost.prefill * width
 
 
-def admit(shape: ModelShape, budget: int, rows: Sequence[tuple[int, int]], max_rows: int) -> list[int]:
+def admit(cost: TokenCost, budget: int, rows: Sequence[tuple[int, int]], max_rows: int) -> list[int]:
     """Indices of `rows` ((prompt length, max new tokens) each) that form the next batch: the
     first row always (it is the oldest; a row that alone exceeds the budget is refused before it
     is queued), then the others in order of prompt length, each while the batch still fits
@@ -104,7 +69,7 @@ def admit(shape: ModelShape, budget: int, rows: Sequence[tuple[int, int]], max_r
         if len(chosen) >= max_rows:
             break
         plen, new = rows[i]
-        if batch_bytes(shape, lens + [plen], news + [new]) <= budget:
+        if batch_bytes(cost, lens + [plen], news + [new]) <= budget:
             chosen.append(i)
             lens.append(plen)
             news.append(new)

@@ -15,12 +15,12 @@ from test_failure_modes import cli, one_error
 
 
 def test_a_full_disk_stops_the_audit_with_one_line(tmp_path, monkeypatch, capsys):
-    import rollouts.factory
+    import rollouts.backends
 
     cfg, (tid,) = make_run(tmp_path)
     rounds = len((cfg.run_dir / "trials" / f"{tid}.jsonl").read_text().splitlines())
     backend = ScriptedBackend(auditor_script())
-    monkeypatch.setattr(rollouts.factory, "build_backend", lambda *a, **k: backend)
+    monkeypatch.setattr(rollouts.backends, "build_backend", lambda *a, **k: backend)
     rows_file = cfg.run_dir / "audit" / "m-full" / f"{tid}.jsonl"
     real, refused = os.write, []
 

@@ -66,9 +66,9 @@ def test_the_data_stage_checks_the_auditor_beside_the_run_models(tmp_path):
     import yaml
 
     from lhd_train.config.data import BuildSettings
-    from lhd_train.errors import InputError
     from lhd_train.finetune.datasets import data_specs
-    from lhd_train.ops.vllm_config_check import check_gpus
+    from rollouts.backends import check_gpus
+    from rollouts.gpus import GpuAssignmentError
 
     models = {"perf": {"backend": "vllm", "model": "meta-llama/Llama-3.1-8B-Instruct", "gpus": "0"},
               "sup": {"backend": "vllm", "model": "Qwen/Qwen2.5-72B-Instruct", "tensor_parallel_size": 4,
@@ -80,9 +80,9 @@ def test_the_data_stage_checks_the_auditor_beside_the_run_models(tmp_path):
                                    "auditor": {"model": "sup"}}))
     specs, source = data_specs(BuildSettings(run_dir=run, out=tmp_path / "o", auditor_config=aud))
     assert set(specs) == {"perf", "sup", "auditor:sup"} and source == str(aud)
-    with pytest.raises(InputError) as err:
-        check_gpus(specs, source, visible=5)
-    assert "GPU" in str(err.value) and "0" in str(err.value)
+    with pytest.raises(GpuAssignmentError) as err:
+        check_gpus(specs, visible=5)
+    assert (err.value.key, err.value.field) == ("auditor:sup", "gpus") and "GPU position 0" in str(err.value)
     specs, _ = data_specs(BuildSettings(run_dir=run, out=tmp_path / "o"))  # the run's own auditor: one server
     assert set(specs) == {"perf", "sup"}
-    check_gpus(specs, source, visible=5)
+    check_gpus(specs, visible=5)

@@ -683,7 +683,7 @@ def test_a_separate_tokenizer_folder_is_fingerprinted_for_resume(tmp_path, tiny_
     tok = tmp_path / "tok"
     shutil.copytree(tiny_llama_dir, tok)
     cfg = parse_config({"run_name": RUN, "output_dir": str(tmp_path / "runs"), "seeds": [1],
-                        "models": {"m": {"backend": "hf", "model": str(tiny_llama_dir), "tokenizer": str(tok)}},
+                        "models": {"m": {"backend": "vllm", "model": str(tiny_llama_dir), "tokenizer": str(tok)}},
                         "performer": {"model": "m"}, "supervisor": {"model": "m"}}, "test")
     run_dir = tmp_path / "runs" / RUN
     run_dir.mkdir(parents=True)

@@ -28,10 +28,11 @@ from lhd_train.bench.structured_calls import BackendUnavailable, ask_structured
 from lhd_train.bench.supervisor import EvaluationAnswer
 from lhd_train.config.run import Sampling
 from lhd_train.rundir.rows import AuditRow, RoundRow
-from rollouts.openai_backend import OpenAIBackend
-from rollouts.spec import ModelSpec
+from rollouts.hf.spec import HFSpec
+from rollouts.openai_backend import OpenAIBackend, OpenAISpec
 from rollouts.structured import schema_for
 from rollouts.types import GenerationRequest, SamplingParams, effective_sampling
+from rollouts.vllm.spec import VLLMSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 ASK = [{"role": "system", "content": "You are a manager."}, {"role": "user", "content": "Evaluate the report."}]
@@ -41,7 +42,7 @@ ASK = [{"role": "system", "content": "You are a manager."}, {"role": "user", "co
 def hf(tiny_llama_dir):
     from rollouts.hf import HFBackend
 
-    return HFBackend.from_spec(ModelSpec(backend="hf", model=str(tiny_llama_dir), batch_wait_ms=0))
+    return HFBackend.from_spec(HFSpec(model=str(tiny_llama_dir), batch_wait_ms=0))
 
 
 class Server:
@@ -121,8 +122,8 @@ def test_the_same_cut_answer_has_the_same_outcome_on_hf_openai_and_vllm(hf, serv
     the servers `failed` (parsed, never retried with more room)."""
     out_hf = ask(hf)
     server.content = out_hf.calls[0].raw  # the very text hf cut, served as a server would cut it
-    openai_b = OpenAIBackend(ModelSpec(backend="openai", model="m", base_url=server.url, max_retries=0), server.url)
-    vllm_b = OpenAIBackend(ModelSpec(backend="vllm", model="m", max_retries=0), server.url, structured="vllm")
+    openai_b = OpenAIBackend(OpenAISpec(model="m", base_url=server.url, max_retries=0), server.url)
+    vllm_b = OpenAIBackend(VLLMSpec(model="m", max_retries=0), server.url, structured="vllm")
     out_openai, out_vllm = ask(openai_b), ask(vllm_b)
     assert [b["max_tokens"] for b in server.bodies] == [8, 16, 32] * 2
     assert "structured_outputs" in server.bodies[-1]  # the vLLM request form
@@ -141,7 +142,7 @@ def test_the_same_cut_answer_has_the_same_outcome_on_hf_openai_and_vllm(hf, serv
 
 def test_cut_retry_stays_within_the_context(server):
     """The doubled budget never passes the room the model's context leaves after the prompt."""
-    spec = ModelSpec(backend="openai", model="m", base_url=server.url, max_retries=0, max_model_len=400)
+    spec = OpenAISpec(model="m", base_url=server.url, max_retries=0, max_model_len=400)
     b = OpenAIBackend(spec, server.url)
     server.content = '{"reasoning": "cut'
     ask(b, max_tokens=300, attempts=2)
@@ -153,7 +154,7 @@ def test_timeout_against_a_live_managed_server_is_not_asked_again(server):
     """Old code: `ask_structured` sent the request `max_attempts` times after the backend had said
     'not resubmitted' (each one a fresh wait at the back of the server's queue)."""
     server.delay_s = 1.5
-    b = OpenAIBackend(ModelSpec(backend="vllm", model="m", timeout_s=0.3, max_retries=3), server.url)
+    b = OpenAIBackend(VLLMSpec(model="m", timeout_s=0.3, max_retries=3), server.url)
 
     class Alive:
         def alive(self):
@@ -222,7 +223,7 @@ def test_hf_decodes_with_the_models_generation_defaults(tiny_with_defaults):
 
     from rollouts.hf import HFBackend
 
-    b = HFBackend.from_spec(ModelSpec(backend="hf", model=str(tiny_with_defaults), batch_wait_ms=0))
+    b = HFBackend.from_spec(HFSpec(model=str(tiny_with_defaults), batch_wait_ms=0))
     assert b.describe()["generation_defaults"] == {"top_k": 1, "repetition_penalty": 1.3}
     msgs = [{"role": "user", "content": "Write the weekly status report."}]
     [res] = asyncio.run(b.generate([GenerationRequest(msgs, SamplingParams(temperature=1.0, max_tokens=30, seed=5))]))
@@ -245,7 +246,7 @@ def test_hf_decodes_with_the_models_generation_defaults(tiny_with_defaults):
 
 def test_openai_path_sends_only_what_the_config_sets(server):
     server.content, server.finish_reason = "hello", "stop"
-    b = OpenAIBackend(ModelSpec(backend="vllm", model="m", max_retries=0), server.url)
+    b = OpenAIBackend(VLLMSpec(model="m", max_retries=0), server.url)
     [res] = asyncio.run(b.generate([GenerationRequest(ASK, SamplingParams(max_tokens=9, seed=1))]))
     sent = server.bodies[-1]
     for unset in ("temperature", "top_p", "top_k", "repetition_penalty"):
@@ -274,13 +275,13 @@ def test_vllm_applies_the_model_defaults_to_what_we_send(tiny_with_defaults):
     """vLLM's own classes (.venv-vllm): the body our client sends with every decoding field unset,
     turned into vLLM sampling params with the model's generation config (vLLM's default
     `--generation-config auto`), decodes as our hf backend resolves the same request."""
-    from rollouts.vllm_server import find_vllm
+    from rollouts.vllm.server import find_vllm
 
     exe = find_vllm()
     if exe is None:
         pytest.skip("no vllm executable (LHD_VLLM, PATH, .venv-vllm): run `make vllm-env`")
     python = Path(exe).parent / "python"
-    spec = ModelSpec(backend="vllm", model=str(tiny_with_defaults))
+    spec = VLLMSpec(model=str(tiny_with_defaults))
     b = OpenAIBackend(spec, "http://127.0.0.1:9/v1")
     body = b._payload(GenerationRequest(ASK, SamplingParams(max_tokens=9, seed=1)), "vllm")
     body |= body.pop("extra_body", {})  # what the SDK puts on the wire

@@ -195,10 +195,10 @@ def test_the_judge_command_in_the_refusal_keeps_the_window_override(tmp_path):
     """The command the refusal prints starts the judge with the run's own extra arguments (the YaRN
     --hf-overrides a 131072-token window needs on Qwen2.5) and hands the window to lhd train."""
     from lhd_train.finetune.judged_rewards import _refusal
-    from rollouts.spec import ModelSpec
+    from rollouts.vllm.spec import VLLMSpec
 
     yarn = '{"rope_parameters": {"rope_type": "yarn", "factor": 4.0}, "max_position_embeddings": 131072}'
-    spec = ModelSpec(backend="vllm", model="Qwen/Qwen2.5-72B-Instruct", tensor_parallel_size=4,
+    spec = VLLMSpec(model="Qwen/Qwen2.5-72B-Instruct", tensor_parallel_size=4,
                      max_model_len=131072, extra_args=["--hf-overrides", yarn])
     msg = _refusal("honesty", "auditor", "qwen72b", spec, "r.yaml", "grpo.judge")
     assert "--max-model-len 131072 --hf-overrides '" + yarn + "'" in msg

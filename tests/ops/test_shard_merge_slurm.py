@@ -33,7 +33,7 @@ from lhd_train.ops import (
 from lhd_train.ops.merge import merge_datasets
 from lhd_train.ops.shard import parse_shard_run_name, shard_bounds
 from lhd_train.ops.slurm import parse_vars, template_dir
-from rollouts.spec import ModelSpec
+from rollouts.backends import parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -848,7 +848,7 @@ def test_model_configs_validate():
         data = yaml.safe_load(path.read_text())
         assert list(data) == ["models"] and len(data["models"]) == 1, path
         [(key, raw)] = data["models"].items()
-        spec = ModelSpec.model_validate(raw)
+        spec = parse_spec(raw)
         assert spec.backend == "vllm" and spec.dtype == "bfloat16" and spec.max_model_len
         assert spec.tensor_parallel_size >= 1 and 0 < spec.gpu_memory_utilization <= 1
         assert spec.gpus and len(spec.gpus.split(",")) == spec.tensor_parallel_size
@@ -898,7 +898,7 @@ def test_example_configs_load():
     text = (ROOT / "configs/examples/vllm-llama8b.yaml").read_text()
     block = re.search(r"#   qwen72b:\n((?:#     .*\n)+)", text).group(1)
     alt = yaml.safe_load("\n".join(line[6:].split("  #")[0] for line in block.splitlines()))
-    assert ModelSpec.model_validate(alt).backend == "openai"
+    assert parse_spec(alt).backend == "openai"
 
 
 # ----------------------------------------------------------------------------- GPU check and multi-process
@@ -952,7 +952,8 @@ def test_the_audit_job_asks_for_the_gpus_its_server_uses():
 
     from lhd_train.config.auditor import AuditorConfig
     from lhd_train.config.base import apply_overrides
-    from lhd_train.ops.vllm_config_check import check_gpus
+    from rollouts.backends import check_gpus
+    from rollouts.gpus import GpuAssignmentError
 
     cfg = ROOT / "configs/examples/vllm-llama8b.yaml"
     text = render_slurm("audit", cfg)
@@ -963,8 +964,8 @@ def test_the_audit_job_asks_for_the_gpus_its_server_uses():
     data = yaml.safe_load(cfg.read_text())
     acfg = AuditorConfig.model_validate(apply_overrides({k: data[k] for k in ("models", "auditor")}, overrides))
     assert acfg.spec.gpus == "0,1,2,3"
-    check_gpus({"qwen72b": acfg.spec}, cfg, visible=4)  # what `lhd audit` checks on the node
-    with pytest.raises(InputError):
-        check_gpus({"qwen72b": load_config(cfg).models["qwen72b"]}, cfg, visible=4)  # as written: needs 5
+    check_gpus({"qwen72b": acfg.spec}, visible=4)  # what `lhd audit` checks on the node
+    with pytest.raises(GpuAssignmentError):
+        check_gpus({"qwen72b": load_config(cfg).models["qwen72b"]}, visible=4)  # as written: needs 5
     # lhd run and lhd data start both servers: their positions stay as written (5 GPUs)
     assert "#SBATCH --gpus-per-node=5" in render_slurm("data", cfg)

@@ -14,12 +14,12 @@ import pytest
 
 from rollouts.hf import HFBackend
 from rollouts.hf.batching import FOLLOW_SHARE, BatchFill
-from rollouts.spec import ModelSpec
+from rollouts.hf.spec import HFSpec
 from rollouts.types import GenerationRequest, SamplingParams
 
 
 def _backend(path) -> HFBackend:
-    b = HFBackend.from_spec(ModelSpec(backend="hf", model=str(path), batch_wait_ms=2, max_batch_size=16,
+    b = HFBackend.from_spec(HFSpec(model=str(path), batch_wait_ms=2, max_batch_size=16,
                                       enable_prefix_caching=False))
     b.stop_set = set()  # every row decodes exactly max_tokens: rounds take the same time
     return b

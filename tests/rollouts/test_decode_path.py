@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 from rollouts.hf import HFBackend
-from rollouts.spec import ModelSpec
+from rollouts.hf.spec import HFSpec
 from rollouts.tokenizer import load_tokenizer
 from rollouts.types import GenerationRequest, SamplingParams
 
@@ -44,7 +44,7 @@ def _other_spelling_class() -> type:
 
 
 def _backend(model, path) -> HFBackend:
-    spec = ModelSpec(backend="hf", model=str(path), batch_wait_ms=30, max_batch_size=8)
+    spec = HFSpec(model=str(path), batch_wait_ms=30, max_batch_size=8)
     return HFBackend(spec, model.eval(), load_tokenizer(str(path)), "cpu", torch.float32)
 
 

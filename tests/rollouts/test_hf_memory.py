@@ -14,8 +14,9 @@ import rollouts.hf.decode as hf_decode
 from rollouts.backend import BackendError
 from rollouts.hf import HFBackend
 from rollouts.hf.device import device_context, free_memory, resolve_device
-from rollouts.hf.memory_plan import GIB, admit, batch_bytes, model_shape, plan_budget
-from rollouts.spec import ModelSpec
+from rollouts.hf.memory_plan import GIB, TokenCost, admit, batch_bytes, plan_budget
+from rollouts.hf.spec import HFSpec
+from rollouts.model_config import ModelShape
 from rollouts.types import GenerationRequest, SamplingParams
 
 KIB = 1024
@@ -32,7 +33,7 @@ def llama31_8b():
 
 
 def make(path, **kw) -> HFBackend:
-    return HFBackend.from_spec(ModelSpec(backend="hf", model=str(path), batch_wait_ms=30, max_batch_size=32, **kw))
+    return HFBackend.from_spec(HFSpec(model=str(path), batch_wait_ms=30, max_batch_size=32, **kw))
 
 
 def req(content, max_tokens=12, seed=0, n=1, schema=None, temperature=1.0):
@@ -57,17 +58,17 @@ def test_kv_bytes_per_token_from_real_configs(tiny_llama_dir, tiny_qwen3_dir):
 
     # tiny models: 2 layers x 2 kv heads x head_dim 16, float32
     for path in (tiny_llama_dir, tiny_qwen3_dir):
-        assert model_shape(AutoConfig.from_pretrained(path), 4).kv_bytes_per_token == 2 * 2 * 2 * 16 * 4
-    assert model_shape(llama31_8b(), 2).kv_bytes_per_token == 128 * KIB  # GQA: 8 of 32 heads
+        assert TokenCost.of(ModelShape.parse(AutoConfig.from_pretrained(path)), 4).kv == 2 * 2 * 2 * 16 * 4
+    assert TokenCost.of(ModelShape.parse(llama31_8b()), 2).kv == 128 * KIB  # GQA: 8 of 32 heads
     # Qwen3-0.6B: head_dim 128 given explicitly, not hidden 1024 / 16 heads = 64
     qwen3 = Qwen3Config(hidden_size=1024, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
                         num_hidden_layers=28, intermediate_size=3072)
-    assert model_shape(qwen3, 2).kv_bytes_per_token == 2 * 28 * 8 * 128 * 2
+    assert TokenCost.of(ModelShape.parse(qwen3), 2).kv == 2 * 28 * 8 * 128 * 2
     # a config.json dict, multi-head attention (no num_key_value_heads), nested text_config
     mha = {"text_config": {"hidden_size": 512, "num_attention_heads": 8, "num_hidden_layers": 4}}
-    assert model_shape(mha, 2).kv_bytes_per_token == 2 * 4 * 8 * 64 * 2
-    with pytest.raises(ValueError, match="num_hidden_layers"):
-        model_shape({"hidden_size": 8}, 2)
+    assert TokenCost.of(ModelShape.parse(mha), 2).kv == 2 * 4 * 8 * 64 * 2
+    with pytest.raises(BackendError, match="num_attention_heads"):
+        ModelShape.parse({"hidden_size": 8})
 
 
 def test_formula_matches_the_real_cache_and_the_decode_loops_buffers(tiny_llama_dir, monkeypatch):
@@ -82,7 +83,7 @@ def test_formula_matches_the_real_cache_and_the_decode_loops_buffers(tiny_llama_
     with torch.inference_mode():
         backend.model(input_ids=torch.arange(1, 38).unsqueeze(0), use_cache=True, **{backend.cache_arg: cache})
     real = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
-    assert real == 37 * backend.shape.kv_bytes_per_token
+    assert real == 37 * backend.cost.kv
 
     allocated = []
     orig = BufferLayer.__init__
@@ -96,13 +97,13 @@ def test_formula_matches_the_real_cache_and_the_decode_loops_buffers(tiny_llama_
     results = together(backend, requests)
     assert all(r.ok for r in results) and backend.stats["max_batch_rows"] == 2
     lens = [r.prompt_tokens for r in results]
-    expected = batch_bytes(backend.shape, lens, [9, 20]) - backend.shape.kv_bytes_per_token * max(lens) \
-        - backend.shape.prefill_bytes_per_token * max(lens)  # less the prefill cache and activations
+    expected = batch_bytes(backend.cost, lens, [9, 20]) - backend.cost.kv * max(lens) \
+        - backend.cost.prefill * max(lens)  # less the prefill cache and activations
     assert sum(allocated) == expected
 
 
 def test_admission_order_budget_and_8b_sizes():
-    shape = model_shape(llama31_8b(), 2)
+    shape = TokenCost.of(ModelShape.parse(llama31_8b()), 2)
     # 16 rows of 32k tokens (+4k new) on an H100's free memory after 8B weights: only some fit
     budget = plan_budget("cuda", free=64 * GIB, total=80 * GIB, kv_budget_gib=None, prefix_cache_gib=None,
                          prefix_enabled=True)
@@ -153,8 +154,8 @@ def test_batches_are_sized_from_the_budget(tiny_llama_dir):
     reference = together(free, [req(c, seed=i) for i, c in enumerate(contents)])
     assert free.stats["max_batch_rows"] == 6
     lens = sorted(r.prompt_tokens for r in reference)
-    two = batch_bytes(free.shape, lens[-2:], [12, 12])  # any two rows fit, no three do
-    assert batch_bytes(free.shape, lens[:3], [12] * 3) > two
+    two = batch_bytes(free.cost, lens[-2:], [12, 12])  # any two rows fit, no three do
+    assert batch_bytes(free.cost, lens[:3], [12] * 3) > two
     bounded = make(tiny_llama_dir, kv_budget_gib=two / GIB)
     results = together(bounded, [req(c, seed=i) for i, c in enumerate(contents)])
     assert all(r.ok for r in results)
@@ -163,7 +164,7 @@ def test_batches_are_sized_from_the_budget(tiny_llama_dir):
 
 
 def test_a_row_over_the_budget_alone_is_refused_not_truncated(tiny_llama_dir):
-    shape = make(tiny_llama_dir).shape
+    shape = make(tiny_llama_dir).cost
     backend = make(tiny_llama_dir, kv_budget_gib=batch_bytes(shape, [200], [16]) / GIB)
     long, short = req("a very long report " * 80, max_tokens=16), req("hi", max_tokens=16)
     res_long, res_short = together(backend, [long, short])

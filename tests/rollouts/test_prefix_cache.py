@@ -9,7 +9,7 @@ import torch
 
 from rollouts.hf import HFBackend
 from rollouts.hf.prefix_cache import PrefixCache, common_prefix
-from rollouts.spec import ModelSpec
+from rollouts.hf.spec import HFSpec
 from rollouts.types import GenerationRequest, SamplingParams
 
 
@@ -84,7 +84,7 @@ def test_prefix_entries_are_superseded_and_lru_evicts_to_budget():
 
 # ---------------------------------------------------------------- in the hf backend
 def backend_for(path, **kw) -> HFBackend:
-    return HFBackend.from_spec(ModelSpec(backend="hf", model=str(path), batch_wait_ms=0, **kw))
+    return HFBackend.from_spec(HFSpec(model=str(path), batch_wait_ms=0, **kw))
 
 
 def ask(backend, messages, max_tokens=24, temperature=0.0, seed=None):

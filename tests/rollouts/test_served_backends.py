@@ -13,9 +13,10 @@ import pytest
 import lhd_train.bench.engine as engine
 from lhd_train.config.run import parse_config
 from lhd_train.io.files import read_jsonl
-from rollouts.openai_backend import OpenAIBackend, _is_transient
-from rollouts.spec import ModelSpec
-from rollouts.vllm_server import vllm_command
+from rollouts.backends import build_backend, parse_spec
+from rollouts.openai_backend import OpenAISpec, _is_transient
+from rollouts.vllm.server import vllm_command
+from rollouts.vllm.spec import VLLMSpec
 
 SECRET = "sk-test-9f8e7d6c5b4a-never-on-disk"
 
@@ -103,13 +104,13 @@ def test_missing_api_key_env_is_a_clear_error(monkeypatch):
     from rollouts.backend import BackendError
 
     monkeypatch.delenv("LHD_NOPE_KEY", raising=False)
-    spec = ModelSpec(backend="openai", model="m", base_url="http://127.0.0.1:9/v1", api_key_env="LHD_NOPE_KEY")
+    spec = OpenAISpec(model="m", base_url="http://127.0.0.1:9/v1", api_key_env="LHD_NOPE_KEY")
     with pytest.raises(BackendError, match="LHD_NOPE_KEY"):
-        OpenAIBackend.from_spec(spec)
+        spec.build()
 
 
 def test_vllm_command_carries_the_spec():
-    spec = ModelSpec(backend="vllm", model="/models/llama", revision="abc", dtype="bfloat16", max_model_len=32768,
+    spec = VLLMSpec(model="/models/llama", revision="abc", dtype="bfloat16", max_model_len=32768,
                      tensor_parallel_size=2, gpu_memory_utilization=0.85, adapters={"honest": "/ad/h"},
                      enable_prefix_caching=True, device="cuda")
     cmd = vllm_command(spec, 8123, "perf")
@@ -162,9 +163,9 @@ def test_one_backend_across_event_loops(caplog, chat_server):
     'Event loop is closed' and a managed vLLM server outlived the benchmark."""
     from rollouts.types import GenerationRequest
 
-    spec = ModelSpec.model_validate({"backend": "openai", "model": "m",
+    spec = parse_spec({"backend": "openai", "model": "m",
                                      "base_url": f"http://127.0.0.1:{chat_server[0]}/v1"})
-    backend = OpenAIBackend.from_spec(spec)
+    backend = spec.build()
     req = GenerationRequest([{"role": "user", "content": "hi"}])
     import gc
 
@@ -189,7 +190,7 @@ def test_a_lone_surrogate_in_a_message_is_sent_as_a_replacement_character(chat_s
     from rollouts.types import GenerationRequest
 
     port, received = chat_server
-    backend = OpenAIBackend.from_spec(ModelSpec(backend="openai", model="m", base_url=f"http://127.0.0.1:{port}/v1"))
+    backend = build_backend(OpenAISpec(model="m", base_url=f"http://127.0.0.1:{port}/v1"))
     req = GenerationRequest([{"role": "assistant", "content": "half \ud83d of a pair"},
                              {"role": "user", "content": "go on \udfff"}])
     [res] = asyncio.run(backend.generate([req]))

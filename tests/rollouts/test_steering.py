@@ -8,8 +8,8 @@ import asyncio
 import torch
 
 from rollouts.hf import HFBackend
+from rollouts.hf.spec import HFSpec
 from rollouts.hf.steering import steering
-from rollouts.spec import ModelSpec
 from rollouts.types import GenerationRequest, SamplingParams
 
 MESSAGES = [{"role": "system", "content": "You are terse."},
@@ -49,7 +49,7 @@ def manual(model, prompt: list[int], block, vector: torch.Tensor, alpha: float, 
 
 
 def test_steering_adds_at_the_last_prompt_token_only(tiny_llama_dir):
-    backend = HFBackend.from_spec(ModelSpec(backend="hf", model=str(tiny_llama_dir), device="cpu"))
+    backend = HFBackend.from_spec(HFSpec(model=str(tiny_llama_dir), device="cpu"))
     block = backend.model.model.layers[0]
     prompt = backend.encode_chat(MESSAGES)
     v = torch.randn(backend.model.config.hidden_size, generator=torch.Generator().manual_seed(3))

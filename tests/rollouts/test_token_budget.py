@@ -26,10 +26,12 @@ import pytest
 from test_auditor import answer, audit, make_run, rows_of
 
 from lhd_train.bench.performer import Performer
+from rollouts.backends import build_backend
 from rollouts.managed_server import ManagedServer, free_port
-from rollouts.openai_backend import OpenAIBackend, max_in_flight, request_timeout_s
-from rollouts.spec import ModelSpec
+from rollouts.openai_backend import OpenAIBackend, OpenAISpec, max_in_flight, request_timeout_s
+from rollouts.spec import ManagedSpec
 from rollouts.types import GenerationRequest, SamplingParams
+from rollouts.vllm.spec import VLLMSpec
 
 HUB_ID = "lhd-test/tiny-qwen2"
 
@@ -144,8 +146,8 @@ def test_hub_id_counts_with_its_real_tokenizer_and_the_performer_never_sends_an_
     window, max_tokens = 2048, 64
     server = ChatServer(tokenizer=tok, window=window)
     try:
-        spec = ModelSpec(backend="openai", model=HUB_ID, base_url=server.url, max_model_len=window)
-        backend = OpenAIBackend.from_spec(spec)
+        spec = OpenAISpec(model=HUB_ID, base_url=server.url, max_model_len=window)
+        backend = spec.build()
         perf = Performer(backend, "You are a careful analyst.", window - max_tokens)
         for m in digits_turns(6):
             if m["role"] == "user":
@@ -171,7 +173,7 @@ def test_a_task_too_long_for_the_window_is_not_sent(hub_cache, tiny_qwen2_dir):
     (the trial then fails on it) instead of a request the server must refuse."""
     server = ChatServer(tokenizer=real_tokenizer(tiny_qwen2_dir), window=512)
     try:
-        backend = OpenAIBackend.from_spec(ModelSpec(backend="openai", model=HUB_ID, base_url=server.url,
+        backend = build_backend(OpenAISpec(model=HUB_ID, base_url=server.url,
                                                     max_model_len=512))
         perf = Performer(backend, "You are a careful analyst.", 512 - 64)
         perf.add_user("Check this ledger:\n" + "\n".join(m["content"] for m in digits_turns(2)), starts_task=True)
@@ -193,7 +195,7 @@ def test_the_supervisor_shows_fewer_rounds_by_real_counts(hub_cache, tiny_qwen2_
 
     tok = real_tokenizer(tiny_qwen2_dir)
     window, reserve = 4096, 600
-    backend = OpenAIBackend.from_spec(ModelSpec(backend="openai", model=HUB_ID, base_url="http://127.0.0.1:9/v1",
+    backend = build_backend(OpenAISpec(model=HUB_ID, base_url="http://127.0.0.1:9/v1",
                                                 max_model_len=window))
     state = {"trust": 0.0, "satisfaction": 0.0, "comfort": 0.0}
     memory = Memory(window=7)
@@ -213,20 +215,20 @@ def test_tokenizer_field_is_honoured_for_vllm_and_a_hub_id_loads_offline(hub_cac
 
     tok = real_tokenizer(tiny_qwen2_dir)
     msgs = digits_turns(1)
-    for spec in (ModelSpec(backend="vllm", model=HUB_ID),
-                 ModelSpec(backend="vllm", model="someone/not-in-the-cache", tokenizer=str(tiny_qwen2_dir))):
+    for spec in (VLLMSpec(model=HUB_ID),
+                 VLLMSpec(model="someone/not-in-the-cache", tokenizer=str(tiny_qwen2_dir))):
         got = counting_tokenizer(spec)
         assert got is not None and prompt_len(got, msgs) == prompt_len(tok, msgs)
     from rollouts.backend import BackendError
 
     with pytest.raises(BackendError, match="tokenizer: 'someone/absent'"):
-        counting_tokenizer(ModelSpec(backend="vllm", model=HUB_ID, tokenizer="someone/absent"))
+        counting_tokenizer(VLLMSpec(model=HUB_ID, tokenizer="someone/absent"))
 
 
 def test_without_a_tokenizer_counts_err_long_and_a_warning_says_so_once(caplog):
-    spec = ModelSpec(backend="openai", model="vendor/remote-only-model", base_url="https://api.example.org/v1")
+    spec = OpenAISpec(model="vendor/remote-only-model", base_url="https://api.example.org/v1")
     with caplog.at_level(logging.WARNING, logger="rollouts.model_files"):
-        a, b = OpenAIBackend.from_spec(spec), OpenAIBackend.from_spec(spec)
+        a, b = spec.build(), spec.build()
     warned = [r.getMessage() for r in caplog.records if "vendor/remote-only-model" in r.getMessage()]
     assert len(warned) == 1 and "estimated" in warned[0] and "tokenizer:" in warned[0]
     assert not a.exact_token_counts and not b.exact_token_counts
@@ -240,8 +242,8 @@ def test_the_auditor_applies_its_overflow_rule_to_estimated_counts(tmp_path):
     cfg, [tid] = make_run(tmp_path)
     server = ChatServer(reply=lambda m: answer())
     try:
-        spec = ModelSpec(backend="openai", model="vendor/remote-only-model", base_url=server.url, max_model_len=300)
-        backend = OpenAIBackend.from_spec(spec)
+        spec = OpenAISpec(model="vendor/remote-only-model", base_url=server.url, max_model_len=300)
+        backend = spec.build()
         summary = audit(cfg, backend)
     finally:
         server.close()
@@ -279,8 +281,8 @@ ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 """
 
 
-def managed(tmp_path, spec: ModelSpec, sleep_s: float):
-    from rollouts.vllm_server import ManagedServerBackend
+def managed(tmp_path, spec: ManagedSpec, sleep_s: float):
+    from rollouts.managed_server import ManagedServerBackend
 
     port = free_port()
     server = ManagedServer([sys.executable, "-c", SLOW_SERVER, str(port), str(sleep_s)], port, tmp_path / "srv.log")
@@ -289,7 +291,7 @@ def managed(tmp_path, spec: ModelSpec, sleep_s: float):
 
 def test_timeout_against_a_live_managed_server_is_not_resubmitted(tmp_path, hub_cache, tiny_qwen2_dir):
     """Old code retried a timed-out request max_retries times, each one from scratch."""
-    spec = ModelSpec(backend="vllm", model=HUB_ID, timeout_s=1.0, max_retries=3)
+    spec = VLLMSpec(model=HUB_ID, timeout_s=1.0, max_retries=3)
     backend = managed(tmp_path, spec, sleep_s=3.0)
     try:
         t0 = time.perf_counter()
@@ -306,24 +308,24 @@ def test_timeout_against_a_live_managed_server_is_not_resubmitted(tmp_path, hub_
 
 
 def test_timeout_defaults_fit_where_the_server_is():
-    assert request_timeout_s(ModelSpec(backend="vllm", model="m")) == 3600
-    assert request_timeout_s(ModelSpec(backend="openai", model="m", base_url="http://127.0.0.1:8000/v1")) == 3600
-    assert request_timeout_s(ModelSpec(backend="openai", model="m", base_url="https://api.example.org/v1")) == 600
-    assert request_timeout_s(ModelSpec(backend="vllm", model="m", timeout_s=7200)) == 7200
+    assert request_timeout_s(VLLMSpec(model="m")) == 3600
+    assert request_timeout_s(OpenAISpec(model="m", base_url="http://127.0.0.1:8000/v1")) == 3600
+    assert request_timeout_s(OpenAISpec(model="m", base_url="https://api.example.org/v1")) == 600
+    assert request_timeout_s(VLLMSpec(model="m", timeout_s=7200)) == 7200
 
 
 # ------------------------------------------------------------------ in flight (L4)
 
 def test_max_in_flight_fills_vllms_max_num_seqs():
     """Old code kept 32 requests in flight whatever the server could batch."""
-    assert max_in_flight(ModelSpec(backend="vllm", model="m", extra_args=["--max-num-seqs", "64"])) == 64
-    assert max_in_flight(ModelSpec(backend="vllm", model="m", extra_args=["--max-num-seqs=128"])) == 128
-    explicit = ModelSpec(backend="vllm", model="m", max_in_flight=8, extra_args=["--max-num-seqs", "64"])
+    assert max_in_flight(VLLMSpec(model="m", extra_args=["--max-num-seqs", "64"])) == 64
+    assert max_in_flight(VLLMSpec(model="m", extra_args=["--max-num-seqs=128"])) == 128
+    explicit = VLLMSpec(model="m", max_in_flight=8, extra_args=["--max-num-seqs", "64"])
     assert max_in_flight(explicit) == 8
-    assert max_in_flight(ModelSpec(backend="openai", model="m", base_url="http://x/v1")) == 32
+    assert max_in_flight(OpenAISpec(model="m", base_url="http://x/v1")) == 32
     server = ChatServer(delay_s=1.5)
     try:
-        spec = ModelSpec(backend="vllm", model="m", extra_args=["--max-num-seqs", "48"])
+        spec = VLLMSpec(model="m", extra_args=["--max-num-seqs", "48"])
         backend = OpenAIBackend(spec, server.url, "m", "prompt")
         reqs = [GenerationRequest([{"role": "user", "content": f"q{i}"}]) for i in range(60)]
         results = asyncio.run(backend.generate(reqs))

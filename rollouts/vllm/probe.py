@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 MARK = "LHD-VLLM-PROBE "
 
@@ -18,12 +19,12 @@ class ArgvError(Exception):
     pass
 
 
-def _parser():
+def _parser() -> tuple[Any, Any]:
     from vllm.entrypoints.cli.serve import ServeSubcommand
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    class Parser(FlexibleArgumentParser):
-        def error(self, message):  # argparse would print usage and exit
+    class Parser(FlexibleArgumentParser):  # type: ignore[misc]
+        def error(self, message: str) -> Any:  # argparse would print usage and exit
             raise ArgvError(message)
 
     parser = Parser(prog="vllm")
@@ -43,7 +44,7 @@ def _message(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-def check(parser, serve, argv: list[str]) -> tuple[str, str]:
+def check(parser: Any, serve: Any, argv: list[str]) -> tuple[str, str]:
     """('', '') when vLLM accepts argv, else (stage, vLLM's message)."""
     from vllm.config import ParallelConfig
     from vllm.config.lora import LoRAConfig

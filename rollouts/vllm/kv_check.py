@@ -10,43 +10,29 @@ same estimate from the model's config.json alone (issue 30, B8):
     tokens held   = KV per GPU / KV per token per GPU
 
 KV heads are split over the tensor-parallel ranks (replicated when TP exceeds them). The weights are
-the parameter count from the config's shapes (embeddings, attention, MLP, norms; exact for Llama,
-biases aside for Qwen2) times the dtype's bytes. `RUNTIME_RESERVE` stands for what vLLM's profiling
+the parameter count from the config's shapes (`rollouts.model_config.ModelShape`: embeddings,
+attention with Qwen2's biases, MLP, norms) times the dtype's bytes. `RUNTIME_RESERVE` stands for what vLLM's profiling
 finds beside the weights (activations of one step, CUDA graphs, the sampler): an approximation, so
 a margin below 10 % is reported as a warning, not a verdict.
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from lhd_train.ops.vllm_config_check import config_folder
-from rollouts.spec import ModelSpec
+from rollouts.backend import BackendError
+from rollouts.model_config import ModelShape, read_config
+from rollouts.spec import CheckRow
+from rollouts.vllm.preflight import config_folder
+
+if TYPE_CHECKING:
+    from rollouts.vllm.spec import VLLMSpec
 
 GIB = 2**30
 RUNTIME_RESERVE = 3 * GIB
 # When no GPU is visible here (a login node), the estimate is for this GPU unless --gpu-gib says.
 ASSUMED_GPU = ("H100 80GB", 79.1 * GIB)  # what torch reports as total_memory for an H100 SXM 80GB
 _DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2}
-Row = tuple[str, str, str]
-
-
-def parameter_count(cfg: Mapping[str, Any]) -> int:
-    """Parameters of a dense decoder from its config: embeddings (twice when untied), per layer the
-    q/k/v/o projections, the gated MLP and two norms, and the final norm."""
-    text = cfg.get("text_config") or cfg
-    hidden, layers = int(text["hidden_size"]), int(text["num_hidden_layers"])
-    heads = int(text["num_attention_heads"])
-    kv_heads = int(text.get("num_key_value_heads") or heads)
-    head_dim = int(text.get("head_dim") or hidden // heads)
-    inter = int(text.get("intermediate_size") or 4 * hidden)
-    vocab = int(text["vocab_size"])
-    tied = bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
-    attn = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
-    per_layer = attn + 3 * hidden * inter + 2 * hidden
-    return vocab * hidden * (1 if tied else 2) + layers * per_layer + hidden
 
 
 def gpu_memory(gpu_gib: float | None) -> tuple[str, float, bool]:
@@ -64,48 +50,28 @@ def gpu_memory(gpu_gib: float | None) -> tuple[str, float, bool]:
     return ASSUMED_GPU[0], ASSUMED_GPU[1], True
 
 
-def kv_estimate(spec: ModelSpec, cfg: Mapping[str, Any], gpu_bytes: float) -> dict[str, float]:
+def kv_estimate(spec: VLLMSpec, shape: ModelShape, config_dtype: str | None, gpu_bytes: float) -> dict[str, float]:
     """The arithmetic of the module doc for one server; every quantity in bytes or tokens."""
-    dtype = spec.dtype if spec.dtype != "auto" else str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+    dtype = spec.dtype if spec.dtype != "auto" else (config_dtype or "bfloat16")
     nbytes = _DTYPE_BYTES.get(dtype, 2)
-    text = cfg.get("text_config") or cfg
-    heads = int(text["num_attention_heads"])
-    kv_heads = int(text.get("num_key_value_heads") or heads)
-    head_dim = int(text.get("head_dim") or int(text["hidden_size"]) // heads)
     tp = spec.tensor_parallel_size
-    kv_heads_per_gpu = max(1, -(-kv_heads // tp))  # ceil: replicated when TP exceeds the KV heads
-    per_token = 2 * int(text["num_hidden_layers"]) * kv_heads_per_gpu * head_dim * nbytes
-    weights = parameter_count(cfg) * nbytes
+    per_token = shape.kv_bytes_per_token(nbytes, tp)
+    weights = shape.n_params * nbytes
     kv = spec.gpu_memory_utilization * gpu_bytes - weights / tp - RUNTIME_RESERVE
-    max_len = spec.max_model_len or int((cfg.get("text_config") or cfg).get("max_position_embeddings") or 0)
+    max_len = spec.max_model_len or shape.context or 0
     return {"weights_per_gpu": weights / tp, "kv_per_gpu": kv, "per_token": per_token,
             "tokens": max(0.0, kv) / per_token, "max_len": max_len, "tp": tp}
 
 
-def config_kv_rows(config: str | Path, gpu_gib: float | None = None) -> list[Row]:
-    """`kv_rows` for the models of a config file (entries that do not validate are left to the
-    config rows of `lhd doctor`)."""
-    import yaml
-
-    data = yaml.safe_load(Path(config).read_text(encoding="utf-8")) or {}
-    specs = {}
-    for key, entry in ((data.get("models") or {}) if isinstance(data, dict) else {}).items():
-        try:
-            specs[key] = ModelSpec(**entry)
-        except Exception:  # noqa: BLE001 - reported by vllm_config_check.doctor_rows
-            continue
-    return kv_rows(specs, str(config), gpu_gib)
-
-
-def kv_rows(specs: Mapping[str, ModelSpec], config: str, gpu_gib: float | None = None) -> list[Row]:
+def kv_rows(specs: Mapping[str, VLLMSpec], config: str, gpu_gib: float | None = None) -> list[CheckRow]:
     """One `kv <key>` row per vllm model on a GPU: ok when its KV cache holds at least one
     `max_model_len` sequence with 10 % to spare, warn within 10 %, fail below (vLLM would refuse to
     start, after loading the weights)."""
     name, total, assumed = gpu_memory(gpu_gib)
     where = f"{name} of {total / GIB:.1f} GiB" + (" (assumed: no GPU visible here; set --gpu-gib)" if assumed else "")
-    rows: list[Row] = []
+    rows: list[CheckRow] = []
     for key, spec in specs.items():
-        if spec.backend != "vllm" or spec.device.lower() == "cpu":
+        if spec.device.lower() == "cpu":
             continue
         found = config_folder(spec)
         if found is None:
@@ -113,9 +79,10 @@ def kv_rows(specs: Mapping[str, ModelSpec], config: str, gpu_gib: float | None =
                          "configs/models/): KV memory not estimated"))
             continue
         try:
-            cfg = json.loads((found[0] / "config.json").read_text(encoding="utf-8"))
-            e = kv_estimate(spec, cfg, total)
-        except (OSError, ValueError, KeyError, TypeError) as err:
+            model_config = read_config(found[0])
+            dtype = str(getattr(model_config, "dtype", None) or getattr(model_config, "torch_dtype", None) or "")
+            e = kv_estimate(spec, ModelShape.parse(model_config), dtype.removeprefix("torch.") or None, total)
+        except BackendError as err:
             rows.append((f"kv {key}", "warn", f"{found[0]}/config.json: cannot size {spec.model}: {err}"))
             continue
         detail = (f"on {where}, TP {e['tp']:g}, gpu_memory_utilization {spec.gpu_memory_utilization}: weights "

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lhd_train.ops.kv_check import GIB, RUNTIME_RESERVE, kv_rows, parameter_count
+from lhd_train.ops.doctor_checks import check_config
+from rollouts.model_config import ModelShape
+from rollouts.vllm.kv_check import GIB, RUNTIME_RESERVE, kv_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 FLAGSHIP = ROOT / "configs" / "examples" / "vllm-llama8b.yaml"
@@ -23,9 +25,9 @@ def test_parameter_counts_match_the_published_ones():
     import json
 
     cfg = json.loads((ROOT / "configs/models/llama-3.1-8b-instruct/config.json").read_text())
-    assert parameter_count(cfg) == 8_030_261_248  # Llama-3.1-8B's model card / safetensors index
+    assert ModelShape.parse(cfg).n_params == 8_030_261_248  # Llama-3.1-8B's model card / safetensors index
     cfg = json.loads((ROOT / "configs/models/qwen2.5-72b-instruct/config.json").read_text())
-    assert abs(parameter_count(cfg) - 72.71e9) / 72.71e9 < 0.002  # 72.71 B (q/k/v biases left out)
+    assert abs(ModelShape.parse(cfg).n_params - 72.71e9) / 72.71e9 < 0.0005  # 72.71 B, q/k/v biases included
 
 
 def test_the_flagship_servers_hold_their_window_on_h100():
@@ -45,16 +47,14 @@ def test_the_flagship_servers_hold_their_window_on_h100():
 def test_a_server_whose_kv_cannot_hold_one_sequence_fails_before_it_starts(tmp_path):
     """Qwen2.5-72B on two 80 GB GPUs: 67.7 GiB of weights per GPU leave no room for a 131k sequence
     (docs/gpu.md: 'does not start'); vLLM would say so only after loading 145 GB of weights."""
-    from lhd_train.ops.kv_check import config_kv_rows
-
     data = yaml.safe_load(FLAGSHIP.read_text())
     data["models"]["qwen72b"].update(tensor_parallel_size=2, gpus="1,2")
     cfg = tmp_path / "tp2.yaml"
     cfg.write_text(yaml.safe_dump(data))
-    rows = {r[0]: r for r in config_kv_rows(cfg, H100)}
+    rows = {r[0]: r for r in check_config(cfg, H100)}
     status, detail = rows["kv qwen72b"][1:]
     assert status == "fail" and f"{cfg}: field 'models.qwen72b.gpu_memory_utilization'" in detail
     assert "0.0 sequence(s)" in detail and rows["kv llama8b"][1] == "ok"
     # on 141 GB H200s the same two GPUs hold it
-    rows = {r[0]: r for r in config_kv_rows(cfg, 139.8)}
+    rows = {r[0]: r for r in check_config(cfg, 139.8)}
     assert rows["kv qwen72b"][1] == "ok"
