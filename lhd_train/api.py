@@ -12,12 +12,12 @@ from lhd_train.audit.trajectory import TaskText, load_task_texts
 from lhd_train.bench.taskpack import TaskPack, load_pack
 from lhd_train.errors import DataFileError, InputError, LhdError
 from lhd_train.metrics.labels import RoundLabel, round_labels
-from lhd_train.ops.shard import parse_shard, shard_bounds
 from lhd_train.rundir.lock import run_dir_lock
 from lhd_train.rundir.manifest import Manifest
 from lhd_train.rundir.outputs import check_out_dir
 from lhd_train.rundir.rows import AuditRow, RoundRow
 from lhd_train.rundir.run import Run
+from lhd_train.rundir.shard import parse_shard, shard_bounds
 
 __all__ = [
     "AuditRow", "DataFileError", "InputError", "LhdError", "Manifest", "RoundLabel", "RoundRow", "Run", "TaskPack",

@@ -40,8 +40,7 @@ MAY_IMPORT = {
     "rollouts": (),
     "lhd_train.io": ("lhd_train.errors",),
     "lhd_train.rundir": ("lhd_train.errors", "lhd_train.io", "rollouts"),
-    # lens.settings: the lens commands' options, which the Slurm lens stage takes as its variables
-    "lhd_train.config": ("lhd_train.errors", "lhd_train.io", "lhd_train.rundir", "rollouts", "lens.settings"),
+    "lhd_train.config": ("lhd_train.errors", "lhd_train.io", "lhd_train.rundir", "rollouts"),
 }
 # The command layer: only it imports `lhd_train.cli`, and only it prints (`print`, rich's
 # `console.print`, `typer.echo`, writes to sys.stdout/stderr). Library code logs instead

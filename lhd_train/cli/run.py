@@ -28,7 +28,7 @@ def run_cmd(
 
     cfg = load_config(config, overrides or [])
     if shard:
-        from lhd_train.ops import parse_shard, shard_config
+        from lhd_train.rundir.shard import parse_shard, shard_config
 
         cfg = shard_config(cfg, *parse_shard(shard))
     cfg.check_windows(RUN_ROLES, config)  # max_tokens that leave no room for a prompt

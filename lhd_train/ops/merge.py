@@ -38,13 +38,13 @@ from lhd_train.io.files import atomic_write, atomic_write_bytes
 from lhd_train.io.files import read_json_mapping as _read_json
 from lhd_train.io.files import sha256_file as _sha
 from lhd_train.io.provenance import utc_now as _now
-from lhd_train.ops.shard import parse_shard_run_name
 from lhd_train.rundir.layout import CONFIG, LOCK, TASKS
 from lhd_train.rundir.lock import run_dir_lock
 from lhd_train.rundir.manifest import AuditorRecord, Manifest, MergedSource, RunSource, SourceOutcome, Summary
 from lhd_train.rundir.names import name_problem, parse_trial_id
 from lhd_train.rundir.rows import RoundRow
 from lhd_train.rundir.run import AuditorStore, Run
+from lhd_train.rundir.shard import parse_shard_run_name
 from lhd_train.rundir.staging import staged_dir
 
 MERGE_KIND = "lhd merge"

@@ -311,7 +311,7 @@ def run_status(run: Path, shards: int | None = None, use_slurm: bool = True) -> 
     jobs, note = slurm_jobs(names) if use_slurm else ([], "Slurm not asked (--no-slurm)")
     st = RunStatus(run_name, output_dir / run_name, note=note)
     from lhd_train.ops.merge import MERGE_KIND
-    from lhd_train.ops.shard import shard_items
+    from lhd_train.rundir.shard import shard_items
 
     for n in ([shards] if shards else _shard_counts(output_dir, run_name, jobs)):
         for i in range(n):

@@ -20,19 +20,17 @@ import yaml
 
 from lhd_train.config.run import load_config, parse_config
 from lhd_train.errors import InputError
-from lhd_train.ops import (
-    STAGES,
-    dry_run_commands,
-    merge_runs,
+from lhd_train.ops import STAGES, dry_run_commands, merge_runs, render_slurm
+from lhd_train.ops.merge import merge_datasets
+from lhd_train.ops.slurm import parse_vars, template_dir
+from lhd_train.rundir.shard import (
     parse_shard,
-    render_slurm,
+    parse_shard_run_name,
+    shard_bounds,
     shard_config,
     shard_items,
     shard_run_name,
 )
-from lhd_train.ops.merge import merge_datasets
-from lhd_train.ops.shard import parse_shard_run_name, shard_bounds
-from lhd_train.ops.slurm import parse_vars, template_dir
 from rollouts.spec import ModelSpec
 
 ROOT = Path(__file__).resolve().parents[2]
