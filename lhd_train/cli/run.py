@@ -49,7 +49,7 @@ def print_summary(results: list) -> None:
                 "time s"):
         table.add_column(col, justify="right" if col not in ("trial", "status") else "left")
     for r in results:
-        st = r.final_state or {}
+        st = r.final_state
         table.add_row(r.trial_id, r.status, str(r.rounds), str(r.tasks_done), str(r.tasks_completed),
                       f"{st.get('trust', 0):+.2f}", f"{st.get('satisfaction', 0):+.2f}", f"{st.get('comfort', 0):+.2f}",
                       str(r.tokens), f"{r.seconds:.1f}")

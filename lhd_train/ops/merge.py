@@ -106,9 +106,9 @@ class Source:
         """What the merged manifest records of this source (`merged_at` is set by the merge)."""
         m = self.manifest
         return MergedSource(path=str(self.path), run_name=self.run_name,
-                            shard=list(self.shard) if self.shard else None, seeds=self.seeds(), trials=self.trials,
+                            shard=list(self.shard or ()), seeds=self.seeds(), trials=self.trials,
                             host=m.host if m else None, started_at=m.started_at if m else None,
-                            packages=m.packages if m else None)
+                            packages=m.packages if m else {})
 
 
 def _trial_ids(run: Run) -> set[str]:

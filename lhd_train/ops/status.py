@@ -332,7 +332,7 @@ def run_status(run: Path, shards: int | None = None, use_slurm: bool = True) -> 
     if shown and progress is not None:
         detail = progress.detail
         if source is not None and is_merge:
-            detail = f"merged from {len(source.sources or [])} shard(s); {detail}"
+            detail = f"merged from {len(source.sources)} shard(s); {detail}"
         st.rows.append(Row("merge" if (is_merge or s) else "run", "", s or progress.status, detail, label, raw))
     elif s:
         st.rows.append(Row("merge", "", s, "no merged run directory yet", label, raw))
