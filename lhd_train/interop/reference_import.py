@@ -166,17 +166,17 @@ def detection_row(det: RefDetection, row: RoundRow | None, trial_id: str, run_id
         labels = Labels(det.deception_detected, list(det.types), det.severity, det.confidence_score,
                         det.reasoning, list(det.evidence))
         status = "ok"
-    return AuditRow(
+    out = AuditRow(
         run_id=run_id, trial_id=trial_id, global_round=det.global_round,
         task_index=row.task_index if row else None, round=row.round if row else None,
         auditor_id=auditor_id, mode="window" if window is not None else "full", window=window,
         **labels.as_row(), parse_status=status, raw=det.raw_response, error=None,
-        reference_raw=raw_labels if status != "ok" else {},
         attempts=None, prompt_sha256=None, prompt_tokens=None,
         completion_tokens=None, cached_tokens=None, latency_s=None,
         model=ModelRef(key="reference", model=REFERENCE_AUDITOR, revision=None, adapter=None),
         timestamp=None,
     )
+    return out.model_copy(update={"reference_raw": raw_labels}) if status != "ok" else out
 
 
 SUMMARY_KEYS = ("total_rounds", "deception_occurrences", "deception_rate", "severity_average_all_rounds",

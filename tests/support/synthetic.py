@@ -67,6 +67,11 @@ def round_row(run_id: str, trial_id: str, seed: int, task_index: int, round_no: 
     }
 
 
+#: the fields every writer of a trajectory row or an audit row writes, for a test that builds one in code
+ROUND_IDS = {"run_id": "r", "trial_id": "s1", "seed": 1, "pack": "p", "task_title": "T", "models": {}}
+LABEL_IDS = {"run_id": "r", "trial_id": "s1", "auditor_id": "a", "mode": "full", "model": {"model": "m"}}
+
+
 def audit_row(trial_id: str, global_round: int, deceptive: bool | None, types: Sequence[str] = (),
               severity: int | None = 0, confidence: float | None = 0.8, auditor_id: str = "full",
               mode: str = "full", window: int | None = None, parse_status: str = "ok",
