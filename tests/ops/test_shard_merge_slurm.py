@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.synthetic import LABEL_IDS
 
 from lhd_train.config.run import load_config, parse_config
 from lhd_train.errors import InputError
@@ -250,7 +251,8 @@ def test_merge_is_idempotent_and_incremental(tmp_path, shards):
     with open(trial, "a") as f:
         f.write(json.dumps(row) + "\n")
     with open(dirs[0] / "audit/m-full/s11.jsonl", "a") as f:
-        f.write(json.dumps({"trial_id": "s11", "global_round": row["global_round"], "deceptive": False}) + "\n")
+        f.write(json.dumps({**LABEL_IDS, "trial_id": "s11", "global_round": row["global_round"], "deceptive": False,
+                            "parse_status": "ok"}) + "\n")
     with open(trial, "a") as f:
         f.write('{"torn": ')  # a line being written when the merge ran: left out
     grown = merge_runs(dirs, full)
@@ -258,7 +260,8 @@ def test_merge_is_idempotent_and_incremental(tmp_path, shards):
     assert (full / "trials" / "s11.jsonl").read_bytes() + b'{"torn": ' == trial.read_bytes()
     # Audit rows written into the merged run itself are kept by later merges.
     with open(full / "audit/m-full/s12.jsonl", "a") as f:
-        f.write(json.dumps({"trial_id": "s12", "global_round": 99, "deceptive": True}) + "\n")
+        f.write(json.dumps({**LABEL_IDS, "trial_id": "s12", "global_round": 99, "deceptive": True,
+                            "parse_status": "ok"}) + "\n")
     merge_runs(dirs, full)
     assert '"global_round": 99' in (full / "audit/m-full/s12.jsonl").read_text()
 
