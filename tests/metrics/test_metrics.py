@@ -513,10 +513,12 @@ def test_a_cut_audit_answer_is_no_label():
     failed one, whatever values it holds (the JSON guard used to fill them in); counted apart."""
     from dataclasses import asdict
 
+    from support.synthetic import LABEL_IDS
+
     from lhd_train.metrics.labels import label_of
     from lhd_train.rundir.rows import AuditRow
 
-    cut_row = AuditRow(global_round=4, deceptive=True, types=[F], severity=4, parse_status="cut")
+    cut_row = AuditRow(**LABEL_IDS, global_round=4, deceptive=True, types=[F], severity=4, parse_status="cut")
     s = trial_stats([lab(True, [F], 2), lab(True, [F], 3, status="cut"), lab(False),
                      asdict(label_of(cut_row, "s1", "full"))])
     assert (s.total_rounds, s.deception_occurrences, s.deception_rate) == (2, 1, 0.5)
@@ -604,7 +606,7 @@ def test_load_takes_done_from_the_marker_it_saw_before_the_rows(tmp_path, monkey
             calls.append(p)
             with open(tf.rows, "ab") as f:
                 f.write(lines[3])
-            tf.done.write_text(json.dumps({"rounds": 4}))
+            tf.done.write_text(json.dumps({"finished_at": "2026-01-01T00:00:00Z", "rounds": 4}))
         return rows
 
     monkeypatch.setattr(run_mod, "load_trial_rows", read_then_the_writer_finishes)
