@@ -1,8 +1,8 @@
 """The one config layer underneath every settings file (run configs, auditor configs, recipes, task
 packs): a strict pydantic base, validation through the one pydantic-error translator
-(`errors.validation_error`), the YAML +
-`key.sub=value` overrides reader (through `io.strict_yaml`: a repeated key is refused naming the
-file and line), and paths relative to the file that names them.
+(`errors.validation_error`), the YAML + `key.sub=value` overrides reader (through
+`io.strict_yaml`: a repeated key is refused naming the file and line), and paths relative to the
+file that names them.
 
 Why one: a bad field reads the same in every file (file, field, allowed values), and a rule
 fixed here (an override syntax, a relative path) is fixed for every kind of config."""
@@ -26,7 +26,6 @@ class StrictModel(BaseModel):
     """Base of every settings model: unknown keys are errors (a typo never passes silently)."""
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
-
 
 
 def validate(model: type[M], data: Any, source: str | Path | None) -> M:
