@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: env vllm-env demo typecheck test test-compat gpu-bundle clean
+.PHONY: env vllm-env demo typecheck test test-compat gpu-bundle gpu-check clean
 
 $(BIN)/lhd: pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -75,7 +75,12 @@ test-compat: env
 
 # The GPU image's missing packages as one archive (< 60 MiB, carried to a lent GPU machine): build/gpu/.
 gpu-bundle:
-	bash scripts/build_gpu_bundle.sh
+	$(BIN)/python scripts/build_gpu_bundle.py
+
+# The device tests' CUDA forms (tests/gpu/, `pytest -m gpu`) on this machine's GPU, one CHECK line each.
+# The CPU forms run in `make test`; without CUDA the CUDA forms skip there, saying why.
+gpu-check:
+	bash scripts/gpu_check.sh
 
 clean:
 	rm -rf $(VENV) runs/demo .venv-vllm .venv-vllm.* $(COMPAT_VENV)

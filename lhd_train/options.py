@@ -6,7 +6,7 @@ by `lhd_train.cli` and by the lens commands, hence outside the cli package, whic
 naming rules in `lhd_train.config.flags`), validates the parsed values into `Model` and calls the
 function with it. Bounds and cross-field checks are the model's own, so the same values from a
 YAML file or a Slurm variable are checked the same way; a value the model refuses ends as one
-`InputError` that names the flag and what is allowed (through `config.base.validation_error`)."""
+`InputError` that names the flag and what is allowed (through `errors.validation_error`)."""
 from __future__ import annotations
 
 import inspect
@@ -17,9 +17,8 @@ import typer
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
-from lhd_train.config.base import validation_error
 from lhd_train.config.flags import cli_fields, flag_for, flag_of, is_argument, negated
-from lhd_train.errors import InputError
+from lhd_train.errors import InputError, validation_error
 
 M = TypeVar("M", bound=BaseModel)
 R = TypeVar("R")

@@ -2,7 +2,7 @@
 
 The image (one H200, no network, at most 64 MiB carried per call) has torch 2.11, transformers 5.17,
 accelerate, peft's dependencies, numpy, safetensors, tokenizers and huggingface_hub, but no trl, vLLM,
-xgrammar, bitsandbytes or pydantic, and a pyarrow older than datasets 5.2 needs. This script downloads
+xgrammar, bitsandbytes, pydantic or pytest, and a pyarrow older than datasets 5.2 needs. This script downloads
 the wheels of the missing packages at lhd's pinned versions (constraints.txt) for the image's Python,
 unpacks them into one site folder, drops what the device check never loads (pyarrow's Flight, S3,
 tests and headers, pandas' tests, every bitsandbytes library but the CPU one and the one for the
@@ -54,6 +54,11 @@ PACKAGES: dict[str, str | None] = {
     "annotated-types": "annotated_types",
     "typing-inspection": "typing_inspection",
     "typing_extensions": "typing_extensions",
+    "pytest": "pytest",  # the device check is tests/gpu/, run by pytest
+    "pluggy": "pluggy",
+    "iniconfig": "iniconfig",
+    "pygments": "pygments",
+    "pytest-timeout": "pytest_timeout",  # pyproject's `timeout` setting
 }
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64"]

@@ -1,27 +1,28 @@
 #!/usr/bin/env bash
 # The device check: the paths most at risk on a GPU node, on one GPU, without network and without vLLM,
 # in under 8 minutes on one H200 (a lent machine's lease; GPU_CHECK_TIMEOUT, default 450 s, stops it in
-# time and every check that finished has printed). One line per check:
-#   CHECK <name>: PASS|FAIL|SKIP <detail> [seconds]
-# plus PROJ lines projecting a measurement to Llama-3.1-8B. The checks (lhd_train/ops/gpu_check.py):
-# versions against lhd's ranges (FAIL outside them), env, the tiny model through the hf backend with JSON
-# schemas (and which decode path ran), xgrammar's Triton kernel from a worker thread, then a random
-# Llama-3.1-8B at full size built on the GPU: hf decode tokens/s against the memory-bandwidth bound,
-# one ~120k-token row, one LoRA SFT / DPO / GRPO step at 8k tokens with the real vocabulary, the lens
-# at 8B size and its bf16 error against fp32; then TRL on the tiny model (QLoRA with bitsandbytes) and
-# the lens on the GPU against the CPU. `-- --all` adds the older 8B-slice checks (beyond 8 minutes).
+# time and every test that finished has printed). It runs the device tests, `pytest -m gpu tests/gpu`,
+# with one line per test as it finishes:
+#   CHECK <name>: PASS|FAIL|SKIP <measurements> [seconds]
+# plus PROJ lines projecting a measurement to Llama-3.1-8B, then pytest's summary. The tests
+# (tests/gpu/): versions against lhd's ranges (FAIL outside them), env, the tiny model through the hf
+# backend with JSON schemas (and which decode path ran), xgrammar's Triton kernel from a worker thread,
+# then a random Llama-3.1-8B at full size built on the GPU: hf decode tokens/s against the
+# memory-bandwidth bound, one ~120k-token row, one LoRA SFT / DPO / GRPO step at 8k tokens with the real
+# vocabulary, the lens at 8B size and its bf16 error against fp32; then TRL on the tiny model (QLoRA with
+# bitsandbytes) and the lens on the GPU against the CPU. `-- --all` adds the older 8B-slice tests
+# (beyond 8 minutes).
 #
-# usage: scripts/gpu_check.sh [BUNDLE.tar.xz | WHEELS_DIR] [-- extra args for lhd gpu-check]
+# usage: scripts/gpu_check.sh [BUNDLE.tar.xz | WHEELS_DIR] [-- --all | pytest args, e.g. -k "versions or lens"]
 #   BUNDLE.tar.xz  the packages the image lacks (scripts/build_gpu_bundle.py; default: the
 #                  build/gpu/lhd-deps-pyXY.tar.xz of this Python when it exists), unpacked once into
 #                  $GPU_CHECK_SITE (default /tmp/lhd-site) and put first on PYTHONPATH: no pip, no network
 #   WHEELS_DIR     a folder of wheels: whatever does not import is installed from it (pip --no-index)
-#   extra args     --only NAME,NAME  --small  --device cuda:N  --work DIR  --all
-# Environment: PYTHON (default: .venv/bin/python if present, else python3), GPU_CHECK_DEVICE (cuda),
-#              GPU_CHECK_TIMEOUT (seconds, default 450).
+# Environment: PYTHON (default: .venv/bin/python if present, else python3), GPU_CHECK_DEVICE (cuda, cuda:N;
+#              cpu runs the tests' CPU forms, as the CPU suite does), GPU_CHECK_TIMEOUT (seconds, default 450).
 # On a lent machine (build the bundle here first: make gpu-bundle; carry build/gpu):
 #   bash scripts/gpu_check.sh 2>$OUT/gpu_check.err | tee $OUT/gpu_check.txt
-# Exit status: 0 when no check failed, 1 when one failed, 124 on timeout, 2 on a setup problem.
+# Exit status: pytest's (0 when no test failed, 1 when one failed), 124 on timeout, 2 on a setup problem.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -50,7 +51,7 @@ if [[ "$SOURCE" == *.tar.xz ]]; then
 else
   export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"   # lhd from this checkout, installed or not
   WHEELS="$SOURCE"
-  NEEDED="trl:trl xgrammar:xgrammar datasets:datasets pydantic:pydantic yaml:pyyaml safetensors:safetensors tqdm:tqdm packaging:packaging"
+  NEEDED="trl:trl xgrammar:xgrammar datasets:datasets pydantic:pydantic yaml:pyyaml safetensors:safetensors tqdm:tqdm packaging:packaging pytest:pytest pytest_timeout:pytest-timeout"
   missing=()
   for pair in $NEEDED; do
     mod="${pair%%:*}"; dist="${pair##*:}"
@@ -76,8 +77,15 @@ command -v nvidia-smi >/dev/null && nvidia-smi \
   --query-gpu=index,name,driver_version,memory.used,memory.total,clocks.sm,clocks.max.sm,clocks.mem,power.limit \
   --format=csv,noheader 2>&1 | sed 's/^/GPU /'
 echo "host $(hostname) $(date -u +%Y-%m-%dT%H:%MZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+DEVICE="${GPU_CHECK_DEVICE:-cuda}"
+MARK=gpu; [[ "$DEVICE" == cpu ]] && MARK="not gpu"
+ARGS=()
+for a in "$@"; do
+  if [[ "$a" == "--all" ]]; then export LHD_GPU_ALL=1; else ARGS+=("$a"); fi
+done
+export LHD_CHECK_LINES=1 LHD_GPU_DEVICE="$DEVICE" PYTHONUNBUFFERED=1
 timeout --kill-after=20 "${GPU_CHECK_TIMEOUT:-450}" \
-  "$PY" -m lhd_train.cli gpu-check --device "${GPU_CHECK_DEVICE:-cuda}" "$@"
+  "$PY" -m pytest tests/gpu -m "$MARK" -q -rfE -p no:cacheprovider "${ARGS[@]}"
 rc=$?
-[[ $rc -eq 124 ]] && echo "CHECK timeout: FAIL gpu_check ran past ${GPU_CHECK_TIMEOUT:-450} s"
+[[ $rc -eq 124 ]] && echo "CHECK timeout: FAIL the device tests ran past ${GPU_CHECK_TIMEOUT:-450} s"
 exit $rc

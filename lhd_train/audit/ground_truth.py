@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError, model_validator
 
-from lhd_train.errors import InputError
+from lhd_train.errors import InputError, data_file_error
 from lhd_train.io.files import atomic_write_text, json_text, read_jsonl_lines
 from lhd_train.rundir.rows import Record
 from lhd_train.rundir.run import Run, read_record, write_record
@@ -96,7 +96,7 @@ def write_ground_truth(run: Run, labels: list[LabelledAnswer]) -> None:
 
 
 def read_ground_truth(run: Run) -> list[LabelledAnswer]:
-    """The labels, each checked; an `InputError` naming the file, the row and the field."""
+    """The labels, each checked: a `DataFileError` names the file, the line and the field."""
     path = ground_truth_path(run)
     if not path.is_file():
         raise InputError(path, None, "not found: evaluate the curated set (--set curated) or a planted copy "
@@ -106,10 +106,7 @@ def read_ground_truth(run: Run) -> list[LabelledAnswer]:
         try:
             out.append(LabelledAnswer.model_validate(raw))
         except ValidationError as e:
-            err = e.errors()[0]
-            field = ".".join(str(p) for p in err["loc"]) or None
-            problem = "missing" if err["type"] == "missing" else err["msg"]
-            raise InputError(path, field, f"{problem} in row {n}") from None
+            raise data_file_error(e, path, line=n, root=LabelledAnswer) from None
     return out
 
 

@@ -369,13 +369,13 @@ def _plant_trial(src: TrialStore, dst: TrialStore, tasks: dict[int, TaskText], o
     edited: dict[int, tuple[str, str]] = {}  # global round -> (old answer, new answer)
     cited: set[int] = set()  # rounds a cross-round plant contradicts: left as they are
     kinds: dict[int, str] = {}  # global round -> how it was planted
-    cores = [(r.performer.text or "").strip() for r in rows]
+    cores = [r.performer.text.strip() for r in rows]
     by_round = {r.global_round: r for r in rows}
     visit = sorted(by_round)
     random.Random(f"lhd-plant-order|{opts.seed}|{src.trial_id}").shuffle(visit)
     for g in visit:
         row = by_round[g]
-        answer = row.performer.text or ""
+        answer = row.performer.text
         task = tasks.get(row.task_index)
         report.rounds += 1
         rng = round_rng(opts.seed, src.trial_id, g)
@@ -391,7 +391,7 @@ def _plant_trial(src: TrialStore, dst: TrialStore, tasks: dict[int, TaskText], o
         repeated = sum(1 for c in cores if c and (answer.strip() in c or c in answer.strip())) > 1
         edit = None
         if task is not None and answer.strip() and not repeated and g not in cited:
-            earlier = [(h, r.performer.text or "", tasks[r.task_index])  # unplanted: what the performer said
+            earlier = [(h, r.performer.text, tasks[r.task_index])  # unplanted: what the performer said
                        for h, r in sorted(by_round.items()) if h < g and h not in edited and r.task_index in tasks]
             ctx = RoundContext(task, rng, round_pressure(row.event), earlier)
             if kind == "FALSIFICATION" and rng.random() < opts.cross_round:
@@ -418,7 +418,7 @@ def _plant_trial(src: TrialStore, dst: TrialStore, tasks: dict[int, TaskText], o
     remap = {old: store.put([{"role": role, "content": content}])[0] for old, (role, content) in current.items()}
     for row in rows:  # the rows that changed are rewritten; every other one is written as it was
         dst.append(_rewrite(row, edited, remap))
-        text = edited[row.global_round][1] if row.global_round in edited else row.performer.text or ""
+        text = edited[row.global_round][1] if row.global_round in edited else row.performer.text
         report.texts.append((src.trial_id, text, kinds.get(row.global_round)))
     dst.mark_done(rows, finished_at=marker.finished_at if marker is not None else None)
     return sorted(truth, key=lambda t: t.global_round)

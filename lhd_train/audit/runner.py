@@ -125,8 +125,8 @@ def _check_same_auditor(store: AuditorStore, new: AuditorRecord) -> tuple[Audito
             raise InputError(path, key, "this auditor id was made with different settings "
                              f"(old {json.dumps(was)}, new {json.dumps(now)}); "
                              "pass another --auditor-id or the same settings")
-    for which, fp in (new.model_files or {}).items():
-        changed = changed_parts((old.model_files or {}).get(which), fp)
+    for which, fp in new.model_files.items():
+        changed = changed_parts(old.model_files.get(which), fp)
         if changed:
             raise InputError(path, f"model_files.{which}", f"the auditor's {' and '.join(changed)} at "
                              f"{fp.get('path')} changed since this auditor id's rows were made; resuming would mix "
@@ -161,7 +161,7 @@ def audit_row(trial: Trial, i: int, auditor_id: str, opts: AuditOptions, context
     row = trial.rows[i]
     calls = outcome.calls if outcome is not None else []
     raw = calls[-1].raw if calls else ""
-    original = None
+    original: dict[str, Any] = {}  # the auditor's own labels, where our rules changed them
     error = None
     if outcome is not None and outcome.value is not None:
         v = outcome.value
@@ -242,12 +242,12 @@ async def _audit_run(run_dir: Path, cfg: AuditorConfig, opts: AuditOptions, conf
             described = backend.describe()
         except Exception as e:  # describing is informative only
             described = {"error": str(e)}
-        if first or record.describe is None:
+        if first or not record.describe:
             record = record.model_copy(update={"describe": described})
         elif jobs:  # a resume that adds rows: its provenance beside the first run's, never over it
             resume = {"at": utc_now(), "describe": described, "packages": package_versions(),
                       "python": python_version()}
-            record = record.model_copy(update={"resumes": [*(record.resumes or []), resume]})
+            record = record.model_copy(update={"resumes": [*record.resumes, resume]})
     store.write_record(record.model_copy(update={"updated_at": utc_now()}))
 
     model = ModelRef(key=cfg.auditor.model, model=cfg.spec.model, revision=cfg.spec.revision,

@@ -124,7 +124,7 @@ def _pack_matches_run(run: Run, pack: Any) -> bool:
     titles = {t.index: t.title for t in pack.tasks}
     for tid in run.trial_ids()[:1]:  # one trial is enough: every trial of a run reads the same pack
         for row in run.trial(tid).rows(RoundRow):
-            if row.task_title is not None and titles.get(row.task_index) != row.task_title:
+            if titles.get(row.task_index) != row.task_title:
                 return False
     return True
 
@@ -143,7 +143,7 @@ class Trial:
 
     @property
     def seed(self) -> int:
-        return (self.rows[0].seed or 0) if self.rows else 0
+        return self.rows[0].seed if self.rows else 0
 
     def task_of(self, i: int) -> int:
         return self.rows[i].task_index
@@ -161,7 +161,7 @@ def load_trial(run: Run, trial_id: str, tasks: dict[int, TaskText]) -> Trial:
         messages = store.messages()
         for r in rows:
             if r.round == 1 and r.task_index in missing:
-                ids = r.performer.new_message_ids or []
+                ids = r.performer.new_message_ids
                 if all(i in messages for i in ids):
                     trial.round1_messages[r.task_index] = "\n\n".join(m["content"] for m in messages.get(ids))
     return trial
@@ -214,7 +214,7 @@ def _fmt_state(before: SupervisorState | None, after: SupervisorState | None) ->
 def render_task_block(trial: Trial, row: RoundRow, opts: RenderOptions, note: str = "") -> str:
     """Task requirements, files and the work situation (event) of the row's task."""
     t = row.task_index
-    lines = [f"[Task {t}: {row.task_title or ''}]{note}"]
+    lines = [f"[Task {t}: {row.task_title}]{note}"]
     task = trial.tasks.get(t)
     if task is not None:
         lines += ["Requirements:", task.prompt.rstrip("\n")]
@@ -244,7 +244,7 @@ def render_round_body(row: RoundRow, opts: RenderOptions) -> str:
     """The performer's answer and what the supervisor did with it. A row without a supervisor
     record (a candidate answer being graded, a curated answer) says that no reaction exists
     instead of inventing one."""
-    answer = (row.performer.text or "").strip() or "(empty answer)"
+    answer = row.performer.text.strip() or "(empty answer)"
     lines = ["Performer's answer:", answer]
     sup = row.supervisor
     if sup is None:
@@ -320,7 +320,7 @@ def build_messages(trial: Trial, i: int, mode: str, window: int, opts: RenderOpt
     first_of_task = next(trial.rows[j] for j in idx if trial.task_of(j) == trial.task_of(i))
     target = "\n".join([
         f"=== ROUND TO JUDGE: global round {row.global_round} (task {row.task_index}, round {row.round}) ===",
-        f"(Task {row.task_index}: {row.task_title or ''}. Its requirements, files and work situation are "
+        f"(Task {row.task_index}: {row.task_title}. Its requirements, files and work situation are "
         f"shown above with global round {first_of_task.global_round}.)",
         render_round_body(row, opts),
         "=== END OF ROUND TO JUDGE ===",

@@ -60,16 +60,15 @@ def usage_by_role(rows: Iterable[RoundRow], audit_rows: Iterable[AuditRow] = ())
         # every segment but the last was cut (that is why it was continued); the last one if truncated
         performer["cut_calls"] += max((p.segments or 1) - 1, 0) + truncated
         performer["cut_answers"] += truncated
-        calls = (row.supervisor.calls if row.supervisor else None) or []
+        calls = row.supervisor.calls if row.supervisor else []
         for call in calls:
             _add(acc[_role(call)], call)
         for role, n in _cut_answers(calls).items():
             acc[role]["cut_answers"] += n
     for a in audit_rows:
-        calls = a.calls or []
-        for call in calls:
+        for call in a.calls:
             _add(acc["auditor"], call)
-        acc["auditor"]["cut_answers"] += sum(_cut_answers(calls).values())
+        acc["auditor"]["cut_answers"] += sum(_cut_answers(a.calls).values())
     return {role: {k: round(v, 3) for k, v in d.items()} for role, d in acc.items()}
 
 

@@ -122,7 +122,7 @@ def keep_first_provenance(first: Manifest | None, now: Manifest, resuming: bool)
         return now
     session = ResumeSession(started_at=now.started_at, host=now.host, platform=now.platform,
                             packages=now.packages, python=now.python)
-    return first.model_copy(update={"resumes": [*(first.resumes or []), session]})
+    return first.model_copy(update={"resumes": [*first.resumes, session]})
 
 
 def _check_weights(run_dir: Path, now: dict[str, Any]) -> None:
@@ -132,7 +132,7 @@ def _check_weights(run_dir: Path, now: dict[str, Any]) -> None:
     manifest = run.manifest()  # a damaged one is a DataFileError naming it
     if manifest is None:
         return
-    before = manifest.weights or {}
+    before = manifest.weights
     for key, fp in now.items():
         changed = changed_parts(before.get(key), fp)
         if changed:

@@ -106,8 +106,8 @@ def _state(state: SupervisorState | None) -> dict[str, float]:
 def _note_from_row(row: ResumableRoundRow, task_prompt: str) -> RoundNote:
     sup, event = row.supervisor, row.event
     return RoundNote(
-        row.global_round, row.task_index, row.task_title or "", row.round,
-        event.name if event else None, row.performer.text or "",
+        row.global_round, row.task_index, row.task_title, row.round,
+        event.name if event else None, row.performer.text,
         (sup.evaluation.reasoning or "") if sup.evaluation else "", _state(sup.state_before), _state(sup.state_after),
         (sup.feedback.text or "") if sup.feedback else "", row.task_complete,
         task_prompt, event.pressure if event else None,
@@ -176,11 +176,11 @@ async def run_trial(ctx: RunContext, trial_id: str, seed: int, schedule: Schedul
     # Rebuild everything from the rows already on disk.
     for done in disk.rows:
         task = pack.task(done.task_index)
-        for m in store.get(done.performer.new_message_ids or []):
+        for m in store.get(done.performer.new_message_ids):
             performer.add_user(m["content"], starts_task=done.round == 1)
-        performer.add_answer(done.performer.text or "")
+        performer.add_answer(done.performer.text)
         supervisor.memory.add_files(task.files)
-        summary = next(iter(done.supervisor.summaries_added or []), None)  # the one it added, if any
+        summary = next(iter(done.supervisor.summaries_added), None)  # the one it added, if any
         supervisor.memory.push(_note_from_row(done, task.prompt), summary)
         supervisor.state = _state(done.supervisor.state_after)
         result.tokens += _tokens(done)
@@ -291,7 +291,7 @@ def open_message_store(trial: TrialStore, rows: Sequence[RoundRow]) -> MessageSt
                             "trial's audit rows to redo the trial")
     store = trial.messages()
     for row in rows:
-        store.get(row.performer.new_message_ids or [])  # raises naming the store and the message
+        store.get(row.performer.new_message_ids)  # raises naming the store and the message
     return store
 
 

@@ -8,21 +8,7 @@ import os
 
 import typer
 
-from lhd_train.cli import (
-    audit,
-    audit_eval,
-    data,
-    doctor,
-    entitle,
-    gpu_check,
-    lens,
-    merge,
-    models,
-    report,
-    run,
-    slurm,
-    train,
-)
+from lhd_train.cli import audit, audit_eval, data, doctor, entitle, lens, merge, models, report, run, slurm, train
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -32,7 +18,7 @@ for group in (run, models, audit, audit_eval, train, report):
     app.add_typer(group.app)
 app.add_typer(data.data_app, name="data")
 app.add_typer(slurm.slurm_app, name="slurm")
-for group in (merge, doctor, gpu_check):
+for group in (merge, doctor):
     app.add_typer(group.app)
 app.add_typer(lens.app, name="lens", help="Jacobian lens: fit, probe sets, margin readouts")
 app.add_typer(entitle.app, name="entitle")

@@ -58,7 +58,7 @@ def fit(args: FitCommand) -> None:
     from lens.model import load_hf, pick_device
     from lens.plan import DEFAULT_DIM_BATCH, resolve_attn, resolve_dtype
     from lens.store import save_lens
-    from lhd_train.ops.shard import parse_shard, shard_bounds
+    from lhd_train.rundir.shard import parse_shard, shard_bounds
     from rollouts.model_files import weights_fingerprint
 
     _check_out(args.out)

@@ -27,7 +27,7 @@ def run_cmd(
 
     cfg = load_config(config, overrides or [])
     if shard:
-        from lhd_train.ops import parse_shard, shard_config
+        from lhd_train.rundir.shard import parse_shard, shard_config
 
         cfg = shard_config(cfg, *parse_shard(shard))
     cfg.check_windows(RUN_ROLES, config)  # max_tokens that leave no room for a prompt
@@ -48,7 +48,7 @@ def print_summary(results: list) -> None:
                 "time s"):
         table.add_column(col, justify="right" if col not in ("trial", "status") else "left")
     for r in results:
-        st = r.final_state or {}
+        st = r.final_state
         table.add_row(r.trial_id, r.status, str(r.rounds), str(r.tasks_done), str(r.tasks_completed),
                       f"{st.get('trust', 0):+.2f}", f"{st.get('satisfaction', 0):+.2f}", f"{st.get('comfort', 0):+.2f}",
                       str(r.tokens), f"{r.seconds:.1f}")

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from lhd_train.config.slurm import STAGES
+from lhd_train.ops.slurm_vars import STAGES
 
 if TYPE_CHECKING:
     from lhd_train.ops.status import RunStatus
@@ -53,7 +53,7 @@ def slurm_render_cmd(
 @slurm_app.command("vars")
 def slurm_vars_cmd(stage: str = typer.Argument(..., help=" | ".join(STAGES))) -> None:
     """The variables a stage's template takes, with their defaults."""
-    from lhd_train.config.slurm import stage_model
+    from lhd_train.ops.slurm_vars import stage_model
 
     for k, v in sorted(stage_model(stage)().model_dump().items()):
         typer.echo(f"{k} = {json.dumps(v)}")

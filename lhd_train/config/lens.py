@@ -1,7 +1,7 @@
 """The options of the `lhd lens` commands, declared once: type, default, bounds, help.
 
 The command line (`lhd_train.cli.lens`, through `lhd_train.options`), the Slurm lens stage
-(`config.slurm.LensVars` takes every `FitArgs` field as a variable) and the job's rendered
+(`ops.slurm_vars.LensVars` takes every `FitArgs` field as a variable) and the job's rendered
 `lhd lens fit` flags all come from these models, so a default cannot differ between them. The
 `lens` package itself takes plain dataclasses (`CorpusSpec`, `FitSettings`, `ReadConfig`, ...),
 filled from these by field name. Field conventions (`flag`, `argument`) are those of `config.flags`."""

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from lhd_train.errors import DataFileError
+from lhd_train.errors import data_file_error
 from lhd_train.io.files import append_jsonl, atomic_write_text, json_text, read_json_mapping, read_jsonl_lines
 
 MANIFEST, ITEMS, ANSWERS, SUMMARY = "entitle.json", "items.jsonl", "answers.jsonl", "summary.json"
@@ -138,8 +138,7 @@ class EntitleDir:
         try:
             return EntitleRecord.model_validate(self.read_manifest())
         except ValidationError as e:
-            err = e.errors()[0]
-            raise DataFileError(self.manifest, err["msg"], field=".".join(map(str, err["loc"]))) from None
+            raise data_file_error(e, self.manifest, root=EntitleRecord) from None
 
     def write_manifest(self, record: dict[str, Any]) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -162,9 +161,7 @@ class EntitleDir:
             try:
                 out.append(AnswerRow.model_validate(raw))
             except ValidationError as e:
-                err = e.errors()[0]
-                raise DataFileError(path, err["msg"], line=n, field=".".join(map(str, err["loc"])),
-                                    repair=REPAIR) from None
+                raise data_file_error(e, path, line=n, repair=REPAIR, root=AnswerRow) from None
         return out
 
     def latest(self, path: Path | None = None) -> dict[str, AnswerRow]:

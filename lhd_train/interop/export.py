@@ -95,7 +95,7 @@ def collect_rows(run_dir: Path | Run) -> tuple[list[dict[str, Any]], dict[str, s
             rec = {c.name: _cast(c.get(data), c.kind) for c in columns}
             rec["has_event"] = row.event is not None
             rec["trial_finished"] = finished
-            ids = row.performer.new_message_ids or []
+            ids = row.performer.new_message_ids
             found = store is not None and all(i in store for i in ids)
             rec["performer_user_message"] = _cast("\n\n".join(m["content"] for m in store.get(ids)), "string") \
                 if ids and found and store is not None else None

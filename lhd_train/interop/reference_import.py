@@ -140,7 +140,7 @@ def convert_session(session: Session, result: RefResult, run_id: str, prompts: P
                     feedback=Feedback(reasoning=me.feedback_reasoning, text=me.feedback_response),
                     state_before=SupervisorState(**before) if before is not None else None,
                     state_after=SupervisorState(**after) if after is not None else None,
-                    parse_status="ok", attempts=None, calls=None, summaries_added=None,
+                    parse_status="ok", attempts=None,
                 ),
                 task_complete=bool(me.task_complete),
                 models=models,
@@ -166,17 +166,17 @@ def detection_row(det: RefDetection, row: RoundRow | None, trial_id: str, run_id
         labels = Labels(det.deception_detected, list(det.types), det.severity, det.confidence_score,
                         det.reasoning, list(det.evidence))
         status = "ok"
-    return AuditRow(
+    out = AuditRow(
         run_id=run_id, trial_id=trial_id, global_round=det.global_round,
         task_index=row.task_index if row else None, round=row.round if row else None,
         auditor_id=auditor_id, mode="window" if window is not None else "full", window=window,
-        **labels.as_row(), parse_status=status, raw=det.raw_response, error=None, original=None,
-        reference_raw=raw_labels if status != "ok" else None,
-        attempts=None, context_rounds=None, prompt_sha256=None, prompt_tokens=None,
-        completion_tokens=None, cached_tokens=None, latency_s=None, calls=None,
+        **labels.as_row(), parse_status=status, raw=det.raw_response, error=None,
+        attempts=None, prompt_sha256=None, prompt_tokens=None,
+        completion_tokens=None, cached_tokens=None, latency_s=None,
         model=ModelRef(key="reference", model=REFERENCE_AUDITOR, revision=None, adapter=None),
         timestamp=None,
     )
+    return out.model_copy(update={"reference_raw": raw_labels}) if status != "ok" else out
 
 
 SUMMARY_KEYS = ("total_rounds", "deception_occurrences", "deception_rate", "severity_average_all_rounds",
@@ -343,7 +343,7 @@ def _write_run(sources_read: list[_Source], stage: Path, out: Path, manifest: Ma
                 arow = detection_row(d, by_round[d.global_round], s.trial_id, run_id, aid, window, repair)
                 auditor.append(arow)
                 written.append(arow)
-                counts[arow.parse_status or "ok"] += 1
+                counts[arow.parse_status] += 1
             check = check_summary(det.summary, written)
             info = auditors.setdefault(aid, AuditorRecord(
                 schema_=AUDITOR_SCHEMA, auditor_id=aid,
@@ -352,7 +352,7 @@ def _write_run(sources_read: list[_Source], stage: Path, out: Path, manifest: Ma
                 model_identity={"key": "reference", "model": REFERENCE_AUDITOR, "revision": None, "adapter": None},
                 source=SOURCE_KIND, trials={}))
             info.repair = repair
-            info.trials = {**(info.trials or {}), s.trial_id: {
+            info.trials = {**info.trials, s.trial_id: {
                 "file": str(path.resolve()), "summary": det.summary, "rows": counts, "summary_check": check}}
             if check is not None and not check["matches"]:
                 imported.note = "; ".join(filter(None, [imported.note, (

@@ -124,9 +124,9 @@ def label_of(row: AuditRow, trial_id: str, auditor_id: str) -> RoundLabel:
     """The one rule that turns an audit row into a label: a row cut at its token limit (parse
     status `cut`), failed, or without a verdict is no label; types are the known ones, each once.
     `trial_id` and `auditor_id` are those of the row file (`audit/<auditor_id>/<trial_id>.jsonl`)."""
-    status = row.parse_status or "ok"
+    status = row.parse_status
     failed = status in NO_LABEL_STATUSES or row.deceptive is None
-    named = {str(t).strip().upper() for t in row.types or []}
+    named = {str(t).strip().upper() for t in row.types}
     return RoundLabel(
         trial_id=trial_id, global_round=row.global_round, auditor_id=auditor_id,
         mode=row.mode, window=row.window, label_status=FAILED if failed else status, label_cut=status == "cut",
@@ -134,7 +134,7 @@ def label_of(row: AuditRow, trial_id: str, auditor_id: str) -> RoundLabel:
         types=() if failed else tuple(t for t in TYPES if t in named),
         severity=None if failed or row.severity is None else float(row.severity),
         confidence=None if row.confidence is None else float(row.confidence),
-        reasoning=row.reasoning or "", evidence=tuple(str(e) for e in row.evidence or []))
+        reasoning=row.reasoning or "", evidence=tuple(str(e) for e in row.evidence))
 
 
 def auditor_labels(run: Run | str | Path, auditor_id: str) -> list[RoundLabel]:

@@ -371,7 +371,7 @@ def check_config(config: str | Path, gpu_gib: float | None = None) -> list[Row]:
     judged for cuda unless the entry says device: cpu, and whether its KV cache holds a sequence)."""
     import yaml
 
-    from lhd_train.config.base import field_path
+    from lhd_train.errors import field_path
     from rollouts.backends import check_gpus, config_rows, parse_spec
     from rollouts.gpus import GpuAssignmentError, gpu_count
 

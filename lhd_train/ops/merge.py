@@ -38,13 +38,13 @@ from lhd_train.finetune.records import DATA_DIR, DATA_RECORD, DataPart, DataReco
 from lhd_train.io.files import atomic_write, atomic_write_bytes
 from lhd_train.io.files import sha256_file as _sha
 from lhd_train.io.provenance import utc_now as _now
-from lhd_train.ops.shard import parse_shard_run_name
 from lhd_train.rundir.layout import CONFIG, LOCK, TASKS
 from lhd_train.rundir.lock import run_dir_lock
 from lhd_train.rundir.manifest import AuditorRecord, Manifest, MergedSource, RunSource, SourceOutcome, Summary
 from lhd_train.rundir.names import name_problem, parse_trial_id
 from lhd_train.rundir.rows import RoundRow
 from lhd_train.rundir.run import AuditorStore, Run
+from lhd_train.rundir.shard import parse_shard_run_name
 from lhd_train.rundir.staging import staged_dir
 
 MERGE_KIND = "lhd merge"
@@ -106,9 +106,9 @@ class Source:
         """What the merged manifest records of this source (`merged_at` is set by the merge)."""
         m = self.manifest
         return MergedSource(path=str(self.path), run_name=self.run_name,
-                            shard=list(self.shard) if self.shard else None, seeds=self.seeds(), trials=self.trials,
+                            shard=list(self.shard or ()), seeds=self.seeds(), trials=self.trials,
                             host=m.host if m else None, started_at=m.started_at if m else None,
-                            packages=m.packages if m else None)
+                            packages=m.packages if m else {})
 
 
 def _trial_ids(run: Run) -> set[str]:

@@ -39,10 +39,10 @@ from lhd_train.config.base import parse_assignment, read_config, validate
 from lhd_train.config.data import DataOptions
 from lhd_train.config.flags import to_argv
 from lhd_train.config.lens import FitArgs
-from lhd_train.config.slurm import stage_vars
 from lhd_train.errors import InputError
 from lhd_train.ops.slurm_gpus import node_gpus
 from lhd_train.ops.slurm_train import train_size
+from lhd_train.ops.slurm_vars import stage_vars
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK = "${SLURM_ARRAY_TASK_ID}"
@@ -105,7 +105,7 @@ def command_argv(options: type[BaseModel], v: dict[str, Any], exclude: tuple[str
 
 
 def _resolve_vars(stage: str, given: dict[str, Any]) -> dict[str, Any]:
-    """The stage's variables (`config.slurm`), checked, as the dict the planners and templates read."""
+    """The stage's variables (`ops.slurm_vars`), checked, as the dict the planners and templates read."""
     return stage_vars(stage, given).model_dump()
 
 
@@ -415,7 +415,7 @@ def _context(plan: Plan, v: dict[str, Any], config: Path, merge_script: str | No
 
 
 def render_slurm(stage: str, config: Path, **vars: Any) -> str:
-    """The filled sbatch script of `stage` for `config`. Variables: `lhd_train.config.slurm`."""
+    """The filled sbatch script of `stage` for `config`. Variables: `lhd_train.ops.slurm_vars`."""
     return render_job(stage, config, **vars)[0]
 
 

@@ -311,7 +311,7 @@ def run_status(run: Path, shards: int | None = None, use_slurm: bool = True) -> 
     jobs, note = slurm_jobs(names) if use_slurm else ([], "Slurm not asked (--no-slurm)")
     st = RunStatus(run_name, output_dir / run_name, note=note)
     from lhd_train.ops.merge import MERGE_KIND
-    from lhd_train.ops.shard import shard_items
+    from lhd_train.rundir.shard import shard_items
 
     for n in ([shards] if shards else _shard_counts(output_dir, run_name, jobs)):
         for i in range(n):
@@ -332,7 +332,7 @@ def run_status(run: Path, shards: int | None = None, use_slurm: bool = True) -> 
     if shown and progress is not None:
         detail = progress.detail
         if source is not None and is_merge:
-            detail = f"merged from {len(source.sources or [])} shard(s); {detail}"
+            detail = f"merged from {len(source.sources)} shard(s); {detail}"
         st.rows.append(Row("merge" if (is_merge or s) else "run", "", s or progress.status, detail, label, raw))
     elif s:
         st.rows.append(Row("merge", "", s, "no merged run directory yet", label, raw))

@@ -5,20 +5,20 @@ auditor's `auditor.json` (docs/formats.md).
 Like the rows (`rundir.rows`), each is the in-memory type and the file at once: writers build one,
 `rundir.run` writes it, readers get it back checked. Fields are optional where an older writer or
 another producer (a merge, an import of the authors' sessions, a planted copy) may leave them out;
-unknown fields are kept."""
+collections are then empty (`Items`, `Table`), never None; unknown fields are kept."""
 from __future__ import annotations
 
 from typing import Annotated, Any
 
 from pydantic import Field
 
-from lhd_train.rundir.rows import ModelRef, Record
+from lhd_train.rundir.rows import Items, ModelRef, Record, Table
 
 
 class RoleModel(ModelRef):
     """A role's model as the run loaded it: the rows' `ModelRef`, plus what its backend reported."""
 
-    describe: dict[str, Any] | None = None
+    describe: Table[Any] = {}
 
 
 class ResumeSession(Record):
@@ -27,7 +27,7 @@ class ResumeSession(Record):
     started_at: str | None = None
     host: str | None = None
     platform: str | None = None
-    packages: dict[str, str | None] | None = None
+    packages: Table[str | None] = {}
     python: str | None = None
 
 
@@ -37,12 +37,12 @@ class MergedSource(Record):
 
     path: str | None = None
     run_name: str | None = None
-    shard: list[int] | None = None  # [index, count]
-    seeds: list[int] | None = None
-    trials: list[str] | None = None
+    shard: Items[int] = []  # [index, count]
+    seeds: Items[int] = []
+    trials: Items[str] = []
     host: str | None = None
     started_at: str | None = None
-    packages: dict[str, str | None] | None = None
+    packages: Table[str | None] = {}
     merged_at: str | None = None
 
 
@@ -51,9 +51,9 @@ class RunSource(Record):
     folders, by trial) or `lhd merge` (the merged runs)."""
 
     kind: str | None = None
-    sessions: dict[str, dict[str, Any]] | None = None  # import-reference: trial id -> its session folder
+    sessions: Table[dict[str, Any]] = {}  # import-reference: trial id -> its session folder
     imported_at: str | None = None
-    sources: list[MergedSource] | None = None  # merge: one record per merged run
+    sources: Items[MergedSource] = []  # merge: one record per merged run
 
 
 class Manifest(Record):
@@ -67,19 +67,19 @@ class Manifest(Record):
     pack: str | None = None
     pack_source: str | None = None
     pack_sha256: str | None = None
-    seeds: list[int] | None = None
-    trials: list[str] | None = None
-    models: dict[str, RoleModel] | None = None
-    sampling: dict[str, dict[str, Any]] | None = None
-    effective_sampling: dict[str, dict[str, Any]] | None = None
-    weights: dict[str, Any] | None = None
-    packages: dict[str, str | None] | None = None
+    seeds: Items[int] = []
+    trials: Items[str] = []
+    models: Table[RoleModel] = {}
+    sampling: Table[dict[str, Any]] = {}
+    effective_sampling: Table[dict[str, Any]] = {}
+    weights: Table[Any] = {}
+    packages: Table[str | None] = {}
     python: str | None = None
     host: str | None = None
     platform: str | None = None
     started_at: str | None = None
     created_at: str | None = None  # the curated set's run: when it was built
-    resumes: list[ResumeSession] | None = None
+    resumes: Items[ResumeSession] = []
 
 
 class TrialOutcome(Record):
@@ -90,7 +90,7 @@ class TrialOutcome(Record):
     rounds: int | None = None
     tasks_done: int | None = None
     tasks_completed: int | None = None
-    final_state: dict[str, float] | None = None
+    final_state: Table[float] = {}
     tokens: int | None = None
     seconds: float | None = None
     status: str | None = None  # done | failed | partial
@@ -103,7 +103,7 @@ class SourceOutcome(Record):
 
     wall_s: float | None = None
     gpu_hours: float | None = None
-    trials: list[TrialOutcome] | None = None
+    trials: Items[TrialOutcome] = []
 
 
 class Summary(Record):
@@ -114,9 +114,9 @@ class Summary(Record):
     gpu_hours_this_invocation: float | None = None
     gpu_hours: float | None = None  # lhd merge: the sources' gpu_hours_this_invocation summed
     gpu_hours_note: str | None = None  # lhd merge: what gpu_hours counts
-    usage_by_role: dict[str, dict[str, Any]] | None = None
-    trials: list[TrialOutcome] | None = None
-    by_source: dict[str, SourceOutcome] | None = None  # lhd merge: each source's last `lhd run`
+    usage_by_role: Table[dict[str, Any]] = {}
+    trials: Items[TrialOutcome] = []
+    by_source: Table[SourceOutcome] = {}  # lhd merge: each source's last `lhd run`
 
 
 class RunTaskFile(Record):
@@ -146,7 +146,7 @@ class DoneMarker(Record):
     marker that outlives its rows is caught). The oldest markers hold only a timestamp: `rounds`
     is then None."""
 
-    finished_at: str | None = None
+    finished_at: str
     rounds: int | None = None
     last_global_round: int | None = None
 
@@ -156,28 +156,28 @@ class AuditorRecord(Record):
     (a resumed audit with other ones is refused)."""
 
     schema_: Annotated[str | None, Field(alias="schema")] = None
-    auditor_id: str | None = None
+    auditor_id: str
     mode: str | None = None
     window: int | None = None
     created_at: str | None = None
     updated_at: str | None = None
-    model_files: dict[str, Any] | None = None
+    model_files: Table[Any] = {}
     # what `lhd audit` records (audit.runner.auditor_record); IDENTITY_KEYS must not change on resume
-    options: dict[str, Any] | None = None
-    model_identity: dict[str, Any] | None = None
-    role: dict[str, Any] | None = None
-    model_spec: dict[str, Any] | None = None
-    prompts: dict[str, str] | None = None
+    options: Table[Any] = {}
+    model_identity: Table[Any] = {}
+    role: Table[Any] = {}
+    model_spec: Table[Any] = {}
+    prompts: Table[str] = {}
     system_prompt: str | None = None
     instruction_template: str | None = None
     prompts_source: str | None = None
     task_source: str | None = None
     config_source: str | None = None
-    packages: dict[str, str | None] | None = None
+    packages: Table[str | None] = {}
     python: str | None = None
-    describe: dict[str, Any] | None = None
-    resumes: list[dict[str, Any]] | None = None  # later sessions that added rows: their provenance
+    describe: Table[Any] = {}
+    resumes: Items[dict[str, Any]] = []  # later sessions that added rows: their provenance
     # what `lhd import-reference` records (interop.reference_import)
     source: str | None = None
     repair: bool | None = None
-    trials: dict[str, dict[str, Any]] | None = None
+    trials: Table[dict[str, Any]] = {}

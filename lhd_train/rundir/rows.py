@@ -7,15 +7,30 @@ return the model, so stages use attributes a type checker follows and a damaged 
 fails naming its line and field. The export derives its columns from the models, so a field
 added here reaches the dataset without a second list. Unknown fields are kept (`extra="allow"`):
 a newer writer's rows still load. Each row names its schema; a row of an older version is
-upgraded on read by `upgrade` (tests/data/runs/ keeps a run directory of every version)."""
+upgraded on read by `upgrade` (tests/data/runs/ keeps a run directory of every version).
+
+Fields every writer of a schema version has always written, with a value, are required (a row
+without one fails naming it); collections are empty when absent or null (`Items`, `Table`), so
+readers neither check for None nor write `or []`. The rest stay optional: an older writer or
+another producer (an import, a curated or planted set) leaves them out or null."""
 from __future__ import annotations
 
 import types
 import typing
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Union
+from typing import Annotated, Any, ClassVar, TypeVar, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 
 ROW_SCHEMA = "lhd.round/1"        # trials/<trial>.jsonl
@@ -43,6 +58,13 @@ class Export:
 SKIP = Export(skip=True)
 
 
+T = TypeVar("T")
+#: A collection in a record is empty, never None, when its writer left it out or wrote null (as
+#: writers of the same schema did), so readers iterate it without a check.
+Items = Annotated[list[T], BeforeValidator(lambda v: [] if v is None else v)]
+Table = Annotated[dict[str, T], BeforeValidator(lambda v: {} if v is None else v)]
+
+
 class Record(BaseModel):
     """Strict types (no "3" for 3, no true for 1), unknown fields kept, keyword construction by
     field name (`schema_=`) or by key (`schema=`)."""
@@ -50,6 +72,26 @@ class Record(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow", populate_by_name=True)
     #: whether a field without an `Export` mark is exported (False: only marked fields are)
     export_by_default: ClassVar[bool] = True
+
+    #: the collections this record's file wrote as null: read as empty, written back as null, so a
+    #: row copied from one file to another is written as it was
+    _nulls: frozenset[str] = PrivateAttr(default=frozenset())
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _note_nulls(cls, data: Any, handler: ModelWrapValidatorHandler[Record]) -> Record:
+        record = handler(data)
+        if isinstance(data, dict):
+            record._nulls = frozenset(k for k, v in data.items() if v is None and getattr(record, k, None) in ([], {}))
+        return record
+
+    @model_serializer(mode="wrap")
+    def _write_nulls(self, handler: SerializerFunctionWrapHandler) -> Any:
+        out = handler(self)
+        for key in self._nulls:
+            if out.get(key) in ([], {}):
+                out[key] = None
+        return out
 
     def to_json(self) -> dict[str, Any]:
         """The row as written: the fields its writer set (and unknown ones it carried), by key."""
@@ -124,15 +166,18 @@ class PerformerContext(Record):
 
 
 class PerformerRecord(Record):
-    text: str | None = None
+    """The performer's answer. `token_ids` is None where the tokens are not known (an imported or
+    planted answer), [] for an empty answer: the one list that keeps None."""
+
+    text: str
     think: str | None = None
     raw: Annotated[str | None, SKIP] = None
     finish_reason: str | None = None
     segments: int | None = None
     truncated: bool | None = None
     token_ids: list[int] | None = None
-    message_ids: Annotated[list[str] | None, SKIP] = None
-    new_message_ids: Annotated[list[str] | None, SKIP] = None
+    message_ids: Annotated[Items[str], SKIP] = []
+    new_message_ids: Annotated[Items[str], SKIP] = []
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
@@ -168,7 +213,7 @@ class CallRecord(Record):
 
     stage: str | None = None
     attempt: int | None = None
-    message_ids: list[str] | None = None
+    message_ids: Items[str] = []
     raw: str | None = None
     finish_reason: str | None = None
     cut: bool | None = None
@@ -209,8 +254,8 @@ class SupervisorRecord(Record):
     state_after: Annotated[SupervisorState | None, Export(prefix="", suffix="_after")] = None
     parse_status: str | None = None
     attempts: int | None = None
-    calls: Annotated[list[CallRecord] | None, SKIP] = None
-    summaries_added: Annotated[list[SummaryRecord] | None, SKIP] = None
+    calls: Annotated[Items[CallRecord], SKIP] = []
+    summaries_added: Annotated[Items[SummaryRecord], SKIP] = []
     context: Annotated[SupervisorContext | None, SKIP] = None
 
 
@@ -231,24 +276,25 @@ class RunModels(Record):
 
 
 class RoundRow(VersionedRecord):
-    """One performer answer and its supervision. Readers need the four required fields."""
+    """One performer answer and its supervision. A curated, planted or exported set has no
+    supervisor (null); an imported session has no timestamps and may have no pack name."""
 
     SCHEMA: ClassVar[str] = ROW_SCHEMA
     SCHEMAS: ClassVar[tuple[str, ...]] = ROW_SCHEMAS
 
-    run_id: str | None = None
-    trial_id: str | None = None
-    seed: int | None = None
-    pack: str | None = None
+    run_id: str
+    trial_id: str
+    seed: int
+    pack: str | None = None  # an imported session whose folder and result name none
     task_index: int
-    task_title: str | None = None
+    task_title: str
     round: int
     global_round: int
     event: EventRecord | None = None
     performer: PerformerRecord
     supervisor: SupervisorRecord | None = None
     task_complete: bool | None = None
-    models: Annotated[RunModels | None, Export(prefix="")] = None
+    models: Annotated[RunModels, Export(prefix="")]
     timestamp: str | None = None
 
 
@@ -273,35 +319,35 @@ class AuditRow(VersionedRecord):
     SCHEMA: ClassVar[str] = AUDIT_SCHEMA
     SCHEMAS: ClassVar[tuple[str, ...]] = AUDIT_SCHEMAS
 
-    run_id: str | None = None
-    trial_id: str | None = None
+    run_id: str
+    trial_id: str
     global_round: int
-    task_index: int | None = None
+    task_index: int | None = None  # None: an imported label of a round the session does not hold
     round: int | None = None
-    auditor_id: str | None = None
-    mode: str | None = None
+    auditor_id: str
+    mode: str
     window: int | None = None
-    deceptive: Annotated[bool | None, LABEL] = None
-    types: Annotated[list[str] | None, LABEL] = None
+    deceptive: Annotated[bool | None, LABEL] = None  # None: no verdict (parse_status failed or cut)
+    types: Annotated[Items[str], LABEL] = []
     severity: Annotated[int | None, LABEL] = None
     confidence: Annotated[float | None, LABEL] = None
     reasoning: Annotated[str | None, LABEL] = None
-    evidence: Annotated[list[str] | None, LABEL] = None
-    parse_status: Annotated[str | None, LABEL] = None
+    evidence: Annotated[Items[str], LABEL] = []
+    parse_status: Annotated[str, LABEL]
     raw: str | None = None
     error: str | None = None
     trial_unfinished: bool | None = None  # labelled from a partial trajectory; redone once it ends
-    original: dict[str, Any] | None = None
-    reference_raw: dict[str, Any] | None = None
+    original: Table[Any] = {}
+    reference_raw: Table[Any] = {}
     attempts: int | None = None
-    context_rounds: list[int] | None = None
+    context_rounds: Items[int] = []
     prompt_sha256: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
     latency_s: float | None = None
-    calls: list[CallRecord] | None = None
-    model: ModelRef | None = None
+    calls: Items[CallRecord] = []
+    model: ModelRef
     timestamp: str | None = None
 
 

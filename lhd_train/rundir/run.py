@@ -15,7 +15,7 @@ from typing import Any, TypeVar, overload
 import yaml
 from pydantic import ValidationError
 
-from lhd_train.errors import DataFileError, InputError
+from lhd_train.errors import DataFileError, InputError, data_file_error
 from lhd_train.io.files import (
     append_jsonl,
     atomic_write_text,
@@ -53,9 +53,7 @@ def read_record(path: Path, model: type[M]) -> M | None:
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or None
-        raise DataFileError(path, f"{err['msg']} (input {str(err['input'])[:60]!r})", field=field) from None
+        raise data_file_error(e, path, root=model) from None
 
 
 def write_record(path: Path, record: Record) -> None:
@@ -151,8 +149,6 @@ class AuditorStore:
         return winning_audit_rows(self.rows(trial_id))
 
     def append(self, row: AuditRow) -> None:
-        if row.trial_id is None:
-            raise ValueError("an audit row needs its trial_id to be written")
         self.path.mkdir(parents=True, exist_ok=True)
         append_jsonl(self.rd.audit_rows(self.auditor_id, row.trial_id), row.to_json())
 
@@ -250,7 +246,7 @@ class Run:
         meets it (`TrialStore.read` refuses it, naming the repair) instead of dropping the trial."""
         found = sorted({*self.dir.trial_ids(), *self.dir.done_trial_ids()})
         manifest = self.manifest() if self.dir.manifest.is_file() else None
-        rank = {t: i for i, t in enumerate((manifest.trials if manifest else None) or [])}
+        rank = {t: i for i, t in enumerate(manifest.trials if manifest else [])}
         return sorted(found, key=lambda t: (rank.get(t, len(rank)), t))
 
     def trial(self, trial_id: str) -> TrialStore:

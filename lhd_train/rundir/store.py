@@ -11,7 +11,7 @@ from typing import Any, TypeVar, overload
 
 from pydantic import ValidationError
 
-from lhd_train.errors import DataFileError
+from lhd_train.errors import DataFileError, data_file_error, explain
 from lhd_train.io.files import append_jsonl, read_jsonl_lines
 from lhd_train.rundir.layout import DONE_SUFFIX, ROWS_SUFFIX, TrialFiles, trial_id_of_messages
 from lhd_train.rundir.manifest import DoneMarker
@@ -34,12 +34,7 @@ def _check_row(path: Path, n: int, row: dict[str, Any], model: type[R], repair: 
     try:
         return model.model_validate(row)
     except ValidationError as e:
-        err = e.errors()[0]
-        field = ".".join(str(part) for part in err["loc"]) or None
-        shown = repr(err["input"])
-        shown = shown if len(shown) <= 80 else shown[:77] + "..."
-        what = "missing" if err["type"] == "missing" else f"{shown} is not a valid value ({err['msg']})"
-        raise DataFileError(path, what, line=n, field=field, repair=repair and repair.format(line=n)) from None
+        raise data_file_error(e, path, line=n, repair=repair and repair.format(line=n), root=model) from None
 
 
 @overload
@@ -182,8 +177,8 @@ def read_done_marker(path: Path) -> DoneMarker | None:
     try:
         marker = DoneMarker.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
-        raise _done_marker_error(path, err["msg"], ".".join(str(p) for p in err["loc"]) or None) from None
+        problem = explain(e, DoneMarker)
+        raise _done_marker_error(path, problem.problem, problem.field) from None
     if marker.rounds is None:  # every JSON marker has recorded its round count
         raise _done_marker_error(path, "no round count", "rounds")
     return marker

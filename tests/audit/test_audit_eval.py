@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from support.scripted import ScriptedBackend
+from support.synthetic import LABEL_IDS
 from typer.testing import CliRunner
 
 from lhd_train.audit.curated import CURATED_PATH, build_curated_run, load_curated
@@ -146,7 +147,8 @@ def test_wilson_matches_the_formula_and_a_published_value():
 
 
 def audit_row(deceptive, types=(), severity=0):
-    return AuditRow(global_round=1, deceptive=deceptive, types=list(types), severity=severity)
+    return AuditRow(**LABEL_IDS, global_round=1, deceptive=deceptive, types=list(types), severity=severity,
+                    parse_status="ok" if deceptive is not None else "failed")
 
 
 def test_score_against_hand_counts():

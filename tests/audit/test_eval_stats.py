@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from scipy import stats
 from sklearn.metrics import cohen_kappa_score
+from support.synthetic import LABEL_IDS
 
 from lhd_train.audit.eval_results import AuditorEvaluation, read_evaluation
 from lhd_train.audit.eval_stats import calibration, clustered_rate, weighted_kappa
@@ -34,8 +35,8 @@ def wilson(p: float, n: float, z: float = Z) -> tuple[float, float]:
 
 
 def row(deceptive, severity=0, confidence=None, types=()):
-    return AuditRow(global_round=1, deceptive=deceptive, types=list(types) or ([F] if deceptive else []),
-                    severity=severity, confidence=confidence)
+    return AuditRow(**LABEL_IDS, global_round=1, deceptive=deceptive, types=list(types) or ([F] if deceptive else []),
+                    severity=severity, confidence=confidence, parse_status="ok" if deceptive is not None else "failed")
 
 
 # ---------------------------------------------------------------- the clustered interval

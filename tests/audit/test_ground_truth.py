@@ -16,7 +16,7 @@ from lhd_train.audit.ground_truth import (
     write_ground_truth,
     write_plant_info,
 )
-from lhd_train.errors import InputError
+from lhd_train.errors import DataFileError, InputError
 from lhd_train.rundir.run import Run
 
 
@@ -47,9 +47,9 @@ def test_labels_and_plant_info_read_back_as_written(tmp_path: Path) -> None:
 def test_a_damaged_label_names_its_row_and_field(tmp_path: Path, row: dict, field: str | None) -> None:
     ok = {"trial_id": "s1", "global_round": 1, "deceptive": False, "type": None, "severity": 0}
     (tmp_path / "ground_truth.jsonl").write_text(json.dumps(ok) + "\n" + json.dumps(row) + "\n")
-    with pytest.raises(InputError, match="row 2") as e:
+    with pytest.raises(DataFileError, match="ground_truth.jsonl: line 2") as e:
         read_ground_truth(Run.at(tmp_path))
-    assert e.value.field == field
+    assert e.value.field == field and e.value.line == 2
 
 
 def test_no_labels_is_an_error_saying_how_to_make_them(tmp_path: Path) -> None:

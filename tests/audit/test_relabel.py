@@ -9,6 +9,7 @@ rerun appended another failed row for the same round."""
 from __future__ import annotations
 
 from support.scripted import ScriptedBackend
+from support.synthetic import LABEL_IDS
 from test_auditor import answer, audit, auditor_script, make_run, rows_of
 
 from lhd_train.metrics.load import load_run
@@ -48,7 +49,7 @@ def test_a_failed_relabel_replaces_the_label_of_the_unfinished_trial(tmp_path):
 
 
 def _row(g: int, status: str, unfinished: bool | None, deceptive: bool | None) -> AuditRow:
-    return AuditRow.model_validate({"trial_id": "s1", "global_round": g, "parse_status": status,
+    return AuditRow.model_validate({**LABEL_IDS, "global_round": g, "parse_status": status,
                                     "trial_unfinished": unfinished, "deceptive": deceptive})
 
 

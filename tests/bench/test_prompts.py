@@ -77,14 +77,16 @@ FIXED = {
 
 def rendered_prompts() -> dict[str, str]:
     """Every prompt file as a model reads it, with the fixed inputs above."""
+    from support.synthetic import ROUND_IDS
+
     from lhd_train.audit.trajectory import AuditorPrompts
     from lhd_train.rundir.rows import PerformerRecord, RoundRow
 
     out = {name: Prompts().render(name, **values) for name, values in FIXED.items()}
     auditor = AuditorPrompts.load()
     out["auditor_system"] = auditor.system
-    out["auditor_instruction"] = auditor.instruction_for(RoundRow(global_round=7, task_index=3, round=2,
-                                                                  performer=PerformerRecord()))
+    out["auditor_instruction"] = auditor.instruction_for(RoundRow(**ROUND_IDS, global_round=7, task_index=3, round=2,
+                                                                  performer=PerformerRecord(text="")))
     return out
 
 

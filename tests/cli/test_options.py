@@ -22,9 +22,9 @@ from lhd_train.cli.lens import app as lens_app
 from lhd_train.config.data import BuildSettings, DataOptions
 from lhd_train.config.flags import to_argv
 from lhd_train.config.lens import FitArgs, FitCommand
-from lhd_train.config.slurm import DataVars, LensVars
 from lhd_train.errors import InputError
 from lhd_train.ops.slurm import dry_run_commands, render_slurm
+from lhd_train.ops.slurm_vars import DataVars, LensVars
 from lhd_train.options import parse_settings, settings_command
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -210,8 +210,8 @@ def test_the_slurm_audit_stage_renders_flags_lhd_audit_parses_back(tmp_path):
     """`AuditVars` takes `lhd audit`'s own option fields; the flags it renders are parsed by the
     real `lhd audit` command line into the same options (nothing re-declared, nothing drifts)."""
     from lhd_train.config.auditor import AuditCommand, AuditOptions
-    from lhd_train.config.slurm import AuditVars
     from lhd_train.ops.slurm import command_argv
+    from lhd_train.ops.slurm_vars import AuditVars
 
     chosen = {"mode": "window", "window": 3, "hide_event_labels": True, "auditor_id": "a-w3", "concurrency": 8,
               "include_unfinished": True}

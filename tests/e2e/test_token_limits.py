@@ -22,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from support.synthetic import LABEL_IDS, ROUND_IDS
 
 from lhd_train.bench.accounting import usage_by_role
 from lhd_train.bench.structured_calls import BackendUnavailable, ask_structured
@@ -170,8 +171,8 @@ def test_timeout_against_a_live_managed_server_is_not_asked_again(server):
 def test_cut_answers_are_counted_per_role():
     call = {"prompt_tokens": 5, "completion_tokens": 8, "latency_s": 0.1}
     rows = [{
-        "task_index": 1, "round": 1, "global_round": 1,
-        "performer": {"segments": 3, "truncated": True, "finish_reason": "length", "attempts": 1},
+        **ROUND_IDS, "task_index": 1, "round": 1, "global_round": 1,
+        "performer": {"text": "", "segments": 3, "truncated": True, "finish_reason": "length", "attempts": 1},
         "supervisor": {"calls": [
             {**call, "stage": "evaluation", "finish_reason": "length", "cut": True},
             {**call, "stage": "evaluation", "finish_reason": "stop", "cut": False},
@@ -180,7 +181,8 @@ def test_cut_answers_are_counted_per_role():
             {**call, "stage": "summary", "finish_reason": "length"},  # a row written before the `cut` field
         ]},
     }]
-    audits = [{"global_round": 1, "calls": [{**call, "stage": "audit", "finish_reason": "length", "cut": True}]}]
+    audits = [{**LABEL_IDS, "global_round": 1, "parse_status": "cut",
+               "calls": [{**call, "stage": "audit", "finish_reason": "length", "cut": True}]}]
     u = usage_by_role([RoundRow.model_validate(r) for r in rows], [AuditRow.model_validate(a) for a in audits])
     assert (u["performer"]["cut_calls"], u["performer"]["cut_answers"]) == (3, 1)
     assert (u["supervisor"]["cut_calls"], u["supervisor"]["cut_answers"]) == (3, 1)

@@ -115,7 +115,7 @@ def test_import_writes_our_run_format(tmp_path):
     assert sup["state_after"] == {"trust": 0.1, "satisfaction": 0.1, "comfort": 0.0}
     assert sup["evaluation"]["reasoning"] == "private view of round 1" and sup["evaluation"]["satisfaction"] == 0.1
     assert sup["feedback"] == {"reasoning": "why feedback 1", "text": "feedback text 1"}
-    assert sup["calls"] is None and sup["summaries_added"] is None
+    assert "calls" not in sup and "summaries_added" not in sup  # the authors kept no call records
     assert [r["task_complete"] for r in rows] == [False, True, True]
 
     # Reconstructed performer messages: task + files + event text, then feedback, then feedback + next task.
@@ -142,7 +142,7 @@ def test_detector_labels_are_mapped_as_written(tmp_path):
     assert (a["deceptive"], a["types"], a["severity"], a["confidence"], a["parse_status"]) == \
         (True, ["FALSIFICATION"], 3, 0.8, "ok")
     assert a["evidence"] == ["- quote 1"] and a["raw"] == "DECEPTION_DETECTED: True (1)"
-    assert a["reference_raw"] is None and (a["mode"], a["window"], a["auditor_id"]) == ("full", None, "reference-full")
+    assert "reference_raw" not in a and (a["mode"], a["window"], a["auditor_id"]) == ("full", None, "reference-full")
     # the authors' inconsistent labels stay as written: their statistics averaged them that way
     assert [(full[g]["deceptive"], full[g]["types"], full[g]["severity"], full[g]["parse_status"]) for g in (2, 3)] == \
         [(False, ["CONCEALMENT"], 2, "ok"), (True, [], 2, "ok")]

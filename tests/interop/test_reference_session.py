@@ -96,12 +96,14 @@ def test_labels_are_imported_as_written(imported: Path) -> None:
 
 
 def test_imported_supervisor_rows_without_call_records_are_accounted() -> None:
+    from support.synthetic import LABEL_IDS, ROUND_IDS
+
     from lhd_train.bench.accounting import usage_by_role
     from lhd_train.rundir.rows import AuditRow, PerformerRecord, RoundRow, SupervisorRecord
 
-    row = RoundRow(task_index=1, round=1, global_round=1, performer=PerformerRecord(attempts=None),
-                   supervisor=SupervisorRecord(calls=None))
-    usage = usage_by_role([row, row], [AuditRow(global_round=1, calls=None)])
+    row = RoundRow(**ROUND_IDS, task_index=1, round=1, global_round=1,
+                   performer=PerformerRecord(text="x", attempts=None), supervisor=SupervisorRecord(calls=None))
+    usage = usage_by_role([row, row], [AuditRow(**LABEL_IDS, global_round=1, parse_status="ok", calls=None)])
     assert usage["performer"]["requests"] == 2 and "supervisor" not in usage
 
 

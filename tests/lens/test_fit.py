@@ -136,9 +136,9 @@ def test_layer_handling():
 
 
 def test_shard_slices_are_disjoint_and_cover():
-    """`lhd lens fit --shard` splits prompts with the run's shard splitter (lhd_train.ops.shard)."""
+    """`lhd lens fit --shard` splits prompts with the run's shard splitter (lhd_train.rundir.shard)."""
     from lhd_train.errors import InputError
-    from lhd_train.ops.shard import shard_bounds
+    from lhd_train.rundir.shard import shard_bounds
 
     parts = [shard_bounds(10, i, 3) for i in range(3)]
     assert parts == [(0, 3), (3, 6), (6, 10)]

@@ -246,7 +246,7 @@ def test_run_examples_hold_trials_against_their_done_marker(tmp_path):
 
     run = write_run(tmp_path, FLAGS)
     rows = (run / "trials" / "s0.jsonl").read_text().splitlines(keepends=True)
-    (run / "trials" / "s0.done").write_text(json.dumps({"rounds": 4}))
+    (run / "trials" / "s0.done").write_text(json.dumps({"finished_at": "2026-01-01T00:00:00Z", "rounds": 4}))
     (run / "trials" / "s0.jsonl").write_text("".join(rows[:2]))
     with pytest.raises(DataFileError, match=r"s0\.done.*finished with 4 rounds.*has 2"):  # lhd's, unchanged
         load_run_examples(run)

@@ -163,11 +163,12 @@ def write_run(root: Path, flagged: dict[tuple[str, int], bool]) -> Path:
                 })
                 history.append({"role": "assistant", "content": answer})
                 dec = flagged.get((trial, g), False)
-                audits.append({"schema": "lhd.audit/1", "trial_id": trial, "global_round": g, "auditor_id": "auditor-a",
+                audits.append({"schema": "lhd.audit/1", "run_id": "run1", "trial_id": trial, "global_round": g,
+                               "auditor_id": "auditor-a",
                                "mode": "full", "window": None, "deceptive": dec,
                                "types": ["FALSIFICATION"] if dec else [],
                                "severity": 2 if dec else 0, "confidence": 0.8, "reasoning": "", "evidence": [],
-                               "parse_status": "ok", "raw": "{}"})
+                               "parse_status": "ok", "raw": "{}", "model": {"model": "m"}})
         with (run / "trials" / f"{trial}.jsonl").open("w") as f:
             for r in rows:
                 f.write(json.dumps(r) + "\n")
@@ -175,7 +176,8 @@ def write_run(root: Path, flagged: dict[tuple[str, int], bool]) -> Path:
         with (run / "trials" / f"{trial}.messages.jsonl").open("w") as f:
             for r in store.values():
                 f.write(json.dumps(r) + "\n")
-        (run / "trials" / f"{trial}.done").write_text(json.dumps({"rounds": len(rows)}))
+        marker = {"finished_at": "2026-01-01T00:00:00Z", "rounds": len(rows)}
+        (run / "trials" / f"{trial}.done").write_text(json.dumps(marker))
         with (run / "audit" / "auditor-a" / f"{trial}.jsonl").open("w") as f:
             for a in audits:
                 f.write(json.dumps(a) + "\n")

@@ -46,9 +46,9 @@ def _write_run(run: Path, task: dict, task_pack: str) -> str:
     with (run / "trials" / "s1.messages.jsonl").open("w") as f:
         for m in msgs:
             f.write(json.dumps(m) + "\n")
-    row = {"trial_id": "s1", "global_round": 1, "task_index": 1, "round": 1, "pack": "startup_consulting",
-           "event": None, "performer": {"text": "Revenue was 12 units.", "message_ids": ["sys", "u1"],
-                                        "new_message_ids": ["u1"]}}
+    row = {"run_id": "r", "trial_id": "s1", "seed": 1, "global_round": 1, "task_index": 1, "round": 1,
+           "pack": "startup_consulting", "task_title": task["title"], "models": {}, "event": None,
+           "performer": {"text": "Revenue was 12 units.", "message_ids": ["sys", "u1"], "new_message_ids": ["u1"]}}
     (run / "trials" / "s1.jsonl").write_text(json.dumps(row) + "\n")
     return content
 

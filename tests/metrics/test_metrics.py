@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats
-from support.synthetic import R, audit_row, write_run
+from support.synthetic import LABEL_IDS, R, audit_row, write_run
 
 from lhd_train.errors import InputError
 from lhd_train.metrics.core import (
@@ -50,7 +50,8 @@ F, C, E = "FALSIFICATION", "CONCEALMENT", "EQUIVOCATION"
 
 def lab(deceptive, types=(), severity=0, status="ok"):
     """The label `labels.label_of` makes of an audit row with these values."""
-    row = AuditRow(global_round=1, deceptive=deceptive, types=list(types), severity=severity, parse_status=status)
+    row = AuditRow(**LABEL_IDS, global_round=1, deceptive=deceptive, types=list(types), severity=severity,
+                   parse_status=status)
     return label_of(row, "s1", "full")
 
 
@@ -98,7 +99,7 @@ def test_inconsistent_labels_follow_the_reference():
 
 
 def test_failed_and_missing_rows_are_excluded_and_counted():
-    no_verdict = label_of(AuditRow(global_round=5, deceptive=None, types=[], severity=None), "s1", "full")
+    no_verdict = label_of(AuditRow(**LABEL_IDS, global_round=5, deceptive=None, types=[], severity=None), "s1", "full")
     s = trial_of([lab(True, [F], 4), lab(None, status="failed"), lab(False), no_verdict], missing=1)
     assert s["total_rounds"] == 2 and s["deception_rate"] == 0.5
     assert s["failed_rounds"] == 2 and s["missing_rounds"] == 1 and s["label_coverage"] == 2 / 5
@@ -628,7 +629,7 @@ def test_load_takes_done_from_the_marker_it_saw_before_the_rows(tmp_path, monkey
             calls.append(p)
             with open(tf.rows, "ab") as f:
                 f.write(lines[3])
-            tf.done.write_text(json.dumps({"rounds": 4}))
+            tf.done.write_text(json.dumps({"finished_at": "2026-01-01T00:00:00Z", "rounds": 4}))
         return rows
 
     monkeypatch.setattr(run_mod, "load_trial_rows", read_then_the_writer_finishes)

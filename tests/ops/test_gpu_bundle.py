@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -74,11 +75,28 @@ def test_the_bundle_fits_the_carry_limit_and_imports_cleanly(tmp_path):
     lhd = "import lhd_train.finetune.trainer, rollouts.hf, lens.fit, trl, xgrammar"
     r = subprocess.run([sys.executable, "-c", lhd], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    # the device check's own install line, through scripts/gpu_check.sh, then its version gate
+    # the device check's own install line, through scripts/gpu_check.sh, then its version test
     env = {**os.environ, "PYTHON": sys.executable, "GPU_CHECK_SITE": str(tmp_path / "site-by-script"),
            "GPU_CHECK_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": ""}
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(archive), "--", "--only", "versions",
-                        "--work", str(tmp_path / "work")], capture_output=True, text=True, env=env, timeout=600)
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(archive), "--", "-k", "test_versions"],
+                       capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0 and "first on PYTHONPATH" in r.stderr, (r.stdout[-2000:], r.stderr[-2000:])
     line = next(x for x in r.stdout.splitlines() if x.startswith("CHECK versions:"))
     assert ": PASS " in line and f"trl {manifest['packages']['trl']['version']}" in line, line
+
+
+CHECK = re.compile(r"^CHECK ([a-z0-9_]+): (PASS|FAIL|SKIP) .*\[\d+\.\d s\]$")
+
+
+def test_the_check_script_runs_the_device_tests_and_prints_one_line_each(tmp_path):
+    """scripts/gpu_check.sh runs tests/gpu with pytest: on CPU (GPU_CHECK_DEVICE=cpu) the CPU forms, one
+    CHECK line per test as it finishes; a version outside lhd's ranges would FAIL the first line."""
+    env = {**os.environ, "PYTHON": sys.executable, "GPU_CHECK_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": "",
+           "PYTHONPATH": ""}
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--", "-k", "test_versions or test_env"],
+                       capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
+    lines = [x for x in r.stdout.splitlines() if x.startswith("CHECK ")]
+    assert [CHECK.match(x).groups() for x in lines] == [("versions", "PASS"), ("env", "PASS")], r.stdout
+    assert "CHECK versions: PASS Python " in lines[0] and " torch " in lines[0] and "device cpu; torch " in lines[1]
+    assert re.search(r"^2 passed, \d+ deselected", r.stdout.splitlines()[-1]), r.stdout[-500:]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from lhd_train.ops.merge import MERGE_KIND, merge_runs
 from lhd_train.ops.status import run_status
-from lhd_train.rundir.rows import AuditRow
+from lhd_train.rundir.rows import AuditRow, ModelRef
 from lhd_train.rundir.run import Run
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "runs" / "v1-control-study"
@@ -22,7 +22,7 @@ def _source(tmp_path: Path) -> Run:
 
 def _label(round_: int, deceptive: bool | None, status: str) -> AuditRow:
     return AuditRow(run_id="fixture-v1", trial_id=TRIAL, global_round=round_, auditor_id=AUDITOR, mode="full",
-                    deceptive=deceptive, parse_status=status)
+                    deceptive=deceptive, parse_status=status, model=ModelRef(key="tiny", model="runs/tiny-llama"))
 
 
 def _labels(run: Run) -> dict[int, tuple[bool | None, str | None]]:

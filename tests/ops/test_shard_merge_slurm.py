@@ -17,22 +17,21 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.synthetic import LABEL_IDS
 
 from lhd_train.config.run import load_config, parse_config
 from lhd_train.errors import InputError
-from lhd_train.ops import (
-    STAGES,
-    dry_run_commands,
-    merge_runs,
+from lhd_train.ops import STAGES, dry_run_commands, merge_runs, render_slurm
+from lhd_train.ops.merge import merge_datasets
+from lhd_train.ops.slurm import parse_vars, template_dir
+from lhd_train.rundir.shard import (
     parse_shard,
-    render_slurm,
+    parse_shard_run_name,
+    shard_bounds,
     shard_config,
     shard_items,
     shard_run_name,
 )
-from lhd_train.ops.merge import merge_datasets
-from lhd_train.ops.shard import parse_shard_run_name, shard_bounds
-from lhd_train.ops.slurm import parse_vars, template_dir
 from rollouts.backends import parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -252,7 +251,8 @@ def test_merge_is_idempotent_and_incremental(tmp_path, shards):
     with open(trial, "a") as f:
         f.write(json.dumps(row) + "\n")
     with open(dirs[0] / "audit/m-full/s11.jsonl", "a") as f:
-        f.write(json.dumps({"trial_id": "s11", "global_round": row["global_round"], "deceptive": False}) + "\n")
+        f.write(json.dumps({**LABEL_IDS, "trial_id": "s11", "global_round": row["global_round"], "deceptive": False,
+                            "parse_status": "ok"}) + "\n")
     with open(trial, "a") as f:
         f.write('{"torn": ')  # a line being written when the merge ran: left out
     grown = merge_runs(dirs, full)
@@ -260,7 +260,8 @@ def test_merge_is_idempotent_and_incremental(tmp_path, shards):
     assert (full / "trials" / "s11.jsonl").read_bytes() + b'{"torn": ' == trial.read_bytes()
     # Audit rows written into the merged run itself are kept by later merges.
     with open(full / "audit/m-full/s12.jsonl", "a") as f:
-        f.write(json.dumps({"trial_id": "s12", "global_round": 99, "deceptive": True}) + "\n")
+        f.write(json.dumps({**LABEL_IDS, "trial_id": "s12", "global_round": 99, "deceptive": True,
+                            "parse_status": "ok"}) + "\n")
     merge_runs(dirs, full)
     assert '"global_round": 99' in (full / "audit/m-full/s12.jsonl").read_text()
 

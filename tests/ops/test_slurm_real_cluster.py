@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.synthetic import ROUND_IDS
 from test_shard_merge_slurm import strip  # the merged-vs-unsharded row comparison of the existing cluster tests
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -379,11 +380,12 @@ def _fake_run(d: Path, seeds: list[int], rows: int, done: list[int]) -> None:
     (d / "trials").mkdir(parents=True)
     (d / "config.resolved.yaml").write_text(yaml.safe_dump({"run_name": d.name, "seeds": seeds}))
     for s in seeds:
-        row = {"task_index": 1, "performer": {}}  # the fields a trajectory row needs
+        row = {**ROUND_IDS, "trial_id": f"s{s}", "task_index": 1, "performer": {"text": ""}}  # what a row needs
         (d / "trials" / f"s{s}.jsonl").write_text("".join(json.dumps({**row, "round": i + 1, "global_round": i + 1})
                                                           + "\n" for i in range(rows)))
         if s in done:
-            (d / "trials" / f"s{s}.done").write_text(json.dumps({"rounds": rows}))
+            marker = {"finished_at": "2026-01-01T00:00:00Z", "rounds": rows}
+            (d / "trials" / f"s{s}.done").write_text(json.dumps(marker))
 
 
 def test_status_from_run_directories(tmp_path):

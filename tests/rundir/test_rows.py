@@ -20,6 +20,7 @@ from lhd_train.rundir.rows import (
     AuditRow,
     CallRecord,
     ModelRef,
+    PerformerRecord,
     ResumableRoundRow,
     RoundRow,
     SupervisorContext,
@@ -61,15 +62,19 @@ def test_imported_reference_rows_match_the_models(tmp_path):
     assert [undeclared_fields(AuditRow, r) for r in audit_rows] == [[]] * len(audit_rows)
 
 
+#: what every writer of a trajectory row has always written, with a value (and `pack`, which an import may leave null)
+REQUIRED = {"run_id": "r", "trial_id": "t", "seed": 1, "pack": "p", "task_title": "T", "models": {}}
+
+
 def test_undeclared_fields_names_nested_keys():
-    row = {"task_index": 1, "round": 1, "global_round": 1, "surprise": 1,
+    row = {**REQUIRED, "task_index": 1, "round": 1, "global_round": 1, "surprise": 1,
            "performer": {"text": "x", "sampling": {"temperature": 0.1, "new_knob": 2}}}
     assert undeclared_fields(RoundRow, row) == ["surprise", "performer.sampling.new_knob"]
     RoundRow.model_validate(row)  # unknown fields are kept, not refused: a newer writer's rows still load
 
 
 def test_undeclared_fields_names_keys_inside_lists_of_records():
-    row = {"task_index": 1, "round": 1, "global_round": 1, "performer": {},
+    row = {**REQUIRED, "task_index": 1, "round": 1, "global_round": 1, "performer": {"text": ""},
            "supervisor": {"calls": [{"stage": "evaluation"},
                                     {"stage": "feedback", "new_knob": 1, "sampling": {"top_p": 0.9, "odd": 2}}],
                           "summaries_added": [{"global_round": 1, "text": "t", "mood": "ok"}]}}
@@ -84,7 +89,7 @@ def test_model_calls_of_a_stored_run_read_as_records():
     run = Run.open(Path(__file__).parents[1] / "data" / "runs" / "v1-control-study")
     [tid] = run.trial_ids()
     sup = run.trial(tid).rows()[0].supervisor
-    assert sup is not None and sup.calls is not None and sup.context is not None
+    assert sup is not None and sup.context is not None
     first = sup.calls[0]
     assert isinstance(first, CallRecord) and (first.stage, first.attempt, first.cut, first.finish_reason) == \
         ("evaluation", 1, True, "length")
@@ -94,7 +99,7 @@ def test_model_calls_of_a_stored_run_read_as_records():
     audit_rows = run.auditor("tiny-full").rows(tid)
     model = audit_rows[0].model
     assert isinstance(model, ModelRef) and (model.key, model.model, model.adapter) == ("tiny", "runs/tiny-llama", None)
-    assert all(isinstance(c, CallRecord) and c.stage == "audit" for r in audit_rows for c in r.calls or [])
+    assert all(isinstance(c, CallRecord) and c.stage == "audit" for r in audit_rows for c in r.calls)
 
 
 @pytest.mark.parametrize("change, field", [
@@ -102,7 +107,7 @@ def test_model_calls_of_a_stored_run_read_as_records():
     (lambda r: r.__setitem__("round", True), "round"),
     (lambda r: r.pop("global_round"), "global_round"),
     (lambda r: r["supervisor"]["state_after"].__setitem__("trust", "high"), "supervisor.state_after.trust"),
-    (lambda r: r["supervisor"]["calls"][1].__setitem__("prompt_tokens", "many"), "supervisor.calls.1.prompt_tokens"),
+    (lambda r: r["supervisor"]["calls"][1].__setitem__("prompt_tokens", "many"), "supervisor.calls[1].prompt_tokens"),
 ])
 def test_a_damaged_trajectory_line_names_its_line_and_field(tmp_path, change, field):
     cfg, tids = make_run(tmp_path, seeds=(7,), satisfactions=SHAPE)
@@ -124,7 +129,7 @@ def test_a_resume_needs_the_supervisor_state(tmp_path):
     assert len(load_trial_rows(path)) == 7  # readers of finished runs do not need it
     with pytest.raises(DataFileError) as err:
         load_trial_rows(path, ResumableRoundRow)
-    assert err.value.field == "task_complete" and err.value.line == 1 and "missing" in str(err.value)
+    assert err.value.field == "task_complete" and err.value.line == 1 and "is required" in str(err.value)
 
 
 def test_a_damaged_audit_line_names_its_field(tmp_path):
@@ -148,4 +153,60 @@ def test_a_long_bad_value_is_shortened_in_the_error(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     with pytest.raises(DataFileError) as err:
         load_trial_rows(path)
-    assert err.value.field == "performer" and "x" * 76 + "..." in str(err.value) and "x" * 80 not in str(err.value)
+    assert err.value.field == "performer" and "must be an object (got str)" in str(err.value)
+    assert "x" * 20 not in str(err.value)
+
+
+def test_collections_read_as_empty_and_are_written_only_when_set():
+    """A writer that left a list out, or wrote null (the importer writes `calls: null`), gives an
+    empty list; a record built without one writes no key for it, as before."""
+    row = RoundRow.model_validate({**REQUIRED, "task_index": 1, "round": 1, "global_round": 1,
+                                   "performer": {"text": "x", "message_ids": None, "token_ids": None},
+                                   "supervisor": {"calls": None}})
+    assert (row.performer.message_ids, row.performer.new_message_ids, row.supervisor.calls,
+            row.supervisor.summaries_added) == ([], [], [], [])
+    assert row.performer.token_ids is None  # not known: the one list that keeps None
+    written = row.to_json()  # a null is written back as null: a copied row is written as it was
+    assert written["supervisor"] == {"calls": None} and written["performer"]["message_ids"] is None
+    audit = AuditRow.model_validate({"run_id": "r", "trial_id": "t", "global_round": 1, "auditor_id": "a",
+                                     "mode": "full", "parse_status": "failed", "types": None, "evidence": None,
+                                     "original": None, "calls": None, "model": {"model": "m"}})
+    assert (audit.types, audit.evidence, audit.original, audit.calls, audit.context_rounds) == ([], [], {}, [], [])
+    built = RoundRow(**REQUIRED, task_index=1, round=1, global_round=1, performer=PerformerRecord(text="x"))
+    assert set(built.to_json()) == {"schema", *REQUIRED, "task_index", "round", "global_round", "performer"}
+    assert built.to_json()["performer"] == {"text": "x"}
+
+
+@pytest.mark.parametrize("field", [*(f for f in REQUIRED if f != "pack"), "performer.text"])
+def test_a_row_without_a_field_every_writer_writes_is_refused_naming_it(tmp_path, field):
+    row = {**REQUIRED, "task_index": 1, "round": 1, "global_round": 1, "performer": {"text": "x"}}
+    if field == "performer.text":
+        del row["performer"]["text"]
+    else:
+        del row[field]
+    path = tmp_path / "s1.jsonl"
+    path.write_text(json.dumps(row) + "\n", encoding="utf-8")
+    with pytest.raises(DataFileError) as err:
+        load_trial_rows(path)
+    assert err.value.field == field and err.value.line == 1 and f"field '{field}': is required" in str(err.value)
+
+
+def test_the_v1_fixture_reads_with_its_records_complete():
+    """The oldest run directory kept (tests/data/runs/v1-control-study) has every required field."""
+    run = Run.open(Path(__file__).parents[1] / "data" / "runs" / "v1-control-study")
+    [tid] = run.trial_ids()
+    rows = run.trial(tid).rows()
+    assert [(r.run_id, r.trial_id, r.seed, r.pack) for r in rows] == [
+        ("fixture-v1", tid, 390185437, "lhd_startup_consulting")] * 3
+    assert all(r.task_title and r.performer.text and r.models.performer is not None for r in rows)
+    labels = run.auditor("tiny-full").rows(tid)
+    assert [(a.auditor_id, a.mode, a.parse_status) for a in labels][0] == ("tiny-full", "full", "ok")
+    assert [(a.parse_status, a.original, a.reference_raw) for a in labels] == [  # written null / not written
+        ("ok", {}, {}),
+        ("repaired", {"deceptive": True, "types": ["FALSIFICATION", "FALSIFICATION"], "severity": 2,
+                      "confidence": 1.0}, {}),
+        ("retried", {}, {})]
+    manifest = run.manifest()
+    assert manifest is not None and manifest.resumes == [] and manifest.seeds == [390185437]
+    record = run.auditor("tiny-full").record()
+    assert record is not None and record.auditor_id == "tiny-full"

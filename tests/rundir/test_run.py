@@ -74,10 +74,15 @@ def test_written_rows_read_back_the_same(tmp_path: Path) -> None:
     assert json.loads(out.dir.manifest.read_text()) == json.loads(run.dir.manifest.read_text())
 
 
+ROUND = {"run_id": "r", "trial_id": "s1", "seed": 1, "pack": "p", "task_title": "T", "models": {}}
+LABEL = {"run_id": "r", "trial_id": "s1", "auditor_id": "a", "mode": "full", "model": {"model": "m"}}
+
+
 def test_a_row_built_in_code_carries_the_current_schema() -> None:
-    row = RoundRow(task_index=0, round=1, global_round=1, performer={"text": "x"})
+    row = RoundRow(**ROUND, task_index=0, round=1, global_round=1, performer={"text": "x"})
     assert row.to_json()["schema"] == ROW_SCHEMAS[-1]
-    assert AuditRow(global_round=1).to_json() == {"schema": AUDIT_SCHEMAS[-1], "global_round": 1}
+    assert AuditRow(**LABEL, global_round=1, parse_status="ok").to_json() == {
+        "schema": AUDIT_SCHEMAS[-1], **LABEL, "global_round": 1, "parse_status": "ok"}
 
 
 def test_trial_id_rule() -> None:
@@ -89,15 +94,16 @@ def test_trial_id_rule() -> None:
 
 
 def test_winning_audit_row_rule() -> None:
-    ok1 = AuditRow(global_round=1, parse_status="ok", deceptive=False)
-    ok2 = AuditRow(global_round=1, parse_status="retried", deceptive=True)
-    failed = AuditRow(global_round=1, parse_status="failed")
-    cut = AuditRow(global_round=2, parse_status="cut")
-    later = AuditRow(global_round=2, parse_status="ok", deceptive=True)
+    ok1 = AuditRow(**LABEL, global_round=1, parse_status="ok", deceptive=False)
+    ok2 = AuditRow(**LABEL, global_round=1, parse_status="retried", deceptive=True)
+    failed = AuditRow(**LABEL, global_round=1, parse_status="failed")
+    cut = AuditRow(**LABEL, global_round=2, parse_status="cut")
+    later = AuditRow(**LABEL, global_round=2, parse_status="ok", deceptive=True)
     won = winning_audit_rows([ok1, ok2, failed, cut, later])
     assert won[1] is ok2          # later wins ...
     assert won[2] is later        # ... a usable row replaces a cut one
-    assert winning_audit_rows([failed, AuditRow(global_round=1, parse_status="cut")])[1].parse_status == "cut"
+    assert winning_audit_rows([failed, AuditRow(**LABEL, global_round=1, parse_status="cut")])[1].parse_status \
+        == "cut"
 
 
 def test_not_a_run_directory(tmp_path: Path) -> None:
@@ -118,7 +124,7 @@ def test_damaged_record_names_file_and_field(tmp_path: Path) -> None:
 
     with pytest.raises(DataFileError) as e:
         Run.open(run_dir).manifest()
-    assert e.value.field == "seeds.0" and "manifest.json" in str(e.value)
+    assert e.value.field == "seeds[0]" and "manifest.json" in str(e.value)
 
 
 @pytest.mark.parametrize("args", [(7, None, None), (7, "MORAL_DILEMMA", None), (7, None, "HIGH"),

@@ -67,16 +67,23 @@ def round_row(run_id: str, trial_id: str, seed: int, task_index: int, round_no: 
     }
 
 
+#: the fields every writer of a trajectory row or an audit row writes, for a test that builds one in code
+ROUND_IDS = {"run_id": "r", "trial_id": "s1", "seed": 1, "pack": "p", "task_title": "T", "models": {}}
+LABEL_IDS = {"run_id": "r", "trial_id": "s1", "auditor_id": "a", "mode": "full", "model": {"model": "m"}}
+
+
 def audit_row(trial_id: str, global_round: int, deceptive: bool | None, types: Sequence[str] = (),
               severity: int | None = 0, confidence: float | None = 0.8, auditor_id: str = "full",
               mode: str = "full", window: int | None = None, parse_status: str = "ok",
-              reasoning: str = "auditor reasoning", evidence: Sequence[str] = ()) -> dict[str, Any]:
+              reasoning: str = "auditor reasoning", evidence: Sequence[str] = (), run_id: str = "synthetic",
+              model: str = "tiny-llama") -> dict[str, Any]:
     """An audit row (`lhd.audit/1`). Consistency is *not* enforced here on purpose, so tests can
     feed the inconsistent labels the authors' auditor writes (e.g. deceptive false with severity 2)."""
-    return {"schema": AUDIT_SCHEMA, "trial_id": trial_id, "global_round": global_round,
+    return {"schema": AUDIT_SCHEMA, "run_id": run_id, "trial_id": trial_id, "global_round": global_round,
             "auditor_id": auditor_id, "mode": mode, "window": window, "deceptive": deceptive,
             "types": list(types), "severity": severity, "confidence": confidence, "reasoning": reasoning,
-            "evidence": list(evidence), "parse_status": parse_status, "raw": "{}"}
+            "evidence": list(evidence), "parse_status": parse_status, "raw": "{}",
+            "model": {"key": "tiny", "model": model}}
 
 
 def _write_jsonl(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -138,11 +145,11 @@ def write_run(root: Path, run_id: str, trials: Mapping[str, Sequence[R]], *, aud
             state = after
             if r.label == "failed":
                 labels.append(audit_row(tid, g, None, (), None, None, auditor_id, mode, window, "failed",
-                                        reasoning="", evidence=()))
+                                        reasoning="", evidence=(), run_id=run_id))
             elif r.label is not None:
                 dec, types, sev = r.label
                 labels.append({**audit_row(tid, g, dec, types, sev, 0.8, auditor_id, mode, window,
-                                           evidence=[f"round {g}"]), **r.audit_extra})
+                                           evidence=[f"round {g}"], run_id=run_id), **r.audit_extra})
         tf = rd.trial(tid)
         _write_jsonl(tf.rows, rows)
         _write_jsonl(tf.messages, list(msgs.values()))

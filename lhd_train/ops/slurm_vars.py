@@ -15,10 +15,10 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, ValidationError
 
 from lhd_train.config.auditor import AuditOptions
-from lhd_train.config.base import StrictModel, validation_error
+from lhd_train.config.base import StrictModel
 from lhd_train.config.data import DataOptions
 from lhd_train.config.lens import FitArgs
-from lhd_train.errors import InputError
+from lhd_train.errors import InputError, validation_error
 
 STAGES = ("rollout", "audit", "data", "train", "lens", "merge")
 
