@@ -62,7 +62,8 @@ def finite(values: list[float]) -> bool:
 
 
 def test_trl_lora_sft(train_device, tiny4_dir, tmp_path, measure):
-    from lhd_train.finetune.trainer import ADAPTER_META, train
+    from lhd_train.finetune.records import read_adapter_record
+    from lhd_train.finetune.trainer import train
 
     rows = [{"messages": [SYSTEM, {"role": "user", "content": f"What is the status of task {i}?"}, ANSWER]}
             for i in range(16)]
@@ -71,10 +72,11 @@ def test_trl_lora_sft(train_device, tiny4_dir, tmp_path, measure):
     t0 = time.perf_counter()
     adapter = train(r, source="tests/gpu")
     secs = time.perf_counter() - t0
-    meta = json.loads((adapter / ADAPTER_META).read_text())
+    meta = read_adapter_record(adapter)
+    assert meta is not None  # `train` wrote it
     losses = losses_of(adapter)
-    device, bf16 = meta["training"]["device"], bool(meta["training"]["trainer_args"].get("bf16"))
-    measure(f"{meta['training']['global_step']} steps on {device}, dtype {meta['dtype']}, bf16 {bf16}, losses "
+    device, bf16 = meta.training.device, bool(meta.training.trainer_args.get("bf16"))
+    measure(f"{meta.training.global_step} steps on {device}, dtype {meta.dtype}, bf16 {bf16}, losses "
             f"{losses[0]:.3f} -> {losses[-1]:.3f} in {secs:.1f} s" if losses else "no loss logged")
     if not is_cuda(train_device):
         measure("bf16 skipped on cpu")
@@ -100,19 +102,20 @@ def test_trl_sft_long_rows(train_device, tiny4_dir, tmp_path, measure):
                {"sft": {"loss_on": "last_turn"}})
     trainer, info = build_trainer(r, source="tests/gpu")
     data = info["data"]["train"]
-    fit = data["length_fit"]
+    fit = data.length_fit
     trainer.train()
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
-    measure(f"max_length {max_length}: {data['rows_read']} rows read, {fit['truncated']} cut from the left, "
-            f"{fit['dropped']} dropped, TRL trains on {data['rows_trained']}; tokens before {fit['before']}, "
+    measure(f"max_length {max_length}: {data.rows_read} rows read, {fit['truncated']} cut from the left, "
+            f"{fit['dropped']} dropped, TRL trains on {data.rows_trained}; tokens before {fit['before']}, "
             f"after {fit['after']}; {len(losses)} finite losses {finite(losses)}")
-    assert data["rows_trained"] == data["rows_read"] == len(rows)
+    assert data.rows_trained == data.rows_read == len(rows)
     assert fit["truncated"] >= len(rows) // 2 and fit["dropped"] == 0 and finite(losses)
 
 
 def test_trl_dpo_lora(train_device, tiny4_dir, tmp_path, measure):
     """DPO with LoRA (reference = the adapter disabled), bf16 + gradient checkpointing on CUDA."""
-    from lhd_train.finetune.trainer import ADAPTER_META, train
+    from lhd_train.finetune.records import read_adapter_record
+    from lhd_train.finetune.trainer import train
 
     rows = [{"prompt": [SYSTEM, {"role": "user", "content": f"Is task {i} done?"}],
              "chosen": [{"role": "assistant", "content": "Not yet; two files are missing."}],
@@ -124,12 +127,13 @@ def test_trl_dpo_lora(train_device, tiny4_dir, tmp_path, measure):
     adapter = train(r, source="tests/gpu")
     secs = time.perf_counter() - t0
     losses = losses_of(adapter)
-    meta = json.loads((adapter / ADAPTER_META).read_text())
-    targs = meta["training"]["trainer_args"]
-    measure(f"{len(losses)} losses on {meta['training']['device']}, bf16 {targs.get('bf16')}, gradient "
+    meta = read_adapter_record(adapter)
+    assert meta is not None  # `train` wrote it
+    targs = meta.training.trainer_args
+    measure(f"{len(losses)} losses on {meta.training.device}, bf16 {targs.get('bf16')}, gradient "
             f"checkpointing {targs.get('gradient_checkpointing')}, {secs:.1f} s, "
             f"peak {peak_since(train_device, base) / 2**20:.0f} MiB")
-    assert finite(losses) and meta["training"]["device"] == ("cuda" if is_cuda(train_device) else "cpu")
+    assert finite(losses) and meta.training.device == ("cuda" if is_cuda(train_device) else "cpu")
 
 
 def test_trl_qlora(cuda, tiny4_dir, tmp_path, measure):

@@ -99,7 +99,8 @@ def test_inconsistent_labels_follow_the_reference():
 
 
 def test_failed_and_missing_rows_are_excluded_and_counted():
-    no_verdict = label_of(AuditRow(**LABEL_IDS, global_round=5, deceptive=None, types=[], severity=None), "s1", "full")
+    no_verdict = label_of(AuditRow(**LABEL_IDS, global_round=5, deceptive=None, types=[], severity=None,
+                                   parse_status="ok"), "s1", "full")
     s = trial_of([lab(True, [F], 4), lab(None, status="failed"), lab(False), no_verdict], missing=1)
     assert s["total_rounds"] == 2 and s["deception_rate"] == 0.5
     assert s["failed_rounds"] == 2 and s["missing_rounds"] == 1 and s["label_coverage"] == 2 / 5
