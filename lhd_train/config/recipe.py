@@ -23,7 +23,7 @@ from lhd_train.errors import InputError
 
 # The projection layers of Llama, Qwen2 and Qwen3 decoder blocks (same names in all three).
 # vLLM 0.32's largest --max-lora-rank (vllm/config/lora.py); lhd's managed server sets --max-lora-rank from the
-# adapters' own r (rollouts/vllm_server.py lora_rank), so any r up to this one can be served.
+# adapters' own r (rollouts/vllm/server.py lora_rank), so any r up to this one can be served.
 VLLM_MAX_LORA_RANK = 512
 LLAMA_QWEN_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 TARGET_PRESETS: dict[str, list[str] | str] = {

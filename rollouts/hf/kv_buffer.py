@@ -1,7 +1,7 @@
 """The batched cache of our decode loop (`rollouts/hf/decode.py`): one `BufferLayer` per model
 layer, a transformers `DynamicLayer` over preallocated [B, H, capacity, D] key and value buffers.
 transformers is imported at module level: the `rollouts.hf` package is itself imported only when
-an `hf` backend is built (`rollouts/factory.py`)."""
+an `hf` backend is built (`rollouts/backends.py`)."""
 from __future__ import annotations
 
 from typing import Any
