@@ -711,9 +711,12 @@ def test_audit_on_the_same_server_reads_the_shared_prefix_from_cache(served):
 def test_a_grpo_judge_reads_its_window_from_the_server(served):
     """Issue 30, B1: the GRPO judge learns the window from vLLM's own /v1/models (8192 here), for the
     served base model and for a name the server does not list (one server, one window)."""
-    from lhd_train.finetune.judged_rewards import endpoint_window
+    from rollouts.openai_backend import OpenAIBackend
+
+    def served_window(spec: OpenAISpec, timeout_s: float = 10.0) -> int | None:
+        return OpenAIBackend(spec, spec.base_url).served_window(timeout_s=timeout_s)
 
     spec = OpenAISpec(model=BASE, base_url=served.server.base_url)
-    assert endpoint_window(spec) == 8192
-    assert endpoint_window(spec.model_copy(update={"model": "not-served"})) == 8192
-    assert endpoint_window(spec.model_copy(update={"base_url": "http://127.0.0.1:9/v1"}), timeout_s=2) is None
+    assert served_window(spec) == 8192
+    assert served_window(spec.model_copy(update={"model": "not-served"})) == 8192
+    assert served_window(spec.model_copy(update={"base_url": "http://127.0.0.1:9/v1"}), timeout_s=2) is None
