@@ -15,6 +15,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from support.http_json import send_json
 from test_datasets import small_run  # noqa: F401  (module fixture: a two-task run on the tiny model)
 
 from lhd_train.finetune.contexts import load_contexts
@@ -42,12 +43,7 @@ def endpoint():
         protocol_version = "HTTP/1.1"
 
         def _send(self, code: int, payload: dict) -> None:
-            body = json.dumps(payload).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            send_json(self, code, payload)
 
         def do_GET(self):
             card = {"id": "judge", "object": "model"}

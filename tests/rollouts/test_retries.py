@@ -12,6 +12,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from support.http_json import send_json
 from tenacity import wait_none
 
 from rollouts import openai_backend
@@ -40,12 +41,7 @@ class Scripted:
                         "choices": [{"index": 0, "finish_reason": "stop",
                                      "message": {"role": "assistant", "content": '{"a": 1}'}}],
                         "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}})
-                data = json.dumps(out).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, code, out)
 
             def log_message(self, *args):
                 pass

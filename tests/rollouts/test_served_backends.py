@@ -9,6 +9,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from support.http_json import send_json
 
 import lhd_train.bench.engine as engine
 from lhd_train.config.run import parse_config
@@ -126,7 +127,6 @@ def test_vllm_command_carries_the_spec():
 def chat_server():
     """A real HTTP server on 127.0.0.1 that answers every chat request "fine" and keeps the bodies
     it received (as bytes)."""
-    import json
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -137,15 +137,10 @@ def chat_server():
 
         def do_POST(self):
             received.append(self.rfile.read(int(self.headers["Content-Length"])))
-            body = json.dumps({"id": "c", "object": "chat.completion", "created": 0, "model": "m",
-                               "choices": [{"index": 0, "finish_reason": "stop",
-                                            "message": {"role": "assistant", "content": "fine"}}],
-                               "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            send_json(self, 200, {"id": "c", "object": "chat.completion", "created": 0, "model": "m",
+                                  "choices": [{"index": 0, "finish_reason": "stop",
+                                               "message": {"role": "assistant", "content": "fine"}}],
+                                  "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}})
 
         def log_message(self, *args):
             pass

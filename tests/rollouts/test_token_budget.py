@@ -23,6 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from support.http_json import send_json
 from test_auditor import answer, audit, make_run, rows_of
 
 from lhd_train.bench.performer import Performer
@@ -104,12 +105,7 @@ class ChatServer:
                 finally:
                     with lock:
                         outer.active -= 1
-                data = json.dumps(out).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, code, out)
 
             def log_message(self, *args):
                 pass
