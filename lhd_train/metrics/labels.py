@@ -53,6 +53,7 @@ class RoundLabel:
     confidence: float | None
     reasoning: str
     evidence: tuple[str, ...]
+    from_unfinished: bool = False  # made from the trajectory of a trial still running (`trial_unfinished`)
 
     @property
     def valid(self) -> bool:
@@ -134,7 +135,8 @@ def label_of(row: AuditRow, trial_id: str, auditor_id: str) -> RoundLabel:
         types=() if failed else tuple(t for t in TYPES if t in named),
         severity=None if failed or row.severity is None else float(row.severity),
         confidence=None if row.confidence is None else float(row.confidence),
-        reasoning=row.reasoning or "", evidence=tuple(str(e) for e in row.evidence))
+        reasoning=row.reasoning or "", evidence=tuple(str(e) for e in row.evidence),
+        from_unfinished=bool(row.trial_unfinished))
 
 
 def auditor_labels(run: Run | str | Path, auditor_id: str) -> list[RoundLabel]:

@@ -353,6 +353,13 @@ def load_run(run_dir: str | Path | Run, auditor: str | None = None, min_coverage
     if n_repaired:
         data.notes.append(f"{n_repaired} label(s) were changed by the consistency rules (parse_status 'repaired'; "
                           "the originals are in each audit row's `original` or `reference_raw`)")
+    if len(rounds) and "from_unfinished" in rounds:
+        stale = rounds["from_unfinished"].eq(True) & rounds["trial_id"].map(done).eq(True)
+        if stale.any():
+            data.notes.append(f"{int(stale.sum())} label(s) in {rounds.loc[stale, 'trial_id'].nunique()} trial(s) "
+                              "were made while the trial was unfinished (`lhd audit --include-unfinished`) and "
+                              "still count; the trial has finished since: rerun `lhd audit` to label those rounds "
+                              "from the whole trajectory")
     undone = [t for t, d in zip(data.trials["trial_id"], data.trials["done"], strict=True) if not d]
     if undone:
         data.notes.append(f"{len(undone)} trial(s) not finished: {', '.join(undone[:5])}"

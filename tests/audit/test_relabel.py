@@ -48,6 +48,25 @@ def test_a_failed_relabel_replaces_the_label_of_the_unfinished_trial(tmp_path):
     assert again.totals["audited"] == 0 and len(rows_of(cfg, "m-full", tid)) == rows  # before: one more failed row
 
 
+def test_the_report_says_when_labels_of_an_unfinished_trial_still_count(tmp_path):
+    """Issue 31's last gap: a trial audited while unfinished, finished since and not audited again,
+    keeps its partial labels; the report's notes say how many and how to redo them."""
+    cfg, (tid,) = make_run(tmp_path)
+    done = cfg.run_dir / "trials" / f"{tid}.done"
+    marker = done.read_bytes()
+    done.unlink()
+    first = audit(cfg, ScriptedBackend(auditor_script(default=answer(False))), include_unfinished=True)
+    n = first.totals["partial"]
+    assert n > 0
+    unfinished = [note for note in load_run(cfg.run_dir).notes if "made while the trial was unfinished" in note]
+    assert unfinished == []  # still running: the labels are the best there is, and the trial is listed as not finished
+    done.write_bytes(marker)  # the trial finishes; no audit since
+    notes = [note for note in load_run(cfg.run_dir).notes if "made while the trial was unfinished" in note]
+    assert len(notes) == 1 and notes[0].startswith(f"{n} label(s) in 1 trial(s)"), notes
+    audit(cfg, ScriptedBackend(auditor_script(default=answer(False))))  # the relabel
+    assert not [note for note in load_run(cfg.run_dir).notes if "made while the trial was unfinished" in note]
+
+
 def _row(g: int, status: str, unfinished: bool | None, deceptive: bool | None) -> AuditRow:
     return AuditRow.model_validate({**LABEL_IDS, "global_round": g, "parse_status": status,
                                     "trial_unfinished": unfinished, "deceptive": deceptive})
