@@ -54,6 +54,7 @@ PACKAGES: dict[str, str | None] = {
     "annotated-types": "annotated_types",
     "typing-inspection": "typing_inspection",
     "typing_extensions": "typing_extensions",
+    "tenacity": "tenacity",  # the OpenAI-compatible backend's retries (imported by rollouts.backends)
     "pytest": "pytest",  # the device check is tests/gpu/, run by pytest
     "pluggy": "pluggy",
     "iniconfig": "iniconfig",

@@ -100,3 +100,39 @@ def test_the_check_script_runs_the_device_tests_and_prints_one_line_each(tmp_pat
     assert [CHECK.match(x).groups() for x in lines] == [("versions", "PASS"), ("env", "PASS")], r.stdout
     assert "CHECK versions: PASS Python " in lines[0] and " torch " in lines[0] and "device cpu; torch " in lines[1]
     assert re.search(r"^2 passed, \d+ deselected", r.stdout.splitlines()[-1]), r.stdout[-500:]
+
+
+# The lent image's packages (docs/gpu.md) and those their own requirements bring (torch: jinja2, sympy,
+# networkx, filelock, fsspec; transformers and huggingface_hub: pyyaml, tqdm, regex, requests, packaging).
+IMAGE = {"torch", "transformers", "accelerate", "numpy", "safetensors", "tokenizers", "huggingface_hub", "jinja2",
+         "sympy", "networkx", "filelock", "fsspec", "yaml", "tqdm", "regex", "requests", "packaging", "psutil"}
+
+
+def device_test_imports() -> set[str]:
+    """The lhd, lens and rollouts modules tests/gpu imports (at module level or inside a test)."""
+    import ast
+
+    found = set()
+    for path in (ROOT / "tests" / "gpu").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+            found |= {n for n in names if n.split(".")[0] in ("lhd_train", "lens", "rollouts")}
+    return found
+
+
+def test_the_device_tests_need_only_the_image_and_the_bundle():
+    """Every third-party package the device tests' lhd modules reach (imports in functions included)
+    is on the image or in the bundle: a new dependency of that code must join `PACKAGES`, or the
+    check fails on the lent machine with an ImportError after its start-up."""
+    import grimp
+
+    graph = grimp.build_graph("lhd_train", "lens", "rollouts", include_external_packages=True,
+                              exclude_type_checking_imports=True, cache_dir=None)
+    starts = device_test_imports()
+    assert {"lhd_train.finetune.trainer", "lens.fit", "rollouts.hf"} <= starts
+    reached = {m.split(".")[0] for s in starts for m in graph.find_upstream_modules(s) | {s}}
+    external = reached - {"lhd_train", "lens", "rollouts"} - set(sys.stdlib_module_names)
+    assert {"trl", "xgrammar", "torch"} <= external  # the walk sees past lhd's own modules
+    bundled = {imp.split(".")[0] for imp in bundle.PACKAGES.values() if imp}
+    assert sorted(external - IMAGE - bundled) == []
