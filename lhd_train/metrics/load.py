@@ -353,7 +353,7 @@ def load_run(run_dir: str | Path | Run, auditor: str | None = None, min_coverage
     if n_repaired:
         data.notes.append(f"{n_repaired} label(s) were changed by the consistency rules (parse_status 'repaired'; "
                           "the originals are in each audit row's `original` or `reference_raw`)")
-    if len(rounds) and "from_unfinished" in rounds:
+    if len(rounds):  # load_rounds always joins the label columns, from_unfinished among them
         stale = rounds["from_unfinished"].eq(True) & rounds["trial_id"].map(done).eq(True)
         if stale.any():
             data.notes.append(f"{int(stale.sum())} label(s) in {rounds.loc[stale, 'trial_id'].nunique()} trial(s) "
