@@ -44,7 +44,8 @@ def test_an_old_lens_folder_loads_and_saves_as_it_was(tmp_path):
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"dtype": "float8"}, r"lens\.json: field 'dtype': 'float8' is not allowed \(allowed: float16, bfloat16, float32\)"),
+    ({"dtype": "float8"}, r"lens\.json: field 'dtype': 'float8' is not allowed"
+     r" \(allowed: float16, bfloat16, float32\)"),
     ({"sha256": None}, r"lens\.json: field 'sha256': must be a string"),
     ({"d_model": "64"}, r"lens\.json: field 'd_model': must be an integer"),
     ({"merged_from": {"n_prompts": 2}}, r"lens\.json: field 'merged_from': must be a list"),
