@@ -7,11 +7,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from lens.errors import LensError
 from lens.record import LensRecord, read_lens_record
-from lens.store import load_lens, save_lens
+from lens.store import Lens, load_lens, merge_lenses, save_lens
 
 RECORDS = Path(__file__).parents[1] / "data" / "records"
 # v1: the first writer's shape (no estimator, attn or model_files; written as its code did);
@@ -65,3 +66,12 @@ def test_a_missing_field_save_lens_always_wrote_is_refused(tmp_path):
     (folder / "lens.json").write_text(json.dumps(data), encoding="utf-8")
     with pytest.raises(LensError, match=r"lens\.json: field 'shape': is required"):
         load_lens(folder)
+
+
+def test_a_lens_from_before_estimators_merges_as_an_all_lens():
+    old = Lens({0: torch.ones(2, 2)}, {"n_prompts": 1, "sha256": "a"})  # no `estimator` key, as v1 wrote
+    merged = merge_lenses([old, Lens({0: 3 * torch.ones(2, 2)}, {"n_prompts": 3, "sha256": "b", "estimator": "all"})])
+    assert torch.equal(merged.J[0], 2.5 * torch.ones(2, 2))  # (1·1 + 3·3) / 4
+    assert "estimator" not in merged.meta.to_json()  # written as the first lens was
+    with pytest.raises(LensError, match="estimator"):
+        merge_lenses([old, Lens({0: torch.ones(2, 2)}, {"n_prompts": 1, "sha256": "c", "estimator": "self"})])
