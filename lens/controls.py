@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from lens.record import LensMeta
 from lens.store import Lens
 
 
@@ -31,6 +32,6 @@ def random_transport(lens: Lens, seed: int = 0) -> Lens:
         u = _random_orthogonal(k, gen)[:, : s.shape[0]]
         v = _random_orthogonal(d, gen)[:, : s.shape[0]]
         out[layer] = ((u * s[None, :]) @ v.T).to(torch.float32)
-    meta = {key: val for key, val in lens.meta.items() if key not in ("sha256", "file")}
-    meta["control"] = {"kind": "random_transport", "seed": int(seed), "of": lens.meta.get("sha256")}
-    return Lens(out, meta)
+    meta = {key: val for key, val in lens.meta.to_json().items() if key not in ("sha256", "file")}
+    meta["control"] = {"kind": "random_transport", "seed": int(seed), "of": lens.meta.sha256}
+    return Lens(out, LensMeta.model_validate(meta))

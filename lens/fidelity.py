@@ -65,8 +65,8 @@ def fit_texts(lens: Lens) -> list[str] | None:
 
     A merged lens covers its shards; a shard is credited with the whole prompt list before sharding
     (conservative: its sibling shard's prompts are not held out either)."""
-    recipe = lens.meta.get("corpus")
-    if not isinstance(recipe, dict) or not recipe.get("path"):
+    recipe = lens.meta.corpus
+    if not recipe.get("path"):
         return None
     fields = ("path", "format", "text_field", "split", "n_prompts", "min_chars", "chunk_chars", "skip_headers", "chat")
     try:

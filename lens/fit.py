@@ -35,6 +35,7 @@ from lens.corpus import encode_prompt
 from lens.errors import LensError
 from lens.jacobian import ESTIMATORS, prompt_jacobian, random_signs
 from lens.model import LensModel, normalise_layer
+from lens.record import LensMeta
 from lens.store import Lens
 from lhd_train.io.csv_cells import write_csv
 from lhd_train.io.files import atomic_write, atomic_write_text
@@ -261,7 +262,7 @@ def fit_lens(
                 or state.stopped_early, "stopped_early": state.stopped_early},
         "directions": None if directions is None else meta.get("directions", "custom"),
     }
-    return FitResult(lens=Lens(J=J, meta=lens_meta), report=report, history=state.history)
+    return FitResult(lens=Lens(J=J, meta=LensMeta.model_validate(lens_meta)), report=report, history=state.history)
 
 
 def _checkpoint_due(options: FitOptions, prompts_since: int, seconds_since: float) -> bool:

@@ -233,7 +233,7 @@ def _lens_info(lens: Any) -> dict | None:
     if lens is None:
         return None
     keep = ("format", "model_id", "revision", "target_layer", "n_prompts", "skip_first", "max_length", "sha256", "file")
-    return {k: lens.meta.get(k) for k in keep}
+    return {k: getattr(lens.meta, k) for k in keep}
 
 
 def declare(out_dir: str | Path, summary: dict) -> None:
@@ -326,7 +326,7 @@ def read_probe_set(model: LensModel, tokenizer: Any, lens: Any, probes: Sequence
     head.update(labels=edf["label"].value_counts().to_dict(),
                 claim_kinds=edf["claim_kind"].value_counts().to_dict(), checks=checks)
     notes = [f"model {head['model']}, {model.n_layers} blocks; lens: "
-             f"{'none (logit lens only)' if lens is None else (lens.meta.get('format'), lens.meta.get('n_prompts'))}",
+             f"{'none (logit lens only)' if lens is None else (lens.meta.format, lens.meta.n_prompts)}",
              f"{len(edf)} examples, claim kinds {head['claim_kinds']}; clusters = strata = records (task files)",
              "layout: claim, then files, then question; each claim kind is its own table (never pooled)",
              f"token sets: |S|={len(token_sets.S)} |N|={len(token_sets.N)} |R|={len(token_sets.R)} ({token_sets.mode})"]

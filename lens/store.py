@@ -3,7 +3,7 @@
 On disk (`save_lens`): `<dir>/lens.safetensors` with one `d×d` matrix per source layer
 (key `layer.<l>`, fp16 by default) and `<dir>/lens.json`, a sidecar with the model id and
 revision, layers, target, skip_first, max length, corpus recipe, prompt count, dtype and the
-SHA-256 of the safetensors file (checked on load).
+SHA-256 of the safetensors file (checked on load), typed as `lens.record.LensRecord`.
 
 `load_lens` also reads the published jlens layout (`torch.save` of a dict with `"J": {layer:
 tensor}, "n_prompts", "source_layers", "d_model"`, e.g. the Neuronpedia lenses), after checking
@@ -20,10 +20,10 @@ from typing import Any
 import torch
 
 from lens.errors import LensError
+from lens.record import FORMAT, LensMeta, LensRecord, read_lens_record
 from lhd_train.io.files import atomic_write, atomic_write_text, sha256_file
 from lhd_train.io.provenance import utc_now
 
-FORMAT = "lhd.jlens/1"
 WEIGHTS = "lens.safetensors"
 SIDECAR = "lens.json"
 SAVE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -31,10 +31,15 @@ SAVE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": 
 
 @dataclass
 class Lens:
-    """`J[l]` for each source layer `l` (fp32, CPU) plus metadata (see module doc)."""
+    """`J[l]` for each source layer `l` (fp32, CPU) plus metadata (see module doc); `meta` given
+    as a dict is checked into a `LensMeta`."""
 
     J: dict[int, torch.Tensor]
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: LensMeta = field(default_factory=LensMeta)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.meta, LensMeta):
+            self.meta = LensMeta.model_validate(self.meta)
 
     @property
     def source_layers(self) -> list[int]:
@@ -46,12 +51,11 @@ class Lens:
 
     @property
     def n_prompts(self) -> int:
-        return int(self.meta.get("n_prompts", 0))
+        return self.meta.n_prompts
 
     @property
     def target_layer(self) -> int | None:
-        t = self.meta.get("target_layer")
-        return None if t is None else int(t)
+        return self.meta.target_layer
 
     def matrix(self, layer: int) -> torch.Tensor | None:
         return self.J.get(layer)
@@ -66,19 +70,19 @@ def save_lens(lens: Lens, out_dir: str | Path, *, dtype: str = "float16") -> Pat
     out.mkdir(parents=True, exist_ok=True)
     tensors = {f"layer.{layer}": J.to(SAVE_DTYPES[dtype]).contiguous().cpu() for layer, J in sorted(lens.J.items())}
     atomic_write(out / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"format": FORMAT}))
-    meta = dict(lens.meta)
-    meta.update(
-        format=FORMAT,
-        source_layers=lens.source_layers,
-        d_model=lens.d_model,
-        shape=list(next(iter(lens.J.values())).shape),
-        dtype=dtype,
-        file=WEIGHTS,
-        sha256=sha256_file(out / WEIGHTS),
-        saved_at=utc_now(),
-    )
-    lens.meta = meta
-    atomic_write_text(out / SIDECAR, json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    record = LensRecord.model_validate({
+        **lens.meta.to_json(),
+        "format": FORMAT,
+        "source_layers": lens.source_layers,
+        "d_model": lens.d_model,
+        "shape": list(next(iter(lens.J.values())).shape),
+        "dtype": dtype,
+        "file": WEIGHTS,
+        "sha256": sha256_file(out / WEIGHTS),
+        "saved_at": utc_now(),
+    })
+    lens.meta = record
+    atomic_write_text(out / SIDECAR, json.dumps(record.to_json(), indent=2, sort_keys=True) + "\n")
     return out
 
 
@@ -113,30 +117,21 @@ def _load_dir(d: Path, *, model: Any, verify: bool) -> Lens:
     side, weights = d / SIDECAR, d / WEIGHTS
     if not side.is_file() or not weights.is_file():
         raise LensError(f"{d}: missing {SIDECAR} or {WEIGHTS}")
-    try:
-        meta = json.loads(side.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise LensError(f"{side}: not valid JSON ({exc}); save the lens again (`lhd lens fit` resumes from its "
-                        "checkpoint)") from None
-    if not isinstance(meta, dict):
-        raise LensError(f"{side}: not a JSON object (a lens sidecar)")
-    if meta.get("format") != FORMAT:
-        raise LensError(f"{side}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    meta = read_lens_record(side)
     if verify:
         digest = sha256_file(weights)
-        if digest != meta.get("sha256"):
-            raise LensError(f"{weights}: sha256 {digest[:12]}… does not match the sidecar "
-                            f"({str(meta.get('sha256'))[:12]}…)")
+        if digest != meta.sha256:
+            raise LensError(f"{weights}: sha256 {digest[:12]}… does not match the sidecar ({meta.sha256[:12]}…)")
     try:
         raw = load_file(str(weights))
         J = {int(k.split(".", 1)[1]): v.float() for k, v in raw.items()}
     except Exception as exc:  # noqa: BLE001 - SafetensorError and friends: a torn or foreign file
         raise LensError(f"{weights}: cannot read the lens matrices ({type(exc).__name__}: {exc})") from None
-    if sorted(J) != sorted(meta.get("source_layers", [])):
-        raise LensError(f"{d}: layers in {WEIGHTS} {sorted(J)} differ from the sidecar {meta.get('source_layers')}")
-    _check_against_model(J, int(meta["d_model"]), str(d), model)
-    if model is not None and meta.get("n_layers") not in (None, model.n_layers):
-        raise LensError(f"{d}: fitted on a model with {meta['n_layers']} blocks, this one has {model.n_layers}")
+    if sorted(J) != sorted(meta.source_layers):
+        raise LensError(f"{d}: layers in {WEIGHTS} {sorted(J)} differ from the sidecar {meta.source_layers}")
+    _check_against_model(J, meta.d_model, str(d), model)
+    if model is not None and meta.n_layers not in (None, model.n_layers):
+        raise LensError(f"{d}: fitted on a model with {meta.n_layers} blocks, this one has {model.n_layers}")
     return Lens(J=J, meta=meta)
 
 
@@ -162,23 +157,14 @@ def _load_jlens_pt(p: Path, *, model: Any, target_layer: int | None) -> Lens:
         target += n_layers
     if max(J) >= target:
         raise LensError(f"{p}: lens has layer {max(J)} but target layer is {target}; pass the right --target-layer")
-    meta = {
-        "format": "jlens.pt",
-        "file": str(p),
-        "sha256": sha256_file(p),
-        "n_prompts": int(obj.get("n_prompts", 0)),
-        "source_layers": sorted(J),
-        "d_model": d_model,
-        "n_layers": n_layers,
-        "target_layer": target,
-        "model_id": getattr(model, "name", None),
-    }
+    meta = LensMeta(format="jlens.pt", file=str(p), sha256=sha256_file(p), n_prompts=int(obj.get("n_prompts", 0)),
+                    source_layers=sorted(J), d_model=d_model, n_layers=n_layers, target_layer=target,
+                    model_id=getattr(model, "name", None))
     return Lens(J=J, meta=meta)
 
 
 MERGE_KEYS = ("model_id", "revision", "n_layers", "target_layer", "skip_first", "max_length", "directions",
               "estimator", "sign_seed")
-MERGE_DEFAULTS = {"estimator": "all"}  # a lens written before estimators existed is an `all` lens
 
 
 def _check_disjoint(lenses: Sequence[Lens]) -> None:
@@ -187,14 +173,14 @@ def _check_disjoint(lenses: Sequence[Lens]) -> None:
     seen: dict[str, int] = {}
     spans: list[tuple[str, int, int, int]] = []
     for i, x in enumerate(lenses):
-        digest = x.meta.get("sha256")
+        digest = x.meta.sha256
         if digest and digest in seen:
             raise LensError(f"lens {i} is lens {seen[digest]} again (sha256 {str(digest)[:12]}…): merging it twice "
                             f"would count its {x.n_prompts} prompts twice")
         if digest:
             seen[digest] = i
-        corpus = x.meta.get("corpus")
-        if isinstance(corpus, dict) and isinstance(corpus.get("slice"), list) and len(corpus["slice"]) == 2:
+        corpus = x.meta.corpus
+        if isinstance(corpus.get("slice"), list) and len(corpus["slice"]) == 2:
             key = json.dumps({k: v for k, v in corpus.items() if k not in ("slice", "shards")}, sort_keys=True)
             spans.append((key, int(corpus["slice"][0]), int(corpus["slice"][1]), i))
     for k, (key, a, b, i) in enumerate(spans):
@@ -224,7 +210,7 @@ def merge_lenses(lenses: Sequence[Lens]) -> Lens:
                 f"lens 0 has {first.source_layers} / {first.d_model}"
             )
         for key in MERGE_KEYS:
-            a, b = (x.meta.get(key, MERGE_DEFAULTS.get(key)) for x in (other, first))
+            a, b = (getattr(x.meta, key) for x in (other, first))
             if a != b:
                 raise LensError(f"lens {i} differs from lens 0 in {key!r}: {a!r} vs {b!r}")
     _check_disjoint(lenses)
@@ -234,12 +220,11 @@ def merge_lenses(lenses: Sequence[Lens]) -> Lens:
     total = sum(weights)
     J = {layer: _summed([x.J[layer].float() * (w / total) for x, w in zip(lenses, weights, strict=True)])
          for layer in first.source_layers}
-    meta = {k: v for k, v in first.meta.items() if k not in ("sha256", "file", "saved_at", "shard", "fit")}
+    meta = {k: v for k, v in first.meta.to_json().items() if k not in ("sha256", "file", "saved_at", "shard", "fit")}
     meta["n_prompts"] = total
     meta["merged_from"] = [
-        {"n_prompts": x.n_prompts, "sha256": x.meta.get("sha256"), "shard": x.meta.get("shard")} for x in lenses
+        {"n_prompts": x.n_prompts, "sha256": x.meta.sha256, "shard": x.meta.shard or None} for x in lenses
     ]
-    corpora = [x.meta.get("corpus") for x in lenses]
-    if corpora[0] is not None:
-        meta["corpus"] = dict(corpora[0], shards=[c.get("slice") if isinstance(c, dict) else None for c in corpora])
-    return Lens(J=J, meta=meta)
+    if "corpus" in first.meta.model_fields_set:
+        meta["corpus"] = dict(first.meta.corpus, shards=[x.meta.corpus.get("slice") for x in lenses])
+    return Lens(J=J, meta=LensMeta.model_validate(meta))

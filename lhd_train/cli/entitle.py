@@ -172,8 +172,8 @@ def read_cmd(
         given = Lenses(load_lens(lens, model=m) if lens is not None else None,
                        self_lens=load_lens(lens_self, model=m) if lens_self is not None else None, control_seed=seed)
         readouts = build_readouts(m, given)
-        lenses = {name: lz.meta["sha256"] for name, ro in readouts.items()
-                  if (lz := getattr(ro, "lens", None)) is not None and "sha256" in lz.meta}
+        lenses = {name: lz.meta.sha256 for name, ro in readouts.items()
+                  if (lz := getattr(ro, "lens", None)) is not None and lz.meta.sha256 is not None}
         sets = resolve_token_sets(tok, model_type=getattr(m, "model_type", None))
         cfg = EntitleReadConfig(band=_band(band), primary_readout=ro_name, primary_position=pos or "claim",
                                 n_boot=bootstrap, seed=seed, probe=probe,

@@ -180,11 +180,11 @@ def _eval_prompt_sets(args: EvalCommand, m, tok, lz, readouts, sets) -> None:
     from lens.quality import QualityConfig, evaluate_prompt_sets, middle_layer
 
     layers = [middle_layer(lz)] if args.causal_layers == "middle" else parse_layers(args.causal_layers)
-    cfg = QualityConfig(n_boot=args.bootstrap, seed=args.seed, force_bos=bool(lz.meta.get("force_bos", True)),
+    cfg = QualityConfig(n_boot=args.bootstrap, seed=args.seed, force_bos=lz.meta.force_bos is not False,
                         causal_layers=layers if args.causal else None, causal_random=args.causal_random)
     res = evaluate_prompt_sets(m, tok, readouts, lz.source_layers, sets, cfg)
-    meta = {"model": args.model, "lens": str(args.lens), "lens_sha256": lz.meta.get("sha256"),
-            "lens_n_prompts": lz.n_prompts, "lens_estimator": lz.meta.get("estimator", "all"),
+    meta = {"model": args.model, "lens": str(args.lens), "lens_sha256": lz.meta.sha256,
+            "lens_n_prompts": lz.n_prompts, "lens_estimator": lz.meta.estimator,
             "layers": lz.source_layers, "readouts": res.readouts, "control_seed": args.control_seed,
             "causal_layers": cfg.causal_layers, "prompt_sets": {s.name: {"path": s.path, "sha256": s.sha256}
                                                                 for s in sets},
@@ -199,8 +199,8 @@ def _eval_prompt_sets(args: EvalCommand, m, tok, lz, readouts, sets) -> None:
 
 def _other_lenses(readouts: dict, lens: Any) -> dict[str, Any]:
     """`<readout>_lens`: the SHA-256 of each lens read beside the main one (self-only, future-only)."""
-    return {f"{name}_lens": other.meta["sha256"] for name, ro in readouts.items()
-            if (other := getattr(ro, "lens", None)) is not None and other is not lens and "sha256" in other.meta}
+    return {f"{name}_lens": other.meta.sha256 for name, ro in readouts.items()
+            if (other := getattr(ro, "lens", None)) is not None and other is not lens and other.meta.sha256 is not None}
 
 
 def _eval_corpus(args: EvalCommand, m, tok, lz, readouts) -> None:
@@ -214,15 +214,15 @@ def _eval_corpus(args: EvalCommand, m, tok, lz, readouts) -> None:
         load_lens(args.half_a, model=m, target_layer=args.target_layer),
         load_lens(args.half_b, model=m, target_layer=args.target_layer))
     chosen, excluded = select_held_out(texts, [lz, *(halves or ())], args.held_out or None)
-    cfg = EvalConfig(max_length=args.max_length or int(lz.meta.get("max_length") or 128),
-                     skip_first=args.skip_first if args.skip_first is not None else int(lz.meta.get("skip_first",
-                                                                                                    16)),
-                     chat=bool(lz.meta.get("chat", False)), force_bos=bool(lz.meta.get("force_bos", True)),
+    fitted_skip = 16 if lz.meta.skip_first is None else lz.meta.skip_first
+    cfg = EvalConfig(max_length=args.max_length or lz.meta.max_length or 128,
+                     skip_first=args.skip_first if args.skip_first is not None else fitted_skip,
+                     chat=bool(lz.meta.chat), force_bos=lz.meta.force_bos is not False,
                      n_boot=args.bootstrap, seed=args.seed, progress=args.progress,
                      messages=recipe["format"] == "messages", temperature_positions=args.temperature_positions,
                      layers=None if args.eval_layers == "all" else lz.source_layers)
     result = evaluate(m, tok, readouts, chosen, cfg, halves=halves)
-    result.update(model_id=args.model, lens=str(args.lens), lens_sha256=lz.meta.get("sha256"),
+    result.update(model_id=args.model, lens=str(args.lens), lens_sha256=lz.meta.sha256,
                   lens_n_prompts=lz.n_prompts, control_seed=args.control_seed,
                   halves=None if halves is None else [str(args.half_a), str(args.half_b)],
                   corpus=str(args.corpus), corpus_format=recipe["format"], fit_texts_excluded=excluded)
@@ -328,9 +328,9 @@ def read(args: ReadCommand) -> None:
     with run_dir_lock(out, stage="lhd lens read"):
         m, tok = load_hf(model, dtype=args.dtype, device=args.device, revision=args.revision, attn_implementation=attn)
         lz = load_lens(args.lens, model=m, target_layer=args.target_layer) if args.lens is not None else None
-        if lz is not None and lz.meta.get("model_id") not in (None, model):
+        if lz is not None and lz.meta.model_id not in (None, model):
             log.warning("the lens was fitted on %s; reading %s (d_model and layer count match)",
-                        lz.meta.get("model_id"), model)
+                        lz.meta.model_id, model)
         words = load_token_sets_file(args.token_sets) if args.token_sets else None
         ts = resolve_token_sets(tok, words, model_type=getattr(m, "model_type", None), fallback=args.token_fallback)
         cfg = _take(args, ReadConfig, n_boot=args.bootstrap)

@@ -22,8 +22,8 @@ def test_same_singular_values_other_bases() -> None:
         assert torch.allclose(torch.linalg.svdvals(R.double()), torch.linalg.svdvals(J.double()), atol=1e-5)
         # not the same map: the left singular vectors of R are not those of J
         assert (R - J).norm() > 0.1 * J.norm()
-    assert ctl.meta["control"] == {"kind": "random_transport", "seed": 1, "of": "abc"}
-    assert ctl.target_layer == 3 and "sha256" not in ctl.meta
+    assert ctl.meta.control == {"kind": "random_transport", "seed": 1, "of": "abc"}
+    assert ctl.target_layer == 3 and ctl.meta.sha256 is None and "sha256" not in ctl.meta.to_json()
 
 
 def test_seeded() -> None:

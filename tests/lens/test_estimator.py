@@ -106,7 +106,7 @@ def test_fit_records_the_estimator_and_refuses_another_on_resume(llama, fit_prom
     model, tok = llama
     st = FitSettings(skip_first=4, max_length=24, dim_batch=64, source_layers=[0, 1], estimator="self", sign_seed=3)
     res = fit_lens(model, tok, fit_prompts[:2], st, out_dir=tmp_path, options=FitOptions(progress=False))
-    assert res.lens.meta["estimator"] == "self" and res.lens.meta["sign_seed"] == 3
+    assert res.lens.meta.estimator == "self" and res.lens.meta.sign_seed == 3
     # the fit is the mean of the per-prompt signed estimates with each prompt's own signs
     per = []
     for p in fit_prompts[:2]:

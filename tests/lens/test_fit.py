@@ -226,4 +226,4 @@ def test_early_stop(toy):
     prompts = [f"prompt number {i} for the toy" for i in range(30)]
     res = fit_lens(toy, ByteTokenizer(), prompts, FitSettings(skip_first=4, max_length=40),
                    options=FitOptions(progress=False, stop_at_delta=1e-3, min_prompts=12))
-    assert res.report["stopped_early"] and res.lens.n_prompts == 12 and res.lens.meta["fit"]["complete"]
+    assert res.report["stopped_early"] and res.lens.n_prompts == 12 and res.lens.meta.fit["complete"]

@@ -277,7 +277,7 @@ def test_shards_via_cli_merge_to_the_full_fit(tiny_dirs, corpus, tmp_path):
         invoke("fit", tiny_dirs["llama"], "--out", tmp_path / f"s{i}", "--shard", f"{i}/2", *common)
     invoke("merge", tmp_path / "merged", tmp_path / "s0", tmp_path / "s1", "--save-dtype", "float32")
     full, merged = load_lens(tmp_path / "full"), load_lens(tmp_path / "merged")
-    assert merged.n_prompts == 5 and [m["n_prompts"] for m in merged.meta["merged_from"]] == [2, 3]
+    assert merged.n_prompts == 5 and [m["n_prompts"] for m in merged.meta.merged_from] == [2, 3]
     for layer in full.J:
         assert (full.J[layer] - merged.J[layer]).abs().max() < 1e-6
     bad = runner.invoke(app, ["fit", str(tiny_dirs["llama"]), "--out", str(tmp_path / "s0"), "--shard", "1/2",
