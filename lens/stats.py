@@ -152,10 +152,8 @@ def bootstrap_auroc(
     point = float(score(ones)[0])
     if n_boot <= 0 or n_cl < 2:
         return AurocCI(point, float("nan"), float("nan"), n_pos, n_neg, n_cl, n_pairs)
-    rng = np.random.default_rng(seed)
-    draws = rng.integers(0, n_cl, size=(n_boot, n_cl))
-    counts = np.zeros((n_boot, n_cl))
-    np.add.at(counts, (np.repeat(np.arange(n_boot), n_cl), draws.ravel()), 1)
+    # a resample of n_cl clusters drawn with replacement is a multinomial vector of cluster counts
+    counts = np.random.default_rng(seed).multinomial(n_cl, np.full(n_cl, 1 / n_cl), size=n_boot).astype(float)
     boots = []
     for chunk in np.array_split(np.arange(n_boot), max(1, n_boot * len(s) // 2_000_000 + 1)):
         boots.append(score(counts[chunk][:, cidx]))
