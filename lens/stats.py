@@ -61,7 +61,7 @@ def _pair_counts(scores: np.ndarray, labels: np.ndarray, W: np.ndarray) -> tuple
     return (pos * (neg_below + 0.5 * neg)).sum(1), pos.sum(1) * neg.sum(1)
 
 
-def _stratum_pair_counts(scores: np.ndarray, labels: np.ndarray, strata: Sequence[object],
+def _stratum_pair_counts(scores: np.ndarray, labels: np.ndarray, strata: Sequence[object] | np.ndarray,
                          W: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """`_pair_counts` summed over strata, pairs formed only inside a stratum (one with a single class has none)."""
     _, sidx = np.unique(np.asarray(strata, dtype=object).astype(str), return_inverse=True)
@@ -74,7 +74,7 @@ def _stratum_pair_counts(scores: np.ndarray, labels: np.ndarray, strata: Sequenc
     return num, den
 
 
-def stratified_weighted_auroc(scores: np.ndarray, labels: np.ndarray, strata: Sequence[object],
+def stratified_weighted_auroc(scores: np.ndarray, labels: np.ndarray, strata: Sequence[object] | np.ndarray,
                               weights: np.ndarray) -> np.ndarray:
     """Within-stratum AUROC for each row of `weights` (`[B, n]` non-negative example weights); NaN where no
     stratum holds weight in both classes."""
