@@ -69,7 +69,8 @@ def _stratum_pair_counts(scores: np.ndarray, labels: np.ndarray, strata: Sequenc
     for k in np.unique(sidx):
         m = sidx == k
         if labels[m].any() and not labels[m].all():
-            n_k, d_k = _pair_counts(scores[m], labels[m], W[:, m])
+            # one stratum (the pooled AUROC): no copy of the weights
+            n_k, d_k = _pair_counts(*((scores, labels, W) if m.all() else (scores[m], labels[m], W[:, m])))
             num, den = num + n_k, den + d_k
     return num, den
 
