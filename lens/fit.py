@@ -38,7 +38,7 @@ from lens.model import LensModel, normalise_layer
 from lens.record import LensMeta
 from lens.store import Lens
 from lhd_train.io.csv_cells import write_csv
-from lhd_train.io.files import atomic_write, atomic_write_text
+from lhd_train.io.files import atomic_write, atomic_write_text, sha256_text
 from rollouts.model_files import changed_parts
 
 log = logging.getLogger(__name__)
@@ -100,14 +100,6 @@ class FitResult:
     lens: Lens
     report: dict[str, Any]
     history: list[dict[str, Any]] = field(default_factory=list)
-
-
-def _prompts_digest(prompts: Sequence[str]) -> str:
-    h = hashlib.sha256()
-    for p in prompts:
-        h.update(p.encode("utf-8"))
-        h.update(b"\0")
-    return h.hexdigest()
 
 
 def _now() -> float:
@@ -180,7 +172,7 @@ def fit_lens(
         "force_bos": settings.force_bos,
         # only when not the default, so a checkpoint written before estimators existed still resumes
         **({"estimator": settings.estimator, "sign_seed": settings.sign_seed} if settings.estimator != "all" else {}),
-        "prompts_sha256": _prompts_digest(prompts),
+        "prompts_sha256": sha256_text("".join(f"{p}\0" for p in prompts)),  # the digest old checkpoints hold
         "n_prompts_total": len(prompts),
         "directions_sha256": None if directions is None else hashlib.sha256(
             directions.detach().float().cpu().numpy().tobytes()).hexdigest(),

@@ -12,7 +12,6 @@ when they are not needed.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -247,33 +246,6 @@ def free_memory(device: torch.device) -> int | None:
         return None
     free, _total = torch.cuda.mem_get_info(device)
     return int(free)
-
-
-def read_model_config(model_id: str, revision: str | None = None) -> tuple[dict, str]:
-    """The model's `config.json` as a dict and where it was read: a local dir, else the HF cache (no download)."""
-    local = Path(model_id) / "config.json"
-    if Path(model_id).is_dir():
-        path = local
-    else:
-        from huggingface_hub import try_to_load_from_cache
-
-        try:
-            found = try_to_load_from_cache(str(model_id), "config.json", revision=revision)
-        except ValueError:  # not a valid Hub id (e.g. a path that does not exist)
-            found = None
-        if not isinstance(found, str):
-            raise LensError(f"{model_id}: not a model dir, and no config.json for it in the local Hugging Face "
-                            "cache; pass a local model dir (a folder holding at least config.json)")
-        path = Path(found)
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise LensError(f"{path}: missing; a model dir needs config.json") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise LensError(f"{path}: not readable JSON ({type(exc).__name__}: {exc})") from None
-    if not isinstance(cfg, dict):
-        raise LensError(f"{path}: expected a JSON object")
-    return cfg, str(path)
 
 
 def load_tokenizer(model_id: str, revision: str | None = None) -> Any:

@@ -31,6 +31,7 @@ from lens.errors import LensError
 from lens.model import parse_dtype
 from rollouts.backend import BackendError
 from rollouts.model_config import ModelShape as Shape
+from rollouts.model_config import read_config
 
 GiB = 1024**3
 DIM_BATCHES = (128, 64, 32, 16, 8, 4, 2, 1)  # candidates for an automatic dim_batch, largest first
@@ -78,6 +79,16 @@ class ModelShape(Shape):
         if not shape.vocab:
             raise LensError(f"{source}: field 'vocab_size' is missing; the lens plan needs a positive integer")
         return shape
+
+    @classmethod
+    def read(cls, model: str, revision: str | None = None) -> ModelShape:
+        """The shape of a local model folder, or of a hub id already in the Hugging Face cache (no download):
+        `config.json` alone, read by rollouts' one reader (`rollouts.model_config.read_config`)."""
+        try:
+            cfg = read_config(model, revision)
+        except BackendError as exc:
+            raise LensError(str(exc)) from None
+        return cls.parse(cfg, source=f"{model} (config.json)")
 
 
 def dtype_bytes(dtype: str) -> int:

@@ -236,19 +236,19 @@ def _lens_info(lens: Any) -> dict | None:
     return {k: getattr(lens.meta, k) for k in keep}
 
 
-def declare(out_dir: str | Path, summary: dict) -> None:
-    """Write the pre-registration (mode, primary cell, settings) as summary.json before any AUROC."""
+def declare(mode: str, model: LensModel, lens: Any, cfg: ReadConfig, token_sets: TokenSets,
+            out_dir: str | Path) -> dict:
+    """The pre-registration (mode, primary cell, settings), written as summary.json before any AUROC; returned
+    as the head of the final summary."""
     from lens.report import write_json
 
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    write_json(Path(out_dir) / "summary.json", {**summary, "stage": "declared, reading"})
-
-
-def _head(mode: str, model: LensModel, lens: Any, cfg: ReadConfig, token_sets: TokenSets) -> dict:
     lo, hi = band_layers(model.n_layers, cfg.band)
-    return {"mode": mode, "model": getattr(model, "name", None), "revision": getattr(model, "revision", None),
+    head = {"mode": mode, "model": getattr(model, "name", None), "revision": getattr(model, "revision", None),
             "n_layers": model.n_layers, "lens": _lens_info(lens), "token_sets": token_sets.to_json(),
             "primary": {**cfg.primary(mode).to_json(), "band_layers": [lo, hi]}, "config": asdict(cfg)}
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    write_json(Path(out_dir) / "summary.json", {**head, "stage": "declared, reading"})
+    return head
 
 
 def _report(out_dir: str | Path, mode: str, col: Collected, edf: Any, scored: list, head: dict, baselines: list,
@@ -292,8 +292,7 @@ def read_probe_set(model: LensModel, tokenizer: Any, lens: Any, probes: Sequence
     from lens.probes import LABELS, NOT_ENTITLED, REFUTED, SUPPORTED, render_probe
 
     cfg = cfg or ReadConfig()
-    head = _head("probes", model, lens, cfg, token_sets)
-    declare(out_dir, head)
+    head = declare("probes", model, lens, cfg, token_sets, out_dir)
     examples = []
     for row in probes:
         messages, spans, prefill = render_probe(row)
@@ -349,8 +348,7 @@ def read_run(model: LensModel, tokenizer: Any, lens: Any, run_dir: str | Path, t
     if cfg.primary_anchor in (ANCHORS[RECORD], ANCHORS[QUESTION]):
         raise LensError(f"primary anchor {cfg.primary_anchor!r} comes before the answer in run mode: it is a "
                         f"negative control and cannot be the primary cell (use {ANCHORS['decision']!r})")
-    head = _head("run", model, lens, cfg, token_sets)
-    declare(out_dir, head)
+    head = declare("run", model, lens, cfg, token_sets, out_dir)
 
     def count_tokens(messages: list[dict]) -> int:
         text = render_chat(tokenizer, messages, add_generation_prompt=True)

@@ -61,36 +61,33 @@ def _pair_counts(scores: np.ndarray, labels: np.ndarray, W: np.ndarray) -> tuple
     return (pos * (neg_below + 0.5 * neg)).sum(1), pos.sum(1) * neg.sum(1)
 
 
-def weighted_auroc(scores: np.ndarray, labels: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """AUROC for each row of `weights` (`[B, n]` non-negative example weights); NaN where a class has no weight."""
-    scores = np.asarray(scores, dtype=float)
-    labels = np.asarray(labels).astype(bool)
-    W = np.atleast_2d(np.asarray(weights, dtype=float))
-    if len(scores) == 0:
-        return np.full(W.shape[0], np.nan)
-    num, den = _pair_counts(scores, labels, W)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(den > 0, num / den, np.nan)
-
-
-def stratified_weighted_auroc(scores: np.ndarray, labels: np.ndarray, strata: Sequence[object],
-                              weights: np.ndarray) -> np.ndarray:
-    """Within-stratum AUROC for each row of `weights`: pairs are formed only inside a stratum."""
-    scores = np.asarray(scores, dtype=float)
-    labels = np.asarray(labels).astype(bool)
-    W = np.atleast_2d(np.asarray(weights, dtype=float))
+def _stratum_pair_counts(scores: np.ndarray, labels: np.ndarray, strata: Sequence[object] | np.ndarray,
+                         W: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`_pair_counts` summed over strata, pairs formed only inside a stratum (one with a single class has none)."""
     _, sidx = np.unique(np.asarray(strata, dtype=object).astype(str), return_inverse=True)
-    num = np.zeros(W.shape[0])
-    den = np.zeros(W.shape[0])
+    num, den = np.zeros(W.shape[0]), np.zeros(W.shape[0])
     for k in np.unique(sidx):
         m = sidx == k
-        if labels[m].all() or not labels[m].any():
-            continue  # a stratum with one class has no pair
-        n_k, d_k = _pair_counts(scores[m], labels[m], W[:, m])
-        num += n_k
-        den += d_k
+        if labels[m].any() and not labels[m].all():
+            # one stratum (the pooled AUROC): no copy of the weights
+            n_k, d_k = _pair_counts(*((scores, labels, W) if m.all() else (scores[m], labels[m], W[:, m])))
+            num, den = num + n_k, den + d_k
+    return num, den
+
+
+def stratified_weighted_auroc(scores: np.ndarray, labels: np.ndarray, strata: Sequence[object] | np.ndarray,
+                              weights: np.ndarray) -> np.ndarray:
+    """Within-stratum AUROC for each row of `weights` (`[B, n]` non-negative example weights); NaN where no
+    stratum holds weight in both classes."""
+    W = np.atleast_2d(np.asarray(weights, dtype=float))
+    num, den = _stratum_pair_counts(np.asarray(scores, dtype=float), np.asarray(labels).astype(bool), strata, W)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(den > 0, num / den, np.nan)
+
+
+def weighted_auroc(scores: np.ndarray, labels: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """AUROC for each row of `weights`: the stratified one with a single stratum (every pair counts)."""
+    return stratified_weighted_auroc(scores, labels, np.zeros(len(scores)), weights)
 
 
 def auroc(scores: Sequence[float], labels: Sequence[bool]) -> float:
@@ -132,24 +129,17 @@ def bootstrap_auroc(
     y = np.asarray(labels).astype(bool)
     keep = ~np.isnan(s)
     s, y = s[keep], y[keep]
-    st = None if strata is None else np.asarray(strata, dtype=object)[keep]
+    st = np.zeros(len(s)) if strata is None else np.asarray(strata, dtype=object)[keep]  # pooled: one stratum
     cl = np.arange(len(s)) if clusters is None else np.asarray(clusters, dtype=object)[keep]
     n_pos, n_neg = int(y.sum()), int((~y).sum())
     _, cidx = np.unique(cl.astype(str), return_inverse=True)
     n_cl = int(cidx.max()) + 1 if len(cidx) else 0
 
-    def score(W: np.ndarray) -> np.ndarray:
-        return weighted_auroc(s, y, W) if st is None else stratified_weighted_auroc(s, y, st, W)
-
-    ones = np.ones((1, len(s)))
-    if st is None:
-        n_pairs = n_pos * n_neg
-    else:
-        _, sidx = np.unique(st.astype(str), return_inverse=True)
-        n_pairs = int(sum(int(y[sidx == k].sum()) * int((~y[sidx == k]).sum()) for k in np.unique(sidx)))
+    num, den = _stratum_pair_counts(s, y, st, np.ones((1, len(s))))
+    n_pairs = int(den[0])
     if n_pairs == 0:
         return AurocCI(float("nan"), float("nan"), float("nan"), n_pos, n_neg, n_cl, 0)
-    point = float(score(ones)[0])
+    point = float(num[0] / den[0])
     if n_boot <= 0 or n_cl < 2:
         return AurocCI(point, float("nan"), float("nan"), n_pos, n_neg, n_cl, n_pairs)
     rng = np.random.default_rng(seed)
@@ -158,7 +148,7 @@ def bootstrap_auroc(
     np.add.at(counts, (np.repeat(np.arange(n_boot), n_cl), draws.ravel()), 1)
     boots = []
     for chunk in np.array_split(np.arange(n_boot), max(1, n_boot * len(s) // 2_000_000 + 1)):
-        boots.append(score(counts[chunk][:, cidx]))
+        boots.append(stratified_weighted_auroc(s, y, st, counts[chunk][:, cidx]))
     b = np.concatenate(boots)
     b = b[~np.isnan(b)]
     if len(b) == 0:
@@ -204,14 +194,9 @@ def nested_best_layer(
         j = int(np.nanargmax(train_auc))
         chosen.append(int(layers[j]))
         ok = ~np.isnan(S[test, j])
-        t_s, t_y, t_st = S[test, j][ok], y[test][ok], st[test][ok]
-        for k in np.unique(t_st):
-            m = t_st == k
-            if t_y[m].all() or not t_y[m].any():
-                continue
-            n_k, d_k = _pair_counts(t_s[m], t_y[m], np.ones((1, int(m.sum()))))
-            num += float(n_k[0])
-            den += float(d_k[0])
+        n_k, d_k = _stratum_pair_counts(S[test, j][ok], y[test][ok], st[test][ok], np.ones((1, int(ok.sum()))))
+        num += float(n_k[0])
+        den += float(d_k[0])
     return NestedLayer(num / den if den > 0 else float("nan"), chosen, len(chosen))
 
 

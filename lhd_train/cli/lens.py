@@ -103,12 +103,11 @@ def fit(args: FitCommand) -> None:
 def _fit_plan(args: FitCommand, dev, *, dtype: str, attn: str, required: bool):
     """Print the plan of a fit (lens.plan) and return it; None when the config cannot be read and no plan was asked."""
     from lens.fit import resolve_layers
-    from lens.model import free_memory, read_model_config
+    from lens.model import free_memory
     from lens.plan import GiB, ModelShape, plan_fit
 
     try:
-        cfg, where = read_model_config(args.model, args.revision)
-        shape = ModelShape.parse(cfg, source=where)
+        shape = ModelShape.read(args.model, args.revision)
     except LensError as exc:
         if required:
             raise

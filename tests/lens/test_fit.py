@@ -227,3 +227,21 @@ def test_early_stop(toy):
     res = fit_lens(toy, ByteTokenizer(), prompts, FitSettings(skip_first=4, max_length=40),
                    options=FitOptions(progress=False, stop_at_delta=1e-3, min_prompts=12))
     assert res.report["stopped_early"] and res.lens.n_prompts == 12 and res.lens.meta.fit["complete"]
+
+
+def test_checkpoint_names_the_prompts_by_their_digest(toy, tmp_path):
+    """The checkpoint's `prompts_sha256` is sha256 over each prompt's UTF-8 bytes then a NUL (hashlib here): a
+    checkpoint written by an earlier version resumes only if this stays the same."""
+    import hashlib
+    import json
+
+    from lens.fit import CHECKPOINT
+
+    prompts = [f"prompt number {i} for the toy, é" for i in range(3)]
+    fit_lens(toy, ByteTokenizer(), prompts, FitSettings(skip_first=4, max_length=40), out_dir=tmp_path,
+             options=FitOptions(progress=False, checkpoint_every=1))
+    saved = json.loads(torch.load(tmp_path / CHECKPOINT, weights_only=True)["settings"])
+    h = hashlib.sha256()
+    for p in prompts:
+        h.update(p.encode("utf-8") + b"\0")
+    assert saved["prompts_sha256"] == h.hexdigest()

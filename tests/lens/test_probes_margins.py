@@ -153,6 +153,29 @@ def test_auroc_and_bootstrap():
     assert math.isnan(bootstrap_auroc([1, 2], [True, True]).auroc)
 
 
+
+def test_cluster_bootstrap_interval_matches_a_plain_resampling_of_clusters():
+    """The interval is that of resampling whole clusters with replacement: checked against a plain loop
+    (another generator, sklearn's AUROC over the concatenated clusters), within Monte Carlo error."""
+    from sklearn.metrics import roc_auc_score
+
+    rng = np.random.default_rng(3)
+    n_cl = 25
+    effect = np.repeat(rng.normal(0, 1.0, n_cl), 4)  # a shared cluster effect: examples are not independent
+    y = np.tile([True, True, False, False], n_cl)
+    s = effect + 0.8 * y + rng.normal(0, 1, 4 * n_cl)
+    cl = np.arange(4 * n_cl) // 4
+    got = bootstrap_auroc(s, y, cl, n_boot=2000, seed=0)
+    members = [np.flatnonzero(cl == c) for c in range(n_cl)]
+    plain = np.random.default_rng(99)
+    boots = []
+    for _ in range(2000):
+        idx = np.concatenate([members[c] for c in plain.integers(0, n_cl, n_cl)])
+        boots.append(roc_auc_score(y[idx], s[idx]))
+    lo, hi = np.quantile(boots, [0.025, 0.975])
+    assert got.auroc == pytest.approx(roc_auc_score(y, s))
+    assert got.lo == pytest.approx(lo, abs=0.015) and got.hi == pytest.approx(hi, abs=0.015)
+
 def test_emergence_layer():
     layers = [0, 1, 2, 3, 4, 5]
     au = [0.5, 0.8, 0.6, 0.75, 0.8, 0.9]
