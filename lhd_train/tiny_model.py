@@ -259,6 +259,23 @@ def _config(arch: str, vocab_size: int, hidden_size: int, num_layers: int, max_p
     raise ValueError(f"unknown arch {arch!r} (allowed: {', '.join(ARCHS)})")
 
 
+def random_llama(config: dict[str, Any], device: str, dtype: str, seed: int = 0,
+                             attn_implementation: str = "sdpa") -> Any:
+    """A random-weight Llama of a real model's config.json (`config`, with any field overridden by
+    the caller), built directly on `device` in `dtype`, nothing written: the device check's
+    Llama-3.1-8B at full size (16 GB in bf16, seconds on a GPU). Weights from transformers' own
+    initialisation (normal, std initializer_range), seeded."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    cfg = LlamaConfig(**{k: v for k, v in config.items() if k not in ("architectures", "transformers_version")})
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype),
+                                                 attn_implementation=attn_implementation)
+    return model.eval()
+
+
 def build_tiny_model(
     arch: Arch,
     out_dir: str | Path,

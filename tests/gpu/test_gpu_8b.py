@@ -45,26 +45,10 @@ SMALL = {"hidden_size": 256, "intermediate_size": 896, "num_attention_heads": 8,
          "num_hidden_layers": 4, "vocab_size": 4096, "max_position_embeddings": 16384}
 
 
-def random_llama(config: dict[str, Any], device: str, dtype: str, seed: int = 0,
-                 attn_implementation: str = "sdpa") -> Any:
-    """A random-weight Llama of a real model's config.json (`config`, with any field overridden by
-    the caller), built directly on `device` in `dtype`, nothing written: the device check's
-    Llama-3.1-8B at full size (16 GB in bf16, seconds on a GPU). Weights from transformers' own
-    initialisation (normal, std initializer_range), seeded."""
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    cfg = LlamaConfig(**{k: v for k, v in config.items() if k not in ("architectures", "transformers_version")})
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype),
-                                                 attn_implementation=attn_implementation)
-    return model.eval()
-
-
 def build(device: str, tokenizer_dir: Path, layers: int | None = None, dtype: str | None = None) -> Any:
     """The random model on the device: Llama-3.1-8B's config (SMALL on CPU), its token ids set to the
     tiny model's tokenizer (prompts are tokenised with it; ids stay below its size)."""
+    from lhd_train.tiny_model import random_llama
     from rollouts.tokenizer import load_tokenizer
 
     tok = load_tokenizer(str(tokenizer_dir))
