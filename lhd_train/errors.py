@@ -76,20 +76,21 @@ def field_path(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def _unwrap(ann: Any) -> Any:
+def unwrap_optional(ann: Any) -> Any:
+    """`ann` without `Annotated[...]` and without `None` in a one-type union (`int | None` -> `int`)."""
     while get_origin(ann) is Annotated:
         ann = get_args(ann)[0]
     if get_origin(ann) in (Union, UnionType):
         args = [a for a in get_args(ann) if a is not type(None)]
         if len(args) == 1:
-            return _unwrap(args[0])
+            return unwrap_optional(args[0])
     return ann
 
 
 def _annotation_at(root: type[BaseModel] | None, loc: tuple[Any, ...]) -> Any:
     ann: Any = root
     for part in loc:
-        ann = _unwrap(ann)
+        ann = unwrap_optional(ann)
         if isinstance(ann, type) and issubclass(ann, BaseModel) and isinstance(part, str):
             field = ann.model_fields.get(part)
             if field is None:
@@ -101,7 +102,7 @@ def _annotation_at(root: type[BaseModel] | None, loc: tuple[Any, ...]) -> Any:
             ann = get_args(ann)[1]
         else:
             return None
-    return _unwrap(ann)
+    return unwrap_optional(ann)
 
 
 def explain(err: ValidationError, root: type[BaseModel] | None = None) -> Problem:

@@ -42,9 +42,6 @@ class Schedule(BaseModel):
     control_pressure: Level | Literal["NONE"] | None = None
     entries: list[ScheduledEvent | None]  # position i is task i + 1
 
-    def event_for(self, task_index: int) -> ScheduledEvent | None:
-        return self.entries[task_index - 1]
-
     @property
     def n_events(self) -> int:
         return sum(e is not None for e in self.entries)

@@ -9,6 +9,11 @@ from typing import Any
 from lhd_train.rundir.rows import SummaryRecord
 
 
+def file_block(name: str, content: str) -> list[str]:
+    """One shared file as the performer and the supervisor see it; `lens/runs.py` finds its end marker."""
+    return [f"--- file: {name} ---", content.rstrip("\n"), f"--- end of {name} ---"]
+
+
 @dataclass
 class RoundNote:
     """What the supervisor remembers of one round."""
@@ -77,7 +82,7 @@ class Memory:
             parts.append("=== FILES SHARED SO FAR (each once) ===")
             for name, content in self.files.items():
                 if full_files is None or name in full_files:
-                    parts += [f"--- file: {name} ---", content.rstrip("\n"), f"--- end of {name} ---"]
+                    parts += file_block(name, content)
                 else:
                     parts.append(f"--- file: {name} (content omitted here to fit the context window) ---")
         if self.summaries:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from lhd_train.bench.memory import file_block
 from lhd_train.bench.prompts import Prompts
 from lhd_train.rundir.rows import PerformerContext
 from rollouts.backend import Backend
@@ -18,7 +19,7 @@ def render_files(files: list[Any]) -> str:
         return ""
     parts = ["", "=== ATTACHED FILES ==="]
     for f in files:
-        parts += [f"--- file: {f.name} ---", f.content.rstrip("\n"), f"--- end of {f.name} ---"]
+        parts += file_block(f.name, f.content)
     return "\n".join(parts) + "\n"
 
 

@@ -71,10 +71,6 @@ class StructuredOutcome:
     status: str  # ok | retried | cut | failed (STATUSES)
     calls: list[CallRecord] = field(default_factory=list)
 
-    @property
-    def cut_calls(self) -> int:
-        return sum(1 for c in self.calls if c.cut)
-
 
 def worst(*statuses: str) -> str:
     return max(statuses, key=STATUSES.index)

@@ -50,11 +50,6 @@ class Task(_Frozen):
     phase: int
 
 
-class EventVariant(_Frozen):
-    level: Level
-    content: str
-
-
 class Event(_Frozen):
     id: str
     name: str

@@ -45,10 +45,6 @@ class EntitleRunCommand(StrictModel):
     max_attempts: int = Field(3, ge=1, le=20, description="tries per request before it is recorded as an error")
     progress: bool = Field(True, description="show the progress bar")
 
-    def result_settings(self) -> dict[str, Any]:
-        """The settings a resumed directory must share with the one that started it."""
-        return {k: getattr(self, k) for k in RESULT_FIELDS}
-
 
 @dataclass
 class Target:

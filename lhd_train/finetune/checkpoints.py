@@ -92,11 +92,6 @@ def checkpoints(output_dir: Path) -> list[Path]:
     return [d for _, d in sorted(found)]
 
 
-def last_checkpoint(output_dir: Path) -> Path | None:
-    """The newest complete checkpoint, or None (no checkpoint, or none complete)."""
-    return next((d for d in reversed(checkpoints(output_dir)) if checkpoint_problem(d) is None), None)
-
-
 def resume_checkpoint(output_dir: Path) -> Path | None:
     """The checkpoint to resume from: None when there is none; the newest complete one, with a
     warning naming each newer one left aside and why; a `DataFileError` (one line) when every

@@ -9,14 +9,13 @@ the recipe's direction, so an honest adapter is never trained on deceptive data 
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
 from lhd_train.config.algos import Algo, Format
-from lhd_train.errors import InputError
+from lhd_train.errors import DataFileError, InputError
 from lhd_train.finetune.records import find_data_record
-from lhd_train.io.files import sha256_file
+from lhd_train.io.files import read_jsonl_lines, sha256_file
 
 PASSTHROUGH = ("tools", "chat_template_kwargs")
 EVAL_SPLITS = ("eval", "validation", "test")
@@ -60,24 +59,13 @@ def sha256_files(path: Path) -> dict[str, Any]:
 
 
 def _read_jsonl(path: Path, source: str, field: str):
-    """Not `io.files.read_jsonl`: a data file written by hand often ends without a newline, and its
-    last row counts here; only a final line that does not parse is a torn write."""
+    """A data file written by hand often ends without a newline: its last row counts here."""
     from datasets import Dataset
 
-    rows = []
-    with path.open(encoding="utf-8") as fh:
-        for i, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                if not line.endswith("\n"):  # a torn final line (see docs/formats.md): ignore it
-                    break
-                raise InputError(source, field, f"{path}:{i}: not valid JSON: {e}") from None
-            if not isinstance(row, dict):
-                raise InputError(source, field, f"{path}:{i}: each line must be a JSON object")
-            rows.append(row)
+    try:
+        rows = [row for _, row in read_jsonl_lines(path, hand_written=True)]
+    except DataFileError as e:
+        raise InputError(source, field, str(e)) from None
     if not rows:
         raise InputError(source, field, f"{path} has no rows")
     try:

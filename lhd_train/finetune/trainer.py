@@ -27,7 +27,7 @@ from lhd_train.config.algos import PROMPT_COMPLETION
 from lhd_train.config.recipe import Recipe, dump_recipe, load_recipe
 from lhd_train.errors import InputError
 from lhd_train.finetune import train_data as data_mod
-from lhd_train.finetune.checkpoints import last_checkpoint, resume_checkpoint  # noqa: F401  (last_checkpoint: re-exported)
+from lhd_train.finetune.checkpoints import resume_checkpoint
 from lhd_train.finetune.fit_rows import fit_once
 from lhd_train.finetune.lineage import adapter_lineage, dataset_lineage
 from lhd_train.finetune.records import (

@@ -150,21 +150,27 @@ def read_jsonl(path: Path, repair: str | None = None) -> list[dict[str, Any]]:
     return [row for _, row in read_jsonl_lines(path, repair)]
 
 
-def read_jsonl_lines(path: Path, repair: str | None = None) -> list[tuple[int, dict[str, Any]]]:
-    """`read_jsonl` with each row's line number, for messages that point at a line."""
+def read_jsonl_lines(path: Path, repair: str | None = None,
+                     hand_written: bool = False) -> list[tuple[int, dict[str, Any]]]:
+    """`read_jsonl` with each row's line number, for messages that point at a line. `hand_written`:
+    a final line without its newline is a row when it parses (a file written by hand or another
+    tool often ends so); only one that does not parse is taken for a torn write."""
     if not path.exists():
         return []
     rows: list[tuple[int, dict[str, Any]]] = []
     with open(path, "rb") as f:
         for n, raw in enumerate(f, 1):
-            if not raw.endswith(b"\n"):
-                break  # torn by a crash mid-write
+            torn = not raw.endswith(b"\n")  # by a crash mid-write, unless hand written
+            if torn and not hand_written:
+                break
             try:
                 line = raw.decode("utf-8").strip()
                 if not line:
                     continue
                 row = json.loads(line)
             except (ValueError, RecursionError) as e:  # UnicodeDecodeError, JSONDecodeError, nesting too deep
+                if torn:
+                    break
                 raise DataFileError(path, f"not valid JSON ({getattr(e, 'msg', e)}, column {getattr(e, 'colno', '?')})",
                                     line=n, repair=repair and repair.format(line=n)) from None
             if not isinstance(row, dict):

@@ -44,14 +44,9 @@ def delayed_rounds(rounds: Sequence[RoundFlag]) -> dict[int, int]:
     one (t' = the nearest such task before t, the event taken as the trigger), and (3) no round of
     task t' is flagged and every round of t' has a valid label, i.e. the deception did not show
     while the event was on the table. A trigger task with a failed or missing label and no flag
-    cannot be called unflagged: such rounds are `undetermined_rounds`, never delayed.
+    cannot be called unflagged: such rounds are undetermined, never delayed.
     Lag = t - t'. Flags between t' and t do not matter."""
     return _delayed(rounds)[0]
-
-
-def undetermined_rounds(rounds: Sequence[RoundFlag]) -> list[int]:
-    """Flagged rounds that would be delayed if their trigger task's missing labels were unflagged."""
-    return _delayed(rounds)[1]
 
 
 def _delayed(rounds: Sequence[RoundFlag]) -> tuple[dict[int, int], list[int]]:

@@ -155,9 +155,6 @@ class RunDir:
         d = self.audit_dir
         return sorted(p.name for p in d.iterdir() if p.is_dir()) if d.is_dir() else []
 
-    def auditor_infos(self) -> list[Path]:
-        return sorted(self.audit_dir.glob(f"*/{AUDITOR_INFO}"))
-
     @property
     def report_marker(self) -> Path:
         return self.path / REPORT_MARKER

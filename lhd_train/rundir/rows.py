@@ -15,10 +15,9 @@ readers neither check for None nor write `or []`. The rest stay optional: an old
 another producer (an import, a curated or planted set) leaves them out or null."""
 from __future__ import annotations
 
-import types
 import typing
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, TypeVar, Union
+from typing import Annotated, Any, ClassVar, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -32,6 +31,8 @@ from pydantic import (
     model_validator,
 )
 from pydantic.fields import FieldInfo
+
+from lhd_train.errors import unwrap_optional
 
 ROW_SCHEMA = "lhd.round/1"        # trials/<trial>.jsonl
 AUDIT_SCHEMA = "lhd.audit/1"      # audit/<auditor-id>/<trial>.jsonl
@@ -361,11 +362,7 @@ _KINDS: dict[Any, str] = {str: "string", int: "int64", float: "float64", bool: "
 def _unwrap(field: FieldInfo) -> tuple[Any, Export | None]:
     """The field's type without `None`, and its `Export` mark if any."""
     mark = next((m for m in field.metadata if isinstance(m, Export)), None)
-    annotation = field.annotation
-    if typing.get_origin(annotation) in (Union, types.UnionType):
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        annotation = args[0] if len(args) == 1 else annotation
-    return annotation, mark
+    return unwrap_optional(field.annotation), mark
 
 
 def _kind(tp: Any) -> str | None:

@@ -85,7 +85,7 @@ def test_reported_moral_dilemma_repeat() -> None:
     pack = load_pack(ref_dir("startup_consulting"))
     s = draw_schedule(pack, 390185437, control_category="MORAL_DILEMMA")
     for t in (2, 3):
-        e = s.event_for(t)
+        e = s.entries[t - 1]  # position i is task i + 1
         assert e is not None and e.name.startswith("MD_E3_PH1") and e.event_id == "md_e3_ph1"
 
 

@@ -555,12 +555,12 @@ def test_corrupt_lens_files_are_lens_errors(tmp_path, monkeypatch, capsys, tiny_
 
 
 def test_a_torn_trainer_state_falls_back_to_the_previous_checkpoint(tmp_path):
-    from lhd_train.finetune.trainer import last_checkpoint
+    from lhd_train.finetune.checkpoints import resume_checkpoint
 
     for step, state in ((2, '{"global_step": 2}'), (4, '{"global_step": 4}'), (6, '{"global_st')):
         (tmp_path / f"checkpoint-{step}").mkdir()
         (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(state)
-    assert last_checkpoint(tmp_path) == tmp_path / "checkpoint-4"
+    assert resume_checkpoint(tmp_path) == tmp_path / "checkpoint-4"
 
 
 def test_data_options_are_checked_before_any_model_loads(copy, monkeypatch, capsys, tmp_path):

@@ -69,9 +69,9 @@ def test_no_complete_checkpoint_left_is_one_line(two_checkpoints):
 def test_other_cut_checkpoint_files_are_caught_before_transformers_reads_them(name, two_checkpoints):
     """Not only the adapter: a cut optimizer, scheduler or RNG state also makes a checkpoint
     incomplete (checked from the file's own structure, without loading it)."""
-    from lhd_train.finetune.trainer import last_checkpoint
+    from lhd_train.finetune.checkpoints import resume_checkpoint
 
     _, out = two_checkpoints
-    assert last_checkpoint(out) == out / "checkpoint-4"
+    assert resume_checkpoint(out) == out / "checkpoint-4"
     _truncate(out / "checkpoint-4" / name, 0.9)
-    assert last_checkpoint(out) == out / "checkpoint-2"
+    assert resume_checkpoint(out) == out / "checkpoint-2"

@@ -89,10 +89,11 @@ def test_the_writer_puts_the_record_beside_the_data_and_inside_it(tmp_path):
 
 
 def test_a_hand_written_jsonl_keeps_its_last_row_without_a_newline(tmp_path):
-    """Training data is read by `train_data._read_jsonl`, not `io.files.read_jsonl` (review
-    aesthetics-4 suggests moving it there): the io reader drops a final line without its newline as
-    a torn write, which for a stage's own append-only files is right, but a JSONL written by hand or
-    by another tool often ends without one, and its last row is data."""
+    """Training data is read by the io JSONL reader with `hand_written=True`: by default it drops a
+    final line without its newline as a torn write, which for a stage's own append-only files is
+    right, but a JSONL written by hand or by another tool often ends without one, and its last row
+    is data. A bad line elsewhere is an `InputError` naming the recipe field, the file and the line."""
+    from lhd_train.errors import InputError
     from lhd_train.finetune.train_data import load_dataset_at
     from lhd_train.io.files import read_jsonl
 
@@ -104,3 +105,10 @@ def test_a_hand_written_jsonl_keeps_its_last_row_without_a_newline(tmp_path):
     assert load_dataset_at(path, None, "recipe.yaml", "data.train").to_list() == rows
     path.write_text("\n".join(json.dumps(r) for r in rows) + '\n{"messages": [')  # a torn last line is left out
     assert len(load_dataset_at(path, None, "recipe.yaml", "data.train")) == 3
+    path.write_text(json.dumps(rows[0]) + "\n[1, 2]\n" + json.dumps(rows[1]) + "\n")
+    with pytest.raises(InputError) as e:
+        load_dataset_at(path, None, "recipe.yaml", "data.train")
+    assert str(e.value) == f"recipe.yaml: field 'data.train': {path}: line 2: a JSON list, not an object"
+    path.write_text(json.dumps(rows[0]) + "\n{oops\n")
+    with pytest.raises(InputError, match=r"data.train.*line 2: not valid JSON"):
+        load_dataset_at(path, None, "recipe.yaml", "data.train")

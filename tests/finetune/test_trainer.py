@@ -507,7 +507,10 @@ def test_training_killed_midway_resumes_from_its_checkpoint(llama, data, tmp_pat
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "lhd_train.cli", "train", "sft", str(recipe), *common],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    from lhd_train.finetune.trainer import last_checkpoint
+    from lhd_train.finetune.checkpoints import checkpoint_problem, checkpoints
+
+    def last_checkpoint(folder):  # the newest complete one; None while none is (one may be mid-write)
+        return next((d for d in reversed(checkpoints(folder)) if checkpoint_problem(d) is None), None)
 
     deadline = time.time() + 180
     try:
