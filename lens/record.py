@@ -34,8 +34,8 @@ class LensMeta(BaseModel):
     target_layer: int | None = None
     skip_first: int | None = None
     max_length: int | None = None
-    chat: bool | None = None
-    force_bos: bool | None = None
+    chat: bool = False  # a lens that does not say was fitted on plain text, BOS forced
+    force_bos: bool = True
     n_prompts: int = 0
     estimator: str = "all"  # a lens written before estimators existed is an `all` lens
     sign_seed: int | None = None

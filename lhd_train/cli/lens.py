@@ -179,7 +179,7 @@ def _eval_prompt_sets(args: EvalCommand, m, tok, lz, readouts, sets) -> None:
     from lens.quality import QualityConfig, evaluate_prompt_sets, middle_layer
 
     layers = [middle_layer(lz)] if args.causal_layers == "middle" else parse_layers(args.causal_layers)
-    cfg = QualityConfig(n_boot=args.bootstrap, seed=args.seed, force_bos=lz.meta.force_bos is not False,
+    cfg = QualityConfig(n_boot=args.bootstrap, seed=args.seed, force_bos=lz.meta.force_bos,
                         causal_layers=layers if args.causal else None, causal_random=args.causal_random)
     res = evaluate_prompt_sets(m, tok, readouts, lz.source_layers, sets, cfg)
     meta = {"model": args.model, "lens": str(args.lens), "lens_sha256": lz.meta.sha256,
@@ -216,7 +216,7 @@ def _eval_corpus(args: EvalCommand, m, tok, lz, readouts) -> None:
     fitted_skip = 16 if lz.meta.skip_first is None else lz.meta.skip_first
     cfg = EvalConfig(max_length=args.max_length or lz.meta.max_length or 128,
                      skip_first=args.skip_first if args.skip_first is not None else fitted_skip,
-                     chat=bool(lz.meta.chat), force_bos=lz.meta.force_bos is not False,
+                     chat=lz.meta.chat, force_bos=lz.meta.force_bos,
                      n_boot=args.bootstrap, seed=args.seed, progress=args.progress,
                      messages=recipe["format"] == "messages", temperature_positions=args.temperature_positions,
                      layers=None if args.eval_layers == "all" else lz.source_layers)
