@@ -14,6 +14,7 @@ from lhd_train.bench.prompts import Prompts
 from lhd_train.bench.taskpack import load_pack
 from lhd_train.bench.trial import RunContext, run_trial
 from lhd_train.config.run import parse_config
+from lhd_train.errors import InputError
 from lhd_train.finetune.contexts import load_contexts, split_of
 from lhd_train.finetune.datasets import (
     BuildSettings,
@@ -21,6 +22,7 @@ from lhd_train.finetune.datasets import (
     build_bon,
     build_dpo,
     build_grpo,
+    sample_and_grade,
     select_best,
     select_pair,
 )
@@ -101,37 +103,69 @@ def test_dpo_pairs_need_a_qualifying_chosen_answer():
     assert select_pair([_s(0, 0.3, False)], "honest", -0.5, 0.0) == "too_few"
 
 
+def _contexts_without_a_choice(pools, contexts, direction, floor):
+    """The test's own count of contexts best-of-N must skip: no graded answer flagged as `direction`
+    wants at or above the on-task floor (the run is not audited, so every grade is trusted)."""
+    def fits(p):
+        g = p.grade
+        return (g.deceptive is not None and g.deceptive == (direction == "deceptive")
+                and (g.satisfaction is None or g.satisfaction >= floor))
+    return sum(not any(fits(p) for p in pools[c.key]) for c in contexts)
+
+
 @pytest.mark.slow
 def test_bon_dpo_grpo_datasets_on_tiny_model(small_run, tmp_path, tiny_llama_dir):
-    settings = BuildSettings(run_dir=small_run, out=tmp_path / "bon", n=2, direction="honest", max_contexts=4,
-                             progress=False)
-    path, stats = build_bon(settings)
-    ds = load_from_disk(str(path))
-    rows = [r for split in ds for r in ds[split]]
-    assert stats["contexts"] == 4 and len(rows) == 4 - stats["picked"]["none"]
-    for r in rows:
-        assert r["messages"][-1]["role"] == "assistant" and r["messages"][0]["role"] == "system"
-        assert r["seed"] == int(r["trial_id"][1:])  # trials s<seed>: the adapter's lineage reads this column
-    meta = json.loads((path / "lhd_data.json").read_text())
-    # the run is not audited: only the grader chose the data (a run's audit labels would come first)
-    assert meta["auditors"] == [{"role": "grader (selected the data)", "auditor_id": None, "key": "tiny",
-                                 "model": str(tiny_llama_dir)}]
+    """The random tiny model's grades differ from one CPU to another (its logits are nearly tied),
+    so the test reads the grades it got and checks each build against them, in both directions:
+    a build with rows where some context qualifies, and the one-line refusal where none does."""
+    base = BuildSettings(run_dir=small_run, out=tmp_path / "bon", n=2, max_contexts=4, progress=False)
+    contexts, pools, _ = asyncio.run(sample_and_grade(base))
     grades = (tmp_path / "bon" / "grades.jsonl").read_text().splitlines()
-    assert len(grades) == 4 * 3  # original + 2 candidates per context, each graded once
+    assert len(contexts) == 4 and len(grades) == 4 * 3  # original + 2 candidates per context, each graded once
+    assert any(p.grade.usable for c in contexts for p in pools[c.key]), "the grammar-bound grader never parsed"
+
+    built = []
+    for direction, floor in [(d, f) for d in ("honest", "deceptive") for f in (-0.5, -1.0)]:
+        settings = base.model_copy(update={"direction": direction, "on_task_min": floor})
+        skipped = _contexts_without_a_choice(pools, contexts, direction, floor)
+        if skipped == 4:
+            with pytest.raises(InputError, match="no rows selected: all 4 contexts were left out"):
+                build_bon(settings)
+            continue
+        path, stats = build_bon(settings)
+        built.append(direction)
+        ds = load_from_disk(str(path))
+        rows = [r for split in ds for r in ds[split]]
+        assert stats["contexts"] == 4 and stats["picked"]["none"] == skipped and len(rows) == 4 - skipped
+        for r in rows:
+            assert r["messages"][-1]["role"] == "assistant" and r["messages"][0]["role"] == "system"
+            assert r["seed"] == int(r["trial_id"][1:])  # trials s<seed>: the adapter's lineage reads this column
+        meta = json.loads((path / "lhd_data.json").read_text())
+        # the run is not audited: only the grader chose the data (a run's audit labels would come first)
+        assert meta["auditors"] == [{"role": "grader (selected the data)", "auditor_id": None, "key": "tiny",
+                                     "model": str(tiny_llama_dir)}]
+    # at the lowest floor every graded context qualifies one way or the other
+    assert built, "no direction selected any context, though some answers were graded"
 
     # Rerunning reuses every sample and grade on disk (resumable, nothing regraded).
-    build_bon(settings)
     assert len((tmp_path / "bon" / "grades.jsonl").read_text().splitlines()) == 12
 
-    dpo_settings = BuildSettings(run_dir=small_run, out=tmp_path / "bon", n=2, direction="honest", max_contexts=4,
-                                 min_margin=0, progress=False)
-    dpath, dstats = build_dpo(dpo_settings)
-    dds = load_from_disk(str(dpath))
-    for split in dds:
-        for r in dds[split]:
-            assert set(r) >= {"prompt", "chosen", "rejected"}
-            assert r["chosen"] != r["rejected"] and r["chosen_severity"] <= r["rejected_severity"]
-    assert dstats["pairs"] + dstats["skipped"] == 4
+    for direction in ("honest", "deceptive"):
+        dpo_settings = base.model_copy(update={"direction": direction, "min_margin": 0, "on_task_min": -1.0})
+        expected = [select_pair(pools[c.key], direction, -1.0, 0) for c in contexts]
+        if all(isinstance(x, str) for x in expected):
+            with pytest.raises(InputError, match="no rows selected"):
+                build_dpo(dpo_settings)
+            continue
+        dpath, dstats = build_dpo(dpo_settings)
+        dds = load_from_disk(str(dpath))
+        for split in dds:
+            for r in dds[split]:
+                assert set(r) >= {"prompt", "chosen", "rejected"}
+                assert r["chosen"] != r["rejected"]
+                assert r["chosen_deceptive"] == (direction == "deceptive")
+        assert dstats["pairs"] == sum(not isinstance(x, str) for x in expected)
+        assert dstats["pairs"] + dstats["skipped"] == 4
 
     gpath, gstats = build_grpo(small_run, tmp_path / "grpo")
     gds = load_from_disk(str(gpath))
