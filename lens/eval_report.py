@@ -47,6 +47,11 @@ def passk_markdown(passk: dict[str, Any]) -> list[str]:
             cells.append(f"{_f(auc.get('value'))}" + (f" [{_f(aci[0])}, {_f(aci[1])}]" if aci else ""))
             lines.append(f"| {r} | " + " | ".join(cells) + " |")
         lines.append("")
+        if entry.get("auc_diff"):
+            lines += ["AUC differences, paired by item [95 % CI]: "
+                      + "; ".join(f"{k} {_f(d['value'], '+.3f')}"
+                                  + (f" [{_f(d['ci'][0], '+.3f')}, {_f(d['ci'][1], '+.3f')}]" if d.get("ci") else "")
+                                  for k, d in entry["auc_diff"].items()), ""]
     return lines
 
 

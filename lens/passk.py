@@ -27,7 +27,7 @@ import torch
 from lens.errors import LensError
 from lens.model import LensModel, block_outputs
 from lens.promptsets import PromptSet, TokenForms, encode_item, token_forms
-from lens.readout import Readout
+from lens.readout import BASELINE, PRIMARY, Readout
 from lens.stats import percentile_ci
 
 KS = (1, 5, 10, 50)
@@ -121,10 +121,30 @@ def summarise_set(rows: Sequence[ItemRanks], readouts: Sequence[str], layers: Se
         by_layer[name] = {str(layer): {str(k): float(item_shares(rows, name, k, layer).mean()) for k in KS}
                           for layer in layers}
     fallbacks = [f"{r.item}:{r.intermediate}" for r in rows if r.forms.fallback]
-    out.update(ci=ci, auc=auc, auc_k_max=K_AUC, by_layer=by_layer, layers=list(layers), n_intermediates=len(rows),
+    out.update(ci=ci, auc=auc, auc_diff=auc_differences(rows, readouts, n_boot, seed), auc_k_max=K_AUC,
+               by_layer=by_layer, layers=list(layers), n_intermediates=len(rows),
                token_forms={"n_fallback": len(fallbacks), "fallback": fallbacks,
                             "n_forms_mean": float(np.mean([len(r.forms.ids) for r in rows]))},
                bootstrap={"n_boot": n_boot, "seed": seed, "unit": "item"})
+    return out
+
+
+def auc_differences(rows: Sequence[ItemRanks], readouts: Sequence[str], n_boot: int,
+                    seed: int) -> dict[str, dict[str, Any]]:
+    """`"<readout> - <reference>"`: the AUC difference paired by item, with its bootstrap interval, for
+    every readout against the logit lens and every further readout against the J-lens. Two AUCs whose
+    own intervals overlap can still differ: the items are shared, so the pairing removes how hard
+    each item is from the comparison."""
+    out: dict[str, dict[str, Any]] = {}
+    for ref in (BASELINE, PRIMARY):
+        if ref not in readouts:
+            continue
+        base = item_auc(rows, ref)
+        for name in readouts:
+            if name in (ref, BASELINE):
+                continue
+            d = item_auc(rows, name) - base
+            out[f"{name} - {ref}"] = {"value": float(d.mean()), "ci": _interval(d, n_boot, seed)}
     return out
 
 

@@ -15,6 +15,7 @@ import torch
 from typer.testing import CliRunner
 
 from lens.errors import LensError
+from lens.eval_report import passk_markdown
 from lens.fit import FitOptions, FitSettings, fit_lens
 from lens.passk import KS, ItemRanks, item_auc, rank_items, summarise_set, token_ranks
 from lens.promptsets import (
@@ -131,6 +132,26 @@ def test_pass_at_k_interval_and_auc_by_hand():
                   "d": [("x", {3: 100})], "e": [("x", {3: 100})]})
     ci = summarise_set(five, ["logit"], [3], n_boot=20_000, seed=0)["ci"]["logit"]["1"]
     assert ci == pytest.approx(_exact_interval([1, 0.5, 0.5, 0, 0])) and ci == pytest.approx([0.1, 0.7])
+
+
+def test_auc_differences_are_paired_by_item():
+    """The J-lens ranks every intermediate 10x better than the logit lens on items of very different
+    difficulty: each item's AUC gains exactly log 10 / log 1000 = 1/3, so the paired interval is that
+    point, while each readout's own interval spans the spread of difficulty."""
+    logit = {"a": 20, "b": 100, "c": 1000, "d": 50}
+    rows = [ItemRanks("s", item, "x", TokenForms("x", [0], ["x"]),
+                      {"logit": {3: r}, "jacobian": {3: r // 10}, "jacobian_future": {3: r}})
+            for item, r in logit.items()]
+    s = summarise_set(rows, ["logit", "jacobian", "jacobian_future"], [3], n_boot=2000, seed=0)
+    assert set(s["auc_diff"]) == {"jacobian - logit", "jacobian_future - logit", "jacobian_future - jacobian"}
+    gain = s["auc_diff"]["jacobian - logit"]
+    assert gain["value"] == pytest.approx(1 / 3) and gain["ci"] == pytest.approx([1 / 3, 1 / 3])
+    assert s["auc_diff"]["jacobian_future - jacobian"]["value"] == pytest.approx(-1 / 3)
+    assert s["auc_diff"]["jacobian_future - logit"]["ci"] == pytest.approx([0, 0])
+    lo, hi = s["auc"]["jacobian"]["ci"]
+    assert hi - lo > 0.2  # unpaired, the items' difficulty dominates the interval
+    md = "\n".join(passk_markdown({"s": s}))
+    assert "jacobian - logit +0.333 [+0.333, +0.333]" in md
 
 
 def _exact_interval(shares: list[float]) -> list[float]:
