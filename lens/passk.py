@@ -113,15 +113,16 @@ def summarise_set(rows: Sequence[ItemRanks], readouts: Sequence[str], layers: Se
     ci: dict[str, dict[str, list[float] | None]] = {}
     auc: dict[str, dict[str, Any]] = {}
     by_layer: dict[str, dict[str, dict[str, float]]] = {}
+    per_item_auc: dict[str, np.ndarray] = {}
     for name in readouts:
         out[name] = {str(k): float(item_shares(rows, name, k).mean()) for k in KS}
         ci[name] = {str(k): _interval(item_shares(rows, name, k), n_boot, seed) for k in KS}
-        a = item_auc(rows, name)
+        a = per_item_auc[name] = item_auc(rows, name)
         auc[name] = {"value": float(a.mean()), "ci": _interval(a, n_boot, seed)}
         by_layer[name] = {str(layer): {str(k): float(item_shares(rows, name, k, layer).mean()) for k in KS}
                           for layer in layers}
     fallbacks = [f"{r.item}:{r.intermediate}" for r in rows if r.forms.fallback]
-    out.update(ci=ci, auc=auc, auc_diff=auc_differences(rows, readouts, n_boot, seed), auc_k_max=K_AUC,
+    out.update(ci=ci, auc=auc, auc_diff=auc_differences(per_item_auc, n_boot, seed), auc_k_max=K_AUC,
                by_layer=by_layer, layers=list(layers), n_intermediates=len(rows),
                token_forms={"n_fallback": len(fallbacks), "fallback": fallbacks,
                             "n_forms_mean": float(np.mean([len(r.forms.ids) for r in rows]))},
@@ -129,21 +130,19 @@ def summarise_set(rows: Sequence[ItemRanks], readouts: Sequence[str], layers: Se
     return out
 
 
-def auc_differences(rows: Sequence[ItemRanks], readouts: Sequence[str], n_boot: int,
-                    seed: int) -> dict[str, dict[str, Any]]:
-    """`"<readout> - <reference>"`: the AUC difference paired by item, with its bootstrap interval, for
-    every readout against the logit lens and every further readout against the J-lens. Two AUCs whose
-    own intervals overlap can still differ: the items are shared, so the pairing removes how hard
-    each item is from the comparison."""
+def auc_differences(per_item_auc: Mapping[str, np.ndarray], n_boot: int, seed: int) -> dict[str, dict[str, Any]]:
+    """`"<readout> - <reference>"`: the AUC difference paired by item (`item_auc`, same item order for
+    every readout), with its bootstrap interval, for every readout against the logit lens and every
+    further readout against the J-lens. Two AUCs whose own intervals overlap can still differ: the
+    items are shared, so the pairing removes how hard each item is from the comparison."""
     out: dict[str, dict[str, Any]] = {}
     for ref in (BASELINE, PRIMARY):
-        if ref not in readouts:
+        if ref not in per_item_auc:
             continue
-        base = item_auc(rows, ref)
-        for name in readouts:
+        for name, a in per_item_auc.items():
             if name in (ref, BASELINE):
                 continue
-            d = item_auc(rows, name) - base
+            d = a - per_item_auc[ref]
             out[f"{name} - {ref}"] = {"value": float(d.mean()), "ci": _interval(d, n_boot, seed)}
     return out
 
