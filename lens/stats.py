@@ -1,6 +1,10 @@
 """AUROC with cluster-bootstrap confidence intervals, the within-stratum AUROC, and layer choice.
 
 AUROC is the Mann–Whitney probability that a positive scores above a negative (ties count ½).
+Scores within `TIE_RTOL` of the largest score's magnitude are ties: the same text read twice in
+float32 can differ in its last bits when the rest of the sequence (and so the kernels' blocking)
+changes, and such noise must not order examples (a record read in every trial of a task would
+otherwise score an AUROC away from ½ on some CPUs).
 The bootstrap resamples *clusters* (records, or trials) with replacement, so examples that share a
 record are never treated as independent; a resample is a vector of cluster counts, which makes
 each bootstrap AUROC a weighted AUROC over one shared sort.
@@ -43,11 +47,30 @@ def ratio_of_sums(num: np.ndarray, den: np.ndarray, axis: int = -1) -> np.ndarra
     return num.sum(axis) / den.sum(axis)
 
 
+#: scores closer than this share of max(1, the largest |score|) are tied (float32 resolves about 1.2e-7)
+TIE_RTOL = 1e-6
+
+
 def _grouped(scores: np.ndarray):
+    """The sort order and the starts of the tied groups: neighbours in sorted order closer than the tolerance
+    join a group (a NaN starts its own)."""
     order = np.argsort(scores, kind="mergesort")
     s = scores[order]
-    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+    finite = np.abs(s[np.isfinite(s)])
+    tol = TIE_RTOL * max(1.0, float(finite.max()) if finite.size else 1.0)
+    starts = np.flatnonzero(np.r_[True, ~(np.diff(s) <= tol)])
     return order, starts
+
+
+def snap_ties(values: np.ndarray) -> np.ndarray:
+    """`values` with each group of ties (within the tolerance) set to its smallest member, so that a transform
+    that magnifies differences (a z-score over a narrow spread) cannot pull float noise apart again."""
+    v = np.asarray(values, dtype=float)
+    order, starts = _grouped(v)
+    sizes = np.diff(np.r_[starts, len(v)])
+    out = np.empty_like(v)
+    out[order] = np.repeat(v[order][starts], sizes)
+    return out
 
 
 def _pair_counts(scores: np.ndarray, labels: np.ndarray, W: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from lens.readout_probe import PROBE
-from lens.stats import band_layers, bootstrap_auroc, emergence_layer, nested_best_layer
+from lens.stats import band_layers, bootstrap_auroc, emergence_layer, nested_best_layer, snap_ties
 
 PRIMARY, CONTROL, EXPLORATORY = "primary", "negative control", "exploratory"
 STATED = "stated"  # the readout column of the stated margin's rows: the model's own answer, one per example
@@ -65,6 +65,8 @@ class Primary:
 
 
 def _z(v: pd.Series) -> pd.Series:
+    """Label-free z-score; values equal up to float noise are made equal first (`lens.stats.snap_ties`)."""
+    v = pd.Series(snap_ties(v.to_numpy(dtype=float)), index=v.index)
     sd = v.std(ddof=0)
     return (v - v.mean()) / (sd if np.isfinite(sd) and sd > 0 else 1.0)
 

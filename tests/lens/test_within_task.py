@@ -8,7 +8,7 @@ import pytest
 from sklearn.metrics import roc_auc_score
 
 from lens.stats import bootstrap_auroc, nested_best_layer, stratified_weighted_auroc, within_auroc
-from lens.tables import Primary, build_table, mark_primary, out_of_fold_rate, run_scores
+from lens.tables import Primary, build_table, mark_primary, out_of_fold_rate, run_scores, zscored
 
 
 def _per_task_weighted(s, y, t):
@@ -40,6 +40,29 @@ def test_within_auroc_is_the_pair_weighted_mean_of_per_task_aurocs():
         r = np.repeat(np.arange(300), wi.astype(int))
         assert row == pytest.approx(_per_task_weighted(s[r], y[r], t[r]))
     assert np.isnan(within_auroc([1.0, 2.0], [True, False], ["a", "b"]))  # no task holds both classes
+
+
+def test_float32_noise_is_a_tie_and_a_real_difference_is_not():
+    """The same record read in two trials can differ by one float32 ulp (measured on an AMD EPYC VM: 1.19e-7 at
+    a margin of 1.1); that must score ½, while a difference far above float32's resolution still orders."""
+    one = np.float32(1.1298329)
+    ulp = float(np.spacing(one))
+    noisy = np.array([one, one + ulp, one - ulp, one + 2 * ulp], dtype=np.float64)
+    labels = np.array([True, False, True, False])
+    assert within_auroc(noisy, labels, ["a"] * 4) == 0.5
+    assert bootstrap_auroc(noisy, labels, n_boot=50, seed=0).auroc == 0.5
+    apart = noisy + np.array([0.0, 1e-4, 0.0, 1e-4])  # the negatives above by 1e-4: about 900 ulps
+    assert within_auroc(apart, labels, ["a"] * 4) == 0.0
+    scaled = noisy * 1e4  # the tolerance follows the scores' scale
+    assert within_auroc(scaled, labels, ["a"] * 4) == 0.5
+    # a NaN sorts last in a group of its own (as numpy sorts it) and does not make every score one tie
+    assert within_auroc([np.nan, 1.0, 2.0], [True, False, False], ["a"] * 3) == 1.0
+    # the run table z-scores margins over every row: a spread of 0.03 across tasks magnifies one ulp ~30x, past
+    # the tolerance, unless the noise is made equal first
+    m = np.r_[noisy, noisy + 0.03]
+    df = pd.DataFrame({"readout": "logit", "position": "record_end", "layer": 0, "m_E": m, "task": [0] * 4 + [1] * 4})
+    z = zscored(df, "m_E", "z")
+    assert z.groupby("task")["z"].nunique().max() == 1 and z["z"].nunique() == 2
 
 
 def _task_confounded_run(seed=0, n_tasks=14, n_trials=20):
