@@ -42,6 +42,7 @@ from lens.model import LensModel, block_outputs
 from lens.readout import BASELINE, PRIMARY, JacobianLens, Readout
 from lens.stats import band_layers, percentile_ci, ratio_of_sums
 from lens.store import Lens
+from lens.tuned import TunedLens
 
 BAND = (0.35, 0.85)  # middle layers, as a fraction of depth (the workspace band of lens.read)
 
@@ -60,7 +61,7 @@ class EvalConfig:
     layers: list[int] | None = None  # layers read (None: every block); the last block is always read
 
 
-def fit_texts(lens: Lens) -> list[str] | None:
+def fit_texts(lens: Lens | TunedLens) -> list[str] | None:
     """The prompts a lens was fitted on, rebuilt from its sidecar recipe (None when the file changed or is gone).
 
     A merged lens covers its shards; a shard is credited with the whole prompt list before sharding
@@ -76,7 +77,7 @@ def fit_texts(lens: Lens) -> list[str] | None:
     return texts if now.get("fingerprint") == recipe.get("fingerprint") else None
 
 
-def select_held_out(texts: Sequence[str], lenses: Sequence[Lens], n: int | None) -> tuple[list[str], int]:
+def select_held_out(texts: Sequence[str], lenses: Sequence[Lens | TunedLens], n: int | None) -> tuple[list[str], int]:
     """The first `n` texts that none of the lenses was fitted on, and how many were excluded as fit texts."""
     seen: set[str] = set()
     for lz in lenses:

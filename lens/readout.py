@@ -18,7 +18,9 @@ given lenses allow. Evaluation (`lens.fidelity`, `lens.passk`, `lens.causal`), r
 - `jacobian_random`: the same with each `J_l` replaced by its random-transport control
   (`lens.controls`: the singular values kept, the bases random);
 - `jacobian_self`, `jacobian_future`: lenses fitted with `--estimator self` / `future`, read beside
-  the lens (they must cover its layers and share its target).
+  the lens (they must cover its layers and share its target);
+- `tuned`: `W_U · norm(h + A_l h + b_l)`, a tuned lens (`lens.tuned`, `lhd lens tune`) trained on
+  next-token KL, read beside the lens on its layers.
 
 The linear probe (`lens.readout_probe`) reads no transform of the residual: it is trained per
 (layer, position class) out of fold, and its rows carry the readout name `PROBE`.
@@ -35,16 +37,19 @@ from lens.controls import random_transport
 from lens.errors import LensError
 from lens.model import LensModel
 from lens.store import Lens
+from lens.tuned import TunedLens
 
 
 @dataclass(frozen=True)
 class Lenses:
     """What the readouts are built from: the lens (None: the logit lens only), the optional self-only and
-    future-only lenses, and whether (and with which seed) to read the lens's random-transport control."""
+    future-only lenses and tuned lens, and whether (and with which seed) to read the lens's random-transport
+    control."""
 
     lens: Lens | None = None
     self_lens: Lens | None = None
     future_lens: Lens | None = None
+    tuned: TunedLens | None = None
     control: bool = True
     control_seed: int = 0
 
@@ -177,9 +182,40 @@ class FutureLens(JacobianLens):
         return _beside(lenses.future_lens, lenses, "future-only")
 
 
+class TunedLensReadout(Readout):
+    """The tuned lens: what a translator trained to reproduce the model's next-token distribution reads."""
+
+    name = "tuned"
+
+    def __init__(self, model: LensModel, tuned: TunedLens):
+        super().__init__(model)
+        if tuned.d_model != model.d_model:
+            raise LensError(f"tuned lens d_model {tuned.d_model} != model d_model {model.d_model}")
+        self.tuned = tuned
+
+    @classmethod
+    def build(cls, model: LensModel, lenses: Lenses) -> Readout | None:
+        tuned, lens = lenses.tuned, lenses.lens
+        if tuned is None:
+            return None
+        layers = [] if lens is None else lens.source_layers
+        missing = [layer for layer in layers if layer not in tuned.A]
+        if missing:
+            raise LensError(f"the tuned lens lacks layers {missing} of the lens ({layers}); train it with "
+                            "`lhd lens tune --layers` set to the lens's layers")
+        return cls(model, tuned)
+
+    def has_layer(self, layer: int) -> bool:
+        return layer >= self.model.n_layers - 1 or layer in self.tuned.A
+
+    def transform(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        """`h + A_l h + b_l`; the last block is read as it is (the model's own logits)."""
+        return h if layer >= self.model.n_layers - 1 else self.tuned.translate(layer, h)
+
+
 #: every readout by name, in the order tables and plots show them
 READOUTS: dict[str, type[Readout]] = {cls.name: cls for cls in (LogitLens, JacobianLens, RandomTransportLens,
-                                                                SelfLens, FutureLens)}
+                                                                SelfLens, FutureLens, TunedLensReadout)}
 #: the readout every other one is compared with (`J = I`), and the one whose results are the headline
 BASELINE, PRIMARY = LogitLens.name, JacobianLens.name
 

@@ -1,4 +1,4 @@
-"""`lhd lens ...`: fit, merge, eval, corpus, probe build, read (the `lens` library's commands, mounted
+"""`lhd lens ...`: fit, merge, tune, eval, corpus, probe build, read (the `lens` library's commands, mounted
 as `lhd lens`).
 
 Each command's options are one settings model of `lhd_train.config.lens` (`settings_command` makes
@@ -16,7 +16,15 @@ import typer
 
 from lens.errors import LensError
 from lhd_train.boundary import GuardedGroup
-from lhd_train.config.lens import EvalCommand, FitCommand, ModelDtype, ProbeBuildCommand, ReadCommand, parse_layers
+from lhd_train.config.lens import (
+    EvalCommand,
+    FitCommand,
+    ModelDtype,
+    ProbeBuildCommand,
+    ReadCommand,
+    TuneCommand,
+    parse_layers,
+)
 from lhd_train.options import settings_command
 from lhd_train.rundir.lock import run_dir_lock
 from lhd_train.rundir.outputs import check_out_dir
@@ -143,6 +151,31 @@ def merge(
     typer.echo(f"merged {len(shards)} lenses ({merged.n_prompts} prompts) -> {out}")
 
 
+@app.command()
+@settings_command(TuneCommand)
+def tune(args: TuneCommand) -> None:
+    """Train a tuned lens (an affine translator per layer, next-token KL) and save it beside nothing else: read it
+    with `lhd lens eval --tuned-lens` (docs/lens.md, "A tuned lens")."""
+    from lens.corpus import CorpusSpec, load_corpus
+    from lens.model import load_hf
+    from lens.tuned import TuneSettings, fit_tuned_lens, save_tuned_lens
+
+    _check_out(args.out)
+    with run_dir_lock(args.out, stage="lhd lens tune"):
+        _set_threads(args.threads)
+        prompts, recipe = load_corpus(_take(args, CorpusSpec, path=str(args.corpus)))
+        m, tok = load_hf(args.model, dtype=args.dtype, device=args.device, revision=args.revision)
+        settings = _take(args, TuneSettings, layers=parse_layers(args.layers))
+        lens = fit_tuned_lens(m, tok, prompts, settings, meta={"model_id": args.model, "revision": m.revision,
+                                                               "corpus": recipe, "model_dtype": args.dtype})
+        save_tuned_lens(lens, args.out)
+    before, after = lens.meta.kl_val_before, lens.meta.kl_val_after
+    typer.echo(f"tuned lens: {args.out}  layers {lens.layers}, {lens.meta.n_prompts} prompts ({lens.meta.n_tokens} "
+               f"positions), {settings.steps} steps in {lens.meta.training['seconds']} s")
+    typer.echo("  held-back KL, logit lens -> tuned: " + ", ".join(
+        f"{layer}: {before[layer]:.2f} -> {after[layer]:.2f}" for layer in after))
+
+
 @app.command("eval")
 @settings_command(EvalCommand)
 def eval_(args: EvalCommand) -> None:
@@ -154,6 +187,7 @@ def eval_(args: EvalCommand) -> None:
     from lens.promptsets import load_prompt_set
     from lens.readout import Lenses, build_readouts
     from lens.store import load_lens
+    from lens.tuned import load_tuned_lens
 
     _check_out(args.out)
     _set_threads(args.threads)
@@ -166,8 +200,10 @@ def eval_(args: EvalCommand) -> None:
             return None if path is None else load_lens(path, model=m, target_layer=args.target_layer)
 
         lz = lens_at(args.lens)
+        tuned = None if args.tuned_lens is None else load_tuned_lens(args.tuned_lens, model=m)
         readouts = build_readouts(m, Lenses(lz, self_lens=lens_at(args.self_lens),
-                                            future_lens=lens_at(args.future_lens), control_seed=args.control_seed))
+                                            future_lens=lens_at(args.future_lens), tuned=tuned,
+                                            control_seed=args.control_seed))
         if sets:
             _eval_prompt_sets(args, m, tok, lz, readouts, sets)
         if args.corpus is not None:
@@ -196,10 +232,16 @@ def _eval_prompt_sets(args: EvalCommand, m, tok, lz, readouts, sets) -> None:
         typer.echo(f"  {name} ({entry['n']} items) pass@1/@10: {cells}")
 
 
+def _read_beside(readouts: dict, lens: Any) -> dict[str, Any]:
+    """Each lens a readout applies besides the main one (self-only, future-only, tuned), by readout name."""
+    return {name: other for name, ro in readouts.items()
+            if (other := getattr(ro, "lens", None) or getattr(ro, "tuned", None)) is not None and other is not lens}
+
+
 def _other_lenses(readouts: dict, lens: Any) -> dict[str, Any]:
-    """`<readout>_lens`: the SHA-256 of each lens read beside the main one (self-only, future-only)."""
-    return {f"{name}_lens": other.meta.sha256 for name, ro in readouts.items()
-            if (other := getattr(ro, "lens", None)) is not None and other is not lens and other.meta.sha256 is not None}
+    """`<readout>_lens`: the SHA-256 of each lens read beside the main one (self-only, future-only, tuned)."""
+    return {f"{name}_lens": other.meta.sha256 for name, other in _read_beside(readouts, lens).items()
+            if other.meta.sha256 is not None}
 
 
 def _eval_corpus(args: EvalCommand, m, tok, lz, readouts) -> None:
@@ -212,7 +254,8 @@ def _eval_corpus(args: EvalCommand, m, tok, lz, readouts) -> None:
     halves = None if args.half_a is None or args.half_b is None else (
         load_lens(args.half_a, model=m, target_layer=args.target_layer),
         load_lens(args.half_b, model=m, target_layer=args.target_layer))
-    chosen, excluded = select_held_out(texts, [lz, *(halves or ())], args.held_out or None)
+    fitted = [lz, *(halves or ()), *_read_beside(readouts, lz).values()]  # none of their fit texts is scored
+    chosen, excluded = select_held_out(texts, fitted, args.held_out or None)
     fitted_skip = 16 if lz.meta.skip_first is None else lz.meta.skip_first
     cfg = EvalConfig(max_length=args.max_length or lz.meta.max_length or 128,
                      skip_first=args.skip_first if args.skip_first is not None else fitted_skip,

@@ -127,6 +127,49 @@ class FitCommand(FitArgs):
     threads: int | None = _threads()
 
 
+class TuneCommand(CorpusArgs):
+    """`lhd lens tune MODEL`: a tuned lens (an affine translator per layer trained on next-token KL), the
+    J-lens release's third baseline, read beside a lens with `lhd lens eval --tuned-lens`."""
+
+    model: str = Field(description="HF model id or local model dir.", json_schema_extra={"argument": True})
+    corpus: Path = Field(description="Text file (paragraphs), JSONL (a text field) or a datasets dir (save_to_disk).")
+    out: Path = Field(description="Output dir: tuned.safetensors, tuned.json.")
+    n_prompts: int = Field(100, ge=2, description="Use the first N prompts; the last --val-prompts are held back.")
+    chat: bool = Field(False, description="Wrap each text in the model's chat template.")
+    max_length: int = Field(128, ge=1, le=1 << 20, description="Truncate prompts to this many tokens.")
+    skip_first: int = Field(16, ge=0, description="Positions excluded at the start (attention sinks).")
+    layers: str = Field("all", description="Blocks to translate: all (below the last) or e.g. 6,10,14 (those of "
+                                           "the lens it is read beside).")
+    steps: int = Field(300, ge=1, description="Adam steps (learning rate decays linearly to 0).")
+    batch_tokens: int = Field(256, ge=1, description="Positions drawn per step.")
+    lr: float = Field(1e-3, gt=0, description="Adam learning rate.")
+    val_prompts: int = Field(4, ge=1, description="Prompts held back and scored before and after training.")
+    seed: int = Field(0, ge=0, le=SEED_MAX, description="Seed of the position draws.")
+    dtype: ModelDtype = Field("float32", description="Model dtype.")
+    device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
+    revision: str | None = Field(None, description="Model revision (recorded in the sidecar).")
+    progress: bool = Field(True, description="Progress bar.")
+    threads: int | None = _threads()
+
+    @field_validator("layers")
+    @classmethod
+    def _layers(cls, v: str) -> str:
+        parse_layers(v)
+        return v
+
+    @model_validator(mode="after")
+    def _prompts_left(self) -> TuneCommand:
+        if self.format == "messages":
+            raise ValueError("format: messages is a format of lhd lens eval's --corpus; train on text, with --chat "
+                             "for the chat template")
+        if self.skip_first >= self.max_length:
+            raise ValueError(f"skip_first: {self.skip_first} leaves no position of a {self.max_length}-token "
+                             "prompt (it must be below max_length)")
+        if self.val_prompts >= self.n_prompts:
+            raise ValueError(f"val_prompts: {self.val_prompts} leaves no prompt of {self.n_prompts} to train on")
+        return self
+
+
 class EvalCommand(CorpusArgs):
     """`lhd lens eval MODEL`: a lens's quality on the release's prompt sets (pass@k, causal check) and on held-out
     text (KL beside baselines, top-k, temperature-fitted KL) (docs/lens.md, "Lens quality")."""
@@ -143,6 +186,8 @@ class EvalCommand(CorpusArgs):
     self_lens: Path | None = Field(None, description="A self-only lens (lhd lens fit --estimator self) read beside "
                                                      "the lens.")
     future_lens: Path | None = Field(None, description="A future-only lens (lhd lens fit --estimator future).")
+    tuned_lens: Path | None = Field(None, description="A tuned lens (lhd lens tune) on the lens's layers, read beside "
+                                                      "it.")
     control_seed: int = Field(0, ge=0, le=SEED_MAX, description="Seed of the random-transport control lens.")
     causal: bool = Field(True, description="Causal check on the prompt sets (project lens directions out).")
     causal_layers: str = Field("middle", description="Layers of the causal check: middle (the lens's middle fitted "

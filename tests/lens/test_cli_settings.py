@@ -17,7 +17,8 @@ from lens.corpus import CorpusSpec
 from lens.fidelity import EvalConfig
 from lens.fit import FitOptions, FitSettings
 from lens.read import ReadConfig
-from lhd_train.config.lens import EvalCommand, FitCommand, ReadCommand, parse_layers
+from lens.tuned import TuneSettings
+from lhd_train.config.lens import EvalCommand, FitCommand, ReadCommand, TuneCommand, parse_layers
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,12 +28,15 @@ LIBRARY_ONLY = {
     FitSettings: {"force_bos"},
     FitOptions: {"stop_after", "overlap_sums"},  # a test's stop switch; overlap is decided by the device (on for CUDA)
     ReadConfig: {"max_claims", "probe_C", "emergence_threshold", "n_boot"},  # n_boot: from --bootstrap
+    TuneSettings: {"force_bos"},
 }
-FILLED_BY_COMMAND = {CorpusSpec: {"path"}, FitSettings: set(), FitOptions: set(), ReadConfig: set()}
-COMMAND = {CorpusSpec: FitCommand, FitSettings: FitCommand, FitOptions: FitCommand, ReadConfig: ReadCommand}
+FILLED_BY_COMMAND = {CorpusSpec: {"path"}, FitSettings: set(), FitOptions: set(), ReadConfig: set(),
+                     TuneSettings: {"layers"}}  # layers: parsed from --layers
+COMMAND = {CorpusSpec: FitCommand, FitSettings: FitCommand, FitOptions: FitCommand, ReadConfig: ReadCommand,
+           TuneSettings: TuneCommand}
 
 
-@pytest.mark.parametrize("library", [CorpusSpec, FitSettings, FitOptions, ReadConfig])
+@pytest.mark.parametrize("library", [CorpusSpec, FitSettings, FitOptions, ReadConfig, TuneSettings])
 def test_every_library_setting_is_a_command_option(library):
     names = {f.name for f in fields(library)}
     missing = names - set(COMMAND[library].model_fields) - LIBRARY_ONLY[library] - FILLED_BY_COMMAND[library]
@@ -56,6 +60,9 @@ def test_defaults_match_the_library_where_both_have_one():
     differ = {k for k, v in lib.items() if k in FitCommand.model_fields and getattr(cmd, k) != v}
     assert differ == {"dim_batch", "n_prompts", "source_layers"}  # source_layers: "all" is None
     assert parse_layers(cmd.source_layers) is None
+    tune = TuneCommand(model="m", corpus=Path("c"), out=Path("o"))
+    assert {k for k, v in vars(TuneSettings()).items() if k in TuneCommand.model_fields and getattr(tune, k) != v} \
+        == {"layers"}  # "all" is None
     read = ReadCommand(model="m", out=Path("o"), run=Path("r"))
     assert {k for k, v in vars(ReadConfig()).items() if k in ReadCommand.model_fields and getattr(read, k) != v} \
         == set()

@@ -22,10 +22,12 @@ from lens.readout import (
     LogitLens,
     RandomTransportLens,
     SelfLens,
+    TunedLensReadout,
     build_readouts,
 )
 from lens.readout_probe import out_of_fold_logits
 from lens.store import Lens, load_lens, merge_lenses, save_lens
+from lens.tuned import TunedLens
 from lhd_train.io.files import sha256_file
 
 
@@ -160,12 +162,15 @@ def test_the_registry_builds_what_the_lenses_allow(tiny):
     assert list(build_readouts(model, Lenses())) == ["logit"]
     lens = _lens(model, range(model.n_layers - 1))
     assert list(build_readouts(model, Lenses(lens, control=False))) == ["logit", "jacobian"]
-    ros = build_readouts(model, Lenses(lens, self_lens=_lens(model, range(model.n_layers - 1), seed=1),
-                                       future_lens=_lens(model, range(model.n_layers - 1), seed=2), control_seed=3))
-    assert list(ros) == list(READOUTS) == ["logit", "jacobian", "jacobian_random", "jacobian_self", "jacobian_future"]
+    d, below = model.d_model, range(model.n_layers - 1)
+    tuned = TunedLens({layer: torch.zeros(d, d) for layer in below}, {layer: torch.zeros(d) for layer in below})
+    ros = build_readouts(model, Lenses(lens, self_lens=_lens(model, below, seed=1),
+                                       future_lens=_lens(model, below, seed=2), tuned=tuned, control_seed=3))
+    assert list(ros) == list(READOUTS) == ["logit", "jacobian", "jacobian_random", "jacobian_self", "jacobian_future",
+                                           "tuned"]
     assert {name: type(ro) for name, ro in ros.items()} == {
         "logit": LogitLens, "jacobian": JacobianLens, "jacobian_random": RandomTransportLens,
-        "jacobian_self": SelfLens, "jacobian_future": FutureLens}
+        "jacobian_self": SelfLens, "jacobian_future": FutureLens, "tuned": TunedLensReadout}
     assert all(ro.name == name for name, ro in ros.items())
     # the control is the lens's random transport with the given seed
     assert torch.allclose(ros["jacobian_random"].lens.J[0], random_transport(lens, 3).J[0])

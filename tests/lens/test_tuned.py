@@ -1,0 +1,126 @@
+"""The tuned lens (`lens.tuned`, `lhd lens tune`), the J-lens release's third baseline: its training finds a
+translator where an exact one exists, its readout is what the model's own norm and lm_head read from the
+translated residual, its folder reads back only as written, and `lhd lens eval --tuned-lens` scores it beside
+the lens (pass@k with paired differences; its training texts left out of the held-out KL)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from support.lens_toy import ByteTokenizer, ToyResidualModel
+from typer.testing import CliRunner
+
+from lens.errors import LensError
+from lens.model import block_outputs
+from lens.readout import Lenses, TunedLensReadout, build_readouts
+from lens.store import Lens
+from lens.tuned import SIDECAR, WEIGHTS, TunedLens, TuneSettings, fit_tuned_lens, load_tuned_lens, save_tuned_lens
+from lhd_train.cli.lens import app
+
+runner = CliRunner()
+TEXTS = [f"Report {i}: the region sold {i * 13 % 97} units at {i % 7}.{i % 10} each; churn was {i * 3 % 40} percent, "
+         f"and the manager asked for the numbers again on day {i}." for i in range(24)]
+
+
+def test_training_finds_the_translator_of_a_linear_model():
+    """The toy's blocks are linear per position, so `h_last = M_l h_l` exactly and a translator with KL 0
+    exists; trained from zero (the logit lens), the held-back KL must fall to a small share of the logit
+    lens's at every layer."""
+    model = ToyResidualModel(d=8, n_layers=4, scale=0.6, seed=3)
+    lens = fit_tuned_lens(model, ByteTokenizer(), TEXTS, TuneSettings(
+        layers=[0, 1, 2], max_length=64, skip_first=4, steps=300, batch_tokens=128, lr=3e-2, val_prompts=4,
+        progress=False))
+    before, after = lens.meta.kl_val_before, lens.meta.kl_val_after
+    assert set(after) == {"0", "1", "2"} and lens.meta.n_prompts == 20 and lens.meta.n_val_prompts == 4
+    for layer in after:
+        assert before[layer] > 0.05, before  # the logit lens is far from the model here
+        assert after[layer] < 0.1 * before[layer], (layer, before[layer], after[layer])
+    assert before["0"] > before["2"]  # the earliest layer has the most to translate
+    # the model's own weights are untouched and get no gradient
+    assert all(p.grad is None and not p.requires_grad for p in model.parameters())
+
+
+def test_readout_reads_the_translated_residual(llama):
+    model, _ = llama
+    d, g = model.d_model, torch.Generator().manual_seed(0)
+    A = {0: 0.1 * torch.randn(d, d, generator=g)}
+    b = {0: 0.1 * torch.randn(d, generator=g)}
+    tuned = TunedLens(A, b)
+    ro = build_readouts(model, Lenses(tuned=tuned))["tuned"]
+    assert isinstance(ro, TunedLensReadout) and ro.has_layer(0) and ro.has_layer(model.n_layers - 1)
+    acts = block_outputs(model, torch.tensor([[1, 5, 9, 4]]))
+    h = acts[0][0]
+    hf = model.hf
+    with torch.no_grad():
+        hand = hf.lm_head(hf.model.norm(h + h @ A[0].T + b[0])).float()
+        assert torch.allclose(ro.logits(0, h).float(), hand, atol=1e-4)
+        last = model.n_layers - 1
+        assert torch.allclose(ro.logits(last, acts[last][0]).float(), hf.lm_head(hf.model.norm(acts[last][0])).float())
+    u = torch.randn(d, generator=g)
+    assert torch.allclose(ro.direction(0, u), u + A[0].T @ u, atol=1e-5)  # the adjoint of the linear part
+    # read beside a lens, it must cover the lens's layers
+    lens = Lens(J={0: torch.eye(d), 1: torch.eye(d)}, meta={"target_layer": model.n_layers - 1})
+    with pytest.raises(LensError, match=r"lacks layers \[1\]"):
+        build_readouts(model, Lenses(lens, tuned=tuned))
+
+
+def test_saved_folder_reads_back_and_refuses_what_it_did_not_write(tmp_path):
+    model = ToyResidualModel(d=8, n_layers=3, seed=1)
+    lens = fit_tuned_lens(model, ByteTokenizer(), TEXTS[:6], TuneSettings(
+        layers=[0, 1], max_length=32, skip_first=2, steps=5, val_prompts=2, progress=False),
+        meta={"corpus": {"path": "x.txt"}})
+    out = save_tuned_lens(lens, tmp_path / "t")
+    back = load_tuned_lens(out, model=model)
+    assert back.layers == [0, 1] and back.meta.corpus == {"path": "x.txt"} and back.meta.n_tokens == lens.meta.n_tokens
+    assert all(torch.equal(back.A[k], lens.A[k]) and torch.equal(back.b[k], lens.b[k]) for k in (0, 1))
+    with pytest.raises(LensError, match="d_model 8 and 3 blocks"):
+        load_tuned_lens(out, model=ToyResidualModel(d=4, n_layers=3))
+    side = json.loads((out / SIDECAR).read_text())
+    (out / SIDECAR).write_text(json.dumps({**side, "layers": "0,1"}))
+    with pytest.raises(LensError, match=f"{SIDECAR}.*'layers'"):
+        load_tuned_lens(out)
+    (out / SIDECAR).write_text(json.dumps(side))
+    data = bytearray((out / WEIGHTS).read_bytes())
+    data[-1] ^= 1
+    (out / WEIGHTS).write_bytes(bytes(data))
+    with pytest.raises(LensError, match="sha256"):
+        load_tuned_lens(out)
+    with pytest.raises(LensError, match="lhd lens tune"):
+        load_tuned_lens(tmp_path)
+
+
+def test_cli_tune_then_eval_beside_the_lens(tiny_dirs, tmp_path):
+    model = tiny_dirs["llama"]
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n\n".join(TEXTS[:8]))
+    common = ["--device", "cpu", "--threads", "1", "--no-progress", "--max-length", "32", "--skip-first", "4"]
+    r = runner.invoke(app, ["fit", str(model), "--corpus", str(corpus), "--out", str(tmp_path / "L"), "--n-prompts",
+                            "2", "--source-layers", "0", "--save-dtype", "float32", "--dim-batch", "64", *common])
+    assert r.exit_code == 0, r.output
+    bad = runner.invoke(app, ["tune", str(model), "--corpus", str(corpus), "--out", str(tmp_path / "T"),
+                              "--n-prompts", "4", "--val-prompts", "4"])
+    assert bad.exit_code == 2 and "--val-prompts': 4 leaves no prompt" in bad.output
+    r = runner.invoke(app, ["tune", str(model), "--corpus", str(corpus), "--out", str(tmp_path / "T"), "--n-prompts",
+                            "4", "--val-prompts", "1", "--layers", "0", "--steps", "20", *common])
+    assert r.exit_code == 0, r.output
+    assert "held-back KL, logit lens -> tuned: 0:" in r.output
+    mine = tmp_path / "lens-eval-mine.json"
+    mine.write_text(json.dumps({"items": [
+        {"name": "a", "prompt": "The shop sold many boxes of", "intermediates": ["tea"]},
+        {"name": "b", "prompt": "The manager asked for the", "intermediates": ["numbers", "report"]}]}))
+    out = tmp_path / "ev"
+    r = runner.invoke(app, ["eval", str(model), "--lens", str(tmp_path / "L"), "--tuned-lens", str(tmp_path / "T"),
+                            "--prompt-set", str(mine), "--corpus", str(corpus), "--out", str(out), "--device", "cpu",
+                            "--threads", "1", "--no-progress", "--bootstrap", "20", "--no-causal"])
+    assert r.exit_code == 0, r.output
+    passk = json.loads((out / "passk.json").read_text())["mine"]
+    assert "tuned" in passk["auc"] and {"tuned - logit", "tuned - jacobian"} <= set(passk["auc_diff"])
+    ranks = [json.loads(x) for x in (out / "passk_ranks.jsonl").read_text().splitlines()]
+    assert {x["readout"] for x in ranks if x["readout"] == "tuned"} and "| tuned |" in (out / "quality.md").read_text()
+    sha = json.loads((tmp_path / "T" / SIDECAR).read_text())["sha256"]
+    assert f"- tuned_lens: {sha}" in (out / "quality.md").read_text()  # the tuned lens read, named by its checksum
+    res = json.loads((out / "eval.json").read_text())
+    # the lens's 2 fit texts and the tuned lens's 4 (trained and held back) are all left out of the held-out KL
+    assert res["fit_texts_excluded"] == 4 and res["n_texts"] == 4
+    assert any(k.startswith("kl_tuned") for k in res["layers"][0])
