@@ -155,7 +155,7 @@ def merge(
 @settings_command(TuneCommand)
 def tune(args: TuneCommand) -> None:
     """Train a tuned lens (an affine translator per layer, next-token KL) and save it beside nothing else: read it
-    with `lhd lens eval --tuned-lens` (docs/lens.md, "A tuned lens")."""
+    with `lhd lens eval --tuned-lens` (docs/lens.md, "A tuned lens on the same prompts")."""
     from lens.corpus import CorpusSpec, load_corpus
     from lens.model import load_hf
     from lens.tuned import TuneSettings, fit_tuned_lens, save_tuned_lens
