@@ -56,14 +56,29 @@ class CorpusArgs(StrictModel):
                                                   "(0 = off).")
 
 
-class FitArgs(CorpusArgs):
-    """What a fit reads and estimates, and how: everything a batch job may set (`LensVars`)."""
+class PromptArgs(CorpusArgs):
+    """The prompts a fit or a tuned lens trains on: how many, how rendered and cut, which positions count."""
 
     n_prompts: int = Field(100, ge=1, description="Use the first N prompts (before sharding).")
     chat: bool = Field(False, description="Wrap each text in the model's chat template.")
     max_length: int = Field(128, ge=1, le=1 << 20, description="Truncate prompts to this many tokens.")
     skip_first: int = Field(16, ge=0, description="Positions excluded at the start (attention sinks); below "
                                                   "max_length.")
+
+    @model_validator(mode="after")
+    def _positions_left(self) -> PromptArgs:
+        if self.format == "messages":
+            raise ValueError("format: messages (chat transcripts) is a format of lhd lens eval's --corpus; fit or "
+                             "tune on text (auto, text, jsonl, dataset), with --chat for the chat template")
+        if self.skip_first >= self.max_length:
+            raise ValueError(f"skip_first: {self.skip_first} leaves no position of a {self.max_length}-token "
+                             "prompt (it must be below max_length)")
+        return self
+
+
+class FitArgs(PromptArgs):
+    """What a fit reads and estimates, and how: everything a batch job may set (`LensVars`)."""
+
     target_layer: int = Field(-1, description="Target block: -1 = last, -2 = penultimate.")
     source_layers: str = Field("all", description="Blocks to fit: all (below the target) or e.g. 0,4,8-12.")
     dim_batch: int | None = Field(None, ge=1, le=1 << 20,
@@ -93,16 +108,6 @@ class FitArgs(CorpusArgs):
         parse_layers(v)
         return v
 
-    @model_validator(mode="after")
-    def _positions_left(self) -> FitArgs:
-        if self.format == "messages":
-            raise ValueError("format: messages (chat transcripts) is a format of lhd lens eval's --corpus; fit on "
-                             "text (auto, text, jsonl, dataset), with --chat for the chat template")
-        if self.skip_first >= self.max_length:
-            raise ValueError(f"skip_first: {self.skip_first} leaves no position of a {self.max_length}-token "
-                             "prompt (it must be below max_length)")
-        return self
-
     def layers(self) -> list[int] | None:
         return parse_layers(self.source_layers)
 
@@ -127,23 +132,20 @@ class FitCommand(FitArgs):
     threads: int | None = _threads()
 
 
-class TuneCommand(CorpusArgs):
+class TuneCommand(PromptArgs):
     """`lhd lens tune MODEL`: a tuned lens (an affine translator per layer trained on next-token KL), the
     J-lens release's third baseline, read beside a lens with `lhd lens eval --tuned-lens`."""
 
     model: str = Field(description="HF model id or local model dir.", json_schema_extra={"argument": True})
     corpus: Path = Field(description="Text file (paragraphs), JSONL (a text field) or a datasets dir (save_to_disk).")
     out: Path = Field(description="Output dir: tuned.safetensors, tuned.json.")
-    n_prompts: int = Field(100, ge=2, description="Use the first N prompts; the last --val-prompts are held back.")
-    chat: bool = Field(False, description="Wrap each text in the model's chat template.")
-    max_length: int = Field(128, ge=1, le=1 << 20, description="Truncate prompts to this many tokens.")
-    skip_first: int = Field(16, ge=0, description="Positions excluded at the start (attention sinks).")
     layers: str = Field("all", description="Blocks to translate: all (below the last) or e.g. 6,10,14 (those of "
                                            "the lens it is read beside).")
     steps: int = Field(300, ge=1, description="Adam steps (learning rate decays linearly to 0).")
     batch_tokens: int = Field(256, ge=1, description="Positions drawn per step.")
     lr: float = Field(1e-3, gt=0, description="Adam learning rate.")
-    val_prompts: int = Field(4, ge=1, description="Prompts held back and scored before and after training.")
+    val_prompts: int = Field(4, ge=1, description="The last prompts of --n-prompts, held back and scored before and "
+                                                  "after training.")
     seed: int = Field(0, ge=0, le=SEED_MAX, description="Seed of the position draws.")
     dtype: ModelDtype = Field("float32", description="Model dtype.")
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
@@ -159,12 +161,6 @@ class TuneCommand(CorpusArgs):
 
     @model_validator(mode="after")
     def _prompts_left(self) -> TuneCommand:
-        if self.format == "messages":
-            raise ValueError("format: messages is a format of lhd lens eval's --corpus; train on text, with --chat "
-                             "for the chat template")
-        if self.skip_first >= self.max_length:
-            raise ValueError(f"skip_first: {self.skip_first} leaves no position of a {self.max_length}-token "
-                             "prompt (it must be below max_length)")
         if self.val_prompts >= self.n_prompts:
             raise ValueError(f"val_prompts: {self.val_prompts} leaves no prompt of {self.n_prompts} to train on")
         return self
