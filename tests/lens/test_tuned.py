@@ -25,7 +25,7 @@ TEXTS = [f"Report {i}: the region sold {i * 13 % 97} units at {i % 7}.{i % 10} e
 
 def test_training_finds_the_translator_of_a_linear_model():
     """The toy's blocks are linear per position, so `h_last = M_l h_l` exactly and a translator with KL 0
-    exists; trained from zero (the logit lens), the held-back KL must fall to a small share of the logit
+    exists; trained from zero (the logit lens), the held-back KL must fall below 1 % of the logit
     lens's at every layer."""
     model = ToyResidualModel(d=8, n_layers=4, scale=0.6, seed=3)
     lens = fit_tuned_lens(model, ByteTokenizer(), TEXTS, TuneSettings(
@@ -35,7 +35,7 @@ def test_training_finds_the_translator_of_a_linear_model():
     assert set(after) == {"0", "1", "2"} and lens.meta.n_prompts == 20 and lens.meta.n_val_prompts == 4
     for layer in after:
         assert before[layer] > 0.05, before  # the logit lens is far from the model here
-        assert after[layer] < 0.1 * before[layer], (layer, before[layer], after[layer])
+        assert after[layer] < 0.01 * before[layer], (layer, before[layer], after[layer])  # measured: 0.0002-0.0003
     assert before["0"] > before["2"]  # the earliest layer has the most to translate
     # the model's own weights are untouched and get no gradient
     assert all(p.grad is None and not p.requires_grad for p in model.parameters())
