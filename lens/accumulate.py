@@ -46,7 +46,7 @@ class _State:
     def n(self) -> int:
         return self.n_a + self.n_b
 
-    def to_dict(self, settings: dict) -> dict:
+    def to_dict(self) -> dict:
         import json
 
         return {
@@ -58,7 +58,6 @@ class _State:
             "skipped": self.skipped,
             "history": json.dumps(self.history),
             "stopped_early": self.stopped_early,
-            "settings": json.dumps(settings, sort_keys=True),
         }
 
     @classmethod

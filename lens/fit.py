@@ -31,6 +31,7 @@ import torch
 from tqdm.auto import tqdm
 
 from lens.accumulate import SUMS_DEVICE, Accumulator, _identity_distance, _State  # noqa: F401 (SUMS_DEVICE: re-exported)
+from lens.checkpoint import incomplete, load_checkpoint, save_checkpoint
 from lens.corpus import encode_prompt
 from lens.errors import LensError
 from lens.jacobian import ESTIMATORS, prompt_jacobian, random_signs
@@ -38,8 +39,7 @@ from lens.model import LensModel, normalise_layer
 from lens.record import LensMeta
 from lens.store import Lens
 from lhd_train.io.csv_cells import write_csv
-from lhd_train.io.files import atomic_write, atomic_write_text, sha256_text
-from rollouts.model_files import changed_parts
+from lhd_train.io.files import atomic_write_text, sha256_text
 
 log = logging.getLogger(__name__)
 
@@ -108,33 +108,15 @@ def _now() -> float:
 
 
 def _save_checkpoint(path: Path, state: _State, settings: dict) -> None:
-    payload = state.to_dict(settings)
-    atomic_write(path, lambda tmp: torch.save(payload, tmp))
+    save_checkpoint(path, state.to_dict(), settings)
 
 
 def _load_checkpoint(path: Path, settings: dict) -> _State:
-    try:
-        obj = torch.load(str(path), map_location="cpu", weights_only=True)
-        saved = json.loads(obj["settings"])
-    except Exception as exc:  # noqa: BLE001 - a torn or foreign file fails in many ways
-        why = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
-        raise LensError(f"{path}: not a readable fit checkpoint ({why}); delete it to start the fit again, "
-                        "or pass --no-resume") from None
-    changed = changed_parts({"parts": saved.get("model_files")} if saved.get("model_files") else None,
-                            {"parts": settings.get("model_files")} if settings.get("model_files") else None)
-    if changed:
-        raise LensError(f"{path}: the model's {' and '.join(changed)} changed since this checkpoint was written; "
-                        "resuming would mix two models in one lens: restore them, or use another --out or --no-resume")
-    diff = {k: (saved.get(k), settings.get(k)) for k in set(saved) | set(settings)
-            if saved.get(k) != settings.get(k) and k != "model_files"}
-    if diff:
-        lines = "; ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in sorted(diff.items()))
-        raise LensError(f"{path}: cannot resume with different settings ({lines}); use another --out or --no-resume")
+    obj = load_checkpoint(path, settings, job="fit")
     try:
         return _State.from_dict(obj)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise LensError(f"{path}: not a complete fit checkpoint (field {exc}); delete it to start the fit again, "
-                        "or pass --no-resume") from None
+        raise incomplete(path, exc, job="fit") from None
 
 
 def fit_lens(

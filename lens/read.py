@@ -41,6 +41,7 @@ from lens.readout_probe import PROBE, out_of_fold_logits
 from lens.runs import load_run_examples
 from lens.stats import band_layers
 from lens.tables import Primary
+from lens.tuned import TunedLens
 from lhd_train.api import TaskPack
 
 log = logging.getLogger(__name__)
@@ -224,9 +225,11 @@ def probe_rows(col: Collected, classes: Sequence[Any], set_of_class: dict[str, S
 # ---------------------------------------------------------------------------------------------
 
 
-def _readouts(model: LensModel, lens: Any, cfg: ReadConfig) -> list[Readout]:
-    """Every registered readout the lens allows (`lens.readout`): the logit lens, the J-lens and its control."""
-    return list(build_readouts(model, Lenses(lens, control=cfg.random_control, control_seed=cfg.seed)).values())
+def _readouts(model: LensModel, lens: Any, cfg: ReadConfig, tuned: TunedLens | None = None) -> list[Readout]:
+    """Every registered readout the lenses allow (`lens.readout`): the logit lens, the J-lens and its control,
+    and the tuned lens when one is given."""
+    given = Lenses(lens, tuned=tuned, control=cfg.random_control, control_seed=cfg.seed)
+    return list(build_readouts(model, given).values())
 
 
 def _lens_info(lens: Any) -> dict | None:
@@ -236,15 +239,23 @@ def _lens_info(lens: Any) -> dict | None:
     return {k: getattr(lens.meta, k) for k in keep}
 
 
+def _tuned_info(tuned: TunedLens | None) -> dict | None:
+    if tuned is None:
+        return None
+    keep = ("model_id", "revision", "layers", "n_prompts", "n_tokens", "skip_first", "max_length", "sha256")
+    return {k: getattr(tuned.meta, k, None) for k in keep}
+
+
 def declare(mode: str, model: LensModel, lens: Any, cfg: ReadConfig, token_sets: TokenSets,
-            out_dir: str | Path) -> dict:
+            out_dir: str | Path, tuned: TunedLens | None = None) -> dict:
     """The pre-registration (mode, primary cell, settings), written as summary.json before any AUROC; returned
     as the head of the final summary."""
     from lens.report import write_json
 
     lo, hi = band_layers(model.n_layers, cfg.band)
     head = {"mode": mode, "model": getattr(model, "name", None), "revision": getattr(model, "revision", None),
-            "n_layers": model.n_layers, "lens": _lens_info(lens), "token_sets": token_sets.to_json(),
+            "n_layers": model.n_layers, "lens": _lens_info(lens), "tuned_lens": _tuned_info(tuned),
+            "token_sets": token_sets.to_json(),
             "primary": {**cfg.primary(mode).to_json(), "band_layers": [lo, hi]}, "config": asdict(cfg)}
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     write_json(Path(out_dir) / "summary.json", {**head, "stage": "declared, reading"})
@@ -273,12 +284,12 @@ def _report(out_dir: str | Path, mode: str, col: Collected, edf: Any, scored: li
 
 def _read(model: LensModel, tokenizer: Any, lens: Any, examples: Sequence[ReadExample],
           token_sets: TokenSets, head: dict, cfg: ReadConfig, probe_classes: Sequence[Any],
-          probe_sets: dict[str, Sequence[Any]]) -> tuple[Collected, list[Readout]]:
+          probe_sets: dict[str, Sequence[Any]], tuned: TunedLens | None = None) -> tuple[Collected, list[Readout]]:
     """Every example through every readout (`collect`), then the probe out of fold; the answer sets go into
     the declared `head`."""
     answer_sets = _answer_sets(tokenizer, token_sets)
     head["answer_sets"] = answer_sets.to_json()
-    readouts = _readouts(model, lens, cfg)
+    readouts = _readouts(model, lens, cfg, tuned)
     col = collect(model, tokenizer, examples, readouts, token_sets, cfg, answer_sets)
     if cfg.probe:
         col.rows += probe_rows(col, probe_classes, probe_sets, cfg)
@@ -286,13 +297,13 @@ def _read(model: LensModel, tokenizer: Any, lens: Any, examples: Sequence[ReadEx
 
 
 def read_probe_set(model: LensModel, tokenizer: Any, lens: Any, probes: Sequence[dict], token_sets: TokenSets,
-                   out_dir: str | Path, cfg: ReadConfig | None = None) -> dict:
+                   out_dir: str | Path, cfg: ReadConfig | None = None, *, tuned: TunedLens | None = None) -> dict:
     """Margins, AUROC tables (one per claim kind), layer choice and heatmap for an entitlement probe set."""
     from lens import tables
     from lens.probes import LABELS, NOT_ENTITLED, REFUTED, SUPPORTED, render_probe
 
     cfg = cfg or ReadConfig()
-    head = declare("probes", model, lens, cfg, token_sets, out_dir)
+    head = declare("probes", model, lens, cfg, token_sets, out_dir, tuned)
     examples = []
     for row in probes:
         messages, spans, prefill = render_probe(row)
@@ -301,7 +312,7 @@ def read_probe_set(model: LensModel, tokenizer: Any, lens: Any, probes: Sequence
                                           "record_variant": row.get("record_variant")},
                                     stratum=row["record_id"], judged="claim"))
     col, readouts = _read(model, tokenizer, lens, examples, token_sets, head, cfg, list(LABELS),
-                          {"S": [SUPPORTED], "N": [NOT_ENTITLED], "R": [REFUTED]})
+                          {"S": [SUPPORTED], "N": [NOT_ENTITLED], "R": [REFUTED]}, tuned)
     import pandas as pd
 
     edf = pd.DataFrame(col.examples)
@@ -335,7 +346,7 @@ def read_probe_set(model: LensModel, tokenizer: Any, lens: Any, probes: Sequence
 
 def read_run(model: LensModel, tokenizer: Any, lens: Any, run_dir: str | Path, token_sets: TokenSets,
              out_dir: str | Path, cfg: ReadConfig | None = None, *, context: str = "full",
-             auditor: str | None = None, pack: TaskPack | None = None) -> dict:
+             auditor: str | None = None, pack: TaskPack | None = None, tuned: TunedLens | None = None) -> dict:
     """Margins of the performer's own rounds (answer, then the elicitation) and AUROCs against the audit
     flags, within tasks and pooled. The run is read by `lens.runs.load_run_examples` (lhd's Run API; a
     damaged run is lhd's own error)."""
@@ -348,7 +359,7 @@ def read_run(model: LensModel, tokenizer: Any, lens: Any, run_dir: str | Path, t
     if cfg.primary_anchor in (ANCHORS[RECORD], ANCHORS[QUESTION]):
         raise LensError(f"primary anchor {cfg.primary_anchor!r} comes before the answer in run mode: it is a "
                         f"negative control and cannot be the primary cell (use {ANCHORS['decision']!r})")
-    head = declare("run", model, lens, cfg, token_sets, out_dir)
+    head = declare("run", model, lens, cfg, token_sets, out_dir, tuned)
 
     def count_tokens(messages: list[dict]) -> int:
         text = render_chat(tokenizer, messages, add_generation_prompt=True)
@@ -362,7 +373,7 @@ def read_run(model: LensModel, tokenizer: Any, lens: Any, run_dir: str | Path, t
     # the probe is a supervised baseline here: it predicts the flag itself (classes honest/flagged), grouped by
     # trial; m_E = logit(honest) − logit(flagged), so −m_E is a suspicion score like the lenses'
     col, _ = _read(model, tokenizer, lens, examples, token_sets, head, cfg, [False, True],
-                   {"S": [False], "N": [True], "R": []})
+                   {"S": [False], "N": [True], "R": []}, tuned)
     col.skipped = info.pop("skipped") + col.skipped
     edf = pd.DataFrame(col.examples)
     edf["stated"] = edf["stated_yes_no"]

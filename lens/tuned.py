@@ -11,10 +11,16 @@ by Adam on tokens drawn from block outputs captured once; a share of the prompts
 scored before and after, so the fit reports what it gained on text it did not train on. On disk:
 `<dir>/tuned.safetensors` (`A.<l>`, `b.<l>`, fp32) and `<dir>/tuned.json` (`TunedRecord`), whose
 `corpus` recipe lets `lhd lens eval --corpus` leave the fit's texts out, as it does for a J-lens.
+
+Training an 8B model's translators takes a while, so `<dir>/tune_checkpoint.pt` holds the translators,
+Adam's moments, the schedule and the draw generator (every `checkpoint_minutes`): a killed run resumes
+from it and ends with the same translators as a run that was never stopped.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,6 +31,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tqdm.auto import tqdm
 
+from lens.checkpoint import incomplete, load_checkpoint, save_checkpoint
 from lens.corpus import encode_prompt
 from lens.errors import LensError
 from lens.model import LensModel, block_outputs, normalise_layer
@@ -32,8 +39,11 @@ from lhd_train.errors import data_file_error
 from lhd_train.io.files import atomic_write, atomic_write_text, sha256_file
 from lhd_train.io.provenance import utc_now
 
+log = logging.getLogger(__name__)
+
 WEIGHTS = "tuned.safetensors"
 SIDECAR = "tuned.json"
+CHECKPOINT = "tune_checkpoint.pt"
 FORMAT = "lhd.tunedlens/1"
 
 
@@ -116,6 +126,16 @@ class TuneSettings:
     progress: bool = True
 
 
+@dataclass
+class TuneOptions:
+    """When the training saves its state to `<out_dir>/tune_checkpoint.pt` and whether it resumes from it."""
+
+    checkpoint_minutes: float = 10.0  # wall time between checkpoints (0: only when stopped by `stop_after`)
+    checkpoint_every: int = 0  # also every N steps (0: by time only)
+    resume: bool = True
+    stop_after: int | None = None  # stop, with a checkpoint, after this many new steps (tests, planned interrupts)
+
+
 def _states(model: LensModel, tokenizer: Any, texts: Sequence[str], layers: list[int],
             s: TuneSettings) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
     """Block outputs `[N, d]` at `layers` and at the last block, positions `[skip_first, T)` of every text."""
@@ -156,10 +176,24 @@ def _val_kl(model: LensModel, lens: TunedLens, H: dict[int, torch.Tensor], last:
     return {str(layer): total[layer] / len(last) for layer in lens.layers}
 
 
+def _resume_settings(model: LensModel, prompts: Sequence[str], layers: list[int], s: TuneSettings,
+                     meta: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint must match to be resumed: everything that changes the translators."""
+    return {"model_id": meta.get("model_id"), "revision": meta.get("revision"), "model_files": (
+        meta.get("model_files") or {}).get("parts"), "n_layers": model.n_layers, "d_model": model.d_model,
+        "layers": layers, "max_length": s.max_length, "skip_first": s.skip_first, "chat": s.chat,
+        "force_bos": s.force_bos, "steps": s.steps, "batch_tokens": s.batch_tokens, "lr": s.lr,
+        "val_prompts": s.val_prompts, "seed": s.seed, "n_prompts": len(prompts),
+        "prompts_sha256": hashlib.sha256("".join(f"{p}\0" for p in prompts).encode()).hexdigest()}
+
+
 def fit_tuned_lens(model: LensModel, tokenizer: Any, prompts: Sequence[str], settings: TuneSettings | None = None,
-                   *, meta: dict[str, Any] | None = None) -> TunedLens:
-    """Train a translator per layer on `prompts` (the last `val_prompts` held back and scored)."""
-    s = settings or TuneSettings()
+                   *, meta: dict[str, Any] | None = None, out_dir: str | Path | None = None,
+                   options: TuneOptions | None = None) -> TunedLens:
+    """Train a translator per layer on `prompts` (the last `val_prompts` held back and scored); with `out_dir`,
+    checkpoint there and resume from a checkpoint of the same settings. `meta.training.complete` is False
+    when `options.stop_after` stopped it first."""
+    s, o, meta = settings or TuneSettings(), options or TuneOptions(), dict(meta or {})
     last = model.n_layers - 1
     layers = sorted({normalise_layer(x, model.n_layers) for x in s.layers} if s.layers is not None
                     else set(range(last)))
@@ -170,6 +204,10 @@ def fit_tuned_lens(model: LensModel, tokenizer: Any, prompts: Sequence[str], set
     if n_val < 0 or not prompts:
         raise LensError("no prompt to train a tuned lens on")
     train, val = prompts[:len(prompts) - n_val], prompts[len(prompts) - n_val:]
+    compared = _resume_settings(model, prompts, layers, s, meta)
+    ckpt = Path(out_dir) / CHECKPOINT if out_dir is not None else None
+    saved = load_checkpoint(ckpt, compared, job="tuned-lens training") if (
+        ckpt is not None and o.resume and ckpt.exists()) else None
     H, H_last = _states(model, tokenizer, train, layers, s)
     H_val, last_val = _states(model, tokenizer, val, layers, s) if val else ({}, torch.empty(0))
     d = model.d_model
@@ -182,39 +220,85 @@ def fit_tuned_lens(model: LensModel, tokenizer: Any, prompts: Sequence[str], set
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 - step / max(s.steps, 1))
     gen = torch.Generator().manual_seed(s.seed)
     history: list[dict[str, float]] = []
+    first, seconds_before = 0, 0.0
+    if saved is not None:
+        try:
+            with torch.no_grad():
+                for layer in layers:
+                    A[layer].copy_(saved["A"][str(layer)])
+                    b[layer].copy_(saved["b"][str(layer)])
+            opt.load_state_dict(saved["optimizer"])
+            sched.load_state_dict(saved["schedule"])
+            gen.set_state(saved["generator"])
+            history, first, seconds_before = json.loads(saved["history"]), int(saved["step"]), float(saved["seconds"])
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            raise incomplete(ckpt, exc, job="tuned-lens training") from None  # type: ignore[arg-type]
+        log.info("resuming the tuned lens from %s at step %d of %d", ckpt, first, s.steps)
+
     started = time.perf_counter()
-    bar = tqdm(range(s.steps), desc="fit tuned lens", unit="step", disable=not s.progress, dynamic_ncols=True)
-    for step in bar:
-        idx = torch.randint(len(H_last), (min(s.batch_tokens, len(H_last)),), generator=gen)
-        with torch.no_grad():
-            logp = _log_probs(model, H_last[idx])
-        losses = {layer: _kl(logp, _log_probs(model, lens.translate(layer, H[layer][idx]))) for layer in layers}
-        loss = torch.stack(list(losses.values())).sum()
-        grads = torch.autograd.grad(loss, params)  # the model's own weights get no gradient
-        for p, g in zip(params, grads, strict=True):
-            p.grad = g
-        opt.step()
-        sched.step()
-        if step % 10 == 0 or step == s.steps - 1:
-            history.append({"step": step, **{str(k): float(v.detach()) for k, v in losses.items()}})
-            bar.set_postfix(kl=f"{float(loss.detach()) / len(layers):.3f}")
-    bar.close()
+
+    def checkpoint(next_step: int) -> None:
+        save_checkpoint(ckpt, {  # type: ignore[arg-type]
+            "step": next_step, "seconds": seconds_before + time.perf_counter() - started,
+            "A": {str(k): v.detach().clone() for k, v in A.items()},
+            "b": {str(k): v.detach().clone() for k, v in b.items()},
+            "optimizer": opt.state_dict(), "schedule": sched.state_dict(), "generator": gen.get_state(),
+            "history": json.dumps(history)}, compared)
+
+    last_ckpt, since_ckpt, step = time.monotonic(), 0, first
+    bar = tqdm(total=s.steps, initial=first, desc="fit tuned lens", unit="step", disable=not s.progress,
+               dynamic_ncols=True)
+    try:
+        while step < s.steps:
+            if o.stop_after is not None and step - first >= o.stop_after:
+                break
+            idx = torch.randint(len(H_last), (min(s.batch_tokens, len(H_last)),), generator=gen)
+            with torch.no_grad():
+                logp = _log_probs(model, H_last[idx])
+            losses = {layer: _kl(logp, _log_probs(model, lens.translate(layer, H[layer][idx]))) for layer in layers}
+            loss = torch.stack(list(losses.values())).sum()
+            grads = torch.autograd.grad(loss, params)  # the model's own weights get no gradient
+            for p, g in zip(params, grads, strict=True):
+                p.grad = g
+            opt.step()
+            sched.step()
+            if step % 10 == 0 or step == s.steps - 1:
+                history.append({"step": step, **{str(k): float(v.detach()) for k, v in losses.items()}})
+                bar.set_postfix(kl=f"{float(loss.detach()) / len(layers):.3f}")
+            step, since_ckpt = step + 1, since_ckpt + 1
+            bar.update(1)
+            due = (o.checkpoint_every > 0 and since_ckpt >= o.checkpoint_every) or (
+                o.checkpoint_minutes > 0 and time.monotonic() - last_ckpt >= 60 * o.checkpoint_minutes)
+            if ckpt is not None and due and step < s.steps:
+                checkpoint(step)
+                last_ckpt, since_ckpt = time.monotonic(), 0
+    finally:
+        bar.close()
+    complete = step >= s.steps
+    if ckpt is not None and not complete:
+        checkpoint(step)
     for p in params:
         p.requires_grad_(False)
         p.grad = None
     after = _val_kl(model, lens, H_val, last_val) if val else {}
     lens.meta = TunedMeta.model_validate({
-        **(meta or {}),
-        "model_id": (meta or {}).get("model_id", getattr(model, "name", None)),
+        **meta,
+        "model_id": meta.get("model_id", getattr(model, "name", None)),
         "n_layers": model.n_layers, "d_model": d, "layers": layers, "max_length": s.max_length,
         "skip_first": s.skip_first, "chat": s.chat, "force_bos": s.force_bos, "n_prompts": len(train),
         "n_tokens": len(H_last), "n_val_prompts": len(val),
-        "training": {"steps": s.steps, "batch_tokens": s.batch_tokens, "lr": s.lr, "optimizer": "adam",
+        "training": {"steps": s.steps, "steps_done": step, "complete": complete, "resumed_at": first if saved
+                     else None, "batch_tokens": s.batch_tokens, "lr": s.lr, "optimizer": "adam",
                      "schedule": "linear decay to 0", "init": "zero (the logit lens)", "seed": s.seed,
-                     "seconds": round(time.perf_counter() - started, 1), "history": history},
+                     "seconds": round(seconds_before + time.perf_counter() - started, 1), "history": history},
         "kl_val_before": before, "kl_val_after": after,
     })
     return lens
+
+
+def finish_checkpoint(out_dir: str | Path) -> None:
+    """Remove the checkpoint once the finished lens is saved (it holds nothing the lens does not)."""
+    (Path(out_dir) / CHECKPOINT).unlink(missing_ok=True)
 
 
 def save_tuned_lens(lens: TunedLens, out_dir: str | Path) -> Path:

@@ -125,6 +125,8 @@ def read_cmd(
     lens: Path | None = typer.Option(None, "--lens", help="Jacobian lens directory (J-all); also gives the "
                                      "random-transport control"),
     lens_self: Path | None = typer.Option(None, "--lens-self", help="a self-only Jacobian lens directory"),
+    tuned_lens: Path | None = typer.Option(None, "--tuned-lens", help="a tuned lens directory (lhd lens tune) on "
+                                           "the lens's layers"),
     model: str | None = typer.Option(None, "--model", help="default: the model the answers were made with"),
     out: Path | None = typer.Option(None, "--out", help="default: DIR/read"),
     band: str = typer.Option("0.35,0.85", "--band", help="the workspace band, fractions of depth (declared in "
@@ -147,6 +149,7 @@ def read_cmd(
     from lens.model import load_hf
     from lens.readout import BASELINE, PRIMARY, Lenses, build_readouts
     from lens.store import load_lens
+    from lens.tuned import load_tuned_lens
     from lhd_train.entitle.store import EntitleDir
     from lhd_train.io.files import read_jsonl
     from lhd_train.rundir.lock import run_dir_lock
@@ -170,10 +173,13 @@ def read_cmd(
         m, tok = load_hf(model_id, dtype=dtype, device=device)
         m = with_adapter(m, record.model.adapter)
         given = Lenses(load_lens(lens, model=m) if lens is not None else None,
-                       self_lens=load_lens(lens_self, model=m) if lens_self is not None else None, control_seed=seed)
+                       self_lens=load_lens(lens_self, model=m) if lens_self is not None else None,
+                       tuned=load_tuned_lens(tuned_lens, model=m) if tuned_lens is not None else None,
+                       control_seed=seed)
         readouts = build_readouts(m, given)
         lenses = {name: lz.meta.sha256 for name, ro in readouts.items()
-                  if (lz := getattr(ro, "lens", None)) is not None and lz.meta.sha256 is not None}
+                  if (lz := getattr(ro, "lens", None) or getattr(ro, "tuned", None)) is not None
+                  and lz.meta.sha256 is not None}
         sets = resolve_token_sets(tok, model_type=getattr(m, "model_type", None))
         cfg = EntitleReadConfig(band=_band(band), primary_readout=ro_name, primary_position=pos or "claim",
                                 n_boot=bootstrap, seed=seed, probe=probe,

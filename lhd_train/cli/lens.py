@@ -158,20 +158,26 @@ def tune(args: TuneCommand) -> None:
     with `lhd lens eval --tuned-lens` (docs/lens.md, "A tuned lens on the same prompts")."""
     from lens.corpus import CorpusSpec, load_corpus
     from lens.model import load_hf
-    from lens.tuned import TuneSettings, fit_tuned_lens, save_tuned_lens
+    from lens.tuned import TuneOptions, TuneSettings, finish_checkpoint, fit_tuned_lens, save_tuned_lens
+    from rollouts.model_files import weights_fingerprint
 
     _check_out(args.out)
-    with run_dir_lock(args.out, stage="lhd lens tune"):
+    with run_dir_lock(args.out, stage="lhd lens tune"):  # one training per --out: two would share a checkpoint
         _set_threads(args.threads)
         prompts, recipe = load_corpus(_take(args, CorpusSpec, path=str(args.corpus)))
         m, tok = load_hf(args.model, dtype=args.dtype, device=args.device, revision=args.revision)
         settings = _take(args, TuneSettings, layers=parse_layers(args.layers))
-        lens = fit_tuned_lens(m, tok, prompts, settings, meta={"model_id": args.model, "revision": m.revision,
-                                                               "corpus": recipe, "model_dtype": args.dtype})
+        args.out.mkdir(parents=True, exist_ok=True)
+        lens = fit_tuned_lens(m, tok, prompts, settings, out_dir=args.out, options=_take(args, TuneOptions),
+                              meta={"model_id": args.model, "revision": m.revision, "corpus": recipe,
+                                    "model_dtype": args.dtype, "model_files": weights_fingerprint(args.model)})
         save_tuned_lens(lens, args.out)
+        finish_checkpoint(args.out)
     before, after = lens.meta.kl_val_before, lens.meta.kl_val_after
+    resumed = lens.meta.training.get("resumed_at")
     typer.echo(f"tuned lens: {args.out}  layers {lens.layers}, {lens.meta.n_prompts} prompts ({lens.meta.n_tokens} "
-               f"positions), {settings.steps} steps in {lens.meta.training['seconds']} s")
+               f"positions), {settings.steps} steps in {lens.meta.training['seconds']} s"
+               + (f" (resumed at step {resumed})" if resumed is not None else ""))
     typer.echo("  held-back KL, logit lens -> tuned: " + ", ".join(
         f"{layer}: {before[layer]:.2f} -> {after[layer]:.2f}" for layer in after))
 
@@ -355,6 +361,7 @@ def read(args: ReadCommand) -> None:
     from lens.plan import resolve_attn
     from lens.read import ReadConfig, read_probe_set, read_run
     from lens.store import load_lens
+    from lens.tuned import load_tuned_lens
 
     out, model = args.out, args.model
     _check_out(out)
@@ -370,6 +377,7 @@ def read(args: ReadCommand) -> None:
     with run_dir_lock(out, stage="lhd lens read"):
         m, tok = load_hf(model, dtype=args.dtype, device=args.device, revision=args.revision, attn_implementation=attn)
         lz = load_lens(args.lens, model=m, target_layer=args.target_layer) if args.lens is not None else None
+        tuned = load_tuned_lens(args.tuned_lens, model=m) if args.tuned_lens is not None else None
         if lz is not None and lz.meta.model_id not in (None, model):
             log.warning("the lens was fitted on %s; reading %s (d_model and layer count match)",
                         lz.meta.model_id, model)
@@ -377,7 +385,7 @@ def read(args: ReadCommand) -> None:
         ts = resolve_token_sets(tok, words, model_type=getattr(m, "model_type", None), fallback=args.token_fallback)
         cfg = _take(args, ReadConfig, n_boot=args.bootstrap)
         if rows is not None:
-            summary = read_probe_set(m, tok, lz, rows, ts, out, cfg)
+            summary = read_probe_set(m, tok, lz, rows, ts, out, cfg, tuned=tuned)
         else:
             run = args.run
             assert run is not None  # ReadCommand: exactly one of --probes and --run
@@ -386,7 +394,8 @@ def read(args: ReadCommand) -> None:
                 from lens.probes import load_pack_any
 
                 p, _ = load_pack_any(args.pack)
-            summary = read_run(m, tok, lz, run, ts, out, cfg, context=args.context, auditor=args.auditor, pack=p)
+            summary = read_run(m, tok, lz, run, ts, out, cfg, context=args.context, auditor=args.auditor, pack=p,
+                               tuned=tuned)
         typer.echo(f"read {summary['n_examples']} examples -> {out}")
         res = summary.get("primary_result") or {}
         d = res.get("declared") or {}

@@ -138,7 +138,8 @@ class TuneCommand(PromptArgs):
 
     model: str = Field(description="HF model id or local model dir.", json_schema_extra={"argument": True})
     corpus: Path = Field(description="Text file (paragraphs), JSONL (a text field) or a datasets dir (save_to_disk).")
-    out: Path = Field(description="Output dir: tuned.safetensors, tuned.json.")
+    out: Path = Field(description="Output dir: tuned.safetensors, tuned.json (and tune_checkpoint.pt while it "
+                                  "trains).")
     layers: str = Field("all", description="Blocks to translate: all (below the last) or e.g. 6,10,14 (those of "
                                            "the lens it is read beside).")
     steps: int = Field(300, ge=1, description="Adam steps (learning rate decays linearly to 0).")
@@ -147,6 +148,9 @@ class TuneCommand(PromptArgs):
     val_prompts: int = Field(4, ge=1, description="The last prompts of --n-prompts, held back and scored before and "
                                                   "after training.")
     seed: int = Field(0, ge=0, le=SEED_MAX, description="Seed of the position draws.")
+    checkpoint_minutes: float = Field(10.0, ge=0, description="Save OUT/tune_checkpoint.pt when this many minutes "
+                                                              "passed since the last save (0 = never).")
+    resume: bool = Field(True, description="Continue from OUT/tune_checkpoint.pt if present (same settings only).")
     dtype: ModelDtype = Field("float32", description="Model dtype.")
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
     revision: str | None = Field(None, description="Model revision (recorded in the sidecar).")
@@ -277,6 +281,8 @@ class ReadCommand(StrictModel):
                                       "short).")
     random_control: bool = Field(True, description="Also read the random-transport control of the lens "
                                                    "(readout jacobian_random).")
+    tuned_lens: Path | None = Field(None, description="A tuned lens (lhd lens tune) read beside the others (readout "
+                                                      "tuned), on the lens's layers.")
     auditor: str | None = Field(None, description="Run mode: auditor id (default: as lhd report, the newest "
                                                   "full-mode auditor).")
     pack: str | None = Field(None, description="Run mode: task pack, to locate the files exactly (default: the "

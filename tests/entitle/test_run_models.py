@@ -50,6 +50,20 @@ def test_tiny_model_run_read_steer(tmp_path, tiny_llama_dir):
     assert plan["primary"]["readout"] == "logit"
     assert ("nothing to compare" in res.output) == (json.loads((out / "read" / "summary.json").read_text())
                                                     ["n_answers"] == 0)
+    # a tuned lens is read beside the logit lens, and the plan names it by its checksum before anything is read
+    import torch
+
+    from lens.tuned import TunedLens, save_tuned_lens
+
+    cfg = json.loads((tiny_llama_dir / "config.json").read_text())
+    d, n = cfg["hidden_size"], cfg["num_hidden_layers"]
+    tuned = save_tuned_lens(TunedLens({k: torch.zeros(d, d) for k in range(n - 1)},
+                                      {k: torch.zeros(d) for k in range(n - 1)}), tmp_path / "T")
+    lhd("entitle", "read", str(out), "--tuned-lens", str(tuned), "--out", str(tmp_path / "rt"), "--no-progress",
+        "--bootstrap", "20")
+    plan = json.loads((tmp_path / "rt" / "plan.json").read_text())
+    assert "tuned" in plan["readouts"]
+    assert plan["lenses"] == {"tuned": json.loads((tuned / "tuned.json").read_text())["sha256"]}
     # steer: baseline, the entitlement direction and one random one, per fact of the deleted cell
     lhd("entitle", "steer", str(out), "--alpha", "4", "--random", "1", "--cell", "deleted/none", "--no-progress")
     steered = rows_of(out / "steer" / "answers.jsonl")

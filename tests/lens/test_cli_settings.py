@@ -17,7 +17,7 @@ from lens.corpus import CorpusSpec
 from lens.fidelity import EvalConfig
 from lens.fit import FitOptions, FitSettings
 from lens.read import ReadConfig
-from lens.tuned import TuneSettings
+from lens.tuned import TuneOptions, TuneSettings
 from lhd_train.config.lens import EvalCommand, FitCommand, ReadCommand, TuneCommand, parse_layers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,14 +29,15 @@ LIBRARY_ONLY = {
     FitOptions: {"stop_after", "overlap_sums"},  # a test's stop switch; overlap is decided by the device (on for CUDA)
     ReadConfig: {"max_claims", "probe_C", "emergence_threshold", "n_boot"},  # n_boot: from --bootstrap
     TuneSettings: {"force_bos"},
+    TuneOptions: {"stop_after", "checkpoint_every"},  # a test's stop switch; a step cadence (time is the option)
 }
 FILLED_BY_COMMAND = {CorpusSpec: {"path"}, FitSettings: set(), FitOptions: set(), ReadConfig: set(),
-                     TuneSettings: {"layers"}}  # layers: parsed from --layers
+                     TuneSettings: {"layers"}, TuneOptions: set()}  # layers: parsed from --layers
 COMMAND = {CorpusSpec: FitCommand, FitSettings: FitCommand, FitOptions: FitCommand, ReadConfig: ReadCommand,
-           TuneSettings: TuneCommand}
+           TuneSettings: TuneCommand, TuneOptions: TuneCommand}
 
 
-@pytest.mark.parametrize("library", [CorpusSpec, FitSettings, FitOptions, ReadConfig, TuneSettings])
+@pytest.mark.parametrize("library", [CorpusSpec, FitSettings, FitOptions, ReadConfig, TuneSettings, TuneOptions])
 def test_every_library_setting_is_a_command_option(library):
     names = {f.name for f in fields(library)}
     missing = names - set(COMMAND[library].model_fields) - LIBRARY_ONLY[library] - FILLED_BY_COMMAND[library]
@@ -63,6 +64,7 @@ def test_defaults_match_the_library_where_both_have_one():
     tune = TuneCommand(model="m", corpus=Path("c"), out=Path("o"))
     assert {k for k, v in vars(TuneSettings()).items() if k in TuneCommand.model_fields and getattr(tune, k) != v} \
         == {"layers"}  # "all" is None
+    assert all(getattr(tune, k) == v for k, v in vars(TuneOptions()).items() if k in TuneCommand.model_fields)
     read = ReadCommand(model="m", out=Path("o"), run=Path("r"))
     assert {k for k, v in vars(ReadConfig()).items() if k in ReadCommand.model_fields and getattr(read, k) != v} \
         == set()

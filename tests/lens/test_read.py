@@ -105,6 +105,31 @@ def test_read_with_published_layout_lens_and_without_lens(tiny_dirs, probe_file,
     assert bad.exit_code == 2 and "exactly one of" in bad.output
 
 
+def test_read_beside_a_tuned_lens(tiny_dirs, probe_file, tmp_path, llama):
+    """`--tuned-lens` adds the readout `tuned`: a zero translator reads exactly what the logit lens reads, a
+    non-zero one reads something else at its layer, and summary.json names the tuned lens by its checksum."""
+    import torch
+
+    from lens.tuned import SIDECAR, TunedLens, save_tuned_lens
+
+    model, _ = llama
+    d, g = model.d_model, torch.Generator().manual_seed(0)
+    save_tuned_lens(TunedLens({0: 0.5 * torch.randn(d, d, generator=g), 1: torch.zeros(d, d)},
+                              {0: torch.zeros(d), 1: torch.zeros(d)}), tmp_path / "T")
+    out = tmp_path / "read_tuned"
+    invoke("read", tiny_dirs["llama"], "--tuned-lens", tmp_path / "T", "--probes", probe_file, "--out", out,
+           "--bootstrap", 0, "--no-probe", "--limit", 4, "--no-progress")
+    m = pd.read_parquet(out / "margins.parquet")
+    assert set(m["readout"]) == {"logit", "tuned"}
+    piv = m.pivot_table(index=["example_id", "position", "layer"], columns="readout", values="m_E")
+    diff = (piv["tuned"] - piv["logit"]).abs().groupby(level="layer").max()
+    assert diff[1] < 1e-5 and diff[2] < 1e-5  # a zero translator, and the last block read as the model reads it
+    assert diff[0] > 1e-3
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tuned_lens"]["sha256"] == json.loads((tmp_path / "T" / SIDECAR).read_text())["sha256"]
+    assert summary["tuned_lens"]["layers"] == [0, 1]
+
+
 # ---------------------------------------------------------------------------------------------
 # a synthetic run directory, written exactly as docs/formats.md describes
 # ---------------------------------------------------------------------------------------------

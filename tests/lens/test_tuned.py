@@ -5,6 +5,11 @@ the lens (pass@k with paired differences; its training texts left out of the hel
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -15,7 +20,17 @@ from lens.errors import LensError
 from lens.model import block_outputs
 from lens.readout import Lenses, TunedLensReadout, build_readouts
 from lens.store import Lens
-from lens.tuned import SIDECAR, WEIGHTS, TunedLens, TuneSettings, fit_tuned_lens, load_tuned_lens, save_tuned_lens
+from lens.tuned import (
+    CHECKPOINT,
+    SIDECAR,
+    WEIGHTS,
+    TunedLens,
+    TuneOptions,
+    TuneSettings,
+    fit_tuned_lens,
+    load_tuned_lens,
+    save_tuned_lens,
+)
 from lhd_train.cli.lens import app
 
 runner = CliRunner()
@@ -124,3 +139,69 @@ def test_cli_tune_then_eval_beside_the_lens(tiny_dirs, tmp_path):
     # the lens's 2 fit texts and the tuned lens's 4 (trained and held back) are all left out of the held-out KL
     assert res["fit_texts_excluded"] == 4 and res["n_texts"] == 4
     assert any(k.startswith("kl_tuned") for k in res["layers"][0])
+
+
+def _same_translators(a: TunedLens, b: TunedLens) -> bool:
+    return a.layers == b.layers and all(torch.equal(a.A[k], b.A[k]) and torch.equal(a.b[k], b.b[k]) for k in a.layers)
+
+
+def test_a_stopped_training_resumes_to_the_translators_of_one_that_never_stopped(tmp_path):
+    """Translators, Adam's moments, the schedule and the draw generator all come back from the checkpoint: the
+    resumed run ends bit-equal to the uninterrupted one; a checkpoint of other settings, or a torn one, is refused
+    with the way out, and --no-resume starts again."""
+    model = ToyResidualModel(d=8, n_layers=4, scale=0.6, seed=3)
+    s = TuneSettings(layers=[0, 2], max_length=48, skip_first=4, steps=40, batch_tokens=64, lr=3e-2, val_prompts=2,
+                     progress=False)
+    whole = fit_tuned_lens(model, ByteTokenizer(), TEXTS[:10], s)
+    assert whole.meta.training["complete"] and whole.meta.training["resumed_at"] is None
+    out = tmp_path / "t"
+    out.mkdir()
+    part = fit_tuned_lens(model, ByteTokenizer(), TEXTS[:10], s, out_dir=out,
+                          options=TuneOptions(stop_after=13, checkpoint_minutes=0))
+    assert not part.meta.training["complete"] and part.meta.training["steps_done"] == 13
+    assert (out / CHECKPOINT).is_file() and not _same_translators(part, whole)
+    rest = fit_tuned_lens(model, ByteTokenizer(), TEXTS[:10], s, out_dir=out)
+    assert rest.meta.training["complete"] and rest.meta.training["resumed_at"] == 13
+    assert _same_translators(rest, whole)
+    assert rest.meta.training["history"] == whole.meta.training["history"]
+    assert rest.meta.kl_val_after == whole.meta.kl_val_after
+    # another learning rate would mix two trainings in one lens
+    with pytest.raises(LensError, match=r"cannot resume with different settings \(lr: checkpoint 0.03 vs now 0.01\)"):
+        fit_tuned_lens(model, ByteTokenizer(), TEXTS[:10], TuneSettings(**{**vars(s), "lr": 1e-2}), out_dir=out)
+    with pytest.raises(LensError, match="cannot resume with different settings.*prompts_sha256"):
+        fit_tuned_lens(model, ByteTokenizer(), TEXTS[1:11], s, out_dir=out)
+    fresh = fit_tuned_lens(model, ByteTokenizer(), TEXTS[:10], s, out_dir=out, options=TuneOptions(resume=False))
+    assert fresh.meta.training["resumed_at"] is None and _same_translators(fresh, whole)
+    (out / CHECKPOINT).write_bytes((out / CHECKPOINT).read_bytes()[:100])
+    with pytest.raises(LensError, match="not a readable tuned-lens training checkpoint.*--no-resume"):
+        fit_tuned_lens(model, ByteTokenizer(), TEXTS[:10], s, out_dir=out)
+
+
+def test_cli_tune_killed_mid_training_resumes_and_ends_as_an_unbroken_run(tiny_dirs, tmp_path):
+    """A real `lhd lens tune` process, checkpointing about every step, is SIGKILLed mid-training; the rerun says
+    where it resumed, ends with the translators of an uninterrupted run and removes its checkpoint."""
+    model = tiny_dirs["llama"]
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n\n".join(TEXTS[:8]))
+    args = ["--corpus", str(corpus), "--n-prompts", "4", "--val-prompts", "1", "--layers", "0,1", "--steps", "4000",
+            "--batch-tokens", "16", "--device", "cpu", "--threads", "1", "--no-progress", "--max-length", "24",
+            "--skip-first", "4"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "lhd_train.cli", "lens", "tune", str(model), "--out", str(killed),
+                             *args, "--checkpoint-minutes", "0.0005"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 180
+    while not (killed / CHECKPOINT).exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    output = proc.communicate()[0]
+    assert proc.returncode == -signal.SIGKILL, f"it ended before the kill (rc {proc.returncode}): {output[-2000:]}"
+    assert (killed / CHECKPOINT).exists() and not (killed / WEIGHTS).exists()
+    r = runner.invoke(app, ["tune", str(model), "--out", str(killed), *args])
+    assert r.exit_code == 0, r.output
+    assert "(resumed at step " in r.output and not (killed / CHECKPOINT).exists()
+    r = runner.invoke(app, ["tune", str(model), "--out", str(tmp_path / "whole"), *args])
+    assert r.exit_code == 0 and "resumed" not in r.output, r.output
+    a, b = load_tuned_lens(killed), load_tuned_lens(tmp_path / "whole")
+    assert _same_translators(a, b) and a.meta.training["resumed_at"] > 0
