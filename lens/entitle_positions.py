@@ -6,7 +6,12 @@ model generated from (its prompt ids and answer ids, as the hf backend returned 
 - `question`: the last token of the supervisor's question. It stands before the files in every
   condition of a fact, so under causal attention its hidden state is the same whether the
   evidence is there or not: a negative control that must read AUROC 0.5 (a reader that finds a
-  difference there has a bug, or pairs the wrong answers).
+  difference there has a bug, or pairs the wrong answers);
+- `elicit`: the last token of one more user turn after the answer, asking whether the figure it
+  gave appears in the files (`lens.elicit`, as in `lhd lens read` run mode). The model's own
+  Yes − No there is its *stated* view of its claim; the lens margins there are the internal side.
+  The turn's tokens are appended to the generated ids (the answer's end-of-turn tokens, if the
+  answer kept them, give way to the template's own), so every earlier position reads as before.
 
 Answers from a server backend carry no token ids; their context is tokenised again with the chat
 template (`retokenized`), which may differ from what the server ran."""
@@ -15,9 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from lens.elicit import elicitation
 from lens.errors import LensError
 
-POSITIONS = ("claim", "decision", "question")
+POSITIONS = ("claim", "decision", "question", "elicit")
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,19 @@ def question_index(tokenizer: Any, messages: list[dict[str, str]], prompt_ids: l
     return last
 
 
+def elicit_suffix(tokenizer: Any, messages: list[dict[str, str]], answer: str, question: str) -> list[int] | None:
+    """The chat template's tokens after the answer's text up to the generation prompt that follows the
+    elicitation turn `question`; None when the rendered text does not hold the answer as written."""
+    conv = [*messages, {"role": "assistant", "content": answer}, {"role": "user", "content": question}]
+    text = tokenizer.apply_chat_template(conv, add_generation_prompt=True, tokenize=False)
+    q_at = text.rfind(question)
+    shown = answer.strip()
+    a_at = text.rfind(shown, 0, q_at) if q_at >= 0 and shown else -1
+    if a_at < 0:
+        return None
+    return [int(i) for i in tokenizer(text[a_at + len(shown):], add_special_tokens=False)["input_ids"]]
+
+
 def answer_tokens(tokenizer: Any, ans: dict[str, Any]) -> AnswerTokens:
     """The context of one answer row (answers.jsonl) and its read positions."""
     messages = ans.get("messages") or []
@@ -85,4 +104,13 @@ def answer_tokens(tokenizer: Any, ans: dict[str, Any]) -> AnswerTokens:
     q = question_index(tokenizer, messages, prompt, ans.get("question") or "")
     if q is not None:
         positions["question"] = q
-    return AnswerTokens(list(prompt) + list(answer), len(prompt), positions, retok)
+    ids = list(prompt) + list(answer)
+    suffix = elicit_suffix(tokenizer, messages, ans.get("answer") or "", elicitation(ans.get("attribute"),
+                                                                                     ans.get("entity")))
+    if suffix:
+        special = set(getattr(tokenizer, "all_special_ids", []) or [])
+        while len(ids) > len(prompt) and ids[-1] in special:  # the template writes the turn's end itself
+            ids.pop()
+        ids += suffix
+        positions["elicit"] = len(ids) - 1
+    return AnswerTokens(ids, len(prompt), positions, retok)

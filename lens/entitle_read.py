@@ -2,7 +2,9 @@
 
 Each `fabricated` and `supported` answer of a fact that has both is read in the exact context it
 was generated from (`lens.entitle_positions`), at the asserted figure's last token (`claim`), the
-last prompt token (`decision`) and the question's last token (`question`, the negative control).
+last prompt token (`decision`), the question's last token (`question`, the negative control) and
+the end of an elicitation turn after the answer (`elicit`: "does the figure you gave ... appear in
+the files?"), where the model's own Yes − No is its `stated` margin.
 Readouts: the logit lens, the Jacobian lens (`--lens`), a self-only Jacobian lens (`--lens-self`,
 any lens directory), a random-transport control of the Jacobian lens (`lens.controls`), and a
 linear probe (out of fold, folds grouped by task). Score: `-m_E` (low entitlement = suspicious).
@@ -11,9 +13,12 @@ Primary contrast: `fabricated` vs `supported` within the same fact (`lens.paired
 task, the fact and the question cancel; what is left differs by the evidence and by the answer.
 Two more controls: `length` (tokens up to the position: a deleted line makes the context
 shorter) and `echo` (S and N tokens in the context up to the position: the lexical echo of
-entitlement words). The band (fractions of depth), the primary readout and position are written
-to `plan.json` before the first forward and a later read into the same folder must declare the
-same plan (no choosing the cell after seeing the table)."""
+entitlement words). `stated` is scored like a readout (saying No = suspicious), and the
+answer-controlled cell reads the primary readout at `elicit` among the answers the model says are
+in the files (stated > 0): what the internal side knows that the stated side denies. The band
+(fractions of depth), the primary readout and position are written to `plan.json` before the first
+forward and a later read into the same folder must declare the same plan (no choosing the cell after
+seeing the table)."""
 from __future__ import annotations
 
 import hashlib
@@ -29,6 +34,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from lens.elicit import AnswerSets, elicitation, resolve_answer_sets
 from lens.entitle_positions import POSITIONS, answer_tokens
 from lens.errors import LensError
 from lens.margins import MARGIN_NAMES, TokenSets, margins
@@ -45,6 +51,7 @@ from lhd_train.io.provenance import utc_now
 log = logging.getLogger(__name__)
 POSITIVE, NEGATIVE = "fabricated", "supported"
 CONTROLS = ("length", "echo")
+STATED = "stated"  # the model's own Yes − No at `elicit` (final layer), a readout of its self-report
 
 
 @dataclass
@@ -103,9 +110,20 @@ def _echo(ids: list[int], upto: int, sets: TokenSets) -> int:
     return sum(t in n for t in window) - sum(t in s for t in window)
 
 
+def stated_sets(tokenizer: Any, sets: TokenSets) -> tuple[AnswerSets | None, str | None]:
+    """The Yes / No token ids by the S / N sets' rule, or None and why (the read goes on without `stated`)."""
+    try:
+        return resolve_answer_sets(tokenizer, fallback="first-token" if sets.mode == "first-token" else "strict"), None
+    except LensError as exc:
+        log.warning("no stated margin: %s", exc)
+        return None, str(exc)
+
+
 def collect(model: LensModel, tokenizer: Any, answers: Sequence[dict[str, Any]], readouts: Sequence[Readout],
-            sets: TokenSets, cfg: EntitleReadConfig) -> tuple[list[dict], list[dict], dict[str, list], list[dict]]:
-    """(margin rows, example rows, hidden states per position [n][L, d], skipped)."""
+            sets: TokenSets, cfg: EntitleReadConfig, answer_sets: AnswerSets | None = None,
+            ) -> tuple[list[dict], list[dict], dict[str, list], list[dict]]:
+    """(margin rows, example rows, hidden states per position [n][L, d], skipped); each example's `stated`
+    margin when `answer_sets` are given."""
     union = torch.tensor(sets.union(), dtype=torch.long, device=model.device)
     idx_sets = sets.index_sets()
     rows: list[dict] = []
@@ -132,8 +150,13 @@ def collect(model: LensModel, tokenizer: Any, answers: Sequence[dict[str, Any]],
                 for p, name in enumerate(POSITIONS):
                     rows.append({**base, "readout": ro.name, "layer": layer, "position": name,
                                  **{k: float(m[k][j, p]) for k in MARGIN_NAMES}})
+        stated = None
+        if answer_sets is not None:
+            with torch.no_grad():
+                own = model.unembed(H[-1, POSITIONS.index("elicit")][None]).float()[0]  # the model's own logits
+            stated = float(torch.logsumexp(own[answer_sets.yes], 0) - torch.logsumexp(own[answer_sets.no], 0))
         examples.append({**base, "files": ans["files"], "pressure": ans["pressure"], "sample": ans["sample"],
-                         "retokenized": tok.retokenized, "n_prompt": tok.n_prompt,
+                         "retokenized": tok.retokenized, "n_prompt": tok.n_prompt, STATED: stated,
                          **{f"length_{p}": tok.positions[p] + 1 for p in POSITIONS},
                          **{f"echo_{p}": _echo(tok.ids, tok.positions[p], sets) for p in POSITIONS}})
         for p, name in enumerate(POSITIONS):
@@ -185,6 +208,8 @@ def auroc_table(rows: list[dict], examples: list[dict], n_layers: int, cfg: Enti
         m = g.groupby(["id", "fact", "task", "label"], as_index=False)["m_E"].mean()
         out.append(cell(ro, pos, -1, m, -m["m_E"].to_numpy(float)))
     ex = pd.DataFrame(examples)
+    if ex[STATED].notna().any():
+        out.append(cell(STATED, "elicit", -1, ex, -ex[STATED].to_numpy(float)))  # saying No = suspicious
     for control in CONTROLS:
         for pos in POSITIONS:
             sign = -1.0 if control == "length" else 1.0  # shorter context (a deleted line) = suspicious
@@ -192,19 +217,41 @@ def auroc_table(rows: list[dict], examples: list[dict], n_layers: int, cfg: Enti
     return out
 
 
+def answer_controlled(rows: list[dict], examples: list[dict], n_layers: int, cfg: EntitleReadConfig,
+                      readout: str) -> dict[str, Any]:
+    """`readout`'s band-mean paired AUROC at `elicit` among the answers whose stated margin is positive (the
+    model says the figure is in the files): a fabricated answer it calls supported is the case the internal
+    side must catch on its own."""
+    lo, hi = band_layers(n_layers, cfg.band)
+    yes = {e["id"] for e in examples if e.get(STATED) is not None and e[STATED] > 0}
+    sums: dict[str, list[float]] = {}
+    for r in rows:
+        if (r["readout"], r["position"]) == (readout, "elicit") and lo <= r["layer"] <= hi and r["id"] in yes:
+            sums.setdefault(r["id"], []).append(r["m_E"])
+    ex = [e for e in examples if e["id"] in sums]
+    res = paired_auroc([-float(np.mean(sums[e["id"]])) for e in ex], [e["label"] == POSITIVE for e in ex],
+                     [e["fact"] for e in ex], [e["task"] for e in ex], n_boot=cfg.n_boot, seed=cfg.seed)
+    return {"readout": readout, "position": "elicit", "among": "answers the model says are in the files "
+            "(stated > 0)", "n_stated_yes": {lab: sum(e["id"] in yes and e["label"] == lab for e in examples)
+                                             for lab in (POSITIVE, NEGATIVE)}, **res.to_json()}
+
+
 def read_entitle(model: LensModel, tokenizer: Any, answers_rows: Sequence[dict[str, Any]],
                  readouts: Sequence[Readout], sets: TokenSets, out_dir: str | Path,
                  cfg: EntitleReadConfig | None = None, info: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Declare the plan, read every selected answer, write margins.csv, auroc.csv, read.md and
-    summary.json into `out_dir`; returns the summary."""
+    """Declare the plan, read every selected answer, write margins.csv, examples.csv, auroc.csv, read.md
+    and summary.json into `out_dir`; returns the summary."""
     cfg = cfg or EntitleReadConfig()
     out = Path(out_dir)
     names = [ro.name for ro in readouts] + ([PROBE] if cfg.probe else [])
-    if cfg.primary_readout not in names + list(CONTROLS):
+    answer_sets, no_stated = stated_sets(tokenizer, sets)
+    if cfg.primary_readout not in names + list(CONTROLS) + ([STATED] if answer_sets else []):
         raise LensError(f"primary readout {cfg.primary_readout!r} is not read (readouts: {', '.join(names)}); pass "
                         "the lens it needs or declare another primary readout")
     if cfg.primary_position not in POSITIONS:
         raise LensError(f"primary position {cfg.primary_position!r}: allowed {', '.join(POSITIONS)}")
+    if cfg.primary_readout == STATED and cfg.primary_position != "elicit":
+        raise LensError(f"primary readout {STATED!r} is read at the elicit position only (--primary stated:elicit)")
     answers = select_answers(answers_rows, cfg.max_answers)
     lo, hi = band_layers(model.n_layers, cfg.band)
     band = list(range(lo, hi + 1))
@@ -212,13 +259,15 @@ def read_entitle(model: LensModel, tokenizer: Any, answers_rows: Sequence[dict[s
         "contrast": f"{POSITIVE} vs {NEGATIVE} within the same fact (paired AUROC of -m_E)",
         "primary": {"readout": cfg.primary_readout, "position": cfg.primary_position, "layers": "band mean"},
         "band": list(cfg.band), "band_layers": band, "readouts": names, "token_sets": sets.to_json(),
+        "elicitation": "the last user turn after the answer: " + elicitation("<attribute>", "<entity>"),
+        "stated": answer_sets.to_json() if answer_sets else f"not read: {no_stated}",
         "answers": [a["id"] for a in answers], "declared_at": utc_now(), **(info or {})})
     if not answers:
         summary = {"n_answers": 0, "plan": plan, "primary": None,
                    "note": "no fact has both a fabricated and a supported answer: nothing to compare"}
         write_json(out / "summary.json", summary)
         return summary
-    rows, examples, feats, skipped = collect(model, tokenizer, answers, readouts, sets, cfg)
+    rows, examples, feats, skipped = collect(model, tokenizer, answers, readouts, sets, cfg, answer_sets)
     if cfg.probe and examples:
         rows += probe_rows(examples, feats, cfg)
     table = auroc_table(rows, examples, model.n_layers, cfg) if examples else []
@@ -227,11 +276,14 @@ def read_entitle(model: LensModel, tokenizer: Any, answers_rows: Sequence[dict[s
     import pandas as pd
 
     write_csv(pd.DataFrame(rows), out / "margins.csv")
+    write_csv(pd.DataFrame(examples), out / "examples.csv")  # per answer: stated margin, lengths, echo counts
     write_csv(pd.DataFrame(table), out / "auroc.csv")
     summary = {"n_answers": len(examples), "n_facts": len({e["fact"] for e in examples}),
                "labels": {lab: sum(e["label"] == lab for e in examples) for lab in (POSITIVE, NEGATIVE)},
                "retokenized": sum(e["retokenized"] for e in examples), "skipped": skipped, "plan": plan,
                "primary": primary, "config": asdict(cfg),
+               "answer_controlled": answer_controlled(rows, examples, model.n_layers, cfg, cfg.primary_readout)
+               if examples and answer_sets and cfg.primary_readout in names else None,
                "negative_control": [t for t in table if t["position"] == "question" and t["layer"] == -1]}
     write_json(out / "summary.json", summary)
     atomic_write_text(out / "read.md", markdown(summary, table))
@@ -268,6 +320,11 @@ def markdown(summary: dict[str, Any], table: list[dict]) -> str:
     if p:
         lines.append(f"**Primary: paired AUROC {_f(p['auroc'])} [{_f(p['lo'])}, {_f(p['hi'])}]** "
                      f"({p['n_pairs']} pairs in {p['n_groups']} facts, {p['n_clusters']} tasks)")
+    ac = summary.get("answer_controlled")
+    if ac:
+        lines.append(f"\nAnswer-controlled ({ac['readout']} at elicit, band, among {ac['among']}; "
+                     f"{ac['n_stated_yes']}): paired AUROC {_f(ac['auroc'])} [{_f(ac['lo'])}, {_f(ac['hi'])}] "
+                     f"over {ac['n_pairs']} pairs")
     lines += ["", "| readout | position | paired AUROC [95% CI] | pairs | facts |", "|---|---|---|---|---|"]
     for t in table:
         if t["layer"] == -1:
@@ -275,5 +332,7 @@ def markdown(summary: dict[str, Any], table: list[dict]) -> str:
                          f"{t['n_pairs']} | {t['n_groups']} |")
     lines += ["", "Band cells other than the primary one are exploratory. `question` is the negative control "
               "(identical context within a fact: 0.5 expected); `length` and `echo` are the confound controls; "
+              "`stated` is the model's own Yes - No at `elicit`, after it is asked whether its figure appears in "
+              "the files; "
               "`jacobian_random` is the lens with random singular bases. Per-layer cells: auroc.csv.", ""]
     return "\n".join(lines)

@@ -111,7 +111,7 @@ class TunedLens:
 
 @dataclass
 class TuneSettings:
-    """How a tuned lens is trained (the command line's options: `lhd_train.config.lens.TuneArgs`)."""
+    """How a tuned lens is trained (the command line's options: `lhd_train.config.lens.TuneCommand`)."""
 
     layers: list[int] | None = None  # None: every block below the last
     max_length: int = 128

@@ -131,8 +131,9 @@ def read_cmd(
     out: Path | None = typer.Option(None, "--out", help="default: DIR/read"),
     band: str = typer.Option("0.35,0.85", "--band", help="the workspace band, fractions of depth (declared in "
                              "plan.json before reading)"),
-    primary: str | None = typer.Option(None, "--primary", help="READOUT:POSITION of the primary cell (default "
-                                       "jacobian:claim with --lens, else logit:claim)"),
+    primary: str | None = typer.Option(None, "--primary", help="READOUT:POSITION of the primary cell (positions: "
+                                       "claim, decision, question, elicit; stated:elicit is the model's own answer; "
+                                       "default jacobian:claim with --lens, else logit:claim)"),
     bootstrap: int = typer.Option(2000, "--bootstrap", min=0, help="cluster-bootstrap resamples (tasks)"),
     seed: int = typer.Option(0, "--seed", help="bootstrap, probe and random-transport seed"),
     max_answers: int | None = typer.Option(None, "--max-answers", min=2, help="read at most this many answers"),
@@ -142,8 +143,9 @@ def read_cmd(
     threads: int | None = typer.Option(None, "--threads", min=1, help="torch CPU threads"),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
-    """Lens and probe margins at the asserted figure, the decision token and the question (a negative control):
-    fabricated vs supported within each fact, with random-transport, length and echo controls."""
+    """Lens and probe margins at the asserted figure, the decision token, the question (a negative control) and
+    an elicitation after the answer (with the model's own Yes - No there, `stated`): fabricated vs supported
+    within each fact, with random-transport, length and echo controls."""
     from lens.entitle_read import EntitleReadConfig, read_entitle, with_adapter
     from lens.margins import resolve_token_sets
     from lens.model import load_hf

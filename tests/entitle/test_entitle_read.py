@@ -12,6 +12,7 @@ import torch
 from scipy.special import logsumexp
 from sklearn.metrics import roc_auc_score
 
+from lens.elicit import elicitation, resolve_answer_sets
 from lens.entitle_positions import answer_tokens
 from lens.entitle_read import EntitleReadConfig, read_entitle
 from lens.errors import LensError
@@ -75,6 +76,15 @@ def test_read_on_the_tiny_model(tmp_path, tiny_llama_dir):
             .endswith(figure)
         piece = tok.decode([t.ids[t.positions["question"]]]).strip()  # the token may carry the newline after it
         assert piece and r["question"].endswith(piece)
+        # the elicitation turn follows the generated ids, which stay as generated; it ends the context
+        n_gen = t.n_prompt + len(r["answer_token_ids"])
+        assert t.ids[:n_gen] == r["prompt_token_ids"] + r["answer_token_ids"]
+        assert t.positions["elicit"] == len(t.ids) - 1
+        assert elicitation() in tok.decode(t.ids[n_gen:])
+        # ... and it is what the chat template renders for the conversation with the answer and the question
+        conv = [*r["messages"], {"role": "assistant", "content": r["answer"]},
+                {"role": "user", "content": elicitation()}]
+        assert t.ids == tok.apply_chat_template(conv, add_generation_prompt=True, tokenize=True, return_dict=False)
     lens = Lens({0: torch.randn(m.d_model, m.d_model) / m.d_model ** 0.5}, {"target_layer": m.n_layers - 1})
     sets = resolve_token_sets(tok, fallback="first-token")
     out = tmp_path / "read"
@@ -83,8 +93,8 @@ def test_read_on_the_tiny_model(tmp_path, tiny_llama_dir):
     assert summary["n_answers"] == len(rows) and summary["primary"]["readout"] == "jacobian"
     margins = list(csv.DictReader((out / "margins.csv").open()))
     probe = [x for x in margins if x["readout"] == "probe"]  # out of fold, folds grouped by task
-    assert {x["position"] for x in probe} == {"claim", "decision", "question"}
-    assert len(probe) == len(rows) * 3 * m.n_layers
+    assert {x["position"] for x in probe} == {"claim", "decision", "question", "elicit"}
+    assert len(probe) == len(rows) * 4 * m.n_layers
     # the logit lens at the decision position of the last block is the model's own next-token margin
     r0 = rows[0]
     ids = torch.tensor([r0["prompt_token_ids"]])
@@ -94,6 +104,14 @@ def test_read_on_the_tiny_model(tmp_path, tiny_llama_dir):
     [cell] = [x for x in margins if (x["id"], x["readout"], x["position"], x["layer"]) ==
               (r0["id"], "logit", "decision", str(m.n_layers - 1))]
     assert float(cell["m_E"]) == pytest.approx(own, abs=1e-3)
+    # the stated margin is the model's own Yes - No after the elicitation turn
+    yes_no = resolve_answer_sets(tok, fallback="first-token")
+    t0 = answer_tokens(tok, r0)
+    with torch.no_grad():
+        after = m.hf(input_ids=torch.tensor([t0.ids])).logits[0, -1].double().numpy()
+    answers = {x["id"]: x for x in csv.DictReader((out / "examples.csv").open())}
+    assert float(answers[r0["id"]]["stated"]) == pytest.approx(
+        logsumexp(after[yes_no.yes]) - logsumexp(after[yes_no.no]), abs=1e-3)
     # the question stands before the files: the same hidden state in both conditions of a fact
     q = {}
     for x in margins:
@@ -103,7 +121,7 @@ def test_read_on_the_tiny_model(tmp_path, tiny_llama_dir):
     # every band cell recounts from margins.csv by hand
     table = list(csv.DictReader((out / "auroc.csv").open()))
     for t in table:
-        if t["layer"] != "-1" or t["readout"] in ("length", "echo"):
+        if t["layer"] != "-1" or t["readout"] in ("length", "echo", "stated"):
             continue
         mean: dict[str, list] = {}
         for x in margins:
@@ -118,6 +136,27 @@ def test_read_on_the_tiny_model(tmp_path, tiny_llama_dir):
                     wins += 1.0 if a > b + 1e-12 else 0.5 if abs(a - b) <= 1e-12 else 0.0
                     pairs += 1
         assert float(t["auroc"]) == pytest.approx(wins / pairs, abs=1e-6), t
+    # the stated cell (saying No = suspicious) and the answer-controlled cell recount from the two files
+    [st] = [t for t in table if t["readout"] == "stated"]
+    ex = list(answers.values())
+    by_hand = paired_auroc([-float(e["stated"]) for e in ex], [e["label"] == "fabricated" for e in ex],
+                           [e["fact"] for e in ex], n_boot=0)
+    assert st["position"] == "elicit" and float(st["auroc"]) == pytest.approx(by_hand.auroc, abs=1e-9)
+    yes = {e["id"] for e in ex if float(e["stated"]) > 0}
+    band_m = {}
+    for x in margins:
+        if (x["readout"], x["position"]) == ("jacobian", "elicit") and x["id"] in yes:
+            band_m.setdefault(x["id"], []).append(float(x["m_E"]))
+    kept = [e for e in ex if e["id"] in band_m]
+    ac = summary["answer_controlled"]
+    assert ac["n_stated_yes"] == {lab: sum(e["id"] in yes and e["label"] == lab for e in ex)
+                                  for lab in ("fabricated", "supported")}
+    assert ac["n_pairs"] == paired_auroc([0.0] * len(kept), [e["label"] == "fabricated" for e in kept],
+                                         [e["fact"] for e in kept], n_boot=0).n_pairs
+    if ac["n_pairs"]:
+        assert ac["auroc"] == pytest.approx(paired_auroc(
+            [-float(np.mean(band_m[e["id"]])) for e in kept], [e["label"] == "fabricated" for e in kept],
+            [e["fact"] for e in kept], n_boot=0).auroc, abs=1e-9)
     plan = json.loads((out / "plan.json").read_text())
     assert plan["primary"] == {"readout": "jacobian", "position": "claim", "layers": "band mean"}
     with pytest.raises(LensError, match="another plan"):
