@@ -85,6 +85,10 @@ def test_read_on_the_tiny_model(tmp_path, tiny_llama_dir):
         conv = [*r["messages"], {"role": "assistant", "content": r["answer"]},
                 {"role": "user", "content": elicitation()}]
         assert t.ids == tok.apply_chat_template(conv, add_generation_prompt=True, tokenize=True, return_dict=False)
+        # an answer that kept its end-of-sequence token reads the same context (the template closes the turn)
+        assert tok.eos_token_id in tok.all_special_ids
+        kept_eos = answer_tokens(tok, {**r, "answer_token_ids": r["answer_token_ids"] + [tok.eos_token_id]})
+        assert kept_eos.ids == t.ids and kept_eos.positions == t.positions
     lens = Lens({0: torch.randn(m.d_model, m.d_model) / m.d_model ** 0.5}, {"target_layer": m.n_layers - 1})
     sets = resolve_token_sets(tok, fallback="first-token")
     out = tmp_path / "read"
