@@ -171,7 +171,7 @@ def _val_kl(model: LensModel, lens: TunedLens, H: dict[int, torch.Tensor], last:
         for a in range(0, len(last), chunk):
             logp = _log_probs(model, last[a:a + chunk])
             for layer in lens.layers:
-                logq = _log_probs(model, lens.translate(layer, H[layer][a:a + chunk]))
+                logq = _log_probs(model, lens.translate(layer, H[layer][a:a + chunk].to(model.device)))
                 total[layer] += float(_kl(logp, logq)) * len(logp)
     return {str(layer): total[layer] / len(last) for layer in lens.layers}
 
@@ -210,9 +210,9 @@ def fit_tuned_lens(model: LensModel, tokenizer: Any, prompts: Sequence[str], set
         ckpt is not None and o.resume and ckpt.exists()) else None
     H, H_last = _states(model, tokenizer, train, layers, s)
     H_val, last_val = _states(model, tokenizer, val, layers, s) if val else ({}, torch.empty(0))
-    d = model.d_model
-    A = {layer: torch.zeros(d, d, requires_grad=True) for layer in layers}
-    b = {layer: torch.zeros(d, requires_grad=True) for layer in layers}
+    d, dev = model.d_model, model.device  # the translators train where the model is; the states wait on the host
+    A = {layer: torch.zeros(d, d, device=dev, requires_grad=True) for layer in layers}
+    b = {layer: torch.zeros(d, device=dev, requires_grad=True) for layer in layers}
     lens = TunedLens(A, b)
     before = _val_kl(model, lens, H_val, last_val) if val else {}
     params = [*A.values(), *b.values()]
@@ -240,8 +240,8 @@ def fit_tuned_lens(model: LensModel, tokenizer: Any, prompts: Sequence[str], set
     def checkpoint(next_step: int) -> None:
         save_checkpoint(ckpt, {  # type: ignore[arg-type]
             "step": next_step, "seconds": seconds_before + time.perf_counter() - started,
-            "A": {str(k): v.detach().clone() for k, v in A.items()},
-            "b": {str(k): v.detach().clone() for k, v in b.items()},
+            "A": {str(k): v.detach().to("cpu", copy=True) for k, v in A.items()},
+            "b": {str(k): v.detach().to("cpu", copy=True) for k, v in b.items()},
             "optimizer": opt.state_dict(), "schedule": sched.state_dict(), "generator": gen.get_state(),
             "history": json.dumps(history)}, compared)
 
@@ -255,7 +255,8 @@ def fit_tuned_lens(model: LensModel, tokenizer: Any, prompts: Sequence[str], set
             idx = torch.randint(len(H_last), (min(s.batch_tokens, len(H_last)),), generator=gen)
             with torch.no_grad():
                 logp = _log_probs(model, H_last[idx])
-            losses = {layer: _kl(logp, _log_probs(model, lens.translate(layer, H[layer][idx]))) for layer in layers}
+            losses = {layer: _kl(logp, _log_probs(model, lens.translate(layer, H[layer][idx].to(dev))))
+                      for layer in layers}
             loss = torch.stack(list(losses.values())).sum()
             grads = torch.autograd.grad(loss, params)  # the model's own weights get no gradient
             for p, g in zip(params, grads, strict=True):
@@ -281,6 +282,7 @@ def fit_tuned_lens(model: LensModel, tokenizer: Any, prompts: Sequence[str], set
         p.requires_grad_(False)
         p.grad = None
     after = _val_kl(model, lens, H_val, last_val) if val else {}
+    lens = TunedLens({k: v.detach().cpu() for k, v in A.items()}, {k: v.detach().cpu() for k, v in b.items()})
     lens.meta = TunedMeta.model_validate({
         **meta,
         "model_id": meta.get("model_id", getattr(model, "name", None)),
