@@ -18,7 +18,6 @@ from it and ends with the same translators as a run that was never stopped.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -36,7 +35,7 @@ from lens.corpus import encode_prompt
 from lens.errors import LensError
 from lens.model import LensModel, block_outputs, normalise_layer
 from lhd_train.errors import data_file_error
-from lhd_train.io.files import atomic_write, atomic_write_text, sha256_file
+from lhd_train.io.files import atomic_write, atomic_write_text, sha256_file, sha256_text
 from lhd_train.io.provenance import utc_now
 
 log = logging.getLogger(__name__)
@@ -184,7 +183,7 @@ def _resume_settings(model: LensModel, prompts: Sequence[str], layers: list[int]
         "layers": layers, "max_length": s.max_length, "skip_first": s.skip_first, "chat": s.chat,
         "force_bos": s.force_bos, "steps": s.steps, "batch_tokens": s.batch_tokens, "lr": s.lr,
         "val_prompts": s.val_prompts, "seed": s.seed, "n_prompts": len(prompts),
-        "prompts_sha256": hashlib.sha256("".join(f"{p}\0" for p in prompts).encode()).hexdigest()}
+        "prompts_sha256": sha256_text("".join(f"{p}\0" for p in prompts))}
 
 
 def fit_tuned_lens(model: LensModel, tokenizer: Any, prompts: Sequence[str], settings: TuneSettings | None = None,
