@@ -76,11 +76,11 @@ def elicit_suffix(tokenizer: Any, messages: list[dict[str, str]], answer: str, q
     conv = [*messages, {"role": "assistant", "content": answer}, {"role": "user", "content": question}]
     text = tokenizer.apply_chat_template(conv, add_generation_prompt=True, tokenize=False)
     q_at = text.rfind(question)
-    shown = answer.strip()
-    a_at = text.rfind(shown, 0, q_at) if q_at >= 0 and shown else -1
-    if a_at < 0:
-        return None
-    return [int(i) for i in tokenizer(text[a_at + len(shown):], add_special_tokens=False)["input_ids"]]
+    for shown in dict.fromkeys((answer, answer.strip())):  # as written; else as a template that trims shows it
+        a_at = text.rfind(shown, 0, q_at) if q_at >= 0 and shown else -1
+        if a_at >= 0:
+            return [int(i) for i in tokenizer(text[a_at + len(shown):], add_special_tokens=False)["input_ids"]]
+    return None
 
 
 def answer_tokens(tokenizer: Any, ans: dict[str, Any]) -> AnswerTokens:

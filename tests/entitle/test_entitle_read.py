@@ -89,6 +89,13 @@ def test_read_on_the_tiny_model(tmp_path, tiny_llama_dir):
         assert tok.eos_token_id in tok.all_special_ids
         kept_eos = answer_tokens(tok, {**r, "answer_token_ids": r["answer_token_ids"] + [tok.eos_token_id]})
         assert kept_eos.ids == t.ids and kept_eos.positions == t.positions
+        # an answer ending in a newline keeps it once: the turn's tokens start after the answer as written
+        nl = {**r, "answer": r["answer"] + "\n", "answer_token_ids": tok(r["answer"] + "\n",
+                                                                       add_special_tokens=False)["input_ids"]}
+        conv[-2] = {"role": "assistant", "content": nl["answer"]}
+        rendered = tok.apply_chat_template(conv, add_generation_prompt=True, tokenize=False)
+        whole = tok(rendered, add_special_tokens=False)["input_ids"]
+        assert tok.decode(answer_tokens(tok, nl).ids) == tok.decode(whole)
     lens = Lens({0: torch.randn(m.d_model, m.d_model) / m.d_model ** 0.5}, {"target_layer": m.n_layers - 1})
     sets = resolve_token_sets(tok, fallback="first-token")
     out = tmp_path / "read"
