@@ -49,6 +49,17 @@ def load_checkpoint(path: Path, settings: dict[str, Any], *, job: str) -> dict[s
     return obj
 
 
+def checkpoint_due(every: int, minutes: float, done_since: int, seconds_since: float) -> bool:
+    """Every `every` units of work (prompts, steps) if set, and whenever `minutes` of wall time have passed.
+
+    Time is the default cadence: a fit's checkpoint holds both fp32 sums, `2·n_src·d²·4` bytes (4.2 GB
+    for an 8B model), and a tuned lens's its translators with Adam's two moments (6.2 GB), so a write
+    every few units would be hundreds of GB per run."""
+    if every > 0 and done_since >= every:
+        return True
+    return minutes > 0 and seconds_since >= 60 * minutes
+
+
 def incomplete(path: Path, exc: BaseException, *, job: str) -> LensError:
     """The error for a checkpoint that loads but lacks a field its job needs."""
     return LensError(f"{path}: not a complete {job} checkpoint (field {exc}); delete it to start the {job} again, "

@@ -31,7 +31,7 @@ import torch
 from tqdm.auto import tqdm
 
 from lens.accumulate import SUMS_DEVICE, Accumulator, _identity_distance, _State  # noqa: F401 (SUMS_DEVICE: re-exported)
-from lens.checkpoint import incomplete, load_checkpoint, save_checkpoint
+from lens.checkpoint import checkpoint_due, incomplete, load_checkpoint, save_checkpoint
 from lens.corpus import encode_prompt
 from lens.errors import LensError
 from lens.jacobian import ESTIMATORS, prompt_jacobian, random_signs
@@ -203,7 +203,8 @@ def fit_lens(
             bar.update(1)
             if state.history:
                 bar.set_postfix(delta=f"{state.history[-1]['delta_mean']:.2e}")
-            if ckpt is not None and _checkpoint_due(options, since_ckpt, _now() - last_ckpt):
+            if ckpt is not None and checkpoint_due(options.checkpoint_every, options.checkpoint_minutes, since_ckpt,
+                                                   _now() - last_ckpt):
                 acc.wait()
                 _save_checkpoint(ckpt, state, compared)
                 last_ckpt, since_ckpt = _now(), 0
@@ -237,16 +238,6 @@ def fit_lens(
         "directions": None if directions is None else meta.get("directions", "custom"),
     }
     return FitResult(lens=Lens(J=J, meta=LensMeta.model_validate(lens_meta)), report=report, history=state.history)
-
-
-def _checkpoint_due(options: FitOptions, prompts_since: int, seconds_since: float) -> bool:
-    """Every `checkpoint_every` prompts if set, and whenever `checkpoint_minutes` have passed.
-
-    A checkpoint holds both fp32 sums, `2·n_src·d²·4` bytes (4.2 GB for an 8B model): written
-    every 10 prompts that is about 400 GB per 1000 prompts, so the default is by time."""
-    if options.checkpoint_every > 0 and prompts_since >= options.checkpoint_every:
-        return True
-    return options.checkpoint_minutes > 0 and seconds_since >= 60 * options.checkpoint_minutes
 
 
 def _report(state: _State, sources: list[int], elapsed: float, new_done: int) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -61,6 +61,12 @@ class Readout(ABC):
 
     def __init__(self, model: LensModel):
         self.model = model
+
+    @property
+    def fitted(self) -> Any:
+        """The fitted lens this readout applies (a J-lens or a tuned lens, whose checksum names the read);
+        None when it reads the model alone."""
+        return None
 
     @classmethod
     @abstractmethod
@@ -112,6 +118,10 @@ class JacobianLens(Readout):
         self.target = model.n_layers - 1 if target is None else target
         self.lens = lens
         self._J: dict[int, torch.Tensor] = {}  # fp32 on the model's device, moved there on first use
+
+    @property
+    def fitted(self) -> Lens:
+        return self.lens
 
     @classmethod
     def source(cls, lenses: Lenses) -> Lens | None:
@@ -192,6 +202,10 @@ class TunedLensReadout(Readout):
         if tuned.d_model != model.d_model:
             raise LensError(f"tuned lens d_model {tuned.d_model} != model d_model {model.d_model}")
         self.tuned = tuned
+
+    @property
+    def fitted(self) -> TunedLens:
+        return self.tuned
 
     @classmethod
     def build(cls, model: LensModel, lenses: Lenses) -> Readout | None:

@@ -30,7 +30,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tqdm.auto import tqdm
 
-from lens.checkpoint import incomplete, load_checkpoint, save_checkpoint
+from lens.checkpoint import checkpoint_due, incomplete, load_checkpoint, save_checkpoint
 from lens.corpus import encode_prompt
 from lens.errors import LensError
 from lens.model import LensModel, block_outputs, normalise_layer
@@ -267,8 +267,7 @@ def fit_tuned_lens(model: LensModel, tokenizer: Any, prompts: Sequence[str], set
                 bar.set_postfix(kl=f"{float(loss.detach()) / len(layers):.3f}")
             step, since_ckpt = step + 1, since_ckpt + 1
             bar.update(1)
-            due = (o.checkpoint_every > 0 and since_ckpt >= o.checkpoint_every) or (
-                o.checkpoint_minutes > 0 and time.monotonic() - last_ckpt >= 60 * o.checkpoint_minutes)
+            due = checkpoint_due(o.checkpoint_every, o.checkpoint_minutes, since_ckpt, time.monotonic() - last_ckpt)
             if ckpt is not None and due and step < s.steps:
                 checkpoint(step)
                 last_ckpt, since_ckpt = time.monotonic(), 0

@@ -180,8 +180,7 @@ def read_cmd(
                        control_seed=seed)
         readouts = build_readouts(m, given)
         lenses = {name: lz.meta.sha256 for name, ro in readouts.items()
-                  if (lz := getattr(ro, "lens", None) or getattr(ro, "tuned", None)) is not None
-                  and lz.meta.sha256 is not None}
+                  if (lz := ro.fitted) is not None and lz.meta.sha256 is not None}
         sets = resolve_token_sets(tok, model_type=getattr(m, "model_type", None))
         cfg = EntitleReadConfig(band=_band(band), primary_readout=ro_name, primary_position=pos or "claim",
                                 n_boot=bootstrap, seed=seed, probe=probe,

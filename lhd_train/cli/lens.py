@@ -241,7 +241,7 @@ def _eval_prompt_sets(args: EvalCommand, m, tok, lz, readouts, sets) -> None:
 def _read_beside(readouts: dict, lens: Any) -> dict[str, Any]:
     """Each lens a readout applies besides the main one (self-only, future-only, tuned), by readout name."""
     return {name: other for name, ro in readouts.items()
-            if (other := getattr(ro, "lens", None) or getattr(ro, "tuned", None)) is not None and other is not lens}
+            if (other := ro.fitted) is not None and other is not lens}
 
 
 def _other_lenses(readouts: dict, lens: Any) -> dict[str, Any]:
