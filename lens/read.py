@@ -336,7 +336,8 @@ def read_probe_set(model: LensModel, tokenizer: Any, lens: Any, probes: Sequence
     head.update(labels=edf["label"].value_counts().to_dict(),
                 claim_kinds=edf["claim_kind"].value_counts().to_dict(), checks=checks)
     notes = [f"model {head['model']}, {model.n_layers} blocks; lens: "
-             f"{'none (logit lens only)' if lens is None else (lens.meta.format, lens.meta.n_prompts)}",
+             f"{'none' if lens is None else (lens.meta.format, lens.meta.n_prompts)}; readouts: "
+             f"{', '.join(ro.name for ro in readouts)}",
              f"{len(edf)} examples, claim kinds {head['claim_kinds']}; clusters = strata = records (task files)",
              "layout: claim, then files, then question; each claim kind is its own table (never pooled)",
              f"token sets: |S|={len(token_sets.S)} |N|={len(token_sets.N)} |R|={len(token_sets.R)} ({token_sets.mode})"]

@@ -128,6 +128,7 @@ def test_read_beside_a_tuned_lens(tiny_dirs, probe_file, tmp_path, llama):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["tuned_lens"]["sha256"] == json.loads((tmp_path / "T" / SIDECAR).read_text())["sha256"]
     assert summary["tuned_lens"]["layers"] == [0, 1]
+    assert "lens: none; readouts: logit, tuned" in (out / "auroc.md").read_text()
 
 
 # ---------------------------------------------------------------------------------------------
