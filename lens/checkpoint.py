@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from lens.errors import LensError
-from lhd_train.io.files import atomic_write
+from lens.files import atomic_write
 from rollouts.model_files import changed_parts
 
 

@@ -15,9 +15,8 @@ from typing import Any, Literal
 
 import torch
 
-from lens.errors import LensError
-from lhd_train.errors import DataFileError
-from lhd_train.io.files import read_jsonl_lines, sha256_file
+from lens.errors import LensError, LensFileError
+from lens.files import read_jsonl_rows, sha256_file
 
 
 @dataclass
@@ -65,13 +64,13 @@ def read_text_lines(path: Path, what: str) -> list[str]:
 
 
 def _read_jsonl(path: Path, field: str) -> list[str]:
-    """The text field of every line, read by lhd's one JSONL reader (`read_jsonl_lines`: a torn
-    final line is ignored, docs/formats.md). A line that is not a JSON object with that field is a
-    `DataFileError` naming the file, the line and the field."""
+    """The text field of every line, read by `read_jsonl_rows` (a torn final line is
+    ignored, docs/formats.md). A line that is not a JSON object with that field is a
+    `LensFileError` naming the file, the line and the field."""
     texts: list[str] = []
-    for lineno, row in read_jsonl_lines(path):
+    for lineno, row in read_jsonl_rows(path):
         if not isinstance(row.get(field), str):
-            raise DataFileError(path, f"missing or not a string (each line is a JSON object with a text field "
+            raise LensFileError(path, f"missing or not a string (each line is a JSON object with a text field "
                                 f"'{field}'; see --text-field)", line=lineno, field=field)
         texts.append(row[field])
     return texts
@@ -81,12 +80,12 @@ def _read_messages(path: Path, field: str) -> list[str]:
     """Each line's chat transcript as canonical JSON text (so the held-out bookkeeping works on strings)."""
     field = "messages" if field == "text" else field
     texts: list[str] = []
-    for lineno, row in read_jsonl_lines(path):
+    for lineno, row in read_jsonl_rows(path):
         msgs = row.get(field)
         if not isinstance(msgs, list) or not msgs or not all(
                 isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
                 for m in msgs):
-            raise DataFileError(path, "missing or not a non-empty list of {\"role\", \"content\"} messages "
+            raise LensFileError(path, "missing or not a non-empty list of {\"role\", \"content\"} messages "
                                 f"(each line is a JSON object with a field '{field}'; see --text-field)",
                                 line=lineno, field=field)
         texts.append(json.dumps([{"role": m["role"], "content": m["content"]} for m in msgs], ensure_ascii=False))

@@ -37,12 +37,12 @@ from tqdm.auto import tqdm
 from lens.elicit import AnswerSets, elicitation, resolve_answer_sets
 from lens.entitle_positions import POSITIONS, answer_tokens
 from lens.errors import LensError
+from lens.files import write_json
 from lens.margins import MARGIN_NAMES, TokenSets, margins
 from lens.model import LensModel, block_outputs
 from lens.paired_auroc import paired_auroc
 from lens.readout import PRIMARY, Readout
 from lens.readout_probe import PROBE, out_of_fold_logits
-from lens.report import write_json
 from lens.stats import band_layers
 from lhd_train.io.csv_cells import write_csv
 from lhd_train.io.files import atomic_write_text, read_json_mapping

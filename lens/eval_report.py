@@ -9,10 +9,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from lens.files import atomic_write, atomic_write_text, write_json
 from lens.passk import KS
 from lens.readout import BASELINE, PRIMARY, READOUTS
-from lens.report import write_json
-from lhd_train.io.files import atomic_write, atomic_write_text
 
 
 def _f(x: Any, spec: str = ".3f") -> str:

@@ -44,7 +44,7 @@ from lens.stats import band_layers, percentile_ci, ratio_of_sums
 from lens.store import Lens
 from lens.tuned import TunedLens
 
-BAND = (0.35, 0.85)  # middle layers, as a fraction of depth (the workspace band of lens.read)
+BAND = (0.35, 0.85)  # middle layers, as a fraction of depth (the workspace band of the run reader)
 
 
 @dataclass

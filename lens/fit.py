@@ -34,12 +34,11 @@ from lens.accumulate import SUMS_DEVICE, Accumulator, _identity_distance, _State
 from lens.checkpoint import checkpoint_due, incomplete, load_checkpoint, save_checkpoint
 from lens.corpus import encode_prompt
 from lens.errors import LensError
+from lens.files import atomic_write_text, sha256_text, write_csv
 from lens.jacobian import ESTIMATORS, prompt_jacobian, random_signs
 from lens.model import LensModel, normalise_layer
 from lens.record import LensMeta
 from lens.store import Lens
-from lhd_train.io.csv_cells import write_csv
-from lhd_train.io.files import atomic_write_text, sha256_text
 
 log = logging.getLogger(__name__)
 

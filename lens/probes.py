@@ -44,7 +44,7 @@ from typing import Any
 
 from lens.errors import LensError
 from lens.positions import QUESTION, RECORD, Span
-from lhd_train.api import TaskPack, load_pack
+from lhd_train.bench.taskpack import TaskPack, load_pack
 from lhd_train.errors import DataFileError
 from lhd_train.io.files import atomic_write_text, read_jsonl_lines
 

@@ -8,7 +8,7 @@ transform's adjoint: the residual direction whose dot product with `h` the reado
 `u · transform(h)` (the causal check and steering project along it).
 
 `READOUTS` maps each name to its class, in report order; `build_readouts` makes every readout the
-given lenses allow. Evaluation (`lens.fidelity`, `lens.passk`, `lens.causal`), reading (`lens.read`,
+given lenses allow. Evaluation (`lens.fidelity`, `lens.passk`, `lens.causal`), reading (`lhd_train.reading`,
 `lens.entitle_read`), tables and plots iterate what it returns and never spell a readout's name
 (`tests/test_layout.py`), so a new readout is one class here and one entry:
 

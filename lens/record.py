@@ -2,8 +2,8 @@
 
 `LensMeta` is what a lens in memory knows about itself (the fit's settings, the corpus recipe, a
 merge's or a control's provenance); `LensRecord` is the file: the same plus the fields `save_lens`
-has always written, which are required. The conventions are those of `lhd_train.rundir.rows.Record`
-(which `lens/` may not import): strict types, unknown fields kept, collections default to empty, and
+has always written, which are required. The conventions are those of lhd's run records (which the library
+does not import): strict types, unknown fields kept, collections default to empty, and
 `to_json` writes only the fields that were set, so a file reads and writes back as it was.
 tests/data/records/lens-*.json keep files written before this record."""
 from __future__ import annotations
@@ -14,8 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from lens.errors import LensError
-from lhd_train.errors import data_file_error
+from lens.errors import LensError, record_error
 
 FORMAT = "lhd.jlens/1"
 
@@ -80,4 +79,4 @@ def read_lens_record(path: Path) -> LensRecord:
     try:
         return LensRecord.model_validate(data)
     except ValidationError as exc:
-        raise LensError(str(data_file_error(exc, path, root=LensRecord))) from None
+        raise record_error(exc, path, LensRecord) from None

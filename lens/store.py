@@ -20,9 +20,8 @@ from typing import Any
 import torch
 
 from lens.errors import LensError
+from lens.files import atomic_write, atomic_write_text, sha256_file, utc_now
 from lens.record import FORMAT, LensMeta, LensRecord, read_lens_record
-from lhd_train.io.files import atomic_write, atomic_write_text, sha256_file
-from lhd_train.io.provenance import utc_now
 
 WEIGHTS = "lens.safetensors"
 SIDECAR = "lens.json"

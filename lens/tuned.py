@@ -32,11 +32,9 @@ from tqdm.auto import tqdm
 
 from lens.checkpoint import checkpoint_due, incomplete, load_checkpoint, save_checkpoint
 from lens.corpus import encode_prompt
-from lens.errors import LensError
+from lens.errors import LensError, record_error
+from lens.files import atomic_write, atomic_write_text, sha256_file, sha256_text, utc_now
 from lens.model import LensModel, block_outputs, normalise_layer
-from lhd_train.errors import data_file_error
-from lhd_train.io.files import atomic_write, atomic_write_text, sha256_file, sha256_text
-from lhd_train.io.provenance import utc_now
 
 log = logging.getLogger(__name__)
 
@@ -336,7 +334,7 @@ def load_tuned_lens(path: str | Path, *, model: LensModel | None = None) -> Tune
     try:
         meta = TunedRecord.model_validate(data)
     except ValidationError as exc:
-        raise LensError(str(data_file_error(exc, side, root=TunedRecord))) from None
+        raise record_error(exc, side, TunedRecord) from None
     digest = sha256_file(weights)
     if digest != meta.sha256:
         raise LensError(f"{weights}: sha256 {digest[:12]}… does not match the sidecar ({meta.sha256[:12]}…)")

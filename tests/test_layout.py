@@ -1,7 +1,8 @@
 """The layout rules, checked on the source: the import contracts of pyproject.toml's
-[tool.importlinter] (no import cycles, layers that import only downwards, lens through its API:
-issue 23), only the command layer prints, no module past ~500 lines without a stated reason, each
-run-directory file name spelled in one module only (issue 13), and no raw row-key lookups.
+[tool.importlinter] (no import cycles, layers that import only downwards, a lens library that
+imports nothing of lhd_train: issues 23, 37), only the command layer prints, no module past ~500
+lines without a stated reason, each run-directory file name spelled in one module only (issue 13),
+and no raw row-key lookups.
 
 The import graph is grimp's (import-linter's; nothing is imported), counting imports inside
 functions too: a cycle hidden in a function is still two modules that cannot be understood one at
@@ -40,7 +41,7 @@ RUN_DIR_NAMES = {
 # (`logging.getLogger(__name__)`); the command decides what the user sees.
 COMMAND_LAYER = {
     "lhd_train/cli/": "the `lhd` command line",
-    "lhd_train/boundary.py": "the one error boundary (`report_error` prints the one `error:` line)",
+    "lhd_train/cli/boundary.py": "the one error boundary (`report_error` prints the one `error:` line)",
     "rollouts/vllm/probe.py": "a script run by vLLM's own python; its stdout line is its answer",
 }
 # Library modules that still print, each with what should replace it. Remove an entry when its
@@ -139,20 +140,21 @@ def test_the_import_contracts_hold():
 
 
 LAYERS, ROLLOUTS, BASE_NO_LENS, BASE_NO_BACKEND = "layers", "rollouts-alone", "base-no-lens", "base-no-backend"
-LENS_API, API_NO_LENS, CYCLES = "lens-api", "api-no-lens", "no-cycles"
+LENS_ALONE, CYCLES = "lens-alone", "no-cycles"
 
 
 @pytest.mark.parametrize(("importer", "imported", "broken"), [
     ("lhd_train.rundir.store", "lhd_train.config.run", [LAYERS, CYCLES]),  # upwards, and config imports rundir
     ("lhd_train.bench.engine", "lhd_train.cli.run", [LAYERS, CYCLES]),  # only the command line imports it
     ("lhd_train.errors", "lhd_train.io.files", [LAYERS, CYCLES]),  # io imports errors
-    ("rollouts.spec", "lhd_train.errors", [ROLLOUTS]),
-    ("lhd_train.config.run", "lens.fit", [BASE_NO_LENS, API_NO_LENS]),  # lhd_train.api reaches config.run
+    ("lhd_train.metrics.core", "lhd_train.ops.status", [LAYERS, CYCLES]),  # passed the layers before (a bag)
+    ("lhd_train.bench.engine", "lhd_train.metrics.core", [LAYERS]),  # siblings on one floor stay apart
+    ("rollouts.spec", "lhd_train.errors", [ROLLOUTS, LENS_ALONE]),  # lens imports rollouts: it would load lhd_train
+    ("lhd_train.config.run", "lens.fit", [BASE_NO_LENS]),
     ("lhd_train.io.files", "rollouts.spec", [BASE_NO_BACKEND]),
-    ("lens.fit", "lhd_train.metrics.load", [LENS_API]),
-    ("lhd_train.metrics.labels", "lens.fit", [API_NO_LENS]),  # lhd_train.api imports metrics.labels
-    ("lhd_train.metrics.labels", "lens.runs", [API_NO_LENS]),  # a cycle through both: lens.runs imports the API
-    ("lhd_train.metrics.core", "lhd_train.report.tables", [CYCLES]),  # report imports metrics
+    ("lens.fit", "lhd_train.io.files", [LENS_ALONE]),
+    ("lens.readout", "lhd_train.reading.runs", [LENS_ALONE, LAYERS]),  # and entitle would reach reading
+    ("lhd_train.metrics.core", "lhd_train.report.tables", [LAYERS, CYCLES]),  # report imports metrics
     ("rollouts.spec", "rollouts.backends", [CYCLES]),  # the registry imports spec
 ])
 def test_each_import_contract_can_fail(importer, imported, broken):
@@ -163,15 +165,57 @@ def test_each_import_contract_can_fail(importer, imported, broken):
     assert sorted(broken_contracts(add=((importer, imported),))) == sorted(broken)
 
 
-def test_a_stale_lens_api_entry_is_refused():
-    """An entry of the lens API that lens no longer imports fails the check (shrink the list)."""
+def layer_groups() -> list[list[str]]:
+    """The floors of the `layers` contract, top first, each a list of sibling packages."""
+    layers = next(o for o in __import__("tomllib").loads((ROOT / "pyproject.toml").read_text())["tool"]
+                  ["importlinter"]["contracts"] if o["id"] == LAYERS)["layers"]
+    return [[s.strip() for s in re.split(r"[|:]", floor)] for floor in layers]
+
+
+def test_the_layers_are_spelled_out():
+    """No floor holds more than 4 siblings, and siblings on a floor are independent (`|`, not `:`)."""
+    raw = next(o for o in __import__("tomllib").loads((ROOT / "pyproject.toml").read_text())["tool"]
+               ["importlinter"]["contracts"] if o["id"] == LAYERS)["layers"]
+    assert all(":" not in floor for floor in raw), raw
+    assert max(len(g) for g in layer_groups()) <= 4, layer_groups()
+
+
+@pytest.mark.parametrize("floor", range(1, 13))
+def test_each_floor_may_not_import_the_one_above(floor):
+    """A package importing any package of the floor just above it breaks the `layers` contract: the
+    stages are ordered, not a bag of siblings (aesthetics-5 §2.3: `metrics -> ops` passed before)."""
+    groups = layer_groups()
+    assert len(groups) == 13
+    lower, upper = groups[floor][-1], groups[floor - 1][0]
+    assert LAYERS in broken_contracts(add=((f"lhd_train.{lower}", f"lhd_train.{upper}"),))
+
+
+def test_importing_lens_loads_nothing_of_lhd_train():
+    """`import lens` and every module of the library (but the two listed in the `lens-alone` contract
+    until they move) load no module of lhd_train, whatever the import graph says."""
+    import subprocess
+    import sys
+
+    code = ("import pkgutil, importlib, sys, lens\n"
+            "skip = {'lens.entitle_read', 'lens.probes'}\n"
+            "for m in pkgutil.iter_modules(lens.__path__, 'lens.'):\n"
+            "    if m.name not in skip: importlib.import_module(m.name)\n"
+            "print(len([m for m in sys.modules if m.startswith('lens.')]),"
+            " sorted(m for m in sys.modules if m.split('.')[0] == 'lhd_train'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    n, loaded = out.split(" ", 1)
+    assert int(n) >= 25 and loaded.strip() == "[]", out
+
+
+def test_a_stale_lens_alone_exception_is_refused():
+    """An exception of the `lens-alone` contract that lens no longer needs fails the check (shrink the list)."""
     graph = project_graph()
-    users = [(m, "lhd_train.api") for m in graph.find_modules_that_directly_import("lhd_train.api")
-             if m.startswith("lens")]
+    users = [("lens.probes", m) for m in graph.find_modules_directly_imported_by("lens.probes")
+             if m.startswith("lhd_train")]
     assert users
     from importlinter.domain.helpers import MissingImport
 
-    with pytest.raises(MissingImport, match="No matches for ignored import lens.\\*\\* -> lhd_train.api"):
+    with pytest.raises(MissingImport, match="No matches for ignored import lens.probes -> lhd_train"):
         broken_contracts(remove=tuple(users))
 
 
@@ -334,7 +378,7 @@ def test_the_command_line_offers_the_registered_readouts():
 
 def test_only_the_command_layer_prints():
     """Library code logs; `lhd_train/cli/` (and COMMAND_LAYER) decides what the user sees. The
-    console of `lhd_train/console.py` is the command layer's: a library module may not import it."""
+    console of `lhd_train/cli/console.py` is the command layer's: a library module may not import it."""
     printing, console_users = {}, []
     graph = project_graph()
     for module, path in module_files().items():
@@ -343,14 +387,14 @@ def test_only_the_command_layer_prints():
             continue
         if calls := print_calls(path.read_text(encoding="utf-8")):
             printing[rel] = calls
-        if "lhd_train.console" in graph.find_modules_directly_imported_by(module):
+        if "lhd_train.cli.console" in graph.find_modules_directly_imported_by(module):
             console_users.append(rel)
     unknown = {rel: calls for rel, calls in printing.items() if rel not in KNOWN_PRINTS}
     assert not unknown, f"library modules that print (log instead, and print in lhd_train/cli): {unknown}"
     stale = sorted(set(KNOWN_PRINTS) - set(printing))
     assert not stale, f"KNOWN_PRINTS lists modules that no longer print (drop the entries): {stale}"
     assert set(console_users) <= set(KNOWN_PRINTS), \
-        f"library modules importing lhd_train.console: {sorted(set(console_users) - set(KNOWN_PRINTS))}"
+        f"library modules importing lhd_train.cli.console: {sorted(set(console_users) - set(KNOWN_PRINTS))}"
 
 
 # ------------------------------------------------------------------ raw row-key lookups

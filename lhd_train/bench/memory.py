@@ -10,7 +10,7 @@ from lhd_train.rundir.rows import SummaryRecord
 
 
 def file_block(name: str, content: str) -> list[str]:
-    """One shared file as the performer and the supervisor see it; `lens/runs.py` finds its end marker."""
+    """One shared file as the performer and the supervisor see it; `lhd_train/reading/runs.py` finds its end marker."""
     return [f"--- file: {name} ---", content.rstrip("\n"), f"--- end of {name} ---"]
 
 

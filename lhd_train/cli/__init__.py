@@ -3,13 +3,13 @@
 
 `main()` runs the app inside the one error boundary of every entry point (`lhd`, `python -m
 lhd_train.cli`, also under `accelerate launch`):
-`lhd_train.boundary.guarded`, re-exported here. Bad input, a model that cannot load, a refused
+`lhd_train.cli.boundary.guarded`, re-exported here. Bad input, a model that cannot load, a refused
 write and a failing chat template end as one `error:` line and exit status 2, never a traceback."""
 from __future__ import annotations
 
 import sys
 
-from lhd_train.boundary import guarded
+from lhd_train.cli.boundary import guarded
 
 __all__ = ["guarded", "main"]
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from lhd_train.cli.console import console, shown_markup, table_console
+from lhd_train.cli.options import settings_command
 from lhd_train.config.auditor import AuditCommand
-from lhd_train.console import console, shown_markup, table_console
-from lhd_train.options import settings_command
 from lhd_train.rundir.run import Run
 
 app = typer.Typer()

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import typer
 
+from lhd_train.cli.console import console
+from lhd_train.cli.options import settings_command
 from lhd_train.config.auditor import AuditEvalCommand
 from lhd_train.config.vocab import TYPES
-from lhd_train.console import console
 from lhd_train.errors import InputError
-from lhd_train.options import settings_command
 
 app = typer.Typer()
 TYPE_HELP = f"deception type to plant (repeatable; default: {', '.join(TYPES)})"

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import typer
 
+from lhd_train.cli.console import console
+from lhd_train.cli.options import settings_command
 from lhd_train.config.data import BuildSettings
-from lhd_train.console import console
-from lhd_train.options import settings_command
 
 #: options of `lhd data bon|dpo` that prompt-only GRPO data does not use (nothing is sampled or graded)
 GRPO_UNUSED = ("n", "min_margin", "on_task_min", "concurrency", "overrides", "auditor_config")

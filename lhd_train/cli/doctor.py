@@ -34,10 +34,10 @@ def doctor_cmd(
 
 
 def print_rows(rows: list[tuple[str, str, str]]) -> None:
-    """The checks as a table on stdout (full width in logs and pipes, see lhd_train.console)."""
+    """The checks as a table on stdout (full width in logs and pipes, see lhd_train.cli.console)."""
     from rich.table import Table
 
-    from lhd_train.console import table_console
+    from lhd_train.cli.console import table_console
     from lhd_train.ops.doctor_checks import FAIL, OK, WARN
 
     table = Table(title="lhd doctor")

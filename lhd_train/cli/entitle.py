@@ -9,10 +9,10 @@ from pathlib import Path
 
 import typer
 
-from lhd_train.console import console
+from lhd_train.cli.console import console
+from lhd_train.cli.options import settings_command
 from lhd_train.entitle.settings import EntitleRunCommand
 from lhd_train.errors import InputError
-from lhd_train.options import settings_command
 
 app = typer.Typer(help="On-policy evidence-ablation experiment: fabrication and capitulation labelled by code.",
                   no_args_is_help=True)

@@ -3,7 +3,7 @@ as `lhd lens`).
 
 Each command's options are one settings model of `lhd_train.config.lens` (`settings_command` makes
 the flags), filled into the library's own dataclasses by field name; the group runs every command
-inside lhd's one error boundary (`lhd_train.boundary`), also when invoked on its own."""
+inside lhd's one error boundary (`lhd_train.cli.boundary`), also when invoked on its own."""
 from __future__ import annotations
 
 import json
@@ -15,7 +15,8 @@ from typing import Any
 import typer
 
 from lens.errors import LensError
-from lhd_train.boundary import GuardedGroup
+from lhd_train.cli.boundary import GuardedGroup
+from lhd_train.cli.options import settings_command
 from lhd_train.config.lens import (
     EvalCommand,
     FitCommand,
@@ -25,7 +26,6 @@ from lhd_train.config.lens import (
     TuneCommand,
     parse_layers,
 )
-from lhd_train.options import settings_command
 from lhd_train.rundir.lock import run_dir_lock
 from lhd_train.rundir.outputs import check_out_dir
 
@@ -293,7 +293,12 @@ def corpus_(
     run: Path | None = typer.Option(None, help="Benchmark run dir (with --source run)."),
 ) -> None:
     """Write a corpus file that needs no download: general prose, or a run's chat transcripts."""
-    from lens.general_corpus import python_docs_texts, run_transcripts, write_messages_jsonl, write_texts_jsonl
+    from lhd_train.reading.general_corpus import (
+        python_docs_texts,
+        run_transcripts,
+        write_messages_jsonl,
+        write_texts_jsonl,
+    )
 
     if out.is_dir():
         raise LensError(f"{out} is a folder; the corpus is one JSONL file")
@@ -359,9 +364,9 @@ def read(args: ReadCommand) -> None:
     from lens.margins import load_token_sets_file, resolve_token_sets
     from lens.model import load_hf
     from lens.plan import resolve_attn
-    from lens.read import ReadConfig, read_probe_set, read_run
     from lens.store import load_lens
     from lens.tuned import load_tuned_lens
+    from lhd_train.reading.read import ReadConfig, read_probe_set, read_run
 
     out, model = args.out, args.model
     _check_out(out)

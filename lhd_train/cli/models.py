@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from lhd_train.console import console
+from lhd_train.cli.console import console
 
 app = typer.Typer()
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import typer
 
-from lhd_train.console import console
+from lhd_train.cli.console import console
 
 app = typer.Typer()
 HEADLINE_HELP = ("headline auditor id (default: the run config's auditor in full mode, else the first full-mode "

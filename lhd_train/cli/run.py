@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from lhd_train.console import console, shown_markup, table_console
+from lhd_train.cli.console import console, shown_markup, table_console
 
 app = typer.Typer()
 

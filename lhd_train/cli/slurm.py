@@ -79,10 +79,10 @@ def slurm_status_cmd(
 
 
 def print_status(st: RunStatus) -> None:
-    """`lhd slurm status`'s table (full width in logs and pipes, see lhd_train.console)."""
+    """`lhd slurm status`'s table (full width in logs and pipes, see lhd_train.cli.console)."""
     from rich.table import Table
 
-    from lhd_train.console import table_console
+    from lhd_train.cli.console import table_console
 
     colours = {"finished": "green", "running": "cyan", "pending": "yellow", "failed": "red", "incomplete": "magenta"}
     t = Table(title=f"{st.run_name}  ({st.run_dir})")

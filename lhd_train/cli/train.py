@@ -5,8 +5,8 @@ from pathlib import Path
 
 import typer
 
+from lhd_train.cli.console import console
 from lhd_train.config.algos import ALGOS
-from lhd_train.console import console
 
 app = typer.Typer()
 

@@ -117,7 +117,7 @@ class _AuditCommandBase(AuditOptions):
 
 class AuditCommand(_AuditCommandBase):
     """`lhd audit RUN [key=value ...]`: the audit options plus what one audit reads. The command
-    line (`lhd_train.options`) and the Slurm audit stage (`ops.slurm_vars.AuditVars`, which takes the
+    line (`lhd_train.cli.options`) and the Slurm audit stage (`ops.slurm_vars.AuditVars`, which takes the
     `AuditOptions` fields as its variables) share these declarations."""
 
     run: Path = Field(description="run directory (runs/<run>)", json_schema_extra={"argument": True})

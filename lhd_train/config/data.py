@@ -1,6 +1,6 @@
 """The options of `lhd data bon|dpo|grpo`, declared once: `DataOptions` (what a batch job may set
 too) and `BuildSettings` (those plus what one build reads and writes: the run, the output folder,
-the auditor config), which the command line validates (`lhd_train.options`); the Slurm data stage
+the auditor config), which the command line validates (`lhd_train.cli.options`); the Slurm data stage
 (`ops.slurm_vars.DataVars`) takes these fields as variables and renders them as the same flags
 (`config.flags.to_argv`), so a default or a bound is written here only."""
 from __future__ import annotations

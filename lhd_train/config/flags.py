@@ -1,6 +1,6 @@
 """A settings model's command-line form: which flag each field is, and the argv of a model's values.
 
-One model declares a command's options (type, default, bounds, help); `lhd_train.options`
+One model declares a command's options (type, default, bounds, help); `lhd_train.cli.options`
 turns it into typer options, and the Slurm planners render a job's command line with `to_argv`,
 so the flags a job runs with cannot drift from what the command accepts. Pure pydantic: no typer.
 

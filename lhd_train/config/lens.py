@@ -1,6 +1,6 @@
 """The options of the `lhd lens` commands, declared once: type, default, bounds, help.
 
-The command line (`lhd_train.cli.lens`, through `lhd_train.options`), the Slurm lens stage
+The command line (`lhd_train.cli.lens`, through `lhd_train.cli.options`), the Slurm lens stage
 (`ops.slurm_vars.LensVars` takes every `FitArgs` field as a variable) and the job's rendered
 `lhd lens fit` flags all come from these models, so a default cannot differ between them. The
 `lens` package itself takes plain dataclasses (`CorpusSpec`, `FitSettings`, `ReadConfig`, ...),

@@ -452,7 +452,7 @@ def test_auditor_config_file_and_errors(run7, tmp_path):
     # From the run's own config, with an override.
     acfg, src = load_auditor_config(cfg.run_dir, None, ["auditor.max_attempts=5"])
     assert acfg.auditor.model == "m" and acfg.auditor.max_attempts == 5 and src.endswith("config.resolved.yaml")
-    from lhd_train.options import parse_settings
+    from lhd_train.cli.options import parse_settings
 
     with pytest.raises(InputError, match="--mode"):
         parse_settings(AuditOptions, {"mode": "sideways"})

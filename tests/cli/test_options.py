@@ -1,5 +1,5 @@
 """Settings declared once (issue 23, item 5): a command's flags come from its pydantic model
-(`lhd_train.options.settings_command`), a refused value names its flag, and the Slurm stages take
+(`lhd_train.cli.options.settings_command`), a refused value names its flag, and the Slurm stages take
 the same model's fields as variables and render them as the same flags (`config.flags.to_argv`):
 the job's command line parses back to what the variables say, and an unset variable is the
 command's own default."""
@@ -16,16 +16,16 @@ from pydantic import BaseModel, Field, model_validator
 from typer.main import get_command
 from typer.testing import CliRunner
 
-from lhd_train.boundary import GuardedGroup
+from lhd_train.cli.boundary import GuardedGroup
 from lhd_train.cli.data import data_app
 from lhd_train.cli.lens import app as lens_app
+from lhd_train.cli.options import parse_settings, settings_command
 from lhd_train.config.data import BuildSettings, DataOptions
 from lhd_train.config.flags import to_argv
 from lhd_train.config.lens import FitArgs, FitCommand
 from lhd_train.errors import InputError
 from lhd_train.ops.slurm import dry_run_commands, render_slurm
 from lhd_train.ops.slurm_vars import DataVars, LensVars
-from lhd_train.options import parse_settings, settings_command
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()

@@ -14,7 +14,7 @@ HOSTILE = "bad \x1b]0;PWNED\x07 \x1b[2J \x9b31m [link=http://evil.example]click[
 
 
 def test_the_error_line_shows_control_characters_escaped(capsys):
-    from lhd_train.boundary import report_error
+    from lhd_train.cli.boundary import report_error
 
     assert report_error(LhdError(f"server said: {HOSTILE}")) == 2
     err = capsys.readouterr().err

@@ -134,7 +134,7 @@ def test_an_over_window_trajectory_is_refused_before_it_is_sent(small_run, endpo
 
 
 def test_training_stops_only_past_the_failed_share(small_run, endpoint, tmp_path):  # noqa: F811
-    from lhd_train.boundary import guarded
+    from lhd_train.cli.boundary import guarded
     from lhd_train.finetune.judged_rewards import MIN_GRADES_TO_STOP, JudgeFailing
 
     ctxs = load_contexts(small_run)

@@ -16,9 +16,9 @@ from pydantic import ValidationError
 from lens.corpus import CorpusSpec
 from lens.fidelity import EvalConfig
 from lens.fit import FitOptions, FitSettings
-from lens.read import ReadConfig
 from lens.tuned import TuneOptions, TuneSettings
 from lhd_train.config.lens import EvalCommand, FitCommand, ReadCommand, TuneCommand, parse_layers
+from lhd_train.reading.read import ReadConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 

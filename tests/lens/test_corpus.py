@@ -6,8 +6,7 @@ import json
 import pytest
 
 from lens.corpus import CorpusSpec, encode_prompt, load_corpus
-from lens.errors import LensError
-from lhd_train.errors import DataFileError
+from lens.errors import LensError, LensFileError
 
 
 def test_text_file_paragraphs_and_chunks(tmp_path):
@@ -26,7 +25,7 @@ def test_jsonl_and_dataset(tmp_path):
     p.write_text("\n".join(json.dumps({"text": f"row {i}", "x": i}) for i in range(4)) + "\n" + '{"text": "torn')
     texts, recipe = load_corpus(CorpusSpec(str(p)))
     assert texts == ["row 0", "row 1", "row 2", "row 3"] and recipe["format"] == "jsonl"
-    with pytest.raises(DataFileError, match="c.jsonl: line 1: field 'body'"):
+    with pytest.raises(LensFileError, match="c.jsonl: line 1: field 'body'"):
         load_corpus(CorpusSpec(str(p), text_field="body"))
     datasets = pytest.importorskip("datasets")
     ds = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"body": ["alpha text", "beta text"]})})
@@ -70,7 +69,7 @@ def test_messages_corpus_and_transcript_encoding(llama, tmp_path):
     assert whole.tolist() == (full if full[0] == tok.bos_token_id else [tok.bos_token_id, *full])
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"messages": chats[0]}) + "\n" + json.dumps({"messages": [{"role": "user"}]}) + "\n")
-    with pytest.raises(DataFileError, match=r"bad.jsonl.*line 2.*messages"):
+    with pytest.raises(LensFileError, match=r"bad.jsonl.*line 2.*messages"):
         load_corpus(CorpusSpec(path=str(bad), format="messages"))
     with pytest.raises(LensError, match="chunk-chars"):
         load_corpus(CorpusSpec(path=str(path), format="messages", chunk_chars=100))
@@ -81,8 +80,8 @@ def test_general_corpus_and_run_transcripts(tmp_path):
     from support.synthetic import R, write_run
     from typer.testing import CliRunner
 
-    from lens.general_corpus import python_docs_texts, run_transcripts
     from lhd_train.cli.lens import app
+    from lhd_train.reading.general_corpus import python_docs_texts, run_transcripts
 
     texts = python_docs_texts()
     assert len(texts) > 50 and sum(map(len, texts)) > 100_000

@@ -10,15 +10,15 @@ import pytest
 import torch
 from test_read import FLAGS, invoke, runner, write_run
 
-from lens import tables
 from lens.elicit import elicitation, resolve_answer_sets
 from lens.errors import LensError
 from lens.margins import resolve_token_sets
 from lens.positions import tag_chat_prompt
-from lens.read import ReadConfig, collect, read_run
 from lens.readout import LogitLens
-from lens.runs import load_run_examples
 from lhd_train.cli.lens import app
+from lhd_train.reading import tables
+from lhd_train.reading.read import ReadConfig, collect, read_run
+from lhd_train.reading.runs import load_run_examples
 
 
 def _yes_no_ids(tok):

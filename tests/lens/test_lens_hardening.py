@@ -17,12 +17,12 @@ from lens_data import make_pack
 from test_read import FLAGS, write_run
 from typer.testing import CliRunner
 
-from lens import report
 from lens.corpus import CorpusSpec, load_corpus
-from lens.errors import LensError
+from lens.errors import LensError, LensFileError
 from lens.probes import build_probe_set, read_probes, write_probes
 from lhd_train.cli.lens import app
 from lhd_train.errors import DataFileError
+from lhd_train.reading import report
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -50,7 +50,7 @@ def binary(tmp_path):
 
 @pytest.mark.parametrize(("fmt", "error", "where"), [
     ("text", LensError, "{}:2: not UTF-8"),
-    ("jsonl", DataFileError, "{}: line 1: not valid JSON"),  # lhd's one JSONL reader: its first line is no JSON
+    ("jsonl", LensFileError, "{}: line 1: not valid JSON"),  # the lens's JSONL reader: its first line is no JSON
 ])
 def test_binary_corpus_names_file_and_line(binary, fmt, error, where):
     with pytest.raises(error, match=where.format(binary)):
@@ -62,13 +62,13 @@ def test_binary_corpus_names_file_and_line(binary, fmt, error, where):
 def test_jsonl_corpus_with_a_bad_line(tmp_path):
     p = tmp_path / "c.jsonl"
     p.write_text('{"text": "a fine line of text"}\nnot json at all\n')
-    with pytest.raises(DataFileError, match=rf"{p}: line 2: not valid JSON"):
+    with pytest.raises(LensFileError, match=rf"{p}: line 2: not valid JSON"):
         load_corpus(CorpusSpec(path=str(p)))
     p.write_text('{"text": "ok"}\n[1, 2]\n')
-    with pytest.raises(DataFileError, match=rf"{p}: line 2: a JSON list, not an object"):
+    with pytest.raises(LensFileError, match=rf"{p}: line 2: a JSON list, not an object"):
         load_corpus(CorpusSpec(path=str(p)))
     p.write_text('{"text": "ok"}\n{"body": "no text field"}\n{"text": "torn')
-    with pytest.raises(DataFileError, match=rf"{p}: line 2: field 'text': missing"):
+    with pytest.raises(LensFileError, match=rf"{p}: line 2: field 'text': missing"):
         load_corpus(CorpusSpec(path=str(p)))
 
 
@@ -242,7 +242,7 @@ def test_lens_tables_hold_no_formula_cell(tmp_path):
 def test_run_examples_hold_trials_against_their_done_marker(tmp_path):
     """A finished trial whose rows were cut is an error naming its marker (as in `lhd report`),
     never a shorter trial read as whole."""
-    from lens.runs import load_run_examples
+    from lhd_train.reading.runs import load_run_examples
 
     run = write_run(tmp_path, FLAGS)
     rows = (run / "trials" / "s0.jsonl").read_text().splitlines(keepends=True)

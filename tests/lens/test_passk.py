@@ -254,7 +254,7 @@ def test_cli_prompt_sets_end_to_end(tiny_dirs, tmp_path):
 def test_smollm2_passk_on_the_three_shipped_sets(smollm2_dir, tmp_path):
     """SmolLM2-135M-Instruct: a small lens (2 Python-docs prompts, 32 tokens, blocks 25-28), then `lhd lens eval
     --prompt-set` on the three shipped sets; passk.json has the release's keys and recounts from the ranks."""
-    from lens.general_corpus import python_docs_texts, write_texts_jsonl
+    from lhd_train.reading.general_corpus import python_docs_texts, write_texts_jsonl
 
     corpus = tmp_path / "docs.jsonl"
     write_texts_jsonl(python_docs_texts()[:4], corpus)

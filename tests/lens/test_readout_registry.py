@@ -17,8 +17,8 @@ from lens.passk import rank_items, token_ranks
 from lens.positions import tag_chat_prompt
 from lens.probes import build_probe_set, render_probe
 from lens.promptsets import PromptItem, PromptSet, encode_item, token_forms
-from lens.read import ReadConfig, read_probe_set
 from lens.readout import READOUTS, Lenses, Readout, build_readouts
+from lhd_train.reading.read import ReadConfig, read_probe_set
 
 
 class FlippedLens(Readout):

@@ -11,9 +11,9 @@ import pytest
 from support.synthetic import R, audit_row, write_run
 
 from lens.errors import LensError
-from lens.runs import load_run_examples
 from lhd_train.errors import InputError
 from lhd_train.metrics import load_run
+from lhd_train.reading.runs import load_run_examples
 
 F, C = "FALSIFICATION", "CONCEALMENT"
 VALID = ("ok", "retried", "repaired")

@@ -12,10 +12,10 @@ from lens.margins import margins, resolve_token_sets
 from lens.model import block_outputs
 from lens.positions import ReadExample, tag_chat_prompt
 from lens.probes import build_probe_set, render_probe
-from lens.read import ReadConfig, collect
 from lens.readout import LogitLens
-from lens.runs import load_run_examples, run_task_texts
 from lhd_train.bench.taskpack import load_pack
+from lhd_train.reading.read import ReadConfig, collect
+from lhd_train.reading.runs import load_run_examples, run_task_texts
 
 BUILTIN = Path(__file__).resolve().parents[2] / "lhd_train" / "bench" / "packs" / "lhd_startup_consulting" / "pack.json"
 

@@ -8,7 +8,7 @@ import pytest
 from sklearn.metrics import roc_auc_score
 
 from lens.stats import bootstrap_auroc, nested_best_layer, stratified_weighted_auroc, within_auroc
-from lens.tables import Primary, build_table, mark_primary, out_of_fold_rate, run_scores, zscored
+from lhd_train.reading.tables import Primary, build_table, mark_primary, out_of_fold_rate, run_scores, zscored
 
 
 def _per_task_weighted(s, y, t):
@@ -170,8 +170,8 @@ def test_nested_layer_choice_is_scored_on_held_out_clusters():
 def test_the_settings_offer_exactly_the_metrics_the_tables_compute():
     from typing import get_args
 
-    from lens.tables import PROBE_CONTRASTS, RUN_METRICS
     from lhd_train.config.lens import ReadCommand
+    from lhd_train.reading.tables import PROBE_CONTRASTS, RUN_METRICS
 
     fields = ReadCommand.model_fields
     assert set(get_args(fields["primary_contrast"].annotation)) == set(PROBE_CONTRASTS)

@@ -45,7 +45,11 @@ from pathlib import Path
 from lens.elicit import elicitation
 from lens.errors import LensError
 from lens.positions import DECISION, QUESTION, RECORD, ReadExample, Span
-from lhd_train.api import RoundLabel, RoundRow, Run, TaskPack, TaskText, load_task_texts, round_labels
+from lhd_train.audit.trajectory import TaskText, load_task_texts
+from lhd_train.bench.taskpack import TaskPack
+from lhd_train.metrics.labels import RoundLabel, round_labels
+from lhd_train.rundir.rows import RoundRow
+from lhd_train.rundir.run import Run
 
 log = logging.getLogger(__name__)
 

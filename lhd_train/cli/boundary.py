@@ -31,7 +31,7 @@ def configure_logging() -> None:
 
 def report_error(exc: BaseException) -> int:
     """Print `exc` as the one line a user sees (no traceback); the exit status for it."""
-    from lhd_train.console import shown
+    from lhd_train.cli.console import shown
 
     # plain: no wrapping, no markup in paths or fields; a server's or a model's text in it is
     # shown with its control characters escaped
@@ -41,6 +41,7 @@ def report_error(exc: BaseException) -> int:
 
 def guarded(call: Callable[[], int | None]) -> int:
     """Run `call` and turn lhd's errors into `report_error`, Ctrl-C into a resume hint."""
+    from lens.errors import LensError
     from lhd_train.errors import LhdError
     from rollouts.backend import BackendError
 
@@ -49,7 +50,7 @@ def guarded(call: Callable[[], int | None]) -> int:
         return call() or 0
     except typer.Exit:  # an inner boundary already reported and chose the status
         raise
-    except (LhdError, BackendError) as e:  # BackendError: rollouts/ knows nothing of lhd's errors
+    except (LhdError, BackendError, LensError) as e:  # the libraries rollouts/ and lens/ know nothing of lhd's errors
         return report_error(e)
     except Exception as e:
         known = _known_failure(e)
@@ -57,7 +58,7 @@ def guarded(call: Callable[[], int | None]) -> int:
             raise
         return report_error(known)
     except KeyboardInterrupt:
-        from lhd_train.console import console
+        from lhd_train.cli.console import console
 
         console.print("[yellow]interrupted: finished rounds are on disk; rerun to resume[/yellow]")
         return 130

@@ -54,7 +54,8 @@ def python_docs_texts() -> list[str]:
 
 def run_transcripts(run_dir: str | Path) -> list[list[dict[str, str]]]:
     """Per performer round of every trial: the call's messages, then the answer as an assistant turn."""
-    from lhd_train.api import RoundRow, Run
+    from lhd_train.rundir.rows import RoundRow
+    from lhd_train.rundir.run import Run
 
     run = Run.open(run_dir)
     out: list[list[dict[str, str]]] = []

@@ -1,4 +1,4 @@
-"""AUROC tables from a margins table (`lens.read`): which scores, at which positions, and what each row is.
+"""AUROC tables from a margins table (`lhd_train.reading.read`): which scores, at which positions, and what each row is.
 
 Every row (metric × readout × position × layer; layer −1 = the mean over the workspace band)
 carries the pooled AUROC and the **within-stratum** AUROC (pairs inside one task in run mode, one

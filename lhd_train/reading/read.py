@@ -4,7 +4,7 @@ One forward per example captures every block output at the tagged positions; the
 the Jacobian lens and its random-transport control (`lens.controls`, readout `jacobian_random`)
 turn them into logits over S ∪ N ∪ R, from which the margins follow; the linear probe is
 trained per (layer, position class) with grouped folds and read out of fold. Everything lands
-in one long table (`margins.parquet`), which `lens.tables` and `lens.report` summarise:
+in one long table (`margins.parquet`), which `lhd_train.reading.tables` and `lhd_train.reading.report` summarise:
 
 - probe sets (claim first, `lens.probes`): AUROC of `m_E` for the same claim with and without
   its evidence line (length-matched: the primary contrast by default; and against the full
@@ -17,7 +17,7 @@ in one long table (`margins.parquet`), which `lens.tables` and `lens.report` sum
 
 Positions before the judged text (the answer; the probe's claim) are negative controls, every
 table has a within-stratum AUROC, and one cell declared in the settings is THE result; its
-declaration is written to summary.json before any AUROC is computed (`lens.tables`).
+declaration is written to summary.json before any AUROC is computed (`lhd_train.reading.tables`).
 """
 from __future__ import annotations
 
@@ -38,11 +38,11 @@ from lens.model import LensModel, block_outputs
 from lens.positions import ANCHORS, POSITION_CLASSES, ReadExample, render_chat, tag_chat_prompt
 from lens.readout import BASELINE, PRIMARY, Lenses, Readout, build_readouts
 from lens.readout_probe import PROBE, out_of_fold_logits
-from lens.runs import load_run_examples
 from lens.stats import band_layers
-from lens.tables import Primary
 from lens.tuned import TunedLens
-from lhd_train.api import TaskPack
+from lhd_train.bench.taskpack import TaskPack
+from lhd_train.reading.runs import load_run_examples
+from lhd_train.reading.tables import Primary
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class ReadConfig:
     primary_readout: str = PRIMARY
     primary_anchor: str = "decision"
     primary_metric: str = "gap_stated_supported"  # run mode
-    primary_contrast: str = "length_matched"  # probe sets (`lens.tables.PROBE_CONTRASTS`)
+    primary_contrast: str = "length_matched"  # probe sets (`lhd_train.reading.tables.PROBE_CONTRASTS`)
     random_control: bool = True
     progress: bool = True
 
@@ -250,7 +250,7 @@ def declare(mode: str, model: LensModel, lens: Any, cfg: ReadConfig, token_sets:
             out_dir: str | Path, tuned: TunedLens | None = None) -> dict:
     """The pre-registration (mode, primary cell, settings), written as summary.json before any AUROC; returned
     as the head of the final summary."""
-    from lens.report import write_json
+    from lens.files import write_json
 
     lo, hi = band_layers(model.n_layers, cfg.band)
     head = {"mode": mode, "model": getattr(model, "name", None), "revision": getattr(model, "revision", None),
@@ -264,10 +264,10 @@ def declare(mode: str, model: LensModel, lens: Any, cfg: ReadConfig, token_sets:
 
 def _report(out_dir: str | Path, mode: str, col: Collected, edf: Any, scored: list, head: dict, baselines: list,
             cfg: ReadConfig, *, title: str, notes: list[str], n_layers: int) -> dict:
-    """Tables, the primary row, layer choices; every output file (`lens.report.write_outputs`)."""
+    """Tables, the primary row, layer choices; every output file (`lhd_train.reading.report.write_outputs`)."""
     import pandas as pd
 
-    from lens import report, tables
+    from lhd_train.reading import report, tables
 
     mdf = pd.DataFrame(col.rows)
     table = tables.build_table(scored, n_layers=n_layers, band=cfg.band, n_boot=cfg.n_boot, seed=cfg.seed)
@@ -299,8 +299,8 @@ def _read(model: LensModel, tokenizer: Any, lens: Any, examples: Sequence[ReadEx
 def read_probe_set(model: LensModel, tokenizer: Any, lens: Any, probes: Sequence[dict], token_sets: TokenSets,
                    out_dir: str | Path, cfg: ReadConfig | None = None, *, tuned: TunedLens | None = None) -> dict:
     """Margins, AUROC tables (one per claim kind), layer choice and heatmap for an entitlement probe set."""
-    from lens import tables
     from lens.probes import LABELS, NOT_ENTITLED, REFUTED, SUPPORTED, render_probe
+    from lhd_train.reading import tables
 
     cfg = cfg or ReadConfig()
     head = declare("probes", model, lens, cfg, token_sets, out_dir, tuned)
@@ -349,12 +349,12 @@ def read_run(model: LensModel, tokenizer: Any, lens: Any, run_dir: str | Path, t
              out_dir: str | Path, cfg: ReadConfig | None = None, *, context: str = "full",
              auditor: str | None = None, pack: TaskPack | None = None, tuned: TunedLens | None = None) -> dict:
     """Margins of the performer's own rounds (answer, then the elicitation) and AUROCs against the audit
-    flags, within tasks and pooled. The run is read by `lens.runs.load_run_examples` (lhd's Run API; a
+    flags, within tasks and pooled. The run is read by `lhd_train.reading.runs.load_run_examples` (lhd's Run API; a
     damaged run is lhd's own error)."""
     import pandas as pd
 
-    from lens import tables
     from lens.positions import QUESTION, RECORD
+    from lhd_train.reading import tables
 
     cfg = cfg or ReadConfig()
     if cfg.primary_anchor in (ANCHORS[RECORD], ANCHORS[QUESTION]):
@@ -400,7 +400,7 @@ def read_run(model: LensModel, tokenizer: Any, lens: Any, run_dir: str | Path, t
 
 def _run_baselines(edf: Any, cfg: ReadConfig) -> list[dict]:
     """Non-lens scores against the flag: length, the task alone (out of fold), the lexical echo."""
-    from lens import tables
+    from lhd_train.reading import tables
 
     lab = edf[edf["label"].notna()]
     if lab.empty or lab["label"].nunique() < 2:

@@ -1,4 +1,4 @@
-"""Markdown, heatmap and files from the AUROC tables of a read (`lens.tables`).
+"""Markdown, heatmap and files from the AUROC tables of a read (`lhd_train.reading.tables`).
 
 Files written by `write_outputs`:
 `margins.parquet` (long: example × readout × layer × position), `examples.parquet`,
@@ -9,8 +9,6 @@ the exploratory tables), `heatmap.png`, `summary.json`.
 """
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,12 +16,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from lens.files import atomic_write, atomic_write_text, write_csv, write_json
 from lens.positions import POSITION_CLASSES
 from lens.readout import READOUTS
 from lens.readout_probe import PROBE
-from lens.tables import CONTROL, PRIMARY, STATED
-from lhd_train.io.csv_cells import write_csv
-from lhd_train.io.files import atomic_write, atomic_write_text
+from lhd_train.reading.tables import CONTROL, PRIMARY, STATED
 
 READOUT_ORDER = [*READOUTS, PROBE, STATED]
 
@@ -169,27 +166,6 @@ def heatmap(table: pd.DataFrame, metric_key: str, path: Path, *, title: str) -> 
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=130, bbox_inches="tight"))
     plt.close(fig)
     return path
-
-
-def _finite(o: Any) -> Any:
-    """`o` as plain JSON values, recursively: numpy scalars and arrays as numbers and lists, NaN/inf as None."""
-    if isinstance(o, np.ndarray):
-        o = o.tolist()
-    if isinstance(o, np.generic):
-        o = o.item()
-    if isinstance(o, float) and not math.isfinite(o):
-        return None
-    if isinstance(o, dict):
-        return {k: _finite(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_finite(v) for v in o]
-    return o
-
-
-def write_json(path: Path, obj: Any) -> None:
-    """`obj` as indented JSON (`_finite`; anything else, such as a path, as its text), written atomically: the
-    one JSON writer of the lens's result files."""
-    atomic_write_text(path, json.dumps(_finite(obj), indent=2, default=str) + "\n")
 
 
 def write_outputs(out_dir: Path, margins_df: pd.DataFrame, examples_df: pd.DataFrame, table: pd.DataFrame,
