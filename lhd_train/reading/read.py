@@ -17,7 +17,7 @@ in one long table (`margins.parquet`), which `lhd_train.reading.tables` and `lhd
 
 Positions before the judged text (the answer; the probe's claim) are negative controls, every
 table has a within-stratum AUROC, and one cell declared in the settings is THE result; its
-declaration is written to summary.json before any AUROC is computed (`lhd_train.reading.tables`).
+declaration is written to plan.json before any forward pass (`lhd_train.reading.preregister`).
 """
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ from lens.readout_probe import PROBE, out_of_fold_logits
 from lens.stats import band_layers
 from lens.tuned import TunedLens
 from lhd_train.bench.taskpack import TaskPack
+from lhd_train.reading import preregister
 from lhd_train.reading.runs import load_run_examples
 from lhd_train.reading.tables import Primary
 
@@ -248,18 +249,15 @@ def _tuned_info(tuned: TunedLens | None) -> dict | None:
 
 def declare(mode: str, model: LensModel, lens: Any, cfg: ReadConfig, token_sets: TokenSets,
             out_dir: str | Path, tuned: TunedLens | None = None) -> dict:
-    """The pre-registration (mode, primary cell, settings), written as summary.json before any AUROC; returned
-    as the head of the final summary."""
-    from lens.files import write_json
-
+    """The pre-registration (mode, primary cell, settings), written as plan.json before any forward
+    (`preregister.declare`: a folder declaring another plan is refused); returned as the head of the summary."""
     lo, hi = band_layers(model.n_layers, cfg.band)
+    settings = {k: v for k, v in asdict(cfg).items() if k != "progress"}  # a progress bar changes no number
     head = {"mode": mode, "model": getattr(model, "name", None), "revision": getattr(model, "revision", None),
             "n_layers": model.n_layers, "lens": _lens_info(lens), "tuned_lens": _tuned_info(tuned),
             "token_sets": token_sets.to_json(),
-            "primary": {**cfg.primary(mode).to_json(), "band_layers": [lo, hi]}, "config": asdict(cfg)}
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    write_json(Path(out_dir) / "summary.json", {**head, "stage": "declared, reading"})
-    return head
+            "primary": {**cfg.primary(mode).to_json(), "band_layers": [lo, hi]}, "config": settings}
+    return preregister.declare(out_dir, head)
 
 
 def _report(out_dir: str | Path, mode: str, col: Collected, edf: Any, scored: list, head: dict, baselines: list,

@@ -49,7 +49,7 @@ def _primary_lines(summary: dict) -> list[str]:
     p = summary.get("primary_result") or {}
     d = p.get("declared") or summary.get("primary") or {}
     band = summary.get("primary", {}).get("band_layers")
-    lines = ["## THE primary result (declared in the settings and written to summary.json before reading)", "",
+    lines = ["## THE primary result (declared in the settings and written to plan.json before reading)", "",
              f"metric `{d.get('metric')}`, readout `{d.get('readout')}`, anchor `{d.get('anchor')}`, band "
              f"{d.get('band')} of depth (layers {band[0]}–{band[1]})" if band else "", ""]
     if not p.get("found"):

@@ -6,7 +6,7 @@ record in probe sets; `lens.stats`), each with a 95 % cluster-bootstrap interval
 correlation of its score with the lexical-echo covariate, and a role:
 
 - `primary`: the one cell (metric, readout, anchor, band) declared in the read settings and
-  written to summary.json before any AUROC is computed; THE result of a read;
+  written to plan.json before any forward pass; THE result of a read;
 - `negative control`: a position before the text being judged (the performer's answer, or the
   probe's claim). It cannot depend on that text, so its AUROC is expected at 0.5; one away from
   0.5 measures a confound (the task, the trial's history), never entitlement (science-4 D1, D2);

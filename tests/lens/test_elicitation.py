@@ -4,6 +4,7 @@ set words the read position sees, and the primary cell is on disk before any AUR
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -16,7 +17,7 @@ from lens.margins import resolve_token_sets
 from lens.positions import tag_chat_prompt
 from lens.readout import LogitLens
 from lhd_train.cli.lens import app
-from lhd_train.reading import tables
+from lhd_train.reading import preregister, tables
 from lhd_train.reading.read import ReadConfig, collect, read_run
 from lhd_train.reading.runs import load_run_examples
 
@@ -94,17 +95,19 @@ def test_the_primary_cell_is_on_disk_before_any_auroc(tmp_path, qwen, monkeypatc
 
     def spy(*args, **kwargs):
         if not seen:
-            seen.append(json.loads((out / "summary.json").read_text()))
+            seen.append(json.loads((out / "plan.json").read_text()))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(tables, "bootstrap_auroc", spy)
     cfg = ReadConfig(progress=False, probe=False, n_boot=0, primary_readout="logit", primary_metric="gap",
                      band_start=0.5, band_end=1.0)
     summary = read_run(model, tok, None, run, resolve_token_sets(tok), out, cfg)
-    assert seen and seen[0]["stage"].startswith("declared")
+    assert seen and seen[0]["sha256"] == summary["sha256"] == preregister.plan_digest(seen[0])
     assert seen[0]["primary"] == {"metric": "gap", "readout": "logit", "anchor": "decision", "band": [0.5, 1.0],
                                   "band_layers": [1, 2]}
     assert summary["primary_result"]["declared"]["metric"] == "gap" and summary["primary_result"]["found"]
+    with pytest.raises(LensError, match="declares another plan"):  # the folder keeps the plan it declared
+        read_run(model, tok, None, run, resolve_token_sets(tok), out, replace(cfg, primary_metric="internal"))
 
 
 def test_a_negative_control_cannot_be_declared_primary_in_run_mode(tmp_path, qwen):
