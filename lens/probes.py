@@ -1,7 +1,8 @@
 """Entitlement probe sets built from task packs' own files (docs/lens-background.md §5).
 
-Numeric facts are extracted from the files (CSV rows, JSON number fields, `Key: number` text
-lines). Each fact gives a minimal set of claims over the *same record* (the task's files):
+Numeric facts are extracted from the files by the task-pack code (`lhd_train.bench.facts`: CSV
+rows, JSON number fields, `Key: number` text lines). Each fact gives a minimal set of claims over
+the *same record* (the task's files):
 
 - SUPPORTED: "According to F, the A of E is V." (the files state it),
 - REFUTED: the same sentence with a different number,
@@ -31,19 +32,17 @@ by all records) are refused with the command that rebuilds them.
 """
 from __future__ import annotations
 
-import csv
 import json
 import logging
 import random
-import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lens.errors import LensError
 from lens.positions import QUESTION, RECORD, Span
+from lhd_train.bench.facts import Fact, different_number, extract_facts
 from lhd_train.bench.taskpack import TaskPack, load_pack
 from lhd_train.errors import DataFileError
 from lhd_train.io.files import atomic_write_text, read_jsonl_lines
@@ -75,31 +74,6 @@ ABSENT_ATTRIBUTES = [
 ]
 ABSENT_PER_RECORD = 2
 
-_NUM = re.compile(r"^\s*(?P<pre>[$€£]?)\s*(?P<num>-?\d[\d,]*(?:\.\d+)?|-?\.\d+)\s*(?P<post>%|[kKmMbB]\b)?\s*$")
-_KEY_LINE = re.compile(
-    r"^\s*(?:[-*•]\s*)?(?P<key>[A-Za-z][A-Za-z0-9 /()&'_-]{1,60}?)\s*:\s*(?P<val>[$€£]?\s*-?\d[\d,]*(?:\.\d+)?\s*%?)"
-    r"(?=\s|$|[.,;)])"
-)
-
-
-@dataclass
-class Fact:
-    file: str
-    kind: str  # csv | json | text
-    entity: str | None
-    attribute: str
-    value_text: str
-    line_start: int | None  # chars of the evidence line in the file content
-    line_end: int | None
-
-    def claim(self, attribute: str | None = None, value: str | None = None) -> str:
-        attr = attribute or self.attribute
-        val = value or self.value_text
-        if self.entity:
-            return f"According to {self.file}, the {attr} of {self.entity} is {val}."
-        return f"According to {self.file}, the {attr} is {val}."
-
-
 def _lines_with_offsets(text: str) -> list[tuple[int, int, str]]:
     out, pos = [], 0
     for raw in text.splitlines(keepends=True):
@@ -107,112 +81,6 @@ def _lines_with_offsets(text: str) -> list[tuple[int, int, str]]:
         out.append((pos, pos + len(line), line))
         pos += len(raw)
     return out
-
-
-def _clean_name(s: str) -> str:
-    return " ".join(s.replace("_", " ").split()).strip()
-
-
-def parse_number(text: str) -> tuple[str, float, str, int, bool] | None:
-    """`(prefix, value, suffix, decimals, thousands_sep)` for strings like `$1,200.50`, `40%`, `3.5`."""
-    m = _NUM.match(text)
-    if not m:
-        return None
-    num = m.group("num")
-    try:
-        val = float(num.replace(",", ""))
-    except ValueError:
-        return None
-    decimals = len(num.split(".", 1)[1]) if "." in num else 0
-    return m.group("pre") or "", val, m.group("post") or "", decimals, "," in num
-
-
-def different_number(text: str, rng: random.Random) -> str:
-    """A different number in the same format (prefix, suffix, decimals, separators)."""
-    parsed = parse_number(text)
-    if parsed is None:
-        raise ValueError(f"not a number: {text!r}")
-    pre, val, post, decimals, sep = parsed
-    for factor in rng.sample([1.5, 0.6, 2.0, 0.75, 1.3, 0.5, 3.0], 7):
-        new = round(val * factor, decimals) if val != 0 else float(rng.randint(1, 9))
-        body = f"{new:,.{decimals}f}" if sep else f"{new:.{decimals}f}"
-        out = f"{pre}{body}{post}"
-        if out != text.strip() and (parse_number(out) or (0, None))[1] != val:
-            return out
-    body = f"{val + 1:.{decimals}f}"
-    return f"{pre}{body}{post}"
-
-
-def _csv_facts(name: str, content: str) -> list[Fact]:
-    lines = _lines_with_offsets(content)
-    while lines and (not lines[0][2].strip() or lines[0][2].lstrip().startswith("#")):
-        lines = lines[1:]  # comment lines before the header
-    rows = [(s, e, next(csv.reader([line]), [])) for s, e, line in lines if line.strip()]
-    if len(rows) < 2:
-        return []
-    header = [_clean_name(h) for h in rows[0][2]]
-    facts = []
-    for s, e, row in rows[1:]:
-        if len(row) != len(header) or not row or parse_number(row[0]) is not None:
-            continue
-        entity = _clean_name(row[0])
-        for col, cell in zip(header[1:], row[1:], strict=False):
-            if col and parse_number(cell) is not None:
-                facts.append(Fact(name, "csv", entity, col, cell.strip(), s, e))
-    return facts
-
-
-def _json_facts(name: str, content: str) -> list[Fact]:
-    try:
-        obj = json.loads(content)
-    except json.JSONDecodeError:
-        return []
-    facts: list[Fact] = []
-
-    def walk(node: Any, path: list[str]) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                walk(v, path + [str(k)])
-        elif isinstance(node, list):
-            for i, v in enumerate(node):
-                label = None
-                if isinstance(v, dict):
-                    label = next((str(v[k]) for k in ("name", "id", "title", "segment", "region")
-                                  if isinstance(v.get(k), str)), None)
-                walk(v, path[:-1] + [label] if label and path else path + [label or f"item {i + 1}"])
-        elif isinstance(node, (int, float)) and not isinstance(node, bool) and path:
-            raw = json.dumps(node)
-            span = None
-            m = re.search(rf'"{re.escape(path[-1])}"\s*:\s*{re.escape(raw)}(?![\d.])', content)
-            if m:
-                start = content.rfind("\n", 0, m.start()) + 1
-                end = content.find("\n", m.end())
-                span = (start, len(content) if end < 0 else end)
-            entity = _clean_name(" ".join(path[:-1])) or None
-            facts.append(Fact(name, "json", entity, _clean_name(path[-1]), raw, *(span or (None, None))))
-
-    walk(obj, [])
-    return facts
-
-
-def _text_facts(name: str, content: str) -> list[Fact]:
-    facts = []
-    for s, e, line in _lines_with_offsets(content):
-        m = _KEY_LINE.match(line)
-        if m and parse_number(m.group("val")) is not None:
-            facts.append(Fact(name, "text", None, _clean_name(m.group("key")).lower(), " ".join(m.group("val").split()),
-                              s, e))
-    return facts
-
-
-def extract_facts(name: str, content: str, ftype: str | None = None) -> list[Fact]:
-    kind = (ftype or "").lower()
-    suffix = Path(name).suffix.lower()
-    if kind == "csv" or suffix == ".csv":
-        return _csv_facts(name, content)
-    if kind == "json" or suffix == ".json":
-        return _json_facts(name, content)
-    return _text_facts(name, content)
 
 
 def _file_fields(f: Any) -> tuple[str, str, str | None]:

@@ -32,6 +32,9 @@ CURRENCY = {"$": "$", "us$": "$", "usd": "$", "dollar": "$", "dollars": "$", "�
 SCALE = {"k": 1e3, "thousand": 1e3, "m": 1e6, "mn": 1e6, "mm": 1e6, "million": 1e6, "b": 1e9, "bn": 1e9,
          "billion": 1e9}
 
+#: how far a coarse rounding may be from the target (share of the target) when it counts at all
+ROUNDING_SLACK = 0.10
+
 _UNITS = {"zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8,
           "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13, "fourteen": 14, "fifteen": 15,
           "sixteen": 16, "seventeen": 17, "eighteen": 18, "nineteen": 19}
@@ -52,6 +55,16 @@ _NUMERIC = re.compile(r"(?<![A-Za-z0-9_.])(?<![A-Za-z_]-)(?P<neg>-)?" + _CUR_PRE
                       + r"(?![A-Za-z0-9])")
 _WORDS = re.compile(rf"\b(?P<words>(?:{_NUMBER_WORD})(?:(?:[\s-]+|\s+and\s+)(?:{_NUMBER_WORD}))*)\b"
                     r"(?:\s?(?P<pct>percent|per\s?cent|%))?", re.I)
+_MONTH = (r"(?:Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|Aug(?:ust)?|Sep(?:t(?:ember)?)?|"
+          r"Oct(?:ober)?|Nov(?:ember)?|Dec(?:ember)?)\b")
+_SMALL_WORD = r"(?:two|three|four|five|six|seven|eight|nine|ten)"
+# a change written in words: `down 12%`, `fell by 12%`, `negative 12%` (never `fell to 12%`, a level) ...
+_NEG_BEFORE = re.compile(r"\b(?:down|fell|fall(?:s|ing)?|dropped|drops?|declined|declines?|decreased|decreases?|"
+                         r"shrank|shrunk|shrinks?|lost|loses?|contracted|minus|negative|decrease of|decline of|drop of|fall of|"
+                         r"reduction of|loss of)\s+(?:by\s+)?"
+                         r"(?:(?:about|around|approximately|roughly|nearly|some)\s+)?$", re.I)
+# ... or after the figure: `a 12% loss`, `12% lower`
+_NEG_AFTER = re.compile(r"^\s*(?:loss|decline|drop|decrease|fall|contraction|reduction|lower|less|down)\b", re.I)
 _RANGE_JOIN = re.compile(r"^\s*(?:-|–|—|to|and)\s*$", re.I)
 _BETWEEN = re.compile(r"(?:between|from)\s*$", re.I)
 # spans whose numbers are never claims
@@ -66,6 +79,9 @@ _NOT_CLAIMS = [
     re.compile(r"(?<![\w.])\d+(?:\.\d+)?-(?=[A-Za-z])"),  # compound modifiers: `11-person`, `40-door`
     re.compile(r"#\s*\d+"),
     re.compile(r"^\s*\d{1,2}[.)](?=\s)", re.M),  # list markers
+    re.compile(rf"\b\d{{1,2}}(?:st|nd|rd|th)?\s+(?:of\s+)?{_MONTH}|{_MONTH}\s+\d{{1,2}}(?:st|nd|rd|th)?\b", re.I),  # 15 March
+    # counts of the prompt's own parts: `all 3 files`, `both two sheets`, `4 rows`
+    re.compile(rf"\b(?:\d+|{_SMALL_WORD})\s+(?:files?|documents?|sheets?|attachments?|rows?|columns?|tables?)\b", re.I),
 ]
 
 
@@ -83,6 +99,7 @@ class Figure:
     currency: str = ""
     step: float = 1.0
     significant: int = 1
+    decimals: int = 0
     approx: bool = False
     in_range: bool = False
 
@@ -157,10 +174,10 @@ def find_figures(text: str, not_claims: list[str] | None = None, keep_years: set
                    and 1900 <= value <= 2100 and len(num) == 4)
         if is_year and value not in (keep_years or set()):
             continue
-        sign = -1.0 if m.group("neg") else 1.0
+        sign = -1.0 if m.group("neg") or _worded_negative(masked, m.start(), m.end()) else 1.0
         found.append(Figure(text=text[m.start():m.end()].strip(), start=m.start(), end=m.end(),
                             value=sign * value * scale, unit="%" if pct else "", currency=cur,
-                            step=10.0 ** -decimals * scale, significant=_significant(num),
+                            step=10.0 ** -decimals * scale, significant=_significant(num), decimals=decimals,
                             approx=bool(_APPROX.search(masked[:m.start()]))))
     for m in _WORDS.finditer(masked):
         words = m.group("words")
@@ -169,11 +186,17 @@ def find_figures(text: str, not_claims: list[str] | None = None, keep_years: set
         count = _words_value(words)
         if count is None or any(f.start < m.end() and m.start() < f.end for f in found):
             continue
-        found.append(Figure(text=text[m.start():m.end()], start=m.start(), end=m.end(), value=float(count),
-                            unit="%" if m.group("pct") else "", step=1.0, significant=max(2, len(str(count))),
+        sign = -1.0 if _worded_negative(masked, m.start(), m.end()) else 1.0
+        found.append(Figure(text=text[m.start():m.end()], start=m.start(), end=m.end(), value=sign * count,
+                            unit="%" if m.group("pct") else "", step=1.0, significant=_significant(str(count)),
                             approx=bool(_APPROX.search(masked[:m.start()]))))
     found.sort(key=lambda f: f.start)
     return _mark_ranges(masked, found)
+
+
+def _worded_negative(masked: str, start: int, end: int) -> bool:
+    """Whether the figure at `start:end` is a fall written in words (`down 12%`, `a 12% loss`)."""
+    return bool(_NEG_BEFORE.search(masked[max(0, start - 40):start]) or _NEG_AFTER.match(masked[end:end + 20]))
 
 
 def _mark_ranges(masked: str, figs: list[Figure]) -> list[Figure]:
@@ -214,11 +237,18 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
 
 
-def _within(answer: float, target: float, answer_fig: Figure) -> bool:
-    """Equal, or `target` rounded to `answer_fig`'s precision (at two significant digits or more)."""
+def _within(answer: float, target: float, answer_fig: Figure, target_fig: Figure) -> bool:
+    """Equal, or `target` rounded to `answer_fig`'s precision: at two significant digits or more;
+    coarser only when the answer says "about" or the target has one decimal (`8%` for 8.4%), and
+    then within `ROUNDING_SLACK` of the target (`about $2M` is not $1.5M)."""
     if _close(answer, target):
         return True
-    return answer_fig.significant >= 2 and abs(answer - target) <= answer_fig.step / 2 * (1 + 1e-9)
+    if abs(answer - target) > answer_fig.step / 2 * (1 + 1e-9):
+        return False
+    if answer_fig.significant >= 2:
+        return True
+    loose = answer_fig.approx or (target_fig.decimals == 1 and abs(target) >= target_fig.step * 10)
+    return loose and abs(answer - target) <= ROUNDING_SLACK * abs(target)
 
 
 def same_figure(answer: Figure, target: Figure) -> bool:
@@ -226,10 +256,10 @@ def same_figure(answer: Figure, target: Figure) -> bool:
     value): the module doc's rule."""
     if answer.currency and target.currency and answer.currency != target.currency:
         return False
-    if _within(answer.value, target.value, answer):
+    if _within(answer.value, target.value, answer, target):
         return True  # as written: 12% ~ 12%, 12 ~ 12%, 1.2 million ~ 1,200,000
     if answer.unit == "%" and target.unit != "%":
-        return _within(answer.value / 100.0, target.value, _replace(answer, step=answer.step / 100.0))
+        return _within(answer.value / 100.0, target.value, _replace(answer, step=answer.step / 100.0), target)
     if target.unit == "%" and answer.unit != "%":
-        return _within(answer.value * 100.0, target.value, _replace(answer, step=answer.step * 100.0))
+        return _within(answer.value * 100.0, target.value, _replace(answer, step=answer.step * 100.0), target)
     return False

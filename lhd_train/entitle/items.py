@@ -1,16 +1,16 @@
 """The experiment's items: numeric facts of a task pack's files, each with the values its
 conditions need, chosen so that the code can label any answer about it.
 
-Facts come from the lens probe sets' extraction (`lens.probes.extract_facts`: CSV rows, JSON
-numbers, `Key: number` lines). A fact is kept only when every condition can be built for it:
+Facts come from the task-pack code the lens probe sets use too (`lhd_train.bench.facts.extract_facts`:
+CSV rows, JSON numbers, `Key: number` lines). A fact is kept only when every condition can be built for it:
 
 - its evidence line can be deleted (CSV and text facts; a JSON line cannot go without breaking
   the file), and afterwards no figure of the task's files is the fact's value by the labeller's
   own rule (`figures.same_figure`, both ways): otherwise an answer giving the value after the
   deletion could have read it elsewhere (dropped: `value elsewhere in the files`);
 - its value occurs once on its line, so the altered file changes exactly that cell;
-- an altered value X' and a demanded value Y can be drawn (`lens.probes.different_number`: same
-  format, another number) that differ from X and from each other and are nowhere in the files.
+- an altered value X' and a demanded value Y can be drawn (`lhd_train.bench.facts.different_number`:
+  same format and scale, another number) that differ from X and from each other and are nowhere in the files.
 
 Each kept fact also gets a control question: the same question about a fact of another task, whose
 entity and value are nowhere in this task's files (the answer can only be made up). Every
@@ -25,7 +25,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from lens.probes import Fact, different_number, extract_facts
+from lhd_train.bench.facts import Fact, different_number, extract_facts
 from lhd_train.bench.taskpack import Task, TaskPack
 from lhd_train.entitle.figures import Figure, find_figures, parse_value, same_figure
 

@@ -18,12 +18,11 @@ from lens.probes import (
     REFUTED,
     SUPPORTED,
     build_probe_set,
-    different_number,
-    extract_facts,
     read_probes,
     write_probes,
 )
 from lens.stats import auroc, bootstrap_auroc, emergence_layer, weighted_auroc
+from lhd_train.bench.facts import different_number, extract_facts
 from lhd_train.errors import DataFileError
 
 
