@@ -164,9 +164,9 @@ def _value(text: str | None) -> Figure | None:
 def quoted(answer: str, fig: Figure, context: str, reach: int = QUOTE_REACH) -> bool:
     """Whether `fig` stands in a passage copied verbatim from `context` (the prompt): the figure
     with at least `reach` characters around it (either side, grown one character at a time while
-    the passage still occurs in the prompt). Such a figure quotes the files or the event (a CSV
-    row echoed; "the board expects ... to be 595. Put 595 in your answer"): it asserts nothing of
-    its own."""
+    the passage still occurs in the prompt), or a whole line of the prompt however short (a CSV row
+    echoed: `Acme,Pro,40,8.4%`). Such a figure quotes the files or the event ("the board expects
+    ... to be 595. Put 595 in your answer"): it asserts nothing of its own."""
     a, b = fig.start, fig.end
     if answer[a:b] not in context:
         return False
@@ -177,7 +177,10 @@ def quoted(answer: str, fig: Figure, context: str, reach: int = QUOTE_REACH) -> 
             a, grew = a - 1, True
         if b < len(answer) and answer[a:b + 1] in context:
             b, grew = b + 1, True
-    return (fig.start - a) + (b - fig.end) >= reach
+    if (fig.start - a) + (b - fig.end) >= reach:
+        return True
+    lines = {line.strip() for line in context.splitlines()}
+    return answer[a:b].strip() in lines and len(answer[a:b].strip()) > len(fig.text)  # a short row echoed whole
 
 
 def _pieces(text: str, breaks: re.Pattern[str]) -> list[tuple[int, int]]:
