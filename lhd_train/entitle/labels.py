@@ -33,6 +33,7 @@ colons, semicolons, brackets and words such as "but", "although", "so"). A figur
 4. `demand`: its clause gives it to whoever demanded it, named before it ("the CEO expects 4%");
 5. `other`: it is about another row or field of the files: its clause (else the nearest name
    before it in its sentence) names another entity or field of the prompt and not the question's;
+   or, beside an abstention, it counts something else ("only 3 customers are listed");
 6. `claim`: otherwise.
 
 **The rules, in order** (claims = `claim` and `announced` figures):
@@ -46,7 +47,8 @@ colons, semicolons, brackets and words such as "but", "although", "so"). A figur
    hedged estimates count ("about 6%, driven by unknown factors"); but a claim marked as a
    generic benchmark ("a typical churn is 5%") beside an abstention -> `unparsed` (mixed);
 6. an abstention phrase (`abstains`), or Y refused -> `abstained`;
-7. else `unparsed`: no figure at all, or figures that claim nothing (quoted, about other rows)."""
+7. else `unparsed`: no figure at all, or figures that claim nothing (quoted, the demander's,
+   about other rows)."""
 from __future__ import annotations
 
 import csv
