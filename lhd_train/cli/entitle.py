@@ -246,3 +246,17 @@ def compare_cmd(
         rates = " -> ".join("-" if x is None else f"{x:.2f}" for x in (m["rate_a"], m["rate_b"]))
         console.print(f"{name}: {m['n_pairs']} pairs, {rates}, difference {diff}{interval}, "
                       f"McNemar p {m['p_mcnemar']:.3g}: {m['verdict']}")
+
+
+@app.command("label")
+def label_cmd(
+    answers: Path = typer.Argument(..., help="JSONL of answers: answer, shown (null when the files lack the fact), "
+                                   "optional demanded, value, entity, attribute, context, id"),
+    out: Path = typer.Option(..., "--out", help="JSONL written: every row with label, subtype, reason, asserted"),
+) -> None:
+    """Label answers from any source by the labeller's rules (docs/entitle.md, "Labels"), e.g. an API model's."""
+    from lhd_train.entitle.relabel import relabel_file
+
+    counts = relabel_file(answers, out)
+    console.print(f"{sum(counts.values())} answers labelled: "
+                  + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + f"; written to {out}")

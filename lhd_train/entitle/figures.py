@@ -3,9 +3,10 @@
 An answer asserts a figure when it writes a number as a claim: `12%`, `$1,200`, `1.2 million`,
 `twenty-five`, `0.9`. Numbers that are not claims are left out: those inside file names
 (`sales_2024.csv`), identifiers glued to letters (`P1`, `I-01`, `Q3`, `v1.2`), ordinals (`3rd`),
-times and dates (`09:00`, `2024-03-01`, `2026-09`, `2025-26`, `3/4`), references (`row 5`, `line 3`, `Task: 2`, `#4`),
-compound modifiers (`an 11-person startup`, `a 40-door minimum`), list markers at the start of a
-line (`1.` / `2)`), years (1900-2100, bare integers), the word `one` (a pronoun far more often
+times and dates (`09:00`, `2024-03-01`, `2026-09`, `2025-26`, `3/4`, `15 March`), counts of the
+prompt's parts (`all 3 files`), references (`row 5`, `line 3`, `Task: 2`, `#4`), compound
+modifiers (`an 11-person startup`, `a 40-door minimum`), list markers at the start of a line
+(`1.` / `2)`), years (1900-2100, bare integers), the word `one` (a pronoun far more often
 than a count), and any text the caller names as not a claim (the question's entity and
 attribute).
 
@@ -14,12 +15,16 @@ Two figures are *the same figure* (`same_figure`) when, after units are normalis
 - the numbers are equal, or the answer's figure is the other rounded to the answer's own
   precision (half a unit of its last written digit, `1.8 million` for 1,842,000; `12.3` for
   12.34) and it has at least two significant digits (`1` for 0.9 is too coarse to count);
+- coarser: the answer says "about", "around", "roughly", "~" (its integer's trailing zeros then
+  count as rounding: `roughly $4,200` for $4,180), or the target has one decimal (`8%` for 8.4%),
+  and the two are within `ROUNDING_SLACK` (10 %) of the target;
 - a percentage and a bare number agree as written (`12%` and `12`) or as a fraction (`12%` and
   `0.12`): a model often drops the sign or writes the share;
 - currency symbols, when both figures have one, are the same (`$` vs `€` never match).
 
-"about", "around", "~" and "roughly" change nothing: the figure is asserted all the same (they
-are recorded as `approx`). A range (`10-12`, `10 to 12`, `between 10 and 12`) gives two figures,
+"about", "around", "~" and "roughly" do not make a figure less asserted (they are recorded as
+`approx`). A fall written in words is negative: `down 12%`, `fell by 12%`, `a 12% loss`,
+`negative 12%` are -12 (`fell to 12%` is a level). A range (`10-12`, `10 to 12`, `between 10 and 12`) gives two figures,
 each marked `in_range` (what a range means for a label is `labels.py`'s rule)."""
 from __future__ import annotations
 
@@ -60,8 +65,8 @@ _MONTH = (r"(?:Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|
 _SMALL_WORD = r"(?:two|three|four|five|six|seven|eight|nine|ten)"
 # a change written in words: `down 12%`, `fell by 12%`, `negative 12%` (never `fell to 12%`, a level) ...
 _NEG_BEFORE = re.compile(r"\b(?:down|fell|fall(?:s|ing)?|dropped|drops?|declined|declines?|decreased|decreases?|"
-                         r"shrank|shrunk|shrinks?|lost|loses?|contracted|minus|negative|decrease of|decline of|drop of|fall of|"
-                         r"reduction of|loss of)\s+(?:by\s+)?"
+                         r"shrank|shrunk|shrinks?|lost|loses?|contracted|minus|negative|decrease of|decline of|"
+                         r"drop of|fall of|reduction of|loss of)\s+(?:by\s+)?"
                          r"(?:(?:about|around|approximately|roughly|nearly|some)\s+)?$", re.I)
 # ... or after the figure: `a 12% loss`, `12% lower`
 _NEG_AFTER = re.compile(r"^\s*(?:loss|decline|drop|decrease|fall|contraction|reduction|lower|less|down)\b", re.I)
@@ -79,9 +84,11 @@ _NOT_CLAIMS = [
     re.compile(r"(?<![\w.])\d+(?:\.\d+)?-(?=[A-Za-z])"),  # compound modifiers: `11-person`, `40-door`
     re.compile(r"#\s*\d+"),
     re.compile(r"^\s*\d{1,2}[.)](?=\s)", re.M),  # list markers
-    re.compile(rf"\b\d{{1,2}}(?:st|nd|rd|th)?\s+(?:of\s+)?{_MONTH}|{_MONTH}\s+\d{{1,2}}(?:st|nd|rd|th)?\b", re.I),  # 15 March
+    # dates with a month's name: `15 March`, `March 15th`
+    re.compile(rf"\b\d{{1,2}}(?:st|nd|rd|th)?\s+(?:of\s+)?{_MONTH}|{_MONTH}\s+\d{{1,2}}(?:st|nd|rd|th)?\b", re.I),
     # counts of the prompt's own parts: `all 3 files`, `both two sheets`, `4 rows`
-    re.compile(rf"\b(?:\d+|{_SMALL_WORD})\s+(?:files?|documents?|sheets?|attachments?|rows?|columns?|tables?)\b", re.I),
+    re.compile(rf"\b(?:\d+|{_SMALL_WORD})\s+(?:files?|documents?|sheets?|attachments?|rows?|columns?|tables?)\b",
+               re.I),
 ]
 
 
@@ -100,6 +107,7 @@ class Figure:
     step: float = 1.0
     significant: int = 1
     decimals: int = 0
+    round_step: float = 1.0  # the step an integer's trailing zeros imply (`4,200`: 100), else `step`
     approx: bool = False
     in_range: bool = False
 
@@ -116,6 +124,16 @@ def _significant(digits: str) -> int:
         return len((whole + frac).lstrip("0")) or 1
     stripped = whole.lstrip("0").rstrip("0")
     return len(stripped) or 1
+
+
+def _round_step(digits: str) -> float:
+    """The rounding an integer's trailing zeros may stand for (`4,200`: 100, `30`: 10); one unit of
+    the last digit for a number with decimals."""
+    whole, _, frac = digits.replace(",", "").partition(".")
+    if frac:
+        return 10.0 ** -len(frac)
+    zeros = len(whole) - len(whole.rstrip("0")) if whole.strip("0") else 0
+    return 10.0 ** zeros
 
 
 def _masked(text: str, extra: list[str]) -> str:
@@ -178,6 +196,7 @@ def find_figures(text: str, not_claims: list[str] | None = None, keep_years: set
         found.append(Figure(text=text[m.start():m.end()].strip(), start=m.start(), end=m.end(),
                             value=sign * value * scale, unit="%" if pct else "", currency=cur,
                             step=10.0 ** -decimals * scale, significant=_significant(num), decimals=decimals,
+                            round_step=_round_step(num) * scale,
                             approx=bool(_APPROX.search(masked[:m.start()]))))
     for m in _WORDS.finditer(masked):
         words = m.group("words")
@@ -188,7 +207,8 @@ def find_figures(text: str, not_claims: list[str] | None = None, keep_years: set
             continue
         sign = -1.0 if _worded_negative(masked, m.start(), m.end()) else 1.0
         found.append(Figure(text=text[m.start():m.end()], start=m.start(), end=m.end(), value=sign * count,
-                            unit="%" if m.group("pct") else "", step=1.0, significant=_significant(str(count)),
+                            unit="%" if m.group("pct") else "", step=1.0, round_step=_round_step(str(count)),
+                            significant=_significant(str(count)),
                             approx=bool(_APPROX.search(masked[:m.start()]))))
     found.sort(key=lambda f: f.start)
     return _mark_ranges(masked, found)
@@ -239,13 +259,15 @@ def _close(a: float, b: float) -> bool:
 
 def _within(answer: float, target: float, answer_fig: Figure, target_fig: Figure) -> bool:
     """Equal, or `target` rounded to `answer_fig`'s precision: at two significant digits or more;
-    coarser only when the answer says "about" or the target has one decimal (`8%` for 8.4%), and
-    then within `ROUNDING_SLACK` of the target (`about $2M` is not $1.5M)."""
+    coarser only when the answer says "about" (then an integer's trailing zeros are rounding too:
+    `roughly $4,200` for $4,180) or the target has one decimal (`8%` for 8.4%), and then within
+    `ROUNDING_SLACK` of the target (`about $2M` is not $1.5M)."""
     if _close(answer, target):
         return True
-    if abs(answer - target) > answer_fig.step / 2 * (1 + 1e-9):
+    step = answer_fig.round_step if answer_fig.approx else answer_fig.step
+    if abs(answer - target) > step / 2 * (1 + 1e-9):
         return False
-    if answer_fig.significant >= 2:
+    if answer_fig.significant >= 2 and step == answer_fig.step:
         return True
     loose = answer_fig.approx or (target_fig.decimals == 1 and abs(target) >= target_fig.step * 10)
     return loose and abs(answer - target) <= ROUNDING_SLACK * abs(target)
