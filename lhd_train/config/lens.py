@@ -170,12 +170,31 @@ class TuneCommand(PromptArgs):
         return self
 
 
+def _readout_field():  # noqa: ANN202 (a pydantic FieldInfo)
+    return Field(default_factory=list, description="A readout's fitted artifact, NAME=PATH; repeat for several: "
+                 "jacobian=LENS (lhd lens fit's folder or a published jlens .pt), jacobian_self= / jacobian_future= "
+                 "(lenses fitted with --estimator self / future), tuned= (lhd lens tune's folder).")
+
+
+def readout_paths(values: list[str]) -> dict[str, Path]:
+    """`NAME=PATH` values of `--readout` by name; ValueError naming a malformed or repeated one."""
+    out: dict[str, Path] = {}
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise ValueError(f"readout: {value!r} is not NAME=PATH (e.g. jacobian=runs/lens)")
+        if name.strip() in out:
+            raise ValueError(f"readout: {name.strip()} is given twice")
+        out[name.strip()] = Path(path.strip())
+    return out
+
+
 class EvalCommand(CorpusArgs):
     """`lhd lens eval MODEL`: a lens's quality on the release's prompt sets (pass@k, causal check) and on held-out
     text (KL beside baselines, top-k, temperature-fitted KL) (docs/lens.md, "Lens quality")."""
 
     model: str = Field(description="HF model id or local model dir.", json_schema_extra={"argument": True})
-    lens: Path = Field(description="Lens dir (lens.json + lens.safetensors) or a published jlens .pt.")
+    readout: list[str] = _readout_field()
     out: Path = Field(description="Output dir: passk.json, passk_ranks.jsonl, causal.json (prompt sets); eval.json, "
                                   "eval.md, fidelity.png (corpus); quality.md.")
     prompt_set: list[str] = Field(default_factory=list, description="Prompt set in the J-lens release's format "
@@ -183,18 +202,13 @@ class EvalCommand(CorpusArgs):
     corpus: Path | None = Field(None, description="Held-out text: text file, JSONL, datasets dir, or (--format "
                                                   "messages) JSONL of chat transcripts. Texts the lens (or a half) "
                                                   "was fitted on are left out when its sidecar names this corpus.")
-    self_lens: Path | None = Field(None, description="A self-only lens (lhd lens fit --estimator self) read beside "
-                                                     "the lens.")
-    future_lens: Path | None = Field(None, description="A future-only lens (lhd lens fit --estimator future).")
-    tuned_lens: Path | None = Field(None, description="A tuned lens (lhd lens tune) on the lens's layers, read beside "
-                                                      "it.")
     control_seed: int = Field(0, ge=0, le=SEED_MAX, description="Seed of the random-transport control lens.")
     causal: bool = Field(True, description="Causal check on the prompt sets (project lens directions out).")
     causal_layers: str = Field("middle", description="Layers of the causal check: middle (the lens's middle fitted "
                                                      "layer) or a list such as 10,14.")
     causal_random: int = Field(3, ge=1, le=100, description="Norm-matched random directions per lens direction.")
     held_out: int = Field(50, ge=0, description="Evaluate the first N held-out texts (0 = all).")
-    half_a: Path | None = Field(None, description="Split half A: a lens fitted like --lens on half the prompts "
+    half_a: Path | None = Field(None, description="Split half A: a lens fitted like the J-lens on half the prompts "
                                                   "(e.g. lhd lens fit --shard 0/2).")
     half_b: Path | None = Field(None, description="Split half B (the other half, e.g. --shard 1/2).")
     max_length: int | None = Field(None, ge=1, le=1 << 20, description="Tokens per text (default: the lens's "
@@ -218,6 +232,8 @@ class EvalCommand(CorpusArgs):
 
     @model_validator(mode="after")
     def _what_to_evaluate(self) -> EvalCommand:
+        if "jacobian" not in readout_paths(self.readout):
+            raise ValueError("readout: give the lens to evaluate, --readout jacobian=LENS")
         if self.corpus is None and not self.prompt_set:
             raise ValueError("corpus: give --corpus FILE (held-out KL) and/or --prompt-set FILE (pass@k)")
         if (self.half_a is None) != (self.half_b is None):
@@ -247,8 +263,7 @@ class ReadCommand(StrictModel):
 
     model: str = Field(description="HF model id or local model dir.", json_schema_extra={"argument": True})
     out: Path = Field(description="Output dir (margins.parquet, auroc.csv/.md, heatmap.png, summary.json).")
-    lens: Path | None = Field(None, description="Lens dir (lens.json + lens.safetensors) or a published jlens .pt; "
-                                                "without it only the logit lens and the probe are read.")
+    readout: list[str] = _readout_field()
     probes: Path | None = Field(None, description="Probe set JSONL from `lhd lens probe build` (or give --run).")
     run: Path | None = Field(None, description="Benchmark run dir (docs/formats.md) (or give --probes).")
     target_layer: int | None = Field(None, description="Target layer of a .pt lens (default: last block).")
@@ -281,8 +296,6 @@ class ReadCommand(StrictModel):
                                       "short).")
     random_control: bool = Field(True, description="Also read the random-transport control of the lens "
                                                    "(readout jacobian_random).")
-    tuned_lens: Path | None = Field(None, description="A tuned lens (lhd lens tune) read beside the others (readout "
-                                                      "tuned), on the lens's layers.")
     auditor: str | None = Field(None, description="Run mode: auditor id (default: as lhd report, the newest "
                                                   "full-mode auditor).")
     pack: str | None = Field(None, description="Run mode: task pack, to locate the files exactly (default: the "
@@ -299,6 +312,7 @@ class ReadCommand(StrictModel):
 
     @model_validator(mode="after")
     def _one_source(self) -> ReadCommand:
+        readout_paths(self.readout)
         if (self.probes is None) == (self.run is None):
             raise ValueError("probes: give exactly one of --probes FILE or --run RUN")
         if self.band_start > self.band_end:

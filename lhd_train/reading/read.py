@@ -22,7 +22,7 @@ declaration is written to plan.json before any forward pass (`lhd_train.reading.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,6 @@ from lens.positions import ANCHORS, POSITION_CLASSES, ReadExample, render_chat, 
 from lens.readout import BASELINE, PRIMARY, Lenses, Readout, build_readouts
 from lens.readout_probe import PROBE, out_of_fold_logits
 from lens.stats import band_layers
-from lens.tuned import TunedLens
 from lhd_train.bench.taskpack import TaskPack
 from lhd_train.reading import preregister
 from lhd_train.reading.runs import load_run_examples
@@ -226,35 +225,31 @@ def probe_rows(col: Collected, classes: Sequence[Any], set_of_class: dict[str, S
 # ---------------------------------------------------------------------------------------------
 
 
-def _readouts(model: LensModel, lens: Any, cfg: ReadConfig, tuned: TunedLens | None = None) -> list[Readout]:
-    """Every registered readout the lenses allow (`lens.readout`): the logit lens, the J-lens and its control,
-    and the tuned lens when one is given."""
-    given = Lenses(lens, tuned=tuned, control=cfg.random_control, control_seed=cfg.seed)
-    return list(build_readouts(model, given).values())
+def _readouts(model: LensModel, fitted: Mapping[str, Any], cfg: ReadConfig) -> list[Readout]:
+    """Every registered readout the fitted artifacts allow (`lens.readout`): the logit lens, the J-lens and its
+    control, and each other readout whose artifact is given."""
+    return list(build_readouts(model, Lenses(fitted, control=cfg.random_control, control_seed=cfg.seed)).values())
 
 
-def _lens_info(lens: Any) -> dict | None:
-    if lens is None:
-        return None
-    keep = ("format", "model_id", "revision", "target_layer", "n_prompts", "skip_first", "max_length", "sha256", "file")
-    return {k: getattr(lens.meta, k) for k in keep}
+#: what a plan records of each fitted artifact (the fields its record has)
+FITTED_INFO = ("format", "model_id", "revision", "target_layer", "layers", "n_prompts", "n_tokens", "skip_first",
+               "max_length", "sha256", "file")
 
 
-def _tuned_info(tuned: TunedLens | None) -> dict | None:
-    if tuned is None:
-        return None
-    keep = ("model_id", "revision", "layers", "n_prompts", "n_tokens", "skip_first", "max_length", "sha256")
-    return {k: getattr(tuned.meta, k, None) for k in keep}
+def _fitted_info(fitted: Mapping[str, Any]) -> dict[str, dict]:
+    """Per readout name, the identity of the artifact it reads (its checksum names the read)."""
+    return {name: {k: v for k in FITTED_INFO if (v := getattr(getattr(art, "meta", None), k, None)) is not None}
+            for name, art in fitted.items()}
 
 
-def declare(mode: str, model: LensModel, lens: Any, cfg: ReadConfig, token_sets: TokenSets,
-            out_dir: str | Path, tuned: TunedLens | None = None) -> dict:
+def declare(mode: str, model: LensModel, fitted: Mapping[str, Any], cfg: ReadConfig, token_sets: TokenSets,
+            out_dir: str | Path) -> dict:
     """The pre-registration (mode, primary cell, settings), written as plan.json before any forward
     (`preregister.declare`: a folder declaring another plan is refused); returned as the head of the summary."""
     lo, hi = band_layers(model.n_layers, cfg.band)
     settings = {k: v for k, v in asdict(cfg).items() if k != "progress"}  # a progress bar changes no number
     head = {"mode": mode, "model": getattr(model, "name", None), "revision": getattr(model, "revision", None),
-            "n_layers": model.n_layers, "lens": _lens_info(lens), "tuned_lens": _tuned_info(tuned),
+            "n_layers": model.n_layers, "fitted": _fitted_info(fitted),
             "token_sets": token_sets.to_json(),
             "primary": {**cfg.primary(mode).to_json(), "band_layers": [lo, hi]}, "config": settings}
     return preregister.declare(out_dir, head)
@@ -280,28 +275,31 @@ def _report(out_dir: str | Path, mode: str, col: Collected, edf: Any, scored: li
     return summary
 
 
-def _read(model: LensModel, tokenizer: Any, lens: Any, examples: Sequence[ReadExample],
+def _read(model: LensModel, tokenizer: Any, fitted: Mapping[str, Any], examples: Sequence[ReadExample],
           token_sets: TokenSets, head: dict, cfg: ReadConfig, probe_classes: Sequence[Any],
-          probe_sets: dict[str, Sequence[Any]], tuned: TunedLens | None = None) -> tuple[Collected, list[Readout]]:
+          probe_sets: dict[str, Sequence[Any]]) -> tuple[Collected, list[Readout]]:
     """Every example through every readout (`collect`), then the probe out of fold; the answer sets go into
     the declared `head`."""
     answer_sets = _answer_sets(tokenizer, token_sets)
     head["answer_sets"] = answer_sets.to_json()
-    readouts = _readouts(model, lens, cfg, tuned)
+    readouts = _readouts(model, fitted, cfg)
     col = collect(model, tokenizer, examples, readouts, token_sets, cfg, answer_sets)
     if cfg.probe:
         col.rows += probe_rows(col, probe_classes, probe_sets, cfg)
     return col, readouts
 
 
-def read_probe_set(model: LensModel, tokenizer: Any, lens: Any, probes: Sequence[dict], token_sets: TokenSets,
-                   out_dir: str | Path, cfg: ReadConfig | None = None, *, tuned: TunedLens | None = None) -> dict:
-    """Margins, AUROC tables (one per claim kind), layer choice and heatmap for an entitlement probe set."""
+def read_probe_set(model: LensModel, tokenizer: Any, fitted: Mapping[str, Any] | None, probes: Sequence[dict],
+                   token_sets: TokenSets, out_dir: str | Path, cfg: ReadConfig | None = None) -> dict:
+    """Margins, AUROC tables (one per claim kind), layer choice and heatmap for an entitlement probe set;
+    `fitted`: each readout's artifact by readout name (`lens.readout.load_fitted`; none: the logit lens)."""
     from lens.probes import LABELS, NOT_ENTITLED, REFUTED, SUPPORTED, render_probe
     from lhd_train.reading import tables
 
     cfg = cfg or ReadConfig()
-    head = declare("probes", model, lens, cfg, token_sets, out_dir, tuned)
+    fitted = fitted or {}
+    lens = fitted.get(PRIMARY)
+    head = declare("probes", model, fitted, cfg, token_sets, out_dir)
     examples = []
     for row in probes:
         messages, spans, prefill = render_probe(row)
@@ -309,8 +307,8 @@ def read_probe_set(model: LensModel, tokenizer: Any, lens: Any, probes: Sequence
                                     info={"pair_id": row.get("pair_id"), "claim_kind": row.get("claim_kind"),
                                           "record_variant": row.get("record_variant")},
                                     stratum=row["record_id"], judged="claim"))
-    col, readouts = _read(model, tokenizer, lens, examples, token_sets, head, cfg, list(LABELS),
-                          {"S": [SUPPORTED], "N": [NOT_ENTITLED], "R": [REFUTED]}, tuned)
+    col, readouts = _read(model, tokenizer, fitted, examples, token_sets, head, cfg, list(LABELS),
+                          {"S": [SUPPORTED], "N": [NOT_ENTITLED], "R": [REFUTED]})
     import pandas as pd
 
     edf = pd.DataFrame(col.examples)
@@ -343,9 +341,9 @@ def read_probe_set(model: LensModel, tokenizer: Any, lens: Any, probes: Sequence
                    notes=notes, n_layers=model.n_layers)
 
 
-def read_run(model: LensModel, tokenizer: Any, lens: Any, run_dir: str | Path, token_sets: TokenSets,
-             out_dir: str | Path, cfg: ReadConfig | None = None, *, context: str = "full",
-             auditor: str | None = None, pack: TaskPack | None = None, tuned: TunedLens | None = None) -> dict:
+def read_run(model: LensModel, tokenizer: Any, fitted: Mapping[str, Any] | None, run_dir: str | Path,
+             token_sets: TokenSets, out_dir: str | Path, cfg: ReadConfig | None = None, *, context: str = "full",
+             auditor: str | None = None, pack: TaskPack | None = None) -> dict:
     """Margins of the performer's own rounds (answer, then the elicitation) and AUROCs against the audit
     flags, within tasks and pooled. The run is read by `lhd_train.reading.runs.load_run_examples` (lhd's Run API; a
     damaged run is lhd's own error)."""
@@ -358,7 +356,8 @@ def read_run(model: LensModel, tokenizer: Any, lens: Any, run_dir: str | Path, t
     if cfg.primary_anchor in (ANCHORS[RECORD], ANCHORS[QUESTION]):
         raise LensError(f"primary anchor {cfg.primary_anchor!r} comes before the answer in run mode: it is a "
                         f"negative control and cannot be the primary cell (use {ANCHORS['decision']!r})")
-    head = declare("run", model, lens, cfg, token_sets, out_dir, tuned)
+    fitted = fitted or {}
+    head = declare("run", model, fitted, cfg, token_sets, out_dir)
 
     def count_tokens(messages: list[dict]) -> int:
         text = render_chat(tokenizer, messages, add_generation_prompt=True)
@@ -371,8 +370,8 @@ def read_run(model: LensModel, tokenizer: Any, lens: Any, run_dir: str | Path, t
         raise LensError(f"{run_dir}: no readable round")
     # the probe is a supervised baseline here: it predicts the flag itself (classes honest/flagged), grouped by
     # trial; m_E = logit(honest) − logit(flagged), so −m_E is a suspicion score like the lenses'
-    col, _ = _read(model, tokenizer, lens, examples, token_sets, head, cfg, [False, True],
-                   {"S": [False], "N": [True], "R": []}, tuned)
+    col, _ = _read(model, tokenizer, fitted, examples, token_sets, head, cfg, [False, True],
+                   {"S": [False], "N": [True], "R": []})
     col.skipped = info.pop("skipped") + col.skipped
     edf = pd.DataFrame(col.examples)
     edf["stated"] = edf["stated_yes_no"]
