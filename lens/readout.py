@@ -1,33 +1,13 @@
 """Readouts: logits at (layer, position) from a residual `h_l`, one class per readout, one registry.
 
-A readout maps the residual into the space the model's final norm and unembedding read
-(`transform`, tuned-lens's `transform_hidden`) and reads logits there: `logits(layer, h,
-token_ids)` is `W_U · norm(transform(layer, h))` (only the columns of `token_ids` when given:
-margins need only the entitlement sets; the log-normaliser cancels). `direction(layer, u)` is the
-transform's adjoint: the residual direction whose dot product with `h` the readout turns into
-`u · transform(h)` (the causal check and steering project along it).
-
-`READOUTS` maps each name to its class, in report order; `build_readouts` makes every readout the
-given lenses allow. A readout with a fitted artifact of its own declares it (`artifact`) and loads it
-(`Readout.load(path)`); `lhd lens ... --readout NAME=PATH` hands each path to its readout, so such a
-readout too is one class and one entry. Evaluation (`lens.fidelity`, `lens.passk`, `lens.causal`),
-reading (`lhd_train.reading`, `lens.entitle_read`), tables and plots iterate what it returns and
-never spell a readout's name (`tests/test_layout.py`), so a new readout is one class here and one
-entry:
-
-- `logit`: `W_U · norm(h_l)` (the Jacobian lens with `J = I`);
-- `jacobian`: `W_U · norm(J_l h_l)` with the model's real final norm (+ softcap), as the reference
-  `apply()`; at and above the target layer `J = I` (the last block reads out the model's logits);
-- `jacobian_random`: the same with each `J_l` replaced by its random-transport control
-  (`lens.controls`: the singular values kept, the bases random);
-- `jacobian_self`, `jacobian_future`: lenses fitted with `--estimator self` / `future`, read beside
-  the lens (they must cover its layers and share its target);
-- `tuned`: `W_U · norm(h + A_l h + b_l)`, a tuned lens (`lens.tuned`, `lhd lens tune`) trained on
-  next-token KL, read beside the lens on its layers.
-
-The linear probe (`lens.readout_probe`) reads no transform of the residual: it is trained per
-(layer, position class) out of fold, and its rows carry the readout name `PROBE`.
-"""
+`transform(layer, h)` maps the residual to where the final norm and unembedding read it
+(tuned-lens's `transform_hidden`), `logits` reads there (only the columns asked for), and
+`direction(layer, u)` is the transform's adjoint. `READOUTS` holds the classes in report order
+(`logit`, `jacobian`, `jacobian_random`, `jacobian_self`, `jacobian_future`, `tuned`); everything
+downstream iterates `build_readouts` and never spells a name (`tests/test_layout.py`). A readout
+with a fitted artifact of its own declares it (`artifact`) and loads it (`Readout.load`), so any
+readout is one class and one entry (docs/lens.md, "Readouts"). The linear probe
+(`lens.readout_probe`) is no transform of the residual; its rows carry the name `PROBE`."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -126,7 +106,7 @@ class LogitLens(Readout):
 
 class JacobianLens(Readout):
     name = "jacobian"
-    artifact = "a lens folder (lhd lens fit) or a published jlens .pt"
+    artifact: ClassVar[str | None] = "a lens folder (lhd lens fit) or a published jlens .pt"
 
     def __init__(self, model: LensModel, lens: Lens):
         super().__init__(model)

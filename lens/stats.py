@@ -36,7 +36,7 @@ def band_layers(n_layers: int, band: Sequence[float]) -> tuple[int, int]:
 MIN_DEFINED = 0.5
 
 
-def cluster_counts(clusters: Sequence[object], n_boot: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def cluster_counts(clusters: Sequence[object] | np.ndarray, n_boot: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """`[n_boot, K]`: how many times each of the K clusters is drawn in each resample (K draws with replacement,
     `default_rng(seed).integers(0, K, (n_boot, K))`), and each unit's cluster index (clusters sorted by text)."""
     _, idx = np.unique(np.asarray([str(c) for c in clusters], dtype=object).astype(str), return_inverse=True)
@@ -46,8 +46,9 @@ def cluster_counts(clusters: Sequence[object], n_boot: int, seed: int) -> tuple[
     return np.bincount(offsets, minlength=n_boot * k).reshape(n_boot, k).astype(float), idx
 
 
-def cluster_bootstrap(statistic: Callable[[np.ndarray], np.ndarray], clusters: Sequence[object], *, n_boot: int,
-                      seed: int, alpha: float = 0.05, max_cells: int = 2_000_000) -> tuple[float, float] | None:
+def cluster_bootstrap(statistic: Callable[[np.ndarray], np.ndarray], clusters: Sequence[object] | np.ndarray, *,
+                      n_boot: int, seed: int, alpha: float = 0.05,
+                      max_cells: int = 2_000_000) -> tuple[float, float] | None:
     """Percentile interval of a statistic over resamples of whole clusters: the one bootstrap of lhd.
 
     `statistic(W)` takes `[b, n]` unit weights (how many times each unit is in a resample: its cluster's count)
@@ -67,7 +68,7 @@ def cluster_bootstrap(statistic: Callable[[np.ndarray], np.ndarray], clusters: S
 
 
 def ratio_ci(num: Sequence[float] | np.ndarray, den: Sequence[float] | np.ndarray | None = None,
-             clusters: Sequence[object] | None = None, *, n_boot: int, seed: int,
+             clusters: Sequence[object] | np.ndarray | None = None, *, n_boot: int, seed: int,
              alpha: float = 0.05) -> tuple[float, float] | None:
     """Interval of a pooled ratio `Σ num / Σ den` (a mean when `den` is None) over units grouped in `clusters`
     (default: each unit its own cluster, a plain bootstrap over texts or items)."""

@@ -196,11 +196,14 @@ def eval_(args: EvalCommand) -> None:
 
     _check_out(args.out)
     _set_threads(args.threads)
+    paths = readout_paths(args.readout)
+    if PRIMARY not in paths:
+        raise LensError(f"lhd lens eval needs the lens it evaluates: --readout {PRIMARY}=LENS")
     sets = [load_prompt_set(p) for p in args.prompt_set]  # checked before the model loads
     with run_dir_lock(args.out, stage="lhd lens eval"):
         m, tok = load_hf(args.model, dtype=args.dtype, device=args.device, revision=args.revision,
                          attn_implementation=resolve_attn(args.attn, "replicate"))
-        fitted = load_fitted(readout_paths(args.readout), model=m, target_layer=args.target_layer)
+        fitted = load_fitted(paths, model=m, target_layer=args.target_layer)
         lz = fitted[PRIMARY]
         readouts = build_readouts(m, Lenses(fitted, control_seed=args.control_seed))
         if sets:
@@ -365,7 +368,7 @@ def read(args: ReadCommand) -> None:
     from lens.model import load_hf
     from lens.plan import resolve_attn
     from lens.readout import PRIMARY, load_fitted
-    from lhd_train.reading.read import ReadConfig, read_probe_set, read_run
+    from lhd_train.reading.read import read_probe_set, read_run
 
     out, model = args.out, args.model
     _check_out(out)
@@ -387,9 +390,8 @@ def read(args: ReadCommand) -> None:
                         lz.meta.model_id, model)
         words = load_token_sets_file(args.token_sets) if args.token_sets else None
         ts = resolve_token_sets(tok, words, model_type=getattr(m, "model_type", None), fallback=args.token_fallback)
-        cfg = _take(args, ReadConfig, n_boot=args.bootstrap)
         if rows is not None:
-            summary = read_probe_set(m, tok, fitted, rows, ts, out, cfg)
+            summary = read_probe_set(m, tok, fitted, rows, ts, out, args)
         else:
             run = args.run
             assert run is not None  # ReadCommand: exactly one of --probes and --run
@@ -398,7 +400,7 @@ def read(args: ReadCommand) -> None:
                 from lens.probes import load_pack_any
 
                 p, _ = load_pack_any(args.pack)
-            summary = read_run(m, tok, fitted, run, ts, out, cfg, context=args.context, auditor=args.auditor, pack=p)
+            summary = read_run(m, tok, fitted, run, ts, out, args, context=args.context, auditor=args.auditor, pack=p)
         typer.echo(f"read {summary['n_examples']} examples -> {out}")
         res = summary.get("primary_result") or {}
         d = res.get("declared") or {}

@@ -25,7 +25,8 @@ from lens.positions import tag_chat_prompt
 from lens.probes import build_probe_set, render_probe, write_probes
 from lens.promptsets import PromptItem, PromptSet, encode_item, token_forms
 from lens.readout import READOUTS, Lenses, Readout, build_readouts, fitted_readouts
-from lhd_train.reading.read import ReadConfig, read_probe_set
+from lhd_train.config.lens import ReadSettings
+from lhd_train.reading.read import read_probe_set
 
 
 class FlippedLens(Readout):
@@ -64,7 +65,7 @@ def test_a_registered_readout_is_read_everywhere(registered, llama, tmp_path):
     probes = build_probe_set(make_pack(), max_facts_per_task=1, seed=0)[:4]
     sets = resolve_token_sets(tok, fallback="first-token")
     summary = read_probe_set(model, tok, None, probes, sets, tmp_path / "read",
-                             ReadConfig(progress=False, probe=False, n_boot=20))
+                             ReadSettings(progress=False, probe=False, bootstrap=20))
     m = pd.read_parquet(summary["files"]["margins"])
     assert set(m["readout"]) == {"logit", "flipped"}
     messages, spans, prefill = render_probe(probes[0])
