@@ -36,7 +36,7 @@ from lens.model import block_outputs, capture, run
 from lens.passk import token_ranks
 from lens.promptsets import PromptSet, encode_item, token_forms
 from lens.readout import BASELINE, PRIMARY, Readout
-from lens.stats import percentile_ci, ratio_of_sums
+from lens.stats import ratio_ci
 
 ENTITLEMENT, RANDOM = "entitlement", "random:"
 
@@ -174,14 +174,8 @@ def summarise_causal(rows: Sequence[dict[str, Any]], *, n_boot: int = 1000, seed
                 "kl_ratio": float(kl.mean() / kl_r.mean()) if kl_r.mean() > 0 else None,
                 "answer_rank_worse": float(np.mean([r["answer_rank_after"] > r["answer_rank_before"]
                                                     for r in lens_rows]))}
-            # resample items (an item's intermediates stay together): per item, the sum of differences and the count
-            items = [k[0] for k in keys]
-            per_item = {i: [0.0, 0] for i in items}
-            for i, d in zip(items, kl - kl_r, strict=True):
-                per_item[i][0] += float(d)
-                per_item[i][1] += 1
-            sums, counts = (np.asarray([v[j] for v in per_item.values()], dtype=float) for j in (0, 1))
-            ci = percentile_ci(ratio_of_sums, sums, counts, n_boot=n_boot, seed=seed)
+            # resample items (an item's intermediates stay together)
+            ci = ratio_ci(kl - kl_r, None, [k[0] for k in keys], n_boot=n_boot, seed=seed)
             if ci is not None:
                 entry["kl_diff_ci"] = list(ci)
             per[kind] = entry

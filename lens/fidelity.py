@@ -40,7 +40,7 @@ from lens.corpus import CorpusSpec, encode_messages, encode_prompt, load_corpus
 from lens.errors import LensError
 from lens.model import LensModel, block_outputs
 from lens.readout import BASELINE, PRIMARY, JacobianLens, Readout
-from lens.stats import band_layers, percentile_ci, ratio_of_sums
+from lens.stats import band_layers, ratio_ci
 from lens.store import Lens
 from lens.tuned import TunedLens
 
@@ -131,7 +131,7 @@ def _mean(s: np.ndarray, n: np.ndarray) -> float | None:
 
 def _diff_ci(a: np.ndarray, b: np.ndarray, n: np.ndarray, n_boot: int, seed: int) -> tuple[float | None, float | None]:
     """95 % percentile interval of the pooled mean of `a − b` over texts resampled with replacement."""
-    ci = percentile_ci(ratio_of_sums, a - b, n, n_boot=n_boot, seed=seed) if np.isfinite(a - b).all() else None
+    ci = ratio_ci(a - b, n, n_boot=n_boot, seed=seed) if np.isfinite(a - b).all() else None
     return ci or (None, None)
 
 

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from lens.stats import percentile_ci, ratio_of_sums
+from lens.stats import ratio_ci
 
 
 @dataclass(frozen=True)
@@ -70,11 +70,7 @@ def paired_auroc(scores: Sequence[float], positive: Sequence[bool], groups: Sequ
     if not total:
         return PairedAuroc(nan, nan, nan, 0, 0, n_pos, n_neg, n_clusters)
     point = sum(wins.values()) / total
-    names = sorted(set(cluster_of.values()))
-    idx = {name: i for i, name in enumerate(names)}
-    cw, cp = np.zeros(len(names)), np.zeros(len(names))
-    for grp in paired:
-        cw[idx[cluster_of[grp]]] += wins[grp]
-        cp[idx[cluster_of[grp]]] += pairs[grp]
-    lo, hi = percentile_ci(ratio_of_sums, cw, cp, n_boot=n_boot, seed=seed, alpha=alpha) or (nan, nan)
+    ci = ratio_ci([wins[grp] for grp in paired], [pairs[grp] for grp in paired], [cluster_of[grp] for grp in paired],
+                  n_boot=n_boot, seed=seed, alpha=alpha)
+    lo, hi = ci or (nan, nan)
     return PairedAuroc(point, lo, hi, total, len(paired), n_pos, n_neg, n_clusters)

@@ -9,7 +9,7 @@ layers. Then
 
     pass@k = mean over items of (share of the item's intermediates whose score <= k)
 
-for k = 1, 5, 10, 50, with a 95 % percentile interval from a bootstrap over items (`lens.stats.percentile_ci`), and
+for k = 1, 5, 10, 50, with a 95 % percentile interval from a bootstrap over items (`lens.stats.ratio_ci`), and
 `auc` = the area under pass@k against log k for k in [1, K_AUC], normalised to 1, which for one
 intermediate of score r is `max(0, 1 − log r / log K_AUC)`. Every readout is scored over the same
 layers (the lens's source layers), so the logit lens is compared on the layers the J-lens reads.
@@ -28,7 +28,7 @@ from lens.errors import LensError
 from lens.model import LensModel, block_outputs
 from lens.promptsets import PromptSet, TokenForms, encode_item, token_forms
 from lens.readout import BASELINE, PRIMARY, Readout
-from lens.stats import percentile_ci
+from lens.stats import ratio_ci
 
 KS = (1, 5, 10, 50)
 K_AUC = 1000
@@ -97,7 +97,7 @@ def item_auc(rows: Sequence[ItemRanks], readout: str, k_max: int = K_AUC) -> np.
 
 
 def _interval(per_item: np.ndarray, n_boot: int, seed: int) -> list[float] | None:
-    ci = percentile_ci(np.mean, per_item, n_boot=n_boot, seed=seed)
+    ci = ratio_ci(per_item, n_boot=n_boot, seed=seed)
     return None if ci is None else list(ci)
 
 

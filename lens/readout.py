@@ -1,34 +1,19 @@
 """Readouts: logits at (layer, position) from a residual `h_l`, one class per readout, one registry.
 
-A readout maps the residual into the space the model's final norm and unembedding read
-(`transform`, tuned-lens's `transform_hidden`) and reads logits there: `logits(layer, h,
-token_ids)` is `W_U · norm(transform(layer, h))` (only the columns of `token_ids` when given:
-margins need only the entitlement sets; the log-normaliser cancels). `direction(layer, u)` is the
-transform's adjoint: the residual direction whose dot product with `h` the readout turns into
-`u · transform(h)` (the causal check and steering project along it).
-
-`READOUTS` maps each name to its class, in report order; `build_readouts` makes every readout the
-given lenses allow. Evaluation (`lens.fidelity`, `lens.passk`, `lens.causal`), reading (`lhd_train.reading`,
-`lens.entitle_read`), tables and plots iterate what it returns and never spell a readout's name
-(`tests/test_layout.py`), so a new readout is one class here and one entry:
-
-- `logit`: `W_U · norm(h_l)` (the Jacobian lens with `J = I`);
-- `jacobian`: `W_U · norm(J_l h_l)` with the model's real final norm (+ softcap), as the reference
-  `apply()`; at and above the target layer `J = I` (the last block reads out the model's logits);
-- `jacobian_random`: the same with each `J_l` replaced by its random-transport control
-  (`lens.controls`: the singular values kept, the bases random);
-- `jacobian_self`, `jacobian_future`: lenses fitted with `--estimator self` / `future`, read beside
-  the lens (they must cover its layers and share its target);
-- `tuned`: `W_U · norm(h + A_l h + b_l)`, a tuned lens (`lens.tuned`, `lhd lens tune`) trained on
-  next-token KL, read beside the lens on its layers.
-
-The linear probe (`lens.readout_probe`) reads no transform of the residual: it is trained per
-(layer, position class) out of fold, and its rows carry the readout name `PROBE`.
-"""
+`transform(layer, h)` maps the residual to where the final norm and unembedding read it
+(tuned-lens's `transform_hidden`), `logits` reads there (only the columns asked for), and
+`direction(layer, u)` is the transform's adjoint. `READOUTS` holds the classes in report order
+(`logit`, `jacobian`, `jacobian_random`, `jacobian_self`, `jacobian_future`, `tuned`); everything
+downstream iterates `build_readouts` and never spells a name (`tests/test_layout.py`). A readout
+with a fitted artifact of its own declares it (`artifact`) and loads it (`Readout.load`), so any
+readout is one class and one entry (docs/lens.md, "Readouts"). The linear probe
+(`lens.readout_probe`) is no transform of the residual; its rows carry the name `PROBE`."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -36,28 +21,33 @@ import torch
 from lens.controls import random_transport
 from lens.errors import LensError
 from lens.model import LensModel
-from lens.store import Lens
-from lens.tuned import TunedLens
+from lens.store import Lens, load_lens
+from lens.tuned import TunedLens, load_tuned_lens
 
 
 @dataclass(frozen=True)
 class Lenses:
-    """What the readouts are built from: the lens (None: the logit lens only), the optional self-only and
-    future-only lenses and tuned lens, and whether (and with which seed) to read the lens's random-transport
-    control."""
+    """What the readouts are built from: the fitted artifacts by the name of the readout that declares them
+    (`Readout.load`; none: the logit lens only), and whether (and with which seed) to read the J-lens's
+    random-transport control."""
 
-    lens: Lens | None = None
-    self_lens: Lens | None = None
-    future_lens: Lens | None = None
-    tuned: TunedLens | None = None
+    fitted: Mapping[str, Any] = field(default_factory=dict)
     control: bool = True
     control_seed: int = 0
+
+    @property
+    def lens(self) -> Lens | None:
+        """The J-lens, which the control and the lenses read beside it are built on."""
+        return self.fitted.get(PRIMARY)
 
 
 class Readout(ABC):
     """One way to read logits from a residual; subclasses set `name` and register in `READOUTS`."""
 
     name: ClassVar[str]
+    #: what `load` reads, in words, for a readout with a fitted artifact of its own (None: it reads the model,
+    #: or another readout's artifact)
+    artifact: ClassVar[str | None] = None
 
     def __init__(self, model: LensModel):
         self.model = model
@@ -67,6 +57,13 @@ class Readout(ABC):
         """The fitted lens this readout applies (a J-lens or a tuned lens, whose checksum names the read);
         None when it reads the model alone."""
         return None
+
+    @classmethod
+    def load(cls, path: str | Path, *, model: LensModel | None = None, target_layer: int | None = None) -> Any:
+        """This readout's fitted artifact from `path` (checked against `model`); only readouts that declare an
+        `artifact` have one."""
+        raise LensError(f"the {cls.name} readout reads no artifact of its own (--readout takes: "
+                        f"{', '.join(fitted_readouts())})")
 
     @classmethod
     @abstractmethod
@@ -109,6 +106,7 @@ class LogitLens(Readout):
 
 class JacobianLens(Readout):
     name = "jacobian"
+    artifact: ClassVar[str | None] = "a lens folder (lhd lens fit) or a published jlens .pt"
 
     def __init__(self, model: LensModel, lens: Lens):
         super().__init__(model)
@@ -124,9 +122,13 @@ class JacobianLens(Readout):
         return self.lens
 
     @classmethod
+    def load(cls, path: str | Path, *, model: LensModel | None = None, target_layer: int | None = None) -> Lens:
+        return load_lens(path, model=model, target_layer=target_layer)
+
+    @classmethod
     def source(cls, lenses: Lenses) -> Lens | None:
         """The lens this readout applies, from the given ones (None: not read)."""
-        return lenses.lens
+        return lenses.fitted.get(cls.name)
 
     @classmethod
     def build(cls, model: LensModel, lenses: Lenses) -> Readout | None:
@@ -152,6 +154,7 @@ class RandomTransportLens(JacobianLens):
     """The lens's null control: what a J-lens readout shows when `J_l` carries no information about the model."""
 
     name = "jacobian_random"
+    artifact = None  # built from the J-lens
 
     @classmethod
     def source(cls, lenses: Lenses) -> Lens | None:
@@ -177,9 +180,11 @@ class SelfLens(JacobianLens):
 
     name = "jacobian_self"
 
+    artifact = "a lens folder fitted with --estimator self"
+
     @classmethod
     def source(cls, lenses: Lenses) -> Lens | None:
-        return _beside(lenses.self_lens, lenses, "self-only")
+        return _beside(lenses.fitted.get(cls.name), lenses, "self-only")
 
 
 class FutureLens(JacobianLens):
@@ -187,15 +192,18 @@ class FutureLens(JacobianLens):
 
     name = "jacobian_future"
 
+    artifact = "a lens folder fitted with --estimator future"
+
     @classmethod
     def source(cls, lenses: Lenses) -> Lens | None:
-        return _beside(lenses.future_lens, lenses, "future-only")
+        return _beside(lenses.fitted.get(cls.name), lenses, "future-only")
 
 
 class TunedLensReadout(Readout):
     """The tuned lens: what a translator trained to reproduce the model's next-token distribution reads."""
 
     name = "tuned"
+    artifact = "a tuned-lens folder (lhd lens tune)"
 
     def __init__(self, model: LensModel, tuned: TunedLens):
         super().__init__(model)
@@ -208,8 +216,12 @@ class TunedLensReadout(Readout):
         return self.tuned
 
     @classmethod
+    def load(cls, path: str | Path, *, model: LensModel | None = None, target_layer: int | None = None) -> TunedLens:
+        return load_tuned_lens(path, model=model)
+
+    @classmethod
     def build(cls, model: LensModel, lenses: Lenses) -> Readout | None:
-        tuned, lens = lenses.tuned, lenses.lens
+        tuned, lens = lenses.fitted.get(cls.name), lenses.lens
         if tuned is None:
             return None
         layers = [] if lens is None else lens.source_layers
@@ -232,6 +244,21 @@ READOUTS: dict[str, type[Readout]] = {cls.name: cls for cls in (LogitLens, Jacob
                                                                 SelfLens, FutureLens, TunedLensReadout)}
 #: the readout every other one is compared with (`J = I`), and the one whose results are the headline
 BASELINE, PRIMARY = LogitLens.name, JacobianLens.name
+
+
+def fitted_readouts() -> list[str]:
+    """The readouts with a fitted artifact of their own: the names `--readout NAME=PATH` takes."""
+    return [name for name, cls in READOUTS.items() if cls.artifact is not None]
+
+
+def load_fitted(paths: Mapping[str, str | Path], *, model: LensModel | None = None,
+                target_layer: int | None = None) -> dict[str, Any]:
+    """Each readout's artifact from its path (`--readout NAME=PATH`), through the readout's own `load`."""
+    unknown = sorted(set(paths) - set(fitted_readouts()))
+    if unknown:
+        raise LensError(f"--readout {unknown[0]}=...: no readout of that name loads an artifact (allowed: "
+                        f"{', '.join(fitted_readouts())})")
+    return {name: READOUTS[name].load(path, model=model, target_layer=target_layer) for name, path in paths.items()}
 
 
 def build_readouts(model: LensModel, lenses: Lenses) -> dict[str, Readout]:

@@ -5,9 +5,10 @@ Scores within `TIE_RTOL` of the largest score's magnitude are ties: the same tex
 float32 can differ in its last bits when the rest of the sequence (and so the kernels' blocking)
 changes, and such noise must not order examples (a record read in every trial of a task would
 otherwise score an AUROC away from ½ on some CPUs).
-The bootstrap resamples *clusters* (records, or trials) with replacement, so examples that share a
-record are never treated as independent; a resample is a vector of cluster counts, which makes
-each bootstrap AUROC a weighted AUROC over one shared sort.
+The bootstrap (`cluster_bootstrap`, lhd's one) resamples *clusters* (records, trials, tasks) with
+replacement, so units that share one are never treated as independent; a resample is a vector of
+cluster counts, which makes each bootstrap AUROC a weighted AUROC over one shared sort. A resample
+that leaves the statistic undefined (one class only) is dropped (`MIN_DEFINED`).
 
 The *within-stratum* (stratified) AUROC counts only the positive–negative pairs that share a
 stratum (in run mode: a task): `Σ_t num_t / Σ_t n_pos,t·n_neg,t`, i.e. the mean of the per-task
@@ -29,22 +30,58 @@ def band_layers(n_layers: int, band: Sequence[float]) -> tuple[int, int]:
     return int(math.floor(band[0] * (n_layers - 1))), int(math.ceil(band[1] * (n_layers - 1)))
 
 
-def percentile_ci(statistic: Callable[..., np.ndarray], *samples: np.ndarray, n_boot: int, seed: int,
-                  alpha: float = 0.05) -> tuple[float, float] | None:
-    """Percentile interval of `statistic(*samples, axis=-1)` over `n_boot` resamples of the units (the entries
-    of `samples`, drawn together: `scipy.stats.bootstrap`, paired); None with fewer than 2 units or no resample."""
-    if n_boot <= 0 or len(samples[0]) < 2:
+#: The resample policy of `cluster_bootstrap`: a resample whose statistic is undefined (its clusters hold one
+#: class only, or no denominator) is dropped and the interval is taken over the others; when fewer than this
+#: share of the resamples is defined there is no interval, since the rest describe a biased subset of draws.
+MIN_DEFINED = 0.5
+
+
+def cluster_counts(clusters: Sequence[object] | np.ndarray, n_boot: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """`[n_boot, K]`: how many times each of the K clusters is drawn in each resample (K draws with replacement,
+    `default_rng(seed).integers(0, K, (n_boot, K))`), and each unit's cluster index (clusters sorted by text)."""
+    _, idx = np.unique(np.asarray([str(c) for c in clusters], dtype=object).astype(str), return_inverse=True)
+    k = int(idx.max()) + 1 if len(idx) else 0
+    draws = np.random.default_rng(seed).integers(0, k, size=(n_boot, k)) if k else np.zeros((n_boot, 0), int)
+    offsets = (np.arange(n_boot)[:, None] * k + draws).ravel()
+    return np.bincount(offsets, minlength=n_boot * k).reshape(n_boot, k).astype(float), idx
+
+
+def cluster_bootstrap(statistic: Callable[[np.ndarray], np.ndarray], clusters: Sequence[object] | np.ndarray, *,
+                      n_boot: int, seed: int, alpha: float = 0.05,
+                      max_cells: int = 2_000_000) -> tuple[float, float] | None:
+    """Percentile interval of a statistic over resamples of whole clusters: the one bootstrap of lhd.
+
+    `statistic(W)` takes `[b, n]` unit weights (how many times each unit is in a resample: its cluster's count)
+    and returns `[b]` values, NaN where the resample leaves it undefined (`MIN_DEFINED`: dropped). Units that
+    share a cluster (rounds of a trial, facts of a task) are never drawn apart. None with fewer than two
+    clusters, no resample, or too few defined ones. Resamples are scored in chunks of at most `max_cells`."""
+    counts, idx = cluster_counts(clusters, max(n_boot, 0), seed)
+    if n_boot <= 0 or counts.shape[1] < 2:
         return None
-    from scipy.stats import bootstrap
+    chunks = np.array_split(np.arange(n_boot), max(1, n_boot * len(idx) // max_cells + 1))
+    values = np.concatenate([np.asarray(statistic(counts[c][:, idx]), dtype=float) for c in chunks])
+    values = values[np.isfinite(values)]
+    if len(values) < MIN_DEFINED * n_boot:
+        return None
+    lo, hi = np.quantile(values, [alpha / 2, 1 - alpha / 2])
+    return float(lo), float(hi)
 
-    res = bootstrap(samples, statistic, n_resamples=n_boot, paired=True, vectorized=True, method="percentile",
-                    confidence_level=1 - alpha, random_state=np.random.default_rng(seed))
-    return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
+def ratio_ci(num: Sequence[float] | np.ndarray, den: Sequence[float] | np.ndarray | None = None,
+             clusters: Sequence[object] | np.ndarray | None = None, *, n_boot: int, seed: int,
+             alpha: float = 0.05) -> tuple[float, float] | None:
+    """Interval of a pooled ratio `Σ num / Σ den` (a mean when `den` is None) over units grouped in `clusters`
+    (default: each unit its own cluster, a plain bootstrap over texts or items)."""
+    n = np.asarray(num, dtype=float)
+    d = np.ones(len(n)) if den is None else np.asarray(den, dtype=float)
 
-def ratio_of_sums(num: np.ndarray, den: np.ndarray, axis: int = -1) -> np.ndarray:
-    """A pooled mean (`Σ num / Σ den`) as a bootstrap statistic: the units are texts, items or clusters."""
-    return num.sum(axis) / den.sum(axis)
+    def ratio(w: np.ndarray) -> np.ndarray:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            bottom = w @ d
+            return np.where(bottom > 0, (w @ n) / bottom, np.nan)
+
+    return cluster_bootstrap(ratio, range(len(n)) if clusters is None else clusters, n_boot=n_boot, seed=seed,
+                             alpha=alpha)
 
 
 #: scores closer than this share of max(1, the largest |score|) are tied (float32 resolves about 1.2e-7)
@@ -155,29 +192,17 @@ def bootstrap_auroc(
     st = np.zeros(len(s)) if strata is None else np.asarray(strata, dtype=object)[keep]  # pooled: one stratum
     cl = np.arange(len(s)) if clusters is None else np.asarray(clusters, dtype=object)[keep]
     n_pos, n_neg = int(y.sum()), int((~y).sum())
-    _, cidx = np.unique(cl.astype(str), return_inverse=True)
-    n_cl = int(cidx.max()) + 1 if len(cidx) else 0
+    n_cl = len(set(cl.astype(str)))
 
     num, den = _stratum_pair_counts(s, y, st, np.ones((1, len(s))))
     n_pairs = int(den[0])
     if n_pairs == 0:
         return AurocCI(float("nan"), float("nan"), float("nan"), n_pos, n_neg, n_cl, 0)
     point = float(num[0] / den[0])
-    if n_boot <= 0 or n_cl < 2:
-        return AurocCI(point, float("nan"), float("nan"), n_pos, n_neg, n_cl, n_pairs)
-    rng = np.random.default_rng(seed)
-    draws = rng.integers(0, n_cl, size=(n_boot, n_cl))
-    counts = np.zeros((n_boot, n_cl))
-    np.add.at(counts, (np.repeat(np.arange(n_boot), n_cl), draws.ravel()), 1)
-    boots = []
-    for chunk in np.array_split(np.arange(n_boot), max(1, n_boot * len(s) // 2_000_000 + 1)):
-        boots.append(stratified_weighted_auroc(s, y, st, counts[chunk][:, cidx]))
-    b = np.concatenate(boots)
-    b = b[~np.isnan(b)]
-    if len(b) == 0:
-        return AurocCI(point, float("nan"), float("nan"), n_pos, n_neg, n_cl, n_pairs)
-    lo, hi = np.quantile(b, [alpha / 2, 1 - alpha / 2])
-    return AurocCI(point, float(lo), float(hi), n_pos, n_neg, n_cl, n_pairs)
+    ci = cluster_bootstrap(lambda w: stratified_weighted_auroc(s, y, st, w), cl, n_boot=n_boot, seed=seed,
+                           alpha=alpha)
+    lo, hi = ci or (float("nan"), float("nan"))
+    return AurocCI(point, lo, hi, n_pos, n_neg, n_cl, n_pairs)
 
 
 @dataclass

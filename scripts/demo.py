@@ -208,8 +208,9 @@ def main(argv: list[str] | None = None) -> int:
              "lhd_startup_consulting", *p.lens_build, "--out", f"{lens_dir}/probes.jsonl"),
         step("lens: fit a Jacobian lens on the pack's task texts", "lens", "fit", p.model, "--corpus",
              f"{lens_dir}/corpus.jsonl", *p.lens_fit, "--out", f"{lens_dir}/jlens"),
-        step("lens: entitlement margins by layer and position", "lens", "read", p.model, "--lens",
-             f"{lens_dir}/jlens", "--probes", f"{lens_dir}/probes.jsonl", *p.lens_read, "--out", f"{lens_dir}/read",
+        step("lens: entitlement margins by layer and position", "lens", "read", p.model, "--readout",
+             f"jacobian={lens_dir}/jlens", "--probes", f"{lens_dir}/probes.jsonl", *p.lens_read, "--out",
+             f"{lens_dir}/read",
              done=f"{lens_dir}/read/summary.json"),
     ], log=Path(lens_dir) / "demo.log").start()
     say(f"the lens runs alongside; its output goes to {lens.log}")

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from lens.stats import cluster_bootstrap, weighted_auroc
+
 METHOD = ("TF-IDF word 1-2-grams + logistic regression (balanced classes), out-of-fold scores from "
           "stratified cross-validation grouped by trial; 95% interval from a trial bootstrap")
 MAX_FOLDS = 5
@@ -71,19 +73,10 @@ def out_of_fold_scores(texts: Sequence[str], labels: Sequence[bool], groups: Seq
 
 def trial_bootstrap(labels: Sequence[bool], scores: Sequence[float] | np.ndarray, groups: Sequence[str], seed: int = 0,
                     n: int = BOOTSTRAP) -> tuple[float, float] | None:
-    """95% percentile interval of the AUROC over trials drawn with replacement."""
-    y, s, g = np.asarray(labels, dtype=bool), np.asarray(scores, dtype=float), np.asarray(groups)
-    members = [np.flatnonzero(g == t) for t in sorted(set(g))]
-    rng = np.random.default_rng(seed)
-    values: list[float] = []
-    for _ in range(n):
-        idx = np.concatenate([members[i] for i in rng.integers(0, len(members), len(members))])
-        if (value := auroc(y[idx], s[idx])) is not None:  # None: a draw with one class only
-            values.append(value)
-    if len(values) < n // 2:
-        return None
-    lo, hi = np.percentile(values, [2.5, 97.5])
-    return float(lo), float(hi)
+    """95% percentile interval of the AUROC over trials drawn with replacement (`lens.stats.cluster_bootstrap`:
+    a draw with one class only is dropped; no interval when more than half are)."""
+    y, s = np.asarray(labels, dtype=bool), np.asarray(scores, dtype=float)
+    return cluster_bootstrap(lambda w: weighted_auroc(s, y, w), groups, n_boot=n, seed=seed)
 
 
 def detectability(texts: Sequence[str], labels: Sequence[bool], groups: Sequence[str], seed: int = 0,

@@ -149,9 +149,7 @@ def read_cmd(
     from lens.entitle_read import EntitleReadConfig, read_entitle, with_adapter
     from lens.margins import resolve_token_sets
     from lens.model import load_hf
-    from lens.readout import BASELINE, PRIMARY, Lenses, build_readouts
-    from lens.store import load_lens
-    from lens.tuned import load_tuned_lens
+    from lens.readout import BASELINE, PRIMARY, Lenses, SelfLens, TunedLensReadout, build_readouts, load_fitted
     from lhd_train.entitle.store import EntitleDir
     from lhd_train.io.files import read_jsonl
     from lhd_train.rundir.lock import run_dir_lock
@@ -174,10 +172,8 @@ def read_cmd(
     with run_dir_lock(out, stage="lhd entitle read"):
         m, tok = load_hf(model_id, dtype=dtype, device=device)
         m = with_adapter(m, record.model.adapter)
-        given = Lenses(load_lens(lens, model=m) if lens is not None else None,
-                       self_lens=load_lens(lens_self, model=m) if lens_self is not None else None,
-                       tuned=load_tuned_lens(tuned_lens, model=m) if tuned_lens is not None else None,
-                       control_seed=seed)
+        paths = {PRIMARY: lens, SelfLens.name: lens_self, TunedLensReadout.name: tuned_lens}
+        given = Lenses(load_fitted({k: p for k, p in paths.items() if p is not None}, model=m), control_seed=seed)
         readouts = build_readouts(m, given)
         lenses = {name: lz.meta.sha256 for name, ro in readouts.items()
                   if (lz := ro.fitted) is not None and lz.meta.sha256 is not None}

@@ -25,6 +25,7 @@ from lhd_train.config.lens import (
     ReadCommand,
     TuneCommand,
     parse_layers,
+    readout_paths,
 )
 from lhd_train.rundir.lock import run_dir_lock
 from lhd_train.rundir.outputs import check_out_dir
@@ -191,25 +192,20 @@ def eval_(args: EvalCommand) -> None:
     from lens.model import load_hf
     from lens.plan import resolve_attn
     from lens.promptsets import load_prompt_set
-    from lens.readout import Lenses, build_readouts
-    from lens.store import load_lens
-    from lens.tuned import load_tuned_lens
+    from lens.readout import PRIMARY, Lenses, build_readouts, load_fitted
 
     _check_out(args.out)
     _set_threads(args.threads)
+    paths = readout_paths(args.readout)
+    if PRIMARY not in paths:
+        raise LensError(f"lhd lens eval needs the lens it evaluates: --readout {PRIMARY}=LENS")
     sets = [load_prompt_set(p) for p in args.prompt_set]  # checked before the model loads
     with run_dir_lock(args.out, stage="lhd lens eval"):
         m, tok = load_hf(args.model, dtype=args.dtype, device=args.device, revision=args.revision,
                          attn_implementation=resolve_attn(args.attn, "replicate"))
-
-        def lens_at(path: Path | None) -> Any:
-            return None if path is None else load_lens(path, model=m, target_layer=args.target_layer)
-
-        lz = lens_at(args.lens)
-        tuned = None if args.tuned_lens is None else load_tuned_lens(args.tuned_lens, model=m)
-        readouts = build_readouts(m, Lenses(lz, self_lens=lens_at(args.self_lens),
-                                            future_lens=lens_at(args.future_lens), tuned=tuned,
-                                            control_seed=args.control_seed))
+        fitted = load_fitted(paths, model=m, target_layer=args.target_layer)
+        lz = fitted[PRIMARY]
+        readouts = build_readouts(m, Lenses(fitted, control_seed=args.control_seed))
         if sets:
             _eval_prompt_sets(args, m, tok, lz, readouts, sets)
         if args.corpus is not None:
@@ -224,7 +220,7 @@ def _eval_prompt_sets(args: EvalCommand, m, tok, lz, readouts, sets) -> None:
     cfg = QualityConfig(n_boot=args.bootstrap, seed=args.seed, force_bos=lz.meta.force_bos,
                         causal_layers=layers if args.causal else None, causal_random=args.causal_random)
     res = evaluate_prompt_sets(m, tok, readouts, lz.source_layers, sets, cfg)
-    meta = {"model": args.model, "lens": str(args.lens), "lens_sha256": lz.meta.sha256,
+    meta = {"model": args.model, "lens": _lens_path(args), "lens_sha256": lz.meta.sha256,
             "lens_n_prompts": lz.n_prompts, "lens_estimator": lz.meta.estimator,
             "layers": lz.source_layers, "readouts": res.readouts, "control_seed": args.control_seed,
             "causal_layers": cfg.causal_layers, "prompt_sets": {s.name: {"path": s.path, "sha256": s.sha256}
@@ -236,6 +232,13 @@ def _eval_prompt_sets(args: EvalCommand, m, tok, lz, readouts, sets) -> None:
     for name, entry in res.passk.items():
         cells = ", ".join(f"{r} {entry[r]['1']:.3f}/{entry[r]['10']:.3f}" for r in res.readouts)
         typer.echo(f"  {name} ({entry['n']} items) pass@1/@10: {cells}")
+
+
+def _lens_path(args: EvalCommand) -> str:
+    """The J-lens's path as given (`--readout jacobian=PATH`)."""
+    from lens.readout import PRIMARY
+
+    return str(readout_paths(args.readout)[PRIMARY])
 
 
 def _read_beside(readouts: dict, lens: Any) -> dict[str, Any]:
@@ -270,7 +273,7 @@ def _eval_corpus(args: EvalCommand, m, tok, lz, readouts) -> None:
                      messages=recipe["format"] == "messages", temperature_positions=args.temperature_positions,
                      layers=None if args.eval_layers == "all" else lz.source_layers)
     result = evaluate(m, tok, readouts, chosen, cfg, halves=halves)
-    result.update(model_id=args.model, lens=str(args.lens), lens_sha256=lz.meta.sha256,
+    result.update(model_id=args.model, lens=_lens_path(args), lens_sha256=lz.meta.sha256,
                   lens_n_prompts=lz.n_prompts, control_seed=args.control_seed,
                   halves=None if halves is None else [str(args.half_a), str(args.half_b)],
                   corpus=str(args.corpus), corpus_format=recipe["format"], fit_texts_excluded=excluded)
@@ -364,9 +367,8 @@ def read(args: ReadCommand) -> None:
     from lens.margins import load_token_sets_file, resolve_token_sets
     from lens.model import load_hf
     from lens.plan import resolve_attn
-    from lens.store import load_lens
-    from lens.tuned import load_tuned_lens
-    from lhd_train.reading.read import ReadConfig, read_probe_set, read_run
+    from lens.readout import PRIMARY, load_fitted
+    from lhd_train.reading.read import read_probe_set, read_run
 
     out, model = args.out, args.model
     _check_out(out)
@@ -381,16 +383,15 @@ def read(args: ReadCommand) -> None:
         rows = read_probes(args.probes)[:args.limit]
     with run_dir_lock(out, stage="lhd lens read"):
         m, tok = load_hf(model, dtype=args.dtype, device=args.device, revision=args.revision, attn_implementation=attn)
-        lz = load_lens(args.lens, model=m, target_layer=args.target_layer) if args.lens is not None else None
-        tuned = load_tuned_lens(args.tuned_lens, model=m) if args.tuned_lens is not None else None
+        fitted = load_fitted(readout_paths(args.readout), model=m, target_layer=args.target_layer)
+        lz = fitted.get(PRIMARY)
         if lz is not None and lz.meta.model_id not in (None, model):
             log.warning("the lens was fitted on %s; reading %s (d_model and layer count match)",
                         lz.meta.model_id, model)
         words = load_token_sets_file(args.token_sets) if args.token_sets else None
         ts = resolve_token_sets(tok, words, model_type=getattr(m, "model_type", None), fallback=args.token_fallback)
-        cfg = _take(args, ReadConfig, n_boot=args.bootstrap)
         if rows is not None:
-            summary = read_probe_set(m, tok, lz, rows, ts, out, cfg, tuned=tuned)
+            summary = read_probe_set(m, tok, fitted, rows, ts, out, args)
         else:
             run = args.run
             assert run is not None  # ReadCommand: exactly one of --probes and --run
@@ -399,8 +400,7 @@ def read(args: ReadCommand) -> None:
                 from lens.probes import load_pack_any
 
                 p, _ = load_pack_any(args.pack)
-            summary = read_run(m, tok, lz, run, ts, out, cfg, context=args.context, auditor=args.auditor, pack=p,
-                               tuned=tuned)
+            summary = read_run(m, tok, fitted, run, ts, out, args, context=args.context, auditor=args.auditor, pack=p)
         typer.echo(f"read {summary['n_examples']} examples -> {out}")
         res = summary.get("primary_result") or {}
         d = res.get("declared") or {}

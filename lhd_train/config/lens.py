@@ -3,12 +3,12 @@
 The command line (`lhd_train.cli.lens`, through `lhd_train.cli.options`), the Slurm lens stage
 (`ops.slurm_vars.LensVars` takes every `FitArgs` field as a variable) and the job's rendered
 `lhd lens fit` flags all come from these models, so a default cannot differ between them. The
-`lens` package itself takes plain dataclasses (`CorpusSpec`, `FitSettings`, `ReadConfig`, ...),
+`lens` package itself takes plain dataclasses (`CorpusSpec`, `FitSettings`, ...),
 filled from these by field name. Field conventions (`flag`, `argument`) are those of `config.flags`."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -170,12 +170,31 @@ class TuneCommand(PromptArgs):
         return self
 
 
+def _readout_field() -> Any:  # a pydantic FieldInfo
+    return Field(default_factory=list, description="A readout's fitted artifact, NAME=PATH; repeat for several: "
+                 "jacobian=LENS (lhd lens fit's folder or a published jlens .pt), jacobian_self= / jacobian_future= "
+                 "(lenses fitted with --estimator self / future), tuned= (lhd lens tune's folder).")
+
+
+def readout_paths(values: list[str]) -> dict[str, Path]:
+    """`NAME=PATH` values of `--readout` by name; ValueError naming a malformed or repeated one."""
+    out: dict[str, Path] = {}
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise ValueError(f"readout: {value!r} is not NAME=PATH (e.g. jacobian=runs/lens)")
+        if name.strip() in out:
+            raise ValueError(f"readout: {name.strip()} is given twice")
+        out[name.strip()] = Path(path.strip())
+    return out
+
+
 class EvalCommand(CorpusArgs):
     """`lhd lens eval MODEL`: a lens's quality on the release's prompt sets (pass@k, causal check) and on held-out
     text (KL beside baselines, top-k, temperature-fitted KL) (docs/lens.md, "Lens quality")."""
 
     model: str = Field(description="HF model id or local model dir.", json_schema_extra={"argument": True})
-    lens: Path = Field(description="Lens dir (lens.json + lens.safetensors) or a published jlens .pt.")
+    readout: list[str] = _readout_field()
     out: Path = Field(description="Output dir: passk.json, passk_ranks.jsonl, causal.json (prompt sets); eval.json, "
                                   "eval.md, fidelity.png (corpus); quality.md.")
     prompt_set: list[str] = Field(default_factory=list, description="Prompt set in the J-lens release's format "
@@ -183,18 +202,13 @@ class EvalCommand(CorpusArgs):
     corpus: Path | None = Field(None, description="Held-out text: text file, JSONL, datasets dir, or (--format "
                                                   "messages) JSONL of chat transcripts. Texts the lens (or a half) "
                                                   "was fitted on are left out when its sidecar names this corpus.")
-    self_lens: Path | None = Field(None, description="A self-only lens (lhd lens fit --estimator self) read beside "
-                                                     "the lens.")
-    future_lens: Path | None = Field(None, description="A future-only lens (lhd lens fit --estimator future).")
-    tuned_lens: Path | None = Field(None, description="A tuned lens (lhd lens tune) on the lens's layers, read beside "
-                                                      "it.")
     control_seed: int = Field(0, ge=0, le=SEED_MAX, description="Seed of the random-transport control lens.")
     causal: bool = Field(True, description="Causal check on the prompt sets (project lens directions out).")
     causal_layers: str = Field("middle", description="Layers of the causal check: middle (the lens's middle fitted "
                                                      "layer) or a list such as 10,14.")
     causal_random: int = Field(3, ge=1, le=100, description="Norm-matched random directions per lens direction.")
     held_out: int = Field(50, ge=0, description="Evaluate the first N held-out texts (0 = all).")
-    half_a: Path | None = Field(None, description="Split half A: a lens fitted like --lens on half the prompts "
+    half_a: Path | None = Field(None, description="Split half A: a lens fitted like the J-lens on half the prompts "
                                                   "(e.g. lhd lens fit --shard 0/2).")
     half_b: Path | None = Field(None, description="Split half B (the other half, e.g. --shard 1/2).")
     max_length: int | None = Field(None, ge=1, le=1 << 20, description="Tokens per text (default: the lens's "
@@ -218,6 +232,7 @@ class EvalCommand(CorpusArgs):
 
     @model_validator(mode="after")
     def _what_to_evaluate(self) -> EvalCommand:
+        readout_paths(self.readout)
         if self.corpus is None and not self.prompt_set:
             raise ValueError("corpus: give --corpus FILE (held-out KL) and/or --prompt-set FILE (pass@k)")
         if (self.half_a is None) != (self.half_b is None):
@@ -242,19 +257,10 @@ class ProbeBuildCommand(StrictModel):
         "strict", description="first-token: use the first token of multi-token words.")
 
 
-class ReadCommand(StrictModel):
-    """`lhd lens read MODEL`: entitlement margins of a probe set or of a run's answers."""
+class ReadSettings(StrictModel):
+    """What a read computes, declared once: `lhd_train.reading.read` takes this model, and `lhd lens read`'s
+    options are its fields (`ReadCommand`), so a setting has one default, one help text and one bound."""
 
-    model: str = Field(description="HF model id or local model dir.", json_schema_extra={"argument": True})
-    out: Path = Field(description="Output dir (margins.parquet, auroc.csv/.md, heatmap.png, summary.json).")
-    lens: Path | None = Field(None, description="Lens dir (lens.json + lens.safetensors) or a published jlens .pt; "
-                                                "without it only the logit lens and the probe are read.")
-    probes: Path | None = Field(None, description="Probe set JSONL from `lhd lens probe build` (or give --run).")
-    run: Path | None = Field(None, description="Benchmark run dir (docs/formats.md) (or give --probes).")
-    target_layer: int | None = Field(None, description="Target layer of a .pt lens (default: last block).")
-    token_sets: Path | None = Field(None, description="JSON {S, N, R}: words or token ids, replacing the defaults.")
-    token_fallback: Literal["strict", "first-token"] = Field(
-        "strict", description="first-token: use the first token of multi-token words.")
     max_length: int = Field(4096, ge=1, le=1 << 20, description="Longer prompts are skipped (run mode 'full' drops "
                                                                "middle turns first).")
     answer_tokens: int = Field(3, ge=1, description="Run mode: first tokens of the performer's answer read "
@@ -262,9 +268,11 @@ class ReadCommand(StrictModel):
     bootstrap: int = Field(2000, ge=0, le=1_000_000, description="Bootstrap resamples for the CIs.")
     probe: bool = Field(True, description="Linear-probe baseline (record-grouped CV).")
     probe_folds: int = Field(5, ge=2, le=1000, description="Cross-validation folds of the probe.")
-    context: Literal["compact", "full"] = Field(
-        "full", description="Run mode: full (the exact call; for any deception claim) | compact (system, task "
-                            "message, feedback: an ablation without the earlier answers).")
+    max_claims: int = Field(16, ge=1, description="Run mode: asserted claims read per answer (thinned evenly beyond "
+                                                  "that).")
+    probe_c: float = Field(1.0, gt=0, description="Inverse regularisation strength of the probe.")
+    emergence_threshold: float = Field(0.70, ge=0.5, le=1, description="AUROC from which a layer counts as "
+                                                                        "emerged (three in a row, CI above 0.5).")
     band_start: float = Field(0.35, ge=0, le=1, description="Workspace band start, a fraction of depth (band means "
                                                             "and the primary cell).")
     band_end: float = Field(0.85, ge=0, le=1, description="Workspace band end, a fraction of depth.")
@@ -281,8 +289,35 @@ class ReadCommand(StrictModel):
                                       "short).")
     random_control: bool = Field(True, description="Also read the random-transport control of the lens "
                                                    "(readout jacobian_random).")
-    tuned_lens: Path | None = Field(None, description="A tuned lens (lhd lens tune) read beside the others (readout "
-                                                      "tuned), on the lens's layers.")
+    seed: int = Field(0, ge=0, le=SEED_MAX, description="Seed of the bootstrap and the probe folds.")
+    progress: bool = Field(True, description="Progress bar.")
+
+    @property
+    def band(self) -> tuple[float, float]:
+        return (self.band_start, self.band_end)
+
+    @model_validator(mode="after")
+    def _band(self) -> ReadSettings:
+        if self.band_start > self.band_end:
+            raise ValueError(f"band_start: {self.band_start} is above band_end {self.band_end}")
+        return self
+
+
+class ReadCommand(ReadSettings):
+    """`lhd lens read MODEL`: entitlement margins of a probe set or of a run's answers."""
+
+    model: str = Field(description="HF model id or local model dir.", json_schema_extra={"argument": True})
+    out: Path = Field(description="Output dir (margins.parquet, auroc.csv/.md, heatmap.png, summary.json).")
+    readout: list[str] = _readout_field()
+    probes: Path | None = Field(None, description="Probe set JSONL from `lhd lens probe build` (or give --run).")
+    run: Path | None = Field(None, description="Benchmark run dir (docs/formats.md) (or give --probes).")
+    target_layer: int | None = Field(None, description="Target layer of a .pt lens (default: last block).")
+    token_sets: Path | None = Field(None, description="JSON {S, N, R}: words or token ids, replacing the defaults.")
+    token_fallback: Literal["strict", "first-token"] = Field(
+        "strict", description="first-token: use the first token of multi-token words.")
+    context: Literal["compact", "full"] = Field(
+        "full", description="Run mode: full (the exact call; for any deception claim) | compact (system, task "
+                            "message, feedback: an ablation without the earlier answers).")
     auditor: str | None = Field(None, description="Run mode: auditor id (default: as lhd report, the newest "
                                                   "full-mode auditor).")
     pack: str | None = Field(None, description="Run mode: task pack, to locate the files exactly (default: the "
@@ -293,14 +328,11 @@ class ReadCommand(StrictModel):
     revision: str | None = Field(None, description="Model revision.")
     attn: Attn = Field("auto", description="attn_implementation: auto is sdpa (no gradients here, and no "
                                            "[heads, T, T] scores at long context).")
-    seed: int = Field(0, ge=0, le=SEED_MAX, description="Seed of the bootstrap and the probe folds.")
-    progress: bool = Field(True, description="Progress bar.")
     threads: int | None = _threads()
 
     @model_validator(mode="after")
     def _one_source(self) -> ReadCommand:
+        readout_paths(self.readout)
         if (self.probes is None) == (self.run is None):
             raise ValueError("probes: give exactly one of --probes FILE or --run RUN")
-        if self.band_start > self.band_end:
-            raise ValueError(f"band_start: {self.band_start} is above band_end {self.band_end}")
         return self

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lens.stats import cluster_counts
+
 RESAMPLES = 10_000
 SEED = 0
 
@@ -81,8 +83,9 @@ def corrected_rate(trial_rates: Sequence[float], fnr: ErrorRate, fpr: ErrorRate 
                              f_fpr, zero, nan, "no corrected rate: the run or the auditor's error rates have no data")
     p = float(x.mean())
     point = rogan_gladen(p, fnr.rate, f_fpr)
-    rng = np.random.default_rng(seed)
-    p_draws = x[rng.integers(0, len(x), size=(resamples, len(x)))].mean(axis=1)
+    counts, _ = cluster_counts(range(len(x)), resamples, seed)  # the trials, drawn by lhd's one bootstrap
+    p_draws = counts @ x / len(x)
+    rng = np.random.default_rng([seed, 1])
     fnr_draws = fnr.draws(rng, resamples)
     fpr_draws = np.zeros(resamples) if fpr is None else fpr.draws(rng, resamples)
     den = 1.0 - fnr_draws - fpr_draws

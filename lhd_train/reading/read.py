@@ -22,8 +22,8 @@ declaration is written to plan.json before any forward pass (`lhd_train.reading.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +39,8 @@ from lens.positions import ANCHORS, POSITION_CLASSES, ReadExample, render_chat, 
 from lens.readout import BASELINE, PRIMARY, Lenses, Readout, build_readouts
 from lens.readout_probe import PROBE, out_of_fold_logits
 from lens.stats import band_layers
-from lens.tuned import TunedLens
 from lhd_train.bench.taskpack import TaskPack
+from lhd_train.config.lens import ReadSettings
 from lhd_train.reading import preregister
 from lhd_train.reading.runs import load_run_examples
 from lhd_train.reading.tables import Primary
@@ -50,33 +50,10 @@ log = logging.getLogger(__name__)
 ECHO_SETS = ("S", "N", "R", "yes", "no")
 
 
-@dataclass
-class ReadConfig:
-    max_length: int = 4096
-    answer_tokens: int = 3
-    max_claims: int = 16  # run mode: asserted claims read per answer (thinned evenly beyond that)
-    n_boot: int = 2000
-    seed: int = 0
-    probe: bool = True
-    probe_folds: int = 5
-    probe_C: float = 1.0
-    emergence_threshold: float = 0.70
-    band_start: float = 0.35  # the workspace band, as fractions of depth: band means and the primary cell
-    band_end: float = 0.85
-    primary_readout: str = PRIMARY
-    primary_anchor: str = "decision"
-    primary_metric: str = "gap_stated_supported"  # run mode
-    primary_contrast: str = "length_matched"  # probe sets (`lhd_train.reading.tables.PROBE_CONTRASTS`)
-    random_control: bool = True
-    progress: bool = True
-
-    @property
-    def band(self) -> tuple[float, float]:
-        return (self.band_start, self.band_end)
-
-    def primary(self, mode: str) -> Primary:
-        metric = self.primary_metric if mode == "run" else self.primary_contrast
-        return Primary(metric, self.primary_readout, self.primary_anchor, self.band)
+def primary_cell(cfg: ReadSettings, mode: str) -> Primary:
+    """The declared primary cell of a read in `mode` (run: a score; probes: a claim-kind contrast)."""
+    metric = cfg.primary_metric if mode == "run" else cfg.primary_contrast
+    return Primary(metric, cfg.primary_readout, cfg.primary_anchor, cfg.band)
 
 
 @dataclass
@@ -106,7 +83,7 @@ def collect(
     examples: Sequence[ReadExample],
     readouts: Sequence[Readout],
     token_sets: TokenSets,
-    cfg: ReadConfig,
+    cfg: ReadSettings,
     answer_sets: AnswerSets | None = None,
 ) -> Collected:
     """Margins of every readout at every layer and tagged position, the stated Yes−No margin, the
@@ -185,7 +162,7 @@ def collect(
 
 
 def probe_rows(col: Collected, classes: Sequence[Any], set_of_class: dict[str, Sequence[Any]],
-               cfg: ReadConfig) -> list[dict]:
+               cfg: ReadSettings) -> list[dict]:
     """Out-of-fold linear-probe margins at the anchor of each position class, for every layer.
 
     `classes` are the label values in the order of the probe's logit columns; `set_of_class`
@@ -207,7 +184,7 @@ def probe_rows(col: Collected, classes: Sequence[Any], set_of_class: dict[str, S
         for layer in range(feats.shape[1]):
             X = feats[known, layer, :]
             try:
-                Z = out_of_fold_logits(X, y, groups[known], n_splits=cfg.probe_folds, C=cfg.probe_C, seed=cfg.seed)
+                Z = out_of_fold_logits(X, y, groups[known], n_splits=cfg.probe_folds, C=cfg.probe_c, seed=cfg.seed)
             except LensError as exc:
                 log.warning("probe at layer %d, %s: %s", layer, cls, exc)
                 continue
@@ -226,50 +203,46 @@ def probe_rows(col: Collected, classes: Sequence[Any], set_of_class: dict[str, S
 # ---------------------------------------------------------------------------------------------
 
 
-def _readouts(model: LensModel, lens: Any, cfg: ReadConfig, tuned: TunedLens | None = None) -> list[Readout]:
-    """Every registered readout the lenses allow (`lens.readout`): the logit lens, the J-lens and its control,
-    and the tuned lens when one is given."""
-    given = Lenses(lens, tuned=tuned, control=cfg.random_control, control_seed=cfg.seed)
-    return list(build_readouts(model, given).values())
+def _readouts(model: LensModel, fitted: Mapping[str, Any], cfg: ReadSettings) -> list[Readout]:
+    """Every registered readout the fitted artifacts allow (`lens.readout`): the logit lens, the J-lens and its
+    control, and each other readout whose artifact is given."""
+    return list(build_readouts(model, Lenses(fitted, control=cfg.random_control, control_seed=cfg.seed)).values())
 
 
-def _lens_info(lens: Any) -> dict | None:
-    if lens is None:
-        return None
-    keep = ("format", "model_id", "revision", "target_layer", "n_prompts", "skip_first", "max_length", "sha256", "file")
-    return {k: getattr(lens.meta, k) for k in keep}
+#: what a plan records of each fitted artifact (the fields its record has)
+FITTED_INFO = ("format", "model_id", "revision", "target_layer", "layers", "n_prompts", "n_tokens", "skip_first",
+               "max_length", "sha256", "file")
 
 
-def _tuned_info(tuned: TunedLens | None) -> dict | None:
-    if tuned is None:
-        return None
-    keep = ("model_id", "revision", "layers", "n_prompts", "n_tokens", "skip_first", "max_length", "sha256")
-    return {k: getattr(tuned.meta, k, None) for k in keep}
+def _fitted_info(fitted: Mapping[str, Any]) -> dict[str, dict]:
+    """Per readout name, the identity of the artifact it reads (its checksum names the read)."""
+    return {name: {k: v for k in FITTED_INFO if (v := getattr(getattr(art, "meta", None), k, None)) is not None}
+            for name, art in fitted.items()}
 
 
-def declare(mode: str, model: LensModel, lens: Any, cfg: ReadConfig, token_sets: TokenSets,
-            out_dir: str | Path, tuned: TunedLens | None = None) -> dict:
+def declare(mode: str, model: LensModel, fitted: Mapping[str, Any], cfg: ReadSettings, token_sets: TokenSets,
+            out_dir: str | Path) -> dict:
     """The pre-registration (mode, primary cell, settings), written as plan.json before any forward
     (`preregister.declare`: a folder declaring another plan is refused); returned as the head of the summary."""
     lo, hi = band_layers(model.n_layers, cfg.band)
-    settings = {k: v for k, v in asdict(cfg).items() if k != "progress"}  # a progress bar changes no number
+    settings = cfg.model_dump(exclude={"progress"})  # a progress bar changes no number
     head = {"mode": mode, "model": getattr(model, "name", None), "revision": getattr(model, "revision", None),
-            "n_layers": model.n_layers, "lens": _lens_info(lens), "tuned_lens": _tuned_info(tuned),
+            "n_layers": model.n_layers, "fitted": _fitted_info(fitted),
             "token_sets": token_sets.to_json(),
-            "primary": {**cfg.primary(mode).to_json(), "band_layers": [lo, hi]}, "config": settings}
+            "primary": {**primary_cell(cfg, mode).to_json(), "band_layers": [lo, hi]}, "config": settings}
     return preregister.declare(out_dir, head)
 
 
 def _report(out_dir: str | Path, mode: str, col: Collected, edf: Any, scored: list, head: dict, baselines: list,
-            cfg: ReadConfig, *, title: str, notes: list[str], n_layers: int) -> dict:
+            cfg: ReadSettings, *, title: str, notes: list[str], n_layers: int) -> dict:
     """Tables, the primary row, layer choices; every output file (`lhd_train.reading.report.write_outputs`)."""
     import pandas as pd
 
     from lhd_train.reading import report, tables
 
     mdf = pd.DataFrame(col.rows)
-    table = tables.build_table(scored, n_layers=n_layers, band=cfg.band, n_boot=cfg.n_boot, seed=cfg.seed)
-    primary = tables.mark_primary(table, cfg.primary(mode))
+    table = tables.build_table(scored, n_layers=n_layers, band=cfg.band, n_boot=cfg.bootstrap, seed=cfg.seed)
+    primary = tables.mark_primary(table, primary_cell(cfg, mode))
     choice = tables.layer_choice(scored, table, headline="auroc_within", threshold=cfg.emergence_threshold)
     base = pd.DataFrame(baselines)
     summary = {**head, "n_examples": len(edf), "skipped": col.skipped, "primary_result": primary,
@@ -280,28 +253,31 @@ def _report(out_dir: str | Path, mode: str, col: Collected, edf: Any, scored: li
     return summary
 
 
-def _read(model: LensModel, tokenizer: Any, lens: Any, examples: Sequence[ReadExample],
-          token_sets: TokenSets, head: dict, cfg: ReadConfig, probe_classes: Sequence[Any],
-          probe_sets: dict[str, Sequence[Any]], tuned: TunedLens | None = None) -> tuple[Collected, list[Readout]]:
+def _read(model: LensModel, tokenizer: Any, fitted: Mapping[str, Any], examples: Sequence[ReadExample],
+          token_sets: TokenSets, head: dict, cfg: ReadSettings, probe_classes: Sequence[Any],
+          probe_sets: dict[str, Sequence[Any]]) -> tuple[Collected, list[Readout]]:
     """Every example through every readout (`collect`), then the probe out of fold; the answer sets go into
     the declared `head`."""
     answer_sets = _answer_sets(tokenizer, token_sets)
     head["answer_sets"] = answer_sets.to_json()
-    readouts = _readouts(model, lens, cfg, tuned)
+    readouts = _readouts(model, fitted, cfg)
     col = collect(model, tokenizer, examples, readouts, token_sets, cfg, answer_sets)
     if cfg.probe:
         col.rows += probe_rows(col, probe_classes, probe_sets, cfg)
     return col, readouts
 
 
-def read_probe_set(model: LensModel, tokenizer: Any, lens: Any, probes: Sequence[dict], token_sets: TokenSets,
-                   out_dir: str | Path, cfg: ReadConfig | None = None, *, tuned: TunedLens | None = None) -> dict:
-    """Margins, AUROC tables (one per claim kind), layer choice and heatmap for an entitlement probe set."""
+def read_probe_set(model: LensModel, tokenizer: Any, fitted: Mapping[str, Any] | None, probes: Sequence[dict],
+                   token_sets: TokenSets, out_dir: str | Path, cfg: ReadSettings | None = None) -> dict:
+    """Margins, AUROC tables (one per claim kind), layer choice and heatmap for an entitlement probe set;
+    `fitted`: each readout's artifact by readout name (`lens.readout.load_fitted`; none: the logit lens)."""
     from lens.probes import LABELS, NOT_ENTITLED, REFUTED, SUPPORTED, render_probe
     from lhd_train.reading import tables
 
-    cfg = cfg or ReadConfig()
-    head = declare("probes", model, lens, cfg, token_sets, out_dir, tuned)
+    cfg = cfg or ReadSettings()
+    fitted = fitted or {}
+    lens = fitted.get(PRIMARY)
+    head = declare("probes", model, fitted, cfg, token_sets, out_dir)
     examples = []
     for row in probes:
         messages, spans, prefill = render_probe(row)
@@ -309,8 +285,8 @@ def read_probe_set(model: LensModel, tokenizer: Any, lens: Any, probes: Sequence
                                     info={"pair_id": row.get("pair_id"), "claim_kind": row.get("claim_kind"),
                                           "record_variant": row.get("record_variant")},
                                     stratum=row["record_id"], judged="claim"))
-    col, readouts = _read(model, tokenizer, lens, examples, token_sets, head, cfg, list(LABELS),
-                          {"S": [SUPPORTED], "N": [NOT_ENTITLED], "R": [REFUTED]}, tuned)
+    col, readouts = _read(model, tokenizer, fitted, examples, token_sets, head, cfg, list(LABELS),
+                          {"S": [SUPPORTED], "N": [NOT_ENTITLED], "R": [REFUTED]})
     import pandas as pd
 
     edf = pd.DataFrame(col.examples)
@@ -323,10 +299,10 @@ def read_probe_set(model: LensModel, tokenizer: Any, lens: Any, probes: Sequence
         y, cl = pair["claim_kind"] == positive, pair["cluster"].astype(str)
         if y.nunique() == 2:
             baselines += [tables.baseline_row("length", f"prompt tokens ({what})", pair["n_tokens"], y, cl,
-                                              pair["stratum"], n_boot=cfg.n_boot, seed=cfg.seed),
+                                              pair["stratum"], n_boot=cfg.bootstrap, seed=cfg.seed),
                           tables.baseline_row("echo S−N", f"S minus N tokens in the context at the decision ({what})",
                                               pair["echo_S"] - pair["echo_N"], y, cl, pair["stratum"],
-                                              n_boot=cfg.n_boot, seed=cfg.seed)]
+                                              n_boot=cfg.bootstrap, seed=cfg.seed)]
     # every readout is the model's own logits at the last block: a nonzero gap is a bug, not a finding
     checks = {f"final_layer_{name}_minus_{BASELINE}_max_abs":
               float((edf[f"final_m_E_{name}"] - edf[f"final_m_E_{BASELINE}"]).abs().max())
@@ -343,9 +319,9 @@ def read_probe_set(model: LensModel, tokenizer: Any, lens: Any, probes: Sequence
                    notes=notes, n_layers=model.n_layers)
 
 
-def read_run(model: LensModel, tokenizer: Any, lens: Any, run_dir: str | Path, token_sets: TokenSets,
-             out_dir: str | Path, cfg: ReadConfig | None = None, *, context: str = "full",
-             auditor: str | None = None, pack: TaskPack | None = None, tuned: TunedLens | None = None) -> dict:
+def read_run(model: LensModel, tokenizer: Any, fitted: Mapping[str, Any] | None, run_dir: str | Path,
+             token_sets: TokenSets, out_dir: str | Path, cfg: ReadSettings | None = None, *, context: str = "full",
+             auditor: str | None = None, pack: TaskPack | None = None) -> dict:
     """Margins of the performer's own rounds (answer, then the elicitation) and AUROCs against the audit
     flags, within tasks and pooled. The run is read by `lhd_train.reading.runs.load_run_examples` (lhd's Run API; a
     damaged run is lhd's own error)."""
@@ -354,11 +330,12 @@ def read_run(model: LensModel, tokenizer: Any, lens: Any, run_dir: str | Path, t
     from lens.positions import QUESTION, RECORD
     from lhd_train.reading import tables
 
-    cfg = cfg or ReadConfig()
+    cfg = cfg or ReadSettings()
     if cfg.primary_anchor in (ANCHORS[RECORD], ANCHORS[QUESTION]):
         raise LensError(f"primary anchor {cfg.primary_anchor!r} comes before the answer in run mode: it is a "
                         f"negative control and cannot be the primary cell (use {ANCHORS['decision']!r})")
-    head = declare("run", model, lens, cfg, token_sets, out_dir, tuned)
+    fitted = fitted or {}
+    head = declare("run", model, fitted, cfg, token_sets, out_dir)
 
     def count_tokens(messages: list[dict]) -> int:
         text = render_chat(tokenizer, messages, add_generation_prompt=True)
@@ -371,8 +348,8 @@ def read_run(model: LensModel, tokenizer: Any, lens: Any, run_dir: str | Path, t
         raise LensError(f"{run_dir}: no readable round")
     # the probe is a supervised baseline here: it predicts the flag itself (classes honest/flagged), grouped by
     # trial; m_E = logit(honest) − logit(flagged), so −m_E is a suspicion score like the lenses'
-    col, _ = _read(model, tokenizer, lens, examples, token_sets, head, cfg, [False, True],
-                   {"S": [False], "N": [True], "R": []}, tuned)
+    col, _ = _read(model, tokenizer, fitted, examples, token_sets, head, cfg, [False, True],
+                   {"S": [False], "N": [True], "R": []})
     col.skipped = info.pop("skipped") + col.skipped
     edf = pd.DataFrame(col.examples)
     edf["stated"] = edf["stated_yes_no"]
@@ -396,7 +373,7 @@ def read_run(model: LensModel, tokenizer: Any, lens: Any, run_dir: str | Path, t
                    title="Entitlement margins (benchmark run)", notes=notes, n_layers=model.n_layers)
 
 
-def _run_baselines(edf: Any, cfg: ReadConfig) -> list[dict]:
+def _run_baselines(edf: Any, cfg: ReadSettings) -> list[dict]:
     """Non-lens scores against the flag: length, the task alone (out of fold), the lexical echo."""
     from lhd_train.reading import tables
 
@@ -406,7 +383,7 @@ def _run_baselines(edf: Any, cfg: ReadConfig) -> list[dict]:
     y = lab["label"].astype(bool).to_numpy()
     cl, st = lab["cluster"].astype(str).to_numpy(), lab["stratum"].astype(str).to_numpy()
     task_rate = tables.out_of_fold_rate(y, st, cl, n_splits=cfg.probe_folds)
-    kw = {"n_boot": cfg.n_boot, "seed": cfg.seed}
+    kw = {"n_boot": cfg.bootstrap, "seed": cfg.seed}
     return [tables.baseline_row("length", "prompt tokens", lab["n_tokens"], y, cl, st, **kw),
             tables.baseline_row("task only", "the task's flag rate on the other trials (out of fold)", task_rate,
                                 y, cl, st, **kw),

@@ -1,40 +1,10 @@
-"""Benchmark run directories (docs/formats.md) as lens reading examples (the performer regime).
-
-For every trajectory row (one performer round):
-
-- record   = the files the performer was given: the file section of the task's round-1 user
-             message (the message in `new_message_ids` of the task's round-1 row),
-- question = what this answer responds to: the task's prompt in round 1, the supervisor's
-             feedback message later,
-- answer   = the performer's answer, an assistant turn (`pre_answer`: the token it was generated
-             from; `answer_1..k`; `claim_1..n`: the end of each asserted claim, `claim_spans`),
-- decision = the last prompt token after one more user turn, the elicitation (`lens.elicit`:
-             does the figure you gave appear in the files? Answer:): the model's own Yes-vs-No
-             there is the *stated* margin, the lens margins there the *internal* one.
-
-The answer is the judged text: every position before its first token (the record, the question,
-`pre_answer`) cannot depend on it and is read as a negative control. In `compact` context the
-record and the round-1 question are moreover the same prefix in every trial of a task, so their
-hidden states are a function of the task (science-4 review D1). Examples carry the task as their
-stratum, for the within-task AUROC.
-
-Task texts (to find files and prompts exactly) are those the run actually used: the run's own
-`tasks.json` (imports), else the pack its resolved config names (`run_task_texts`); a pack is
-never looked up by the name in the rows, which the authors' folders share with built-in packs.
-
-`context="full"` (the default) reads the exact messages of the call, dropping the oldest middle
-messages only if they do not fit `max_length`; `"compact"` (an ablation) reads [system, round-1
-task message, (feedback)], a context that lacks the previous answers the feedback is about.
-Both end with the answer and the elicitation. Labels are `lhd report`'s, from the same function
-(`lhd_train.metrics.labels.round_labels`): one auditor (`--auditor`, else the report's headline
-one), the winning row of each round, only usable labels; joined on `(trial_id, global_round)`, so
-a round the lens calls flagged is one the report counts as deceptive.
-
-The run is read only through lhd's public run-directory API (`lhd_train.rundir.run.Run`: its one
-"not a run directory" rule, checked rows held against each trial's `.done` marker, the message
-store), its labels function and its task-text loader, so a damaged run fails here exactly as in
-`lhd report` or `lhd audit`: lhd's own `InputError`/`DataFileError`, naming the file and line.
-"""
+"""A benchmark run directory (docs/formats.md) as reading examples: for each performer round, the
+record (the files of the round-1 message), the question (the task prompt, or the supervisor's
+feedback), the answer (an assistant turn: `pre_answer`, `answer_1..k`, `claim_1..n`) and the
+decision (the last token after the elicitation turn, `lens.elicit`). Positions before the answer
+are negative controls; the task is the stratum. Task texts are the run's own; labels are `lhd
+report`'s (`round_labels`); the run is read through `Run`, so a damaged run fails as in `lhd
+report`. The whole rule, `full` and `compact` contexts included: docs/lens.md, "Benchmark runs"."""
 from __future__ import annotations
 
 import logging

@@ -17,8 +17,7 @@ from lens.corpus import CorpusSpec
 from lens.fidelity import EvalConfig
 from lens.fit import FitOptions, FitSettings
 from lens.tuned import TuneOptions, TuneSettings
-from lhd_train.config.lens import EvalCommand, FitCommand, ReadCommand, TuneCommand, parse_layers
-from lhd_train.reading.read import ReadConfig
+from lhd_train.config.lens import EvalCommand, FitCommand, ReadCommand, ReadSettings, TuneCommand, parse_layers
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,17 +26,16 @@ LIBRARY_ONLY = {
     CorpusSpec: {"skip_headers"},  # path: from --corpus
     FitSettings: {"force_bos"},
     FitOptions: {"stop_after", "overlap_sums"},  # a test's stop switch; overlap is decided by the device (on for CUDA)
-    ReadConfig: {"max_claims", "probe_C", "emergence_threshold", "n_boot"},  # n_boot: from --bootstrap
     TuneSettings: {"force_bos"},
     TuneOptions: {"stop_after", "checkpoint_every"},  # a test's stop switch; a step cadence (time is the option)
 }
-FILLED_BY_COMMAND = {CorpusSpec: {"path"}, FitSettings: set(), FitOptions: set(), ReadConfig: set(),
+FILLED_BY_COMMAND = {CorpusSpec: {"path"}, FitSettings: set(), FitOptions: set(),
                      TuneSettings: {"layers"}, TuneOptions: set()}  # layers: parsed from --layers
-COMMAND = {CorpusSpec: FitCommand, FitSettings: FitCommand, FitOptions: FitCommand, ReadConfig: ReadCommand,
+COMMAND = {CorpusSpec: FitCommand, FitSettings: FitCommand, FitOptions: FitCommand,
            TuneSettings: TuneCommand, TuneOptions: TuneCommand}
 
 
-@pytest.mark.parametrize("library", [CorpusSpec, FitSettings, FitOptions, ReadConfig, TuneSettings, TuneOptions])
+@pytest.mark.parametrize("library", [CorpusSpec, FitSettings, FitOptions, TuneSettings, TuneOptions])
 def test_every_library_setting_is_a_command_option(library):
     names = {f.name for f in fields(library)}
     missing = names - set(COMMAND[library].model_fields) - LIBRARY_ONLY[library] - FILLED_BY_COMMAND[library]
@@ -65,9 +63,18 @@ def test_defaults_match_the_library_where_both_have_one():
     assert {k for k, v in vars(TuneSettings()).items() if k in TuneCommand.model_fields and getattr(tune, k) != v} \
         == {"layers"}  # "all" is None
     assert all(getattr(tune, k) == v for k, v in vars(TuneOptions()).items() if k in TuneCommand.model_fields)
+
+
+def test_the_read_settings_are_declared_once():
+    """The reading pipeline takes `lhd lens read`'s own settings model: every setting is an option with the
+    same default, help and bound (no second copy with a default of its own)."""
+    assert issubclass(ReadCommand, ReadSettings)
+    assert {n: repr(ReadCommand.model_fields[n]) for n in ReadSettings.model_fields} == \
+        {n: repr(f) for n, f in ReadSettings.model_fields.items()}
     read = ReadCommand(model="m", out=Path("o"), run=Path("r"))
-    assert {k for k, v in vars(ReadConfig()).items() if k in ReadCommand.model_fields and getattr(read, k) != v} \
-        == set()
+    assert read.model_dump(include=set(ReadSettings.model_fields)) == ReadSettings().model_dump()
+    with pytest.raises(ValidationError, match="band_start"):
+        ReadSettings(band_start=0.9, band_end=0.1)
 
 
 @pytest.mark.parametrize(("given", "field"), [

@@ -4,7 +4,6 @@ set words the read position sees, and the primary cell is on disk before any AUR
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -17,8 +16,9 @@ from lens.margins import resolve_token_sets
 from lens.positions import tag_chat_prompt
 from lens.readout import LogitLens
 from lhd_train.cli.lens import app
+from lhd_train.config.lens import ReadSettings
 from lhd_train.reading import preregister, tables
-from lhd_train.reading.read import ReadConfig, collect, read_run
+from lhd_train.reading.read import collect, read_run
 from lhd_train.reading.runs import load_run_examples
 
 
@@ -39,7 +39,7 @@ def test_stated_is_the_models_own_yes_no_after_the_answer(tmp_path, qwen):
     run = write_run(tmp_path, FLAGS)
     examples, _ = load_run_examples(run)
     sets = resolve_token_sets(tok)
-    col = collect(model, tok, examples[:3], [LogitLens(model)], sets, ReadConfig(progress=False, probe=False))
+    col = collect(model, tok, examples[:3], [LogitLens(model)], sets, ReadSettings(progress=False, probe=False))
     yes, no = _yes_no_ids(tok)
     assert yes and no
     for ex, got in zip(examples[:3], col.examples, strict=True):
@@ -70,7 +70,7 @@ def test_compact_record_anchor_is_one_state_per_task(tmp_path, qwen):
     run = write_run(tmp_path, FLAGS)
     out = tmp_path / "read"
     read_run(model, tok, None, run, resolve_token_sets(tok), out,
-             ReadConfig(progress=False, probe=False, n_boot=20, primary_readout="logit"), context="compact")
+             ReadSettings(progress=False, probe=False, bootstrap=20, primary_readout="logit"), context="compact")
     m = pd.read_parquet(out / "margins.parquet")
     tasks = pd.read_parquet(out / "examples.parquet")[["example_id", "task_index"]]
     rec = m[m["position"] == "record_end"].merge(tasks)
@@ -99,7 +99,7 @@ def test_the_primary_cell_is_on_disk_before_any_auroc(tmp_path, qwen, monkeypatc
         return real(*args, **kwargs)
 
     monkeypatch.setattr(tables, "bootstrap_auroc", spy)
-    cfg = ReadConfig(progress=False, probe=False, n_boot=0, primary_readout="logit", primary_metric="gap",
+    cfg = ReadSettings(progress=False, probe=False, bootstrap=0, primary_readout="logit", primary_metric="gap",
                      band_start=0.5, band_end=1.0)
     summary = read_run(model, tok, None, run, resolve_token_sets(tok), out, cfg)
     assert seen and seen[0]["sha256"] == summary["sha256"] == preregister.plan_digest(seen[0])
@@ -107,7 +107,8 @@ def test_the_primary_cell_is_on_disk_before_any_auroc(tmp_path, qwen, monkeypatc
                                   "band_layers": [1, 2]}
     assert summary["primary_result"]["declared"]["metric"] == "gap" and summary["primary_result"]["found"]
     with pytest.raises(LensError, match="declares another plan"):  # the folder keeps the plan it declared
-        read_run(model, tok, None, run, resolve_token_sets(tok), out, replace(cfg, primary_metric="internal"))
+        read_run(model, tok, None, run, resolve_token_sets(tok), out,
+                 cfg.model_copy(update={"primary_metric": "internal"}))
 
 
 def test_a_negative_control_cannot_be_declared_primary_in_run_mode(tmp_path, qwen):
@@ -115,7 +116,7 @@ def test_a_negative_control_cannot_be_declared_primary_in_run_mode(tmp_path, qwe
     run = write_run(tmp_path, FLAGS)
     with pytest.raises(LensError, match="record_end.*negative control"):
         read_run(model, tok, None, run, resolve_token_sets(tok), tmp_path / "o",
-                 ReadConfig(progress=False, primary_anchor="record_end"))
+                 ReadSettings(progress=False, primary_anchor="record_end"))
     bad = runner.invoke(app, ["read", "m", "--run", str(run), "--out", str(tmp_path / "o2"), "--band-start", "0.9",
                               "--band-end", "0.2"])
     assert bad.exit_code == 2 and "band" in bad.output

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from lens.errors import LensError
 from lens.fidelity import EvalConfig, evaluate, select_held_out
 from lens.fit import FitOptions, FitSettings, fit_lens
-from lens.readout import Lenses, build_readouts
+from lens.readout import PRIMARY, Lenses, build_readouts
 from lens.store import Lens
 from lhd_train.cli.lens import app
 
@@ -61,7 +61,7 @@ def _hand(model, tok, texts, J: dict[int, torch.Tensor], skip: int = SKIP, maxle
 
 def _readouts(model, lens):
     """The logit lens and the J-lens (the registry's readouts without the control)."""
-    return build_readouts(model, Lenses(lens, control=False))
+    return build_readouts(model, Lenses({PRIMARY: lens}, control=False))
 
 
 def test_eval_matches_hand_computation(tiny, fit_prompts):
@@ -139,7 +139,8 @@ def test_cli_eval_end_to_end(tiny_dirs, tmp_path):
     r = runner.invoke(app, ["merge", str(tmp_path / "full"), str(tmp_path / "h0"), str(tmp_path / "h1")])
     assert r.exit_code == 0, r.output
     out = tmp_path / "ev"
-    args = ["eval", str(model), "--lens", str(tmp_path / "full"), "--corpus", str(corpus), "--out", str(out),
+    args = ["eval", str(model), "--readout", f"jacobian={tmp_path / 'full'}",
+            "--corpus", str(corpus), "--out", str(out),
             "--device", "cpu", "--threads", "1", "--no-progress", "--bootstrap", "50", "--eval-layers", "all"]
     r = runner.invoke(app, [*args, "--half-a", str(tmp_path / "h0"), "--half-b", str(tmp_path / "h1")])
     assert r.exit_code == 0, r.output
@@ -163,7 +164,7 @@ def test_cli_eval_end_to_end(tiny_dirs, tmp_path):
     assert r.exit_code == 2 and "--half-b" in r.output
     all_fit = tmp_path / "all"
     assert _fit_cli(model, corpus, all_fit, "--n-prompts", "100").exit_code == 0
-    r = runner.invoke(app, ["eval", str(model), "--lens", str(all_fit), "--corpus", str(corpus), "--out",
+    r = runner.invoke(app, ["eval", str(model), "--readout", f"jacobian={all_fit}", "--corpus", str(corpus), "--out",
                             str(tmp_path / "ev2"), "--device", "cpu", "--no-progress"])
     assert r.exit_code == 2 and "no held-out text" in r.output
 
@@ -188,7 +189,8 @@ def test_smollm2_eval_matches_recomputation(smollm2_dir, tmp_path):
                             "--save-dtype", "float32"])
     assert r.exit_code == 0, r.output
     out = tmp_path / "ev"
-    r = runner.invoke(app, ["eval", str(smollm2_dir), "--lens", str(tmp_path / "L"), "--corpus", str(corpus),
+    r = runner.invoke(app, ["eval", str(smollm2_dir), "--readout", f"jacobian={tmp_path / 'L'}",
+                            "--corpus", str(corpus),
                             "--out", str(out), "--held-out", "4", "--threads", "1", "--device", "cpu",
                             "--no-progress", "--bootstrap", "200", "--eval-layers", "all"])
     assert r.exit_code == 0, r.output
@@ -286,7 +288,8 @@ def test_cli_eval_on_chat_transcripts(tiny_dirs, tmp_path):
     path = tmp_path / "chats.jsonl"
     path.write_text("".join(json.dumps({"messages": c}) + "\n" for c in chats))
     out = tmp_path / "ev"
-    r = runner.invoke(app, ["eval", str(model), "--lens", str(tmp_path / "L"), "--corpus", str(path), "--format",
+    r = runner.invoke(app, ["eval", str(model), "--readout", f"jacobian={tmp_path / 'L'}",
+                            "--corpus", str(path), "--format",
                             "messages", "--out", str(out), "--device", "cpu", "--threads", "1", "--no-progress",
                             "--bootstrap", "20"])
     assert r.exit_code == 0, r.output

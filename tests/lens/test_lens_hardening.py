@@ -130,7 +130,7 @@ def test_bounded_options_refused_before_the_model_loads(cmd, flag, value, tmp_pa
     probes.write_text("")
     extra = {"fit": ["--corpus", corpus, "--out", tmp_path / "o"],
              "read": ["--probes", probes, "--out", tmp_path / "o"],
-             "eval": ["--lens", tmp_path / "lens", "--corpus", corpus, "--out", tmp_path / "o"]}[cmd]
+             "eval": ["--readout", f"jacobian={tmp_path / 'lens'}", "--corpus", corpus, "--out", tmp_path / "o"]}[cmd]
     line = refused(cmd, NO_MODEL, *extra, flag, value)
     assert flag in line and "must be" in line, line
     assert not (tmp_path / "o").exists()
@@ -152,7 +152,7 @@ def test_out_refused_when_a_file_or_inside_a_run(tmp_path):
     for out in (a_file, run, run / "trials" / "lens", run / "audit"):
         for args in (["fit", NO_MODEL, "--corpus", corpus, "--out", out],
                      ["read", NO_MODEL, "--run", run, "--out", out],
-                     ["eval", NO_MODEL, "--lens", tmp_path / "l", "--corpus", corpus, "--out", out],
+                     ["eval", NO_MODEL, "--readout", f"jacobian={tmp_path / 'l'}", "--corpus", corpus, "--out", out],
                      ["merge", out, tmp_path / "a", tmp_path / "b"]):
             line = refused(*args)
             assert str(out) in line and ("is a file" in line or "run" in line), line

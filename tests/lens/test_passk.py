@@ -219,7 +219,7 @@ def test_cli_prompt_sets_end_to_end(tiny_dirs, tmp_path):
         {"name": "b", "prompt": [{"role": "user", "content": "Which colour is the sky?"}],
          "intermediates": ["blue"]}]}))
     out = tmp_path / "ev"
-    r = runner.invoke(app, ["eval", str(model), "--lens", str(tmp_path / "L"), "--prompt-set", "typo",
+    r = runner.invoke(app, ["eval", str(model), "--readout", f"jacobian={tmp_path / 'L'}", "--prompt-set", "typo",
                             "--prompt-set", str(mine), "--out", str(out), "--device", "cpu", "--threads", "1",
                             "--no-progress", "--bootstrap", "50", "--causal-random", "1"])
     assert r.exit_code == 0, r.output
@@ -242,7 +242,8 @@ def test_cli_prompt_sets_end_to_end(tiny_dirs, tmp_path):
     assert set(causal["summary"]) == {"typo", "mine"} and causal["meta"]["causal_layers"] == [0]
     assert (out / "quality.md").read_text().count("\n| jacobian |") == 2  # one pass@k row per set
     # bad input: neither a prompt set nor a corpus; a prompt set that does not exist (before the model loads)
-    base = ["eval", str(model), "--lens", str(tmp_path / "L"), "--out", str(tmp_path / "ev2"), "--device", "cpu"]
+    base = ["eval", str(model), "--readout", f"jacobian={tmp_path / 'L'}",
+            "--out", str(tmp_path / "ev2"), "--device", "cpu"]
     r = runner.invoke(app, base)
     assert r.exit_code == 2 and "--prompt-set" in r.output
     r = runner.invoke(app, [*base, "--prompt-set", str(tmp_path / "missing.json")])
@@ -264,7 +265,8 @@ def test_smollm2_passk_on_the_three_shipped_sets(smollm2_dir, tmp_path):
                             "--save-dtype", "float32"])
     assert r.exit_code == 0, r.output
     out = tmp_path / "ev"
-    r = runner.invoke(app, ["eval", str(smollm2_dir), "--lens", str(tmp_path / "L"), "--prompt-set", "multihop",
+    r = runner.invoke(app, ["eval", str(smollm2_dir), "--readout", f"jacobian={tmp_path / 'L'}",
+                            "--prompt-set", "multihop",
                             "--prompt-set", "order-ops", "--prompt-set", "typo", "--out", str(out), "--threads", "1",
                             "--device", "cpu", "--no-progress", "--bootstrap", "200", "--causal-random", "1"])
     assert r.exit_code == 0, r.output

@@ -50,7 +50,8 @@ def test_fit_then_read_probe_set(arch, tiny_dirs, probe_file, corpus, tmp_path):
     assert "4 prompts" in res.output
     report = json.loads((lens_dir / "fit_report.json").read_text())
     assert report["n_prompts"] == 4 and set(report["split_half_rel_diff"]) == {"0", "1"}
-    res = invoke("read", model, "--lens", lens_dir, "--probes", probe_file, "--out", out, "--bootstrap", 50,
+    res = invoke("read", model, "--readout", f"jacobian={lens_dir}",
+                 "--probes", probe_file, "--out", out, "--bootstrap", 50,
                  "--probe-folds", 3, "--no-progress")
     for name in ("margins.parquet", "examples.parquet", "auroc.csv", "auroc.md", "heatmap.png", "summary.json"):
         assert (out / name).is_file(), name
@@ -92,7 +93,8 @@ def test_read_with_published_layout_lens_and_without_lens(tiny_dirs, probe_file,
     torch.save({"J": {0: torch.eye(d), 1: torch.eye(d)}, "n_prompts": 3, "source_layers": [0, 1], "d_model": d},
                tmp_path / "pub.pt")
     out = tmp_path / "read_pt"
-    invoke("read", tiny_dirs["llama"], "--lens", tmp_path / "pub.pt", "--probes", probe_file, "--out", out,
+    invoke("read", tiny_dirs["llama"], "--readout", f"jacobian={tmp_path / 'pub.pt'}",
+           "--probes", probe_file, "--out", out,
            "--bootstrap", 0, "--no-probe", "--limit", 6, "--no-progress")
     m = pd.read_parquet(out / "margins.parquet")
     piv = m.pivot_table(index=["example_id", "position", "layer"], columns="readout", values="m_E")
@@ -117,7 +119,7 @@ def test_read_beside_a_tuned_lens(tiny_dirs, probe_file, tmp_path, llama):
     save_tuned_lens(TunedLens({0: 0.5 * torch.randn(d, d, generator=g), 1: torch.zeros(d, d)},
                               {0: torch.zeros(d), 1: torch.zeros(d)}), tmp_path / "T")
     out = tmp_path / "read_tuned"
-    invoke("read", tiny_dirs["llama"], "--tuned-lens", tmp_path / "T", "--probes", probe_file, "--out", out,
+    invoke("read", tiny_dirs["llama"], "--readout", f"tuned={tmp_path / 'T'}", "--probes", probe_file, "--out", out,
            "--bootstrap", 0, "--no-probe", "--limit", 4, "--no-progress")
     m = pd.read_parquet(out / "margins.parquet")
     assert set(m["readout"]) == {"logit", "tuned"}
@@ -126,8 +128,8 @@ def test_read_beside_a_tuned_lens(tiny_dirs, probe_file, tmp_path, llama):
     assert diff[1] < 1e-5 and diff[2] < 1e-5  # a zero translator, and the last block read as the model reads it
     assert diff[0] > 1e-3
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["tuned_lens"]["sha256"] == json.loads((tmp_path / "T" / SIDECAR).read_text())["sha256"]
-    assert summary["tuned_lens"]["layers"] == [0, 1]
+    assert summary["fitted"]["tuned"]["sha256"] == json.loads((tmp_path / "T" / SIDECAR).read_text())["sha256"]
+    assert summary["fitted"]["tuned"]["layers"] == [0, 1]
     assert "lens: none; readouts: logit, tuned" in (out / "auroc.md").read_text()
 
 
@@ -320,7 +322,8 @@ def test_with_the_project_tiny_model(tmp_path, probe_file, corpus):
         pytest.skip(f"lhd_train.tiny_model.build_tiny_model failed: {exc}")
     invoke("fit", path, "--corpus", corpus, "--out", tmp_path / "lens", "--skip-first", 4, "--max-length", 24,
            "--n-prompts", 2, "--no-progress")
-    res = runner.invoke(app, ["read", str(path), "--lens", str(tmp_path / "lens"), "--probes", str(probe_file),
+    res = runner.invoke(app, ["read", str(path), "--readout", f"jacobian={tmp_path / 'lens'}",
+                              "--probes", str(probe_file),
                               "--out", str(tmp_path / "read"), "--limit", 6, "--no-probe", "--bootstrap", "0",
                               "--no-progress", "--token-fallback", "first-token"])
     assert res.exit_code == 0, res.output
@@ -331,7 +334,8 @@ def test_with_the_project_tiny_model(tmp_path, probe_file, corpus):
 def test_band_lens_reads_only_its_layers(tiny_dirs, probe_file, corpus, tmp_path):
     invoke("fit", tiny_dirs["qwen3"], "--corpus", corpus, "--out", tmp_path / "band", "--skip-first", 4,
            "--max-length", 24, "--n-prompts", 2, "--source-layers", "1", "--no-progress")
-    invoke("read", tiny_dirs["qwen3"], "--lens", tmp_path / "band", "--probes", probe_file, "--out", tmp_path / "r",
+    invoke("read", tiny_dirs["qwen3"], "--readout", f"jacobian={tmp_path / 'band'}",
+           "--probes", probe_file, "--out", tmp_path / "r",
            "--limit", 4, "--no-probe", "--bootstrap", 0, "--no-progress")
     m = pd.read_parquet(tmp_path / "r" / "margins.parquet")
     assert sorted(m[m["readout"] == "jacobian"]["layer"].unique()) == [1, 2]

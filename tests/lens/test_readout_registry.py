@@ -1,8 +1,15 @@
 """Issue 32 item 3: a new readout is one class plus one registry entry. A toy readout (the residual's
 dimensions reversed, a linear map that is its own adjoint) is registered, and with no other change
 it is read by `lhd lens read`'s library path, scored by pass@k and next-token KL, and edited along by
-the causal check; each of its numbers is checked against the model's own norm and lm_head by hand."""
+the causal check; each of its numbers is checked against the model's own norm and lm_head by hand.
+Issue 37 item 3: a readout with a fitted artifact of its own is one class (declaring `artifact`, with
+`load`) and one registry entry, read through `lhd lens read --readout NAME=PATH`."""
 from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -15,10 +22,11 @@ from lens.margins import margins, resolve_token_sets
 from lens.model import block_outputs
 from lens.passk import rank_items, token_ranks
 from lens.positions import tag_chat_prompt
-from lens.probes import build_probe_set, render_probe
+from lens.probes import build_probe_set, render_probe, write_probes
 from lens.promptsets import PromptItem, PromptSet, encode_item, token_forms
-from lens.readout import READOUTS, Lenses, Readout, build_readouts
-from lhd_train.reading.read import ReadConfig, read_probe_set
+from lens.readout import READOUTS, Lenses, Readout, build_readouts, fitted_readouts
+from lhd_train.config.lens import ReadSettings
+from lhd_train.reading.read import read_probe_set
 
 
 class FlippedLens(Readout):
@@ -57,7 +65,7 @@ def test_a_registered_readout_is_read_everywhere(registered, llama, tmp_path):
     probes = build_probe_set(make_pack(), max_facts_per_task=1, seed=0)[:4]
     sets = resolve_token_sets(tok, fallback="first-token")
     summary = read_probe_set(model, tok, None, probes, sets, tmp_path / "read",
-                             ReadConfig(progress=False, probe=False, n_boot=20))
+                             ReadSettings(progress=False, probe=False, bootstrap=20))
     m = pd.read_parquet(summary["files"]["margins"])
     assert set(m["readout"]) == {"logit", "flipped"}
     messages, spans, prefill = render_probe(probes[0])
@@ -103,3 +111,82 @@ def test_a_registered_readout_is_read_everywhere(registered, llama, tmp_path):
     v = (g * model.hf.lm_head.weight[forms.ids].mean(0)).flip(-1)
     v = v / v.norm()
     assert torch.allclose(edits[1]["delta"], (h @ v) * v, atol=1e-5)
+
+
+class Shift:
+    """A fitted artifact of its own: one vector added to the residual, stored as JSON."""
+
+    def __init__(self, b: list[float], sha256: str):
+        self.b, self.meta = torch.tensor(b), SimpleNamespace(sha256=sha256)
+
+
+class ShiftedLens(Readout):
+    """`W_U · norm(h + b)`, with `b` from its own file: a readout with an artifact is this class and one
+    registry entry; `--readout shifted=PATH` reaches its `load` with no other change."""
+
+    name = "shifted"
+    artifact = "a JSON list of d_model numbers"
+
+    @classmethod
+    def load(cls, path, *, model=None, target_layer=None):
+        text = Path(path).read_text()
+        return Shift(json.loads(text), hashlib.sha256(text.encode()).hexdigest())
+
+    @classmethod
+    def build(cls, model, lenses):
+        shift = lenses.fitted.get(cls.name)
+        return None if shift is None else cls(model, shift)
+
+    def __init__(self, model, shift):
+        super().__init__(model)
+        self.shift = shift
+
+    @property
+    def fitted(self):
+        return self.shift
+
+    def has_layer(self, layer):
+        return True
+
+    def transform(self, layer, h):
+        return h + self.shift.b.to(h.dtype)
+
+
+def test_a_readout_with_its_own_artifact_is_one_class_and_one_registry_line(monkeypatch, llama, tiny_dirs, tmp_path):
+    from typer.testing import CliRunner
+
+    from lhd_train.cli.lens import app
+
+    model, tok = llama
+    monkeypatch.setitem(READOUTS, ShiftedLens.name, ShiftedLens)  # the one registry line
+    assert "shifted" in fitted_readouts()
+    b = [0.05 * ((i % 7) - 3) for i in range(model.d_model)]
+    (tmp_path / "shift.json").write_text(json.dumps(b))
+    probes = build_probe_set(make_pack(), max_facts_per_task=1, seed=0)[:4]
+    write_probes(probes, tmp_path / "probes.jsonl")
+    out = tmp_path / "read"
+    r = CliRunner().invoke(app, ["read", str(tiny_dirs["llama"]), "--readout", f"shifted={tmp_path / 'shift.json'}",
+                                 "--probes", str(tmp_path / "probes.jsonl"), "--out", str(out), "--bootstrap", "0",
+                                 "--no-probe", "--token-fallback", "first-token", "--no-progress", "--device", "cpu"])
+    assert r.exit_code == 0, r.output
+    m = pd.read_parquet(out / "margins.parquet")
+    assert set(m["readout"]) == {"logit", "shifted"}
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["fitted"] == {"shifted": {"sha256": hashlib.sha256((tmp_path / "shift.json").read_bytes()).hexdigest()}}
+    # its margins by hand: the model's own norm and lm_head after adding b
+    sets = resolve_token_sets(tok, fallback="first-token")
+    messages, spans, prefill = render_probe(probes[0])
+    tag = tag_chat_prompt(tok, messages, spans, prefill=prefill, judged="claim")
+    acts = block_outputs(model, torch.tensor(tag.input_ids)[None])
+    hf, union = model.hf, torch.tensor(sets.union())
+    for layer in range(model.n_layers - 1):
+        row = m[(m["example_id"] == probes[0]["id"]) & (m["readout"] == "shifted") & (m["layer"] == layer)
+                & (m["position"] == "decision")].iloc[0]
+        with torch.no_grad():
+            z = hf.lm_head(hf.model.norm(acts[layer][0, tag.positions["decision"]] + torch.tensor(b))).float()[union]
+        assert row["m_E"] == pytest.approx(float(margins(z[None], sets.index_sets())["m_E"][0]), abs=1e-4)
+    # a readout that loads nothing, or an unknown name, is refused in one line naming the allowed ones
+    for bad in ("logit=x", "nope=x"):
+        r = CliRunner().invoke(app, ["read", str(tiny_dirs["llama"]), "--readout", bad, "--probes",
+                                     str(tmp_path / "probes.jsonl"), "--out", str(tmp_path / "r2"), "--device", "cpu"])
+        assert r.exit_code != 0 and "shifted" in r.output and "jacobian_self" in r.output, r.output

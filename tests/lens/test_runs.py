@@ -14,7 +14,8 @@ from lens.positions import ReadExample, tag_chat_prompt
 from lens.probes import build_probe_set, render_probe
 from lens.readout import LogitLens
 from lhd_train.bench.taskpack import load_pack
-from lhd_train.reading.read import ReadConfig, collect
+from lhd_train.config.lens import ReadSettings
+from lhd_train.reading.read import collect
 from lhd_train.reading.runs import load_run_examples, run_task_texts
 
 BUILTIN = Path(__file__).resolve().parents[2] / "lhd_train" / "bench" / "packs" / "lhd_startup_consulting" / "pack.json"
@@ -111,7 +112,7 @@ def test_evidence_is_the_mean_over_its_tokens(llama):
     messages, spans, prefill = render_probe(row)
     ex = ReadExample("e1", row["record_id"], row["label"], messages, spans, prefill=prefill)
     sets = resolve_token_sets(tok, fallback="first-token")
-    cfg = ReadConfig(progress=False, probe=False)
+    cfg = ReadSettings(progress=False, probe=False)
     col = collect(model, tok, [ex], [LogitLens(model)], sets, cfg)
     rows = [r for r in col.rows if r["position"] == "evidence_mean"]
     assert len(rows) == model.n_layers and all(r["position_class"] == "record" for r in rows)

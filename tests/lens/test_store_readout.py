@@ -161,11 +161,12 @@ def test_the_registry_builds_what_the_lenses_allow(tiny):
     model, _ = tiny
     assert list(build_readouts(model, Lenses())) == ["logit"]
     lens = _lens(model, range(model.n_layers - 1))
-    assert list(build_readouts(model, Lenses(lens, control=False))) == ["logit", "jacobian"]
+    assert list(build_readouts(model, Lenses({"jacobian": lens}, control=False))) == ["logit", "jacobian"]
     d, below = model.d_model, range(model.n_layers - 1)
     tuned = TunedLens({layer: torch.zeros(d, d) for layer in below}, {layer: torch.zeros(d) for layer in below})
-    ros = build_readouts(model, Lenses(lens, self_lens=_lens(model, below, seed=1),
-                                       future_lens=_lens(model, below, seed=2), tuned=tuned, control_seed=3))
+    ros = build_readouts(model, Lenses({"jacobian": lens, "jacobian_self": _lens(model, below, seed=1),
+                                        "jacobian_future": _lens(model, below, seed=2), "tuned": tuned},
+                                       control_seed=3))
     assert list(ros) == list(READOUTS) == ["logit", "jacobian", "jacobian_random", "jacobian_self", "jacobian_future",
                                            "tuned"]
     assert {name: type(ro) for name, ro in ros.items()} == {
@@ -176,7 +177,7 @@ def test_the_registry_builds_what_the_lenses_allow(tiny):
     assert torch.allclose(ros["jacobian_random"].lens.J[0], random_transport(lens, 3).J[0])
     # a self-only lens without the lens's layers is refused, naming what it lacks
     with pytest.raises(LensError, match=r"the self-only lens lacks layers \[1\]"):
-        build_readouts(model, Lenses(lens, self_lens=_lens(model, [0])))
+        build_readouts(model, Lenses({"jacobian": lens, "jacobian_self": _lens(model, [0])}))
 
 
 def test_transform_and_direction_are_the_lens_and_its_transpose(tiny):

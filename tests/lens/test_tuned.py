@@ -62,7 +62,7 @@ def test_readout_reads_the_translated_residual(llama):
     A = {0: 0.1 * torch.randn(d, d, generator=g)}
     b = {0: 0.1 * torch.randn(d, generator=g)}
     tuned = TunedLens(A, b)
-    ro = build_readouts(model, Lenses(tuned=tuned))["tuned"]
+    ro = build_readouts(model, Lenses({"tuned": tuned}))["tuned"]
     assert isinstance(ro, TunedLensReadout) and ro.has_layer(0) and ro.has_layer(model.n_layers - 1)
     acts = block_outputs(model, torch.tensor([[1, 5, 9, 4]]))
     h = acts[0][0]
@@ -77,7 +77,7 @@ def test_readout_reads_the_translated_residual(llama):
     # read beside a lens, it must cover the lens's layers
     lens = Lens(J={0: torch.eye(d), 1: torch.eye(d)}, meta={"target_layer": model.n_layers - 1})
     with pytest.raises(LensError, match=r"lacks layers \[1\]"):
-        build_readouts(model, Lenses(lens, tuned=tuned))
+        build_readouts(model, Lenses({"jacobian": lens, "tuned": tuned}))
 
 
 def test_saved_folder_reads_back_and_refuses_what_it_did_not_write(tmp_path):
@@ -125,7 +125,8 @@ def test_cli_tune_then_eval_beside_the_lens(tiny_dirs, tmp_path):
         {"name": "a", "prompt": "The shop sold many boxes of", "intermediates": ["tea"]},
         {"name": "b", "prompt": "The manager asked for the", "intermediates": ["numbers", "report"]}]}))
     out = tmp_path / "ev"
-    r = runner.invoke(app, ["eval", str(model), "--lens", str(tmp_path / "L"), "--tuned-lens", str(tmp_path / "T"),
+    r = runner.invoke(app, ["eval", str(model), "--readout", f"jacobian={tmp_path / 'L'}",
+                            "--readout", f"tuned={tmp_path / 'T'}",
                             "--prompt-set", str(mine), "--corpus", str(corpus), "--out", str(out), "--device", "cpu",
                             "--threads", "1", "--no-progress", "--bootstrap", "20", "--no-causal"])
     assert r.exit_code == 0, r.output
