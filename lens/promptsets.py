@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -153,6 +154,9 @@ def load_prompt_set(spec: str | Path) -> PromptSet:
         obj = json.loads(raw)
     except (OSError, ValueError) as exc:
         raise LensError(f"{path}: not a readable JSON prompt set ({exc})") from None
+    except RecursionError:  # json's decoder recurses once per level of nesting
+        raise LensError(f"{path}: not a readable JSON prompt set (nested deeper than Python's recursion "
+                        f"limit, {sys.getrecursionlimit()})") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("items"), list) or not obj["items"]:
         raise LensError(f"{path}: expected {{\"items\": [...]}} with at least one item")
     items: list[PromptItem] = []

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError, model_validator
 
-from lhd_train.errors import InputError, data_file_error
+from lhd_train.errors import DataFileError, InputError, data_file_error
 from lhd_train.io.files import atomic_write_text, json_text, read_jsonl_lines
 from lhd_train.rundir.rows import Record
 from lhd_train.rundir.run import Run, read_record, write_record
@@ -96,17 +96,33 @@ def write_ground_truth(run: Run, labels: list[LabelledAnswer]) -> None:
 
 
 def read_ground_truth(run: Run) -> list[LabelledAnswer]:
-    """The labels, each checked: a `DataFileError` names the file, the line and the field."""
+    """The labels, each checked: a `DataFileError` names the file, the line and the field.
+
+    The file is written whole and atomically, so a last line without its newline is damage, not a
+    crash mid-append: it is refused, never skipped. On a planted copy the count must be the one
+    `plant.json` records, so a lost last line cannot turn a planted round into an unplanted one
+    (which would move it out of the false-negative rate's denominator)."""
     path = ground_truth_path(run)
     if not path.is_file():
         raise InputError(path, None, "not found: evaluate the curated set (--set curated) or a planted copy "
                          "(`lhd audit-plant RUN --out DIR`, then --planted DIR)")
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        raise DataFileError(path, "the last line ends without its newline: the file was cut short (it is "
+                            "written whole, so this is damage); plant the copy again", line=data.count(b"\n") + 1)
     out = []
     for n, raw in read_jsonl_lines(path):
         try:
             out.append(LabelledAnswer.model_validate(raw))
         except ValidationError as e:
             raise data_file_error(e, path, line=n, root=LabelledAnswer) from None
+    info = read_plant_info(run)
+    if info is None and any(r.source == "planted" for r in out):
+        raise InputError(run.path / PLANT_INFO, None, f"not found, but {GROUND_TRUTH} holds planted labels: the "
+                         "planted copy lost the record of its counts; plant the copy again")
+    if info is not None and (n := sum(r.source == "planted" for r in out)) != (planted := sum(info.planted.values())):
+        raise DataFileError(path, f"{n} planted labels, but {PLANT_INFO} records {planted} planted rounds: the file "
+                            "lost or gained lines; plant the copy again")
     return out
 
 

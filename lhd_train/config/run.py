@@ -21,6 +21,17 @@ from rollouts.types import SamplingParams
 #: boolean is no seed (`seed: true` would silently be 1).
 MAX_SEED = 2**32 - 1
 Seed = Annotated[int, Strict(), Field(ge=0, le=MAX_SEED)]
+MAX_PATH = 4096  # Linux's PATH_MAX: a longer value names no file, so it is refused before any lookup
+
+
+def _path_length(v: str) -> str:
+    if len(v) > MAX_PATH:
+        raise ValueError(f"{len(v):,} characters, longer than any path or name (at most {MAX_PATH})")
+    return v
+
+
+# A value that names a folder or a file: a pasted text in such a field is one line, not an OSError.
+PathText = Annotated[str, AfterValidator(_path_length)]
 
 
 #: Output cap of every role: room for a full answer (the longest structured answer, a feedback
@@ -111,8 +122,8 @@ class RunConfig(StrictModel):
     """Everything that defines a run. Saved resolved (without secrets) into the run directory."""
 
     run_name: str = Field(description="the run's folder under output_dir (a plain name: lhd_train.rundir.names)")
-    output_dir: str = "runs"
-    task_pack: str = "startup_consulting"
+    output_dir: PathText = "runs"
+    task_pack: PathText = "startup_consulting"
     seeds: list[Seed] | None = Field(None, description="event seeds, one trial each (0 .. 2**32-1)")
     num_trials: int | None = Field(None, ge=1, le=1_000_000,
                                    description="draw this many seeds from `seed` when `seeds` is unset")
@@ -130,7 +141,7 @@ class RunConfig(StrictModel):
     supervisor: RoleConfig
     summariser: RoleConfig | None = Field(None, description="default: the supervisor's model and sampling")
     auditor: RoleConfig | None = None
-    prompts_dir: str | None = Field(None, description="override prompt files (default: built-in)")
+    prompts_dir: PathText | None = Field(None, description="override prompt files (default: built-in)")
 
     @field_validator("run_name")
     @classmethod

@@ -11,6 +11,10 @@ The lock file itself stays; only the holder line inside it (PID, stage, host, st
 It is taken without waiting: a stage that finds the directory busy stops at once rather than
 queueing behind a run that may take days.
 
+The lock file is opened without following a symbolic link, and refused when it is not a plain
+file of its own (a link, a hard link, a FIFO): writing the holder line through it would empty the
+file at the other end.
+
 The lock is per process and re-entrant: a stage that locks a directory its caller already holds
 (a library call inside a command) just goes on."""
 from __future__ import annotations
@@ -20,6 +24,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -80,12 +85,20 @@ def _lock_one(directory: Path, stage: str) -> Iterator[None]:
     while True:
         try:
             directory.mkdir(parents=True, exist_ok=True)
-            # A `.lock` made a link or a FIFO by someone else is outside the threat model (one user's
-            # own run directories, docs/formats.md): the lock file is not checked for it.
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            # The holder line is written into the lock file, and emptied at the end: through a
+            # symbolic link that would empty the file it points to, so a link is never followed.
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise LhdError(f"{path}: a symbolic link, not a lock file; lhd writes into its lock file and "
+                               "never follows a link there, so nothing was written: remove the link") from None
             raise storage_error(e, path, "nothing was written") if e.errno in STORAGE_ERRNOS else LhdError(
                 f"{path}: cannot create the lock file ({e.strerror}); is the folder writable?") from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:  # a FIFO, a device, a file also named elsewhere
+            os.close(fd)
+            what = "a hard link to another file" if stat.S_ISREG(st.st_mode) else "not a regular file"
+            raise LhdError(f"{path}: {what}; lhd writes into its lock file, so nothing was written: remove it")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:

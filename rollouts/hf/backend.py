@@ -27,6 +27,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -59,6 +60,13 @@ log = logging.getLogger(__name__)
 _DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
            "float16": "float16", "fp16": "float16", "half": "float16"}
 _ENCODE_CACHE_SIZE = 128  # chat-template encodings kept (see `encode_chat`)
+
+
+def peft_names(adapters: Mapping[str, str]) -> dict[str, str]:
+    """The name PEFT knows each adapter by: `lora0`, `lora1`, ... in the spec's order. PEFT names
+    modules after adapters and refuses a name with a dot, while a role names its adapter by its
+    folder (`./ad`, `/tmp/tmp.x1`, `runs/llama-3.1-8b-sft/adapter`), so that name stays outside."""
+    return {name: f"lora{i}" for i, name in enumerate(adapters)}
 
 
 class HFBackend:
@@ -174,11 +182,12 @@ class HFBackend:
             from peft import PeftModel
 
             items = list(spec.adapters.items())
+            inner = peft_names(spec.adapters)
             try:
                 name, path = items[0]
-                model = PeftModel.from_pretrained(model, path, adapter_name=name, is_trainable=False)
+                model = PeftModel.from_pretrained(model, path, adapter_name=inner[name], is_trainable=False)
                 for name, path in items[1:]:
-                    model.load_adapter(path, adapter_name=name, is_trainable=False)
+                    model.load_adapter(path, adapter_name=inner[name], is_trainable=False)
             except Exception as e:  # noqa: BLE001 - as above
                 raise BackendError(f"cannot load LoRA adapter {name!r} from {path}: {type(e).__name__}: "
                                    f"{one_line(e)}") from e
@@ -331,13 +340,15 @@ class HFBackend:
             model_id=self.model_id, error=error, prompt_token_ids=prompt_ids)
 
     def _adapter_name(self, adapter: str | None) -> str | None:
+        """The PEFT name of the adapter a request asks for by its name or its folder."""
         if adapter is None:
             return None
+        inner = peft_names(self.spec.adapters)
         if adapter in self.spec.adapters:
-            return adapter
+            return inner[adapter]
         for name, path in self.spec.adapters.items():
             if adapter == path or Path(adapter).resolve() == Path(path).resolve():
-                return name
+                return inner[name]
         raise KeyError(adapter)
 
     async def _submit(self, req: GenerationRequest) -> asyncio.Future[GenerationResult]:

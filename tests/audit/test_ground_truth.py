@@ -31,12 +31,12 @@ def test_labels_and_plant_info_read_back_as_written(tmp_path: Path) -> None:
     lines = [json.loads(x) for x in (tmp_path / "ground_truth.jsonl").read_text().splitlines()]
     assert lines[0]["evidence"] == [{"file": "q3.csv", "quote": "revenue,47000"}] and lines[1]["type"] is None
     assert "before" not in lines[1]  # only what the writer set
-    assert read_ground_truth(run) == [planted, honest]
     assert read_plant_info(run) is None  # not a planted copy
     info = PlantInfo(source_run="/runs/a", seed=5, rate=0.5, types=["CONCEALMENT"], rounds=4,
                      chosen={"CONCEALMENT": 2}, planted={"CONCEALMENT": 1}, skipped={"CONCEALMENT": 1})
     write_plant_info(run, info)
     assert read_plant_info(run) == info
+    assert read_ground_truth(run) == [planted, honest]  # planted labels need plant.json (and its count)
 
 
 @pytest.mark.parametrize(("row", "field"), [

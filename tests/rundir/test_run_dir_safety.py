@@ -431,7 +431,7 @@ def test_run_config_bounds(kw, field, tmp_path):
 
 @pytest.mark.parametrize("text,needle", [
     ("run_name: r\nseeds: [1]\nrun_name: s\n", "appears twice"),
-    ("run_name: r\nx: " + "[" * 5000 + "]" * 5000 + "\n", "RecursionError"),
+    ("run_name: r\nx: " + "[" * 5000 + "]" * 5000 + "\n", "nest"),  # libyaml's depth limit, or the recursion limit
     ("run_name: r\nseed: " + "9" * 5000 + "\n", "digits"),
 ])
 def test_yaml_with_repeated_keys_deep_nesting_or_huge_integers_is_one_line(text, needle, tmp_path, monkeypatch,
