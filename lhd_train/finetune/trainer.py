@@ -29,6 +29,7 @@ from lhd_train.errors import InputError
 from lhd_train.finetune import train_data as data_mod
 from lhd_train.finetune.checkpoints import resume_checkpoint
 from lhd_train.finetune.fit_rows import fit_once
+from lhd_train.finetune.judged_rewards import judge_share_check, judged_setups
 from lhd_train.finetune.lineage import adapter_lineage, dataset_lineage
 from lhd_train.finetune.records import (
     ADAPTER_RECORD,
@@ -211,6 +212,9 @@ def build_trainer(recipe: Recipe, recipe_path: Path | None = None,
             check_reward_columns(reward_funcs, data["eval"].column_names, source, "data.eval")
         preflight_rewards(reward_funcs, data["train"], source)  # before any model loads
         extra["reward_funcs"] = list(reward_funcs)
+        setups = judged_setups(extra["reward_funcs"])
+        if setups:  # the failed-grade counts, summed over the ranks once per step, outside the rewards
+            extra["callbacks"] = [judge_share_check(setups)]
     args, notes = trainer_arguments(recipe, out, cuda, dtype, source, reward_weights)
     if recipe.sft is not None:
         args["assistant_only_loss"] = data["loss_on"] == "assistant"
