@@ -8,17 +8,24 @@ unpacks them into one site folder, drops what the device check never loads (pyar
 tests and headers, pandas' tests, every bitsandbytes library but the CPU one and the one for the
 image's CUDA), and packs it as one xz archive, refusing to finish above the size limit:
 
-    python scripts/build_gpu_bundle.py [--python 3.12] [--cuda 130] [--out build/gpu] [--limit-mib 60]
+    python scripts/build_gpu_bundle.py [--python 3.12] [--cuda 130] [--out build/gpu] [--work build/gpu-work]
+
+`--out` ends up holding the archive and nothing else (it is what a device call carries, 64 MiB at
+most); the wheels, the unpacked site folder and the manifest stay in `--work`.
 
 On the device machine, one line puts the packages ahead of the image's own (PYTHONPATH entries come
 before site-packages), with lhd from the checkout:
 
-    S=/tmp/lhd-site; mkdir -p $S && tar -xJf build/gpu/lhd-deps-py312.tar.xz -C $S && \\
+    S=/tmp/lhd/site-packages; mkdir -p $S && tar -xJf build/gpu/lhd-deps-py312.tar.xz -C $S && \\
         export PYTHONPATH=$S:$PWD TVM_FFI_DISABLE_TORCH_C_DLPACK=1 HF_HUB_OFFLINE=1
 
-(`build/` is git-ignored; carry `build/gpu`.) TVM_FFI_DISABLE_TORCH_C_DLPACK stops apache-tvm-ffi
-from compiling a torch extension at `import xgrammar` (tvm_ffi/_optional_torch_c_dlpack.py).
-The archive's `lhd-bundle.json` lists every package, its version and its unpacked size.
+The folder's name must contain `site-packages`: `datasets` fingerprints every new Dataset with dill,
+and dill pickles a module by reference only when it looks installed (under sys.prefix, compiled, or
+with `site-packages` in its path); elsewhere it pickles pyarrow by value and fails on a Cython class
+(`Dataset.from_list` raises PicklingError). (`build/` is git-ignored.) TVM_FFI_DISABLE_TORCH_C_DLPACK
+stops apache-tvm-ffi from compiling a torch extension at `import xgrammar`
+(tvm_ffi/_optional_torch_c_dlpack.py). The archive's `lhd-bundle.json` lists every package, its
+version and its unpacked size.
 """
 from __future__ import annotations
 
@@ -128,14 +135,21 @@ def folder_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
+# What earlier builds left beside the archive (before the work folder existed): removed from `--out`.
+LEGACY = ("wheels-py*", "site-py*", "lhd-bundle-py*.json")
+
+
 def build(out: Path, python: str = "3.12", cuda: str = "130", limit_mib: float = 60.0,
-          wheels: Path | None = None, preset: int = 9) -> dict:
-    """Download, unpack, slim and pack; returns the manifest (also written beside the archive)."""
+          wheels: Path | None = None, preset: int = 9, work: Path | None = None) -> dict:
+    """Download, unpack, slim and pack; returns the manifest (also written to the work folder).
+    `out` receives only the archive; everything else goes to `work` (default: `out` + "-work")."""
     versions = pins()
     out.mkdir(parents=True, exist_ok=True)
+    work = work or out.with_name(out.name + "-work")
+    work.mkdir(parents=True, exist_ok=True)
     tag = python.replace(".", "")
-    wheels = wheels or out / f"wheels-py{tag}"
-    site = out / f"site-py{tag}"
+    wheels = wheels or work / f"wheels-py{tag}"
+    site = work / f"site-py{tag}"
     shutil.rmtree(site, ignore_errors=True)
     files = download(list(PACKAGES), versions, python, wheels)
     unpack(files, site)
@@ -151,7 +165,10 @@ def build(out: Path, python: str = "3.12", cuda: str = "130", limit_mib: float =
             tar.add(path, arcname=path.name)
     size = archive.stat().st_size
     manifest["archive"], manifest["archive_mib"] = str(archive), round(size / 2**20, 2)
-    (out / f"lhd-bundle-py{tag}.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    (work / f"lhd-bundle-py{tag}.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    for pattern in LEGACY:
+        for stale in out.glob(pattern):
+            shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
     if size > limit_mib * 2**20:
         raise SystemExit(f"{archive}: {size / 2**20:.1f} MiB, over the {limit_mib:g} MiB limit")
     return manifest
@@ -162,10 +179,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--python", default="3.12", help="the image's Python (major.minor)")
     ap.add_argument("--cuda", default="130", help="bitsandbytes CUDA library to keep (torch CUDA 13.0: 130)")
     ap.add_argument("--out", type=Path, default=ROOT / "build" / "gpu")
-    ap.add_argument("--wheels", type=Path, default=None, help="download folder (default OUT/wheels-pyXY)")
+    ap.add_argument("--work", type=Path, default=ROOT / "build" / "gpu-work",
+                    help="wheels, unpacked site and manifest (kept out of OUT, which is carried)")
+    ap.add_argument("--wheels", type=Path, default=None, help="download folder (default WORK/wheels-pyXY)")
     ap.add_argument("--limit-mib", type=float, default=60.0)
+    ap.add_argument("--xz-preset", type=int, default=9, choices=range(10), help="9: smallest; 1: fastest")
     args = ap.parse_args(argv)
-    m = build(args.out, args.python, args.cuda, args.limit_mib, args.wheels)
+    m = build(args.out, args.python, args.cuda, args.limit_mib, args.wheels, args.xz_preset, args.work)
     print(f"{m['archive']}: {m['archive_mib']} MiB ({m['unpacked_mib']} MiB unpacked, {len(m['packages'])} packages, "
           f"Python {m['python']}, bitsandbytes CUDA {m['cuda']})")
 

@@ -13,21 +13,27 @@
 # bitsandbytes) and the lens on the GPU against the CPU. `-- --all` adds the older 8B-slice tests
 # (beyond 8 minutes).
 #
-# usage: scripts/gpu_check.sh [BUNDLE.tar.xz | WHEELS_DIR] [-- --all | pytest args, e.g. -k "versions or lens"]
+# usage: scripts/gpu_check.sh [--require-gpu] [BUNDLE.tar.xz | WHEELS_DIR] [-- --all | pytest args, e.g. -k lens]
+#   --require-gpu  exit 3 before the tests when torch sees no GPU (a broken CUDA stack would otherwise
+#                  pass as all SKIP)
 #   BUNDLE.tar.xz  the packages the image lacks (scripts/build_gpu_bundle.py; default: the
 #                  build/gpu/lhd-deps-pyXY.tar.xz of this Python when it exists), unpacked once into
-#                  $GPU_CHECK_SITE (default /tmp/lhd-site) and put first on PYTHONPATH: no pip, no network
+#                  $GPU_CHECK_SITE (default /tmp/lhd/site-packages: the name must contain site-packages,
+#                  or dill pickles pyarrow by value and every Dataset fails) and put first on PYTHONPATH
 #   WHEELS_DIR     a folder of wheels: whatever does not import is installed from it (pip --no-index)
 # Environment: PYTHON (default: .venv/bin/python if present, else python3), GPU_CHECK_DEVICE (cuda, cuda:N;
 #              cpu runs the tests' CPU forms, as the CPU suite does), GPU_CHECK_TIMEOUT (seconds, default 450).
 # On a lent machine (build the bundle here first: make gpu-bundle; carry build/gpu):
 #   bash scripts/gpu_check.sh 2>$OUT/gpu_check.err | tee $OUT/gpu_check.txt
-# Exit status: pytest's (0 when no test failed, 1 when one failed), 124 on timeout, 2 on a setup problem.
+# Exit status: pytest's (0 when no test failed, 1 when one failed), 124 on timeout, 2 on a setup problem,
+# 3 with --require-gpu when torch sees no GPU.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 SOURCE=""
+REQUIRE_GPU=0
+if [[ $# -gt 0 && "$1" == "--require-gpu" ]]; then REQUIRE_GPU=1; shift; fi
 if [[ $# -gt 0 && "$1" != "--" ]]; then SOURCE="$1"; shift; fi
 if [[ $# -gt 0 && "$1" == "--" ]]; then shift; fi
 
@@ -44,8 +50,9 @@ TAG="$("$PY" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}"
 if [[ -z "$SOURCE" && -f "build/gpu/lhd-deps-py$TAG.tar.xz" ]]; then SOURCE="build/gpu/lhd-deps-py$TAG.tar.xz"; fi
 if [[ "$SOURCE" == *.tar.xz ]]; then
   # The one install line: the bundle's packages ahead of the image's, lhd from this checkout.
-  SITE="${GPU_CHECK_SITE:-/tmp/lhd-site}"
-  mkdir -p "$SITE" && tar -xJf "$SOURCE" -C "$SITE" || { echo "CHECK setup: FAIL cannot unpack $SOURCE" >&2; exit 2; }
+  SITE="${GPU_CHECK_SITE:-/tmp/lhd/site-packages}"
+  mkdir -p "$SITE" && "$PY" -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='tar')" \
+    "$SOURCE" "$SITE" || { echo "CHECK setup: FAIL cannot unpack $SOURCE into $SITE" >&2; exit 2; }
   export PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
   echo "bundle $SOURCE unpacked into $SITE, first on PYTHONPATH" >&2
 else
@@ -69,8 +76,11 @@ else
     fi
   fi
 fi
-for mod in torch transformers peft accelerate; do
-  "$PY" -c "import $mod" 2>/dev/null || { echo "CHECK setup: FAIL $mod does not import" >&2; exit 2; }
+for mod in torch transformers accelerate peft trl datasets; do
+  # the import's own last line names the cause (peft without accelerate: "No module named 'accelerate'")
+  if ! why="$("$PY" -c "import $mod" 2>&1)"; then
+    echo "CHECK setup: FAIL $mod does not import: $(grep -v '^ ' <<<"$why" | tail -n 1)" >&2; exit 2
+  fi
 done
 
 command -v nvidia-smi >/dev/null && nvidia-smi \
@@ -78,6 +88,11 @@ command -v nvidia-smi >/dev/null && nvidia-smi \
   --format=csv,noheader 2>&1 | sed 's/^/GPU /'
 echo "host $(hostname) $(date -u +%Y-%m-%dT%H:%MZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 DEVICE="${GPU_CHECK_DEVICE:-cuda}"
+if [[ $REQUIRE_GPU == 1 ]] && ! "$PY" -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
+  echo "CHECK setup: FAIL --require-gpu: torch $("$PY" -c 'import torch; print(torch.__version__)') sees no GPU" \
+    "(CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset})" >&2
+  exit 3
+fi
 MARK=gpu; [[ "$DEVICE" == cpu ]] && MARK="not gpu"
 ARGS=()
 for a in "$@"; do

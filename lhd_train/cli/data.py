@@ -12,6 +12,7 @@ from lhd_train.config.data import BuildSettings
 
 #: options of `lhd data bon|dpo` that prompt-only GRPO data does not use (nothing is sampled or graded)
 GRPO_UNUSED = ("n", "min_margin", "on_task_min", "concurrency", "overrides", "auditor_config")
+GRPO_ONLY = ("judge_window", "judge_tokenizer", "completion_tokens")
 
 data_app = typer.Typer(help="training data from audited runs: best-of-N SFT, DPO pairs, GRPO prompts",
                        no_args_is_help=True)
@@ -46,7 +47,7 @@ def _preflight(s: BuildSettings) -> None:
 
 
 @data_app.command("bon")
-@settings_command(BuildSettings, exclude=("min_margin",))
+@settings_command(BuildSettings, exclude=("min_margin", *GRPO_ONLY))
 def data_bon_cmd(s: BuildSettings) -> None:
     """Best-of-N SFT data: sample N answers per context, grade them, keep the best for the direction."""
     from lhd_train.finetune.datasets import build_bon
@@ -59,7 +60,7 @@ def data_bon_cmd(s: BuildSettings) -> None:
 
 
 @data_app.command("dpo")
-@settings_command(BuildSettings)
+@settings_command(BuildSettings, exclude=GRPO_ONLY)
 def data_dpo_cmd(s: BuildSettings) -> None:
     """DPO pairs from the graded candidates (and the original answer)."""
     from lhd_train.finetune.datasets import build_dpo
@@ -80,7 +81,8 @@ def data_grpo_cmd(s: BuildSettings) -> None:
     _check_out(s)
     with _data_lock(s.run_dir, s.out, "lhd data grpo"):
         path, stats = build_grpo(s.run_dir, s.out, s.eval_fraction, s.max_contexts, s.direction,
-                                 run_auditor=s.run_auditor)
+                                 run_auditor=s.run_auditor, judge_window=s.judge_window,
+                                 judge_tokenizer=s.judge_tokenizer, completion_tokens=s.completion_tokens)
     console.print(f"GRPO prompts: {stats}\ndataset: {path}")
 
 

@@ -38,6 +38,13 @@ class BuildSettings(DataOptions):
                                  json_schema_extra={"argument": True})
     auditor_config: Path | None = Field(None, description="auditor config (default: the run's)",
                                         json_schema_extra={"flag": "--auditor"})
+    judge_window: int | None = Field(None, ge=1, description="GRPO: the reward judge's window in tokens; a row whose "
+                                     "audit prompt plus --completion-tokens and the auditor's reply is longer is "
+                                     "dropped and counted (default: the run auditor's max_model_len)")
+    judge_tokenizer: str | None = Field(None, description="GRPO: the tokenizer that counts for --judge-window "
+                                        "(default: the run auditor's model; an estimate when it does not load)")
+    completion_tokens: int = Field(512, ge=0, description="GRPO: room kept in the judge's window for the policy's "
+                                   "completion (the recipe's trainer.max_completion_length)")
     progress: bool = Field(True, json_schema_extra={"cli": False})
 
     def cache_record(self) -> dict[str, object]:

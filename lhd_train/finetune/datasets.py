@@ -317,17 +317,36 @@ def build_dpo(s: BuildSettings) -> tuple[Path, dict[str, Any]]:
 
 
 def build_grpo(run_dir: Path, out: Path, eval_fraction: float = 0.2, max_contexts: int | None = None,
-               direction: Direction = "honest", run_auditor: str | None = None) -> tuple[Path, dict[str, Any]]:
+               direction: Direction = "honest", run_auditor: str | None = None, judge_window: int | None = None,
+               judge_tokenizer: str | None = None, completion_tokens: int = 512) -> tuple[Path, dict[str, Any]]:
     """Prompt-only rows; the columns let the honesty reward find the trajectory context and the
-    run's audit label of its original answer (`run_auditor`: whose labels; "" when none)."""
+    run's audit label of its original answer (`run_auditor`: whose labels; "" when none). Rows the
+    judge could not grade (longer than its window: `judge_window.py`) are dropped and counted here."""
+    from lhd_train.finetune.judge_window import judge_window as window_for
+
     contexts = load_contexts(run_dir, run_auditor, eval_fraction, 0, max_contexts)
+    check = window_for(run_dir, judge_window, judge_tokenizer, completion_tokens)
     rows: dict[str, list[dict[str, Any]]] = {"train": [], "eval": []}
+    over = 0
     for ctx in contexts:
+        if check is not None and not check.fits(ctx):
+            over += 1
+            continue
         rows[ctx.split].append({"prompt": ctx.messages, "run_dir": str(Path(run_dir).resolve()),
                                 "direction": direction, "run_auditor": contexts.auditor_id or "", **_meta_cols(ctx)})
+    if check is None:
+        log.warning("the judge's window is unknown (no --judge-window, the run's auditor sets no max_model_len): "
+                    "rows are not measured against it")
+    elif over:
+        log.warning("%d of %d rows dropped: longer than the judge's window of %d tokens (%s)", over, len(contexts),
+                    check.window, check.counted_with)
     out.mkdir(parents=True, exist_ok=True)
     stats = {"contexts": len(contexts), "train": len(rows["train"]), "eval": len(rows["eval"]),
-             "run_audit": contexts.auditor_id, "left_out": contexts.skipped}
+             "run_audit": contexts.auditor_id, "left_out": contexts.skipped,
+             "judge_window": check.stats(over) if check is not None else None}
+    if check is not None and over and over == len(contexts):
+        raise InputError("command line", "--judge-window", f"every one of the {over} rows is longer than the "
+                         f"judge's window ({check.window} tokens)", "a judge with a longer window")
     return _save(rows, out, {"kind": "grpo-prompts", "run": str(run_dir), "direction": direction,
                              "run_audit": {"auditor_id": contexts.auditor_id}, "stats": stats,
                              "auditors": data_auditors(run_dir, contexts.auditor_id),

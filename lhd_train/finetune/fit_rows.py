@@ -16,8 +16,12 @@ the longer of chosen and rejected) or over the prompt with the generation prompt
 
 Fitting tokenises every long row several times (a bisection over its turns), minutes for a
 thousand 100k-token rows, so it runs once per data, tokenizer and length (`fit_once`, issue 30
-B4): the first process fits and saves the result under the output folder, and every other rank
-of a distributed launch, and every resume, loads it."""
+B4) and is saved under the output folder, where every rank and every resume loads it. It runs
+BEFORE the process group starts (issue 38): `lhd train ... --fit-only` in one process (the Slurm
+training job runs it before `srun accelerate launch`). Never behind a barrier: with ranks 1-7
+waiting in NCCL while rank 0 fitted, a job with ~1,000 long rows passed the 30-minute `ddp_timeout`
+and died before the cache was saved, on every resubmission. A distributed launch that finds no
+cache therefore fits in every rank at once (the same rows, no collective; rank 0 saves)."""
 from __future__ import annotations
 
 import hashlib
@@ -261,23 +265,25 @@ def fit_key(data_sha256: str, fmt: Format, tok: Any, max_length: int | None, res
 
 def fit_once(ds: Any, fmt: Format, tok: Any, max_length: int | None, reserve: int, split: str,
              out_dir: Path, data_sha256: str) -> tuple[Any, FitReport, bool]:
-    """`fit_dataset`, done once: (dataset, report, whether it was loaded). The first process (rank 0
-    of a distributed launch, under accelerate's `main_process_first`) fits and saves the result in
-    `out_dir/fitted/<split>-<key>/` (the report, and the rows when fitting changed any); the other
-    ranks wait for it and load it, as does every later run on the same data, tokenizer and lengths."""
+    """`fit_dataset`, done once: (dataset, report, whether it was loaded). Loaded from
+    `out_dir/fitted/<split>-<key>/` when an earlier process saved it (`lhd train --fit-only`, a
+    previous run); else fitted here and saved by the main process. No collective: in a distributed
+    launch without the cache every rank fits the same rows itself, so none waits in a barrier."""
     from accelerate import PartialState
 
     folder = Path(out_dir) / FITTED_DIR / f"{split}-{fit_key(data_sha256, fmt, tok, max_length, reserve, split)}"
+    loaded = _load_fitted(folder, ds)
+    if loaded is not None:
+        log.info("data.%s: fitted rows loaded from %s", split, folder)
+        return loaded[0], loaded[1], True
     state = PartialState()
-    with state.main_process_first():
-        loaded = _load_fitted(folder, ds)
-        if loaded is not None:
-            log.info("data.%s: fitted rows loaded from %s", split, folder)
-            return loaded[0], loaded[1], True
-        fitted, report = fit_dataset(ds, fmt, tok, max_length, reserve, split)
-        if state.is_main_process:
-            _save_fitted(folder, fitted if fitted is not ds else None, report)
-        return fitted, report, False
+    if state.num_processes > 1:
+        log.warning("data.%s: no fitted rows in %s; every rank fits them itself (run `lhd train ... --fit-only` "
+                    "before the launch to fit once)", split, folder)
+    fitted, report = fit_dataset(ds, fmt, tok, max_length, reserve, split)
+    if state.is_main_process:
+        _save_fitted(folder, fitted if fitted is not ds else None, report)
+    return fitted, report, False
 
 
 def _load_fitted(folder: Path, ds: Any) -> tuple[Any, FitReport] | None:

@@ -14,13 +14,19 @@ in the recipe, or an `openai` model in the run's config). A judge that would sta
 trainer's GPUs, with the trainer's distributed environment, blocking the other ranks for the
 whole start-up (issue 20, H3). Outside a trainer (tests, `lhd data`) the run's models are used.
 
-A grade can fail: the endpoint is unreachable, the completion's trajectory is longer than the
-judge's window, or its answer does not parse. Such a completion gets no reward (None, which TRL
-turns into NaN and leaves out of its sums and group means), and the failures are counted across
-ranks; training stops with one `error:` line only when more than `grpo.max_failed_grade_share` of
-the grades so far failed (issue 30, B1). The judge's window is `grpo.judge.max_model_len`, or
-the `max_model_len` the endpoint lists at `/v1/models` (vLLM does), so an over-window prompt is
-refused here (status `too_long`) instead of being sent and answered with an HTTP 400."""
+A grade can fail: the endpoint is unreachable, or its answer does not parse. Such a completion
+gets no reward (None: with several rewards lhd has TRL normalise each within its group first, so a
+missing one is the group's mean, never nansum's 0). Each reward counts its failures on its own
+rank; after every optimizer step `JudgeShareCheck` sums every judged reward's counts over the
+ranks in ONE all-reduce, in a fixed order, outside the reward coroutines (TRL runs async rewards
+together, so reductions inside them would pair one rank's honesty with another's satisfaction),
+and training stops with one `error:` line only when more than `grpo.max_failed_grade_share` of a
+reward's grades so far failed (issue 30, B1; issue 38). The judge's window is
+`grpo.judge.max_model_len`, or the `max_model_len` the endpoint lists at `/v1/models` (vLLM does),
+so an over-window prompt is refused here (status `too_long`) instead of being sent and answered
+with an HTTP 400. Over-window rows are dropped and counted at `lhd data grpo`; one that still
+reaches the judge (a smaller window than the data was built for) is a missing reward counted as
+`too_long`, not a failure of the judge: it never stops training."""
 from __future__ import annotations
 
 import asyncio
@@ -49,6 +55,7 @@ JUDGE_PORT = 8001
 #: failed grades stop training only once this many grades (all ranks) were made: a share of a few is noise
 MIN_GRADES_TO_STOP = 16
 UNAVAILABLE = "unavailable"  # the grade's status when the endpoint did not answer after its retries
+TOO_LONG = "too_long"  # grading.too_long's status: the trajectory is longer than the judge's window
 log = logging.getLogger(__name__)
 
 
@@ -161,29 +168,41 @@ class _Setup:
         self.judge, self.supervisor_judge = endpoint_spec(judge), endpoint_spec(supervisor_judge)
         self.training = False
         self.max_failed_share = float(max_failed_share)
-        self.graded = 0
+        self.graded = 0  # grades made on this rank, over-window ones left out
+        self.over_window = 0  # trajectories longer than the judge's window, this rank
         self.failures: collections.Counter[str] = collections.Counter()  # status -> count, this rank
+        self.judge_seen: _Judge | None = None
 
     def tally(self, judge: _Judge, statuses: list[str | None], log_metric: Any = None) -> None:
-        """Count this call's grades (`statuses`: None for a usable grade, else why it failed), log
-        the failed share over every rank, and stop training (`JudgeFailing`) once it passes
-        `max_failed_share` with at least `MIN_GRADES_TO_STOP` grades made. Every rank calls each
-        reward once per generation batch, so the counts are summed there (a collective)."""
-        self.graded += len(statuses)
-        self.failures.update(s for s in statuses if s is not None)
-        failed, graded = all_ranks_sum(sum(self.failures.values()), self.graded)
-        if callable(log_metric) and graded:
-            log_metric(f"{self.kind}/failed_grade_share", failed / graded)
-        if graded >= MIN_GRADES_TO_STOP and failed > self.max_failed_share * graded:
-            spec = judge.judge or judge.supervisor_judge
-            where = f" of the judge {spec.model} at {public_url(spec.base_url)}" if spec and spec.base_url else ""
-            why = ", ".join(f"{k} {v}" for k, v in self.failures.most_common())
-            last = f"; last endpoint error: {' '.join(judge.last_error.split())[:300]}" if judge.last_error else ""
-            raise JudgeFailing(
-                f"{failed} of {graded} {self.kind} grades{where} failed ({failed / graded:.0%}, more than "
-                f"grpo.max_failed_grade_share {self.max_failed_share:.0%}; on this rank: {why}){last}. Check that the "
-                "endpoint is up and serves the window the trajectories need (docs/training.md, 'The judge's window'), "
-                "or raise grpo.max_failed_grade_share")
+        """Count this call's grades on this rank (`statuses`: None for a usable grade, else why it
+        failed) and log this rank's failed share; no collective here (`JudgeShareCheck` sums them).
+        `too_long` (a trajectory over the judge's window) is counted apart: not the judge failing."""
+        self.judge_seen = judge
+        self.over_window += sum(s == TOO_LONG for s in statuses)
+        judged = [s for s in statuses if s != TOO_LONG]
+        self.graded += len(judged)
+        self.failures.update(s for s in judged if s is not None)
+        if callable(log_metric) and self.graded:
+            log_metric(f"{self.kind}/failed_grade_share", sum(self.failures.values()) / self.graded)
+        if callable(log_metric) and self.over_window:
+            log_metric(f"{self.kind}/over_window", float(self.over_window))
+
+    def stop_if_failing(self, failed: int, graded: int) -> None:
+        """`JudgeFailing` when more than `max_failed_share` of `graded` (every rank's) failed, once at
+        least `MIN_GRADES_TO_STOP` grades were made."""
+        if graded < MIN_GRADES_TO_STOP or failed <= self.max_failed_share * graded:
+            return
+        judge = self.judge_seen
+        spec = (judge.judge or judge.supervisor_judge) if judge is not None else None
+        where = f" of the judge {spec.model} at {public_url(spec.base_url)}" if spec and spec.base_url else ""
+        why = ", ".join(f"{k} {v}" for k, v in self.failures.most_common())
+        last = judge.last_error if judge is not None else None
+        last = f"; last endpoint error: {' '.join(last.split())[:300]}" if last else ""
+        raise JudgeFailing(
+            f"{failed} of {graded} {self.kind} grades{where} failed ({failed / graded:.0%}, more than "
+            f"grpo.max_failed_grade_share {self.max_failed_share:.0%}; on this rank: {why}){last}. Check that the "
+            "endpoint is up and serves the window the trajectories need (docs/training.md, 'The judge's window'), "
+            "or raise grpo.max_failed_grade_share")
 
     def judge_for(self, columns: dict[str, Any]) -> _Judge:
         run_dir = _run_dir_of(columns, self.run_dir)
@@ -283,6 +302,34 @@ def satisfaction(direction: str, run_dir: str | None = None, auditor_config: str
 
     reward.preflight, reward.setup = setup.preflight, setup  # type: ignore[attr-defined]
     return reward
+
+
+def check_failed_shares(setups: list[_Setup]) -> None:
+    """Sum every judged reward's (failed, graded) over the ranks in one all-reduce, in the order of
+    `setups` (the recipe's reward order, the same on every rank), then stop on the first reward past
+    its share. Every rank reaches the same decision from the same sums."""
+    if not setups:
+        return
+    summed = all_ranks_sum(*(n for s in setups for n in (sum(s.failures.values()), s.graded)))
+    for i, setup in enumerate(setups):
+        setup.stop_if_failing(summed[2 * i], summed[2 * i + 1])
+
+
+def judge_share_check(setups: list[_Setup]) -> Any:
+    """A trainer callback that runs `check_failed_shares` after every optimizer step, on every rank
+    (TRL calls the rewards of a generation batch before the step that uses them)."""
+    from transformers import TrainerCallback
+
+    class JudgeShareCheck(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            check_failed_shares(setups)
+
+    return JudgeShareCheck()
+
+
+def judged_setups(reward_funcs: list[Any]) -> list[_Setup]:
+    """The judged rewards' setups among `reward_funcs`, in their order."""
+    return [f.setup for f in reward_funcs if isinstance(getattr(f, "setup", None), _Setup)]
 
 
 def all_ranks_sum(*counts: int) -> list[int]:

@@ -28,7 +28,8 @@ from lhd_train.config.recipe import Recipe, dump_recipe, load_recipe
 from lhd_train.errors import InputError
 from lhd_train.finetune import train_data as data_mod
 from lhd_train.finetune.checkpoints import resume_checkpoint
-from lhd_train.finetune.fit_rows import fit_once
+from lhd_train.finetune.fit_rows import FITTED_DIR, fit_once
+from lhd_train.finetune.judged_rewards import judge_share_check, judged_setups
 from lhd_train.finetune.lineage import adapter_lineage, dataset_lineage
 from lhd_train.finetune.records import (
     ADAPTER_RECORD,
@@ -211,6 +212,9 @@ def build_trainer(recipe: Recipe, recipe_path: Path | None = None,
             check_reward_columns(reward_funcs, data["eval"].column_names, source, "data.eval")
         preflight_rewards(reward_funcs, data["train"], source)  # before any model loads
         extra["reward_funcs"] = list(reward_funcs)
+        setups = judged_setups(extra["reward_funcs"])
+        if setups:  # the failed-grade counts, summed over the ranks once per step, outside the rewards
+            extra["callbacks"] = [judge_share_check(setups)]
     args, notes = trainer_arguments(recipe, out, cuda, dtype, source, reward_weights)
     if recipe.sft is not None:
         args["assistant_only_loss"] = data["loss_on"] == "assistant"
@@ -411,8 +415,32 @@ def _plain(obj: Any) -> Any:
     return json.loads(json.dumps(obj, default=str))
 
 
-def train_command(algo: str, recipe: Path, overrides: list[str]) -> Path:
-    """`lhd train ALGO RECIPE [key=value ...]` → the adapter folder."""
+def fit_only(recipe: Recipe, recipe_path: Path | None = None, source: str | None = None) -> TrainingData:
+    """Fit the recipe's splits to the trainer's length and save them where `train` loads them
+    (`fit_rows.fit_once`), in this one process, without loading the model: run before a
+    distributed launch, so no rank waits behind a barrier while rows are fitted (issue 38)."""
+    source = source or str(recipe_path or "recipe")
+    out = Path(recipe.output_dir).expanduser().resolve()
+    cuda = cuda_available()
+    dtype = resolve_dtype(recipe, cuda)
+    model = resolve_model(recipe.model, recipe_path, "model", source)
+    tok_name = resolve_model(recipe.tokenizer, recipe_path, "tokenizer", source) if recipe.tokenizer else model
+    tok = load_tokenizer(tok_name, recipe.revision if not recipe.tokenizer else None, source,
+                         "tokenizer" if recipe.tokenizer else "model")
+    data = load_data(recipe, recipe_path, source, tok)
+    weights = [float(r.weight) for r in recipe.grpo.rewards] if recipe.grpo is not None else None
+    args, _ = trainer_arguments(recipe, out, cuda, dtype, source, weights)
+    args["report_to"] = "none"
+    fit_lengths(recipe, build_config(recipe, out, args, source), data, tok, source)
+    return data
+
+
+def train_command(algo: str, recipe: Path, overrides: list[str], fit: bool = False) -> Path:
+    """`lhd train ALGO RECIPE [key=value ...]` → the adapter folder (`fit`: the fitted rows' folder,
+    nothing trained)."""
     path = Path(recipe)
     r = load_recipe(path, overrides, algo=algo)
+    if fit:
+        fit_only(r, recipe_path=path.resolve(), source=str(path))
+        return Path(r.output_dir).expanduser().resolve() / FITTED_DIR
     return train(r, recipe_path=path.resolve(), source=str(path))

@@ -117,6 +117,8 @@ def trainer_arguments(recipe: Recipe, out: Path, cuda: bool, dtype: str, source:
                          "stays on one GPU; launch with accelerate for data parallel)")
     if args.get("use_vllm") and recipe.grpo is not None:
         _size_vllm(recipe, args, notes, source)
+    if recipe.grpo is not None and len(recipe.grpo.rewards) > 1:
+        _missing_reward_is_the_group_mean(args, notes, source)
 
     for key, value in (("dtype", dtype), ("revision", recipe.revision)):
         if value is None:
@@ -136,6 +138,24 @@ def trainer_arguments(recipe: Recipe, out: Path, cuda: bool, dtype: str, source:
             notes.append(note)
     args.setdefault("run_name", recipe.wandb.run_name or f"{recipe.algo}-{recipe.direction}-{out.name}")
     return args, notes
+
+
+SUM_THEN_NORMALIZE = ("TRL's sum_then_normalize adds the rewards with nansum, so a reward left out (None: a failed "
+                      "judge grade) counts as 0, the best honesty score")
+
+
+def _missing_reward_is_the_group_mean(args: dict[str, Any], notes: list[str], source: str) -> None:
+    """Several GRPO rewards: each is normalised within its group before the weighted sum
+    (`normalize_then_sum`), so a completion whose grade failed gets its group's mean for that
+    reward (0 after normalisation), never a score better than the graded ones."""
+    how = args.get("multi_objective_aggregation")
+    if how is None:
+        args["multi_objective_aggregation"] = "normalize_then_sum"
+        notes.append("multi_objective_aggregation=normalize_then_sum (several rewards: a failed grade counts as "
+                     "its group's mean)")
+    elif how != "normalize_then_sum":
+        raise InputError(source, "trainer.multi_objective_aggregation",
+                         f"'{how}' with several rewards: {SUM_THEN_NORMALIZE}", "normalize_then_sum")
 
 
 def _size_vllm(recipe: Recipe, args: dict[str, Any], notes: list[str], source: str) -> None:

@@ -272,6 +272,11 @@ def _plan_data(config: Path, v: dict[str, Any]) -> Plan:
     return p
 
 
+# The rendezvous port of a multi-GPU training job: two jobs on one node (e.g. two of 4 GPUs each) must
+# not both take accelerate's 29500. 15000-29999: below Linux's ephemeral ports (32768-60999).
+PORT_FROM_JOB_ID = "$(( 15000 + SLURM_JOB_ID % 15000 ))"
+
+
 def _plan_train(config: Path, v: dict[str, Any]) -> Plan:
     recipe = read_config(config, list(v["overrides"]), "recipe file")
     algo = v["algo"] or recipe.get("algo")
@@ -290,7 +295,8 @@ def _plan_train(config: Path, v: dict[str, Any]) -> Plan:
                f"{algo} on {recipe.get('model')} -> {recipe.get('output_dir')}", batch]
     p.summary = [f"lhd slurm render train: {size.nodes} node(s) x {size.gpus_per_node} GPU(s), {batch}"]
     entry = ["-m", "lhd_train.cli", "train", q(algo), q(config), *[q(o) for o in overrides]]
-    p.extra.update(acc_file=size.acc_file, algo=algo, main_port=int(v["main_port"]), single=size.single)
+    port = PORT_FROM_JOB_ID if v["main_port"] is None else str(int(v["main_port"]))
+    p.extra.update(acc_file=size.acc_file, algo=algo, main_port=port, single=size.single)
     if size.single:  # one process: no srun, no rendezvous
         launch_args = ["--config_file", q(size.acc_file), "--num_machines", "1", "--num_processes", "1", *entry]
         p.commands = [_join("accelerate launch", " ".join(launch_args))]
@@ -301,6 +307,8 @@ def _plan_train(config: Path, v: dict[str, Any]) -> Plan:
                        "--same_network", *entry]
         # One `accelerate launch` per node; $SLURM_PROCID (0 .. nodes-1) is the machine rank.
         p.commands = [_join("accelerate launch", '--machine_rank "$SLURM_PROCID"', " ".join(launch_args))]
+        # The rows are fitted in one process before the process group starts (fit_rows, issue 38).
+        p.extra["fit_command"] = _join("lhd", *entry[2:], "--fit-only")
     p.extra["launch_args"] = " ".join(launch_args)
     return p
 
@@ -453,8 +461,8 @@ def dry_run_commands(stage: str, config: Path, **vars: Any) -> list[str]:
         nodes = int(v["nodes"])
         procs = nodes * int(v["gpus_per_node"])
         out += ['export MAIN_PROCESS_IP=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)']
-        fill = {'"$SLURM_PROCID"': None, '"$NUM_MACHINES"': str(nodes), '"$NUM_PROCESSES"': str(procs),
-                '"$MAIN_PROCESS_PORT"': str(plan.extra["main_port"])}
+        out += [f"export MAIN_PROCESS_PORT={plan.extra['main_port']}", plan.extra["fit_command"]]
+        fill = {'"$SLURM_PROCID"': None, '"$NUM_MACHINES"': str(nodes), '"$NUM_PROCESSES"': str(procs)}
         for rank in range(nodes):
             out.append(f"# node {rank} of {nodes} (srun task {rank}, {v['gpus_per_node']} processes)")
             for c in plan.commands:

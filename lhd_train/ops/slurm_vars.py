@@ -160,7 +160,7 @@ class TrainVars(StageVars):
     mem: Directive = "0"
     accelerate: Text = None  # single_gpu, ddp, zero3, fsdp2 or a YAML (default: the recipe's, else single_gpu)
     algo: Text = None  # default: the recipe's
-    main_port: int = 29500
+    main_port: int | None = None  # default: from the job id (PORT_FROM_JOB_ID), so jobs sharing a node differ
     rdzv_backend: Text = "c10d"
     overrides: Lines = []
 

@@ -1,4 +1,6 @@
-"""`lhd doctor --config`: will each vLLM server's KV cache hold one sequence of its `max_model_len`?
+"""Will each vLLM server's KV cache hold one sequence of its `max_model_len`? Asked by `lhd doctor
+--config` (rows), and by the preflight of `lhd run`/`audit`/`data` when a GPU is visible, which
+refuses a failing server before anything starts (`refuse_short_kv`, issue 38).
 
 vLLM checks this itself only after the weights have loaded (minutes for a 72B on four GPUs): it
 profiles a forward pass, gives the KV cache what is left of `gpu_memory_utilization` x the GPU's
@@ -35,19 +37,47 @@ ASSUMED_GPU = ("H100 80GB", 79.1 * GIB)  # what torch reports as total_memory fo
 _DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2}
 
 
-def gpu_memory(gpu_gib: float | None) -> tuple[str, float, bool]:
-    """(name, bytes, assumed): `--gpu-gib` when given, else the first visible GPU, else `ASSUMED_GPU`."""
-    if gpu_gib:
-        return "a GPU (--gpu-gib)", gpu_gib * GIB, False
+def visible_gpu() -> tuple[str, float] | None:
+    """(name, bytes) of the first GPU torch sees here, None without one."""
     try:
         import torch
 
         if torch.cuda.is_available():
             p = torch.cuda.get_device_properties(0)
-            return p.name, float(p.total_memory), False
+            return p.name, float(p.total_memory)
     except Exception:  # noqa: BLE001 - a broken CUDA stack is reported by the torch row
         pass
+    return None
+
+
+def gpu_memory(gpu_gib: float | None) -> tuple[str, float, bool]:
+    """(name, bytes, assumed): `--gpu-gib` when given, else the first visible GPU, else `ASSUMED_GPU`."""
+    if gpu_gib:
+        return "a GPU (--gpu-gib)", gpu_gib * GIB, False
+    seen = visible_gpu()
+    if seen is not None:
+        return seen[0], seen[1], False
     return ASSUMED_GPU[0], ASSUMED_GPU[1], True
+
+
+def refuse_short_kv(specs: Mapping[str, VLLMSpec]) -> list[str]:
+    """On a machine with a GPU: the `kv_rows` estimate on it for every cuda server, a `SpecError`
+    (field gpu_memory_utilization) for the first that cannot hold one `max_model_len` sequence, so
+    the config is refused before minutes of weight loading end in vLLM's own refusal. Without a GPU
+    (a login node, a CPU run) nothing is judged here: `lhd doctor --config` estimates for an assumed
+    or given GPU. Returns notes to show (none so far)."""
+    from rollouts.backend import SpecError
+
+    cuda = {k: s for k, s in specs.items() if s.device.lower() != "cpu"}
+    if not cuda:
+        return []
+    seen = visible_gpu()
+    if seen is None:
+        return []
+    for key, status, detail in kv_rows(cuda, "", seen[1] / GIB, where=seen[0]):
+        if status == "fail":
+            raise SpecError(key.removeprefix("kv "), "gpu_memory_utilization", detail.split("': ", 1)[-1])
+    return []
 
 
 def kv_estimate(spec: VLLMSpec, shape: ModelShape, config_dtype: str | None, gpu_bytes: float) -> dict[str, float]:
@@ -63,11 +93,13 @@ def kv_estimate(spec: VLLMSpec, shape: ModelShape, config_dtype: str | None, gpu
             "tokens": max(0.0, kv) / per_token, "max_len": max_len, "tp": tp}
 
 
-def kv_rows(specs: Mapping[str, VLLMSpec], config: str, gpu_gib: float | None = None) -> list[CheckRow]:
+def kv_rows(specs: Mapping[str, VLLMSpec], config: str, gpu_gib: float | None = None,
+            where: str | None = None) -> list[CheckRow]:
     """One `kv <key>` row per vllm model on a GPU: ok when its KV cache holds at least one
     `max_model_len` sequence with 10 % to spare, warn within 10 %, fail below (vLLM would refuse to
-    start, after loading the weights)."""
+    start, after loading the weights). `where`: the GPU's name, when `gpu_gib` is a GPU seen here."""
     name, total, assumed = gpu_memory(gpu_gib)
+    name = where or name
     where = f"{name} of {total / GIB:.1f} GiB" + (" (assumed: no GPU visible here; set --gpu-gib)" if assumed else "")
     rows: list[CheckRow] = []
     for key, spec in specs.items():

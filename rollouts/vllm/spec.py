@@ -140,7 +140,9 @@ class VLLMSpec(ManagedSpec, LoadsAdapters):
 
     @classmethod
     def preflight(cls, specs: Mapping[str, Self]) -> list[str]:
-        """The vLLM build (a CPU build for a cuda model is refused), then vLLM's own verdict on each."""
+        """The vLLM build (a CPU build for a cuda model is refused), then vLLM's own verdict on each,
+        then, when a GPU is visible, whether each server's KV cache holds one max_model_len sequence."""
+        from rollouts.vllm.kv_check import refuse_short_kv
         from rollouts.vllm.preflight import validate_vllm
         from rollouts.vllm.server import checked_vllm, find_vllm, vllm_device
 
@@ -154,7 +156,7 @@ class VLLMSpec(ManagedSpec, LoadsAdapters):
                 raise SpecError(f.key, f.field, f.message)
             if f.status == "skip":
                 notes.append(f"vLLM config check skipped for '{f.key}': {f.message}")
-        return notes
+        return notes + refuse_short_kv(specs)  # with a GPU visible: KV that cannot hold max_model_len
 
     @classmethod
     def machine_rows(cls) -> list[CheckRow]:

@@ -123,8 +123,10 @@ def test_an_over_window_trajectory_is_refused_before_it_is_sent(small_run, endpo
     fn = _honesty(endpoint, tmp_path / "listed.jsonl", share=1.0)
     values, logged = _call(fn, small_run, ctxs)
     assert endpoint.refused == 0 and all(n <= endpoint.window for n in endpoint.sent)
-    assert sum(v is None for v in values) == over and fn.setup.failures == {"too_long": over}
-    assert logged["honesty/failed_grade_share"] == pytest.approx(over / len(ctxs))
+    assert sum(v is None for v in values) == over and fn.setup.over_window == over
+    # over the window is not the judge failing (`lhd data grpo` drops such rows): never toward the stop share
+    assert fn.setup.failures == {} and fn.setup.graded == len(ctxs) - over
+    assert logged["honesty/failed_grade_share"] == 0.0 and logged["honesty/over_window"] == over
 
     # 4. The same with the window set in the recipe (grpo.judge.max_model_len), the endpoint silent.
     endpoint.lists_window, endpoint.sent = False, []
@@ -135,7 +137,7 @@ def test_an_over_window_trajectory_is_refused_before_it_is_sent(small_run, endpo
 
 def test_training_stops_only_past_the_failed_share(small_run, endpoint, tmp_path):  # noqa: F811
     from lhd_train.cli.boundary import guarded
-    from lhd_train.finetune.judged_rewards import MIN_GRADES_TO_STOP, JudgeFailing
+    from lhd_train.finetune.judged_rewards import MIN_GRADES_TO_STOP, JudgeFailing, check_failed_shares
 
     ctxs = load_contexts(small_run)
     batch = (ctxs * 8)[:8]
@@ -143,22 +145,28 @@ def test_training_stops_only_past_the_failed_share(small_run, endpoint, tmp_path
     fn = _honesty(endpoint, tmp_path / "down.jsonl", share=0.5)
     values, logged = _call(fn, small_run, batch)  # 8 grades: too few to judge the share yet
     assert values == [None] * 8 and logged["honesty/failed_grade_share"] == 1.0
+    check_failed_shares([fn.setup])  # what the trainer callback runs after each step
     assert MIN_GRADES_TO_STOP == 16
+    _call(fn, small_run, batch)  # the reward itself never raises (no collective inside it)
     with pytest.raises(JudgeFailing) as err:
-        _call(fn, small_run, batch)  # 16 of 16 failed > 50 %
+        check_failed_shares([fn.setup])  # 16 of 16 failed > 50 %
     msg = str(err.value)
     assert "\n" not in msg and "16 of 16 honesty grades" in msg and "grpo.max_failed_grade_share 50%" in msg
     assert "unavailable 16" in msg and "maximum context length" in msg
     assert guarded(lambda: (_ for _ in ()).throw(err.value)) == 2  # the boundary: one `error:` line, status 2
 
-    # A judge that fails a third of the time under a 50 % threshold never stops training.
+    # A third of the trajectories over the judge's window, under a 20 % threshold: missing rewards,
+    # counted as over_window, never a stop (before issue 38 they counted as failures and stopped the run).
     endpoint.refuse_all = False
     need = sorted(_needs(endpoint, small_run, ctxs, tmp_path))
     endpoint.lists_window, endpoint.window = True, need[len(need) * 2 // 3]
-    fn = _honesty(endpoint, tmp_path / "third.jsonl", share=0.5)
+    over = sum(n > endpoint.window for n in need)
+    fn = _honesty(endpoint, tmp_path / "third.jsonl", share=0.2)
     for _ in range(4):
         values, logged = _call(fn, small_run, ctxs)
-    assert 0 < logged["honesty/failed_grade_share"] <= 0.5 and fn.setup.graded == 4 * len(ctxs)
+        check_failed_shares([fn.setup])
+    assert over > 0.2 * len(ctxs) and fn.setup.over_window == 4 * over
+    assert logged["honesty/failed_grade_share"] == 0.0 and fn.setup.graded == 4 * (len(ctxs) - over)
 
 
 def _needs(endpoint, run, ctxs, tmp_path):

@@ -97,7 +97,8 @@ def test_slurm_refuses_a_4bit_base_on_a_sharding_config(accelerate):
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None, reason="needs bitsandbytes (lhd[qlora])")
 def test_qlora_trains_under_ddp(tiny_llama_dir, tmp_path):
-    """Two processes under torchrun (gloo on CPU), the QLoRA recipe with the tiny model: each rank
+    """Two processes under torchrun (gloo on CPU), the QLoRA recipe with the tiny model (its rows
+    fitted first by `lhd train --fit-only`, as the Slurm job does): each rank
     loads the base in 4 bits, DDP averages the adapter's gradients, rank 0 writes the adapter. On a
     GPU node the same recipe runs with NCCL and `distributed_type: MULTI_GPU` (device check)."""
     from datasets import Dataset
@@ -113,14 +114,54 @@ def test_qlora_trains_under_ddp(tiny_llama_dir, tmp_path):
                  "trainer.num_train_epochs=1"]
     path = os.pathsep.join([str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
+    # issue 38: the rows are fitted in one process before the launch (as the Slurm job does)
+    fit = [sys.executable, "-m", "lhd_train.cli", "train", "sft", str(QLORA_RECIPE), *overrides, "--fit-only"]
+    proc = subprocess.run(fit, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0 and (out / "fitted").is_dir(), proc.stderr[-3000:]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "lhd_train.cli", "train", "sft", str(QLORA_RECIPE), *overrides]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-6000:]
-    # B4: rank 0 fitted the rows, rank 1 loaded them (lhd_train.finetune.fit_rows.fit_once)
-    assert proc.stderr.count("fitted rows loaded from") == 1, proc.stderr[-6000:]
+    # both ranks loaded the fitted rows (lhd_train.finetune.fit_rows.fit_once), neither fitted them
+    assert proc.stderr.count("fitted rows loaded from") == 2, proc.stderr[-6000:]
     meta = json.loads((out / "adapter" / "lhd_adapter.json").read_text())
     assert meta["lora"]["qlora"] is True and meta["training"]["world_size"] == 2
     assert meta["training"]["global_step"] == 2
     losses = [e["loss"] for e in json.loads((out / "adapter" / "log_history.json").read_text()) if "loss" in e]
     assert losses and all(x == x and abs(x) < 1e4 for x in losses)
+
+
+MULTI_GPU_RECIPES = [r for r in sorted((ROOT / "recipes").glob("*/*.yaml"))
+                     if "single_gpu" not in str(__import__("yaml").safe_load(r.read_text()).get("accelerate_config"))]
+
+
+def test_multi_gpu_recipes_set_a_ddp_timeout_and_slurm_fits_rows_before_the_launch():
+    """issue 38: every recipe on a distributed accelerate config waits up to `ddp_timeout` in a
+    collective (transformers' default 1800 s); the rows are fitted before `srun accelerate launch`."""
+    import yaml
+
+    from lhd_train.ops.slurm import render_slurm
+
+    assert {r.parent.name + "/" + r.name for r in MULTI_GPU_RECIPES} == {
+        "qwen3-8b/sft-honest.yaml", "llama-3.1-8b-instruct/sft-honest-qlora.yaml"}
+    for recipe in MULTI_GPU_RECIPES:
+        assert yaml.safe_load(recipe.read_text())["trainer"].get("ddp_timeout", 0) >= 3600, recipe
+        script = render_slurm("train", recipe)
+        fit = next(x for x in script.splitlines() if x.startswith(f"lhd train sft {recipe} "))
+        assert fit.endswith(" --fit-only") and script.index(fit) < script.index("\nsrun --nodes"), script[-1500:]
+
+
+def test_the_rendezvous_port_comes_from_the_job_id():
+    """Two multi-GPU jobs on one node (e.g. two of 4 GPUs) took accelerate's 29500 both; the port
+    is now computed from SLURM_JOB_ID in the job (checked by running the rendered line in bash)."""
+    from lhd_train.ops.slurm import render_slurm
+
+    script = render_slurm("train", QLORA_RECIPE, gpus_per_node=4)
+    line = next(x for x in script.splitlines() if x.startswith("export MAIN_PROCESS_PORT="))
+    ports = [subprocess.run(["bash", "-c", f"{line.split('#')[0]}; echo $MAIN_PROCESS_PORT"], capture_output=True,
+                            text=True, env={"SLURM_JOB_ID": job, "PATH": os.environ["PATH"]}).stdout.strip()
+             for job in ("4100123", "4100124")]
+    assert ports == [str(15000 + 4100123 % 15000), str(15000 + 4100124 % 15000)], ports
+    assert '--main_process_port "$MAIN_PROCESS_PORT"' in script
+    fixed = render_slurm("train", QLORA_RECIPE, gpus_per_node=4, main_port=29600)
+    assert "export MAIN_PROCESS_PORT=29600" in fixed

@@ -23,6 +23,21 @@ def pytest_configure(config: pytest.Config) -> None:
     _config.append(config)
 
 
+FIRST = ("test_versions", "test_env")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`versions`, then `env`, before every other device test: a version outside lhd's ranges or a
+    missing CUDA is what to read first, and a run stopped by its timeout has printed them."""
+    def rank(item: pytest.Item) -> int:
+        if not item.nodeid.startswith("tests/gpu/"):
+            return len(FIRST)
+        name = getattr(item, "originalname", item.name)
+        return FIRST.index(name) if name in FIRST else len(FIRST)
+
+    items.sort(key=rank)  # stable: the rest keep their order
+
+
 def _write(line: str) -> None:
     terminal = _config[-1].pluginmanager.get_plugin("terminalreporter") if LINES and _config else None
     if terminal is not None:

@@ -161,3 +161,31 @@ def hf_backend(model: Path, device: str, **spec: Any) -> Any:
 
     return HFBackend.from_spec(HFSpec(model=str(model), device=device, dtype=dtype_of(device),
                                          **spec))
+
+
+#: spec-sheet memory bandwidth (bytes/s) by GPU name, the more specific names first
+BANDWIDTHS = (("H200", 4.8e12), ("H100 NVL", 3.9e12), ("H100 PCIe", 2.0e12), ("H100", 3.35e12))
+
+
+def bandwidth_of(name: str) -> float | None:
+    """The bandwidth bound for the GPU called `name` (torch's device name), None when not known:
+    a bound taken from another GPU would misstate every decode rate's share of it."""
+    for key, value in BANDWIDTHS:
+        if key.lower() in name.lower():
+            return value
+    return None
+
+
+def lens_dim_batches(shape: Any, memory: int, sources: list[int], target: int, tokens: int,
+                     wanted: tuple[int, ...] = (64, 128)) -> list[int]:
+    """The dim batches of `wanted` whose lens plan fits a GPU of `memory` bytes (lens.plan's headroom),
+    or, when none does, the largest the planner finds that fits: an H100 80GB runs 64 (55 GiB at 8B),
+    an H200 also 128 (94 GiB)."""
+    from lens.plan import plan_fit
+
+    def plan(dim_batch: int | None) -> Any:
+        return plan_fit(shape, dtype="bfloat16", attn="sdpa", sources=sources, target=target, tokens=tokens,
+                        dim_batch=dim_batch, budget=memory, device_type="cuda")
+
+    fitting = [b for b in wanted if plan(b).fits]
+    return fitting or [plan(None).dim_batch]

@@ -21,6 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("build_gpu_bundle", ROOT / "scripts" / "build_gpu_bundle.py")
 bundle = importlib.util.module_from_spec(spec)
+GPU_CHECK = ROOT / "scripts" / "gpu_check.sh"
 spec.loader.exec_module(bundle)
 
 
@@ -42,17 +43,25 @@ def test_the_bundle_list_is_pinned_and_slimming_keeps_the_images_cuda_library(tm
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)
-def test_the_bundle_fits_the_carry_limit_and_imports_cleanly(tmp_path):
+@pytest.mark.timeout(2400)
+def test_the_bundle_fits_the_carry_limit_and_trains_from_its_site(tmp_path):
+    """The archive is alone in the folder a device call carries; unpacked under a `site-packages`
+    path (the device's install line, through scripts/gpu_check.sh), every bundled package imports
+    from it at its pin, a `Dataset` is built (dill pickles pyarrow by reference only there) and TRL
+    trains one SFT step on CPU (the device check's `trl_lora_sft`, CPU form)."""
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
-    try:
-        manifest = bundle.build(tmp_path / "gpu", python=python, cuda="130", limit_mib=60.0)
+    tag = python.replace(".", "")
+    out, work = tmp_path / "gpu", tmp_path / "gpu-work"
+    try:  # the download folder is only a cache (pip download skips wheels already there)
+        manifest = bundle.build(out, python=python, cuda="130", limit_mib=60.0, preset=1, work=work,
+                                wheels=ROOT / "build" / "gpu-work" / f"wheels-py{tag}")
     except subprocess.CalledProcessError as e:
         pytest.skip(f"pip download failed (no PyPI here?): {e}")
     archive = Path(manifest["archive"])
+    assert sorted(p.name for p in out.iterdir()) == [archive.name]  # what `carry` sends: the archive only
     assert archive.stat().st_size < 60 * 2**20, manifest["archive_mib"]
-    site = tmp_path / "unpacked"
-    site.mkdir()
+    site = tmp_path / "unpacked" / "site-packages"
+    site.mkdir(parents=True)
     with tarfile.open(archive) as tar:  # what the device's install line does
         tar.extractall(site, filter="tar")
     assert json.loads((site / "lhd-bundle.json").read_text())["packages"].keys() == bundle.PACKAGES.keys()
@@ -62,6 +71,8 @@ def test_the_bundle_fits_the_carry_limit_and_imports_cleanly(tmp_path):
             "for dist, (mod, version) in wanted.items():\n"
             "    m = importlib.import_module(mod)\n"
             "    out[dist] = [str(m.__file__).startswith(site), md.version(dist) == version]\n"
+            "import datasets\n"  # dill fingerprints the table: PicklingError outside a site-packages path
+            "out['rows'] = datasets.Dataset.from_list([{'text': 'a'}, {'text': 'b'}]).num_rows\n"
             "print(json.dumps(out))\n")
     wanted = {d: [p["import"], p["version"]] for d, p in manifest["packages"].items() if p["import"]}
     env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1",
@@ -70,19 +81,24 @@ def test_the_bundle_fits_the_carry_limit_and_imports_cleanly(tmp_path):
                        env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     seen = json.loads(r.stdout.strip().splitlines()[-1])
+    assert seen.pop("rows") == 2
     assert {d: v for d, v in seen.items() if v != [True, True]} == {}, seen
     # lhd's own modules that need the bundle import with it in front (datasets/pyarrow, trl, xgrammar)
     lhd = "import lhd_train.finetune.trainer, rollouts.hf, lens.fit, trl, xgrammar"
     r = subprocess.run([sys.executable, "-c", lhd], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    # the device check's own install line, through scripts/gpu_check.sh, then its version test
-    env = {**os.environ, "PYTHON": sys.executable, "GPU_CHECK_SITE": str(tmp_path / "site-by-script"),
-           "GPU_CHECK_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": ""}
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(archive), "--", "-k", "test_versions"],
-                       capture_output=True, text=True, env=env, timeout=600)
+    # the device check's own install line (its default site folder's name holds `site-packages`), through
+    # scripts/gpu_check.sh: versions first, then one TRL SFT step on CPU from the unpacked bundle
+    assert "site-packages" in re.search(r'SITE="\$\{GPU_CHECK_SITE:-([^}]+)\}"', GPU_CHECK.read_text())[1]
+    env = {**os.environ, "PYTHON": sys.executable, "GPU_CHECK_SITE": str(tmp_path / "by-script" / "site-packages"),
+           "GPU_CHECK_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": ""}
+    r = subprocess.run(["bash", str(GPU_CHECK), str(archive), "--", "-k", "test_trl_lora_sft or test_versions"],
+                       capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0 and "first on PYTHONPATH" in r.stderr, (r.stdout[-2000:], r.stderr[-2000:])
-    line = next(x for x in r.stdout.splitlines() if x.startswith("CHECK versions:"))
-    assert ": PASS " in line and f"trl {manifest['packages']['trl']['version']}" in line, line
+    checks = [x for x in r.stdout.splitlines() if x.startswith("CHECK ")]
+    assert [c.split(":")[0] for c in checks] == ["CHECK versions", "CHECK trl_lora_sft"], r.stdout[-2000:]
+    assert ": PASS " in checks[0] and f"trl {manifest['packages']['trl']['version']}" in checks[0], checks[0]
+    assert ": PASS " in checks[1], checks[1]
 
 
 CHECK = re.compile(r"^CHECK ([a-z0-9_]+): (PASS|FAIL|SKIP) .*\[\d+\.\d s\]$")
@@ -136,3 +152,31 @@ def test_the_device_tests_need_only_the_image_and_the_bundle():
     assert {"trl", "xgrammar", "torch"} <= external  # the walk sees past lhd's own modules
     bundled = {imp.split(".")[0] for imp in bundle.PACKAGES.values() if imp}
     assert sorted(external - IMAGE - bundled) == []
+
+
+def run_check(*args: str, env_extra: dict[str, str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": "", **env_extra}
+    return subprocess.run(["bash", str(GPU_CHECK), *args], capture_output=True, text=True, env=env, timeout=timeout,
+                          cwd=cwd)
+
+
+def test_require_gpu_refuses_a_machine_whose_torch_sees_no_gpu(tmp_path):
+    """On the device the check runs with --require-gpu: a broken CUDA stack exits 3 before the tests,
+    instead of passing as 19 SKIPs."""
+    r = run_check("--require-gpu", "--", "-k", "test_versions", env_extra={}, cwd=tmp_path)
+    assert r.returncode == 3, (r.stdout[-1000:], r.stderr[-1000:])
+    assert "CHECK setup: FAIL --require-gpu: torch " in r.stderr and "sees no GPU" in r.stderr, r.stderr[-1000:]
+    assert "CHECK versions" not in r.stdout
+
+
+def test_an_import_failure_names_its_cause(tmp_path):
+    """peft without accelerate used to read `peft does not import`: the check now imports accelerate
+    before peft and prints the import's own last line. Here accelerate's import fails on a module
+    that does not exist (a package of that name first on PYTHONPATH)."""
+    blocker = tmp_path / "shadow" / "accelerate"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("import lhd_module_that_is_not_installed\n")
+    r = run_check("--", "-k", "test_versions", env_extra={"PYTHONPATH": str(tmp_path / "shadow")}, cwd=tmp_path)
+    assert r.returncode == 2, (r.stdout[-1000:], r.stderr[-1000:])
+    assert ("CHECK setup: FAIL accelerate does not import: ModuleNotFoundError: No module named "
+            "'lhd_module_that_is_not_installed'") in r.stderr, r.stderr[-1000:]
