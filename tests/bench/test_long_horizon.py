@@ -4,7 +4,7 @@ A tiny random Llama with a 64k-token window and a 512-token vocabulary (the pack
 about two characters a token, as digit-splitting tokenizers do) plays a full 14-task trial whose
 performer prompts pass 32k tokens. Every stage then works on that trial, and each overflow rule is
 asserted where it is recorded. The rules are relative (a history past its budget, a trial past a
-window), so `make test` checks them at 1/8 of the scale (an 8k window, a 16k auditor, 5 tasks);
+window), so `make test` checks them at a quarter of the scale (a 16k window, a 32k auditor, 5 tasks);
 the full 64k/128k form is `slow` (`make test-slow`). The sizes below are the full form's:
 
 - performer: whole old turns dropped once the history passes its budget (`performer.context`);
@@ -44,6 +44,7 @@ class Scale:
     passes: int  # the performer's longest prompt passes this
     performer_tokens: int  # max_tokens of a performer answer
     supervisor_window: int
+    memory_window: int  # rounds the supervisor's memory shows verbatim
     short_auditor_window: int  # shorter than the whole trial: every full-mode audit overflows
     grpo_max_length: int
     lens_max_length: int
@@ -51,11 +52,13 @@ class Scale:
 
 
 FULL = Scale(tasks=14, window=65536, performer_budget=36000, passes=32768, performer_tokens=600,
-             supervisor_window=20000, short_auditor_window=28000, grpo_max_length=4096, lens_max_length=8192,
-             late_round=8)
-SMALL = Scale(tasks=5, window=8192, performer_budget=4500, passes=4096, performer_tokens=75,
-              supervisor_window=2500, short_auditor_window=3500, grpo_max_length=1024, lens_max_length=4096,
-              late_round=2)
+             supervisor_window=20000, memory_window=7, short_auditor_window=28000, grpo_max_length=4096,
+             lens_max_length=8192, late_round=8)
+# A task adds ~4.4k tokens to the trajectory (its files, an answer, the supervisor's turns), so five
+# tasks pass the 16k window and fit the 32k auditor.
+SMALL = Scale(tasks=5, window=16384, performer_budget=9000, passes=6000, performer_tokens=75,
+              supervisor_window=8000, memory_window=2, short_auditor_window=7000, grpo_max_length=2048,
+              lens_max_length=6144, late_round=3)
 
 
 def lhd(*args: str, timeout: int = 900) -> str:
@@ -72,7 +75,7 @@ def jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().split("\n") if line.strip()]
 
 
-@pytest.fixture(scope="module", params=[pytest.param(SMALL, id="8k"),
+@pytest.fixture(scope="module", params=[pytest.param(SMALL, id="16k"),
                                         pytest.param(FULL, id="64k", marks=pytest.mark.slow)])
 def long_run(request, tmp_path_factory) -> dict:
     from lhd_train.tiny_model import build_tiny_model
@@ -85,7 +88,7 @@ def long_run(request, tmp_path_factory) -> dict:
     hf = {"backend": "hf", "model": str(model), "max_batch_size": 4}
     cfg = {
         "run_name": "long", "output_dir": str(root / "runs"), "task_pack": str(PACK), "max_tasks": sc.tasks,
-        "seeds": [7], "p_event": 0.5, "max_rounds_per_task": 1, "memory_window": 7, "concurrency": 1,
+        "seeds": [7], "p_event": 0.5, "max_rounds_per_task": 1, "memory_window": sc.memory_window, "concurrency": 1,
         "models": {"tinyperf": {**hf, "max_model_len": sc.window},
                    "tinysup": {**hf, "max_model_len": sc.supervisor_window}, "tinyaud": hf},
         "performer": {"model": "tinyperf", "context_tokens": sc.performer_budget,
@@ -114,7 +117,7 @@ def test_trial_passes_its_budget_and_records_what_it_dropped(long_run):
     # The supervisor's memory was fitted to its window: files listed by name or fewer rounds.
     sup = [r["supervisor"]["context"] for r in rows]
     assert all(c["prompt_tokens"] <= c["budget_tokens"] <= sc.supervisor_window for c in sup if c["fits"])
-    assert any(c["files_omitted"] > 0 or c["recent_rounds_shown"] < 7 for c in sup[sc.late_round:])
+    assert any(c["files_omitted"] > 0 or c["recent_rounds_shown"] < sc.memory_window for c in sup[sc.late_round:])
 
 
 def test_full_audit_fits_the_window_or_is_recorded_as_overflow(long_run):
@@ -125,7 +128,7 @@ def test_full_audit_fits_the_window_or_is_recorded_as_overflow(long_run):
     assert sorted(r["global_round"] for r in full) == rounds
     for r in full:
         assert r["context_rounds"] == rounds
-        assert r["prompt_tokens"] > sc.window  # the whole trajectory was sent, not a cut of it
+        assert r["prompt_tokens"] > sc.window, r  # the whole trajectory was sent, not a cut of it
 
     short = long_run["root"] / "auditor-28k.yaml"
     short.write_text(yaml.safe_dump({
