@@ -75,8 +75,10 @@ def jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().split("\n") if line.strip()]
 
 
-@pytest.fixture(scope="module", params=[pytest.param(SMALL, id="16k"),
-                                        pytest.param(FULL, id="64k", marks=pytest.mark.slow)])
+FULL_FORM = pytest.param(FULL, id="64k", marks=[pytest.mark.slow, pytest.mark.timeout(1800)])  # make test-slow
+
+
+@pytest.fixture(scope="module", params=[pytest.param(SMALL, id="16k"), FULL_FORM])
 def long_run(request, tmp_path_factory) -> dict:
     from lhd_train.tiny_model import build_tiny_model
 
