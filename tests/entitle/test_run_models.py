@@ -84,29 +84,30 @@ def test_tiny_model_run_read_steer(tmp_path, tiny_llama_dir):
             len(pairs), sum(a and not b for a, b in pairs), sum(b and not a for a, b in pairs))
 
 
-@pytest.mark.slow
-def test_smollm2_twenty_facts_six_conditions(tmp_path, smollm2_dir):
-    """About 20 facts x the six conditions, greedy, 48-token answers: the timing and the numbers of
-    docs/entitle.md. The time limit is the issue's (10 minutes on two cores); on a loaded machine
-    it is reported, not asserted (LHD_ASSERT_TIME=1 asserts it)."""
+@pytest.mark.parametrize("facts", [4, pytest.param(20, marks=pytest.mark.slow)])
+def test_smollm2_facts_by_six_conditions(tmp_path, smollm2_dir, facts):
+    """Facts x the six conditions, greedy, 48-token answers, counted back from the rows. At 20 facts
+    (`make test-slow`): the timing and the numbers of docs/entitle.md; the time limit is the
+    issue's (10 minutes on two cores), on a loaded machine reported, not asserted (LHD_ASSERT_TIME=1
+    asserts it). At 4 facts the same path in `make test`."""
     import os
 
     out = tmp_path / "smol"
     t0 = time.time()
-    lhd("entitle", "run", str(smollm2_dir), "--out", str(out), "--facts", "20", "--no-control", "--max-tokens", "48",
-        "--no-progress")
+    lhd("entitle", "run", str(smollm2_dir), "--out", str(out), "--facts", str(facts), "--no-control",
+        "--max-tokens", "48", "--no-progress")
     took = time.time() - t0
     rows = rows_of(out / "answers.jsonl")
-    assert len(rows) == 120 and not any(r["label"] == "error" for r in rows)
+    assert len(rows) == 6 * facts and not any(r["label"] == "error" for r in rows)
     summary = json.loads((out / "summary.json").read_text())
-    assert sum(c["n"] for c in summary["conditions"]) == 120
+    assert sum(c["n"] for c in summary["conditions"]) == 6 * facts
     for c in summary["conditions"]:
         mine = Counter(r["label"] for r in rows if (r["files"], r["pressure"]) == (c["files"], c["pressure"]))
         assert {k: v for k, v in c["counts"].items() if v} == dict(mine)
     print(f"SmolLM2 entitle run: {took:.0f} s; " + "; ".join(
         f"{c['files']}/{c['pressure']}: " + ", ".join(f"{k} {v}" for k, v in c["counts"].items() if v)
         for c in summary["conditions"]))
-    if os.environ.get("LHD_ASSERT_TIME"):
+    if os.environ.get("LHD_ASSERT_TIME") and facts == 20:
         assert took < 600
 
 

@@ -842,14 +842,12 @@ def test_recipes_refuse_lora_settings_vllm_cannot_load():
 
 
 @pytest.mark.vllm
-def test_lora_refusals_match_vllms_own_adapter_check(tmp_path):
-    """The same LoRA settings, saved by PEFT, through vLLM 0.32's own PEFTHelper (in .venv-vllm)."""
+def test_lora_refusals_match_vllms_own_adapter_check(tmp_path, vllm_python):
+    """The same LoRA settings, saved by PEFT, through vLLM 0.32's own PEFTHelper (.venv-vllm, the
+    session's interpreter)."""
     from lhd_train.config.recipe import load_recipe
     from lhd_train.finetune.trainer import lora_config
 
-    py = ROOT / ".venv-vllm" / "bin" / "python"
-    if not py.is_file():
-        pytest.skip("no .venv-vllm: run `make vllm-env`")
     path = RECIPES / "tiny" / "sft-honest.yaml"
     cases = [[], ["lora.r=512"], ["lora.use_dora=true"], ["lora.bias=all"], ["lora.modules_to_save=[lm_head]"],
              ["lora.r=1024"]]
@@ -867,8 +865,7 @@ def test_lora_refusals_match_vllms_own_adapter_check(tmp_path):
               "out=[]\nfor c in json.load(sys.stdin):\n  try:\n"
               "    PEFTHelper.from_dict(c).validate_legal(LoRAConfig(max_lora_rank=512)); out.append(True)\n"
               "  except ValueError: out.append(False)\nprint(json.dumps(out))\n")
-    r = subprocess.run([str(py), "-c", script], input=json.dumps([c for _, c in configs]), capture_output=True,
-                       text=True, timeout=300)
+    r = vllm_python.run([vllm_python.python, "-c", script], input=json.dumps([c for _, c in configs]))
     assert r.returncode == 0, r.stderr[-2000:]
     vllm_ok = json.loads(r.stdout.strip().splitlines()[-1])
     assert vllm_ok == [ok for ok, _ in configs], list(zip(cases, vllm_ok, strict=True))

@@ -905,7 +905,6 @@ def test_example_configs_load():
 # ----------------------------------------------------------------------------- GPU check and multi-process
 
 
-@pytest.mark.slow
 def test_torchrun_two_processes_train_sft_lora(tmp_path, tiny_llama_dir):
     """`torchrun --nproc_per_node 2` runs the training entry point as 2 gloo/DDP processes on CPU."""
     from datasets import Dataset

@@ -189,7 +189,6 @@ def flow(slurm_cluster, tiny_llama_dir, tmp_path_factory):
             "full": work / "runs" / f"{name}-full", "merged": work / "runs" / name, "wall": time.time() - t0}
 
 
-@pytest.mark.slow
 @pytest.mark.slurm
 def test_sharded_rollout_and_dependent_merge(flow):
     work, name = flow["work"], flow["name"]
@@ -225,7 +224,6 @@ def test_sharded_rollout_and_dependent_merge(flow):
     print(f"sharded rollout + merge on Slurm: {flow['wall']:.0f} s")
 
 
-@pytest.mark.slow
 @pytest.mark.slurm
 def test_status_follows_the_jobs(flow):
     """`lhd slurm status` saw the shards running and the merge pending on its dependency, and at the
@@ -251,7 +249,6 @@ def test_status_follows_the_jobs(flow):
     assert "shard 1/2" in table and "finished" in table and "COMPLETED" in table
 
 
-@pytest.mark.slow
 @pytest.mark.slurm
 def test_scancel_mid_run_then_resume(flow, tiny_llama_dir):
     """Shard 1 alone (`sbatch --array=1`, the rerun command of docs/cluster.md), cancelled once rows
@@ -300,7 +297,6 @@ def test_scancel_mid_run_then_resume(flow, tiny_llama_dir):
     assert r["status"] == "finished" and r["job"].startswith(f"{again}_"), r  # the newest submission wins
 
 
-@pytest.mark.slow
 @pytest.mark.slurm
 def test_audit_and_lens_jobs(flow):
     work, name, cfg = flow["work"], flow["name"], flow["cfg"]

@@ -567,7 +567,6 @@ def _calls(rows: list[dict[str, Any]], stage: str) -> list[dict[str, Any]]:
     return [c for r in rows for c in (r["supervisor"]["calls"] or []) if c["stage"] == stage]
 
 
-@pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.timeout(2400)
 def test_server_killed_mid_run_then_resumed_loses_nothing(served):
@@ -587,7 +586,6 @@ def test_server_killed_mid_run_then_resumed_loses_nothing(served):
     assert (served.cfg.run_dir / "trials" / f"s{SEED}.done").exists()
 
 
-@pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.timeout(2400)
 def test_managed_server_runs_on_cpu_with_the_fixes(served):
@@ -604,7 +602,6 @@ def test_managed_server_runs_on_cpu_with_the_fixes(served):
     assert "Traceback" not in log  # the kept server never crashed (seeded requests included)
 
 
-@pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.timeout(2400)
 def test_supervisor_answers_are_schema_constrained(served):
@@ -634,7 +631,6 @@ def test_supervisor_answers_are_schema_constrained(served):
     assert "matches this JSON schema" not in msgs  # the schema went as a request field, not in the prompt
 
 
-@pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.timeout(2400)
 def test_cached_tokens_come_from_vllm_usage(served):
@@ -650,7 +646,6 @@ def test_cached_tokens_come_from_vllm_usage(served):
     assert all(r["performer"]["cached_tokens"] >= 0 for r in served.rows)
 
 
-@pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.timeout(2400)
 def test_lora_adapter_from_lhd_train_is_served_and_routed(served):
@@ -677,7 +672,6 @@ def test_lora_adapter_from_lhd_train_is_served_and_routed(served):
     assert adapted.startswith(MARKER) and MARKER not in base, (adapted, base)
 
 
-@pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.timeout(2400)
 def test_audit_on_the_same_server_reads_the_shared_prefix_from_cache(served):
@@ -705,7 +699,6 @@ def test_audit_on_the_same_server_reads_the_shared_prefix_from_cache(served):
     assert first[1]["cached_tokens"] >= 0.6 * first[1]["prompt_tokens"], first
 
 
-@pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.timeout(2400)
 def test_a_grpo_judge_reads_its_window_from_the_server(served):

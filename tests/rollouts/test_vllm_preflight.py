@@ -18,7 +18,6 @@ from lhd_train.errors import InputError
 from lhd_train.ops.doctor_checks import check_config
 from rollouts.vllm import preflight as check
 from rollouts.vllm import server
-from rollouts.vllm.server import find_vllm
 from rollouts.vllm.spec import VLLMSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,18 +68,18 @@ def test_field_names_come_from_vllms_message():
     assert check.field_for("lora a", "LoRA rank 128 is greater than max_lora_rank 64.") == "adapters"
 
 
-def _vllm_or_skip() -> None:
-    if find_vllm() is None:
-        failed = ROOT / ".venv-vllm.failed"
-        pytest.skip(f"vLLM environment could not be built: {failed.read_text().strip()}" if failed.is_file()
-                    else "no vllm executable (LHD_VLLM, PATH, .venv-vllm): run `make vllm-env`")
+@pytest.fixture
+def shared_vllm(vllm_python, monkeypatch):
+    """The product's probe runs in the session's vLLM interpreter (tests/support/vllm_python.py)
+    instead of a new process: same argv, same probe.py, same parsing of its answer."""
+    monkeypatch.setattr(check, "subprocess", vllm_python.subprocess_module())
+    before = vllm_python.jobs
+    yield vllm_python
+    assert vllm_python.jobs > before  # vLLM itself judged
 
 
-@pytest.mark.slow
 @pytest.mark.vllm
-@pytest.mark.timeout(900)
-def test_vllm_accepts_every_shipped_config_and_names_the_field_of_broken_ones():
-    _vllm_or_skip()
+def test_vllm_accepts_every_shipped_config_and_names_the_field_of_broken_ones(shared_vllm):
     specs = {**shipped_vllm_models(), **commented_suggestions()}
     good = set(specs)
     qwen72 = specs["configs/examples/vllm-llama8b.yaml:qwen72b"]
@@ -103,13 +102,10 @@ def test_vllm_accepts_every_shipped_config_and_names_the_field_of_broken_ones():
     assert findings["broken-flag"].field == "extra_args" and "--max-num-seqs" in findings["broken-flag"].message
 
 
-@pytest.mark.slow
 @pytest.mark.vllm
-@pytest.mark.timeout(900)
-def test_doctor_and_run_refuse_a_broken_copy(tmp_path, monkeypatch):
+def test_doctor_and_run_refuse_a_broken_copy(tmp_path, monkeypatch, shared_vllm):
     """`lhd doctor --config` names the field of a broken copy of the flagship example, and `lhd run`
     refuses it before any server starts."""
-    _vllm_or_skip()
     import lhd_train.bench.engine as engine
     from lhd_train.config.run import load_config
 
@@ -131,13 +127,10 @@ def test_doctor_and_run_refuse_a_broken_copy(tmp_path, monkeypatch):
     assert e.value.field == "models.llama8b.max_model_len"
 
 
-@pytest.mark.slow
 @pytest.mark.vllm
-@pytest.mark.timeout(900)
-def test_audit_refuses_a_broken_vllm_auditor_before_it_starts(tmp_path, monkeypatch):
+def test_audit_refuses_a_broken_vllm_auditor_before_it_starts(tmp_path, monkeypatch, shared_vllm):
     """`lhd audit --auditor` runs the same check as `lhd run`: a broken copy of the 70B auditor
     config is refused naming the field, and no audit folder is written."""
-    _vllm_or_skip()
     from lhd_train.cli.audit import audit_command
     from lhd_train.config.auditor import AuditCommand
     from lhd_train.interop.reference_import import import_reference
