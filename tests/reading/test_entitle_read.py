@@ -220,6 +220,12 @@ def test_within_cell_read_recounts_from_its_files(tmp_path, tiny):
     assert {t["readout"] for t in decision} >= {"logit", "jacobian", "probe", "length", "echo"}
     assert all(float(t["auroc"]) == 0.5 for t in decision), [t for t in decision if float(t["auroc"]) != 0.5]
     assert summary["negative_control"]["auroc"] == 0.5 and summary["negative_control"]["position"] == "decision"
+    # ... which it can fail: across cells (evidence detection) the prompts differ, and the length control at
+    # decision is 1.0 by construction there (the deleted context is shorter)
+    ev = {t["readout"]: float(t["auroc"]) for t in table if (t["contrast"], t["position"], t["layer"]) ==
+          ("evidence_detection", "decision", "-1")}
+    assert ev["length"] == 1.0 and ev["logit"] != 0.5
+    assert summary["evidence_detection"]["length_at_decision"]["auroc"] == 1.0
 
     # every band cell of a readout recounts from margins.csv: AUROC within the prompt, recall at 1% FPR
     task = {i: e["task"] for i, e in examples.items()}
