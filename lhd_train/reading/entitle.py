@@ -8,9 +8,10 @@ fold with folds grouped by task). Score: −m_E (low entitlement = suspicious). 
 and R sets leave out the Yes/No answer tokens (`lens.margins.TokenSets.without`): "yes" there is
 the stated answer, not a word of entitlement.
 
-The states at the prompt's positions (`decision`, `question`) depend on the prompt alone; they
-are read once per prompt (from its first answer's forward) and shared by its other answers, so the
-within-cell negative control is exact. `stated` is the model's own Yes − No after the direct
+The states at the prompt's positions (`decision`, `question`) depend on the context up to them
+alone; each such context is read once (its first answer's forward) and shared by every answer that
+holds it, so the within-cell negative control is exact (and `question`, before the files, reads
+one state in every cell of a fact). `stated` is the model's own Yes − No after the direct
 question minus the same after the reversed one (`stated_direct`, `stated_reversed`, and their
 mean, the `yes_bias`, are in examples.csv). The primary cell (readout, position, within-cell
 contrast, band) is declared and hashed before the first forward (`preregistration`).
@@ -131,8 +132,8 @@ def collect(model: LensModel, tokenizer: Any, answers: Sequence[AnswerToRead], r
     at_elicit = sets.without((answer_sets.yes + answer_sets.no) if answer_sets else [], "an answer to the elicitation")
     idx_elicit = at_elicit.index_sets(within=union)
     last = model.n_layers - 1
-    prompt_key: tuple[int, ...] | None = None
-    prompt_states: dict[str, torch.Tensor] = {}
+    fact: str | None = None
+    shared: dict[tuple[int, ...], torch.Tensor] = {}  # context up to a prompt position -> its state [L, d]
     for ans in tqdm(answers, desc="read", unit="answer", disable=not cfg.progress, dynamic_ncols=True):
         tok = answer_tokens(tokenizer, ans)
         missing = [p for p in REQUIRED if p not in tok.positions]
@@ -142,13 +143,12 @@ def collect(model: LensModel, tokenizer: Any, answers: Sequence[AnswerToRead], r
         names = [p for p in POSITIONS if p in tok.positions]
         acts = block_outputs(model, torch.tensor(tok.ids, device=model.device)[None])
         H = torch.stack([acts[layer][0, [tok.positions[p] for p in names]] for layer in range(model.n_layers)])
-        key = tuple(tok.ids[: tok.n_prompt])
-        if key != prompt_key:  # a new prompt: its states are this forward's
-            prompt_key = key
-            prompt_states = {q: H[:, names.index(q)].clone() for q in PROMPT_POSITIONS if q in names}
-        for q, state in prompt_states.items():  # the same prompt: the same state, exactly
+        if ans.fact != fact:  # the answers come grouped by fact (`select_answers`)
+            fact, shared = ans.fact, {}
+        for q in PROMPT_POSITIONS:  # one context, one state: the first forward's, exactly
             if q in names:
-                H[:, names.index(q)] = state
+                key = tuple(tok.ids[: tok.positions[q] + 1])
+                H[:, names.index(q)] = shared.setdefault(key, H[:, names.index(q)].clone())
         base = {"id": ans.id, "fact": ans.fact, "task": ans.task, "files": ans.files, "pressure": ans.pressure,
                 "label": ans.label}
         for ro in readouts:

@@ -75,6 +75,19 @@ def test_recall_at_one_percent_fpr_by_hand():
     assert recall_at_fpr([1.0, 2.0], [True, False], ["a", "a"]).n_pos_scored == 0
 
 
+def test_token_sets_without_the_answer_tokens():
+    from lens.margins import TokenSets, margins
+
+    sets = TokenSets(S=[5, 7, 9], N=[2, 3], R=[7, 11])
+    variant = sets.without([7, 3], "an answer")
+    assert (variant.S, variant.N, variant.R) == ([5, 9], [2], [11]) and len(variant.dropped) == 3
+    idx = variant.index_sets(within=sets.union())  # columns of logits computed on the full union
+    z = torch.arange(len(sets.union()), dtype=torch.float32)[None] / 3
+    col = {t: i for i, t in enumerate(sets.union())}
+    want = torch.logsumexp(z[0, [col[5], col[9]]], 0) - z[0, col[2]]
+    assert float(margins(z, idx)["m_E"][0]) == pytest.approx(float(want))
+
+
 def _answer_rows(tok) -> list[AnswerToRead]:
     """Hand-written answers, 3 samples per prompt, so both outcomes of each within-cell contrast occur under one
     prompt; labels and asserted spans are written by hand (the reader takes them as given)."""
@@ -225,6 +238,15 @@ def test_within_cell_read_recounts_from_its_files(tmp_path, tiny):
     ev = {t["readout"]: float(t["auroc"]) for t in table if (t["contrast"], t["position"], t["layer"]) ==
           ("evidence_detection", "decision", "-1")}
     assert ev["length"] == 1.0 and ev["logit"] != 0.5
+    # the question stands before the files: one state in every cell of a fact, so it ties across cells too
+    q: dict[tuple, set] = {}
+    for x in margins:
+        if x["position"] == "question" and x["contrast"] in ("", None):
+            q.setdefault((x["fact"], x["readout"], x["layer"]), set()).add(x["m_E"])
+    assert q and all(len(v) == 1 for v in q.values())
+    question = [t for t in table if t["position"] == "question" and int(t["n_pairs"])]
+    assert {t["contrast"] for t in question} >= {"evidence_detection"}
+    assert all(float(t["auroc"]) == 0.5 for t in question)
     assert summary["evidence_detection"]["length_at_decision"]["auroc"] == 1.0
 
     # every band cell of a readout recounts from margins.csv: AUROC within the prompt, recall at 1% FPR
