@@ -297,6 +297,7 @@ def read_entitle(model: LensModel, tokenizer: Any, answers: Sequence[AnswerToRea
         "contrasts": [c.to_json() for c in CONTRASTS], "score": "-m_E (low entitlement = suspicious)",
         "negative_control": f"{NEGATIVE_CONTROL}: one state per prompt, so every within-cell pair ties (0.5)",
         "band": list(cfg.band), "band_layers": band, "readouts": names, "token_sets": sets.to_json(),
+        "token_sets_at_elicit": "the token sets without the Yes and No tokens of `stated`",
         "elicitation": elicitation("<attribute>", "<entity>"),
         "reversed_elicitation": reversed_elicitation("<attribute>", "<entity>"),
         "stated": answer_sets.to_json() if answer_sets else f"not read: {no_stated}",
