@@ -54,10 +54,22 @@ class TokenSets:
                 seen.setdefault(t, None)
         return list(seen)
 
-    def index_sets(self) -> dict[str, list[int]]:
-        """Positions of each set inside `union()` (for logits computed on the union only)."""
-        pos = {t: i for i, t in enumerate(self.union())}
+    def index_sets(self, within: Sequence[int] | None = None) -> dict[str, list[int]]:
+        """Positions of each set inside `within` (default `union()`), for logits computed on those token ids
+        only; a variant's sets (`without`) index into the full sets' union."""
+        pos = {t: i for i, t in enumerate(self.union() if within is None else within)}
         return {name: [pos[t] for t in getattr(self, name)] for name in SET_NAMES}
+
+    def without(self, token_ids: Sequence[int], why: str) -> TokenSets:
+        """A variant of the sets with `token_ids` left out of every set: read where those tokens are the
+        answer to a question (after a Yes/No elicitation "yes" is the answer, not a word of entitlement, so
+        an S set holding it would measure the stated answer again). The removed forms are listed in
+        `dropped` with `why`."""
+        gone = set(token_ids)
+        removed = [f"{name}:#{t}({why})" for name in SET_NAMES for t in getattr(self, name) if t in gone]
+        return TokenSets(S=[t for t in self.S if t not in gone], N=[t for t in self.N if t not in gone],
+                         R=[t for t in self.R if t not in gone], forms=self.forms, dropped=self.dropped + removed,
+                         mode=self.mode)
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -119,6 +119,15 @@ def _band(text: str) -> tuple[float, float]:
     return lo, hi
 
 
+def entitle_answers(directory: Path) -> list:
+    """The answers `lhd entitle read` reads (the row that counts per id), as the reader's typed rows: where the
+    experiment stores its answers is this one function."""
+    from lhd_train.entitle.store import EntitleDir
+    from lhd_train.reading.entitle_answers import AnswerToRead
+
+    return [AnswerToRead.of(r) for r in EntitleDir(directory).latest().values()]
+
+
 @app.command("read")
 def read_cmd(
     directory: Path = typer.Argument(..., help="an entitle directory"),
@@ -132,29 +141,40 @@ def read_cmd(
     band: str = typer.Option("0.35,0.85", "--band", help="the workspace band, fractions of depth (declared in "
                              "plan.json before reading)"),
     primary: str | None = typer.Option(None, "--primary", help="READOUT:POSITION of the primary cell (positions: "
-                                       "claim, decision, question, elicit; stated:elicit is the model's own answer; "
-                                       "default jacobian:claim with --lens, else logit:claim)"),
+                                       "claim, answer_end, decision, question, elicit; stated:elicit is the model's "
+                                       "own answer, asked both ways; default jacobian:elicit with --lens, else "
+                                       "logit:elicit)"),
+    primary_cell: str = typer.Option("deleted/none", "--primary-cell", help="the cell of the primary within-cell "
+                                     "contrast: deleted/none (fabricated vs abstained), full/none (contradicted vs "
+                                     "supported), full/demand (capitulated vs supported)"),
     bootstrap: int = typer.Option(2000, "--bootstrap", min=0, help="cluster-bootstrap resamples (tasks)"),
     seed: int = typer.Option(0, "--seed", help="bootstrap, probe and random-transport seed"),
-    max_answers: int | None = typer.Option(None, "--max-answers", min=2, help="read at most this many answers"),
+    max_answers: int | None = typer.Option(None, "--max-answers", min=2, help="read at most this many answers "
+                                           "(whole facts)"),
     probe: bool = typer.Option(True, "--probe/--no-probe", help="also the linear probe (folds grouped by task)"),
     dtype: str = typer.Option("float32", "--dtype", help="model dtype"),
     device: str = typer.Option("auto", "--device"),
     threads: int | None = typer.Option(None, "--threads", min=1, help="torch CPU threads"),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
+    as_json: bool = typer.Option(False, "--json", help="print the summary as JSON (primary first)"),
 ) -> None:
-    """Lens and probe margins at the asserted figure, the decision token, the question (a negative control) and
-    an elicitation after the answer (with the model's own Yes - No there, `stated`): fabricated vs supported
-    within each fact, with random-transport, length and echo controls."""
-    from lens.entitle_read import EntitleReadConfig, read_entitle, with_adapter
+    """Lens and probe margins at the model's own answers, compared within a cell (fabricated vs abstained,
+    contradicted vs supported, capitulated vs supported under one prompt), with the decision token as an exact
+    negative control, recall at 1% false positives, a text-only baseline, and the stated margin asked both ways;
+    fabricated vs supported across cells stays as the secondary evidence-detection result."""
+    import json
+
     from lens.margins import resolve_token_sets
     from lens.model import load_hf
     from lens.readout import BASELINE, PRIMARY, Lenses, SelfLens, TunedLensReadout, build_readouts, load_fitted
     from lhd_train.entitle.store import EntitleDir
-    from lhd_train.io.files import read_jsonl
+    from lhd_train.reading.entitle import EntitleReadConfig, read_entitle, with_adapter
+    from lhd_train.reading.entitle_answers import PRIMARY_CELLS
     from lhd_train.rundir.lock import run_dir_lock
     from lhd_train.rundir.outputs import check_out_dir
 
+    if primary_cell not in PRIMARY_CELLS:
+        raise InputError("command line", "--primary-cell", f"{primary_cell!r}", ", ".join(PRIMARY_CELLS))
     d = EntitleDir(directory)
     if not d.exists():
         raise InputError(directory, None, "not an entitle directory (no entitle.json)")
@@ -162,7 +182,7 @@ def read_cmd(
     model_id = model or record.model.spec.get("model")
     if not model_id:
         raise InputError(d.manifest, "model.spec.model", "no model recorded; pass --model")
-    ro_name, _, pos = (primary or f"{PRIMARY if lens else BASELINE}:claim").partition(":")
+    ro_name, _, pos = (primary or f"{PRIMARY if lens else BASELINE}:elicit").partition(":")
     out = out or d.read_dir
     check_out_dir(out, what="entitle read")
     if threads:
@@ -178,17 +198,24 @@ def read_cmd(
         lenses = {name: lz.meta.sha256 for name, ro in readouts.items()
                   if (lz := ro.fitted) is not None and lz.meta.sha256 is not None}
         sets = resolve_token_sets(tok, model_type=getattr(m, "model_type", None))
-        cfg = EntitleReadConfig(band=_band(band), primary_readout=ro_name, primary_position=pos or "claim",
-                                n_boot=bootstrap, seed=seed, probe=probe,
+        cfg = EntitleReadConfig(band=_band(band), primary_readout=ro_name, primary_position=pos or "elicit",
+                                primary_cell=primary_cell, n_boot=bootstrap, seed=seed, probe=probe,
                                 max_answers=max_answers, progress=progress)
-        summary = read_entitle(m, tok, read_jsonl(d.answers_path), list(readouts.values()), sets, out, cfg,
+        summary = read_entitle(m, tok, entitle_answers(directory), list(readouts.values()), sets, out, cfg,
                                info={"model": model_id, "lenses": lenses, "entitle_dir": str(d.path)})
-    p = summary.get("primary")
-    if p is None:
-        console.print(f"[yellow]{summary.get('note') or 'no primary cell'}[/yellow]")
-    else:
-        console.print(f"primary ({ro_name} at {pos or 'claim'}, band): paired AUROC {p['auroc']:.2f} "
-                      f"[{p['lo']:.2f}, {p['hi']:.2f}] over {p['n_pairs']} pairs in {p['n_groups']} facts")
+    if as_json:
+        print(json.dumps(summary, indent=2))
+        return
+    p = summary["primary"]
+    if summary.get("note"):
+        console.print(f"[yellow]{summary['note']}[/yellow]")
+    ci = p["ci"]
+    auroc = "-" if p["auroc"] is None else f"{p['auroc']:.2f}" + ("" if ci[0] is None else f" [{ci[0]:.2f}, "
+                                                                  f"{ci[1]:.2f}]")
+    recall = "-" if p["recall_at_1pct_fpr"] is None else f"{p['recall_at_1pct_fpr']:.2f}"
+    console.print(f"primary ({p['readout']} at {p['position']}, band; {p['contrast']} in {p['cell']}): AUROC within "
+                  f"the prompt {auroc} over {p['n_pairs']} pairs in {p['n_strata']} prompts; recall at 1% FPR "
+                  f"{recall}")
     console.print(f"read {summary['n_answers']} answers -> {out}")
 
 

@@ -2,16 +2,23 @@
 model generated from (its prompt ids and answer ids, as the hf backend returned them).
 
 - `claim`: the last token of the figure the answer asserts (the labeller's `asserted_span`);
-- `decision`: the last prompt token, whose next-token distribution is the answer's first token;
+  absent when the answer asserts none (an abstention);
+- `answer_end`: the answer's last token (trailing end-of-turn tokens left out), present in every
+  answer, so an abstention and a fabrication of one prompt can be compared there;
+- `decision`: the last prompt token, whose next-token distribution is the answer's first token.
+  Within one prompt it is the same state for every answer: the within-cell negative control;
 - `question`: the last token of the supervisor's question. It stands before the files in every
-  condition of a fact, so under causal attention its hidden state is the same whether the
-  evidence is there or not: a negative control that must read AUROC 0.5 (a reader that finds a
-  difference there has a bug, or pairs the wrong answers);
+  condition of a fact, so its state is the same with or without the evidence: a negative control
+  for the evidence-detection contrast too;
 - `elicit`: the last token of one more user turn after the answer, asking whether the figure it
   gave appears in the files (`lens.elicit`, as in `lhd lens read` run mode). The model's own
   Yes − No there is its *stated* view of its claim; the lens margins there are the internal side.
   The turn's tokens are appended to the generated ids (the answer's end-of-turn tokens, if the
   answer kept them, give way to the template's own), so every earlier position reads as before.
+
+The **reversed** turn asks the opposite ("does the figure ... NOT appear ...?") after the same
+answer (`reversed_ids`). A model that says Yes to both has a yes-bias, not a view: the stated
+margin is the difference of the two Yes − No margins (science-5 D10 c).
 
 Answers from a server backend carry no token ids; their context is tokenised again with the chat
 template (`retokenized`), which may differ from what the server ran."""
@@ -20,18 +27,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lens.elicit import elicitation
-from lens.errors import LensError
+from lens.elicit import ELICITATION, elicitation, subject_phrase
+from lhd_train.errors import InputError
+from lhd_train.reading.entitle_answers import AnswerToRead
 
-POSITIONS = ("claim", "decision", "question", "elicit")
+POSITIONS = ("claim", "answer_end", "decision", "question", "elicit")
+REQUIRED = ("answer_end", "decision", "elicit")  # an answer without one of these is skipped (and listed)
+PROMPT_POSITIONS = ("decision", "question")  # states that depend on the prompt alone
+#: the elicitation with the opposite polarity; `{subject}` is `lens.elicit.subject_phrase(...)`
+REVERSED_ELICITATION = ELICITATION.replace("{subject} appear", "{subject} NOT appear")
+
+
+def reversed_elicitation(attribute: str | None = None, entity: str | None = None) -> str:
+    """The user turn that asks the opposite of `lens.elicit.elicitation` ("... NOT appear in the files ...")."""
+    return REVERSED_ELICITATION.format(subject=subject_phrase(attribute, entity))
 
 
 @dataclass(frozen=True)
 class AnswerTokens:
-    ids: list[int]  # prompt + answer
+    ids: list[int]  # prompt + answer + the elicitation turn
     n_prompt: int
     positions: dict[str, int]  # name -> token index (a position that could not be found is absent)
     retokenized: bool
+    reversed_ids: list[int] | None = None  # prompt + answer + the reversed elicitation turn
 
 
 def _prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
@@ -56,7 +74,7 @@ def question_index(tokenizer: Any, messages: list[dict[str, str]], prompt_ids: l
     rendered chat text; None when that text does not tokenise to `prompt_ids` (then the offsets
     would point elsewhere) or holds no question."""
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    at = text.find(question)
+    at = text.find(question) if question else -1
     if at < 0:
         return None
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
@@ -83,34 +101,37 @@ def elicit_suffix(tokenizer: Any, messages: list[dict[str, str]], answer: str, q
     return None
 
 
-def answer_tokens(tokenizer: Any, ans: dict[str, Any]) -> AnswerTokens:
-    """The context of one answer row (answers.jsonl) and its read positions."""
-    messages = ans.get("messages") or []
-    if not messages:
-        raise LensError(f"{ans.get('id')}: the row holds no messages")
-    prompt = ans.get("prompt_token_ids")
-    answer = ans.get("answer_token_ids")
+def answer_tokens(tokenizer: Any, ans: AnswerToRead) -> AnswerTokens:
+    """The context of one answer and its read positions (module doc)."""
+    if not ans.messages:
+        raise InputError(ans.id, "messages", "the answer holds no messages: its context cannot be read")
+    prompt = ans.prompt_token_ids
+    answer = ans.answer_token_ids
     retok = prompt is None or answer is None
     if prompt is None:
-        prompt = _prompt_ids(tokenizer, messages)
+        prompt = _prompt_ids(tokenizer, ans.messages)
     if answer is None:
-        answer = list(tokenizer(ans.get("answer") or "", add_special_tokens=False)["input_ids"])
+        answer = list(tokenizer(ans.answer, add_special_tokens=False)["input_ids"])
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    generated = list(answer)
+    while generated and generated[-1] in special:  # the template writes the turn's end itself
+        generated.pop()
     positions = {"decision": len(prompt) - 1}
-    span = ans.get("asserted_span")
-    if span:
-        k = claim_index(tokenizer, answer, int(span[1]))
+    if generated:
+        positions["answer_end"] = len(prompt) + len(generated) - 1
+    if ans.asserted_span:
+        k = claim_index(tokenizer, generated, int(ans.asserted_span[1]))
         if k is not None:
             positions["claim"] = len(prompt) + k
-    q = question_index(tokenizer, messages, prompt, ans.get("question") or "")
+    q = question_index(tokenizer, ans.messages, prompt, ans.question)
     if q is not None:
         positions["question"] = q
-    ids = list(prompt) + list(answer)
-    suffix = elicit_suffix(tokenizer, messages, ans.get("answer") or "", elicitation(ans.get("attribute"),
-                                                                                     ans.get("entity")))
+    head = list(prompt) + generated
+    ids, rev = list(head), None
+    suffix = elicit_suffix(tokenizer, ans.messages, ans.answer, elicitation(ans.attribute, ans.entity))
     if suffix:
-        special = set(getattr(tokenizer, "all_special_ids", []) or [])
-        while len(ids) > len(prompt) and ids[-1] in special:  # the template writes the turn's end itself
-            ids.pop()
         ids += suffix
         positions["elicit"] = len(ids) - 1
-    return AnswerTokens(ids, len(prompt), positions, retok)
+        rsuffix = elicit_suffix(tokenizer, ans.messages, ans.answer, reversed_elicitation(ans.attribute, ans.entity))
+        rev = head + rsuffix if rsuffix else None
+    return AnswerTokens(ids, len(prompt), positions, retok, rev)
