@@ -48,7 +48,16 @@ def print_summary(summary: dict) -> None:
 @settings_command(EntitleRunCommand)
 def run_cmd(s: EntitleRunCommand) -> None:
     """Ask a model about facts of a task pack's files under evidence full / deleted / altered x pressure none /
-    demand (+ a control question), label every answer by code, and write answers.jsonl and summary.json."""
+    demand (+ a control question), label every answer by code, and write answers.jsonl and summary.json.
+    --mode lite: forced-choice log-probabilities after a prefilled answer instead (lite.jsonl, lite_summary.json)."""
+    if s.mode == "lite":
+        from lhd_train.entitle.lite import lite_lines, run_lite
+
+        lite = run_lite(s)
+        for line in lite_lines(lite.summary):
+            console.print(line, highlight=False)
+        console.print(f"results: {lite.out / 'lite.jsonl'}, {lite.out / 'lite_summary.json'}")
+        return
     from lhd_train.entitle.run import run_entitle
 
     res = run_entitle(s)
@@ -64,8 +73,22 @@ def summary_cmd(
     directory: Path = typer.Argument(..., help="an entitle directory"),
     relabel: bool = typer.Option(False, "--relabel", help="label every stored answer again by today's rules "
                                  "(answers.jsonl is rewritten; the answers themselves are kept)"),
+    as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
 ) -> None:
-    """Recompute summary.json from answers.jsonl (after --relabel, from the new labels) and print it."""
+    """Recompute summary.json from answers.jsonl (after --relabel, from the new labels) and print it; for a lite
+    directory, lite_summary.json from lite.jsonl."""
+    from lhd_train.entitle.lite import is_lite_dir, lite_lines, lite_summary
+
+    if is_lite_dir(directory):
+        lite = lite_summary(directory)
+        if as_json:
+            from lhd_train.io.files import json_text
+
+            print(json_text(lite, indent=1))
+        else:
+            for line in lite_lines(lite):
+                console.print(line, highlight=False)
+        return
     from collections import Counter
 
     from lhd_train.entitle.generate import relabel as relabel_row
@@ -86,6 +109,11 @@ def summary_cmd(
         summary = summarise(d.latest().values())
         summary["items"] = (d.summary() or {}).get("items")
         d.write_summary(summary)
+    if as_json:
+        from lhd_train.io.files import json_text
+
+        print(json_text(summary, indent=1))
+        return
     print_summary(summary)
 
 
