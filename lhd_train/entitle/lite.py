@@ -32,6 +32,7 @@ from lhd_train.entitle.lite_prompts import (
     encode,
     messages,
     prompt_text,
+    spread,
 )
 from lhd_train.entitle.lite_score import Suffix, score_suffixes
 from lhd_train.entitle.lite_summary import summarise_lite
@@ -184,7 +185,8 @@ def run_lite(s: EntitleRunCommand, model: Any = None, tokenizer: Any = None) -> 
             (out / ITEMS).write_text("".join(json_text(_fact_json(f)) + "\n" for f in facts), encoding="utf-8")
         write_json_atomic(out / MANIFEST, record)
         done = {(r["fact"], r["cell"]) for r in read_rows(out)}
-        todo = [(f, [c for c in CELLS if (f.item.fact_id, cell_key(*c)) not in done]) for f in facts]
+        # one task after another, so that an interrupted run already spans every task and pack
+        todo = [(f, [c for c in CELLS if (f.item.fact_id, cell_key(*c)) not in done]) for f in spread(facts, None)]
         todo = [(f, cells) for f, cells in todo if cells]
         scored = 0
         if todo:

@@ -144,3 +144,18 @@ def encode(tokenizer: Any, prompt: str, continuation: str) -> tuple[list[int], l
     if joint[:len(p)] == p and len(joint) > len(p):
         return list(p), list(joint[len(p):])
     return list(p), list(tokenizer(continuation, add_special_tokens=False)["input_ids"])
+
+
+def spread(facts: list[LiteFact], n: int | None) -> list[LiteFact]:
+    """At most `n` facts (all: None), taken one per task in turn, so that a subset, or the first part
+    of a run, spans every task first."""
+    groups: dict[tuple[str, int], list[LiteFact]] = {}
+    for f in facts:
+        groups.setdefault((f.item.pack, f.item.task), []).append(f)
+    limit = len(facts) if n is None else min(n, len(facts))
+    out: list[LiteFact] = []
+    while len(out) < limit:
+        for g in groups.values():
+            if g and len(out) < limit:
+                out.append(g.pop(0))
+    return out
