@@ -40,7 +40,7 @@ def atomic_write(path: Path, write: Callable[[str], None]) -> None:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """UTF-8 text through `atomic_write` (a lone surrogate of a model's text becomes U+FFFD)."""
+    """UTF-8 text through `atomic_write` (a lone surrogate of a model's text is written as `?`)."""
     data = text.encode("utf-8", "replace")
 
     def write(tmp: str) -> None:

@@ -15,7 +15,7 @@ from scipy import stats
 
 from lhd_train.config.vocab import CATEGORIES, LEVELS, TYPES
 from lhd_train.metrics.load import COVERAGE_MIN, NO_EVENT, RunData
-from lhd_train.metrics.registry import METRICS, MetricSummary, TrialLabels, summary_metrics
+from lhd_train.metrics.registry import HEADLINE, METRICS, MetricSummary, TrialLabels, summary_metrics
 
 PRESSURE_ORDER = (NO_EVENT, *LEVELS)
 CATEGORY_ORDER = (*CATEGORIES, NO_EVENT)
@@ -171,7 +171,7 @@ def pearson(x: Sequence[float], y: Sequence[float]) -> dict[str, Any]:
 
 
 def correlations_within(per_trial: pd.DataFrame, group: str = "run",
-                        x: str = "deception_rate", ys: Sequence[str] = STATE_METRICS) -> pd.DataFrame:
+                        x: str = HEADLINE, ys: Sequence[str] = STATE_METRICS) -> pd.DataFrame:
     """Per group (run), across its trials: Pearson r of the deception rate with each state metric."""
     recs = []
     for key, g in per_trial.groupby(group, sort=False):
@@ -180,7 +180,7 @@ def correlations_within(per_trial: pd.DataFrame, group: str = "run",
     return pd.DataFrame(recs)
 
 
-def correlations_across(per_trial: pd.DataFrame, group: str = "run", x: str = "deception_rate",
+def correlations_across(per_trial: pd.DataFrame, group: str = "run", x: str = HEADLINE,
                         ys: Sequence[str] = STATE_METRICS) -> pd.DataFrame:
     """The paper's figure (docs/reference.md, "Aggregation across trials"): one point per group
     (model/run) = the mean over its trials; Pearson r of mean rate against each mean state metric across groups."""

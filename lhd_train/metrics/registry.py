@@ -143,6 +143,10 @@ def severity_deceptive_nan(t: TrialLabels) -> float:
     return float(t.severity[t.flagged].mean()) if t.d else NAN
 
 
+#: the run's headline metric: the one registered with `headline=True` (the report's first number)
+HEADLINE = next(name for name, m in METRICS.items() if m.headline)
+
+
 @dataclass(frozen=True)
 class MetricSummary:
     """A metric across the n trials where it is defined (docs/metrics.md, "Across trials"):

@@ -26,7 +26,7 @@ from lhd_train.metrics.core import RunMetrics, compute_all
 from lhd_train.metrics.horizon import chains_summary, chains_table, delayed_table, horizon_table
 from lhd_train.metrics.load import COVERAGE_MIN, RunData, load_runs
 from lhd_train.metrics.paired import MIN_PAIRS, PairedComparison, compare_to_base
-from lhd_train.metrics.registry import csv_frame
+from lhd_train.metrics.registry import HEADLINE, csv_frame
 from lhd_train.report import plots, tables
 from lhd_train.report.adapter_checks import adapter_warnings, held_out_comparisons
 from lhd_train.report.entitle_section import entitle_section
@@ -187,7 +187,7 @@ def write_report(runs: list[RunData], out: Path, min_coverage: float = COVERAGE_
             keep("control_rate_by_pressure", control_png)
         keep("rate_by_category",
              plots.plot_breakdown(m.by_category, "category", labels, "deception rate by event category"))
-        keep("correlations", plots.plot_correlations(m.per_trial[m.per_trial["deception_rate"].notna()], labels))
+        keep("correlations", plots.plot_correlations(m.per_trial[m.per_trial[HEADLINE].notna()], labels))
 
     # Trajectory pages, then the state plots shown in the report itself.
     run_sections = []

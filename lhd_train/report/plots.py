@@ -17,7 +17,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from lhd_train.config.vocab import STATES, TYPES
-from lhd_train.metrics.registry import MetricSummary, summary_metrics
+from lhd_train.metrics.registry import HEADLINE, MetricSummary, summary_metrics
 
 PRESSURE_COLORS = {"CRITICAL": "#8b0000", "HIGH": "#e74c3c", "MEDIUM": "#f5b7b1", "LOW": "#d6eaf8",
                    "none": "#eeeeee"}
@@ -130,7 +130,7 @@ def plot_breakdown(df: pd.DataFrame, by: str, labels: dict[str, str], title: str
 
 
 def plot_control_pressure(control: pd.DataFrame, levels: Sequence[str],
-                          metric: str = "deception_rate") -> bytes | None:
+                          metric: str = HEADLINE) -> bytes | None:
     """The paper's pressure figure: per performer, the control-study rate of trials run under one
     fixed pressure level (mean over trials of the rate over all their rounds, ± SE). None when no
     trial ran under a pressure control."""
@@ -201,8 +201,8 @@ def plot_correlations(per_trial: pd.DataFrame, labels: dict[str, str],
         for j, run in enumerate(runs):
             sub = per_trial[per_trial["run"] == run]
             c = RUN_COLORS[j % len(RUN_COLORS)]
-            ax.scatter(sub[y], sub["deception_rate"], s=14, alpha=0.5, color=c)
-            ax.scatter([sub[y].mean()], [sub["deception_rate"].mean()], s=90, color=c, edgecolor="black",
+            ax.scatter(sub[y], sub[HEADLINE], s=14, alpha=0.5, color=c)
+            ax.scatter([sub[y].mean()], [sub[HEADLINE].mean()], s=90, color=c, edgecolor="black",
                        label=_wrap(labels.get(run, run), 30) if i == 0 else None)
         ax.set_xlim(-1.05, 1.05)
         ax.set_ylim(-0.05, 1.05)

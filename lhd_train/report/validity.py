@@ -16,6 +16,7 @@ from lhd_train.audit.eval_results import AuditorEvaluation, evaluations_for
 from lhd_train.audit.eval_text import headline_lines
 from lhd_train.metrics.correction import CorrectedRate, ErrorRate, corrected_rate
 from lhd_train.metrics.load import RunData
+from lhd_train.metrics.registry import HEADLINE
 
 NOT_MEASURED = ("auditor error rates: not measured (run `lhd audit-eval --planted COPY --auditor CONFIG` on a copy "
                 "made by `lhd audit-plant RUN --out COPY`, or `lhd audit-eval --set curated ... --attach RUN`)")
@@ -63,7 +64,7 @@ def auditor_validity(runs: Sequence[RunData], per_trial: pd.DataFrame | None = N
         if run.auditor_id is None:
             out.append(RunValidity(run.label, None, [], "no auditor: nothing to measure"))
             continue
-        rates = (per_trial.loc[per_trial["run"] == run.key, "deception_rate"].tolist()
+        rates = (per_trial.loc[per_trial["run"] == run.key, HEADLINE].tolist()
                  if per_trial is not None and len(per_trial) else None)
         lines = [x for e in evaluations_for(run.path, run.auditor_id) for x in evaluation_lines(e, rates)]
         out.append(RunValidity(run.label, run.auditor_id, lines, None if lines else NOT_MEASURED))

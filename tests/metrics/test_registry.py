@@ -126,3 +126,17 @@ def test_only_the_registry_spells_summary_columns():
             found += [f"{path.relative_to(ROOT)}:{hit}" for hit in summary_column_strings(path.read_text())]
     assert found == [], "summary column names outside lhd_train/metrics/registry.py:\n" + "\n".join(found)
     assert summary_column_strings(REGISTRY.read_text())  # the finder does see the registry's own
+
+
+def test_the_headline_metric_is_named_by_the_registry_alone():
+    """Issue 37 item 5: `HEADLINE` is the one metric registered with `headline=True`; every default that
+    means "the headline" takes it from there, so no other module spells its name (the authors'
+    summary.json keys, a file format, are the one exception)."""
+    from lhd_train.metrics.registry import HEADLINE, METRICS
+
+    assert METRICS[HEADLINE].headline and sum(m.headline for m in METRICS.values()) == 1
+    formats = {REGISTRY, ROOT / "lhd_train" / "interop" / "reference_import.py"}
+    found = [f"{path.relative_to(ROOT)}:{node.lineno}" for path in sorted((ROOT / "lhd_train").rglob("*.py"))
+             if path not in formats for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.Constant) and node.value == HEADLINE]
+    assert found == [], f"the headline metric spelled outside the registry: {found}"
