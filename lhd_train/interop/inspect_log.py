@@ -104,12 +104,18 @@ def run_log(run: Run) -> Any:
         rows.sort(key=lambda r: r.global_round)
         if not rows:
             continue
-        store = trial.messages()
+        store = trial.messages() if trial.files.messages.exists() else None
         labels = {aid: run.auditor(aid).labels(trial.trial_id) for aid in auditors}
         for row in rows:
-            stored = store.get(list(row.performer.message_ids))  # a missing message is a DataFileError
+            ids = list(row.performer.message_ids)
+            # A run without a message store (a set built from answers alone) exports the answers with
+            # no prompt, flagged `prompt_missing` as `lhd export` flags it; a store that lacks a
+            # message its rows name is damage, and `get` refuses it naming the file.
+            stored = store.get(ids) if store is not None else []
             stamps.append(row.timestamp)
-            samples.append(round_sample(row, stored, {aid: labels[aid].get(row.global_round) for aid in auditors}))
+            sample = round_sample(row, stored, {aid: labels[aid].get(row.global_round) for aid in auditors})
+            sample.metadata["prompt_missing"] = bool(ids) and store is None
+            samples.append(sample)
     if not samples:
         raise InputError(run.dir.trials_dir, None, "the run has no rounds to export")
     manifest = run.manifest()

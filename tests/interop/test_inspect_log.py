@@ -133,3 +133,17 @@ def test_inspect_view_shows_a_sample_in_chromium(exported, tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_a_run_without_its_message_store_exports_answers_flagged(lone, tmp_path, monkeypatch, capsys):  # noqa: F811
+    from inspect_ai.log import read_eval_log
+
+    run = tmp_path / RUN
+    shutil.copytree(lone, run)
+    (run / "trials" / f"s{SEED}.messages.jsonl").unlink()
+    code, out = cli(monkeypatch, capsys, "export", str(run), "--format", "inspect", "--out", str(tmp_path / "a.json"))
+    assert code == 0, out
+    rows = read_jsonl(run / "trials" / f"s{SEED}.jsonl")
+    log = read_eval_log(str(tmp_path / "a.json"))
+    assert [s.metadata["prompt_missing"] for s in log.samples] == [True] * len(rows)
+    assert [[m.text for m in s.messages] for s in log.samples] == [[r["performer"]["text"]] for r in rows]
