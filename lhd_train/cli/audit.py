@@ -12,6 +12,7 @@ from rich.table import Table
 from lhd_train.cli.console import console, shown_markup, table_console
 from lhd_train.cli.options import settings_command
 from lhd_train.config.auditor import AuditCommand
+from lhd_train.errors import InputError
 from lhd_train.rundir.run import Run
 
 app = typer.Typer()
@@ -89,8 +90,18 @@ def import_reference_command(src: Path, out: Path, repair: bool = False) -> int:
     return 0
 
 
-def export_command(run: Path, out: Path) -> int:
-    """Export a run (trajectory rows + every auditor's labels) as a `datasets` dataset."""
+def export_command(run: Path, out: Path, fmt: str = "datasets") -> int:
+    """Export a run (trajectory rows + every auditor's labels) as a `datasets` dataset, or as an
+    inspect_ai evaluation log (`fmt` "inspect")."""
+    if fmt == "inspect":
+        from lhd_train.interop.inspect_log import export_inspect
+
+        log = export_inspect(Path(run), Path(out))
+        console.print(f"wrote {len(log.samples)} samples (one per performer round) to {out} (open with "
+                      f"`inspect view --log-dir {Path(out).parent}`)")
+        return 0
+    if fmt != "datasets":
+        raise InputError("command line", "--format", f"{fmt!r} is not an export format", "datasets, inspect")
     from lhd_train.interop.export import export_run
 
     ds = export_run(Path(run), Path(out))
@@ -122,7 +133,10 @@ def import_reference_cmd(
 @app.command("export")
 def export_cmd(
     run: Path = typer.Argument(..., help="run directory"),
-    out: Path = typer.Option(..., "--out", help="dataset folder (datasets.load_from_disk reads it)"),
+    out: Path = typer.Option(..., "--out", help="dataset folder (datasets.load_from_disk reads it); with "
+                             "--format inspect, a .eval or .json log file"),
+    fmt: str = typer.Option("datasets", "--format", help="datasets | inspect (an inspect_ai evaluation log: "
+                            "one sample per performer round; needs the `inspect` extra)"),
 ) -> None:
-    """Export a run, with every auditor's labels, as a Hugging Face datasets dataset."""
-    raise typer.Exit(export_command(run, out))
+    """Export a run, with every auditor's labels, as a Hugging Face datasets dataset or an inspect_ai log."""
+    raise typer.Exit(export_command(run, out, fmt))

@@ -134,9 +134,9 @@ def audit_plant_cmd(
     seed: int = typer.Option(0, "--seed", help="decides which answers, which type, which figure or sentence"),
     rate: float = typer.Option(0.5, "--rate", help="chance that a round is chosen for a plant"),
     types: list[str] | None = typer.Option(None, "--type", help=TYPE_HELP),
-    max_per_trial: int = typer.Option(1, "--max-per-trial", min=0,
+    max_per_trial: int = typer.Option(1, "--max-per-trial",
                                       help="at most this many planted rounds per trial (0: no cap)"),
-    cross_round: float = typer.Option(0.5, "--cross-round", min=0.0, max=1.0,
+    cross_round: float = typer.Option(0.5, "--cross-round",
                                       help="share of falsifications that contradict a figure an earlier answer of "
                                            "the trial gave, where the trial has one"),
 ) -> None:

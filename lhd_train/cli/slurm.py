@@ -62,15 +62,18 @@ def slurm_vars_cmd(stage: str = typer.Argument(..., help=" | ".join(STAGES))) ->
 @slurm_app.command("status")
 def slurm_status_cmd(
     run: Path = typer.Argument(..., help="the run config, or the (merged) run directory runs/<run_name>"),
-    shards: int | None = typer.Option(None, "--shards", min=1, help="shard count (default: the shard "
+    shards: int | None = typer.Option(None, "--shards", help="shard count (default: the shard "
                                       "directories on disk, else the rollout array's size)"),
     as_json: bool = typer.Option(False, "--json", help="rows as JSON"),
     no_slurm: bool = typer.Option(False, "--no-slurm", help="read the run directories only"),
 ) -> None:
     """Pending, running, finished or failed: every shard and stage of a run, from squeue/scontrol/sacct
     (jobs named by `lhd slurm render`) and from the run directories."""
+    from lhd_train.errors import InputError
     from lhd_train.ops.status import run_status, status_json
 
+    if shards is not None and shards < 1:  # checked here, not by click, so it is one `error:` line
+        raise InputError("command line", "--shards", f"{shards} is not a shard count", "1 or more")
     st = run_status(run, shards, use_slurm=not no_slurm)
     if as_json:
         typer.echo(json.dumps(status_json(st), indent=1))

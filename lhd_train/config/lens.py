@@ -34,11 +34,16 @@ def parse_layers(spec: str | None) -> list[int] | None:
         try:
             if "-" in part[1:]:
                 a, b = part[0] + part[1:].split("-", 1)[0], part[1:].split("-", 1)[1]
-                out += list(range(int(a), int(b) + 1))
+                first, last = int(a), int(b)
             else:
-                out.append(int(part))
+                first = last = int(part)
         except ValueError:
             raise ValueError(f"bad layer list {spec!r} (examples: all, 0,1,2, 4-20, -2)") from None
+        if last < first:  # an empty range would leave no layer, reported later as if none were below the target
+            raise ValueError(f"the range {part} in {spec!r} runs backwards: write {last}-{first}")
+        out += list(range(first, last + 1))
+    if not out:
+        raise ValueError(f"bad layer list {spec!r}: it names no layer (examples: all, 0,1,2, 4-20, -2)")
     return out
 
 

@@ -125,6 +125,31 @@ def _name(tids: list[str]) -> str:
     return ", ".join(tids[:8]) + (" ..." if len(tids) > 8 else "")
 
 
+def _undefined_causes(paired: pd.DataFrame, metric: str, vals: dict[str, pd.DataFrame],
+                      runs: dict[str, RunData]) -> dict[str, list[str]]:
+    """Why each paired trial's `metric` is undefined, in words, with the trials: labels missing (the
+    auditor never labelled the trial's rounds: audit it to fill them), no valid label (its labels
+    failed), or no flagged round (a severity over deceptive rounds). Missing is named as missing so
+    that an auditor that was not run on a trial never reads as one that could not label it."""
+    out: dict[str, list[str]] = {}
+    for r in paired.to_dict("records"):
+        for key, side in (("base", r["base"]), ("other", r["other"])):
+            v = r[metric]
+            if not math.isnan(getattr(v, key)):
+                continue
+            row = vals[side].loc[r["trial_id"]] if r["trial_id"] in vals[side].index else None
+            aid = runs[side].auditor_id
+            if row is not None and row["total_rounds"] == 0 and row["missing_rounds"] > 0 \
+                    and row["failed_rounds"] == 0:
+                why = f"labels missing in {side} (not audited by {aid})"
+            elif row is None or row["total_rounds"] == 0:
+                why = f"no valid label from {aid} in {side}"
+            else:
+                why = f"no round flagged by {aid} in {side}"
+            out.setdefault(why, []).append(r["trial_id"])
+    return out
+
+
 def compare_paired(base: RunData, other: RunData, per_trial: pd.DataFrame,
                    metrics: Sequence[TrialMetric] | None = None, min_pairs: int = MIN_PAIRS) -> PairedComparison:
     """`other` against `base` on their paired trials, for each of `metrics` (default: the registry's
@@ -148,9 +173,11 @@ def compare_paired(base: RunData, other: RunData, per_trial: pd.DataFrame,
     effects = pd.DataFrame([{"base": base.key, "other": other.key, "auditor": scored_by, "metric": m.name,
                              **paired_effect([v.base for v in paired[m.name]], [v.other for v in paired[m.name]],
                                              min_pairs=min_pairs)} for m in metrics])
-    notes = [f"{r['metric']}: {r['n_undefined']} paired seed(s) dropped, undefined on one side or both (no valid "
-             "label; for a severity over deceptive rounds, no flagged round)"
-             for r in effects.to_dict("records") if r["n_undefined"]]
+    runs = {base.key: base, other.key: other}
+    notes = [f"{m.name}: {n} paired seed(s) dropped, undefined on one side or both ("
+             + "; ".join(f"{why}: {_name(tids)}" for why, tids in _undefined_causes(paired, m.name, vals, runs).items())
+             + ")"
+             for m, n in zip(metrics, effects["n_undefined"], strict=True) if n]
     for status in ("schedule differs", "schedule not recorded", "seed differs", "only in base", "only in other"):
         tids = trials.loc[trials["status"] == status, "trial_id"].tolist()
         if tids:

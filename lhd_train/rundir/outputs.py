@@ -44,7 +44,8 @@ def check_out_dir(out: Path, flag: str = "--out", what: str = "output", beside: 
     `beside`: the folder next to the run's files that the refusal suggests (`RUN/<beside>`)."""
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise InputError("command line", flag, f"{out} is a file; the {what} goes into a folder", "a folder")
+        raise InputError("command line", flag, f"{out} is a file; {flag} names the folder to write the {what} into",
+                         "a folder, new or existing")
     found = enclosing_run(out)
     if found is None:
         return
