@@ -113,6 +113,11 @@ class GrpoSpec(StrictModel):
         None, description="the auditor-judge of the honesty/satisfaction rewards: an endpoint you started")
     supervisor_judge: JudgeEndpoint | None = Field(
         None, description="the supervisor's endpoint for the satisfaction reward (default: none)")
+    vllm_server: dict[str, Any] | None = Field(
+        None, description="generate on a vLLM server lhd starts from its own vLLM environment, the LoRA adapter "
+        "reloaded each step through /v1/load_lora_adapter (lhd_train/finetune/vllm_rollout.py): the fields of a "
+        "`vllm` model entry (device, gpus, max_model_len, gpu_memory_utilization, cpu_kv_cache_gib, "
+        "vllm_executable, extra_args, ...), the model being the recipe's; one training process")
     max_failed_grade_share: float = Field(
         0.2, ge=0, le=1, description="a judged reward whose grade failed (endpoint unreachable, prompt over the "
         "judge's window, answer unparseable) is missing for that completion, which TRL leaves out; training stops "

@@ -213,8 +213,16 @@ def build_trainer(recipe: Recipe, recipe_path: Path | None = None,
         preflight_rewards(reward_funcs, data["train"], source)  # before any model loads
         extra["reward_funcs"] = list(reward_funcs)
         setups = judged_setups(extra["reward_funcs"])
-        if setups:  # the failed-grade counts, summed over the ranks once per step, outside the rewards
-            extra["callbacks"] = [judge_share_check(setups)]
+        extra["callbacks"] = [judge_share_check(setups)] if setups else []  # failed grades, summed once per step
+        if recipe.grpo.vllm_server is not None:  # generation on a managed vLLM server, adapter synced by file
+            if recipe.trainer.get("use_vllm"):
+                raise InputError(source, "trainer.use_vllm", "true together with grpo.vllm_server: TRL's own vLLM "
+                                 "path imports vLLM into the trainer", "false (grpo.vllm_server generates)")
+            from lhd_train.finetune.vllm_rollout import server_rollout
+
+            extra["rollout_func"], stop = server_rollout(recipe, out, source)
+            extra["callbacks"].append(stop)
+            os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func's "experimental" warning
     args, notes = trainer_arguments(recipe, out, cuda, dtype, source, reward_weights)
     if recipe.sft is not None:
         args["assistant_only_loss"] = data["loss_on"] == "assistant"
