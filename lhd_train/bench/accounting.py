@@ -43,7 +43,7 @@ def _cut_answers(calls: list[CallRecord]) -> dict[str, int]:
 
 
 def usage_by_role(rows: Iterable[RoundRow], audit_rows: Iterable[AuditRow] = ()) -> dict[str, dict[str, float]]:
-    """Totals per role: requests, tokens, model time, and cut answers (docs: README, stage 1):
+    """Totals per role: requests, tokens, model time, and cut answers (docs/benchmark.md, "Answers..."):
     `cut_calls` counts every call that ended at its token limit (a performer segment that was
     then continued, a structured attempt that was then retried with a larger budget), and
     `cut_answers` the answers that stayed cut (a performer answer still truncated after its

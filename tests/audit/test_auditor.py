@@ -494,7 +494,6 @@ def _rounds_per_trial(run_dir: Path, tids: list[str]) -> dict[str, int]:
     return {t: len(read_jsonl(run_dir / "trials" / f"{t}.jsonl")) for t in tids}
 
 
-@pytest.mark.slow
 def test_resume_after_sigkill_finishes_only_missing_rounds(tmp_path, tiny_llama_dir):
     """A real kill: the auditor runs as its own process on the tiny model and gets SIGKILL once
     rows are on disk; the rerun (in-process, same code path as the CLI) finishes the rest."""

@@ -84,7 +84,7 @@ def test_tiny_model_run_read_steer(tmp_path, tiny_llama_dir):
             len(pairs), sum(a and not b for a, b in pairs), sum(b and not a for a, b in pairs))
 
 
-@pytest.mark.parametrize("facts", [4, pytest.param(20, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("facts", [4, pytest.param(20, marks=[pytest.mark.slow, pytest.mark.timeout(1800)])])
 def test_smollm2_facts_by_six_conditions(tmp_path, smollm2_dir, facts):
     """Facts x the six conditions, greedy, 48-token answers, counted back from the rows. At 20 facts
     (`make test-slow`): the timing and the numbers of docs/entitle.md; the time limit is the

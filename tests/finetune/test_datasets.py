@@ -113,7 +113,6 @@ def _contexts_without_a_choice(pools, contexts, direction, floor):
     return sum(not any(fits(p) for p in pools[c.key]) for c in contexts)
 
 
-@pytest.mark.slow
 def test_bon_dpo_grpo_datasets_on_tiny_model(small_run, tmp_path, tiny_llama_dir):
     """The random tiny model's grades differ from one CPU to another (its logits are nearly tied),
     so the test reads the grades it got and checks each build against them, in both directions:
@@ -174,7 +173,6 @@ def test_bon_dpo_grpo_datasets_on_tiny_model(small_run, tmp_path, tiny_llama_dir
     assert gstats["contexts"] == n_rounds == len(gds["train"]) + len(gds.get("eval", []))
 
 
-@pytest.mark.slow
 def test_honesty_reward_grades_in_context(small_run, tmp_path):
     from lhd_train.finetune.rewards import build_rewards
 
