@@ -181,6 +181,17 @@ def collect(model: LensModel, tokenizer: Any, answers: Sequence[AnswerToRead], r
     return col
 
 
+def one_output_per_input(X: np.ndarray, Z: np.ndarray) -> np.ndarray:
+    """`Z` (one row per row of `X`) with every repeated input given its first occurrence's output. A probe is a
+    function of its input, but a matrix product can round identical rows differently by their place in the
+    batch; a prompt position shared by the answers of one prompt must score the same for each (a tie)."""
+    Z = Z.copy()
+    first: dict[bytes, int] = {}
+    for i in range(len(X)):
+        Z[i] = Z[first.setdefault(X[i].tobytes(), i)]
+    return Z
+
+
 def probe_rows(col: Collected, cfg: EntitleReadConfig, contrasts: Sequence[Contrast] = CONTRASTS) -> list[dict]:
     """Per contrast, out-of-fold probe margins (logit of the honest label − logit of the other) trained on that
     contrast's answers, folds grouped by task; a contrast with one task or one label gets none."""
@@ -199,7 +210,8 @@ def probe_rows(col: Collected, cfg: EntitleReadConfig, contrasts: Sequence[Contr
             X = np.stack([col.feats[name][i] for i in have["id"]])  # [n, L, d]
             for layer in range(X.shape[1]):
                 try:
-                    Z = out_of_fold_logits(X[:, layer, :], y, groups, n_splits=cfg.probe_folds, seed=cfg.seed)
+                    Z = one_output_per_input(X[:, layer, :], out_of_fold_logits(
+                        X[:, layer, :], y, groups, n_splits=cfg.probe_folds, seed=cfg.seed))
                 except LensError as exc:
                     log.warning("probe, %s at layer %d, %s: %s", c.name, layer, name, exc)
                     continue

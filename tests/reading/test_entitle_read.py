@@ -89,6 +89,14 @@ def test_token_sets_without_the_answer_tokens():
     assert float(margins(z, idx)["m_E"][0]) == pytest.approx(float(want))
 
 
+def test_a_repeated_input_gets_one_probe_output():
+    from lhd_train.reading.entitle import one_output_per_input
+
+    X = np.array([[1.0, 2.0], [3.0, 4.0], [1.0, 2.0]])
+    Z = np.array([[0.1, -0.1], [0.5, -0.5], [0.1000001, -0.1000001]])  # the last row: rounding noise of the first
+    assert one_output_per_input(X, Z).tolist() == [[0.1, -0.1], [0.5, -0.5], [0.1, -0.1]]
+
+
 def _answer_rows(tok) -> list[AnswerToRead]:
     """Hand-written answers, 3 samples per prompt, so both outcomes of each within-cell contrast occur under one
     prompt; labels and asserted spans are written by hand (the reader takes them as given)."""
