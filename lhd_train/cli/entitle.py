@@ -179,6 +179,7 @@ def read_cmd(
     from lhd_train.rundir.outputs import check_out_dir
 
     d = _experiment(directory)
+    answers = [a.to_json() for a in d.answers()]  # a damaged file is refused before the model loads
     record = d.record()
     model_id = model or record.model.spec.get("model")
     if not model_id:
@@ -204,7 +205,7 @@ def read_cmd(
         cfg = EntitleReadConfig(band=_band(band), primary_readout=ro_name, primary_position=pos or "claim",
                                 n_boot=bootstrap, seed=seed, probe=probe,
                                 max_answers=max_answers, progress=progress)
-        summary = read_entitle(m, tok, [a.to_json() for a in d.answers()], list(readouts.values()), sets, out, cfg,
+        summary = read_entitle(m, tok, answers, list(readouts.values()), sets, out, cfg,
                                info={"model": model_id, "lenses": lenses, "entitle_dir": str(d.path)})
     p = summary.get("primary")
     if p is None:

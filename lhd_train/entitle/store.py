@@ -31,11 +31,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from lhd_train.errors import data_file_error
+from lhd_train.errors import DataFileError, data_file_error
 from lhd_train.io.files import atomic_write_text, json_text, read_json_mapping, read_jsonl_lines
 from lhd_train.rundir.manifest import Manifest
 from lhd_train.rundir.rows import EventRecord, ModelRef, PerformerRecord, Record, RoundRow, RunModels, SamplingRecord
-from lhd_train.rundir.run import Run
+from lhd_train.rundir.run import Run, TrialStore
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,8 @@ RUN_ID = "entitle"
 KIND = "entitle experiment"
 ERROR = "error"
 REPAIR = "a torn or foreign line: restore the file, or choose a new --out"
+REDO = ("delete trials/{trial}.* (that answer's files) and rerun `lhd entitle run` with the same --out: it asks for "
+        "the missing answer again")
 EVENT_NAMES = {"demand": "entitle demand", "mention": "entitle mention"}
 
 
@@ -256,15 +258,19 @@ class EntitleDir:
         self.path.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.items_path, "".join(json_text(i) + "\n" for i in items))
 
-    def rounds(self) -> list[AnswerRound]:
-        """Every stored answer's round, in plan order (a `DataFileError` names a damaged file)."""
-        return [row for t in self.run.trials() for row in t.rows(AnswerRound)]
+    def _rows(self, trial: TrialStore) -> list[AnswerRound]:
+        """A trial's round, checked; a damaged one is a `DataFileError` naming the file, the line
+        and the field, with the experiment's repair."""
+        try:
+            return trial.rows(AnswerRound)
+        except DataFileError as e:
+            raise DataFileError(e.path, e.problem, e.line, e.field, REDO.format(trial=trial.trial_id)) from None
 
     def answers(self) -> list[AnswerRow]:
         """Every stored answer, flat, in plan order."""
         out = []
         for t in self.run.trials():
-            rows = t.rows(AnswerRound)
+            rows = self._rows(t)
             if rows:
                 store = t.messages()
                 out += [from_round(r, store.get(r.performer.message_ids)) for r in rows]
@@ -279,7 +285,7 @@ class EntitleDir:
         marker is finished here: the row is whole, or a reader ignores its torn line)."""
         done = set()
         for t in self.run.trials():
-            rows = t.rows(AnswerRound)
+            rows = self._rows(t)
             if rows and not t.files.done.exists():
                 t.mark_done(rows)
             done |= {r.entitle.id for r in rows}
@@ -298,7 +304,7 @@ class EntitleDir:
             log.warning("%s: no answer (%s); a rerun with the same --out asks again", row.id, row.error)
             return False
         trial = self.run.trial(trial_id_of(row.id))
-        if trial.rows(AnswerRound):
+        if self._rows(trial):
             log.warning("%s: already stored in trial %s; not written again", row.id, trial.trial_id)
             return False
         self.run.dir.trials_dir.mkdir(parents=True, exist_ok=True)
@@ -315,7 +321,7 @@ class EntitleDir:
         """Replace the label fields of stored answers (a relabelling; the writer holds the lock)."""
         by_id = {r.id: r for r in rows}
         for t in self.run.trials():
-            old = t.rows(AnswerRound)
+            old = self._rows(t)
             new = [r.model_copy(update={"entitle": AnswerRecord.model_validate(
                 {**r.entitle.to_json(), **{k: v for k, v in by_id[r.entitle.id].to_json().items()
                                            if k in LABEL_FIELDS}})}) for r in old if r.entitle.id in by_id]
