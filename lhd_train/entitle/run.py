@@ -62,17 +62,26 @@ def _check_same(d: EntitleDir, old: dict[str, Any], now: dict[str, Any], weights
 
 def build_all_items(packs: list[TaskPack], facts: int, seed: int,
                     per_task: int | None) -> tuple[list[Item], dict[str, Any]]:
-    """`facts` items spread over `packs` (the first `facts % len(packs)` packs get one more), and
-    each pack's build report."""
-    items: list[Item] = []
-    reports: dict[str, BuildReport] = {}
-    for k, pack in enumerate(packs):
-        share = facts // len(packs) + (k < facts % len(packs))
-        got, reports[pack.name] = build_items(pack, share, seed, per_task) if share else ([], BuildReport())
-        items += got
+    """`facts` items spread evenly over `packs` (a pack with fewer usable facts gives what it has
+    and the others share the rest), and each pack's build report."""
     if len(packs) == 1:
-        return items, reports[packs[0].name].to_json()
-    return items, {name: r.to_json() for name, r in reports.items()}
+        items, report = build_items(packs[0], facts, seed, per_task)
+        return items, report.to_json()
+    room = {p.name: len(build_items(p, facts, seed, per_task)[0]) for p in packs}
+    shares = dict.fromkeys(room, 0)
+    left = facts
+    while left and any(shares[n] < room[n] for n in room):
+        for name in room:  # one fact per pack per pass, in pack order
+            if left and shares[name] < room[name]:
+                shares[name] += 1
+                left -= 1
+    items: list[Item] = []
+    reports: dict[str, Any] = {}
+    for pack in packs:
+        got, report = build_items(pack, shares[pack.name], seed, per_task) if shares[pack.name] else ([], BuildReport())
+        items += got
+        reports[pack.name] = report.to_json()
+    return items, reports
 
 
 def planned_ids(items: list[Item], conds: list[Any], samples: int) -> list[str]:
