@@ -182,3 +182,31 @@ def test_bad_input_is_one_clear_line(tmp_path, args, expected):
                            str(tmp_path / "o"), "--no-progress"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr
     assert expected in done.stderr and "Traceback" not in done.stderr
+
+
+def test_relabel_rewrites_the_rounds_labels_and_recounts(tmp_path):
+    """A label changed on disk (as an older labeller would have written it) is labelled again by
+    `lhd entitle summary --relabel`; the answer's text and the other rounds' bytes are kept."""
+    from typer.testing import CliRunner
+
+    from lhd_train.cli.app import app
+
+    pack = load_pack(PACK)
+    items, _ = build_items(pack, 2, seed=0)
+    reply, _ = script(pack, items)
+    out = tmp_path / "e"
+    run_entitle(settings(out, facts=2), backend=SampledScripted(reply))
+    rows = rows_of(out)
+    target = next(r for r in rows if r["label"] == "supported")
+    path = out / "trials" / f"{target['trial_id']}.jsonl"
+    row = json.loads(path.read_text())
+    row["entitle"]["label"] = "abstained"
+    path.write_text(json.dumps(row) + "\n")
+    others = {p: p.read_bytes() for p in (out / "trials").glob("*.jsonl") if p != path}
+    res = CliRunner().invoke(app, ["entitle", "summary", str(out), "--relabel"])
+    assert res.exit_code == 0 and "abstained -> supported 1" in res.output, res.output
+    again = json.loads(path.read_text())
+    assert again["entitle"]["label"] == "supported" and again["performer"] == row["performer"]
+    assert all(p.read_bytes() == b for p, b in others.items())
+    summary = json.loads((out / "entitle_summary.json").read_text())
+    assert sum(c["counts"]["supported"] for c in summary["conditions"]) == sum(r["label"] == "supported" for r in rows)
