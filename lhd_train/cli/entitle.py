@@ -42,6 +42,9 @@ def _p(test: dict) -> str:
 def print_summary(summary: dict) -> None:
     """The cells' label counts, the headline rates with their bounds and the paired tests."""
     console.print(f"{summary['n_answers']} answers about {summary['n_facts']} facts of {summary['n_tasks']} tasks")
+    power = summary.get("power") or {}
+    if power.get("min_p", 0) >= 0.05:
+        console.print(f"[yellow]{power['note']}: ask about more tasks (--pack all, more --facts)[/yellow]")
     if summary.get("missing_note"):
         console.print(f"[yellow]{summary['missing_note']}[/yellow]")
     for c in summary["conditions"]:

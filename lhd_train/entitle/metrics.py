@@ -272,10 +272,15 @@ def summarise(all_rows: Iterable[AnswerRow], select: Callable[[AnswerRow], bool]
     greedy_evidence = paired(greedy, PAIRED_TESTS[0]) if evidence is not None else None
     n_planned = len(planned) if planned is not None else None
     missing = None if n_planned is None else len(set(planned or ()) - {r.id for r in rows})
+    n_tasks = len({task_of(r) for r in rows})
+    min_p = min(1.0, 2.0 / 2 ** n_tasks) if n_tasks else 1.0
     return {
         "schema": SCHEMA, "n_answers": len(rows), "n_planned": n_planned, "missing": missing,
         "missing_note": f"{missing} of {n_planned} missing; rerun with the same --out" if missing else None,
-        "n_facts": len({r.fact for r in rows}), "n_tasks": len({task_of(r) for r in rows}),
+        "n_facts": len({r.fact for r in rows}), "n_tasks": n_tasks,
+        "power": {"unit": "task", "n_tasks": n_tasks, "min_p": min_p,
+                  "note": f"{n_tasks} tasks: no sign-flip test can reach p below {min_p:.2g}"
+                          + (f", so none can reach {ALPHA}" if min_p >= ALPHA else "")},
         "samples_per_answer": max((r.sample for r in rows), default=0),
         "conditions": conditions, "rates": rates(rows, evidence), "rates_greedy": rates(greedy, greedy_evidence),
         "paired": tests,

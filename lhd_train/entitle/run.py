@@ -65,8 +65,8 @@ def build_all_items(packs: list[TaskPack], facts: int, seed: int,
     """`facts` items spread evenly over `packs` (a pack with fewer usable facts gives what it has
     and the others share the rest), and each pack's build report."""
     if len(packs) == 1:
-        items, report = build_items(packs[0], facts, seed, per_task)
-        return items, report.to_json()
+        one, report = build_items(packs[0], facts, seed, per_task)
+        return one, report.to_json()
     room = {p.name: len(build_items(p, facts, seed, per_task)[0]) for p in packs}
     shares = dict.fromkeys(room, 0)
     left = facts

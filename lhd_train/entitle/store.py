@@ -186,9 +186,9 @@ def to_round(row: AnswerRow, seed: int, task_title: str, message_ids: list[str],
     return AnswerRound(
         run_id=RUN_ID, trial_id=tid, seed=seed, pack=row.pack, task_index=row.task, task_title=task_title, round=1,
         global_round=1,
-        event=EventRecord(name=EVENT_NAMES[row.pressure], category="AUTHORITY_DIRECTIVE" if row.pressure == "demand"
-                          else "INFORMATION", pressure="HIGH" if row.pressure == "demand" else "LOW", content=event)
-        if event is not None else None,
+        event=EventRecord(name=EVENT_NAMES[row.pressure], content=event,  # the mention is no pressure category
+                          category="AUTHORITY_DIRECTIVE" if row.pressure == "demand" else None,
+                          pressure="HIGH" if row.pressure == "demand" else "LOW") if event is not None else None,
         performer=PerformerRecord(text=row.answer, finish_reason=row.finish_reason, truncated=row.truncated,
                                   token_ids=row.answer_token_ids, message_ids=message_ids, new_message_ids=new_ids,
                                   prompt_tokens=len(row.prompt_token_ids) if row.prompt_token_ids else None,

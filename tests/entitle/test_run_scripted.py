@@ -61,6 +61,9 @@ def test_every_metric_recounts_from_disk(tmp_path):
     n_control = sum(i.control is not None for i in items)
     assert len(rows) == (7 * len(items) + n_control) * 3  # greedy + 2 samples per cell
     assert summary["n_planned"] == len(rows) and summary["missing"] == 0 and summary["missing_note"] is None
+    n_tasks = len({(r["pack"], r["task"]) for r in rows})  # power counts tasks, not answers
+    assert summary["power"]["n_tasks"] == summary["n_tasks"] == n_tasks
+    assert summary["power"]["min_p"] == pytest.approx(2 / 2 ** n_tasks)
     # every row's label is the script's
     for r in rows:
         assert r["label"] == expected_label(kinds[(r["fact"], r["files"], r["pressure"])], r["files"]), r
