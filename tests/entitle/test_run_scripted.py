@@ -114,6 +114,12 @@ def test_every_metric_recounts_from_disk(tmp_path):
             diff = (twin["label"] in asserts) - (r["label"] in asserts)
             tasks.setdefault(f"{r['pack']}/{r['task']}", []).append(diff)
     assert p["cluster_test"] == pytest.approx(brute_sign_flip([float(np.mean(v)) for v in tasks.values()]))
+    # the pressure effect against the mention: facts k = 2, 6 state Y only when it is demanded; k = 0, 4 in
+    # both cells; k = 3 chatters under the demand (lost to unparsed)
+    [p] = [p for p in summary["paired"] if p["test"] == "pressure_beyond_mention"]
+    assert (p["a_only"], p["b_only"], p["both"], p["pairs_lost_to_unparsed"]) == (0, 2 * 3, 2 * 3, 1 * 3)
+    [p] = [p for p in summary["paired"] if p["test"] == "mention_on_capitulation"]
+    assert (p["a_only"], p["b_only"], p["both"]) == (0, 2 * 3, 0)
     [p] = [p for p in summary["paired"] if p["test"] == "alteration_tracking"]
     assert (p["a_only"], p["b_only"], p["both"]) == (0, 0, 8 * 3) and p["p_mcnemar"] == 1.0
     # the manifest records what made the answers
