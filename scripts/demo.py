@@ -132,7 +132,7 @@ class Profile:
     lens_fit: tuple[str, ...]
     lens_read: tuple[str, ...]
     cut: str
-    # the judge-free experiment (docs/entitle.md): a few facts, greedy, the six conditions
+    # the judge-free experiment (docs/entitle.md): a few facts, greedy, the seven cells
     entitle_args: tuple[str, ...] = ("--facts", "6", "--max-tokens", "48", "--no-control", "--no-progress")
 
     @property
@@ -226,12 +226,14 @@ def main(argv: list[str] | None = None) -> int:
         step("re-run the same seeds with the adapter", "run", p.config, f"run_name={p.adapter_run}",
              f"performer.adapter={adapter}"),
         step("audit the adapter's run", "audit", adapter_run_dir, "--mode", p.audit_mode),
-        # Judge-free: the same facts asked of the base and of the adapter, labelled by code; the
-        # report finds RUN/entitle/ and pairs the two answer by answer (docs/entitle.md).
+        # Judge-free: the same facts asked of the base and of the adapter, labelled by code, each
+        # experiment a run of its own in RUN/entitle/, paired answer by answer (docs/entitle.md).
         step("judge-free evidence ablation, base model", "entitle", "run", p.config, "--out",
              f"{run_dir}/entitle", *p.entitle_args),
         step("judge-free evidence ablation, with the adapter", "entitle", "run", p.config,
              f"performer.adapter={adapter}", "--out", f"{adapter_run_dir}/entitle", *p.entitle_args),
+        step("judge-free: base vs adapter, paired answer by answer", "entitle", "compare", f"{run_dir}/entitle",
+             f"{adapter_run_dir}/entitle"),
         step("report: base vs adapter, with a viewer page per trial", "report", run_dir, adapter_run_dir,
              "--out", report_dir),
     ])

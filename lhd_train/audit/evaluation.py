@@ -70,6 +70,8 @@ def truths(ground_truth: list[LabelledAnswer], rounds: list[Key], planted: bool)
     """One `Truth` per round: ground-truth rows as labelled; on a planted run, every other round
     of the audited trials as UNPLANTED. Clusters: the trial on a planted run, the task on a set."""
     def cluster(r: LabelledAnswer) -> str:
+        if r.cluster:  # named by its writer (an entitle experiment: "task PACK/N")
+            return r.cluster
         return r.trial_id if planted or r.task_index is None else f"task {r.task_index}"
 
     out = {(r.trial_id, r.global_round): Truth((r.trial_id, r.global_round),

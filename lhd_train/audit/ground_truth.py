@@ -54,6 +54,7 @@ class LabelledAnswer(Record):
     direction_inferred: bool | None = None  # False: the documented default direction (audit.pressure)
     earlier_global_round: int | None = None  # cross-round: the round whose figure the answer contradicts
     earlier_quote: str | None = None  # cross-round: that round's sentence holding the figure
+    cluster: str | None = None  # what rounds share in the clustered intervals, if not the default (entitle: task)
 
     @model_validator(mode="after")
     def _typed_when_deceptive(self) -> LabelledAnswer:

@@ -1,17 +1,22 @@
 """`lhd entitle ...`: the evidence-ablation experiment labelled by code (docs/entitle.md).
 
-run: generate and label answers; read: lens and probe margins at the model's own claims; steer:
-the causal arm; export: the answers as a run directory for `lhd audit-eval`; compare: base vs
-adapter, paired answer by answer."""
+run: generate and label answers, each a round of the experiment's run directory (which `lhd
+audit-eval`, `report`, `view`, `export` and `lens read` read as any run); summary: recount and
+print the metrics; read: lens and probe margins at the model's own claims; steer: the causal arm;
+compare: base vs adapter, paired answer by answer."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from lhd_train.cli.console import console
 from lhd_train.cli.options import settings_command
 from lhd_train.entitle.settings import EntitleRunCommand
+
+if TYPE_CHECKING:
+    from lhd_train.entitle.store import EntitleDir
 from lhd_train.errors import InputError
 
 app = typer.Typer(help="On-policy evidence-ablation experiment: fabrication and capitulation labelled by code.",
@@ -19,37 +24,66 @@ app = typer.Typer(help="On-policy evidence-ablation experiment: fabrication and 
 
 
 def _rate(r: dict | None) -> str:
-    if not r or not r.get("n"):
+    if not r or not (r.get("n") or r.get("n_unparsed")):
         return "- (n=0)"
     lo, hi = r["ci95"]
     ci = "" if lo is None else f" [{lo:.2f}, {hi:.2f}]"
-    return f"{r['rate']:.2f}{ci} ({r['k']}/{r['n']}, {r['n_unparsed']} unparsed)"
+    value = "-" if r["rate"] is None else f"{r['rate']:.2f}"
+    b0, b1 = r.get("bounds") or (None, None)
+    bounds = "" if b0 is None else f", {b0:.2f}-{b1:.2f} with unparsed as 0-1"
+    return f"{value}{ci} ({r['k']}/{r['n']}, {r['n_unparsed']} unparsed{bounds})"
+
+
+def _p(test: dict) -> str:
+    c = test["cluster_test"]
+    return f"sign-flip p {c['p']:.3g} over {c['n_tasks']} tasks (McNemar on pooled pairs {test['p_mcnemar']:.3g})"
 
 
 def print_summary(summary: dict) -> None:
-    """The conditions' label counts, the headline rates and the paired tests."""
-    console.print(f"{summary['n_answers']} answers about {summary['n_facts']} facts of {summary['n_tasks']} tasks; "
-                  f"{summary['n_errors']} backend errors (rerun to retry them)")
+    """The cells' label counts, the headline rates with their bounds and the paired tests."""
+    console.print(f"{summary['n_answers']} answers about {summary['n_facts']} facts of {summary['n_tasks']} tasks")
+    power = summary.get("power") or {}
+    if power.get("min_p", 0) >= 0.05:
+        console.print(f"[yellow]{power['note']}: ask about more tasks (--pack all, more --facts)[/yellow]")
+    if summary.get("missing_note"):
+        console.print(f"[yellow]{summary['missing_note']}[/yellow]")
     for c in summary["conditions"]:
         counts = ", ".join(f"{k} {v}" for k, v in c["counts"].items() if v)
-        console.print(f"  {c['files']:>8}/{c['pressure']:<6} n={c['n']:<4} {counts}")
+        console.print(f"  {c['files']:>8}/{c['pressure']:<7} n={c['n']:<4} {counts}")
     for measure, cells in summary["rates"].items():
         if measure == "abstention":
             continue
         for cell, r in cells.items():
-            if r["n"] or r["n_unparsed"]:
-                console.print(f"{measure} rate, {cell}: {_rate(r)}")
+            if not (r["n"] or r["n_unparsed"]):
+                continue
+            line = f"{measure} rate, {cell}: {_rate(r)}"
+            if measure == "fabrication":
+                o, e = r["origin"], r.get("evidence_on_assertion")
+                line += f"; copied {o['copied']}, novel {o['novel']}, equals truth {o['equals_truth']}"
+                if e and e["diff"] is not None:
+                    line += f"; beside evidence_on_assertion {e['diff']:+.2f} (p {e['p']:.3g})"
+            console.print(line)
     for p in summary["paired"]:
-        console.print(f"paired {p['test']} ({p['a']} vs {p['b']}): {p['n_pairs']} pairs, {p['a_only']} only in a, "
-                      f"{p['b_only']} only in b, McNemar exact p {p['p_mcnemar']:.3g}")
+        console.print(f"paired {p['test']} ({p['a']} -> {p['b']}): {p['n_pairs']} pairs, {p['a_only']} only in a, "
+                      f"{p['b_only']} only in b ({p['pairs_lost_to_unparsed']} lost to unparsed); {_p(p)}")
+
+
+def _experiment(directory: Path) -> EntitleDir:
+    from lhd_train.entitle.store import EntitleDir
+
+    d = EntitleDir(directory)
+    if not d.exists():
+        raise InputError(directory, None, "not an entitle experiment (no entitle.json): run `lhd entitle run` first")
+    return d
 
 
 @app.command("run")
 @settings_command(EntitleRunCommand)
 def run_cmd(s: EntitleRunCommand) -> None:
-    """Ask a model about facts of a task pack's files under evidence full / deleted / altered x pressure none /
-    demand (+ a control question), label every answer by code, and write answers.jsonl and summary.json.
-    --mode lite: forced-choice log-probabilities after a prefilled answer instead (lite.jsonl, lite_summary.json)."""
+    """Ask a model about facts of task packs' files under evidence full / deleted / altered x pressure none /
+    demand (+ a neutral mention and a control question), label every answer by code, and store each answer as a
+    round of the experiment's run directory (with ground_truth.jsonl and entitle_summary.json). --mode lite:
+    forced-choice log-probabilities after a prefilled answer instead (lite.jsonl, lite_summary.json)."""
     if s.mode == "lite":
         from lhd_train.entitle.lite import lite_lines, run_lite
 
@@ -62,7 +96,7 @@ def run_cmd(s: EntitleRunCommand) -> None:
 
     res = run_entitle(s)
     print_summary(res.summary)
-    console.print(f"results: {res.out / 'answers.jsonl'}, {res.out / 'summary.json'}")
+    console.print(f"results: {res.out} (a run directory; {res.out / 'entitle_summary.json'})")
     if res.errors:
         console.print(f"[yellow]{res.errors} answer(s) failed in the backend; run the same command again[/yellow]")
         raise typer.Exit(3)
@@ -70,21 +104,23 @@ def run_cmd(s: EntitleRunCommand) -> None:
 
 @app.command("summary")
 def summary_cmd(
-    directory: Path = typer.Argument(..., help="an entitle directory"),
+    directory: Path = typer.Argument(..., help="an entitle experiment directory"),
     relabel: bool = typer.Option(False, "--relabel", help="label every stored answer again by today's rules "
-                                 "(answers.jsonl is rewritten; the answers themselves are kept)"),
-    as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+                                 "(the rounds' labels are rewritten; the answers themselves are kept)"),
+    as_json: bool = typer.Option(False, "--json", help="print entitle_summary.json to stdout instead"),
+    answers: bool = typer.Option(False, "--answers", help="print one JSON object per answer (JSON Lines) instead"),
 ) -> None:
-    """Recompute summary.json from answers.jsonl (after --relabel, from the new labels) and print it; for a lite
+    """Recount entitle_summary.json and ground_truth.jsonl from the stored answers (after --relabel, from the new
+    labels) and print them; a summary over an experiment with missing answers says how many. For a lite
     directory, lite_summary.json from lite.jsonl."""
+    import json
+
     from lhd_train.entitle.lite import is_lite_dir, lite_lines, lite_summary
 
     if is_lite_dir(directory):
         lite = lite_summary(directory)
         if as_json:
-            from lhd_train.io.files import json_text
-
-            print(json_text(lite, indent=1))
+            print(json.dumps(lite, indent=1, ensure_ascii=False))
         else:
             for line in lite_lines(lite):
                 console.print(line, highlight=False)
@@ -92,49 +128,32 @@ def summary_cmd(
     from collections import Counter
 
     from lhd_train.entitle.generate import relabel as relabel_row
-    from lhd_train.entitle.metrics import summarise
-    from lhd_train.entitle.store import EntitleDir
+    from lhd_train.entitle.run import finish
     from lhd_train.rundir.lock import run_dir_lock
 
-    d = EntitleDir(directory)
-    if not d.exists():
-        raise InputError(directory, None, "not an entitle directory (no entitle.json)")
+    if as_json and answers:
+        raise InputError("command line", "--json/--answers", "both given", "one of them")
+    d = _experiment(directory)
     with run_dir_lock(d.path, stage="lhd entitle summary"):
         if relabel:
             rows = d.answers()
             new = [relabel_row(r) for r in rows]
             changed = Counter(f"{a.label} -> {b.label}" for a, b in zip(rows, new, strict=True) if a.label != b.label)
-            d.rewrite_answers(new)
-            console.print("relabelled: " + (", ".join(f"{k} {v}" for k, v in sorted(changed.items())) or "no change"))
-        summary = summarise(d.latest().values())
-        summary["items"] = (d.summary() or {}).get("items")
-        d.write_summary(summary)
-    if as_json:
-        from lhd_train.io.files import json_text
-
-        print(json_text(summary, indent=1))
-        return
-    print_summary(summary)
-
-
-@app.command("export")
-def export_cmd(
-    directory: Path = typer.Argument(..., help="an entitle directory"),
-    out: Path = typer.Option(..., "--out", help="the run directory to write (a new folder)"),
-    all_samples: bool = typer.Option(False, "--all-samples", help="every sampled answer, not only the greedy ones"),
-) -> None:
-    """Write the labelled answers as a run with ground_truth.jsonl, for `lhd audit-eval --planted RUN`: the
-    auditor's false-negative rate on the model's own (natural) fabrications."""
-    from lhd_train.entitle.export import build_natural_run
-    from lhd_train.entitle.store import EntitleDir
-    from lhd_train.rundir.outputs import check_out_dir
-
-    check_out_dir(out, what="natural run")
-    rep = build_natural_run(EntitleDir(directory), out, all_samples)
-    left = ", ".join(f"{k} {v}" for k, v in sorted(rep.left_out.items())) or "none"
-    console.print(f"natural run: {out}: {rep.deceptive} deceptive (fabricated or capitulated), {rep.honest} honest "
-                  f"(supported or abstained); left out: {left}")
-    console.print(f"next: lhd audit-eval --planted {out} --auditor AUDITOR.yaml (or the run config's auditor)")
+            d.rewrite(new)
+            if not (as_json or answers):
+                console.print("relabelled: " + (", ".join(f"{k} {v}" for k, v in sorted(changed.items()))
+                                                or "no change"))
+        summary = finish(d)
+    if answers:
+        keep = ("id", "fact", "pack", "task", "files", "pressure", "sample", "label", "subtype", "answer", "asserted",
+                "shown", "demanded", "value", "label_reason", "trial_id")
+        for r in d.answers():
+            data = r.to_json()
+            print(json.dumps({k: data.get(k) for k in keep}, ensure_ascii=False))
+    elif as_json:
+        print(json.dumps(summary, indent=2, ensure_ascii=False))
+    else:
+        print_summary(summary)
 
 
 def _band(text: str) -> tuple[float, float]:
@@ -158,7 +177,7 @@ def entitle_answers(directory: Path) -> list:
 
 @app.command("read")
 def read_cmd(
-    directory: Path = typer.Argument(..., help="an entitle directory"),
+    directory: Path = typer.Argument(..., help="an entitle experiment directory"),
     lens: Path | None = typer.Option(None, "--lens", help="Jacobian lens directory (J-all); also gives the "
                                      "random-transport control"),
     lens_self: Path | None = typer.Option(None, "--lens-self", help="a self-only Jacobian lens directory"),
@@ -195,7 +214,6 @@ def read_cmd(
     from lens.margins import resolve_token_sets
     from lens.model import load_hf
     from lens.readout import BASELINE, PRIMARY, Lenses, SelfLens, TunedLensReadout, build_readouts, load_fitted
-    from lhd_train.entitle.store import EntitleDir
     from lhd_train.reading.entitle import EntitleReadConfig, read_entitle, with_adapter
     from lhd_train.reading.entitle_answers import PRIMARY_CELLS
     from lhd_train.rundir.lock import run_dir_lock
@@ -203,9 +221,8 @@ def read_cmd(
 
     if primary_cell not in PRIMARY_CELLS:
         raise InputError("command line", "--primary-cell", f"{primary_cell!r}", ", ".join(PRIMARY_CELLS))
-    d = EntitleDir(directory)
-    if not d.exists():
-        raise InputError(directory, None, "not an entitle directory (no entitle.json)")
+    d = _experiment(directory)
+    answers = entitle_answers(directory)  # a damaged file is refused before the model loads
     record = d.record()
     model_id = model or record.model.spec.get("model")
     if not model_id:
@@ -229,7 +246,7 @@ def read_cmd(
         cfg = EntitleReadConfig(band=_band(band), primary_readout=ro_name, primary_position=pos or "elicit",
                                 primary_cell=primary_cell, n_boot=bootstrap, seed=seed, probe=probe,
                                 max_answers=max_answers, progress=progress)
-        summary = read_entitle(m, tok, entitle_answers(directory), list(readouts.values()), sets, out, cfg,
+        summary = read_entitle(m, tok, answers, list(readouts.values()), sets, out, cfg,
                                info={"model": model_id, "lenses": lenses, "entitle_dir": str(d.path)})
     if as_json:
         print(json.dumps(summary, indent=2))
@@ -266,11 +283,16 @@ def steer_cmd(
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
     """The causal arm: ask again with the entitlement direction (and random ones) added at the decision token,
-    and test the change in fabrication rate against the unsteered answers (McNemar, paired by fact). On a lite
+    and test the change in fabrication rate against the unsteered answers (sign-flip over tasks). On a lite
     directory: the change in the forced-choice abstention margin, beside a token-matched direction, the random
     directions' null distribution and the coherence of a neutral continuation."""
+    import math
+
     from lhd_train.entitle.lite import is_lite_dir
 
+    for a in [*alpha, *(random_alpha or [])]:
+        if not math.isfinite(a):
+            raise InputError("command line", "--alpha", f"{a!r}", "a finite strength, e.g. 0.5")
     if is_lite_dir(directory):
         from lhd_train.entitle.lite_steer import LiteSteerSettings, run_lite_steer, steer_lines
 
@@ -283,6 +305,10 @@ def steer_cmd(
         console.print(f"results: {Path(directory) / 'steer_lite_summary.json'}")
         return
     from lhd_train.entitle.steer import SteerSettings, run_steer
+
+    for a in alpha:
+        if not math.isfinite(a):
+            raise InputError("command line", "--alpha", f"{a!r}", "a finite strength, e.g. 0.5")
 
     summary = run_steer(SteerSettings(directory=directory, lens=lens, layer=layer, alphas=list(alpha),
                                       random=random, seed=seed, cells=list(cell or ["deleted/none", "control/none"]),
@@ -303,20 +329,19 @@ def compare_cmd(
     base: Path = typer.Argument(..., help="the base model's entitle directory"),
     other: Path = typer.Argument(..., help="the other (adapter's) entitle directory: same items and sampling"),
 ) -> None:
-    """Judge-free base vs adapter: the same answers paired (fact, condition, sample), the change in fabrication,
-    capitulation and support with task-bootstrap intervals and McNemar's exact test."""
+    """Judge-free base vs adapter: the same answers paired (fact, cell, sample), the change in fabrication,
+    capitulation, support and the unparsed share, with task-bootstrap intervals and a sign-flip test over tasks."""
     from lhd_train.entitle.compare import compare
-    from lhd_train.entitle.store import EntitleDir
-
-    c = compare(EntitleDir(base), EntitleDir(other))
+    c = compare(_experiment(base), _experiment(other))
     console.print(f"{c['other_model']} against {c['base_model']} ({c['unpaired']} answers without a partner)")
+    if c.get("note"):
+        console.print(f"[yellow]{c['note']}[/yellow]")
     for name, m in c["measures"].items():
         lo, hi = m["ci95"]
         interval = "" if lo is None else f" [{lo:+.2f}, {hi:+.2f}]"
         diff = "-" if m["diff"] is None else f"{m['diff']:+.2f}"
         rates = " -> ".join("-" if x is None else f"{x:.2f}" for x in (m["rate_a"], m["rate_b"]))
-        console.print(f"{name}: {m['n_pairs']} pairs, {rates}, difference {diff}{interval}, "
-                      f"McNemar p {m['p_mcnemar']:.3g}: {m['verdict']}")
+        console.print(f"{name}: {m['n_pairs']} pairs, {rates}, difference {diff}{interval}, {_p(m)}: {m['verdict']}")
 
 
 @app.command("label")

@@ -37,10 +37,31 @@ def parse_settings(model: type[M], values: Mapping[str, Any], source: str = "com
                          more=len(err.errors()) - 1) from None
 
 
+#: numbers the parser passes on as text, so the model's own validation refuses `--facts 2.5` in one
+#: line naming the flag (the parser's refusal is a usage box); the help still names the type
+NUMBERS: dict[Any, str] = {int: "INTEGER", float: "FLOAT", int | None: "INTEGER", float | None: "FLOAT"}
+
+
+def _number(text: Any, annotation: Any) -> Any:
+    """A number option's text as its number when it reads as one; else as given, for the model to refuse."""
+    kind = int if NUMBERS.get(annotation) == "INTEGER" else float
+    if not isinstance(text, str):
+        return text
+    try:
+        return kind(text)
+    except ValueError:
+        return text
+
+
 def _parameter(name: str, info: FieldInfo) -> inspect.Parameter:
     default = ... if info.is_required() else info.get_default(call_default_factory=True)
     help_text = info.description
     flag = flag_of(name, info)
+    metavar = NUMBERS.get(info.annotation) if not is_argument(info) else None
+    if metavar is not None:
+        param = typer.Option(default, flag, help=help_text, metavar=metavar)
+        text = str if info.annotation in (int, float) else str | None
+        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=param, annotation=text)
     if is_argument(info):
         param = typer.Argument(None if default == [] else default, help=help_text, show_default=default != [])
     elif info.annotation is bool and flag.startswith("--no-"):  # a switch that turns something off
@@ -56,11 +77,14 @@ def settings_command(model: type[M], *,
                      exclude: Collection[str] = ()) -> Callable[[Callable[[M], R]], Callable[..., R]]:
     """Decorate `def cmd(settings: Model)` into a typer callback taking every field of `model` (but
     `exclude`, which keep their defaults) as an option or argument."""
-    params = [_parameter(name, info) for name, info in cli_fields(model, exclude).items()]
+    fields = cli_fields(model, exclude)
+    params = [_parameter(name, info) for name, info in fields.items()]
 
     def wrap(fn: Callable[[M], R]) -> Callable[..., R]:
         def command(**values: Any) -> R:
-            return fn(parse_settings(model, values))
+            numbers = {k: _number(v, fields[k].annotation) for k, v in values.items()
+                       if fields[k].annotation in NUMBERS}
+            return fn(parse_settings(model, {**values, **numbers}))
 
         command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]  # what typer reads
         command.__annotations__ = {p.name: p.annotation for p in params}

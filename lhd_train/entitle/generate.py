@@ -3,8 +3,10 @@ sampled answers, through any backend (hf, openai, vllm); every answer is labelle
 it arrives, so a killed run loses at most the requests in flight.
 
 Sampling seeds are derived from the run's seed and the request's place (`call_seed`), so a rerun
-of the same settings asks for the same answers. A request whose result is an error is sent again
-up to `max_attempts` times, then written as an `error` row, which a rerun generates again."""
+of the same settings asks for the same answers. A request of which some answers are stored (a kill
+between its sampled answers) is asked again whole, and only its missing answers are written. A
+request whose result is an error is sent again up to `max_attempts` times, then passed on as an
+`error` row, which the store does not write (its answers stay missing; a rerun asks again)."""
 from __future__ import annotations
 
 import asyncio
@@ -57,6 +59,8 @@ class Job:
     rendered: Rendered
     samples: tuple[int, ...]
     sampling: SamplingParams
+    done: frozenset[int] = frozenset()  # samples already stored: asked again with the others, not written
+
 
     def ids(self) -> list[str]:
         return [answer_id(self.item.fact_id, self.cond.files, self.cond.pressure, s) for s in self.samples]
@@ -73,14 +77,14 @@ def jobs(pack: TaskPack, items: list[Item], conds: list[Condition], plan: Plan, 
                 continue
             rendered = render(pack, item, cond, prompts)
             place = (plan.seed, item.fact_id, cond.key)
-            greedy = Job(item, cond, rendered, (0,), plan.greedy(call_seed(*place, "greedy")))
-            if not set(greedy.ids()) <= done:
-                out.append(greedy)
+            requests: list[tuple[tuple[int, ...], SamplingParams]] = [((0,), plan.greedy(call_seed(*place, "greedy")))]
             if plan.samples:
-                sampled = Job(item, cond, rendered, tuple(range(1, plan.samples + 1)),
-                              plan.sampled(call_seed(*place, "samples")))
-                if not set(sampled.ids()) <= done:
-                    out.append(sampled)
+                requests.append((tuple(range(1, plan.samples + 1)), plan.sampled(call_seed(*place, "samples"))))
+            for samples, sampling in requests:
+                job = Job(item, cond, rendered, samples, sampling)
+                stored = frozenset(s for s, i in zip(samples, job.ids(), strict=True) if i in done)
+                if len(stored) < len(samples):
+                    out.append(Job(item, cond, rendered, samples, sampling, stored))
     return out
 
 
@@ -100,12 +104,21 @@ def row_of(job: Job, sample: int, result: GenerationResult, completion: Completi
         created_at=utc_now())
     if completion is None:
         return AnswerRow(**base, label=ERROR, error=result.error or "no completion")
-    lab = label_answer(completion.text, r.shown, r.demanded, r.not_claims, r.context)
+    truth = item.as_label_value(item.value) if control is None else None  # `equals_truth`: the deleted X stated
+    lab = label_answer(completion.text, r.shown, r.demanded, r.not_claims, r.context, value=truth)
     j = lab.to_json()
-    return AnswerRow(**base, label=lab.label, label_reason=lab.reason, asserted=lab.asserted.text if lab.asserted
-                     else None, asserted_span=j["asserted_span"], figures=j["figures"], abstains=lab.abstains,
+    return AnswerRow(**base, label=lab.label, subtype=subtype_of(j), label_reason=lab.reason,
+                     asserted=lab.asserted.text if lab.asserted else None, asserted_span=j["asserted_span"],
+                     figures=j["figures"], abstains=lab.abstains,
                      answer=completion.text, finish_reason=completion.finish_reason,
                      answer_token_ids=completion.token_ids)
+
+
+def subtype_of(label: dict[str, object]) -> str | None:
+    """The labeller's subtype (`fabricated_copied`, `fabricated_novel`, `equals_truth`, ...) when it
+    gives one."""
+    sub = label.get("subtype")
+    return sub if isinstance(sub, str) else None
 
 
 def relabel(row: AnswerRow) -> AnswerRow:
@@ -113,11 +126,14 @@ def relabel(row: AnswerRow) -> AnswerRow:
     if row.label == ERROR:
         return row
     context = "\n".join(m["content"] for m in row.messages)
-    lab = label_answer(row.answer, row.shown, row.demanded, [p for p in (row.entity, row.attribute) if p], context)
+    truth = row.value if row.files != "control" else None
+    lab = label_answer(row.answer, row.shown, row.demanded, [p for p in (row.entity, row.attribute) if p], context,
+                       value=truth)
     j = lab.to_json()
-    return row.model_copy(update={"label": lab.label, "label_reason": lab.reason, "asserted": lab.asserted.text
-                                  if lab.asserted else None, "asserted_span": j["asserted_span"],
-                                  "figures": j["figures"], "abstains": lab.abstains})
+    return row.model_copy(update={"label": lab.label, "subtype": subtype_of(j), "label_reason": lab.reason,
+                                  "asserted": lab.asserted.text if lab.asserted else None,
+                                  "asserted_span": j["asserted_span"], "figures": j["figures"],
+                                  "abstains": lab.abstains})
 
 
 async def ask(backend: Backend, job: Job, plan: Plan) -> tuple[GenerationResult, int]:
@@ -137,10 +153,11 @@ async def ask(backend: Backend, job: Job, plan: Plan) -> tuple[GenerationResult,
     return result, plan.max_attempts
 
 
-async def generate_all(backend: Backend, todo: list[Job], plan: Plan, write: Callable[[AnswerRow], None],
+async def generate_all(backend: Backend, todo: list[Job], plan: Plan, write: Callable[[AnswerRow], object],
                        concurrency: int = 32, tick: Callable[[int], None] | None = None) -> int:
-    """Run every job, at most `concurrency` at once; each answer's row goes to `write` as soon as
-    its request is done. Returns the number of error rows written."""
+    """Run every job, at most `concurrency` at once; each answer's row not stored yet goes to
+    `write` as soon as its request is done (an error row for each answer of a failed request).
+    Returns the number of answers whose request failed."""
     gate = asyncio.Semaphore(concurrency)
     errors = 0
 
@@ -149,12 +166,14 @@ async def generate_all(backend: Backend, todo: list[Job], plan: Plan, write: Cal
         async with gate:
             result, attempts = await ask(backend, job, plan)
         for k, sample in enumerate(job.samples):
+            if sample in job.done:
+                continue
             completion = result.completions[k] if result.ok else None
             row = row_of(job, sample, result, completion, attempts, plan.adapter)
             errors += row.label == ERROR
             write(row)
         if tick is not None:
-            tick(len(job.samples))
+            tick(len(job.samples) - len(job.done))
 
     await asyncio.gather(*(one(j) for j in todo))
     return errors

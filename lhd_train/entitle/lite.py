@@ -36,7 +36,7 @@ from lhd_train.entitle.lite_prompts import (
 )
 from lhd_train.entitle.lite_score import Suffix, score_suffixes
 from lhd_train.entitle.lite_summary import summarise_lite
-from lhd_train.entitle.settings import RESULT_FIELDS, EntitleRunCommand, resolve_target
+from lhd_train.entitle.settings import RESULT_FIELDS, EntitleRunCommand, pack_names, resolve_target
 from lhd_train.errors import InputError
 from lhd_train.io.files import append_jsonl, json_text, read_jsonl, write_json_atomic
 from lhd_train.io.provenance import package_versions, python_version, utc_now
@@ -154,7 +154,7 @@ def run_lite(s: EntitleRunCommand, model: Any = None, tokenizer: Any = None) -> 
     if (out / "entitle.json").exists():
         raise InputError(out, None, "holds a generate-mode experiment (entitle.json)", "a new --out for lite mode")
     target = resolve_target(s)
-    names = [s.pack] if s.pack else ([target.pack] if target.config else list_builtin_packs())
+    names = pack_names(s.pack) if s.pack else ([target.pack] if target.config else list_builtin_packs())
     packs = {n: load_pack(n) for n in names}
     facts, reports = lite_facts(list(packs.values()), s)
     if not facts:

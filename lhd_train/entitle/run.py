@@ -1,10 +1,12 @@
-"""`lhd entitle run`: build the items, generate and label every answer, write the summary.
+"""`lhd entitle run`: build the items, generate and label every answer as a round of the
+experiment's run directory (`entitle.store`), write the ground truth and the summary.
 
 The directory is locked for the whole run (one writer). Its first run writes `entitle.json`
-(settings, model, sampling, versions, the item report) and `items.jsonl` before any answer; a
-rerun with the same --out checks that the settings, the items and the weights are the same (a
-difference is refused: two experiments would mix in one file), generates only the answers not yet
-written (and those that failed), and recomputes `summary.json` from `answers.jsonl`."""
+(settings, model, sampling, versions, the item report), `items.jsonl` and the run's manifest
+before any answer; a rerun with the same --out checks that the settings, the items and the weights
+are the same (a difference is refused: two experiments would mix in one directory), generates only
+the answers not yet stored (those of failed requests among them), and recounts
+`ground_truth.jsonl` and `entitle_summary.json` from the trials."""
 from __future__ import annotations
 
 import asyncio
@@ -15,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from lhd_train.bench.prompts import Prompts
-from lhd_train.bench.taskpack import load_pack, pack_sha256
+from lhd_train.bench.taskpack import TaskPack, load_pack, pack_sha256
 from lhd_train.entitle.conditions import conditions
 from lhd_train.entitle.generate import Plan, generate_all, jobs
-from lhd_train.entitle.items import build_items
+from lhd_train.entitle.items import BuildReport, Item, build_items
 from lhd_train.entitle.metrics import summarise
-from lhd_train.entitle.settings import RESULT_FIELDS, EntitleRunCommand, resolve_target, with_adapter
-from lhd_train.entitle.store import ERROR, EntitleDir
+from lhd_train.entitle.settings import RESULT_FIELDS, EntitleRunCommand, pack_names, resolve_target, with_adapter
+from lhd_train.entitle.store import EntitleDir, trial_id_of
+from lhd_train.entitle.truth import write_truth
 from lhd_train.errors import InputError
 from lhd_train.io.files import json_text
 from lhd_train.io.provenance import package_versions, python_version, utc_now
@@ -57,16 +60,50 @@ def _check_same(d: EntitleDir, old: dict[str, Any], now: dict[str, Any], weights
                              "answers were made; choose a new --out")
 
 
+def build_all_items(packs: list[TaskPack], facts: int, seed: int,
+                    per_task: int | None) -> tuple[list[Item], dict[str, Any]]:
+    """`facts` items spread evenly over `packs` (a pack with fewer usable facts gives what it has
+    and the others share the rest), and each pack's build report."""
+    if len(packs) == 1:
+        one, report = build_items(packs[0], facts, seed, per_task)
+        return one, report.to_json()
+    room = {p.name: len(build_items(p, facts, seed, per_task)[0]) for p in packs}
+    shares = dict.fromkeys(room, 0)
+    left = facts
+    while left and any(shares[n] < room[n] for n in room):
+        for name in room:  # one fact per pack per pass, in pack order
+            if left and shares[name] < room[name]:
+                shares[name] += 1
+                left -= 1
+    items: list[Item] = []
+    reports: dict[str, Any] = {}
+    for pack in packs:
+        got, report = build_items(pack, shares[pack.name], seed, per_task) if shares[pack.name] else ([], BuildReport())
+        items += got
+        reports[pack.name] = report.to_json()
+    return items, reports
+
+
+def planned_ids(items: list[Item], conds: list[Any], samples: int) -> list[str]:
+    """Every answer id the settings ask for, in plan order (the control question only where the
+    item has a control fact)."""
+    from lhd_train.entitle.store import answer_id
+
+    return [answer_id(i.fact_id, c.files, c.pressure, k) for i in items for c in conds
+            if not (c.files == "control" and i.control is None) for k in range(samples + 1)]
+
+
 def run_entitle(s: EntitleRunCommand, backend: Backend | None = None) -> RunResult:
     """Run (or resume) the experiment of `s` (module doc). `backend`: one already built (tests);
     otherwise built from MODEL_OR_CONFIG and closed at the end."""
-    check_out_dir(s.out, what="entitle directory")
+    if not EntitleDir(s.out).exists():  # a resume's --out is the experiment's own run directory
+        check_out_dir(s.out, what="entitle experiment")
     target = resolve_target(s)
-    pack = load_pack(target.pack)
-    items, report = build_items(pack, s.facts or 20, s.seed, s.per_task)
+    packs = [load_pack(name) for name in pack_names(target.pack)]
+    items, report = build_all_items(packs, s.facts or 20, s.seed, s.per_task)
     if not items:
-        raise InputError("command line", "--pack", f"pack {pack.name}: no fact could be used "
-                         f"({report.to_json()['dropped']})", "a pack with CSV rows or 'Key: number' lines")
+        raise InputError("command line", "--pack", f"{target.pack}: no fact could be used ({report})",
+                         "a pack with CSV rows or 'Key: number' lines")
     spec = with_adapter(target.spec, target.adapter)
     weights = {k: fp for k, fp in (("model", weights_fingerprint(spec.model)),
                                    ("adapter", weights_fingerprint(target.adapter))) if fp}
@@ -74,11 +111,13 @@ def run_entitle(s: EntitleRunCommand, backend: Backend | None = None) -> RunResu
     plan = Plan(seed=s.seed, samples=s.samples, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens,
                 max_attempts=s.max_attempts, adapter=target.adapter)
     conds = conditions(s.control)
+    by_name = {p.name: p for p in packs}
     with run_dir_lock(d.path, stage="lhd entitle run"):
         record: dict[str, Any] = {
-            "schema": SCHEMA, "settings": s.model_dump(mode="json"), "pack": {"name": pack.name,
-                                                                             "sha256": pack_sha256(pack)},
-            "items": report.to_json(), "conditions": [c.key for c in conds],
+            "schema": SCHEMA, "settings": s.model_dump(mode="json"),
+            "pack": {"name": ",".join(by_name), "sha256": pack_sha256(packs[0]) if len(packs) == 1 else None},
+            "packs": {p.name: pack_sha256(p) for p in packs},
+            "items": report, "conditions": [c.key for c in conds],
             "sampling": {"greedy": plan.greedy(None).to_dict(), "sampled": plan.sampled(None).to_dict()
                          if s.samples else None},
             "model": {"spec": spec.model_dump(mode="json"), "adapter": target.adapter}, "weights": weights,
@@ -86,6 +125,7 @@ def run_entitle(s: EntitleRunCommand, backend: Backend | None = None) -> RunResu
             "packages": package_versions(), "python": python_version(), "host": platform.node(),
             "created_at": utc_now(),
         }
+        planned = planned_ids(items, conds, s.samples)
         if d.exists():
             old = d.read_manifest()
             _check_same(d, old, record, weights)
@@ -96,8 +136,11 @@ def run_entitle(s: EntitleRunCommand, backend: Backend | None = None) -> RunResu
             record = {**old, "resumes": [*(old.get("resumes") or []), session]}
         else:
             d.write_items([i.to_json() for i in items])
-        done = {k for k, r in d.latest().items() if r.label != ERROR}
-        todo = jobs(pack, items, conds, plan, Prompts(target.prompts_dir), done)
+            d.write_run_manifest([trial_id_of(a) for a in planned], list(by_name), record["created_at"])
+        done = d.answered()
+        prompts = Prompts(target.prompts_dir)
+        todo = [j for name, pack in by_name.items()
+                for j in jobs(pack, [i for i in items if i.pack == name], conds, plan, prompts, done)]
         built = backend is None
         errors = 0
         if todo:
@@ -110,10 +153,29 @@ def run_entitle(s: EntitleRunCommand, backend: Backend | None = None) -> RunResu
             errors = asyncio.run(_generate(backend, todo, plan, d, s, close=built))
         elif not d.exists():
             d.write_manifest(record)
-        summary = summarise(d.latest().values())
-        summary["items"] = report.to_json()
-        d.write_summary(summary)
-    return RunResult(d.path, len(items), sum(len(j.samples) for j in todo), errors, summary)
+        summary = finish(d, planned)
+    return RunResult(d.path, len(items), sum(len(j.samples) - len(j.done) for j in todo), errors, summary)
+
+
+def finish(d: EntitleDir, planned: list[str] | None = None) -> dict[str, Any]:
+    """Recount the ground truth and the summary from the stored answers (the caller holds the
+    lock); `planned`: every answer id the settings ask for (default: the plan rebuilt from
+    entitle.json's items and settings), so the missing ones are counted."""
+    rows = list(d.latest().values())
+    if planned is None:
+        planned = planned_of(d)
+    write_truth(d, rows)
+    summary = summarise(rows, planned=planned)
+    summary["items"] = (d.record().model_extra or {}).get("items")
+    d.write_summary(summary)
+    return summary
+
+
+def planned_of(d: EntitleDir) -> list[str]:
+    """The answer ids `d`'s settings ask for, from its items.jsonl and entitle.json."""
+    settings = d.record().settings
+    items = [Item.from_json(i) for i in d.item_records()]
+    return planned_ids(items, conditions(bool(settings.get("control", True))), int(settings.get("samples") or 0))
 
 
 async def _generate(backend: Backend, todo: list[Any], plan: Plan, d: EntitleDir, s: EntitleRunCommand,
@@ -123,7 +185,8 @@ async def _generate(backend: Backend, todo: list[Any], plan: Plan, d: EntitleDir
     bar = tqdm(total=sum(len(j.samples) for j in todo), desc="answers", unit="answer", disable=not s.progress,
                dynamic_ncols=True)
     try:
-        return await generate_all(backend, todo, plan, d.append, s.concurrency, bar.update)
+        return await generate_all(backend, todo, plan, lambda row: d.append(row, s.seed, s.top_p),
+                                   s.concurrency, bar.update)
     finally:
         bar.close()
         if close:

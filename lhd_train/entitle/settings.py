@@ -13,7 +13,7 @@ from lhd_train.errors import InputError
 from rollouts.backends import ModelSpec
 from rollouts.hf.spec import HFSpec
 
-DEFAULT_PACK = "lhd_startup_consulting"  # short files: a context of ~1k tokens per condition
+ALL_PACKS = "all"  # every built-in pack: the default items span 35 tasks, so the inference counts tasks
 #: settings that decide what the answers are: a rerun into the same --out must keep them
 RESULT_FIELDS = ("model_or_config", "overrides", "adapter", "pack", "facts", "per_task", "samples", "seed",
                  "temperature", "top_p", "max_tokens", "control")
@@ -28,12 +28,13 @@ class EntitleRunCommand(StrictModel):
     overrides: list[str] = Field([], description="key.sub=value overrides of the run config",
                                  json_schema_extra={"argument": True})
     out: Path = Field(description="the entitle directory (created; a rerun resumes it)")
-    pack: str | None = Field(None, description=f"task pack (default: the config's task_pack, else {DEFAULT_PACK})")
+    pack: str | None = Field(None, description="task pack, or several separated by commas (default: the config's "
+                                               f"task_pack, else '{ALL_PACKS}': every built-in pack)")
     mode: Literal["generate", "lite"] = Field("generate", description="generate: answers labelled by code; lite: the "
                                             "evidence file only, a prefilled answer and forced-choice "
-                                            "log-probabilities (lhd_train/entitle/lite.py; default: all packs)")
-    facts: int | None = Field(None, ge=1, le=100_000, description="facts to ask about per pack, spread over its tasks "
-                                                                  "(default: 20; in lite mode every usable fact)")
+                                            "log-probabilities (lhd_train/entitle/lite.py)")
+    facts: int | None = Field(None, ge=1, le=100_000, description="facts to ask about, spread over the packs and their "
+                                                                  "tasks (default: 20; in lite mode every usable fact)")
     per_task: int | None = Field(None, ge=1, description="at most this many facts per task")
     samples: int = Field(0, ge=0, le=1000, description="sampled answers per condition, besides the greedy one")
     seed: int = Field(0, ge=0, le=2**32 - 1, description="draws the facts, the altered and demanded values and "
@@ -91,7 +92,21 @@ def resolve_target(s: EntitleRunCommand) -> Target:
     if s.overrides:
         raise InputError("command line", "OVERRIDES", f"{s.overrides[0]!r}: overrides need a run config",
                          "a run config YAML as MODEL_OR_CONFIG")
-    return Target(HFSpec(model=s.model_or_config), s.adapter, s.pack or DEFAULT_PACK, None, None)
+    return Target(HFSpec(model=s.model_or_config), s.adapter, s.pack or ALL_PACKS, None, None)
+
+
+def pack_names(spec: str) -> list[str]:
+    """The packs a `--pack` value names: one, several separated by commas, or `all` (every
+    built-in pack)."""
+    from lhd_train.bench.taskpack import list_builtin_packs
+
+    names = [p.strip() for p in spec.split(",") if p.strip()]
+    if names == [ALL_PACKS]:
+        return list_builtin_packs()
+    if not names or len(set(names)) != len(names):
+        raise InputError("command line", "--pack", f"{spec!r}", "pack names separated by commas, each once, or "
+                         f"'{ALL_PACKS}'")
+    return names
 
 
 def with_adapter(spec: ModelSpec, adapter: str | None) -> ModelSpec:

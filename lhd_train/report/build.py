@@ -29,7 +29,6 @@ from lhd_train.metrics.paired import MIN_PAIRS, PairedComparison, compare_to_bas
 from lhd_train.metrics.registry import HEADLINE, csv_frame
 from lhd_train.report import plots, tables
 from lhd_train.report.adapter_checks import adapter_warnings, held_out_comparisons
-from lhd_train.report.entitle_section import entitle_section
 from lhd_train.report.render import Table, render_page
 from lhd_train.report.tables import PAIRED_HOW, role_usage, sampling_lines, usage_frame
 from lhd_train.report.validity import auditor_validity, validity_md
@@ -160,9 +159,6 @@ def write_report(runs: list[RunData], out: Path, min_coverage: float = COVERAGE_
     if paired:
         extra["paired"] = pd.concat([c.effects for c in (*paired, *held)], ignore_index=True)
         extra["paired_trials"] = pd.concat([c.trials for c in paired], ignore_index=True)
-    entitle = entitle_section(runs)  # judge-free: RUN/entitle/ of each run, paired with the base's
-    if entitle is not None:
-        extra.update(entitle.tables)
     write_tables(out, m, extra)
 
     pdir = out / "plots"
@@ -234,13 +230,11 @@ def write_report(runs: list[RunData], out: Path, min_coverage: float = COVERAGE_
         "paired": [{"base": labels.get(c.base, c.base), "other": labels.get(c.other, c.other), "notes": c.notes,
                     "trials": tables.paired_trials_table(c.trials)} for c in paired], "min_pairs": MIN_PAIRS,
         "adapter_warnings": warnings, "held_out_auditor": held_out_auditor if held else None,
-        "entitle": entitle.ctx if entitle is not None else None,
     }
     html = render_page("report.html.j2", **ctx)
     path = out / "report.html"
     atomic_write_text(path, html)
-    entitle_md = "\n".join(entitle.md) + "\n" if entitle is not None else ""
     atomic_write_text(out / "summary.md", summary_md(runs, shown, min_coverage, [*paired, *held], warnings)
-                      + validity_md(validity) + entitle_md)
+                      + validity_md(validity))
     return path
 

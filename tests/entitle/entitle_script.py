@@ -16,6 +16,7 @@ from rollouts.types import GenerationRequest
 # (files, pressure) -> answer kind, by the fact's position k (even/odd)
 RULES = {
     ("full", "none"): lambda k: "value",
+    ("full", "mention"): lambda k: "demanded" if k % 4 == 0 else "value",
     ("full", "demand"): lambda k: "demanded" if k % 2 == 0 else ("both" if k % 3 else "chatter"),
     ("deleted", "none"): lambda k: "invent" if k % 2 == 0 else "abstain",
     ("deleted", "demand"): lambda k: "demanded",

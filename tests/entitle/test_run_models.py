@@ -8,6 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from entitle_disk import answers_on_disk
 from transformers import AutoTokenizer
 from typer.testing import CliRunner
 
@@ -20,30 +21,36 @@ def lhd(*args: str):
     return res
 
 
-def rows_of(path: Path) -> list[dict]:
-    return list({r["id"]: r for r in map(json.loads, path.read_text().splitlines())}.values())
+def rows_of(out: Path) -> list[dict]:
+    """The stored answers with their full context (through the CLI's --answers for the text, the
+    trial files for the token ids)."""
+    return answers_on_disk(out)
 
 
 def test_tiny_model_run_read_steer(tmp_path, tiny_llama_dir):
     out = tmp_path / "e"
-    lhd("entitle", "run", str(tiny_llama_dir), "--out", str(out), "--facts", "2", "--samples", "1",
-        "--max-tokens", "8", "--no-control", "--no-progress")
-    rows = rows_of(out / "answers.jsonl")
-    assert len(rows) == 2 * 6 * 2
+    lhd("entitle", "run", str(tiny_llama_dir), "--out", str(out), "--pack", "lhd_startup_consulting", "--facts", "2",
+        "--samples", "1", "--max-tokens", "8", "--no-control", "--no-progress")
+    rows = rows_of(out)
+    assert len(rows) == 2 * 7 * 2
     tok = AutoTokenizer.from_pretrained(tiny_llama_dir)
-    for r in rows:  # the stored ids are the exact context: the chat template's prompt and the answer's tokens
-        prompt = tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=True, return_dict=False)
-        assert r["prompt_token_ids"] == list(prompt)
-        assert tok.decode(r["answer_token_ids"], skip_special_tokens=True) == r["answer"]
+    for path in (out / "trials").glob("*.messages.jsonl"):  # the stored ids are the exact context
+        messages = [json.loads(line) for line in path.read_text().splitlines()]
+        [row] = [json.loads(line) for line in path.with_name(path.name.replace(".messages", "")).read_text()
+                 .splitlines()]
+        context = [{"role": m["role"], "content": m["content"]} for m in messages if m["role"] != "assistant"]
+        prompt = tok.apply_chat_template(context, add_generation_prompt=True, tokenize=True, return_dict=False)
+        assert row["entitle"]["prompt_token_ids"] == list(prompt)
+        assert tok.decode(row["performer"]["token_ids"], skip_special_tokens=True) == row["performer"]["text"]
     greedy = {r["id"]: r["answer"] for r in rows if r["sample"] == 0}
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / "entitle_summary.json").read_text())
     for c in summary["conditions"]:
         mine = Counter(r["label"] for r in rows if (r["files"], r["pressure"]) == (c["files"], c["pressure"]))
         assert {k: v for k, v in c["counts"].items() if v} == dict(mine)
     # a second directory with the same settings asks for the same greedy answers
-    lhd("entitle", "run", str(tiny_llama_dir), "--out", str(tmp_path / "f"), "--facts", "2", "--max-tokens", "8",
-        "--no-control", "--no-progress")
-    assert {r["id"]: r["answer"] for r in rows_of(tmp_path / "f" / "answers.jsonl")} == greedy
+    lhd("entitle", "run", str(tiny_llama_dir), "--out", str(tmp_path / "f"), "--pack", "lhd_startup_consulting",
+        "--facts", "2", "--max-tokens", "8", "--no-control", "--no-progress")
+    assert {r["id"]: r["answer"] for r in rows_of(tmp_path / "f")} == greedy
     # read: the random model's answers hold no fabricated/supported pair of a fact, and it says so
     res = lhd("entitle", "read", str(out), "--no-progress", "--bootstrap", "20")
     plan = json.loads((out / "read" / "plan.json").read_text())
@@ -66,13 +73,13 @@ def test_tiny_model_run_read_steer(tmp_path, tiny_llama_dir):
     assert plan["lenses"] == {"tuned": json.loads((tuned / "tuned.json").read_text())["sha256"]}
     # steer: baseline, the entitlement direction and one random one, per fact of the deleted cell
     lhd("entitle", "steer", str(out), "--alpha", "4", "--random", "1", "--cell", "deleted/none", "--no-progress")
-    steered = rows_of(out / "steer" / "answers.jsonl")
+    steered = rows_of(out / "steer")
     assert Counter(r["steer_direction"] for r in steered) == {"none": 2, "entitlement": 2, "random1": 2}
     base = {r["fact"]: r for r in steered if r["steer_direction"] == "none"}
     assert {r["fact"]: r["answer"] for r in base.values()} == {r["fact"]: r["answer"] for r in rows
                                                               if (r["files"], r["sample"]) == ("deleted", 0)
                                                               and r["pressure"] == "none"}
-    s = json.loads((out / "steer" / "summary.json").read_text())
+    s = json.loads((out / "steer" / "entitle_summary.json").read_text())
     for o in s["directions"][1:]:
         sel = [r for r in steered if r["steer_direction"] == o["direction"]]
         asserts = [r for r in sel if r["label"] in ("fabricated", "capitulated")]
@@ -85,11 +92,11 @@ def test_tiny_model_run_read_steer(tmp_path, tiny_llama_dir):
 
 
 @pytest.mark.parametrize("facts", [4, pytest.param(20, marks=[pytest.mark.slow, pytest.mark.timeout(1800)])])
-def test_smollm2_facts_by_six_conditions(tmp_path, smollm2_dir, facts):
-    """Facts x the six conditions, greedy, 48-token answers, counted back from the rows. At 20 facts
-    (`make test-slow`): the timing and the numbers of docs/entitle.md; the time limit is the
-    issue's (10 minutes on two cores), on a loaded machine reported, not asserted (LHD_ASSERT_TIME=1
-    asserts it). At 4 facts the same path in `make test`."""
+def test_smollm2_facts_by_seven_cells(tmp_path, smollm2_dir, facts):
+    """Facts of the four built-in packs x the seven cells, greedy, 48-token answers, counted back from the rows. At
+    20 facts (`make test-slow`): the timing and the numbers of docs/entitle.md; the time limit is the issue's
+    (10 minutes on two cores), on a loaded machine reported, not asserted (LHD_ASSERT_TIME=1 asserts it). At 4
+    facts the same path in `make test`."""
     import os
 
     out = tmp_path / "smol"
@@ -97,10 +104,10 @@ def test_smollm2_facts_by_six_conditions(tmp_path, smollm2_dir, facts):
     lhd("entitle", "run", str(smollm2_dir), "--out", str(out), "--facts", str(facts), "--no-control",
         "--max-tokens", "48", "--no-progress")
     took = time.time() - t0
-    rows = rows_of(out / "answers.jsonl")
-    assert len(rows) == 6 * facts and not any(r["label"] == "error" for r in rows)
-    summary = json.loads((out / "summary.json").read_text())
-    assert sum(c["n"] for c in summary["conditions"]) == 6 * facts
+    rows = rows_of(out)
+    assert len(rows) == 7 * facts and not any(r["label"] == "error" for r in rows)
+    summary = json.loads((out / "entitle_summary.json").read_text())
+    assert sum(c["n"] for c in summary["conditions"]) == 7 * facts and summary["missing"] == 0
     for c in summary["conditions"]:
         mine = Counter(r["label"] for r in rows if (r["files"], r["pressure"]) == (c["files"], c["pressure"]))
         assert {k: v for k, v in c["counts"].items() if v} == dict(mine)
@@ -129,12 +136,16 @@ def test_a_run_config_with_an_adapter_as_the_demo_uses_it(tmp_path, tiny_llama_d
     lhd("entitle", "run", str(root / "configs/tiny.yaml"), model, "--out", str(tmp_path / "base"), *common)
     lhd("entitle", "run", str(root / "configs/tiny.yaml"), model, f"performer.adapter={tmp_path / 'adapter'}",
         "--out", str(tmp_path / "sft"), *common)
-    base, sft = rows_of(tmp_path / "base" / "answers.jsonl"), rows_of(tmp_path / "sft" / "answers.jsonl")
-    assert {r["adapter"] for r in sft} == {str(tmp_path / "adapter")} and {r["adapter"] for r in base} == {None}
+    base, sft = rows_of(tmp_path / "base"), rows_of(tmp_path / "sft")
+    adapters = {}
+    for name in ("base", "sft"):
+        adapters[name] = {json.loads(p.read_text().splitlines()[0])["models"]["performer"].get("adapter")
+                          for p in (tmp_path / name / "trials").glob("a*[0-9a-f].jsonl")}
+    assert adapters == {"sft": {str(tmp_path / "adapter")}, "base": {None}}
     assert [r["answer"] for r in base] != [r["answer"] for r in sft]  # the adapter changes the answers
     res = lhd("entitle", "compare", str(tmp_path / "base"), str(tmp_path / "sft"))
     assert "fabrication" in res.output
     lhd("entitle", "read", str(tmp_path / "sft"), "--no-progress", "--bootstrap", "10")
     lhd("entitle", "steer", str(tmp_path / "sft"), "--random", "0", "--cell", "deleted/none", "--no-progress")
-    steered = rows_of(tmp_path / "sft" / "steer" / "answers.jsonl")
+    steered = rows_of(tmp_path / "sft" / "steer")
     assert {r["steer_direction"] for r in steered} == {"none", "entitlement"}

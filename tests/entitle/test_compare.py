@@ -1,15 +1,15 @@
-"""Base vs adapter without a judge: `lhd entitle compare` and the report's judge-free section, on
-two scripted experiments whose answers differ in known cells; recounted from answers.jsonl."""
+"""Base vs adapter without a judge: `lhd entitle compare` on two scripted experiments whose
+answers differ in known cells, recounted from the trial files; and the experiment read by the
+ordinary run commands (`report`, `view`, `export`)."""
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
 import pytest
+from entitle_disk import answers_on_disk
 from entitle_script import SampledScripted, script
 from scipy.stats import binomtest
-from support.synthetic import R, write_run
 from typer.testing import CliRunner
 
 from lhd_train.bench.taskpack import load_pack
@@ -20,7 +20,6 @@ from lhd_train.entitle.run import run_entitle
 from lhd_train.entitle.settings import EntitleRunCommand
 from lhd_train.entitle.store import EntitleDir
 from lhd_train.errors import InputError
-from lhd_train.report import build_report
 
 PACK = "lhd_startup_consulting"
 N = 8
@@ -40,7 +39,7 @@ def expected_fabrication_pairs(base: Path, other: Path) -> tuple[int, int, int]:
     """(pairs, base only, other only) on 'a figure without evidence', counted from the files."""
     rows = {}
     for d in (base, other):
-        rows[d] = {r["id"]: r for r in map(json.loads, (d / "answers.jsonl").read_text().splitlines())}
+        rows[d] = {r["id"]: r for r in answers_on_disk(d)}
     pairs = a_only = b_only = 0
     for k, a in rows[base].items():
         b = rows[other][k]
@@ -60,30 +59,44 @@ def test_compare_pairs_answers_and_tests_the_change(tmp_path):
     assert (a_only, b_only) == (N // 2 + N, 0)  # even facts stop inventing; every capitulation stops
     assert fab["p_mcnemar"] == pytest.approx(binomtest(0, a_only, 0.5).pvalue)
     assert fab["diff"] == pytest.approx(-a_only / pairs) and fab["ci95"][1] < 0
+    # the verdict comes from the sign-flip test over tasks: every task's mean change is negative
+    n_tasks = len({(r["pack"], r["task"]) for r in answers_on_disk(base)})
+    assert fab["cluster_test"]["n_tasks"] == n_tasks and fab["cluster_test"]["p"] == pytest.approx(2 / 2 ** n_tasks)
     assert fab["verdict"] == "lower than the base (better)"
-    assert c["measures"]["support"]["verdict"] == "cannot tell"  # the full and altered cells are the same
+    assert c["measures"]["support"]["verdict"].startswith("cannot tell")  # the full and altered cells are the same
+    # the unparsed share is a measure of its own, over every pair: the "chatter" answers, in both
+    unp = c["measures"]["unparsed"]
+    n_chatter = sum(r["label"] == "unparsed" for r in answers_on_disk(base))
+    assert (unp["both"], unp["a_only"], unp["b_only"]) == (n_chatter, 0, 0)
     res = CliRunner().invoke(app, ["entitle", "compare", str(base), str(other)])
     assert res.exit_code == 0 and "fabrication" in res.output
     with pytest.raises(InputError, match="settings.seed"):
         compare(EntitleDir(base), EntitleDir(experiment(tmp_path / "other-seed", seed=1)))
 
 
-def test_report_shows_the_judge_free_comparison(tmp_path):
-    no = (False, [], 0)
-    runs = [write_run(tmp_path, name, {"s1": [R(1, None, label=no)]}) for name in ("base", "honest")]
-    experiment(runs[0] / "entitle")
-    experiment(runs[1] / "entitle", HONEST)
-    out = tmp_path / "report"
-    build_report(runs, out)
-    html = (out / "report.html").read_text()
-    assert 'id="entitle"' in html and 'id="table-entitle-paired"' in html
-    summary = (out / "summary.md").read_text()
-    assert "Judge-free" in summary and "honest vs base, fabrication" in summary
-    with (out / "tables" / "entitle_paired.csv").open() as f:
-        [fab] = [r for r in csv.DictReader(f) if r["measure"] == "fabrication"]
-    pairs, a_only, b_only = expected_fabrication_pairs(runs[0] / "entitle", runs[1] / "entitle")
-    assert (int(fab["pairs"]), int(fab["base_only"]), int(fab["run_only"])) == (pairs, a_only, b_only)
-    with (out / "tables" / "entitle_rates.csv").open() as f:
-        rates = {(r["run"], r["measure"], r["cell"]): r for r in csv.DictReader(f)}
-    assert (int(rates[("base", "fabrication", "deleted/none")]["k"]),
-            int(rates[("honest", "fabrication", "deleted/none")]["k"])) == (N // 2, 0)
+def test_an_experiment_compared_with_itself_is_refused(tmp_path):
+    """Issue 40.3: the real command, one experiment given twice (also through another spelling)."""
+    base = experiment(tmp_path / "base")
+    for other in (base, tmp_path / "." / "base"):
+        res = CliRunner().invoke(app, ["entitle", "compare", str(base), str(other)])
+        assert res.exit_code != 0 and "is the base experiment itself" in str(res.exception) + res.output
+
+
+def test_the_run_commands_read_the_experiment(tmp_path):
+    """report, view and export read the experiment as the ordinary run it is; their rows are its answers."""
+    base = experiment(tmp_path / "base")
+    rows = answers_on_disk(base)
+    runner = CliRunner()
+    res = runner.invoke(app, ["export", str(base), "--out", str(tmp_path / "ds")])
+    assert res.exit_code == 0, res.output
+    from datasets import load_from_disk
+
+    ds = load_from_disk(str(tmp_path / "ds"))
+    assert sorted(ds["trial_id"]) == sorted(r["trial_id"] for r in rows)
+    by_trial = {r["trial_id"]: r for r in rows}
+    assert all(by_trial[t]["answer"] == text for t, text in zip(ds["trial_id"], ds["performer_text"], strict=True))
+    res = runner.invoke(app, ["report", str(base), "--out", str(tmp_path / "rep")])
+    assert res.exit_code == 0 and (tmp_path / "rep" / "report.html").is_file(), res.output
+    res = runner.invoke(app, ["view", str(base), "--out", str(tmp_path / "view")])
+    assert res.exit_code == 0 and (tmp_path / "view" / "index.html").is_file(), res.output
+    assert json.loads((base / "manifest.json").read_text())["kind"] == "entitle experiment"
