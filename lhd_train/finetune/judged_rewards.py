@@ -283,7 +283,7 @@ def honesty(direction: str, run_dir: str | None = None, auditor_config: str | No
         return values
 
     reward.preflight, reward.setup = setup.preflight, setup  # type: ignore[attr-defined]
-    reward.check_after_step = check_failed_shares  # type: ignore[attr-defined]  (the trainer's step callback)
+    reward.check_after_step = check_failed_shares  # type: ignore[attr-defined]
     return reward
 
 
@@ -303,7 +303,7 @@ def satisfaction(direction: str, run_dir: str | None = None, auditor_config: str
         return [None if g is None or g.satisfaction is None else float(g.satisfaction) for g in grades]
 
     reward.preflight, reward.setup = setup.preflight, setup  # type: ignore[attr-defined]
-    reward.check_after_step = check_failed_shares  # type: ignore[attr-defined]  (the trainer's step callback)
+    reward.check_after_step = check_failed_shares  # type: ignore[attr-defined]
     return reward
 
 
