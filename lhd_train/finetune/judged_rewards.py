@@ -17,7 +17,8 @@ whole start-up (issue 20, H3). Outside a trainer (tests, `lhd data`) the run's m
 A grade can fail: the endpoint is unreachable, or its answer does not parse. Such a completion
 gets no reward (None: with several rewards lhd has TRL normalise each within its group first, so a
 missing one is the group's mean, never nansum's 0). Each reward counts its failures on its own
-rank; after every optimizer step `JudgeShareCheck` sums every judged reward's counts over the
+rank; after every optimizer step the trainer (`trainer.after_each_step`, calling the rewards'
+`check_after_step`, i.e. `check_failed_shares`) sums every judged reward's counts over the
 ranks in ONE all-reduce, in a fixed order, outside the reward coroutines (TRL runs async rewards
 together, so reductions inside them would pair one rank's honesty with another's satisfaction),
 and training stops with one `error:` line only when more than `grpo.max_failed_grade_share` of a
@@ -175,7 +176,7 @@ class _Setup:
 
     def tally(self, judge: _Judge, statuses: list[str | None], log_metric: Any = None) -> None:
         """Count this call's grades on this rank (`statuses`: None for a usable grade, else why it
-        failed) and log this rank's failed share; no collective here (`JudgeShareCheck` sums them).
+        failed) and log this rank's failed share; no collective here (`check_failed_shares` sums them after the step).
         `too_long` (a trajectory over the judge's window) is counted apart: not the judge failing."""
         self.judge_seen = judge
         self.over_window += sum(s == TOO_LONG for s in statuses)
@@ -282,6 +283,7 @@ def honesty(direction: str, run_dir: str | None = None, auditor_config: str | No
         return values
 
     reward.preflight, reward.setup = setup.preflight, setup  # type: ignore[attr-defined]
+    reward.check_after_step = check_failed_shares  # type: ignore[attr-defined]
     return reward
 
 
@@ -301,6 +303,7 @@ def satisfaction(direction: str, run_dir: str | None = None, auditor_config: str
         return [None if g is None or g.satisfaction is None else float(g.satisfaction) for g in grades]
 
     reward.preflight, reward.setup = setup.preflight, setup  # type: ignore[attr-defined]
+    reward.check_after_step = check_failed_shares  # type: ignore[attr-defined]
     return reward
 
 
@@ -313,23 +316,6 @@ def check_failed_shares(setups: list[_Setup]) -> None:
     summed = all_ranks_sum(*(n for s in setups for n in (sum(s.failures.values()), s.graded)))
     for i, setup in enumerate(setups):
         setup.stop_if_failing(summed[2 * i], summed[2 * i + 1])
-
-
-def judge_share_check(setups: list[_Setup]) -> Any:
-    """A trainer callback that runs `check_failed_shares` after every optimizer step, on every rank
-    (TRL calls the rewards of a generation batch before the step that uses them)."""
-    from transformers import TrainerCallback
-
-    class JudgeShareCheck(TrainerCallback):
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            check_failed_shares(setups)
-
-    return JudgeShareCheck()
-
-
-def judged_setups(reward_funcs: list[Any]) -> list[_Setup]:
-    """The judged rewards' setups among `reward_funcs`, in their order."""
-    return [f.setup for f in reward_funcs if isinstance(getattr(f, "setup", None), _Setup)]
 
 
 def all_ranks_sum(*counts: int) -> list[int]:

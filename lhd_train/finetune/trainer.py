@@ -29,7 +29,6 @@ from lhd_train.errors import InputError
 from lhd_train.finetune import train_data as data_mod
 from lhd_train.finetune.checkpoints import resume_checkpoint
 from lhd_train.finetune.fit_rows import FITTED_DIR, fit_once
-from lhd_train.finetune.judged_rewards import judge_share_check, judged_setups
 from lhd_train.finetune.lineage import adapter_lineage, dataset_lineage
 from lhd_train.finetune.records import (
     ADAPTER_RECORD,
@@ -212,8 +211,7 @@ def build_trainer(recipe: Recipe, recipe_path: Path | None = None,
             check_reward_columns(reward_funcs, data["eval"].column_names, source, "data.eval")
         preflight_rewards(reward_funcs, data["train"], source)  # before any model loads
         extra["reward_funcs"] = list(reward_funcs)
-        setups = judged_setups(extra["reward_funcs"])
-        extra["callbacks"] = [judge_share_check(setups)] if setups else []  # failed grades, summed once per step
+        extra["callbacks"] = [c for c in [after_each_step(extra["reward_funcs"])] if c is not None]
         if recipe.grpo.vllm_server is not None:  # generation on a managed vLLM server, adapter synced by file
             if recipe.trainer.get("use_vllm"):
                 raise InputError(source, "trainer.use_vllm", "true together with grpo.vllm_server: TRL's own vLLM "
@@ -254,6 +252,25 @@ def build_trainer(recipe: Recipe, recipe_path: Path | None = None,
                           args=json.loads(json.dumps(args, default=str)),
                           loss_on=data["loss_on"], notes=notes, source=source, recipe_path=recipe_path)
     return trainer, ctx
+
+
+def after_each_step(reward_funcs: list[Any]) -> Any:
+    """A trainer callback running the judged rewards' `check_after_step` (their failed-grade counts,
+    summed over the ranks in one all-reduce, `judged_rewards.check_failed_shares`) after every
+    optimizer step, or None without judged rewards. The check travels on the reward functions, so
+    this module never imports judged_rewards (its graders need scipy, which the GPU image lacks)."""
+    judged = [f for f in reward_funcs if callable(getattr(f, "check_after_step", None))]
+    if not judged:
+        return None
+    from transformers import TrainerCallback
+
+    check, setups = judged[0].check_after_step, [f.setup for f in judged]
+
+    class JudgeShareCheck(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            check(setups)
+
+    return JudgeShareCheck()
 
 
 def fit_lengths(recipe: Recipe, config: Any, data: TrainingData, tok: Any, source: str) -> None:

@@ -46,7 +46,8 @@ def trainer_for(tmp_path_factory):
         recipe = load_recipe(recipe_path, [
             f"model={model}", f"data.train={tmp / 'data'}", f"output_dir={tmp / 'out'}",
             "grpo.rewards=[{name: test_graded_honesty, weight: 1.0}, {name: format_length, weight: 0.2, "
-            "params: {min_chars: 0, max_chars: 100000}}]", "trainer.max_completion_length=4", *overrides],
+            "params: {min_chars: 0, max_chars: 100000}}]", "trainer.max_completion_length=4",
+            "trainer.multi_objective_aggregation=null", *overrides],  # unset: lhd's default, not the recipe's
             algo="grpo")
         return build_trainer(recipe, recipe_path)
 

@@ -44,3 +44,27 @@ def test_two_judged_rewards_reduce_once_in_the_recipes_order():
     got = dict(results.get(timeout=60) for _ in range(2))
     for rank in (0, 1):
         assert got[rank].startswith("20 of 20 honesty grades failed (100%"), got
+
+
+class _Spec:
+    def __init__(self, name):
+        self.name, self.params, self.weight = name, {}, 1.0
+
+
+def test_the_trainer_runs_the_check_after_each_step():
+    """`lhd train` registers the judged rewards' check as a step-end callback (trainer.after_each_step)
+    without importing judged_rewards itself; a reward whose grades all failed stops at the step's end."""
+    import pytest
+
+    from lhd_train.finetune.judged_rewards import JudgeFailing
+    from lhd_train.finetune.rewards import build_rewards
+    from lhd_train.finetune.trainer import after_each_step
+
+    funcs, _ = build_rewards([_Spec("honesty"), _Spec("format_length")], "honest",
+                             shared={"judge": {"base_url": "http://127.0.0.1:9/v1", "model": "judge"},
+                                     "max_failed_share": 0.5})
+    assert after_each_step(funcs[1:]) is None  # no judged reward: no callback
+    callback = after_each_step(funcs)
+    funcs[0].setup.tally(None, ["unavailable"] * 16)
+    with pytest.raises(JudgeFailing, match="16 of 16 honesty grades"):
+        callback.on_step_end(None, None, None)
