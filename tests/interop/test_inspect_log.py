@@ -4,26 +4,83 @@ A real run of the tiny model, audited by it, is exported through the command; in
 reader reads the file back and every sample is recounted against the run's files on disk (one per
 performer round, the answer, the supervisor's state, the auditor's label). Then `inspect view`
 serves the log and a real Chromium shows a sample's content; the screenshot is kept in the test's
-tmp folder. Needs the `inspect` extra (inspect_ai)."""
+tmp folder.
+
+inspect_ai cannot live in the main venv (it caps fsspec below constraints.txt's pin), so the export,
+the read-back and the viewer run in .venv-inspect (`make inspect-env`, scripts/install_inspect.sh),
+a venv layered over .venv, as subprocesses of its interpreter. When that venv could not be built,
+these tests skip with the one-line reason the script wrote to .venv-inspect.failed."""
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_failure_modes import RUN, SEED, cli, lone, one_error  # noqa: F401 - lone: a fixture
 
 from lhd_train.io.files import read_jsonl
 
-pytest.importorskip("inspect_ai", reason="the `inspect` extra (inspect_ai) is not installed")
+ROOT = Path(__file__).resolve().parents[2]
+INSPECT_VENV = Path(os.environ.get("LHD_INSPECT_VENV", ROOT / ".venv-inspect"))
+pytestmark = pytest.mark.inspect
+
+# inspect_ai's reader, in .venv-inspect: the log as JSON, the fields these tests recount.
+READ_BACK = """
+import json, sys
+from inspect_ai.log import read_eval_log
+log = read_eval_log(sys.argv[1])
+print(json.dumps({
+    "status": log.status, "model": log.eval.model, "metadata": log.eval.metadata,
+    "samples": [{"id": s.id, "messages": [{"role": m.role, "text": m.text} for m in s.messages],
+                 "completion": s.output.completion, "metadata": s.metadata,
+                 "scores": {k: v.value for k, v in (s.scores or {}).items()}} for s in log.samples]}))
+"""
+
+
+def _inspect_bin(name: str) -> Path:
+    """An executable of .venv-inspect, or a skip saying why the environment is missing."""
+    exe = INSPECT_VENV / "bin" / name
+    if exe.is_file():
+        return exe
+    failed = INSPECT_VENV.parent / f"{INSPECT_VENV.name}.failed"
+    if failed.is_file():
+        pytest.skip(f"inspect environment could not be built: {failed.read_text().strip()}")
+    pytest.skip(f"no {exe}: run `make inspect-env` (scripts/install_inspect.sh)")
 
 
 @pytest.fixture(scope="module")
-def exported(lone, tmp_path_factory) -> tuple[Path, Path]:  # noqa: F811 - the fixture imported above
+def inspect_ready() -> None:
+    """Skips (before the run is made) where .venv-inspect is missing."""
+    _inspect_bin("python")
+
+
+def _in_inspect_venv(*args: str) -> str:
+    """Run .venv-inspect's python with this checkout first on the path; its stdout (fails on a non-zero exit)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    env.pop("VIRTUAL_ENV", None)
+    done = subprocess.run([str(_inspect_bin("python")), *args], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def _export(run: Path, log: Path) -> None:
+    _in_inspect_venv("-m", "lhd_train.cli", "export", str(run), "--format", "inspect", "--out", str(log))
+
+
+def _read_back(log: Path) -> dict[str, Any]:
+    out: dict[str, Any] = json.loads(_in_inspect_venv("-c", READ_BACK, str(log)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def exported(inspect_ready, lone, tmp_path_factory) -> tuple[Path, Path]:  # noqa: F811 - lone: imported above
     """(run dir, log file): the lone run audited by the tiny model, exported as an inspect log."""
     from _pytest.monkeypatch import MonkeyPatch
 
@@ -35,11 +92,10 @@ def exported(lone, tmp_path_factory) -> tuple[Path, Path]:  # noqa: F811 - the f
         capture = _Capture()
         code, out = cli(mp, capture, "audit", str(run), "auditor.model=tiny", "--no-progress")
         assert code in (0, 3), out
-        log = base / "logs" / "run.eval"
-        code, out = cli(mp, capture, "export", str(run), "--format", "inspect", "--out", str(log))
-        assert code == 0, out
     finally:
         mp.undo()
+    log = base / "logs" / "run.eval"
+    _export(run, log)
     return run, log
 
 
@@ -53,28 +109,27 @@ class _Capture:
 
 
 def test_the_log_reads_back_with_one_sample_per_round(exported):
-    from inspect_ai.log import read_eval_log
-
     run, log_file = exported
-    log = read_eval_log(str(log_file))
+    log = _read_back(log_file)
     rows = read_jsonl(run / "trials" / f"s{SEED}.jsonl")
     labels = {r["global_round"]: r for r in read_jsonl(run / "audit" / "tiny-full" / f"s{SEED}.jsonl")}
-    assert log.status == "success"
-    assert log.eval.metadata["seeds"] == [SEED]
-    assert log.eval.metadata["config"]["run_name"] == RUN
-    assert log.eval.metadata["models"]["performer"]["model"] == log.eval.model
-    assert [s.id for s in log.samples] == [f"s{SEED}-r{r['global_round']}" for r in rows]
-    for sample, row in zip(log.samples, rows, strict=True):
-        assert sample.messages[-1].role == "assistant" and sample.messages[-1].text == row["performer"]["text"]
-        assert sample.output.completion == row["performer"]["text"]
-        assert len(sample.messages) == len(row["performer"]["message_ids"]) + 1
+    assert log["status"] == "success"
+    assert log["metadata"]["seeds"] == [SEED]
+    assert log["metadata"]["config"]["run_name"] == RUN
+    assert log["metadata"]["models"]["performer"]["model"] == log["model"]
+    assert [s["id"] for s in log["samples"]] == [f"s{SEED}-r{r['global_round']}" for r in rows]
+    for sample, row in zip(log["samples"], rows, strict=True):
+        last = sample["messages"][-1]
+        assert last["role"] == "assistant" and last["text"] == row["performer"]["text"]
+        assert sample["completion"] == row["performer"]["text"]
+        assert len(sample["messages"]) == len(row["performer"]["message_ids"]) + 1
         after = row["supervisor"]["state_after"]
-        assert sample.scores["supervisor"].value == {k: after[k] for k in ("trust", "satisfaction", "comfort")}
+        assert sample["scores"]["supervisor"] == {k: after[k] for k in ("trust", "satisfaction", "comfort")}
         label = labels.get(row["global_round"])
         if label is None:
-            assert "tiny-full" not in sample.scores and sample.metadata["missing_labels"] == ["tiny-full"]
+            assert "tiny-full" not in sample["scores"] and sample["metadata"]["missing_labels"] == ["tiny-full"]
         else:
-            got = sample.scores["tiny-full"].value
+            got = sample["scores"]["tiny-full"]
             want = None if label.get("deceptive") is None else int(label["deceptive"])
             assert got["deceptive"] == want and got["severity"] == label.get("severity")
             assert got["parse_status"] == label["parse_status"]
@@ -103,7 +158,7 @@ def test_inspect_view_shows_a_sample_in_chromium(exported, tmp_path):
         pytest.skip("chromium is not installed (scripts/install_chromium.sh)")
     run, log_file = exported
     first = read_jsonl(run / "trials" / f"s{SEED}.jsonl")[0]
-    inspect_bin = Path(sys.executable).parent / "inspect"
+    inspect_bin = _inspect_bin("inspect")
     port = _free_port()
     server = subprocess.Popen([str(inspect_bin), "view", "--log-dir", str(log_file.parent), "--host", "127.0.0.1",
                                "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -135,15 +190,12 @@ def test_inspect_view_shows_a_sample_in_chromium(exported, tmp_path):
         server.wait(timeout=30)
 
 
-def test_a_run_without_its_message_store_exports_answers_flagged(lone, tmp_path, monkeypatch, capsys):  # noqa: F811
-    from inspect_ai.log import read_eval_log
-
+def test_a_run_without_its_message_store_exports_answers_flagged(inspect_ready, lone, tmp_path):  # noqa: F811
     run = tmp_path / RUN
     shutil.copytree(lone, run)
     (run / "trials" / f"s{SEED}.messages.jsonl").unlink()
-    code, out = cli(monkeypatch, capsys, "export", str(run), "--format", "inspect", "--out", str(tmp_path / "a.json"))
-    assert code == 0, out
+    _export(run, tmp_path / "a.json")
     rows = read_jsonl(run / "trials" / f"s{SEED}.jsonl")
-    log = read_eval_log(str(tmp_path / "a.json"))
-    assert [s.metadata["prompt_missing"] for s in log.samples] == [True] * len(rows)
-    assert [[m.text for m in s.messages] for s in log.samples] == [[r["performer"]["text"]] for r in rows]
+    log = _read_back(tmp_path / "a.json")
+    assert [s["metadata"]["prompt_missing"] for s in log["samples"]] == [True] * len(rows)
+    assert [[m["text"] for m in s["messages"]] for s in log["samples"]] == [[r["performer"]["text"]] for r in rows]
