@@ -324,7 +324,7 @@ def corpus_(
 @settings_command(ProbeBuildCommand)
 def probe_build(args: ProbeBuildCommand) -> None:
     """Build SUPPORTED / REFUTED / NOT_ENTITLED claims from a pack's own files."""
-    from lens.probes import build_probe_set, load_pack_any, write_probes
+    from lhd_train.reading.probes import build_probe_set, load_pack_any, write_probes
 
     out, model = args.out, args.model
     if out.is_dir():
@@ -378,7 +378,7 @@ def read(args: ReadCommand) -> None:
     # is read up to its last whole line like `lhd report` does).
     rows = None
     if args.probes is not None:  # read and checked before the model loads
-        from lens.probes import read_probes
+        from lhd_train.reading.probes import read_probes
 
         rows = read_probes(args.probes)[:args.limit]
     with run_dir_lock(out, stage="lhd lens read"):
@@ -397,7 +397,7 @@ def read(args: ReadCommand) -> None:
             assert run is not None  # ReadCommand: exactly one of --probes and --run
             p = None
             if args.pack:
-                from lens.probes import load_pack_any
+                from lhd_train.reading.probes import load_pack_any
 
                 p, _ = load_pack_any(args.pack)
             summary = read_run(m, tok, fitted, run, ts, out, args, context=args.context, auditor=args.auditor, pack=p)

@@ -6,7 +6,7 @@ turn them into logits over S ∪ N ∪ R, from which the margins follow; the lin
 trained per (layer, position class) with grouped folds and read out of fold. Everything lands
 in one long table (`margins.parquet`), which `lhd_train.reading.tables` and `lhd_train.reading.report` summarise:
 
-- probe sets (claim first, `lens.probes`): AUROC of `m_E` for the same claim with and without
+- probe sets (claim first, `lhd_train.reading.probes`): AUROC of `m_E` for the same claim with and without
   its evidence line (length-matched: the primary contrast by default; and against the full
   record), and each other claim kind on its own;
 - benchmark runs: after the answer, one elicitation turn (`lens.elicit`) asks whether the figure
@@ -271,8 +271,8 @@ def read_probe_set(model: LensModel, tokenizer: Any, fitted: Mapping[str, Any] |
                    token_sets: TokenSets, out_dir: str | Path, cfg: ReadSettings | None = None) -> dict:
     """Margins, AUROC tables (one per claim kind), layer choice and heatmap for an entitlement probe set;
     `fitted`: each readout's artifact by readout name (`lens.readout.load_fitted`; none: the logit lens)."""
-    from lens.probes import LABELS, NOT_ENTITLED, REFUTED, SUPPORTED, render_probe
     from lhd_train.reading import tables
+    from lhd_train.reading.probes import LABELS, NOT_ENTITLED, REFUTED, SUPPORTED, render_probe
 
     cfg = cfg or ReadSettings()
     fitted = fitted or {}

@@ -19,10 +19,10 @@ from typer.testing import CliRunner
 
 from lens.corpus import CorpusSpec, load_corpus
 from lens.errors import LensError, LensFileError
-from lens.probes import build_probe_set, read_probes, write_probes
 from lhd_train.cli.lens import app
 from lhd_train.errors import DataFileError
 from lhd_train.reading import report
+from lhd_train.reading.probes import build_probe_set, read_probes, write_probes
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()

@@ -5,7 +5,7 @@ import pytest
 
 from lens.errors import LensError
 from lens.positions import DECISION, QUESTION, RECORD, Span, char_span_tokens, tag_chat_prompt
-from lens.probes import render_probe
+from lhd_train.reading.probes import render_probe
 from lhd_train.tiny_model import QWEN_STYLE_TEMPLATE
 
 USER = ("  <files>\n=== file: a.csv ===\nregion,units\nNorth,120\n</files>\nClaim: North sold 120 units.\n"

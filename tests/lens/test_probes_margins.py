@@ -13,7 +13,10 @@ from lens_data import NOTES_TXT, PLAN_JSON, SALES_CSV
 
 from lens.errors import LensError
 from lens.margins import margins, resolve_token_sets
-from lens.probes import (
+from lens.stats import auroc, bootstrap_auroc, emergence_layer, weighted_auroc
+from lhd_train.bench.facts import different_number, extract_facts
+from lhd_train.errors import DataFileError
+from lhd_train.reading.probes import (
     NOT_ENTITLED,
     REFUTED,
     SUPPORTED,
@@ -21,9 +24,6 @@ from lens.probes import (
     read_probes,
     write_probes,
 )
-from lens.stats import auroc, bootstrap_auroc, emergence_layer, weighted_auroc
-from lhd_train.bench.facts import different_number, extract_facts
-from lhd_train.errors import DataFileError
 
 
 def test_fact_extraction():

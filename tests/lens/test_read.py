@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from lens.elicit import elicitation
 from lens.positions import tag_chat_prompt
-from lens.probes import build_probe_set, write_probes
 from lhd_train.cli.lens import app
+from lhd_train.reading.probes import build_probe_set, write_probes
 from lhd_train.reading.runs import load_run_examples, locate_record
 
 runner = CliRunner()

@@ -22,10 +22,10 @@ from lens.margins import margins, resolve_token_sets
 from lens.model import block_outputs
 from lens.passk import rank_items, token_ranks
 from lens.positions import tag_chat_prompt
-from lens.probes import build_probe_set, render_probe, write_probes
 from lens.promptsets import PromptItem, PromptSet, encode_item, token_forms
 from lens.readout import READOUTS, Lenses, Readout, build_readouts, fitted_readouts
 from lhd_train.config.lens import ReadSettings
+from lhd_train.reading.probes import build_probe_set, render_probe, write_probes
 from lhd_train.reading.read import read_probe_set
 
 

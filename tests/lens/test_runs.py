@@ -11,10 +11,10 @@ from lens_data import make_pack
 from lens.margins import margins, resolve_token_sets
 from lens.model import block_outputs
 from lens.positions import ReadExample, tag_chat_prompt
-from lens.probes import build_probe_set, render_probe
 from lens.readout import LogitLens
 from lhd_train.bench.taskpack import load_pack
 from lhd_train.config.lens import ReadSettings
+from lhd_train.reading.probes import build_probe_set, render_probe
 from lhd_train.reading.read import collect
 from lhd_train.reading.runs import load_run_examples, run_task_texts
 

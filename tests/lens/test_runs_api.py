@@ -14,10 +14,10 @@ from test_read import FLAGS, write_run
 from typer.testing import CliRunner
 
 from lens.errors import LensError
-from lens.probes import read_probes
 from lhd_train.bench.taskpack import load_pack
 from lhd_train.cli.lens import app
 from lhd_train.errors import DataFileError, InputError
+from lhd_train.reading.probes import read_probes
 from lhd_train.reading.runs import load_run_examples
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "runs" / "v1-control-study"
