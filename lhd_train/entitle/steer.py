@@ -103,9 +103,11 @@ def run_steer(s: SteerSettings, backend: Any = None) -> dict[str, Any]:
         raise InputError(s.directory, None, "not an entitle directory (no entitle.json): run `lhd entitle run` first")
     record = d.record()
     settings = record.settings
-    pack = load_pack(record.pack.name)
-    if pack_sha256(pack) != record.pack.sha256:
-        raise InputError(d.manifest, "pack.sha256", f"pack {pack.name} changed since the answers were made")
+    hashes = (record.model_extra or {}).get("packs") or {record.pack.name: record.pack.sha256}
+    packs = {name: load_pack(name) for name in hashes}
+    for name, pack in packs.items():
+        if pack_sha256(pack) != hashes[name]:
+            raise InputError(d.manifest, f"packs.{name}", f"pack {name} changed since the answers were made")
     spec = parse_spec(record.model.spec)
     if not spec.in_process:
         raise InputError(d.manifest, "model.spec.backend", f"steering needs a model loaded in this process, the "
@@ -133,7 +135,9 @@ def run_steer(s: SteerSettings, backend: Any = None) -> dict[str, Any]:
         directions += [(f"random{i + 1}", r, a) for i, r in enumerate(random_directions(v, s.random, s.seed))
                        for a in s.alphas]
         items = [Item.from_json(x) for x in d.item_records()]
-        todo_all = jobs(pack, items, conds, plan, Prompts(record.prompts_dir), set())
+        prompts = Prompts(record.prompts_dir)
+        todo_all = [j for name, pack in packs.items()
+                    for j in jobs(pack, [i for i in items if i.pack == name], conds, plan, prompts, set())]
         done = {k for k, r in out.latest().items() if r.label != ERROR}
         meta = {"layer": layer, "lens": str(s.lens) if s.lens else None, "norm_of_v": float(v.norm()),
                 "alphas": s.alphas, "random": s.random, "seed": s.seed, "cells": s.cells, "at": utc_now()}

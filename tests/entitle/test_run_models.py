@@ -28,9 +28,10 @@ def rows_of(out: Path) -> list[dict]:
 
 
 def test_tiny_model_run_read_steer(tmp_path, tiny_llama_dir):
+    """Two packs, so steering rebuilds each answer's prompt from its own pack."""
     out = tmp_path / "e"
-    lhd("entitle", "run", str(tiny_llama_dir), "--out", str(out), "--pack", "lhd_startup_consulting", "--facts", "2",
-        "--samples", "1", "--max-tokens", "8", "--no-control", "--no-progress")
+    lhd("entitle", "run", str(tiny_llama_dir), "--out", str(out), "--pack", "lhd_startup_consulting,lhd_event_planning",
+        "--facts", "2", "--samples", "1", "--max-tokens", "8", "--no-control", "--no-progress")
     rows = rows_of(out)
     assert len(rows) == 2 * 7 * 2
     tok = AutoTokenizer.from_pretrained(tiny_llama_dir)
@@ -48,8 +49,9 @@ def test_tiny_model_run_read_steer(tmp_path, tiny_llama_dir):
         mine = Counter(r["label"] for r in rows if (r["files"], r["pressure"]) == (c["files"], c["pressure"]))
         assert {k: v for k, v in c["counts"].items() if v} == dict(mine)
     # a second directory with the same settings asks for the same greedy answers
-    lhd("entitle", "run", str(tiny_llama_dir), "--out", str(tmp_path / "f"), "--pack", "lhd_startup_consulting",
-        "--facts", "2", "--max-tokens", "8", "--no-control", "--no-progress")
+    lhd("entitle", "run", str(tiny_llama_dir), "--out", str(tmp_path / "f"), "--pack",
+        "lhd_startup_consulting,lhd_event_planning", "--facts", "2", "--max-tokens", "8", "--no-control",
+        "--no-progress")
     assert {r["id"]: r["answer"] for r in rows_of(tmp_path / "f")} == greedy
     # read: the random model's answers hold no fabricated/supported pair of a fact, and it says so
     res = lhd("entitle", "read", str(out), "--no-progress", "--bootstrap", "20")
