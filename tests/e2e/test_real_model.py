@@ -13,8 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 # Words that make up a large share of any English prose, and almost none of random token strings.
 FUNCTION_WORDS = frozenset(
