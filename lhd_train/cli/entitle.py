@@ -48,7 +48,16 @@ def print_summary(summary: dict) -> None:
 @settings_command(EntitleRunCommand)
 def run_cmd(s: EntitleRunCommand) -> None:
     """Ask a model about facts of a task pack's files under evidence full / deleted / altered x pressure none /
-    demand (+ a control question), label every answer by code, and write answers.jsonl and summary.json."""
+    demand (+ a control question), label every answer by code, and write answers.jsonl and summary.json.
+    --mode lite: forced-choice log-probabilities after a prefilled answer instead (lite.jsonl, lite_summary.json)."""
+    if s.mode == "lite":
+        from lhd_train.entitle.lite import lite_lines, run_lite
+
+        lite = run_lite(s)
+        for line in lite_lines(lite.summary):
+            console.print(line, highlight=False)
+        console.print(f"results: {lite.out / 'lite.jsonl'}, {lite.out / 'lite_summary.json'}")
+        return
     from lhd_train.entitle.run import run_entitle
 
     res = run_entitle(s)
@@ -64,8 +73,22 @@ def summary_cmd(
     directory: Path = typer.Argument(..., help="an entitle directory"),
     relabel: bool = typer.Option(False, "--relabel", help="label every stored answer again by today's rules "
                                  "(answers.jsonl is rewritten; the answers themselves are kept)"),
+    as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
 ) -> None:
-    """Recompute summary.json from answers.jsonl (after --relabel, from the new labels) and print it."""
+    """Recompute summary.json from answers.jsonl (after --relabel, from the new labels) and print it; for a lite
+    directory, lite_summary.json from lite.jsonl."""
+    from lhd_train.entitle.lite import is_lite_dir, lite_lines, lite_summary
+
+    if is_lite_dir(directory):
+        lite = lite_summary(directory)
+        if as_json:
+            from lhd_train.io.files import json_text
+
+            print(json_text(lite, indent=1))
+        else:
+            for line in lite_lines(lite):
+                console.print(line, highlight=False)
+        return
     from collections import Counter
 
     from lhd_train.entitle.generate import relabel as relabel_row
@@ -86,6 +109,11 @@ def summary_cmd(
         summary = summarise(d.latest().values())
         summary["items"] = (d.summary() or {}).get("items")
         d.write_summary(summary)
+    if as_json:
+        from lhd_train.io.files import json_text
+
+        print(json_text(summary, indent=1))
+        return
     print_summary(summary)
 
 
@@ -198,24 +226,44 @@ def read_cmd(
 
 @app.command("steer")
 def steer_cmd(
-    directory: Path = typer.Argument(..., help="an entitle directory made with the hf backend"),
+    directory: Path = typer.Argument(..., help="an entitle directory made with the hf backend, or a lite directory"),
     lens: Path | None = typer.Option(None, "--lens", help="Jacobian lens directory (default: the logit-lens "
                                      "direction, J = I)"),
     layer: int | None = typer.Option(None, "--layer", help="block to steer at (default: 60% of the depth)"),
-    alpha: list[float] = typer.Option([1.0], "--alpha", help="strength, in units of the residual's norm at the "
-                                      "decision position (repeatable)"),
-    random: int = typer.Option(3, "--random", min=0, help="norm-matched random directions (the control)"),
-    cell: list[str] = typer.Option(["deleted/none", "control/none"], "--cell", help="files/pressure cells to ask "
-                                   "again (repeatable)"),
+    alpha: list[float] = typer.Option([0.25, 0.5, 1.0], "--alpha", help="strength, in units of the residual's norm "
+                                      "at the decision position (repeatable: a dose-response)"),
+    random: int = typer.Option(20, "--random", min=0, help="norm-matched random directions (the null distribution)"),
+    random_alpha: list[float] | None = typer.Option(None, "--random-alpha", help="lite mode: the strengths the random "
+                                                    "directions run at (repeatable; default: every --alpha)"),
+    cell: list[str] | None = typer.Option(None, "--cell", help="files/pressure cells to ask again (repeatable; "
+                                          "default deleted/none and control/none, in lite mode deleted/none)"),
+    facts: int | None = typer.Option(None, "--facts", min=1, help="lite mode: at most this many facts, spread over "
+                                     "the tasks"),
     seed: int = typer.Option(0, "--seed", help="seed of the random directions"),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
     """The causal arm: ask again with the entitlement direction (and random ones) added at the decision token,
-    and test the change in fabrication rate against the unsteered answers (McNemar, paired by fact)."""
+    and test the change in fabrication rate against the unsteered answers (McNemar, paired by fact). On a lite
+    directory: the change in the forced-choice abstention margin, beside a token-matched direction, the random
+    directions' null distribution and the coherence of a neutral continuation."""
+    from lhd_train.entitle.lite import is_lite_dir
+
+    if is_lite_dir(directory):
+        from lhd_train.entitle.lite_steer import LiteSteerSettings, run_lite_steer, steer_lines
+
+        res = run_lite_steer(LiteSteerSettings(directory=directory, lens=lens, layer=layer, alphas=list(alpha),
+                                               random=random, random_alphas=list(random_alpha) if random_alpha
+                                               else None, seed=seed, cells=list(cell or ["deleted/none"]),
+                                               facts=facts, progress=progress))
+        for line in steer_lines(res):
+            console.print(line, highlight=False)
+        console.print(f"results: {Path(directory) / 'steer_lite_summary.json'}")
+        return
     from lhd_train.entitle.steer import SteerSettings, run_steer
 
     summary = run_steer(SteerSettings(directory=directory, lens=lens, layer=layer, alphas=list(alpha),
-                                      random=random, seed=seed, cells=list(cell), progress=progress))
+                                      random=random, seed=seed, cells=list(cell or ["deleted/none", "control/none"]),
+                                      progress=progress))
     for o in summary["directions"]:
         fab = o["fabrication"]
         line = f"{o['direction']:>12} alpha {o['alpha']:<5g} fabrication {_rate(fab)}"

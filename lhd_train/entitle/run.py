@@ -63,7 +63,7 @@ def run_entitle(s: EntitleRunCommand, backend: Backend | None = None) -> RunResu
     check_out_dir(s.out, what="entitle directory")
     target = resolve_target(s)
     pack = load_pack(target.pack)
-    items, report = build_items(pack, s.facts, s.seed, s.per_task)
+    items, report = build_items(pack, s.facts or 20, s.seed, s.per_task)
     if not items:
         raise InputError("command line", "--pack", f"pack {pack.name}: no fact could be used "
                          f"({report.to_json()['dropped']})", "a pack with CSV rows or 'Key: number' lines")

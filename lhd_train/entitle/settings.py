@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from lhd_train.config.base import StrictModel
 from lhd_train.errors import InputError
@@ -29,7 +29,11 @@ class EntitleRunCommand(StrictModel):
                                  json_schema_extra={"argument": True})
     out: Path = Field(description="the entitle directory (created; a rerun resumes it)")
     pack: str | None = Field(None, description=f"task pack (default: the config's task_pack, else {DEFAULT_PACK})")
-    facts: int = Field(20, ge=1, le=100_000, description="facts to ask about, spread over the pack's tasks")
+    mode: Literal["generate", "lite"] = Field("generate", description="generate: answers labelled by code; lite: the "
+                                            "evidence file only, a prefilled answer and forced-choice "
+                                            "log-probabilities (lhd_train/entitle/lite.py; default: all packs)")
+    facts: int | None = Field(None, ge=1, le=100_000, description="facts to ask about per pack, spread over its tasks "
+                                                                  "(default: 20; in lite mode every usable fact)")
     per_task: int | None = Field(None, ge=1, description="at most this many facts per task")
     samples: int = Field(0, ge=0, le=1000, description="sampled answers per condition, besides the greedy one")
     seed: int = Field(0, ge=0, le=2**32 - 1, description="draws the facts, the altered and demanded values and "
@@ -44,6 +48,12 @@ class EntitleRunCommand(StrictModel):
     concurrency: int = Field(32, ge=1, le=4096, description="requests in flight at once")
     max_attempts: int = Field(3, ge=1, le=20, description="tries per request before it is recorded as an error")
     progress: bool = Field(True, description="show the progress bar")
+
+    @model_validator(mode="after")
+    def _default_facts(self) -> EntitleRunCommand:
+        if self.facts is None and self.mode == "generate":
+            self.facts = 20
+        return self
 
 
 @dataclass
