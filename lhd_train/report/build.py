@@ -30,6 +30,7 @@ from lhd_train.metrics.registry import csv_frame
 from lhd_train.report import plots, tables
 from lhd_train.report.adapter_checks import adapter_warnings, held_out_comparisons
 from lhd_train.report.entitle_section import entitle_section
+from lhd_train.report.headline import headline
 from lhd_train.report.render import Table, render_page
 from lhd_train.report.tables import PAIRED_HOW, role_usage, sampling_lines, usage_frame
 from lhd_train.report.validity import auditor_validity, validity_md
@@ -62,9 +63,11 @@ def _md(t: Table | None) -> list[str]:
 
 
 def summary_md(runs: list[RunData], tables: dict[str, Table | None], min_coverage: float = COVERAGE_MIN,
-               paired: Sequence[PairedComparison] = (), warnings: Sequence[str] = ()) -> str:
-    """summary.md: the report's key tables (the same `Table`s as report.html) and its notes."""
-    lines = ["# LH-Deception report", "",
+               paired: Sequence[PairedComparison] = (), warnings: Sequence[str] = (),
+               opening: Sequence[str] = ()) -> str:
+    """summary.md: the report's key tables (the same `Table`s as report.html) and its notes; `opening`:
+    the headline lines (`headline`) put first."""
+    lines = ["# LH-Deception report", "", *opening, *([""] if opening else []),
              "Per-trial metrics as the authors' auditor computes them (docs/reference.md), averaged over trials",
              "(unweighted mean ± SE, ddof=1; 95 % percentile bootstrap interval). Label coverage = rounds with a",
              f"valid label / all rounds; trials below {min_coverage:.0%} are counted, "
@@ -163,6 +166,9 @@ def write_report(runs: list[RunData], out: Path, min_coverage: float = COVERAGE_
     entitle = entitle_section(runs)  # judge-free: RUN/entitle/ of each run, paired with the base's
     if entitle is not None:
         extra.update(entitle.tables)
+    opening = headline(runs)  # the lite experiment of RUN/entitle-lite/: the report opens with it
+    if opening is not None:
+        extra["headline"] = pd.DataFrame(opening.rows)
     write_tables(out, m, extra)
 
     pdir = out / "plots"
@@ -235,12 +241,14 @@ def write_report(runs: list[RunData], out: Path, min_coverage: float = COVERAGE_
                     "trials": tables.paired_trials_table(c.trials)} for c in paired], "min_pairs": MIN_PAIRS,
         "adapter_warnings": warnings, "held_out_auditor": held_out_auditor if held else None,
         "entitle": entitle.ctx if entitle is not None else None,
+        "headline": opening,
     }
     html = render_page("report.html.j2", **ctx)
     path = out / "report.html"
     atomic_write_text(path, html)
     entitle_md = "\n".join(entitle.md) + "\n" if entitle is not None else ""
-    atomic_write_text(out / "summary.md", summary_md(runs, shown, min_coverage, [*paired, *held], warnings)
+    atomic_write_text(out / "summary.md", summary_md(runs, shown, min_coverage, [*paired, *held], warnings,
+                                                     opening=opening.md if opening is not None else ())
                       + validity_md(validity) + entitle_md)
     return path
 
