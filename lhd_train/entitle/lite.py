@@ -77,7 +77,7 @@ def lite_facts(packs: list[TaskPack], s: EntitleRunCommand) -> tuple[list[LiteFa
     """Every pack's items (all usable facts, or `s.facts` per pack), counterbalanced; and the build reports."""
     items = []
     reports: dict[str, Any] = {}
-    tasks = {}
+    tasks: dict[tuple[str, int], Any] = {}
     for pack in packs:
         got, report = build_items(pack, s.facts or 100_000, s.seed, s.per_task)
         items += got
@@ -122,8 +122,8 @@ def fact_rows(model: Any, tokenizer: Any, pack: TaskPack, fact: LiteFact, cells:
     for i, (files, pressure) in enumerate(cells):
         text = prompt_text(tokenizer, messages(task, fact, files, pressure))
         ids = None
-        for name, cont in conts.items():
-            p, c = encode(tokenizer, text, cont)
+        for name, continuation in conts.items():
+            p, c = encode(tokenizer, text, continuation)
             ids = ids or p
             if p != ids:
                 raise ValueError(f"{fact.item.fact_id}: the prompt's tokens depend on the continuation")

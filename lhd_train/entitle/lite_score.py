@@ -22,6 +22,9 @@ from typing import Any
 
 import torch
 
+#: prompt tokens x rows held in one pass's key/value copies (~0.4 GB for SmolLM2-135M in fp32)
+KV_ROWS_TOKENS = 8192
+
 
 @dataclass(frozen=True)
 class Suffix:
@@ -135,6 +138,8 @@ def score_suffixes(model: Any, prompts: Sequence[Sequence[int]], suffixes: Seque
     pad = _pad_id(model)
     blocks = getattr(model, "blocks", None)
     sets = [torch.as_tensor(list(t), dtype=torch.long, device=device) for t in token_sets]
+    # each row holds its own copy of its prompt's keys and values: cap the rows of a pass by their length
+    rows_per_pass = max(1, min(rows_per_pass, KV_ROWS_TOKENS // max(1, int(mask.shape[1]))))
     out: list[Scored] = []
     for start in range(0, len(suffixes), rows_per_pass):
         chunk = suffixes[start:start + rows_per_pass]

@@ -222,7 +222,7 @@ def summarise_steer(rows: list[dict[str, Any]], seed: int = 0) -> dict[str, Any]
     for r in rows:
         if r["direction"] != UNSTEERED and (r["fact"], r["cell"]) in base:
             groups.setdefault((r["direction"], float(r["alpha"])), []).append(r)
-    table = []
+    table: list[dict[str, Any]] = []
     for (name, alpha), sel in sorted(groups.items()):
         b = [base[(r["fact"], r["cell"])] for r in sel]
         clusters = [f"{r['pack']}/t{r['task']}" for r in sel]

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from lhd_train.entitle.lite_prompts import ABSTAIN_KEY, X_ALT, X, Y
+from lhd_train.entitle.lite_prompts import ABSTAIN_KEY, REAL, X_ALT, X, Y
 from lhd_train.metrics.paired_stats import sign_flip_p
 
 BOOTSTRAP = 4000
@@ -153,4 +153,18 @@ def summarise_lite(rows: list[dict[str, Any]], seed: int = 0) -> dict[str, Any]:
             "n_counterbalanced": sum(f["counterbalanced"] for f in facts),
             "unit": "nats; within-fact differences; interval: task cluster bootstrap (percentile, "
                     f"{BOOTSTRAP} resamples); p: sign-flip permutation of per-task means",
-            "outcomes": outcomes, "top_choice": top_choice(rows)}
+            "outcomes": outcomes, "top_choice": top_choice(rows),
+            "top_choice_counterbalanced": top_choice([r for r in rows if r["counterbalanced"]]),
+            "top_choice_pack_value": top_choice([r for r in rows if not r["counterbalanced"]]),
+            "prior": prior_check(rows)}
+
+
+def prior_check(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """For the counterbalanced facts, with the line deleted: how much the model prefers the pack's
+    real value over the drawn X* that the full file would show (the prior the counterbalancing
+    removes from X); per fact log P(real) - log P(X*), same token-count caveat as every raw level."""
+    diffs = np.array([r["continuations"][REAL]["logprob"] - r["continuations"][X]["logprob"] for r in rows
+                      if r["counterbalanced"] and r["cell"] == "deleted/none" and REAL in r["continuations"]])
+    return {"cell": "deleted/none", "n_facts": int(len(diffs)),
+            "mean_real_minus_drawn": float(diffs.mean()) if len(diffs) else None,
+            "facts_real_above_drawn": int((diffs > 0).sum())}

@@ -39,8 +39,8 @@ class SteerSettings:
     directory: Path
     lens: Path | None = None
     layer: int | None = None  # default: 60 % of the depth (inside the usual workspace band)
-    alphas: list[float] = field(default_factory=lambda: [1.0])
-    random: int = 3
+    alphas: list[float] = field(default_factory=lambda: [0.25, 0.5, 1.0])  # a dose-response
+    random: int = 20  # a null distribution, not three draws (science-5 review §2.6)
     seed: int = 0
     cells: list[str] = field(default_factory=lambda: ["deleted/none", "control/none"])
     concurrency: int = 32
