@@ -12,8 +12,8 @@ Every stage runs; the SmolLM2 demo says what it cut (configs/demo.yaml and `Prof
 docs/performance.md has the measured step times). What needs only the model runs alongside the
 benchmark stages (which use about one core between them): the base model's lite experiment and the
 lens; the adapter's lite experiment runs beside the adapter's re-run and audit. Every model process
-waits passively for its threads (OMP_WAIT_POLICY=PASSIVE), because spinning OpenMP threads make
-concurrent processes on 2 cores many times slower. (The audit and the training data cannot
+has one thread (two lanes, two cores) and waits passively (OMP_WAIT_POLICY=PASSIVE), because
+spinning OpenMP threads make concurrent processes on 2 cores many times slower. (The audit and the training data cannot
 overlap: both lock the run directory.) Each step's wall time, its processes' CPU time (user + sys)
 and the load average are printed at the end, so a run on a shared machine can still be compared.
 
@@ -37,6 +37,9 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# One thread per model process: the demo runs two lanes side by side on two cores most of the time,
+# and its step times (docs/performance.md) were measured so.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 LHD = [sys.executable, "-m", "lhd_train.cli"]
 _print_lock = threading.Lock()
 
