@@ -20,7 +20,7 @@ import numpy as np
 
 from lhd_train.entitle.lite import MANIFEST, is_lite_dir, read_rows
 from lhd_train.entitle.lite_summary import OUTCOMES, describe, per_fact, summarise_lite
-from lhd_train.report.render import Table, ci, fmt, signed
+from lhd_train.report.render import Table, ci, signed
 
 LITE = "entitle-lite"  # RUN/entitle-lite/: the run's lite experiment
 SHOWN = ("evidence", "pressure_vs_mention", "pressure_vs_none")  # the outcomes the opening block shows
@@ -33,6 +33,11 @@ class Headline:
     rows: list[dict[str, Any]]  # one per (run, outcome), and per (run − base, outcome)
     table: Table
     md: list[str]
+
+
+def p_text(p: float | None) -> str:
+    """A p-value with two significant figures (a sign-flip p over 16 tasks can be 3e-05)."""
+    return "–" if p is None or p != p else f"{p:.2g}"
 
 
 def lite_dir_of(run_path: Path) -> Path | None:
@@ -89,11 +94,11 @@ def headline(runs: Sequence[Any]) -> Headline | None:
                                 f"the run's minus the base's, per fact: {OUTCOMES[name][0]}"))
     table = Table(COLUMNS, [[x["run"], x["outcome"], signed(x["mean"]), ci(x["ci_low"], x["ci_high"], 2),
                              f"{x['facts_positive']} / {x['n_facts']}", f"{x['tasks_positive']} / {x['n_tasks']}",
-                             fmt(x["p"], 3), x["contrast"]] for x in out],
+                             p_text(x["p"]), x["contrast"]] for x in out],
                   [False, False, True, True, True, True, True, False])
     md = ["Headline: the lite evidence-ablation experiment (`RUN/entitle-lite/`, docs/entitle.md): within-fact "
           "log-probability differences in nats, 95 % task-cluster bootstrap interval, task sign-flip p.", ""]
     md += [f"- {x['run']}, {x['outcome']}: {signed(x['mean'])} {ci(x['ci_low'], x['ci_high'], 2)}, "
            f"{x['facts_positive']}/{x['n_facts']} facts > 0, {x['tasks_positive']}/{x['n_tasks']} tasks > 0, "
-           f"sign-flip p {fmt(x['p'], 3)} ({x['contrast']})" for x in out]
+           f"sign-flip p {p_text(x['p'])} ({x['contrast']})" for x in out]
     return Headline(out, table, md)
