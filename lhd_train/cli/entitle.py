@@ -55,7 +55,7 @@ def run_cmd(s: EntitleRunCommand) -> None:
 
         lite = run_lite(s)
         for line in lite_lines(lite.summary):
-            console.print(line, highlight=False)
+            console.print(line, highlight=False, markup=False)
         console.print(f"results: {lite.out / 'lite.jsonl'}, {lite.out / 'lite_summary.json'}")
         return
     from lhd_train.entitle.run import run_entitle
@@ -87,7 +87,7 @@ def summary_cmd(
             print(json_text(lite, indent=1))
         else:
             for line in lite_lines(lite):
-                console.print(line, highlight=False)
+                console.print(line, highlight=False, markup=False)
         return
     from collections import Counter
 
@@ -256,7 +256,7 @@ def steer_cmd(
                                                else None, seed=seed, cells=list(cell or ["deleted/none"]),
                                                facts=facts, progress=progress))
         for line in steer_lines(res):
-            console.print(line, highlight=False)
+            console.print(line, highlight=False, markup=False)
         console.print(f"results: {Path(directory) / 'steer_lite_summary.json'}")
         return
     from lhd_train.entitle.steer import SteerSettings, run_steer

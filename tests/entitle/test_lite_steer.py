@@ -146,3 +146,19 @@ def test_steer_summary_recounted_from_rows(tiny, tiny_llama_dir: Path, tmp_path:
     assert null["entitlement_p_vs_random"] == pytest.approx((1 + sum(x >= ent.mean() for x in rand)) / 5)
     again = run_lite_steer(LiteSteerSettings(directory=out, random=4, alphas=[0.5, 1.0], progress=False), model, tok)
     assert len((out / ROWS).read_text().splitlines()) == len(rows) and again["directions"] == summary["directions"]
+
+
+def test_rows_split_by_the_key_value_budget_score_the_same(tiny, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lhd_train.entitle import lite_score
+
+    model, _ = tiny
+    units = torch.nn.functional.normalize(torch.randn(3, model.d_model, generator=torch.Generator().manual_seed(1)),
+                                          dim=-1)
+    prompts = [list(range(10, 50)), list(range(10, 45)) + [7]]
+    sufs = [Suffix(p, (3, 4 + k), k % 3, 0.5 * k) for p in (0, 1) for k in range(5)]
+    whole = score_suffixes(model, prompts, sufs, layer=0, units=units)
+    monkeypatch.setattr(lite_score, "KV_ROWS_TOKENS", 100)  # 2 rows of a 40-token prompt per pass
+    split = score_suffixes(model, prompts, sufs, layer=0, units=units)
+    for a, b in zip(split, whole, strict=True):
+        assert a.token_logprobs == pytest.approx(b.token_logprobs, abs=1e-5)
+    assert [s.top1 for s in split] == [s.top1 for s in whole]
