@@ -29,6 +29,7 @@ from lhd_train.metrics.paired import MIN_PAIRS, PairedComparison, compare_to_bas
 from lhd_train.metrics.registry import HEADLINE, csv_frame
 from lhd_train.report import plots, tables
 from lhd_train.report.adapter_checks import adapter_warnings, held_out_comparisons
+from lhd_train.report.headline import headline
 from lhd_train.report.render import Table, render_page
 from lhd_train.report.tables import PAIRED_HOW, role_usage, sampling_lines, usage_frame
 from lhd_train.report.validity import auditor_validity, validity_md
@@ -61,9 +62,11 @@ def _md(t: Table | None) -> list[str]:
 
 
 def summary_md(runs: list[RunData], tables: dict[str, Table | None], min_coverage: float = COVERAGE_MIN,
-               paired: Sequence[PairedComparison] = (), warnings: Sequence[str] = ()) -> str:
-    """summary.md: the report's key tables (the same `Table`s as report.html) and its notes."""
-    lines = ["# LH-Deception report", "",
+               paired: Sequence[PairedComparison] = (), warnings: Sequence[str] = (),
+               opening: Sequence[str] = ()) -> str:
+    """summary.md: the report's key tables (the same `Table`s as report.html) and its notes; `opening`:
+    the headline lines (`headline`) put first."""
+    lines = ["# LH-Deception report", "", *opening, *([""] if opening else []),
              "Per-trial metrics as the authors' auditor computes them (docs/reference.md), averaged over trials",
              "(unweighted mean ± SE, ddof=1; 95 % percentile bootstrap interval). Label coverage = rounds with a",
              f"valid label / all rounds; trials below {min_coverage:.0%} are counted, "
@@ -159,6 +162,9 @@ def write_report(runs: list[RunData], out: Path, min_coverage: float = COVERAGE_
     if paired:
         extra["paired"] = pd.concat([c.effects for c in (*paired, *held)], ignore_index=True)
         extra["paired_trials"] = pd.concat([c.trials for c in paired], ignore_index=True)
+    opening = headline(runs)  # the lite experiment of RUN/entitle-lite/: the report opens with it
+    if opening is not None:
+        extra["headline"] = pd.DataFrame(opening.rows)
     write_tables(out, m, extra)
 
     pdir = out / "plots"
@@ -230,11 +236,13 @@ def write_report(runs: list[RunData], out: Path, min_coverage: float = COVERAGE_
         "paired": [{"base": labels.get(c.base, c.base), "other": labels.get(c.other, c.other), "notes": c.notes,
                     "trials": tables.paired_trials_table(c.trials)} for c in paired], "min_pairs": MIN_PAIRS,
         "adapter_warnings": warnings, "held_out_auditor": held_out_auditor if held else None,
+        "headline": opening,
     }
     html = render_page("report.html.j2", **ctx)
     path = out / "report.html"
     atomic_write_text(path, html)
-    atomic_write_text(out / "summary.md", summary_md(runs, shown, min_coverage, [*paired, *held], warnings)
+    atomic_write_text(out / "summary.md", summary_md(runs, shown, min_coverage, [*paired, *held], warnings,
+                                                     opening=opening.md if opening is not None else ())
                       + validity_md(validity))
     return path
 
