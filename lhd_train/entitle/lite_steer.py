@@ -230,20 +230,20 @@ def summarise_steer(rows: list[dict[str, Any]], seed: int = 0) -> dict[str, Any]
         d_n = np.array([r["lse"]["N"] - x["lse"]["N"] for r, x in zip(sel, b, strict=True)])
         d_nll = np.array([r["neutral_nll"] - x["neutral_nll"] for r, x in zip(sel, b, strict=True)])
         table.append({"direction": name, "alpha": alpha, "margin": describe(d_margin, clusters, seed),
-                      "lse_N_mean": float(d_n.mean()), "neutral_nll_mean": float(d_nll.mean()),
+                      "lse_N_avg": float(d_n.mean()), "neutral_nll_avg": float(d_nll.mean()),
                       "perplexity_ratio": float(np.exp(d_nll.mean())),
                       "top1": Counter(r["top1"] for r in sel).most_common(4)})
     null: dict[str, Any] = {}
     for alpha in sorted({t["alpha"] for t in table}):
         rand = np.array([t["margin"]["mean"] for t in table if t["alpha"] == alpha
                          and t["direction"].startswith("random")])
-        rand_nll = np.array([t["neutral_nll_mean"] for t in table if t["alpha"] == alpha
+        rand_nll = np.array([t["neutral_nll_avg"] for t in table if t["alpha"] == alpha
                              and t["direction"].startswith("random")])
         entry: dict[str, Any] = {"random_directions": int(len(rand))}
         if len(rand):
-            entry |= {"random_mean": float(rand.mean()), "random_sd": float(rand.std(ddof=1)) if len(rand) > 1
+            entry |= {"random_avg": float(rand.mean()), "random_sd": float(rand.std(ddof=1)) if len(rand) > 1
                       else None, "random_min": float(rand.min()), "random_max": float(rand.max()),
-                      "random_q95": float(np.quantile(rand, 0.95)), "random_neutral_nll_mean": float(rand_nll.mean())}
+                      "random_q95": float(np.quantile(rand, 0.95)), "random_neutral_nll_avg": float(rand_nll.mean())}
             for name in (ENTITLEMENT, TOKEN_MATCHED):
                 m = next((t["margin"]["mean"] for t in table if t["alpha"] == alpha and t["direction"] == name), None)
                 if m is not None:  # rank p: the share of the null (with the direction itself) at least as large
@@ -322,7 +322,7 @@ def steer_lines(summary: dict[str, Any]) -> list[str]:
     for alpha, null in summary["null"].items():
         if null["random_directions"]:
             lines.append(f"alpha {alpha}: {null['random_directions']} random directions: mean "
-                         f"{null['random_mean']:+.2f}, range [{null['random_min']:+.2f}, "
+                         f"{null['random_avg']:+.2f}, range [{null['random_min']:+.2f}, "
                          f"{null['random_max']:+.2f}], 95th pct {null['random_q95']:+.2f}")
         for t in summary["directions"]:
             if f"{t['alpha']:g}" != alpha or t["direction"].startswith("random"):
@@ -333,5 +333,5 @@ def steer_lines(summary: dict[str, Any]) -> list[str]:
             lines.append(f"  {t['direction']:>14}: {m['mean']:+.2f}{interval}, {m['facts_positive']}/{m['n_facts']} "
                          f"facts > 0, sign-flip p {m['p_task_sign_flip']:.3g}, p vs random "
                          f"{null.get(t['direction'] + '_p_vs_random', float('nan')):.3g}; N words "
-                         f"{t['lse_N_mean']:+.2f}; perplexity x{t['perplexity_ratio']:.2f}")
+                         f"{t['lse_N_avg']:+.2f}; perplexity x{t['perplexity_ratio']:.2f}")
     return lines

@@ -22,6 +22,7 @@ from typing import Any
 
 from lhd_train.audit.trajectory import AuditorPrompts, Trial, load_trial, run_task_texts
 from lhd_train.config.auditor import load_auditor_config
+from lhd_train.errors import InputError
 from lhd_train.finetune.contexts import Context
 from lhd_train.finetune.grading import candidate_view
 from lhd_train.rundir.run import Run
@@ -80,8 +81,15 @@ def _counter(name: str) -> tuple[Callable[[list[dict[str, str]]], int], str]:
 
 def judge_window(run_dir: Path, window: int | None, tokenizer: str | None,
                  completion_tokens: int) -> JudgeWindow | None:
-    """The check for `run_dir`'s rows, or None when no window is known."""
-    acfg, _ = load_auditor_config(Path(run_dir), None, [])
+    """The check for `run_dir`'s rows, or None when no window is known (none given, and the run configures no
+    auditor whose window it could take: its GRPO rows are then not checked, as before the check existed)."""
+    try:
+        acfg, _ = load_auditor_config(Path(run_dir), None, [])
+    except InputError as e:
+        if window is None and e.field == "auditor":
+            log.info("%s: no auditor role, so no judge window: over-window rows are not counted", run_dir)
+            return None
+        raise
     window = window or acfg.spec.max_model_len
     if not window:
         return None

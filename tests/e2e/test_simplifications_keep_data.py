@@ -73,7 +73,8 @@ def test_a_deeply_nested_prompt_set_is_one_line_naming_the_file(tmp_path, monkey
     deep = tmp_path / "deep.json"
     deep.write_text('{"items": ' + "[" * 100_000 + "]" * 100_000 + "}")
     (tmp_path / "lens").mkdir()
-    line = one_error(*cli(monkeypatch, capsys, "lens", "eval", str(tiny_llama_dir), "--lens", str(tmp_path / "lens"),
-                          "--out", str(tmp_path / "out"), "--prompt-set", str(deep)), str(deep))
+    line = one_error(*cli(monkeypatch, capsys, "lens", "eval", str(tiny_llama_dir), "--readout",
+                          f"jacobian={tmp_path / 'lens'}", "--out", str(tmp_path / "out"), "--prompt-set", str(deep)),
+                     str(deep))
     assert "nested" in line
     assert not (tmp_path / "out").exists()

@@ -142,7 +142,7 @@ def test_steer_summary_recounted_from_rows(tiny, tiny_llama_dir: Path, tmp_path:
     rand = [np.mean([r["margin"] - base[r["fact"]] for r in rows if r["direction"] == f"random{k:02d}"
                      and r["alpha"] == 1]) for k in range(1, 5)]
     null = summary["null"]["1"]
-    assert null["random_mean"] == pytest.approx(np.mean(rand))
+    assert null["random_avg"] == pytest.approx(np.mean(rand))
     assert null["entitlement_p_vs_random"] == pytest.approx((1 + sum(x >= ent.mean() for x in rand)) / 5)
     again = run_lite_steer(LiteSteerSettings(directory=out, random=4, alphas=[0.5, 1.0], progress=False), model, tok)
     assert len((out / ROWS).read_text().splitlines()) == len(rows) and again["directions"] == summary["directions"]
