@@ -61,7 +61,7 @@ def test_every_stage_runs_and_the_lite_results_land_where_the_report_opens_them(
         main = [*pl.pre, *pl.train, *pl.after]
         verbs = [a[:2] if a[0] in ("lens", "data", "entitle") else a[:1] for a in _commands(main)]
         assert verbs == [("run",), ("audit",), ("data", profile.data_args[0]), ("train",), ("run",), ("audit",),
-                         *([("entitle", "run")] * 2 * generative)], verbs
+                         *([("entitle", "run"), ("entitle", "run"), ("entitle", "compare")] * generative)], verbs
         assert [a[:3] for a in _commands(pl.side)[1:]] == [("lens", "probe", "build"), ("lens", "fit", profile.model),
                                                           ("lens", "read", profile.model)]
         lites = [pl.side[0].args, *_commands(pl.side2)]
