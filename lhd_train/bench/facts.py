@@ -53,7 +53,8 @@ class Fact:
         return f"According to {self.file}, the {attr} is {val}."
 
 
-def _lines_with_offsets(text: str) -> list[tuple[int, int, str]]:
+def lines_with_offsets(text: str) -> list[tuple[int, int, str]]:
+    """(start, end, line) of each line, ends without the newline: spans the facts and probes cut at."""
     out, pos = [], 0
     for raw in text.splitlines(keepends=True):
         line = raw.rstrip("\r\n")
@@ -115,7 +116,7 @@ def different_number(text: str, rng: random.Random) -> str:
 
 
 def _csv_facts(name: str, content: str) -> list[Fact]:
-    lines = _lines_with_offsets(content)
+    lines = lines_with_offsets(content)
     while lines and (not lines[0][2].strip() or lines[0][2].lstrip().startswith("#")):
         lines = lines[1:]  # comment lines before the header
     rows = [(s, e, next(csv.reader([line]), [])) for s, e, line in lines if line.strip()]
@@ -168,7 +169,7 @@ def _json_facts(name: str, content: str) -> list[Fact]:
 
 def _text_facts(name: str, content: str) -> list[Fact]:
     facts = []
-    for s, e, line in _lines_with_offsets(content):
+    for s, e, line in lines_with_offsets(content):
         m = _KEY_LINE.match(line)
         if not m or parse_number(m.group("val")) is None:
             continue

@@ -42,7 +42,7 @@ from typing import Any
 
 from lens.errors import LensError
 from lens.positions import QUESTION, RECORD, Span
-from lhd_train.bench.facts import Fact, different_number, extract_facts
+from lhd_train.bench.facts import Fact, different_number, extract_facts, lines_with_offsets
 from lhd_train.bench.taskpack import TaskPack, load_pack
 from lhd_train.errors import DataFileError
 from lhd_train.io.files import atomic_write_text, read_jsonl_lines
@@ -73,14 +73,6 @@ ABSENT_ATTRIBUTES = [
     "union members", "spam reports", "test coverage", "uptime", "cafeteria spend",
 ]
 ABSENT_PER_RECORD = 2
-
-def _lines_with_offsets(text: str) -> list[tuple[int, int, str]]:
-    out, pos = [], 0
-    for raw in text.splitlines(keepends=True):
-        line = raw.rstrip("\r\n")
-        out.append((pos, pos + len(line), line))
-        pos += len(raw)
-    return out
 
 
 def _file_fields(f: Any) -> tuple[str, str, str | None]:
@@ -210,7 +202,7 @@ def _other_line_deleted_probe(base: dict, files: list[dict], fact: Fact, pair_id
     vs `evidence_deleted`: the deleted record is the shorter one)."""
     assert fact.line_start is not None and fact.line_end is not None  # callers pass facts with an evidence line
     content = next(f["content"] for f in files if f["name"] == fact.file)
-    lines = _lines_with_offsets(content)
+    lines = lines_with_offsets(content)
     body = [i for i, (_, _, line) in enumerate(lines) if line.strip() and not line.lstrip().startswith("#")]
     header = body[0] if fact.kind == "csv" and body else None
     width = fact.line_end - fact.line_start
