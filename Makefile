@@ -84,7 +84,7 @@ test-slow: env services
 
 # The edit loop: no vLLM, Slurm, Chromium or SmolLM2, no `slow` test.
 test-fast: env
-	$(PYTEST) $(XDIST) -m "not slow and not vllm and not slurm and not browser and not smollm2" --durations=10
+	$(PYTEST) $(XDIST) -m "not slow and not vllm and not slurm and not browser and not smollm2 and not inspect" --durations=10
 
 # The CPU suite's core (the engine through the hf backend, the hf decode loop, SFT/DPO/GRPO training
 # steps, the lens fit) on the lower bounds of pyproject.toml's ranges (constraints-compat.txt: transformers
