@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_serializer, field_validator
 
@@ -44,12 +44,16 @@ class Algo:
     trainer: str  # the TRL trainer class
     formats: tuple[Format, ...]  # the first that a dataset's columns match is used
     section: type[StrictModel] | None = None  # the recipe section named after the algorithm (`sft:`, `grpo:`)
-    online: bool = False  # generates completions and learns from the section's `rewards` (TRL `reward_funcs`)
     unit: str = "rows"  # what one batch element is (the Slurm plan's batch line)
     unpaired: bool = False  # learns from single answers labelled good or bad: lhd unpairs the pairs and shuffles
     # a check of the built TRL config that TRL itself makes only once the model is loaded:
     # returns (trainer field, problem) or None
     check_config: Callable[[Any], tuple[str, str] | None] | None = None
+
+    @property
+    def online(self) -> bool:
+        """Generates completions and learns from its section's `rewards` (TRL `reward_funcs`)."""
+        return self.section is not None and issubclass(self.section, OnlineSection)
 
     def config_class(self) -> Any:
         import trl
@@ -101,14 +105,25 @@ class RewardSpec(StrictModel):
     params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the reward's factory")
 
 
-class GrpoSpec(StrictModel):
+class OnlineSection(StrictModel):
+    """The settings every online algorithm (one that generates and learns from `rewards`) shares; an
+    online algorithm's section subclasses it, so `finetune/` finds the online path by type."""
+
+    #: the section's fields (dotted, below the section) a resume may change: where the judges are and
+    #: when to stop on a failing one, not what is trained (`finetune.resume_rules`)
+    RESUME_FREE: ClassVar[tuple[str, ...]] = tuple(
+        f"{judge}.{f}" for judge in ("judge", "supervisor_judge")
+        for f in ("base_url", "api_key_env", "timeout_s", "max_in_flight", "max_model_len")
+    ) + ("max_failed_grade_share",)
+
     rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(name="format_length")])
     plugins: list[str] = Field(
         default_factory=list, description="modules imported before rewards are looked up (they register rewards)"
     )
     max_length: int | None = Field(
         None, ge=2, description="prompt + completion tokens: prompts are cut from the left to max_length - "
-        "trainer.max_completion_length (TRL 1.16 does not cut GRPO prompts); default trainer.vllm_max_model_length")
+        "trainer.max_completion_length (TRL 1.16 does not cut the prompts of its online trainers); default "
+        "trainer.vllm_max_model_length")
     judge: JudgeEndpoint | None = Field(
         None, description="the auditor-judge of the honesty/satisfaction rewards: an endpoint you started")
     supervisor_judge: JudgeEndpoint | None = Field(
@@ -117,7 +132,8 @@ class GrpoSpec(StrictModel):
         None, description="generate on a vLLM server lhd starts from its own vLLM environment, the LoRA adapter "
         "reloaded each step through /v1/load_lora_adapter (lhd_train/finetune/vllm_rollout.py): the fields of a "
         "`vllm` model entry (device, gpus, max_model_len, gpu_memory_utilization, cpu_kv_cache_gib, "
-        "vllm_executable, extra_args, ...), the model being the recipe's; one training process")
+        "vllm_executable, extra_args, ...), the model being the recipe's; one training process; needs a trainer "
+        "that takes TRL's rollout_func (GRPO)")
     max_failed_grade_share: float = Field(
         0.2, ge=0, le=1, description="a judged reward whose grade failed (endpoint unreachable, prompt over the "
         "judge's window, answer unparseable) is missing for that completion, which TRL leaves out; training stops "
@@ -133,6 +149,10 @@ class GrpoSpec(StrictModel):
         if dup:
             raise ValueError(f"reward listed twice: {', '.join(dup)} (combine the weights)")
         return v
+
+
+class GrpoSpec(OnlineSection):
+    """GRPO's section: the online settings; GRPO's own knobs are GRPOConfig's, under `trainer:`."""
 
 
 class SftSpec(StrictModel):
@@ -171,6 +191,5 @@ ALGOS: dict[str, Algo] = {
     # completion each (`train_data.unpair_shuffled`), so one batch element is one of those halves
     "kto": Algo("kto", "KTOConfig", "KTOTrainer", (PAIRS,), unit="completions", unpaired=True,
                 check_config=_kto_batch),
-    "grpo": Algo("grpo", "GRPOConfig", "GRPOTrainer", (PROMPTS,), section=GrpoSpec, online=True,
-                 unit="completions"),
+    "grpo": Algo("grpo", "GRPOConfig", "GRPOTrainer", (PROMPTS,), section=GrpoSpec, unit="completions"),
 }

@@ -14,9 +14,9 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic import Field, TypeAdapter, ValidationError, create_model, field_validator, model_validator
 
-from lhd_train.config.algos import ALGOS, Algo, GrpoSpec, SftSpec
+from lhd_train.config.algos import ALGOS, Algo
 from lhd_train.config.base import StrictModel, read_config, validate
 from lhd_train.config.vocab import Direction
 from lhd_train.errors import InputError
@@ -39,7 +39,7 @@ RESERVED_TRAINER_KEYS: dict[str, str] = {
     "resume_from_checkpoint": "resuming is automatic; use the top-level `resume: false` to start over",
     "assistant_only_loss": "use `sft.loss_on: assistant`",
     "completion_only_loss": "use `sft.loss_on: last_turn` (or `all`)",
-    "reward_weights": "give each reward's `weight` under `grpo.rewards`",
+    "reward_weights": "give each reward's `weight` under the algorithm's section (`grpo.rewards`)",
 }
 
 
@@ -129,9 +129,6 @@ class Recipe(StrictModel):
     lora: LoraSpec = Field(default_factory=LoraSpec)
     qlora: bool = Field(False, description="load the base in 4-bit nf4 (bitsandbytes, extra `qlora`)")
     trainer: dict[str, Any] = Field(default_factory=dict, description="arguments of the algorithm's TRL config")
-    # the algorithms' own sections, each named after its algorithm (`config.algos`, `Algo.section`)
-    sft: SftSpec | None = None
-    grpo: GrpoSpec | None = None
     wandb: WandbSpec = Field(default_factory=WandbSpec)
     accelerate_config: str | None = Field(
         None, description="accelerate config for multi-GPU launches (informational here; used by slurm scripts)"
@@ -145,20 +142,45 @@ class Recipe(StrictModel):
             raise ValueError(f"unknown algorithm '{v}' (allowed: {', '.join(ALGOS)})")
         return v
 
-    @model_validator(mode="after")
-    def _sections(self) -> Recipe:
-        """Only the recipe's own algorithm reads a section; its section is filled with the defaults."""
+    @model_validator(mode="before")
+    @classmethod
+    def _only_own_section(cls, data: Any) -> Any:
+        """A section named after another algorithm is refused; an empty own section is its defaults."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
         for name, algo in ALGOS.items():
-            if algo.section is not None and name != self.algo and getattr(self, name) is not None:
-                raise ValueError(f"{name}: this section is only used with algo {name} (algo is {self.algo})")
-        own = self.algorithm.section
-        if own is not None and getattr(self, self.algo) is None:
-            setattr(self, self.algo, own())
-        return self
+            if algo.section is None or name not in data:
+                continue
+            if data[name] is None:  # `grpo:` with nothing under it, or a null an older record wrote
+                del data[name]
+            elif name != data.get("algo"):
+                raise ValueError(f"{name}: this section is only used with algo {name} (algo is {data.get('algo')})")
+        return data
 
     @property
     def algorithm(self) -> Algo:
         return ALGOS[self.algo]
+
+    @property
+    def section(self) -> StrictModel | None:
+        """The algorithm's own settings (`sft:`, `grpo:`): the field `recipe_model` adds, named after it."""
+        return getattr(self, self.algo) if self.algorithm.section is not None else None
+
+
+@functools.cache
+def _with_section(name: str, section: type[StrictModel]) -> type[Recipe]:
+    model: type[Recipe] = create_model(f"Recipe[{name}]", __base__=Recipe,
+                                       **{name: (section, Field(default_factory=section))})  # type: ignore[call-overload]
+    return model
+
+
+def recipe_model(data: Any) -> type[Recipe]:
+    """The Recipe model for `data`: its algorithm's section a field named after the algorithm, so the
+    YAML keeps `grpo:` and a bad field inside it is named `grpo.<field>`."""
+    name = data.get("algo") if isinstance(data, dict) else None
+    algo = ALGOS.get(name) if isinstance(name, str) else None
+    return Recipe if algo is None or algo.section is None else _with_section(algo.name, algo.section)
 
 
 @functools.cache
@@ -226,7 +248,7 @@ def check_trainer_bounds(args: dict[str, Any], source: str) -> None:
 
 
 def parse_recipe(data: dict[str, Any], source: str | Path) -> Recipe:
-    recipe = validate(Recipe, data, source)
+    recipe = validate(recipe_model(data), data, source)
     recipe.trainer = check_trainer_args(recipe.algo, recipe.trainer, str(source))
     check_trainer_bounds(recipe.trainer, str(source))
     return recipe

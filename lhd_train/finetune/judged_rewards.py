@@ -45,7 +45,7 @@ from lhd_train.config.auditor import load_auditor_config
 from lhd_train.errors import InputError, LhdError
 from lhd_train.finetune.contexts import Context, load_contexts
 from lhd_train.finetune.grading import Grade, Grader
-from lhd_train.finetune.rewards import RewardFunc, completion_text, register_reward
+from lhd_train.finetune.rewards import RewardFunc, completion_text, in_section, register_reward
 from lhd_train.rundir.layout import RunDir
 from rollouts.backends import ModelSpec
 from rollouts.openai_backend import OpenAISpec
@@ -163,7 +163,8 @@ class _Setup:
 
     def __init__(self, kind: str, run_dir: str | None, auditor_config: str | None, overrides: list[str] | None,
                  cache: str | None, concurrency: int, judge: Any, supervisor_judge: Any,
-                 max_failed_share: float = 0.2):
+                 max_failed_share: float = 0.2, section: str | None = None):
+        self.section = section  # the recipe's online section (`grpo`), for the fields errors name
         self.kind, self.run_dir, self.auditor_config = kind, run_dir, auditor_config
         self.overrides, self.cache, self.concurrency = tuple(overrides or []), cache, concurrency
         self.judge, self.supervisor_judge = endpoint_spec(judge), endpoint_spec(supervisor_judge)
@@ -199,11 +200,11 @@ class _Setup:
         why = ", ".join(f"{k} {v}" for k, v in self.failures.most_common())
         last = judge.last_error if judge is not None else None
         last = f"; last endpoint error: {' '.join(last.split())[:300]}" if last else ""
+        share = in_section(self.section, "max_failed_grade_share")
         raise JudgeFailing(
             f"{failed} of {graded} {self.kind} grades{where} failed ({failed / graded:.0%}, more than "
-            f"grpo.max_failed_grade_share {self.max_failed_share:.0%}; on this rank: {why}){last}. Check that the "
-            "endpoint is up and serves the window the trajectories need (docs/training.md, 'The judge's window'), "
-            "or raise grpo.max_failed_grade_share")
+            f"{share} {self.max_failed_share:.0%}; on this rank: {why}){last}. Check that the endpoint is up and "
+            f"serves the window the trajectories need (docs/training.md, 'The judge's window'), or raise {share}")
 
     def judge_for(self, columns: dict[str, Any]) -> _Judge:
         run_dir = _run_dir_of(columns, self.run_dir)
@@ -231,20 +232,23 @@ class _Setup:
                 acfg, _ = load_auditor_config(Path(rd), Path(self.auditor_config) if self.auditor_config else None,
                                               list(self.overrides))
                 if acfg.spec.runs_here:
-                    raise InputError(source, "grpo.judge", _refusal(self.kind, "auditor", acfg.auditor.model,
-                                                                    acfg.spec, source, "grpo.judge"))
+                    field = in_section(self.section, "judge")
+                    raise InputError(source, field, _refusal(self.kind, "auditor", acfg.auditor.model, acfg.spec,
+                                                             source, field))
             if self.kind == "satisfaction" and self.supervisor_judge is None:
                 cfg = load_saved_config(rd)
                 spec = cfg.models[cfg.supervisor.model]
                 if spec.runs_here:
-                    raise InputError(source, "grpo.supervisor_judge", _refusal(
-                        self.kind, "supervisor", cfg.supervisor.model, spec, source, "grpo.supervisor_judge"))
+                    field = in_section(self.section, "supervisor_judge")
+                    raise InputError(source, field, _refusal(self.kind, "supervisor", cfg.supervisor.model, spec,
+                                                             source, field))
         self.training = True
 
 
 def _refusal(kind: str, role: str, key: str, spec: ModelSpec, source: str, field: str) -> str:
     serve = spec.serve_argv(JUDGE_PORT)
-    train = ["lhd", "train", "grpo", source, f"{field}.base_url=http://127.0.0.1:{JUDGE_PORT}/v1",
+    algo = field.split(".")[0] if "." in field else "ALGO"
+    train = ["lhd", "train", algo, source, f"{field}.base_url=http://127.0.0.1:{JUDGE_PORT}/v1",
              f"{field}.model={spec.model}"]
     if spec.max_model_len:
         train.append(f"{field}.max_model_len={spec.max_model_len}")
@@ -265,10 +269,11 @@ def _run_dir_of(columns: dict[str, Any], default: str | None) -> str:
 @register_reward("honesty")
 def honesty(direction: str, run_dir: str | None = None, auditor_config: str | None = None,
             overrides: list[str] | None = None, cache: str | None = None, concurrency: int = 32,
-            judge: Any = None, supervisor_judge: Any = None, max_failed_share: float = 0.2) -> RewardFunc:
+            judge: Any = None, supervisor_judge: Any = None, max_failed_share: float = 0.2,
+            section: str | None = None) -> RewardFunc:
     sign = -1.0 if direction == "honest" else 1.0
     setup = _Setup("honesty", run_dir, auditor_config, overrides, cache, concurrency, judge, supervisor_judge,
-                   max_failed_share)
+                   max_failed_share, section)
 
     async def reward(prompts: list, completions: list, trial_id: list, global_round: list, **columns: Any):
         judge_ = setup.judge_for(columns)
@@ -290,9 +295,10 @@ def honesty(direction: str, run_dir: str | None = None, auditor_config: str | No
 @register_reward("satisfaction")
 def satisfaction(direction: str, run_dir: str | None = None, auditor_config: str | None = None,
                  overrides: list[str] | None = None, cache: str | None = None, concurrency: int = 32,
-                 judge: Any = None, supervisor_judge: Any = None, max_failed_share: float = 0.2) -> RewardFunc:
+                 judge: Any = None, supervisor_judge: Any = None, max_failed_share: float = 0.2,
+                 section: str | None = None) -> RewardFunc:
     setup = _Setup("satisfaction", run_dir, auditor_config, overrides, cache, concurrency, judge, supervisor_judge,
-                   max_failed_share)
+                   max_failed_share, section)
 
     async def reward(prompts: list, completions: list, trial_id: list, global_round: list, **columns: Any):
         judge_ = setup.judge_for(columns)

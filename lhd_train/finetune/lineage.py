@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from lhd_train.config.algos import OnlineSection
 from lhd_train.errors import DataFileError, InputError
 from lhd_train.finetune.records import (
     ADAPTER_RECORD,
@@ -114,15 +115,15 @@ def dataset_lineage(ds: Any, path: Path) -> DataLineage:
 
 
 def reward_judges(recipe: Any) -> list[AuditorIdentity]:
-    """An online algorithm: the judge endpoint of the judged rewards (`grpo.judge`), else the runs'
-    auditor config."""
-    grpo = getattr(recipe, "grpo", None)
-    if grpo is None:
+    """An online algorithm: the judge endpoint of the judged rewards (its section's `judge`), else
+    the runs' auditor config."""
+    online = recipe.section
+    if not isinstance(online, OnlineSection):
         return []
-    judged = [r.name for r in grpo.rewards if r.name not in ("format_length",)]
+    judged = [r.name for r in online.rewards if r.name not in ("format_length",)]
     if not judged:
         return []
-    model = grpo.judge.model if grpo.judge is not None else None
+    model = online.judge.model if online.judge is not None else None
     return [AuditorIdentity(role=f"reward judge ({', '.join(judged)})", auditor_id=None, key=None,
                             model=model or "the auditor config of the data's run")]
 

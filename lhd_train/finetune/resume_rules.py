@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from lhd_train.config.algos import ALGOS
+
 # Fields (dotted paths; a prefix covers its sub-fields) a resume may change.
 RESUME_FREE = (
     "resume", "output_dir", "notes", "wandb", "accelerate_config",
@@ -16,10 +18,7 @@ RESUME_FREE = (
     "trainer.run_name", "trainer.disable_tqdm", "trainer.save_steps", "trainer.save_total_limit",
     "trainer.save_strategy", "trainer.eval_steps", "trainer.eval_strategy", "trainer.per_device_eval_batch_size",
     "trainer.dataloader_num_workers", "trainer.push_to_hub",
-    "grpo.judge.base_url", "grpo.judge.api_key_env", "grpo.judge.timeout_s", "grpo.judge.max_in_flight",
-    "grpo.judge.max_model_len", "grpo.supervisor_judge.base_url", "grpo.supervisor_judge.api_key_env",
-    "grpo.supervisor_judge.timeout_s", "grpo.supervisor_judge.max_in_flight", "grpo.supervisor_judge.max_model_len",
-    "grpo.max_failed_grade_share",  # when to stop on a failing judge, not what is trained
+    # and the algorithm's own section's `RESUME_FREE` (an online one: where its judges are)
 )
 
 
@@ -32,11 +31,14 @@ def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: value}
 
 
-def _free(path: str) -> bool:
-    return any(path == p or path.startswith(p + ".") for p in RESUME_FREE)
+def _free(path: str, algo: str) -> bool:
+    section = ALGOS[algo].section if algo in ALGOS else None
+    free = RESUME_FREE + tuple(f"{algo}.{p}" for p in getattr(section, "RESUME_FREE", ()))
+    return any(path == p or path.startswith(p + ".") for p in free)
 
 
 def recipe_changes(before: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """(field, checkpoint's value, now) for every recipe field a resume must not change."""
     a, b = _flat(before), _flat(now)
-    return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k) and not _free(k)]
+    return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)
+            and not _free(k, now.get("algo", ""))]

@@ -95,27 +95,34 @@ def _named(name: str, fn: RewardFunc) -> RewardFunc:
     return NamedReward(name, fn)
 
 
-def _import_plugins(modules: list[str] | tuple[str, ...], source: str, required: bool) -> None:
+def in_section(section: str | None, field: str) -> str:
+    """A field of the recipe's online section (`grpo.rewards`), or the bare field without a recipe."""
+    return f"{section}.{field}" if section else field
+
+
+def _import_plugins(modules: list[str] | tuple[str, ...], source: str, required: bool,
+                    section: str | None = None) -> None:
     for mod in modules:
         try:
             importlib.import_module(mod)
         except ModuleNotFoundError as e:
             if required or (e.name and not mod.startswith(e.name) and e.name != mod):
-                raise InputError(source, "grpo.plugins", f"cannot import '{mod}': {e}") from None
+                raise InputError(source, in_section(section, "plugins"), f"cannot import '{mod}': {e}") from None
 
 
-def resolve_factory(name: str, source: str = "recipe", plugins: list[str] | None = None) -> RewardFactory:
+def resolve_factory(name: str, source: str = "recipe", section: str | None = None) -> RewardFactory:
     if ":" in name:
         mod, _, attr = name.partition(":")
         try:
             obj = getattr(importlib.import_module(mod), attr)
         except (ImportError, AttributeError) as e:
-            raise InputError(source, "grpo.rewards", f"cannot load reward factory '{name}': {e}") from None
+            raise InputError(source, in_section(section, "rewards"),
+                             f"cannot load reward factory '{name}': {e}") from None
         return obj
     if name not in REWARDS:
         _import_plugins(DEFAULT_PLUGINS, source, required=False)
     if name not in REWARDS:
-        raise InputError(source, "grpo.rewards", f"unknown reward '{name}'", ", ".join(sorted(REWARDS)))
+        raise InputError(source, in_section(section, "rewards"), f"unknown reward '{name}'", ", ".join(sorted(REWARDS)))
     return REWARDS[name]
 
 
@@ -127,18 +134,20 @@ def _accepts(fn: Callable, name: str) -> bool:
 
 
 def build_rewards(specs: list[Any], direction: str, source: str = "recipe", plugins: list[str] | None = None,
-                  tokenizer: Any = None, shared: dict[str, Any] | None = None) -> tuple[list[RewardFunc], list[float]]:
-    """Recipe `grpo.rewards` → (reward functions named for TRL's logs, weights).
+                  tokenizer: Any = None, shared: dict[str, Any] | None = None, section: str | None = None
+                  ) -> tuple[list[RewardFunc], list[float]]:
+    """The online section's `rewards` (`section`: its name in the recipe, for errors) → (reward
+    functions named for TRL's logs, weights).
 
     Factories get `direction=` and their `params`; one that declares a `tokenizer` parameter also gets
-    the policy's tokenizer, and one that declares a key of `shared` (the recipe's `grpo.judge`,
-    `grpo.supervisor_judge`) gets that value unless its params set it."""
-    _import_plugins(list(plugins or []), source, required=True)
+    the policy's tokenizer, and one that declares a key of `shared` (the section's `judge`,
+    `supervisor_judge`) gets that value unless its params set it."""
+    _import_plugins(list(plugins or []), source, required=True, section=section)
     funcs: list[RewardFunc] = []
     weights: list[float] = []
-    injected = {"tokenizer": tokenizer, **(shared or {})}
+    injected = {"tokenizer": tokenizer, "section": section, **(shared or {})}
     for spec in specs:
-        factory = resolve_factory(spec.name, source, plugins)
+        factory = resolve_factory(spec.name, source, section)
         kwargs: dict[str, Any] = {"direction": direction, **spec.params}
         for key, value in injected.items():
             if value is not None and _accepts(factory, key) and key not in kwargs:
@@ -146,11 +155,12 @@ def build_rewards(specs: list[Any], direction: str, source: str = "recipe", plug
         try:
             fn = factory(**kwargs)
         except TypeError as e:
-            raise InputError(source, f"grpo.rewards.{spec.name}.params", str(e)) from None
+            raise InputError(source, in_section(section, f"rewards.{spec.name}.params"), str(e)) from None
         except ValueError as e:
-            raise InputError(source, f"grpo.rewards.{spec.name}.params", str(e)) from None
+            raise InputError(source, in_section(section, f"rewards.{spec.name}.params"), str(e)) from None
         if not callable(fn):
-            raise InputError(source, "grpo.rewards", f"factory for '{spec.name}' did not return a callable")
+            raise InputError(source, in_section(section, "rewards"),
+                             f"factory for '{spec.name}' did not return a callable")
         funcs.append(_named(spec.name.split(":")[-1], fn))
         weights.append(float(spec.weight))
     return funcs, weights

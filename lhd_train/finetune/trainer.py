@@ -14,6 +14,7 @@ Device policy and TRL arguments: `trainer_args`. Rows are fitted to the trainer'
 sees them (`fit_rows`): nothing is dropped silently at long context."""
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import math
@@ -23,7 +24,7 @@ from collections.abc import Sized
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
-from lhd_train.config.algos import PROMPT_COMPLETION
+from lhd_train.config.algos import PROMPT_COMPLETION, OnlineSection, SftSpec
 from lhd_train.config.recipe import Recipe, dump_recipe, load_recipe
 from lhd_train.errors import InputError
 from lhd_train.finetune import train_data as data_mod
@@ -142,7 +143,7 @@ def template_supports_assistant_mask(tok) -> bool:
 def load_data(recipe: Recipe, recipe_path: Path | None, source: str, tok: Any) -> TrainingData:
     """Train/eval datasets in the trainer's format, with provenance (paths, row counts, sha256)."""
     algo = recipe.algorithm
-    loss_on = recipe.sft.loss_on if recipe.sft else None
+    loss_on = recipe.section.loss_on if isinstance(recipe.section, SftSpec) else None
     if loss_on == "assistant" and not template_supports_assistant_mask(tok):
         log.warning("the chat template has no {% generation %} markers and TRL cannot patch it: "
                     "sft.loss_on=assistant falls back to last_turn (loss on the final assistant message only)")
@@ -199,30 +200,34 @@ def build_trainer(recipe: Recipe, recipe_path: Path | None = None,
     algo = recipe.algorithm
     extra: dict[str, Any] = {}
     reward_weights = None
-    if algo.online:  # completions scored by the section's rewards
-        assert recipe.grpo is not None  # the online algorithms' section (config.algos)
-        reward_funcs, reward_weights = build_rewards(recipe.grpo.rewards, recipe.direction, source,
-                                                     recipe.grpo.plugins, tokenizer=tok,
-                                                     shared={"judge": recipe.grpo.judge,
-                                                             "supervisor_judge": recipe.grpo.supervisor_judge,
-                                                             "max_failed_share": recipe.grpo.max_failed_grade_share})
+    online = recipe.section
+    if isinstance(online, OnlineSection):  # completions scored by the section's rewards
+        reward_funcs, reward_weights = build_rewards(online.rewards, recipe.direction, source, online.plugins,
+                                                     tokenizer=tok, section=recipe.algo,
+                                                     shared={"judge": online.judge,
+                                                             "supervisor_judge": online.supervisor_judge,
+                                                             "max_failed_share": online.max_failed_grade_share})
         check_reward_columns(reward_funcs, data["train"].column_names, source)
         if data["eval"] is not None:
             check_reward_columns(reward_funcs, data["eval"].column_names, source, "data.eval")
         preflight_rewards(reward_funcs, data["train"], source)  # before any model loads
         extra["reward_funcs"] = list(reward_funcs)
         extra["callbacks"] = [c for c in [after_each_step(extra["reward_funcs"])] if c is not None]
-        if recipe.grpo.vllm_server is not None:  # generation on a managed vLLM server, adapter synced by file
+        if online.vllm_server is not None:  # generation on a managed vLLM server, adapter synced by file
+            server = f"{recipe.algo}.vllm_server"
             if recipe.trainer.get("use_vllm"):
-                raise InputError(source, "trainer.use_vllm", "true together with grpo.vllm_server: TRL's own vLLM "
-                                 "path imports vLLM into the trainer", "false (grpo.vllm_server generates)")
+                raise InputError(source, "trainer.use_vllm", f"true together with {server}: TRL's own vLLM "
+                                 "path imports vLLM into the trainer", f"false ({server} generates)")
+            if "rollout_func" not in inspect.signature(algo.trainer_class().__init__).parameters:
+                raise InputError(source, server, f"{algo.trainer} takes no rollout_func: it generates only with "
+                                 "transformers or its own vLLM (trainer.use_vllm)")
             from lhd_train.finetune.vllm_rollout import server_rollout
 
             extra["rollout_func"], stop = server_rollout(recipe, out, source)
             extra["callbacks"].append(stop)
             os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func's "experimental" warning
     args, notes = trainer_arguments(recipe, out, cuda, dtype, source, reward_weights)
-    if recipe.sft is not None:
+    if isinstance(recipe.section, SftSpec):
         args["assistant_only_loss"] = data["loss_on"] == "assistant"
         args["completion_only_loss"] = data["loss_on"] == "last_turn"
     config = build_config(recipe, out, args, source)
@@ -277,15 +282,16 @@ def fit_lengths(recipe: Recipe, config: Any, data: TrainingData, tok: Any, sourc
     """Fit each split to the trainer's length (`fit_rows`), print the length distribution and what
     was cut or dropped, and record it in the data info (→ lhd_adapter.json)."""
     reserve = 0
-    if recipe.algorithm.online:  # the prompt is measured, with room kept for the completion
-        assert recipe.grpo is not None
-        max_length = recipe.grpo.max_length or getattr(config, "vllm_max_model_length", None)
+    online = recipe.section
+    if isinstance(online, OnlineSection):  # the prompt is measured, with room kept for the completion
+        max_length = online.max_length or getattr(config, "vllm_max_model_length", None)
         reserve = int(config.max_completion_length or 0)
         if max_length is not None and max_length <= reserve:
-            raise InputError(source, "grpo.max_length", f"{max_length} leaves no room for a prompt next to "
-                             f"trainer.max_completion_length ({reserve})")
+            raise InputError(source, f"{recipe.algo}.max_length", f"{max_length} leaves no room for a prompt next "
+                             f"to trainer.max_completion_length ({reserve})")
         if max_length is None:
-            log.warning("grpo.max_length is not set: GRPO prompts are not truncated (TRL 1.16 does not cut them)")
+            log.warning("%s.max_length is not set: the prompts are not truncated (TRL 1.16 does not cut them)",
+                        recipe.algo)
     else:
         max_length = config.max_length
     for which in ("train", "eval"):
@@ -453,7 +459,8 @@ def fit_only(recipe: Recipe, recipe_path: Path | None = None, source: str | None
     tok = load_tokenizer(tok_name, recipe.revision if not recipe.tokenizer else None, source,
                          "tokenizer" if recipe.tokenizer else "model")
     data = load_data(recipe, recipe_path, source, tok)
-    weights = [float(r.weight) for r in recipe.grpo.rewards] if recipe.grpo is not None else None
+    online = recipe.section
+    weights = [float(r.weight) for r in online.rewards] if isinstance(online, OnlineSection) else None
     args, _ = trainer_arguments(recipe, out, cuda, dtype, source, weights)
     args["report_to"] = "none"
     fit_lengths(recipe, build_config(recipe, out, args, source), data, tok, source)

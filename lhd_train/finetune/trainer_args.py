@@ -6,15 +6,17 @@ recipe says: TRL's defaults (bf16=True, gradient checkpointing on) fail or crawl
 recipe (and TRL's defaults) is kept, with two placements TRL would otherwise get wrong:
 - one process on a node with several visible GPUs loads the base on the current GPU, not spread
   over all of them (TRL's `device_map="auto"` is naive model parallelism: one GPU busy at a time);
-- GRPO with vLLM gets `vllm_max_model_length` from `grpo.max_length`, so vLLM does not reserve the
-  model's whole window (131072 for Llama 3.1) and refuse to start for lack of KV memory."""
+- an online algorithm with vLLM gets `vllm_max_model_length` from its section's `max_length`, so
+  vLLM does not reserve the model's whole window (131072 for Llama 3.1) and refuse to start for lack of KV memory."""
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 from pathlib import Path
 from typing import Any
 
+from lhd_train.config.algos import OnlineSection
 from lhd_train.config.recipe import Recipe
 from lhd_train.errors import InputError
 
@@ -115,10 +117,12 @@ def trainer_arguments(recipe: Recipe, out: Path, cuda: bool, dtype: str, source:
             mik["device_map"] = placement
             notes.append(f"model_init_kwargs.device_map={placement} (one process, several GPUs visible: the base "
                          "stays on one GPU; launch with accelerate for data parallel)")
-    if args.get("use_vllm") and recipe.grpo is not None:
-        _size_vllm(recipe, args, notes, source)
-    if recipe.grpo is not None and len(recipe.grpo.rewards) > 1:
-        _missing_reward_is_the_group_mean(args, notes, source)
+    online = recipe.section
+    if isinstance(online, OnlineSection):
+        if args.get("use_vllm"):
+            _size_vllm(recipe.algo, online, args, notes, source)
+        if len(online.rewards) > 1:
+            _missing_reward_is_the_group_mean(recipe, args, notes, source)
 
     for key, value in (("dtype", dtype), ("revision", recipe.revision)):
         if value is None:
@@ -144,10 +148,15 @@ SUM_THEN_NORMALIZE = ("TRL's sum_then_normalize adds the rewards with nansum, so
                       "judge grade) counts as 0, the best honesty score")
 
 
-def _missing_reward_is_the_group_mean(args: dict[str, Any], notes: list[str], source: str) -> None:
-    """Several GRPO rewards: each is normalised within its group before the weighted sum
+def _missing_reward_is_the_group_mean(recipe: Recipe, args: dict[str, Any], notes: list[str], source: str) -> None:
+    """Several rewards: each is normalised within its group before the weighted sum
     (`normalize_then_sum`), so a completion whose grade failed gets its group's mean for that
     reward (0 after normalisation), never a score better than the graded ones."""
+    config = recipe.algorithm.config_class()
+    if "multi_objective_aggregation" not in {f.name for f in dataclasses.fields(config)}:  # RLOO: nansum only
+        raise InputError(source, f"{recipe.algo}.rewards", f"several rewards, but {config.__name__} cannot "
+                         f"normalise each within its group (no multi_objective_aggregation): {SUM_THEN_NORMALIZE}",
+                         "one reward")
     how = args.get("multi_objective_aggregation")
     if how is None:
         args["multi_objective_aggregation"] = "normalize_then_sum"
@@ -158,20 +167,18 @@ def _missing_reward_is_the_group_mean(args: dict[str, Any], notes: list[str], so
                          f"'{how}' with several rewards: {SUM_THEN_NORMALIZE}", "normalize_then_sum")
 
 
-def _size_vllm(recipe: Recipe, args: dict[str, Any], notes: list[str], source: str) -> None:
-    """vLLM's window follows grpo.max_length (prompt + completion) unless the recipe sets it."""
-    assert recipe.grpo is not None
-    want = recipe.grpo.max_length
-    have = args.get("vllm_max_model_length")
+def _size_vllm(name: str, online: OnlineSection, args: dict[str, Any], notes: list[str], source: str) -> None:
+    """vLLM's window follows the section's max_length (prompt + completion) unless the recipe sets it."""
+    want, have = online.max_length, args.get("vllm_max_model_length")
     if want is None:
         return
     if have is None:
         args["vllm_max_model_length"] = want
-        notes.append(f"vllm_max_model_length={want} (grpo.max_length)")
+        notes.append(f"vllm_max_model_length={want} ({name}.max_length)")
     elif have < want:
         raise InputError(source, "trainer.vllm_max_model_length",
-                         f"{have} is below grpo.max_length ({want}): vLLM could not hold a fitted prompt plus "
-                         "its completion; raise it or lower grpo.max_length")
+                         f"{have} is below {name}.max_length ({want}): vLLM could not hold a fitted prompt plus "
+                         f"its completion; raise it or lower {name}.max_length")
 
 
 def _wandb_setup(recipe: Recipe, out: Path) -> tuple[str | list[str], str | None]:

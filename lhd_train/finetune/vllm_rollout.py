@@ -160,22 +160,23 @@ class ServerRollout:
 
 def server_rollout(recipe: Any, out: Path, source: str) -> tuple[ServerRollout, Any]:
     """(the rollout function, a trainer callback that stops its server when training ends) for a
-    recipe with `grpo.vllm_server`; refuses a multi-process launch."""
+    recipe whose online section sets `vllm_server`; refuses a multi-process launch."""
     from accelerate import PartialState
     from transformers import TrainerCallback
 
     from lhd_train.errors import InputError
     from rollouts.vllm.spec import VLLMSpec
 
+    field = f"{recipe.algo}.vllm_server"
     if PartialState().num_processes > 1:
-        raise InputError(source, "grpo.vllm_server", "generation on a managed vLLM server runs with one training "
-                         "process (each rank would start its own server)", "one process (lhd train), or leave "
-                         "grpo.vllm_server out")
-    fields = dict(recipe.grpo.vllm_server)
+        raise InputError(source, field, "generation on a managed vLLM server runs with one training "
+                         "process (each rank would start its own server)", f"one process (lhd train), or leave "
+                         f"{field} out")
+    fields = dict(recipe.section.vllm_server)
     try:
         spec = VLLMSpec(model=str(recipe.model), **fields)
     except ValueError as e:
-        raise InputError(source, "grpo.vllm_server", str(e).splitlines()[-1]) from None
+        raise InputError(source, field, str(e).splitlines()[-1]) from None
     rollout = ServerRollout(spec, out / "rollout-adapter", out / "logs")
 
     class StopServer(TrainerCallback):

@@ -85,7 +85,7 @@ def _honesty(endpoint, cache, share=0.2, **judge):
     started in a training rank)."""
     [fn], _ = build_rewards([_Spec("honesty", {"cache": str(cache)})], "honest",
                             shared={"judge": {"base_url": endpoint.url, "model": "judge", **judge},
-                                    "max_failed_share": share})
+                                    "max_failed_share": share}, section="grpo")
     fn.setup.training = True
     return fn
 

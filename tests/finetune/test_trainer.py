@@ -252,6 +252,7 @@ def test_recipe_validation_errors(tmp_path):
 
 def test_every_shipped_recipe_builds_its_trainer_config(tmp_path):
     """All recipes validate, and TRL's config accepts their trainer arguments (CPU adjustments applied)."""
+    from lhd_train.config.algos import OnlineSection
     from lhd_train.config.recipe import load_recipe
     from lhd_train.finetune.trainer import build_config, trainer_arguments
 
@@ -259,7 +260,7 @@ def test_every_shipped_recipe_builds_its_trainer_config(tmp_path):
     assert len(recipes) >= 10
     for path in recipes:
         r = load_recipe(path)
-        weights = [s.weight for s in r.grpo.rewards] if r.grpo else None
+        weights = [s.weight for s in r.section.rewards] if isinstance(r.section, OnlineSection) else None
         args, notes = trainer_arguments(r, tmp_path / path.stem, cuda=False, dtype="float32", source=str(path),
                                         reward_weights=weights)
         cfg = build_config(r, tmp_path / path.stem, args, str(path))
@@ -632,7 +633,7 @@ def test_sft_trains_only_the_selected_last_turn_by_default(tmp_path):
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text("algo: sft\nmodel: m\ndirection: honest\ndata: {train: d}\noutput_dir: o\n")
-    assert load_recipe(recipe).sft.loss_on == "last_turn"
+    assert load_recipe(recipe).section.loss_on == "last_turn"
 
 
 def test_sft_last_turn_loss_is_on_the_collated_labels(llama, tmp_path):
@@ -651,7 +652,7 @@ def test_sft_last_turn_loss_is_on_the_collated_labels(llama, tmp_path):
     recipe = load_recipe(RECIPES / "tiny" / "sft-honest.yaml",
                          [f"model={llama}", f"data.train={tmp_path / 'data'}", f"output_dir={tmp_path / 'out'}"],
                          algo="sft")
-    assert recipe.sft.loss_on == "last_turn"
+    assert recipe.section.loss_on == "last_turn"
     trainer, _ = build_trainer(recipe)
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(len(rows))])
     tok = trainer.processing_class
@@ -809,8 +810,8 @@ def test_gpu_grpo_recipes_generate_without_vllm_and_name_only_real_extras(monkey
             continue
         t = r.trainer
         assert t["use_vllm"] is False and t["per_device_train_batch_size"] <= 2, path
-        assert r.grpo.max_length and t["vllm_max_model_length"] == r.grpo.max_length, path
-        assert r.grpo.judge is not None and r.grpo.judge.base_url.startswith("http://127.0.0.1:"), path
+        assert r.section.max_length and t["vllm_max_model_length"] == r.section.max_length, path
+        assert r.section.judge is not None and r.section.judge.base_url.startswith("http://127.0.0.1:"), path
         assert "keep_end" not in path.read_text()
     for path in sorted(RECIPES.glob("*/dpo-*.yaml")):
         assert load_recipe(path).trainer.get("truncation_mode", "keep_start") == "keep_start", path  # L9
