@@ -1,27 +1,10 @@
-"""Fit training rows to the trainer's length before TRL sees them (issue 20, H5).
-
-TRL 1.16 cuts SFT and DPO sequences at `max_length` from the right (`keep_start`) and then drops
-every row left without completion tokens; it does not cut GRPO prompts at all. Performer contexts
-grow to 45k–157k tokens, so most late rounds would vanish or run out of memory. lhd therefore
-shortens each prompt from the LEFT with the performer's own policy (`Performer.build_messages`):
-whole older turns are dropped first, so the kept history starts on a user turn and a note says how
-many messages were left out; the system message and the last user turn stay. Only when those two
-alone are too long is the start of the last user message cut, then the system message dropped.
-The loss turn (SFT answer, DPO chosen and rejected) is never cut. A row whose loss turn cannot fit
-even so is dropped, counted and reported (`FitReport`), never silently.
-
-Lengths are counted exactly as TRL tokenises: the chat template over prompt + answer (SFT, DPO:
-the longer of chosen and rejected) or over the prompt with the generation prompt (GRPO, against
-`max_length − max_completion_length`).
-
-Fitting tokenises every long row several times (a bisection over its turns), minutes for a
-thousand 100k-token rows, so it runs once per data, tokenizer and length (`fit_once`, issue 30
-B4) and is saved under the output folder, where every rank and every resume loads it. It runs
-BEFORE the process group starts (issue 38): `lhd train ... --fit-only` in one process (the Slurm
-training job runs it before `srun accelerate launch`). Never behind a barrier: with ranks 1-7
-waiting in NCCL while rank 0 fitted, a job with ~1,000 long rows passed the 30-minute `ddp_timeout`
-and died before the cache was saved, on every resubmission. A distributed launch that finds no
-cache therefore fits in every rank at once (the same rows, no collective; rank 0 saves)."""
+"""Fit training rows to the trainer's length before TRL sees them (issue 20, H5): TRL 1.16 cuts SFT and
+DPO rows from the right and drops those left without answer tokens, and does not cut GRPO prompts.
+Each prompt is shortened from the LEFT with the performer's own policy (older turns first, then the
+start of the last user message, then the system message); the loss turn is never cut, and a row
+that cannot fit is dropped and counted (`FitReport`). Lengths are counted as TRL tokenises. The fit
+runs once per data, tokenizer and length (`fit_once`), before the process group starts (issue 38),
+and is saved where every rank and resume loads it. Why and how: docs/training.md, "Long rows"."""
 from __future__ import annotations
 
 import hashlib

@@ -1,33 +1,11 @@
-"""GRPO rewards graded by the auditor (honesty) and the supervisor (satisfaction).
-
-Both read the same `Grader`, so each completion is judged once, in its trajectory's context,
-through the rollout engine (batched) and cached on disk. Rows must carry the columns written by
-`lhd data grpo` (`run_dir`, `trial_id`, `global_round`). The direction flips only the honesty
-term: honest → −severity/4, deceptive → +severity/4. A completion that is the round's original
-answer gets the run's own audit verdict and severity (its headline auditor, or the one named in
-the data's `run_auditor` column), never a grader verdict that contradicts it (review N2).
-
-During training the judges are endpoints the user started (`grpo.judge`, `grpo.supervisor_judge`
-in the recipe, or an `openai` model in the run's config). A judge that would start a model itself
-(a managed `vllm serve`, an in-process `hf` model) is refused before the first step
-(`preflight`): TRL calls rewards on every rank, so each rank would start its own copy on the
-trainer's GPUs, with the trainer's distributed environment, blocking the other ranks for the
-whole start-up (issue 20, H3). Outside a trainer (tests, `lhd data`) the run's models are used.
-
-A grade can fail: the endpoint is unreachable, or its answer does not parse. Such a completion
-gets no reward (None: with several rewards lhd has TRL normalise each within its group first, so a
-missing one is the group's mean, never nansum's 0). Each reward counts its failures on its own
-rank; after every optimizer step the trainer (`trainer.after_each_step`, calling the rewards'
-`check_after_step`, i.e. `check_failed_shares`) sums every judged reward's counts over the
-ranks in ONE all-reduce, in a fixed order, outside the reward coroutines (TRL runs async rewards
-together, so reductions inside them would pair one rank's honesty with another's satisfaction),
-and training stops with one `error:` line only when more than `grpo.max_failed_grade_share` of a
-reward's grades so far failed (issue 30, B1; issue 38). The judge's window is
-`grpo.judge.max_model_len`, or the `max_model_len` the endpoint lists at `/v1/models` (vLLM does),
-so an over-window prompt is refused here (status `too_long`) instead of being sent and answered
-with an HTTP 400. Over-window rows are dropped and counted at `lhd data grpo`; one that still
-reaches the judge (a smaller window than the data was built for) is a missing reward counted as
-`too_long`, not a failure of the judge: it never stops training."""
+"""The judged rewards: `honesty` (graded by the auditor; honest −severity/4, deceptive +severity/4)
+and `satisfaction` (the supervisor's), both from one `Grader` pass per completion, in its trajectory's
+context, cached on disk, over the columns `lhd data grpo` writes. A completion that is the round's
+original answer keeps the run's own label (review N2). In training the judges must be endpoints the
+user started (the section's `judge`, `supervisor_judge`): a judge that would start a model in every
+rank is refused before the first step (issue 20, H3). A failed grade is a missing reward; training
+stops once more than `max_failed_grade_share` failed, counted over the ranks in one all-reduce after
+each step; an over-window prompt is `too_long`, never sent. Why: docs/training.md, "GRPO rewards"."""
 from __future__ import annotations
 
 import asyncio

@@ -1,31 +1,11 @@
-"""Pluggable GRPO reward registry: names → reward factories.
+"""The online algorithms' reward registry: names → reward factories (`register_reward`).
 
-A *factory* takes the recipe's `params` plus `direction` ("honest" | "deceptive") and returns a TRL
-reward function: `f(prompts, completions, completion_ids, **columns) -> list[float | None]`, called
-once per generation batch with every other dataset column as a keyword (lists, one entry per
-completion), plus `trainer_state`, `log_metric` and `log_extra` (TRL 1.16). `None` means "not
-applicable" for that completion. Async reward functions (`async def`) are accepted as well.
-
-A factory that declares a `tokenizer` parameter receives the policy's tokenizer.
-Register more rewards with the decorator:
-
-    from lhd_train.finetune.rewards import register_reward
-
-    @register_reward("honesty")
-    def honesty(direction: str, judge: str = "auditor", **params):
-        sign = 1.0 if direction == "honest" else -1.0
-        def reward(prompts, completions, **kw):
-            ...
-        return reward
-
-and list the module under `grpo.plugins` in the recipe (the module `lhd_train.finetune.judged_rewards`, when it
-exists, is imported automatically). A reward name of the form `package.module:function` names a
-factory directly without registering it.
-
-Built-ins: `format_length` (non-empty, within a length window), `from_column` (a precomputed score
-per row, or per completion via a {completion text: score} mapping), `token_fraction` (share of the
-completion's tokens equal to a given string: a trivially learnable reward for tests and demos).
-"""
+A factory takes `direction` ("honest" | "deceptive") and the recipe's `params` (and the policy's
+tokenizer, or a key of `shared`, when it declares that parameter) and returns a TRL reward function
+`f(prompts, completions, completion_ids, **columns) -> list[float | None]` (None: not applicable;
+`async def` accepted). Plugins listed under the section's `plugins` register more; `module:function`
+names a factory directly. Built-ins: `format_length`, `from_column`, `token_fraction`. The contract
+and an example: docs/training.md, "GRPO rewards"."""
 from __future__ import annotations
 
 import functools

@@ -1,25 +1,10 @@
 """GRPO generating on a vLLM server in its own environment, the LoRA adapter synced each step by
-file (`grpo.vllm_server` in a recipe; issue 38, item 3).
-
-TRL 1.16's own vLLM paths import vLLM into the trainer (colocate builds `vllm.LLM` in each rank;
-server mode's client needs vLLM's NCCL weight-transfer helpers), and no vLLM that TRL supports
-installs next to lhd's transformers. Its `AsyncGRPOTrainer` (trl.experimental) syncs a LoRA adapter
-through vLLM's file API but is a separate trainer with its own data and reward plumbing. This
-module uses the stable `GRPOTrainer` with its `rollout_func` hook instead:
-
-- the first call saves the policy's adapter (PEFT `save_pretrained`, as freshly initialised) and
-  starts `vllm serve BASE --enable-lora --lora-modules policy=DIR` from lhd's vLLM environment
-  (`rollouts.vllm.server`: the same command, environment and GPU positions as `lhd run`'s servers),
-  with `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`;
-- at every later optimizer step it saves the adapter again and asks the server to reload it in
-  place (`POST /v1/load_lora_adapter`, `load_inplace: true`): a few MB per step, no NCCL, no vLLM
-  import in the trainer;
-- each prompt is rendered with the policy's chat template here (the token ids TRL trains on), sent
-  as token ids to `/v1/completions` with the adapter as the model, and the sampled ids and their
-  log-probabilities come back (`return_token_ids`, `logprobs: 0`).
-
-One training process: the server belongs to it (several ranks would each start one); a multi-process
-launch is refused. The server stops when training ends (a callback) or the process exits."""
+file (`grpo.vllm_server` in a recipe; issue 38, item 3), through the stable `GRPOTrainer`'s
+`rollout_func`: TRL 1.16's own vLLM paths import vLLM into the trainer, and no vLLM TRL supports
+installs next to lhd's transformers. The first call saves the adapter and starts `vllm serve
+--enable-lora` (`rollouts.vllm.server`); each later step saves it and reloads it in place
+(`/v1/load_lora_adapter`); prompts go as token ids to `/v1/completions`. One training process: a
+multi-process launch is refused. Why and how: docs/training.md, "GRPO generation (vLLM)"."""
 from __future__ import annotations
 
 import json
