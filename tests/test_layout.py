@@ -533,6 +533,32 @@ def test_no_module_compares_an_algorithm_name_outside_the_table():
     assert found == [], f"{len(found)} algorithm-name comparisons outside {ALGO_TABLE}:\n" + "\n".join(found)
 
 
+def section_by_name(source: str, names: set[str]) -> list[str]:
+    """`line: code` for each algorithm section read by its name (`recipe.grpo`, `getattr(r, "sft")`):
+    the online path found by attribute, which `recipe.section` and its type own (issue 37, item 5)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr in names:
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+              and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and node.args[1].value in names):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return sorted(found)
+
+
+def test_no_module_reads_an_algorithm_section_by_its_name():
+    from lhd_train.config.algos import ALGOS
+
+    names = {name for name, algo in ALGOS.items() if algo.section is not None}
+    assert section_by_name('a = recipe.grpo.rewards\nb = getattr(r, "sft", None)\nc = recipe.section\n', names) \
+        == ["1: recipe.grpo", "2: getattr(r, 'sft', None)"]
+    found = []
+    for path in module_files().values():
+        rel = path.relative_to(ROOT).as_posix()
+        found += [f"{rel}:{hit}" for hit in section_by_name(path.read_text(encoding="utf-8"), names)]
+    assert found == [], "sections read by name (use recipe.section and its type):\n" + "\n".join(found)
+
+
 # ------------------------------------------------------------------ the backend seam (issue 32)
 
 def backend_name_choices(source: str, names: set[str]) -> list[str]:

@@ -1,17 +1,15 @@
 """Which `checkpoint-<step>/` folder `lhd train` resumes from: the newest complete one.
 
-A kill or a full disk while transformers saves a checkpoint leaves files cut short: the adapter
-(`adapter_model.safetensors`), the optimizer, scheduler or RNG state (torch's zip files), or
-`trainer_state.json` (written last). Resuming from such a folder fails deep inside safetensors or
-torch with a traceback, so every file is checked from its own structure first, without loading
-it: a safetensors file must be exactly as long as its header says, a torch zip file must end in
-its central directory, a JSON file must parse. A damaged newest checkpoint falls back to the one
-before it (logged as a warning); when none is complete, `lhd train` stops with one line."""
+A kill or a full disk while transformers saves a checkpoint leaves files cut short (the adapter, the
+optimizer, scheduler or RNG state, or `trainer_state.json`, written last). Resuming from one fails
+deep inside safetensors or torch with a traceback, so each file is opened first without loading it:
+safetensors checks that its tensors cover the file exactly, a torch zip file must end in its central
+directory, JSON must parse. A damaged newest checkpoint falls back to the one before it (a warning);
+when none is complete, `lhd train` stops with one line."""
 from __future__ import annotations
 
 import json
 import logging
-import struct
 import zipfile
 from pathlib import Path
 
@@ -21,49 +19,24 @@ log = logging.getLogger(__name__)
 PREFIX = "checkpoint-"
 
 
-def _safetensors_problem(path: Path, size: int) -> str | None:
-    """A safetensors file is an 8-byte header length, the JSON header, then the tensor data; its
-    last tensor must end where the file ends."""
-    try:
-        with open(path, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            if n > size - 8:
-                return f"cut short ({size} bytes, its header alone needs {n + 8})"
-            header = json.loads(f.read(n))
-    except (OSError, struct.error, ValueError, UnicodeDecodeError) as e:
-        return f"not readable ({type(e).__name__})"
-    ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)]
-    expected = 8 + n + max(ends, default=0)
-    return None if size == expected else f"cut short ({size} of {expected} bytes)"
-
-
-def _torch_problem(path: Path) -> str | None:
-    """torch.save writes a zip file; one cut short has lost its central directory (the end). A
-    file in the legacy (non-zip) format is not checked."""
-    with open(path, "rb") as f:
-        if f.read(2) != b"PK":
-            return None
-    try:
-        with zipfile.ZipFile(path):
-            return None
-    except (zipfile.BadZipFile, OSError):
-        return "cut short (its zip directory is missing)"
-
-
 def file_problem(path: Path) -> str | None:
     """What is wrong with one checkpoint file, or None when it looks whole."""
-    size = path.stat().st_size
-    if size == 0:
+    from safetensors import SafetensorError, safe_open
+
+    if path.stat().st_size == 0:
         return "empty"
-    if path.suffix == ".safetensors":
-        return _safetensors_problem(path, size)
-    if path.suffix in (".pt", ".pth", ".bin"):
-        return _torch_problem(path)
-    if path.suffix == ".json":
-        try:
+    try:
+        if path.suffix == ".safetensors":
+            with safe_open(str(path), "pt"):
+                pass
+        elif path.suffix in (".pt", ".pth", ".bin"):  # torch.save writes a zip file (a legacy pickle: not checked)
+            with open(path, "rb") as f:
+                if f.read(2) == b"PK":
+                    zipfile.ZipFile(path).close()
+        elif path.suffix == ".json":
             json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return "not whole JSON (cut short?)"
+    except (OSError, ValueError, SafetensorError, zipfile.BadZipFile) as e:
+        return f"cut short or damaged ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
     return None
 
 

@@ -82,3 +82,20 @@ def test_the_second_online_algorithm_trains_through_the_online_path(rloo, llama,
     assert len(logged(adapter, "rewards/test_rloo_probe/mean")) == 2
     # the prompts were fitted to rloo.max_length less the completion's room, as GRPO's are
     assert meta["data"]["train"]["length_fit"]["max_length"] == 256
+
+
+def test_a_resume_may_move_the_sections_judges_but_not_change_its_rewards(rloo):
+    """The fields a resume may change come from the section (`OnlineSection.RESUME_FREE`), under the
+    recipe's own section name; a record written before sections were one field (`sft: null`,
+    `grpo: null` beside the own section) compares equal."""
+    from lhd_train.config.recipe import dump_recipe
+    from lhd_train.finetune.resume_rules import recipe_changes
+
+    for path, name in ((RECIPES / "tiny" / "grpo-honest.yaml", "grpo"), (rloo, "rloo")):
+        before = dump_recipe(load_recipe(path))
+        moved = dump_recipe(load_recipe(path, [f"{name}.judge.base_url=http://127.0.0.1:9/v1",
+                                               f"{name}.judge.model=j", f"{name}.max_failed_grade_share=0.5"]))
+        assert [c[0] for c in recipe_changes(before, moved)] == [f"{name}.judge.model"]
+        changed = dump_recipe(load_recipe(path, [f"{name}.max_length=128"]))
+        assert recipe_changes(before, changed) == [(f"{name}.max_length", 256 if name == "rloo" else None, 128)]
+        assert recipe_changes({**before, "sft": None, "dpo": None}, before) == []
