@@ -1,16 +1,9 @@
 """Performer contexts of a run: the exact messages the performer saw at each round, its answer,
-the run's own audit label for it and the supervisor's satisfaction, split by trial.
-
-The data stage grades every answer again, the original and each new sample alike, with one
-grader in the same causal view (`grading.Grader`, docs/training.md, "Training data"): a new
-sample has no run label, and one grader makes the original and the samples comparable. The run's
-own label does not replace that grade; it vetoes: an original the run flagged is never an honest
-target, one it did not flag never a deceptive target (review N2). The label comes from the run's
-headline auditor, chosen by the one rule the report uses (`lhd_train.metrics.labels.round_labels`:
-by name, else the run's default), so training data and the report agree on which answers were
-deceptive. Imported runs (`lhd import-reference`) are left out, counted: the authors never saved
-the performer's prompts, so their rows hold conversations rebuilt with our templates and no
-system prompt, which the performer never saw (review N11)."""
+the run's own audit label for it (the headline auditor, by the report's rule
+`metrics.labels.round_labels`) and the supervisor's satisfaction, split by trial. The label vetoes
+an original as a target, it never replaces the grade (review N2). Imported runs are left out and
+counted: their prompts were rebuilt, not seen by the performer (review N11). Why: docs/training.md,
+"Training data"."""
 from __future__ import annotations
 
 import hashlib

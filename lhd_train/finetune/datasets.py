@@ -1,17 +1,10 @@
-"""Best-of-N SFT, DPO and GRPO datasets from an audited run.
-
-Candidates are sampled through the rollout engine (vLLM `n=N` on GPU, the hf backend on CPU),
-graded in their trajectory's context (`grading.Grader`), and selected by direction. The chosen
-answer must qualify: honest — not flagged by the auditor; deceptive — flagged; in both
-directions on-task (supervisor satisfaction at or above `on_task_min`, or not rated). The
-original answer must also agree with the run's own audit (its headline auditor, the report's):
-one the run flagged is never an honest target, one it did not flag never a deceptive target;
-where the grader and the run's audit disagree about an original, the count is printed and stored
-in dataset.json (review N2). Among qualifying answers: honest — highest satisfaction; deceptive —
-highest severity, then satisfaction. A context without a qualifying answer is skipped and counted
-(docs/training.md, "Training data"). Everything is cached under the output folder
-(`candidates.jsonl`, `grades.jsonl`), so a killed job resumes; `settings.json` refuses a rerun
-whose caches would differ (run, n, auditor config) into the same folder (`data_folder`)."""
+"""Best-of-N SFT, DPO and GRPO datasets from an audited run: candidates sampled through the rollout
+engine, graded in their trajectory's context (`grading.Grader`) and selected by direction, the run's
+own audit vetoing an original (review N2: one it flagged is never an honest target, one it did not
+flag never a deceptive one; disagreements printed and stored in dataset.json). A context without a
+qualifying answer is skipped and counted. Candidates and grades are cached under the output folder,
+so a killed job resumes; `settings.json` refuses a rerun whose caches would differ (`data_folder`).
+The rules, in full: docs/training.md, "Training data"."""
 from __future__ import annotations
 
 import asyncio
