@@ -1,24 +1,11 @@
 """`lhd entitle read`: lens and probe margins at the model's own answers, compared within a cell.
 
-Each answer some contrast takes (`entitle_answers`: within a cell, fabricated vs abstained,
-contradicted vs supported, capitulated vs supported; across cells, the secondary evidence
-detection) is read in the exact context it was generated from (`entitle_positions`), through
-every readout given (the `lens` library's readouts and a linear probe trained per contrast, out of
-fold with folds grouped by task). Score: −m_E (low entitlement = suspicious). At `elicit` the S, N
-and R sets leave out the Yes/No answer tokens (`lens.margins.TokenSets.without`): "yes" there is
-the stated answer, not a word of entitlement.
-
-The states at the prompt's positions (`decision`, `question`) depend on the context up to them
-alone; each such context is read once (its first answer's forward) and shared by every answer that
-holds it, so the within-cell negative control is exact (and `question`, before the files, reads
-one state in every cell of a fact). `stated` is the model's own Yes − No after the direct
-question minus the same after the reversed one (`stated_direct`, `stated_reversed`, and their
-mean, the `yes_bias`, are in examples.csv). The primary cell (readout, position, within-cell
-contrast, band) is declared and hashed before the first forward (`preregistration`).
-
-Files: plan.json, margins.csv (per answer, readout, layer, position), examples.csv (per answer:
-cell, label, answer, stated margins, lengths, echo counts), text.csv (the text baseline's
-out-of-fold scores), auroc.csv (every cell, `entitle_scores`), summary.json and read.md."""
+Each answer a contrast takes (`entitle_answers`) is read in the exact context it was generated from
+(`entitle_positions`) through every readout given (the `lens` library's, and a linear probe per
+contrast, out of fold grouped by task); score −m_E. States at the prompt's positions are read once
+per context and shared, so the within-cell negative control is exact; `stated` is asked both ways;
+the primary cell is declared and hashed before the first forward. Outputs plan.json, margins.csv,
+examples.csv, text.csv, auroc.csv, summary.json, read.md: docs/entitle.md, "Lens reads with ground truth"."""
 from __future__ import annotations
 
 import logging
