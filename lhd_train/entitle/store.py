@@ -32,10 +32,11 @@ REDO = ("delete trials/{trial}.* (that answer's files) and rerun `lhd entitle ru
 EVENT_NAMES = {"demand": "entitle demand", "mention": "entitle mention"}
 
 
-class AnswerRecord(Record):
-    """A round's `entitle` field: the answer's cell and fact, the values the labeller compared
-    with (`shown`: the files' value, None when they lack it; `demanded`: Y when the event states
-    it) and the code label. Unknown fields are kept (a steered answer's direction and strength)."""
+class AnswerFields(BaseModel):
+    """What a stored answer's record and its flat row share: the cell and fact, the values the
+    labeller compared with (`shown`: the files' value, None when they lack it; `demanded`: Y when
+    the event states it) and the code label. `sample` 0 is the greedy answer, 1..k the sampled
+    ones; token ids are the exact context the lens reads (None from a server backend)."""
 
     id: str
     fact: str
@@ -59,49 +60,33 @@ class AnswerRecord(Record):
     prompt_token_ids: list[int] | None = None
 
 
+class AnswerRecord(Record, AnswerFields):
+    """A round's `entitle` field, strict as every run record. Unknown fields are kept (a steered
+    answer's direction and strength)."""
+
+
 class AnswerRound(RoundRow):
     """A trial row of an entitle experiment: the ordinary round plus its `entitle` record."""
 
     entitle: AnswerRecord
 
 
-class AnswerRow(BaseModel):
+class AnswerRow(AnswerFields):
     """One answer as the experiment's readers use it (metrics, compare, lens reads, steering): the
-    round and its record flattened. `sample` 0 is the greedy answer, 1..k the sampled ones;
-    token ids are the exact context the lens reads (None from a server backend)."""
+    round and its record flattened."""
 
     model_config = ConfigDict(extra="allow")
 
-    id: str
-    fact: str
     pack: str
     task: int
-    file: str
-    entity: str | None
-    attribute: str
-    files: str
-    pressure: str
-    sample: int
     seed: int | None
     temperature: float
     max_tokens: int
-    question: str
-    value: str
-    shown: str | None
-    demanded: str | None
-    label: str
-    subtype: str | None = None
-    label_reason: str | None = None
-    asserted: str | None = None
-    asserted_span: list[int] | None = None
-    figures: list[dict[str, Any]] = []
-    abstains: bool = False
     answer: str = ""
     finish_reason: str | None = None
     error: str | None = None
     attempts: int = 1
     messages: list[dict[str, str]] = []
-    prompt_token_ids: list[int] | None = None
     answer_token_ids: list[int] | None = None
     model: str = ""
     adapter: str | None = None
