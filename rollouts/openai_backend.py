@@ -116,7 +116,6 @@ class OpenAIBackend:
         self.structured = structured or spec.structured_outputs
         if self.structured == "auto":
             self.structured = "response_format"
-        self._fallback_used = False
         self.api_key_env = api_key_env = spec.api_key_env
         key = "EMPTY"
         if api_key_env:
@@ -237,7 +236,7 @@ class OpenAIBackend:
             if not ("response_format" in body and self.spec.structured_outputs == "auto"
                     and "response_format" in str(e)):
                 raise
-        self.structured, self._fallback_used = "prompt", True
+        self.structured = "prompt"
         self.stats["requests"] += 1
         body = self._payload(req, "prompt")
         return await client.chat.completions.create(**body), body
