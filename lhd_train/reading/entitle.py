@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from lens.elicit import AnswerSets, elicitation, resolve_answer_sets
 from lens.errors import LensError
+from lens.files import finite
 from lens.margins import MARGIN_NAMES, TokenSets, margins
 from lens.model import LensModel, block_outputs
 from lens.readout import PRIMARY, Readout
@@ -214,15 +215,6 @@ def _num(x: Any) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
 
 
-def _finite(obj: Any) -> Any:
-    """`obj` with every NaN float as None (JSON has no NaN)."""
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return _num(obj) if isinstance(obj, float) else obj
-
-
 def headline(table: list[dict], contrast: Contrast, readout: str, position: str) -> dict[str, Any]:
     """The band cell of `readout` at `position` in `contrast`, in the shape `--json` prints (None where empty)."""
     t = next((r for r in table if (r["contrast"], r["readout"], r["position"], r["layer"]) ==
@@ -335,7 +327,7 @@ def read_entitle(model: LensModel, tokenizer: Any, answers: Sequence[AnswerToRea
         "plan": {"file": str(out / "plan.json"), "sha256": plan["sha256"], "declared_at": plan["declared_at"]}}
     if not col.examples:
         summary["note"] = "no answer of any contrast's labels: nothing to compare"
-    summary = _finite(summary)
+    summary = finite(summary)  # JSON has no NaN
     atomic_write_text(out / "summary.json", json_text(summary, indent=2) + "\n")
     atomic_write_text(out / "read.md", markdown(summary, table, plan))
     return summary
