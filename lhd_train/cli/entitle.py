@@ -212,9 +212,9 @@ def read_cmd(
     import json
 
     from lens.margins import resolve_token_sets
-    from lens.model import load_hf
+    from lens.model import load_hf, with_adapter
     from lens.readout import BASELINE, PRIMARY, Lenses, SelfLens, TunedLensReadout, build_readouts, load_fitted
-    from lhd_train.reading.entitle import EntitleReadConfig, read_entitle, with_adapter
+    from lhd_train.reading.entitle import EntitleReadConfig, read_entitle
     from lhd_train.reading.entitle_answers import PRIMARY_CELLS
     from lhd_train.rundir.lock import run_dir_lock
     from lhd_train.rundir.outputs import check_out_dir

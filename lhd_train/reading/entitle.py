@@ -347,19 +347,6 @@ def _counts(edf: Any) -> dict[str, dict[str, int]]:
     return out
 
 
-def with_adapter(model: Any, adapter: str | None) -> Any:
-    """`model` (an `HFLensModel`) with a LoRA adapter merged in, so the read sees the weights that
-    generated the answers; `model` itself when there is none."""
-    if not adapter:
-        return model
-    from peft import PeftModel
-
-    from lens.model import HFLensModel
-
-    merged = PeftModel.from_pretrained(model.hf, adapter, is_trainable=False).merge_and_unload()
-    return HFLensModel(merged, name=f"{model.name}+{adapter}", revision=model.revision)
-
-
 def _f(x: float | None) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
 
