@@ -306,10 +306,6 @@ def steer_cmd(
         return
     from lhd_train.entitle.steer import SteerSettings, run_steer
 
-    for a in alpha:
-        if not math.isfinite(a):
-            raise InputError("command line", "--alpha", f"{a!r}", "a finite strength, e.g. 0.5")
-
     summary = run_steer(SteerSettings(directory=directory, lens=lens, layer=layer, alphas=list(alpha),
                                       random=random, seed=seed, cells=list(cell or ["deleted/none", "control/none"]),
                                       progress=progress))
