@@ -1,18 +1,9 @@
 """Calibration-free views of a readout's next-token KL (science-4 review §2.3, §2.4 item 3).
 
-KL to the model's own distribution mixes two things: whether a readout ranks the right tokens
-high, and how sharp it is. A readout can have a lower KL only because it is less over-confident.
-So `lens.fidelity` reports KL beside
-
-- a **uniform** predictor: `KL(p ‖ uniform) = log V − H(p)` per position (a readout above it is
-  worse than knowing nothing);
-- the model's **marginal** next-token distribution: `m = mean of p` over the positions of the
-  calibration half of the held-out texts, a constant predictor, scored on the other half;
-- **top-k** agreement (the model's top token among the readout's top k), which no temperature
-  changes;
-- KL after a **per-layer temperature** `T` fitted on the calibration half (`softmax(z / T)`,
-  `minimize_scalar` over `log T`) and scored on the other half.
-"""
+A readout can have a lower KL only because it is less over-confident, so `lens.fidelity` reports KL
+beside a uniform predictor (`log V − H(p)`), the model's marginal next-token distribution (fitted on
+the calibration half, scored on the other), top-k agreement (no temperature changes it) and KL after
+a per-layer temperature fitted on the calibration half. docs/lens.md, "Next-token KL on held-out text"."""
 from __future__ import annotations
 
 import math

@@ -1,24 +1,11 @@
 """Causal check of lens directions: does removing what the lens reads change what the model says?
-(science-4 review §2.4 item 2, §2.5 item 2; docs/lens.md, "Lens quality").
+(science-4 review §2.4 item 2, §2.5 item 2).
 
-For an RMSNorm model a token's lens logit at layer `l` is `<v, h> / rms(J_l h)` with the fixed
-direction `v = J_lᵀ (g ⊙ w_tok)` (`g` the final-norm gain, `w_tok` the unembedding row; the logit
-lens has `J = I`): `v` is the readout's `direction` (`lens.readout`). For each prompt-set item, at
-the read position and a chosen layer, the residual `h` is edited in one of these ways and the
-model is run on from there:
-
-- `<readout>` (every readout given: `logit`, `jacobian`, its random-transport control, ...): project
-  out the readout's direction of the intermediate (its token forms' mean row), `h − (h·v̂) v̂`;
-- `entitlement`: project out the entitlement contrast through the primary readout (the J-lens),
-  `J_lᵀ (g ⊙ (w̄_S − w̄_N))` (`lens.margins` token sets S and N);
-- `random:<kind>`: a norm-matched control for each of these: `h − |h·v̂| û` with `û` a random unit
-  vector, so the edit has the same size as the lens edit but no chosen direction.
-
-Measured on the final next-token distribution of the prompt (its last position): the output
-`KL(p_before ‖ p_after)`, whether the top-1 token changed, and the rank of the answer (the item's
-`target` by its best single-token form, else the model's own top-1 before the edit) before and after.
-All edits of one item and layer run as one batch (row 0 unedited).
-"""
+A token's lens logit at layer `l` is `<v, h> / rms(J_l h)` with `v = J_lᵀ (g ⊙ w_tok)` (the
+readout's `direction`). At the read position and a chosen layer the residual is edited (each
+readout's direction projected out, the entitlement contrast projected out, and norm-matched random
+edits `h − |h·v̂| û` as controls) and the model runs on; measured: output KL, top-1 change and the
+answer's rank. All edits of one item and layer run as one batch (row 0 unedited). docs/lens.md, "Causal check"."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence

@@ -1,17 +1,10 @@
 """The explicit elicitation that gives run mode its *stated* margin (science-4 review D10).
 
-After the performer's answer the read appends one user turn that asks the model whether the
-figure it gave appears in the files, and reads, at the last prompt token (the `decision`
-position), the model's own preference for Yes over No: `LSE_Yes − LSE_No` of the final-layer
-logits (the last block's readout is the model's logits). The lens margins read at the same
-position are the *internal* side. Before, "stated" was the S-vs-N next-word preference after a
-figure sentence, which nothing tied to what the answer asserts.
-
-The wording avoids the words of the entitlement sets (no "stated", "supported", "evidence",
-"missing", ...), so the question itself adds nothing to the lexical-echo covariate beyond a
-constant. Yes / No are resolved like the S / N sets (`lens.margins`): each word in four surface
-forms, a form kept only if it is one token (or its first token with `fallback="first-token"`).
-"""
+After the answer one user turn asks whether the figure it gave appears in the files; at its last
+prompt token the model's own `LSE_Yes − LSE_No` (final-layer logits) is the stated side and the lens
+margins there the internal one. The wording avoids the entitlement sets' words, so it adds only a
+constant to the echo covariate; Yes / No resolve like the S / N sets (`lens.margins`). docs/lens.md,
+"Benchmark runs" (elicitation, decision)."""
 from __future__ import annotations
 
 from collections.abc import Sequence

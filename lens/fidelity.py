@@ -1,29 +1,11 @@
 """Next-token KL on held-out text: how close each readout at layer `l` comes to the model's own
 next-token distribution, beside the baselines that make that number readable, and whether two
-lenses fitted on disjoint halves of the corpus agree (docs/lens.md, "Lens quality"; issues 24, 28).
-A lower KL is not fidelity by itself: where a readout is above the uniform predictor's KL it is
-worse than knowing nothing, and between two such readouts the lower KL belongs to the less
-over-confident one (`lens.calibration`: uniform and marginal baselines, top-k, fitted temperature).
+lenses fitted on disjoint halves of the corpus agree (issues 24, 28).
 
-Per held-out text (token ids `[T]`, positions `P = [skip_first, T)`), per layer `l` and readout `r`:
-
-    KL_l^r = mean_{t in P} KL(p_final[t] || q_l^r[t])   (nats; p = the model's own softmax)
-    top1_l^r = mean_{t in P} [argmax q_l^r[t] == argmax p_final[t]]
-
-with `q^logit = softmax(W_U norm(h_l))` and `q^jacobian = softmax(W_U norm(J_l h_l))`. Means are
-pooled over all positions of all texts; the difference jacobian − logit gets a 95 % percentile
-interval from a bootstrap over texts (a text is the unit: its positions are not independent).
-Two diagnostics say why a readout is far from the model: its mean entropy (an over-confident
-readout has a high KL), and how often its top token is the *input* token at `t` rather than a
-prediction of the next one. Texts 0, 2, 4, ... of the held-out list are the calibration half
-(temperatures, the marginal); texts 1, 3, 5, ... the evaluation half they are scored on.
-
-Split halves (two lenses A, B fitted on disjoint prompts, e.g. `lhd lens fit --shard 0/2` and
-`1/2`): per layer `‖J_A − J_B‖_F / ‖(J_A + J_B)/2‖_F`, the Pearson correlation of their entries
-and of `J − I` (the part that makes them differ from the logit lens), and on the held-out
-positions the share where their top-1 tokens agree, plus each half's own KL. When the halves
-agree about as well as each half agrees with the model, the corpus is big enough for this use.
-"""
+Per layer and readout: `KL(p_final ‖ q_l)` and top-1 agreement pooled over positions
+`[skip_first, T)`, the J − logit difference with a bootstrap over texts (the text is the unit),
+entropy and current-token diagnostics; even texts calibrate (`lens.calibration`), odd ones are
+scored. Split halves compare two lenses. docs/lens.md, "Next-token KL on held-out text"."""
 from __future__ import annotations
 
 import math

@@ -1,27 +1,11 @@
 """One prompt's Jacobian-lens estimate, `C · J_l^(p)` (the fit loop is `lens.fit`).
 
-For token ids `[T]` with valid positions `V = [skip_first, T-1)` and `A[t, t'] = ∂h_final[t']/∂h_l[t]`
-(zero for `t' < t`: causal attention), three estimators (`estimator`):
-
-    all     J = mean_{t in V} sum_{t' in V} A[t, t']          (the reference's; docs/lens-background.md §1)
-    self    J = mean_{t in V} s_t sum_{t' in V} s_t' A[t, t']  with random signs s in {−1, +1}^T
-    future  J_all − J_self
-
-The sign trick (science-4 review §2.5): `E[s_t s_t'] = [t = t']`, so the `self` estimate's mean is
-`mean_t A[t, t]`, the per-position ("self-only") Jacobian, at the cost of the standard estimate
-(one cotangent per output direction, no `T·d` per-position rows). Its error for one draw is
-`mean_t sum_{t' != t} s_t s_t' A[t, t']`, which averages out over prompts like prompt-sampling
-noise does. `future` needs both sweeps (2× the cost).
-
-Computed with one forward and `ceil(k / dim_batch)` backward passes per sweep, where `k = d_model`
-output dimensions (or `k` arbitrary directions `C`, giving `C·J_l`). Each backward carries
-`dim_batch` cotangents at once, either as rows of a prompt replicated along the batch
-(`method="replicate"`, the reference's semantics) or as a batched gradient over one forward
-(`method="vmap"`, `autograd.grad(..., is_grads_batched=True)`). Row `i` of a cotangent is the unit
-vector `e_i` (or `C_i`) at every valid *target* position (times `s_t'` for `self`), so the gradient
-at source position `t` is already summed over `t'`; it is then averaged over valid *source*
-positions in fp32 (after multiplying by `s_t` for `self`).
-"""
+With `A[t, t'] = ∂h_final[t']/∂h_l[t]` over valid positions `[skip_first, T-1)`, three estimators:
+`all` (`mean_t Σ_t' A[t, t']`, the reference's), `self` (random signs on targets make it unbiased
+for `mean_t A[t, t]` at the same cost) and `future` (`all − self`). One forward and
+`ceil(k / dim_batch)` backward passes per sweep, cotangents replicated along the batch
+(`method="replicate"`) or batched over one forward (`method="vmap"`); gradients averaged over source
+positions in fp32. docs/lens.md, "What is computed" (the estimator, self-only and future-only)."""
 from __future__ import annotations
 
 import hashlib

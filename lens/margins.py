@@ -1,16 +1,10 @@
 """Entitlement token sets and margins (docs/lens-background.md §6).
 
-Token sets S (supported), N (not entitled), R (refuted) are frozen word lists. Each word is
-tried in its surface forms (as given, lower-case, Capitalised; each with and without a leading
-space: four for a lower-case word); a form is kept only if it is exactly one token of the
-model's tokenizer. Dropped forms are logged; a token that lands in two sets is removed from both.
-If S or N ends empty the build fails with a message that says how to pass sets (`--token-sets
-FILE`) or to allow the first-token fallback.
-
-Margins on readout logits `z` (only the columns of S ∪ N ∪ R are needed):
-`m_E = LSE_S(z) − LSE_N(z)`, `m_R = LSE_R(z) − max(LSE_S, LSE_N)`, `m_P = LSE_S − LSE_R`, and
-`m_E_size = (LSE_S − log|S|) − (LSE_N − log|N|)` (set-size bias removed).
-"""
+Token sets S (supported), N (not entitled), R (refuted) are frozen word lists, each word kept in
+those of its surface forms that are one token; a token in two sets is removed from both, and an
+empty S or N fails naming `--token-sets FILE` and the first-token fallback. Margins on readout
+logits over S ∪ N ∪ R: `m_E = LSE_S − LSE_N`, `m_R`, `m_P` and the set-size corrected `m_E_size`.
+docs/lens.md, "Token sets and margins"."""
 from __future__ import annotations
 
 import json

@@ -260,6 +260,17 @@ def load_tokenizer(model_id: str, revision: str | None = None) -> Any:
         raise LensError(f"cannot load a tokenizer from {model_id}: {type(exc).__name__}: {one_line(exc)}") from None
 
 
+def with_adapter(model: HFLensModel, adapter: str | None) -> HFLensModel:
+    """`model` with a LoRA adapter merged in, so a read sees the weights that generated the answers;
+    `model` itself when there is none."""
+    if not adapter:
+        return model
+    from peft import PeftModel
+
+    merged = PeftModel.from_pretrained(model.hf, adapter, is_trainable=False).merge_and_unload()
+    return HFLensModel(merged, name=f"{model.name}+{adapter}", revision=model.revision)
+
+
 def load_hf(
     model_id: str,
     *,

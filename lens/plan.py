@@ -1,23 +1,11 @@
 """What a lens fit will cost, from the model's `config.json` alone, and the defaults derived from it.
 
-Why: an 8B fit with the settings of a CPU test (fp32, `dim_batch` 64) needs about 100 GiB of
-GPU memory, and a fit runs for hours; the plan says before any weight is loaded whether the
-settings fit a memory budget, picks `dim_batch` from it, and estimates the time per prompt.
-
-Device memory at the peak of one prompt (first backward pass; `s` = bytes per model element,
-`R` = rows in the forward, `B·T` replicated or `T` with `method="vmap"`, `L` = blocks in the graph):
-
-- weights: every parameter (the whole model is loaded, even blocks above the target);
-- saved activations: what autograd keeps per token per block, `R·L·a`, with `a` from
-  `activation_bytes_per_token` (counted from transformers' Llama/Qwen blocks and checked against
-  `torch.autograd.graph.saved_tensors_hooks` in tests/lens/test_plan.py);
-- block outputs the hooks hold (in bf16/fp16 they are not the fp32 copies the next norm saves);
-- the per-prompt estimate `out` (fp32 `[n_src, k, d]`) and the source-layer gradients of one pass;
-- a backward working set (one block's gradients, and the attention scores with eager attention).
-
-The running sums (two fp32 `[n_src, k, d]`) live in host memory (lens/fit.py), as does the
-checkpoint; they are listed separately. Times assume a sustained throughput (`--tflops`).
-"""
+An 8B fit with a CPU test's settings needs about 100 GiB of GPU memory and a fit runs for hours, so
+the plan says before any weight is loaded whether the settings fit a memory budget, picks
+`dim_batch` from it and estimates the time per prompt. Peak device memory per prompt: weights,
+saved activations (`activation_bytes_per_token`, checked against autograd in tests/lens/test_plan.py),
+hooked block outputs, the per-prompt estimate, source-layer gradients and a backward working set;
+the running sums live in host memory. docs/lens.md, "Planning a fit on a GPU"."""
 from __future__ import annotations
 
 import math

@@ -1,25 +1,11 @@
 """Tiny random-weight causal LMs with a locally trained tokenizer, for tests and CPU demos.
 
-`build_tiny_model("llama"|"qwen2"|"qwen3", out_dir)` writes a complete model folder
-(config, safetensors weights, generation config, tokenizer with a chat template) that
-`AutoModelForCausalLM` / `AutoTokenizer.from_pretrained(out_dir)` load offline, plus a
-`lhd_tiny.json` sidecar describing how it was made. It is the one builder of random models: the
-tests, the demo's `--tiny` mode, `lhd tiny-model` and the GPU check all call it.
-
-`chat_style` picks the chat template: `chatml` (ours, with `{% generation %}` markers for
-assistant-only training), or imitations of real families' templates that the lens position tests
-need — `llama3` (BOS from the template, header tokens, `| trim`, a default system block) and `qwen`
-(ChatML with a default system prompt and an optional empty think block).
-
-The tokenizer is a byte-level BPE trained on the task packs' text plus a fixed synthetic
-corpus of JSON-ish text and numbers. It uses exactly the pipeline that transformers'
-`Qwen2Tokenizer` rebuilds (NFC normaliser, Qwen's split regex, byte-level without its own
-regex): `AutoTokenizer` on a `model_type: qwen2` folder ignores the saved tokenizer class and
-rebuilds that pipeline from the vocab and merges (ECOSYSTEM §8 pitfall 2), so training with the
-same pipeline makes every arch give identical ids to the tokenizer trained here.
-
-Same arguments (seed included) give byte-identical weights and vocabulary.
-"""
+`build_tiny_model("llama"|"qwen2"|"qwen3", out_dir)` writes a complete model folder (config,
+safetensors weights, generation config, tokenizer with a chat template, a `lhd_tiny.json` sidecar)
+that transformers loads offline; the one builder of random models. `chat_style` picks `chatml` or
+an imitation of Llama 3's or Qwen's template; the tokenizer uses the pipeline `Qwen2Tokenizer`
+rebuilds, so every arch gives the same ids. Same arguments, same bytes. docs/benchmark.md, "Models
+that ship with lhd"."""
 from __future__ import annotations
 
 import json

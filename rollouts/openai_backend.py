@@ -1,25 +1,11 @@
 """Any OpenAI-compatible chat endpoint: remote APIs, an existing `vllm serve`, `transformers serve`.
 
-Bounded in-flight requests, timeouts, and tenacity's retries with exponential backoff and full
-jitter on transient failures (429, 5xx, connection, timeout), none on client errors. The SDK's
-own retries are off: they would resend a timed-out request to a managed server (below). API keys come from
-the environment variable the config names and are never stored or logged: an error text a
-server returns (which may echo the Authorization header or the URL) has the key and any credential
-of `base_url` replaced by *** before it leaves the backend, and `describe()` names the URL without
-its credentials. A message holding a lone UTF-16 surrogate (which the SDK cannot encode as UTF-8)
-is sent with U+FFFD in its place.
-
-Timeouts cover queue time too: a busy vLLM holds long-context requests in its waiting queue
-before it starts them. So a managed or local server gets an hour by default (a remote API ten
-minutes), and a request that times out against a managed server that is still alive fails at
-once instead of being resubmitted: vLLM aborts a request whose client left, so a resubmission
-starts from scratch at the back of the same queue; such a result has `resubmit=False`, and
-`ask_structured` does not send it again either.
-
-Decoding fields a request leaves unset (None) are not sent, so the server applies its own
-defaults: vLLM those of the model's generation_config.json (its default `--generation-config
-auto`, `ModelConfig.get_diff_sampling_param`), an API its provider's. `top_k` and
-`repetition_penalty` are not OpenAI fields; when set they go in `extra_body` (vLLM takes them)."""
+Bounded in-flight requests, timeouts (queue time included: an hour for a managed or local server,
+ten minutes for a remote API) and retries of transient failures only; a request that timed out
+against a live managed server is not resubmitted. API keys come from the environment variable the
+config names and are never stored or logged: error texts have them and `base_url`'s credentials
+replaced by ***; a lone UTF-16 surrogate is sent as U+FFFD. Unset decoding fields are not sent.
+docs/serving.md ("Prompt lengths, time limits", "Retries and decoding defaults") gives the why."""
 from __future__ import annotations
 
 import asyncio
@@ -130,7 +116,6 @@ class OpenAIBackend:
         self.structured = structured or spec.structured_outputs
         if self.structured == "auto":
             self.structured = "response_format"
-        self._fallback_used = False
         self.api_key_env = api_key_env = spec.api_key_env
         key = "EMPTY"
         if api_key_env:
@@ -251,7 +236,7 @@ class OpenAIBackend:
             if not ("response_format" in body and self.spec.structured_outputs == "auto"
                     and "response_format" in str(e)):
                 raise
-        self.structured, self._fallback_used = "prompt", True
+        self.structured = "prompt"
         self.stats["requests"] += 1
         body = self._payload(req, "prompt")
         return await client.chat.completions.create(**body), body

@@ -1,29 +1,11 @@
 """The one rule by which lhd loads a tokenizer: the one the folder saved, with its own token ids.
 
-`AutoTokenizer` does not always return that one. For a folder whose `config.json` says
-`model_type: qwen2` and whose `tokenizer_config.json` says `TokenizersBackend` (a generic fast
-tokenizer, as `lhd_train.tiny_model` and any locally trained tokenizer save), transformers 5
-builds `Qwen2Tokenizer` instead and rebuilds the pipeline from vocab and merges with Qwen2's own
-normalizer and pre-tokenizer, dropping the ones in `tokenizer.json`. Measured with transformers
-5.24 / tokenizers 0.23 (the case `tests/rollouts/test_tokenizer.py` keeps): a tiny qwen2 folder
-whose saved pre-tokenizer splits on whitespace encodes 7 of 7 sample texts to other ids under
-`AutoTokenizer`; one with GPT-2's byte-level regex differs on mixed whitespace, one with an NFKC
-normalizer on full-width text. lhd's own tiny models save Qwen2's regex and NFC on purpose, so
-their ids agree either way (checked on qwen2, qwen3 and llama tiny folders: same ids, same chat
-template encoding); the rule matters for any other generic tokenizer in a qwen2 folder.
-Generation (hf backend), prompt counting (served backends), training and the lens all load
-through `load_tokenizer`, so the ids a model generated are the ids the lens and the trainer see
-again.
-
-A `vllm serve` is outside this rule: it loads the folder with `AutoTokenizer` itself (measured
-with .venv-vllm, transformers 5.19: `CachedQwen2Tokenizer`, the same changed ids), so a folder of
-that kind generates under vLLM with other ids than lhd trains and reads with. Keep a qwen2 folder's
-tokenizer on Qwen2's regex and NFC, as `lhd_train.tiny_model` does, and both agree.
-
-Named classes (`Qwen2Tokenizer` of real Qwen checkpoints, `LlamaTokenizerFast`, ...) go through
-`AutoTokenizer` as their authors meant. Errors are the loaders' own (OSError, ValueError, ...):
-each caller words them for its users.
-"""
+`AutoTokenizer` rebuilds a generic fast tokenizer (`TokenizersBackend`) in a qwen2 folder as
+`Qwen2Tokenizer`, with other token ids; generation, prompt counting, training and the lens all load
+through `load_tokenizer`, so they see the same ids. Named classes go through `AutoTokenizer`.
+Errors are the loaders' own (OSError, ValueError, ...): each caller words them for its users.
+The measurements, and why a `vllm serve` of such a folder differs: docs/serving.md, "One rule for
+loading a tokenizer"."""
 
 from __future__ import annotations
 

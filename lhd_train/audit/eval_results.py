@@ -1,17 +1,11 @@
 """Where `lhd audit-eval` results live, and reading them back as typed objects for a run's report.
 
-An evaluation is one `eval.json` (schema `lhd.audit-eval/2`, written by `eval_run.evaluate_auditor`;
-`/1` files, before clustered intervals, are still read).
-A run's evaluations are every `eval.json` under its `eval/` folder:
-
-- `RUN/eval/<auditor-id>/eval.json`: the run itself was judged (a planted copy, `--planted RUN`);
-- `RUN/eval/<auditor-id>/<source>/eval.json`: an evaluation filed for RUN (`--attach RUN`; with
-  `--planted COPY` by default the run COPY was planted from), so `lhd report RUN` shows the
-  auditor's measured error rates next to its headline rate without being told where they are.
-
-`AuditorEvaluation` is the record (`write_evaluation` its one writer, `read_evaluation` its reader,
-which upgrades a /1 file); `evaluations_for` finds a run's; the report matches an evaluation to a
-run by auditor id."""
+An evaluation is one `eval.json` (schema `lhd.audit-eval/2`; `/1` files are upgraded on read). A
+run's evaluations are every `eval.json` under `RUN/eval/`: `<auditor-id>/eval.json` when the run
+itself was judged (a planted copy), `<auditor-id>/<source>/eval.json` when one was filed for it
+(`--attach RUN`), so `lhd report RUN` shows an auditor's measured error rates next to its headline
+rate. `AuditorEvaluation` is the record (`write_evaluation`, `read_evaluation`), `evaluations_for`
+finds a run's; the report matches them by auditor id."""
 from __future__ import annotations
 
 import re

@@ -1,15 +1,11 @@
 """`lhd audit-eval`: run an auditor on labelled answers through the ordinary audit code path
 (`runner.audit_run`, any mode, any backend) and score its rows (`evaluation.score`).
 
-The labelled answers are either the curated set, written as a run directory under `OUT/run`
-(reused by later evaluations of other auditors), or a planted run (`lhd audit-plant`), audited
-in place (its audit rows go to its own `audit/<auditor-id>/`). Sampling k times audits under k
-auditor ids, `<id>-k1` ... `<id>-kk`: each id seeds its calls differently (`call_seed` includes
-the id), so at a temperature above 0 the samples are independent draws.
-
-`attach` files a copy of the results in another run's `eval/` folder (`eval_results`), so that run's
-report shows them next to its headline rate; for a planted copy that is by default the run it was
-planted from."""
+The labelled answers are the curated set, written as a run directory under `OUT/run` (reused by
+later evaluations), or a planted run, audited in place. Sampling k times audits under ids
+`<id>-k1` ... `<id>-kk`, each seeding its calls differently. `attach` files a copy of the results in
+another run's `eval/` folder (`eval_results`; for a planted copy, by default its source run).
+docs/validity.md."""
 from __future__ import annotations
 
 import asyncio

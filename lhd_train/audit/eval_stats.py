@@ -2,15 +2,9 @@
 interval that allows for rounds clustered in trials or tasks, the worst/best-case bounds for rows
 without a verdict, the calibration of the auditor's `confidence`, and weighted kappa on severity.
 
-Why clustered: in a planted run the audited rounds sit inside trials, and in full mode every round
-of a trial is judged with the same edited trajectory in view, so misses come together; curated
-items share a task's files. A Wilson interval over pooled rounds treats them as independent and
-covers 0.71-0.75 instead of 0.95 at 3-20 trials (review science-4 D6). `clustered_rate` keeps the
-Wilson form but on an effective sample size: the design effect deff = var_cluster / var_srs
-(the cluster-robust variance of the ratio estimator over the binomial one) divides n, and the
-normal quantile is replaced by Student's t with G - 1 degrees of freedom (the Korn-Graubard
-correction for few clusters). In a seeded simulation (tests/audit/test_eval_stats.py) this covers
-0.94-0.97 at 5-20 clusters where the pooled Wilson covers about 0.75."""
+A pooled Wilson interval treats clustered misses as independent and under-covers (science-4 D6);
+`clustered_rate` keeps the Wilson form on an effective size n / deff, with Student's t on G - 1
+degrees of freedom (Korn-Graubard). The formulas and the coverage simulation: docs/validity.md."""
 from __future__ import annotations
 
 import math

@@ -1,17 +1,11 @@
-"""An auditor's measured error rates against known labels (docs/validity.md).
+"""An auditor's measured error rates against known labels (docs/validity.md, the `eval.json` fields).
 
-`score` compares audit rows with ground-truth rows (`ground_truth.jsonl` of the curated set or of
-a planted run) and returns plain numbers: the false-negative rate per deception type and overall,
-the flag rate on the honest answers (the false-positive rate; on a planted run the rounds left
-unplanted, which are not known to be honest, so it is reported under another name), each with an
-interval that allows for rounds clustered by trial (planted) or task (curated), its design effect,
-and the worst/best-case bounds for rows without a verdict (`eval_stats`); Cohen's kappa on the flag
-where honest ground truth exists (the curated set; never on a planted run, whose unplanted rounds
-may hold the performer's own deceptions); quadratic-weighted kappa on severity; the calibration of
-the auditor's `confidence`; a type confusion matrix; the mean absolute severity error; and, when
-the auditor was sampled k times, how often its flags agree. A round whose audit row failed, was
-cut or is missing is counted, left out of every rate as the metrics do (docs/metrics.md), and
-bounds each rate."""
+`score` compares audit rows with ground-truth rows (a curated set's or a planted run's) and returns
+plain numbers: FNR per type and overall, the flag rate on honest (or, planted, unplanted) answers,
+each with an interval clustered by trial or task, its design effect and worst/best-case bounds for
+rows without a verdict (`eval_stats`); Cohen's kappa only where honest ground truth exists;
+severity kappa, confidence calibration, a type confusion matrix, severity error and agreement of
+k samples. Failed, cut or missing audit rows are counted, left out of every rate, and bound it."""
 from __future__ import annotations
 
 import itertools

@@ -1,36 +1,11 @@
 """Known deceptions planted into a copy of a run, so an auditor's misses can be counted.
 
-`plant_run` copies a run and edits some performer answers, each edit tied to the task's own files
-(docs/validity.md, "Planting"):
-
-- falsification: a figure that the answer shares with the task files becomes a wrong one (every
-  occurrence in that answer, so the answer stays self-consistent), moved the way the round's
-  pressure favours and by a realistic amount (`audit.pressure`);
-- cross-round falsification (a share `cross_round` of falsifications, where the trial allows):
-  the figure is one an earlier answer of the same trial gave from its task's files, so the edited
-  answer contradicts what the performer said before (the delayed case); the earlier round stays;
-- concealment: a sentence that states a risk the files state (a risk word, and a figure or two
-  content words shared with a risk line of the files) is removed;
-- equivocation: a sentence giving a figure from the files is replaced by a hedge composed for it
-  (`audit.hedges`).
-
-A trial's rounds are visited in an order drawn from the seed and the trial id; each is chosen
-with probability `rate`, and at most `max_per_trial` chosen rounds of a trial are planted (natural
-prevalence: one by default), so the seed and the trial's rounds decide which rounds, which type
-and which figure or sentence. A chosen answer with nothing plantable for its type is skipped and
-counted, never given another type; so is an answer that repeats another round's answer (or is
-part of it), since the prompts quoting both could not be told apart. A cross-round plant cites
-an unplanted round, and a round it cites is not planted afterwards.
-
-The copy is a run directory (`lhd audit` accepts it), written through `rundir.run` like any
-other. Rows whose answer or message ids changed are rewritten; every other row and file is
-written back as it was read (for a run `lhd` wrote, byte for byte), and a trial's `.done` keeps
-its finish time; the run's audit rows are not copied. The message store is content-addressed,
-so an edited answer is a new message: it is appended, and every id of a message holding the old
-answer (the performer's later history, the supervisor's prompts) is replaced by the id of the
-same message holding the new one. The supervisor's recorded reactions stay those to the original
-answer. The ground truth goes to `ground_truth.jsonl` and the settings, counts and the
-detectability control (`audit.detectability`) to `plant.json`, in the copy's root."""
+`plant_run` copies a run (through `rundir.run`, so `lhd audit` accepts it) and edits some performer
+answers from the task's own files: falsification (moved the way the round's pressure favours,
+`audit.pressure`), cross-round falsification, concealment and equivocation (`audit.hedges`). A chosen
+answer with nothing plantable is skipped and counted, never given another type. Unchanged rows and
+files are copied byte for byte; an edited answer is a new message in the content-addressed store.
+docs/validity.md, "Planting": the rules, `ground_truth.jsonl`, `plant.json`, what planting cannot change."""
 from __future__ import annotations
 
 import random

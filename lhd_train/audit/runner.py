@@ -1,18 +1,10 @@
 """Audit every round of every finished trial of a run, concurrently and resumably.
 
-All rounds of all trials are submitted at once (bounded by a semaphore), so the backend batches
-them and a prefix-caching engine reuses each trial's trajectory prefix. Each finished round is
-one appended, fsynced line in `audit/<auditor-id>/<trial>.jsonl`; a rerun skips rounds already
-there. A round whose answers never parse is written as `failed`; a round whose model could not
-be reached is left missing, so the rerun does it; neither stops the other rounds.
-
-A rerun never mixes settings: `auditor.json` records the settings and the auditor's model files
-(weights, tokenizer, chat template, config) with the first rows, keeps that first provenance,
-and a rerun whose settings or files differ is refused. Rows labelled while their trial was
-unfinished (`--include-unfinished`) carry `trial_unfinished: true` and are labelled again once
-the trial has its .done marker (the full and window views saw a trajectory that was still
-growing); a relabel that fails replaces the stale label (`store.winning_audit_rows`), so the round
-counts as failed and is not asked again."""
+All rounds are submitted at once (bounded by a semaphore) so the backend batches them and a
+prefix cache reuses each trial's trajectory. Each finished round is one appended, fsynced line; a
+rerun skips rounds already there and is refused when the settings or the auditor's model files
+differ from `auditor.json`. Unparsable rounds are `failed`, unreachable ones left missing; rounds
+of unfinished trials are labelled again once the trial is done. docs/auditing.md, "Failure semantics"."""
 from __future__ import annotations
 
 import asyncio

@@ -212,9 +212,9 @@ def read_cmd(
     import json
 
     from lens.margins import resolve_token_sets
-    from lens.model import load_hf
+    from lens.model import load_hf, with_adapter
     from lens.readout import BASELINE, PRIMARY, Lenses, SelfLens, TunedLensReadout, build_readouts, load_fitted
-    from lhd_train.reading.entitle import EntitleReadConfig, read_entitle, with_adapter
+    from lhd_train.reading.entitle import EntitleReadConfig, read_entitle
     from lhd_train.reading.entitle_answers import PRIMARY_CELLS
     from lhd_train.rundir.lock import run_dir_lock
     from lhd_train.rundir.outputs import check_out_dir
@@ -305,10 +305,6 @@ def steer_cmd(
         console.print(f"results: {Path(directory) / 'steer_lite_summary.json'}")
         return
     from lhd_train.entitle.steer import SteerSettings, run_steer
-
-    for a in alpha:
-        if not math.isfinite(a):
-            raise InputError("command line", "--alpha", f"{a!r}", "a finite strength, e.g. 0.5")
 
     summary = run_steer(SteerSettings(directory=directory, lens=lens, layer=layer, alphas=list(alpha),
                                       random=random, seed=seed, cells=list(cell or ["deleted/none", "control/none"]),

@@ -1,15 +1,11 @@
 """Base against adapter, judge-free: two entitle experiments made with the same items and the same
 sampling (only the model or its adapter differs), compared answer by answer.
 
-Each answer id (fact, cell, sample) of one experiment is paired with the same id of the other.
-For each measure the outcome is the measure's (`fabrication`: a figure asserted although the files
-lack the fact, in the deleted cells and the control question; `capitulation`: the demanded value;
-`support`: the files' value), on the pairs where both answers are parsed; the change other - base
-comes with its task-bootstrap interval and the sign-flip test over tasks, which gives the verdict
-(McNemar on pooled pairs is shown for reference). `unparsed` is a measure of its own, over every
-pair: an adapter that moves fabrications to unparsed lowers fabrication, and this says so. No LLM
-judge is involved, so the comparison is not circular for an adapter trained against an auditor's
-labels (science-4 review, D8). An experiment compared with itself is refused."""
+Answers pair by id (fact, cell, sample). Per measure (fabrication, capitulation, support) on the
+pairs where both are parsed: the change with its task-bootstrap interval and the sign-flip test
+over tasks, which gives the verdict; `unparsed` is a measure of its own over every pair. No LLM
+judge, so it is not circular for an adapter trained against an auditor's labels (science-4 D8).
+docs/entitle.md, "Base vs adapter"."""
 from __future__ import annotations
 
 from typing import Any

@@ -1,17 +1,11 @@
 """The conditions crossed per fact, and the performer's own chat context for each.
 
-Files: `full` (as in the pack), `deleted` (the evidence line removed), `altered` (the value changed
-to X' on its line). Pressure: `none`, or `demand` (a workplace event asking for a specific value Y).
-Plus `full/mention` (the same event block stating Y in passing, with no demand: the priming
-control of the demand, science-5 §2.7) and `control`: the full files, no pressure, and the same
-question about another task's fact.
-
-The context is what the performer sees in `lhd run` (`lhd_train.bench.performer.task_message`):
-the performer system prompt with the pack's description, then the round-1 task message with the
-task's header, its files and the event block. Only the task's own (long) prompt is replaced by
-the supervisor's question, so the answer is the claim under study, and the question sits at the
-same place in every condition of a fact (before the files, so its tokens are identical across
-them: the negative-control position of `lhd entitle read`)."""
+Files `full`, `deleted` (the evidence line removed) or `altered` (X' on its line); pressure `none` or
+`demand` (an event asking for Y); plus `full/mention` (the same block stating Y with no demand: the
+priming control, science-5 §2.7) and `control` (another task's fact). The context is the
+performer's of `lhd run` (`lhd_train.bench.performer.task_message`) with the task's own prompt
+replaced by the supervisor's question, which stands before the files, so its tokens are identical
+across a fact's conditions. docs/entitle.md, "Conditions and the context"."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,31 +1,11 @@
 """Figures in free text, found and compared by code: the part of the labeller that reads numbers.
 
-An answer asserts a figure when it writes a number as a claim: `12%`, `$1,200`, `1.2 million`,
-`twenty-five`, `0.9`. Numbers that are not claims are left out: those inside file names
-(`sales_2024.csv`), identifiers glued to letters (`P1`, `I-01`, `Q3`, `v1.2`), ordinals (`3rd`),
-times and dates (`09:00`, `2024-03-01`, `2026-09`, `2025-26`, `3/4`, `15 March`), counts of the
-prompt's parts (`all 3 files`), references (`row 5`, `line 3`, `Task: 2`, `#4`), compound
-modifiers (`an 11-person startup`, `a 40-door minimum`), list markers at the start of a line
-(`1.` / `2)`), years (1900-2100, bare integers), the word `one` (a pronoun far more often
-than a count), and any text the caller names as not a claim (the question's entity and
-attribute).
-
-Two figures are *the same figure* (`same_figure`) when, after units are normalised:
-
-- the numbers are equal, or the answer's figure is the other rounded to the answer's own
-  precision (half a unit of its last written digit, `1.8 million` for 1,842,000; `12.3` for
-  12.34) and it has at least two significant digits (`1` for 0.9 is too coarse to count);
-- coarser: the answer says "about", "around", "roughly", "~" (its integer's trailing zeros then
-  count as rounding: `roughly $4,200` for $4,180), or the target has one decimal (`8%` for 8.4%),
-  and the two are within `ROUNDING_SLACK` (10 %) of the target;
-- a percentage and a bare number agree as written (`12%` and `12`) or as a fraction (`12%` and
-  `0.12`): a model often drops the sign or writes the share;
-- currency symbols, when both figures have one, are the same (`$` vs `€` never match).
-
-"about", "around", "~" and "roughly" do not make a figure less asserted (they are recorded as
-`approx`). A fall written in words is negative: `down 12%`, `fell by 12%`, `a 12% loss`,
-`negative 12%` are -12 (`fell to 12%` is a level). A range (`10-12`, `10 to 12`, `between 10 and 12`) gives two figures,
-each marked `in_range` (what a range means for a label is `labels.py`'s rule)."""
+`find_figures` keeps the numbers written as claims (not file names, identifiers, ordinals, dates,
+years, counts of the prompt's parts, references, list markers, the word `one`, or text the caller
+names); "about"/"~" mark a figure `approx` without making it less asserted, a fall in words is
+negative, and a range gives two figures marked `in_range`. `same_figure` compares after units
+are normalised, allowing the answer's own rounding (coarser within `ROUNDING_SLACK`). The full
+rules, with examples: docs/entitle.md, "Labels" ("Reading figures", "Same figure")."""
 from __future__ import annotations
 
 import math

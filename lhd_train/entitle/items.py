@@ -1,20 +1,11 @@
 """The experiment's items: numeric facts of a task pack's files, each with the values its
 conditions need, chosen so that the code can label any answer about it.
 
-Facts come from the task-pack code the lens probe sets use too (`lhd_train.bench.facts.extract_facts`:
-CSV rows, JSON numbers, `Key: number` lines). A fact is kept only when every condition can be built for it:
-
-- its evidence line can be deleted (CSV and text facts; a JSON line cannot go without breaking
-  the file), and afterwards no figure of the task's files is the fact's value by the labeller's
-  own rule (`figures.same_figure`, both ways): otherwise an answer giving the value after the
-  deletion could have read it elsewhere (dropped: `value elsewhere in the files`);
-- its value occurs once on its line, so the altered file changes exactly that cell;
-- an altered value X' and a demanded value Y can be drawn (`lhd_train.bench.facts.different_number`:
-  same format and scale, another number) that differ from X and from each other and are nowhere in the files.
-
-Each kept fact also gets a control question: the same question about a fact of another task, whose
-entity and value are nowhere in this task's files (the answer can only be made up). Every
-dropped fact is counted by reason (`BuildReport`), never silently lost."""
+Facts come from `lhd_train.bench.facts.extract_facts` (as the probe sets' do). A fact is kept only
+when every condition can be built: its line can be deleted without its value remaining elsewhere
+(`figures.same_figure`, both ways), its value occurs once on its line, and X' and Y can be drawn.
+Each kept fact gets a control question about another task's fact. Every dropped fact is counted by
+reason (`BuildReport`). docs/entitle.md, "Items"."""
 from __future__ import annotations
 
 import csv

@@ -91,14 +91,10 @@ def _fact_json(f: LiteFact) -> dict[str, Any]:
 
 
 def _load_model(model: str, adapter: str | None) -> tuple[Any, Any]:
-    from lens.model import load_hf
+    from lens.model import load_hf, with_adapter
 
     m, tok = load_hf(model)
-    if adapter:
-        from peft import PeftModel
-
-        m.hf = PeftModel.from_pretrained(m.hf, adapter).merge_and_unload().eval()
-    return m, tok
+    return with_adapter(m, adapter), tok
 
 
 def _check_same(path: Path, old: dict[str, Any], now: dict[str, Any]) -> None:

@@ -1,23 +1,11 @@
 """The prompts of entitle lite mode: one fact, the evidence file only, an assistant turn that is
 already half written, and the continuations whose probabilities are compared.
 
-Per fact and cell the model sees a short system line, then a user turn with the question, the
-evidence file (as `lhd run` shows files) and, under pressure, the event; the assistant turn is
-prefilled with "The <attribute> of <entity> is" (continued, not closed, by the chat template). The
-continuations scored after it are X (the value the full file shows), X' (the altered value), Y
-(the demanded value) and an abstention phrase; for a counterbalanced fact also the pack's real
-value. A 135M model cannot follow the full experiment's 1k-token prompt and write a parseable
-sentence (science-5 review §4.2); this form always gives a paired, continuous outcome.
-
-Cells: `full/none`, `deleted/none`, `altered/none`, `full/demand`, `deleted/demand`, and
-`full/mention`: the demand's framing with Y stated twice but nothing asked of the answer, so that
-pressure is measured against the mere presence of Y (issue 36 item 10).
-
-Counterbalancing (issue 36 item 5): a model prefers plausible, familiar numbers, and the pack's
-real value X is often more plausible than the drawn X' and Y, which inflates "X is chosen when
-its line is deleted". Half of the facts (a seeded shuffle within each task, alternating across all of them) have their
-full file show a drawn value X* instead, and X* plays X in every contrast; for them the real
-value is scored too, as `real`."""
+The assistant turn is prefilled with "The <attribute> of <entity> is"; the continuations are X, X',
+Y, an abstention phrase and, for a counterbalanced fact, the pack's real value (`real`), since a
+135M model cannot write a parseable sentence after the full prompt (science-5 §4.2). Cells include
+`full/mention` (issue 36 item 10); half of the facts show a drawn X* in place of X (counterbalancing,
+issue 36 item 5). docs/entitle.md, "Lite mode", gives the wording, cells and why."""
 from __future__ import annotations
 
 import random

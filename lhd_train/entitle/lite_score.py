@@ -1,18 +1,11 @@
 """Teacher-forced log-probabilities of short continuations after shared prompts, batched, with an
 optional steering vector added at the prompt's last token (entitle lite mode and its steering arm).
 
-A prompt is run once without its last token (left-padded batches, explicit position ids, only
-the last position's logits computed), and its key/value cache is shared by every continuation:
-each suffix row is `[last prompt token] + continuation`, run against a copy of its prompt's
-cache. That keeps the cost of scoring k continuations, or k steering directions, close to one
-prompt's forward pass instead of k of them.
-
-Steering (`Suffix.delta`): the suffix row's first position is the prompt's last token, the
-position whose next-token distribution starts the answer; the hook on block `layer` adds
-`alpha · |h| · unit` there (|h| that position's residual norm), the rule of
-`rollouts.hf.steering`. The continuation's own tokens are not steered; they attend to the
-steered position's keys and values. Rows of one pass may carry different directions and
-strengths, so a whole null distribution of directions costs one batch."""
+A prompt is run once without its last token, and its key/value cache is shared by every
+continuation (each suffix row is `[last prompt token] + continuation`), so k continuations or k
+steering directions cost about one prompt's forward pass. Steering (`Suffix.direction`) adds
+`alpha · |h| · unit` at block `layer` on the suffix's first position only (the rule of
+`rollouts.hf.steering`); rows of one pass may carry different directions and strengths."""
 from __future__ import annotations
 
 import warnings

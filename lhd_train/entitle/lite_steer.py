@@ -1,29 +1,11 @@
 """`lhd entitle steer DIR` on a lite directory: the causal arm, measured on forced choices, with
 the controls that say whether a push towards abstaining is more than a push towards some words.
 
-Per fact (its `deleted/none` cell by default: the file lacks the line) the prompt is scored once
-unsteered and once per direction and strength, the direction added at one block at the prompt's
-last token (`lite_score`, the rule of `rollouts.hf.steering`: `alpha · |h| · unit`, so every
-direction moves the residual by the same amount at a given alpha: norm-matched by construction).
-Directions:
-
-- `entitlement`: `g ⊙ (w̄_N − w̄_S)` read back through the lens's adjoint at the block
-  (`lens.directions.entitlement_direction`); without `--lens` that is J = I, the direct
-  unembedding path (the logit lens), which is what a model without a fitted J-lens gets;
-- `token_matched`: the same construction with each N token replaced by an unrelated word of the
-  same shape (leading space, capital) whose token id is nearest (a BPE vocabulary is ordered by
-  merge, i.e. roughly by frequency): it moves the unembedding towards as many ordinary words, so
-  an effect it shares is lexical, not entitlement;
-- `random01..randomK`: Gaussian directions of the same norm (a null distribution, K ≥ 20).
-
-Outcomes per (fact, direction, alpha), each against the unsteered score of the same fact: the
-forced-choice abstention margin `log P(abstain) − log P(X)`; the log-sum-exp of the N, S and
-control words at the first answer position (the lexical push); and coherence: the mean per-token
-log-loss of a fixed neutral continuation (a steered model that breaks raises it: perplexity
-ratio `exp(Δ)`). Forced choices always parse, so no pair is lost to an unparsed answer.
-
-Files: DIR/steer_lite.json (settings, token sets, norms), DIR/steer_lite.jsonl (one row per fact,
-direction and alpha; resumable by fact), DIR/steer_lite_summary.json."""
+Per fact and cell the prompt is scored unsteered and once per direction and strength
+(`lite_score`: `alpha · |h| · unit` at one block, norm-matched by construction). Directions:
+`entitlement` (through the lens's adjoint, or J = I without `--lens`), `token_matched` (its
+lexical control) and `random01..` (the null). Outcomes, controls and the files steer_lite.json,
+steer_lite.jsonl (resumable by fact), steer_lite_summary.json: docs/entitle.md, "Steering in lite mode"."""
 from __future__ import annotations
 
 import functools

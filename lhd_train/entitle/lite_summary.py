@@ -1,22 +1,10 @@
 """The outcomes of entitle lite mode, per fact, and their summary with task-level inference.
 
-Log-probabilities of different strings are not on one scale (their token counts differ, and a
-total log-probability is not normalised), so every outcome is a within-fact difference of the
-same string's log-probability (or of the same pair's margin) between two cells:
-
-- `evidence`: log P(X), full − deleted (does the file's line raise X?)
-- `copy`: [log P(X) − log P(X')], full − deleted
-- `tracking`: [log P(X') − log P(X)], altered − full (does the answer follow the file's value?)
-- `abstention`: [log P(abstain) − log P(X)], deleted − full
-- `pressure_vs_mention`: log P(Y), full/demand − full/mention (the demand beyond Y's presence)
-- `pressure_vs_none`: log P(Y), full/demand − full/none (demand and priming together)
-- `priming`: log P(Y), full/mention − full/none (Y's presence alone)
-- `pressure_deleted`: log P(Y), deleted/demand − deleted/none
-
-Facts share a task (its files, its wording), so the unit of inference is the task: the interval
-is a task-level cluster bootstrap of the mean over facts, and the test is a sign-flip permutation
-of the per-task mean differences (`metrics.paired_stats.sign_flip_p`: exact up to 16 tasks, else
-2^16 seeded random sign patterns)."""
+Log-probabilities of different strings are not on one scale, so every outcome (`OUTCOMES`: each
+with its contrast spelled out) is a within-fact difference of the same string's log-probability,
+or of the same pair's margin, between two cells. Facts share a task, so the unit of inference is
+the task: a task cluster bootstrap of the mean over facts, and a sign-flip permutation of the
+per-task means (`metrics.paired_stats.sign_flip_p`). docs/entitle.md, "Lite mode"."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable

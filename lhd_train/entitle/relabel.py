@@ -20,9 +20,6 @@ from lhd_train.entitle.labels import label_answer
 from lhd_train.errors import InputError, data_file_error
 from lhd_train.io.files import atomic_write_text, json_text, read_jsonl_lines
 
-#: fields `lhd entitle label` writes into each row (an input's own values of them are replaced)
-OUTPUT_FIELDS = ("label", "subtype", "reason", "asserted")
-
 
 class AnswerToLabel(BaseModel):
     """One input row (module doc); other fields are kept as they are."""

@@ -1,16 +1,10 @@
-"""`lhd entitle steer`: the causal arm. The items of an entitle directory are asked again (greedy)
-in the cells where the files lack the fact (evidence deleted, the control question), once without
-steering and once per direction and strength, through the `hf` backend with the steering hook of
-`rollouts.hf.steering` on one block at the last prompt token:
-
-- `entitlement`: `v = J_lᵀ (g ⊙ (w_N − w_S))` (`lens.directions`), towards "not entitled";
-- `random1..k`: norm-matched Gaussian directions, the control.
-
-A direction that carries entitlement should lower the fabrication rate (more abstentions) where
-the random ones do not. Each steered answer is paired with the unsteered answer to the same
-(fact, cell), and the change is tested with McNemar's exact test (`metrics.paired_outcomes`).
-The unsteered baseline runs under the same conditions (the hook on, strength 0, no prefix
-cache). Files: DIR/steer/answers.jsonl (resumable, as answers.jsonl) and DIR/steer/summary.json."""
+"""`lhd entitle steer`: the causal arm. The items of an entitle directory are asked again (greedy) in
+the cells where the files lack the fact, once unsteered (the hook on at strength 0, no prefix
+cache) and once per direction and strength, through the `hf` backend with the steering hook of
+`rollouts.hf.steering` at the last prompt token: `entitlement` (`lens.directions`) and norm-matched
+`random1..k`. Each steered answer is paired with the unsteered one of its (fact, cell) and the
+change tested with McNemar's exact test (`metrics.paired_outcomes`). Files: DIR/steer/answers.jsonl
+(resumable) and DIR/steer/summary.json. docs/entitle.md, "The causal arm"."""
 from __future__ import annotations
 
 import asyncio

@@ -1,27 +1,9 @@
-"""An entitle experiment is a run directory (`lhd entitle run --out DIR`; docs/entitle.md, "Files";
-docs/formats.md). Each answer is one trial holding one round, so every stage that reads runs
-(`lhd audit`, `audit-eval`, `report`, `view`, `export`, `lens read`) reads the experiment as it is:
-
-    DIR/trials/<trial>.jsonl     one `AnswerRound`: a `RoundRow` (the answer, its sampling, the cell's
-                                 event) whose `entitle` field (`AnswerRecord`) holds the cell, the
-                                 fact's values and the code label
-    DIR/trials/<trial>.messages.jsonl   the performer's own context (system and task message) and answer
-    DIR/trials/<trial>.done      the answer is written
-    DIR/manifest.json            kind "entitle experiment", the planned trials in order
-    DIR/entitle.json             what made it: settings, model and adapter, backend, sampling, versions,
-                                 the item build report (written before the first answer)
-    DIR/items.jsonl              the items (facts and the values of their conditions)
-    DIR/ground_truth.jsonl       the code labels as `lhd audit-eval` ground truth, clustered by task
-                                 (rewritten whole after each run)
-    DIR/entitle_summary.json     the metrics, recounted from the trials at the end of every run
-    DIR/read/, DIR/steer/        `lhd entitle read`, `lhd entitle steer`
-
-One trial per answer: an auditor sees each answer alone in any mode, and trial ids are neutral
-(`a` + 12 hex digits of the answer id's hash: stable across resumes, naming neither the cell nor
-the label). An answer is written once: `append` refuses an id whose trial already holds its round,
-so a resume after a kill between the sampled answers of one request cannot write one twice. A
-request that failed after its retries writes nothing: its answers are missing, counted against the
-plan (`missing`), and a rerun with the same --out asks for them again."""
+"""An entitle experiment is a run directory (`lhd entitle run --out DIR`): each answer is one trial
+holding one round (`AnswerRound`: a `RoundRow` whose `entitle` field, `AnswerRecord`, holds the
+cell, the fact's values and the code label), so every stage that reads runs reads it as it is.
+Trial ids are neutral (`a` + 12 hex digits of the answer id's hash); `append` writes an answer
+once, and a request that failed writes nothing (its answers stay missing, counted against the
+plan, and a rerun with the same --out asks again). docs/entitle.md, "Files" (every file of DIR)."""
 from __future__ import annotations
 
 import hashlib
@@ -50,10 +32,11 @@ REDO = ("delete trials/{trial}.* (that answer's files) and rerun `lhd entitle ru
 EVENT_NAMES = {"demand": "entitle demand", "mention": "entitle mention"}
 
 
-class AnswerRecord(Record):
-    """A round's `entitle` field: the answer's cell and fact, the values the labeller compared
-    with (`shown`: the files' value, None when they lack it; `demanded`: Y when the event states
-    it) and the code label. Unknown fields are kept (a steered answer's direction and strength)."""
+class AnswerFields(BaseModel):
+    """What a stored answer's record and its flat row share: the cell and fact, the values the
+    labeller compared with (`shown`: the files' value, None when they lack it; `demanded`: Y when
+    the event states it) and the code label. `sample` 0 is the greedy answer, 1..k the sampled
+    ones; token ids are the exact context the lens reads (None from a server backend)."""
 
     id: str
     fact: str
@@ -77,49 +60,33 @@ class AnswerRecord(Record):
     prompt_token_ids: list[int] | None = None
 
 
+class AnswerRecord(Record, AnswerFields):
+    """A round's `entitle` field, strict as every run record. Unknown fields are kept (a steered
+    answer's direction and strength)."""
+
+
 class AnswerRound(RoundRow):
     """A trial row of an entitle experiment: the ordinary round plus its `entitle` record."""
 
     entitle: AnswerRecord
 
 
-class AnswerRow(BaseModel):
+class AnswerRow(AnswerFields):
     """One answer as the experiment's readers use it (metrics, compare, lens reads, steering): the
-    round and its record flattened. `sample` 0 is the greedy answer, 1..k the sampled ones;
-    token ids are the exact context the lens reads (None from a server backend)."""
+    round and its record flattened."""
 
     model_config = ConfigDict(extra="allow")
 
-    id: str
-    fact: str
     pack: str
     task: int
-    file: str
-    entity: str | None
-    attribute: str
-    files: str
-    pressure: str
-    sample: int
     seed: int | None
     temperature: float
     max_tokens: int
-    question: str
-    value: str
-    shown: str | None
-    demanded: str | None
-    label: str
-    subtype: str | None = None
-    label_reason: str | None = None
-    asserted: str | None = None
-    asserted_span: list[int] | None = None
-    figures: list[dict[str, Any]] = []
-    abstains: bool = False
     answer: str = ""
     finish_reason: str | None = None
     error: str | None = None
     attempts: int = 1
     messages: list[dict[str, str]] = []
-    prompt_token_ids: list[int] | None = None
     answer_token_ids: list[int] | None = None
     model: str = ""
     adapter: str | None = None

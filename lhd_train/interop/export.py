@@ -1,16 +1,11 @@
 """`lhd export RUN --out DIR`: a run as a Hugging Face `datasets` dataset, one row per round.
 
-Columns are flat scalars (plus a few lists: token ids, types, evidence) with a fixed schema, so
-datasets from different runs (ours or imported) concatenate and a column that is null in one run
-keeps its type. They are derived from the row models in `rundir.rows` (names and types), plus
-four computed ones. Every auditor with rows under `audit/` adds its labels as `<auditor-id>__<field>`
-(for a round labelled twice, the row that counts: `AuditorStore.labels`).
-
-Like `lhd run`, the export holds every trial against its `.done` marker (a finished trial whose
-rows were cut is a `DataFileError`, not a shorter trial), reads a run being written up to its last
-whole line, and flags a round whose user message is missing from the message store
-(`performer_user_message_missing`) instead of exporting it as empty text. The dataset is built in
-a folder of its own and put at `--out` at the end (`rundir.staging`)."""
+Columns are flat with a fixed schema derived from the row models in `rundir.rows` (so datasets of
+different runs concatenate), plus four computed ones and each auditor's labels as
+`<auditor-id>__<field>` (the row that counts: `AuditorStore.labels`). Trials are held against their
+`.done` markers, a run being written is read up to its last whole line, a missing user message is
+flagged (`performer_user_message_missing`), and the dataset is built aside and swapped in
+(`rundir.staging`). docs/auditing.md, "`lhd export RUN --out DIR`"."""
 from __future__ import annotations
 
 import json

@@ -1,22 +1,10 @@
 """`lhd export RUN --format inspect --out FILE`: a run as an inspect_ai evaluation log.
 
-The field reads evaluation logs in inspect_ai's viewer (`inspect view`), so a run is written with
-inspect_ai's own types and writer (`EvalLog`, `EvalSample`, `write_eval_log`; the optional extra
-`inspect`), never by imitating its file format. One sample per performer round:
-
-- `messages`: the exact messages the performer was sent (from the trial's message store), then
-  its answer; `output` is the answer;
-- `scores`: `supervisor` (trust, satisfaction and comfort after the round, its reasoning as the
-  explanation) and one per auditor id (`deceptive`, `severity`, the types as the answer and the
-  reasoning as the explanation; a round the auditor could not label has `parse_status` and no
-  verdict, one it never labelled has no score of its own);
-- `metadata`: trial, seed, task, round, event and whether the task was completed.
-
-The log's header (`eval`) carries the run: the performer as the model, every role's model in
-`model_roles`-like metadata, the seeds and the resolved config. Any `Run` exports this way (an
-`lhd run`, an imported session, the entitle experiment once stored as a run). Trials are held
-against their `.done` markers as `lhd export` holds them. The file is written beside `--out`
-under a temporary name and renamed into place."""
+Written with inspect_ai's own types and writer (`EvalLog`, `EvalSample`, `write_eval_log`; the
+optional extra `inspect`), never by imitating its file format, so `inspect view` reads it: one
+sample per performer round (its exact messages, the supervisor's and each auditor's scores), the run
+in the header. Any `Run` exports this way; trials are held against their `.done` markers, and the
+file is written under a temporary name and renamed into place. docs/formats.md, "inspect_ai logs"."""
 from __future__ import annotations
 
 import os

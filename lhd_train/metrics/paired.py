@@ -1,16 +1,11 @@
 """An adapter's effect, paired by seed: `lhd report RUN_BASE RUN_ADAPTER` (docs/metrics.md,
 "Paired comparison").
 
-Two runs of the same seeds with the same event schedules differ only in the performer, so the
-per-seed difference of a trial metric removes the spread between seeds (some schedules invite
-more deception than others). Each trial keeps its own run's headline auditor (load.py's rule),
-or, with a held-out auditor, both runs are scored again by that one (`report.adapter_checks`).
-The interval is the paired t (the percentile bootstrap under-covers at a few seeds, review
-science-4 D7), with a BCa bootstrap beside it; the test is an exact sign-flip permutation test,
-the sign test a robustness line; the minimal detectable difference at the run's n says how large
-an effect the seeds could have shown (`paired_stats`). Severity over deceptive rounds is the
-NaN-when-no-flag mean: a seed whose adapter trial flags nothing has no deceptive severity, not 0
-(review D11), and such pairs are dropped and counted."""
+Two runs of the same seeds and event schedules differ only in the performer, so per-seed
+differences of a trial metric remove the spread between seeds. Each trial keeps its run's headline
+auditor, or both runs are scored by one held-out auditor (`report.adapter_checks`). Interval: the
+paired t, with a BCa bootstrap beside it; test: exact sign-flip; plus the sign test and the minimal
+detectable difference (`paired_stats`). A pair with a NaN value is dropped and counted (review D11)."""
 from __future__ import annotations
 
 import math

@@ -1,26 +1,11 @@
 """`lhd merge RUN_DIRS... --out RUN`: join sharded run directories into one run directory.
 
-Joined (docs/formats.md): every trial's files, schedules, audit rows (+ `auditor.json`), `logs/`
-(under `logs/<source run name>/`) and `tasks.json`. Written fresh: `config.resolved.yaml` (`seeds`
-the union in shard order), `manifest.json` (`source: {kind: "lhd merge", sources: [...]}`) and
-`summary.json` (usage recomputed from the rows, GPU-hours summed over the sources).
-
-Rules:
-- the sources must share one config, compared on `config.resolved.yaml` without `run_name`,
-  `seeds`, `num_trials`, `seed`, `concurrency` and `output_dir`; the first differing field is named;
-- a trial id may come from one source only (two sources with the same trial id are refused);
-- merging again is safe: unchanged files are left alone (a re-merge of the same shards changes
-  nothing on disk); a source whose trial grew since (it was resumed) replaces the shorter copy,
-  as trajectory and message files are append-only; a new shard adds its trials;
-- audit rows are joined, not chosen: a source's rows the merged file lacks (by line) are appended
-  (rows written into the merged run are kept), and a round labelled twice counts by the readers'
-  one rule (`rundir.store.winning_audit_rows`), so a round a source relabelled after a merge is
-  relabelled here too ("the row already merged wins", the old rule, kept the stale label);
-- everything is checked before anything is written, so a refused merge leaves `out` as it was.
-
-Files are read through `rundir.run.Run` (checked as their readers check them) but copied byte for
-byte, so each row keeps the `run_id` of its shard; the merged run's id is in its manifest and
-config (what `lhd report` reads)."""
+Joined: every trial's files, schedules, audit rows, `logs/` and `tasks.json`; written fresh:
+`config.resolved.yaml`, `manifest.json` and `summary.json`. The sources must share one config, a
+trial id comes from one source only, a re-merge is safe (grown trials replace shorter copies;
+audit rows are joined and counted by `rundir.store.winning_audit_rows`), and everything is checked
+before anything is written. Files are read through `rundir.run.Run` but copied byte for byte.
+docs/cluster.md, "Sharding and merging", gives the rules."""
 from __future__ import annotations
 
 import functools

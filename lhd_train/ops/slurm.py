@@ -1,27 +1,11 @@
 """`lhd slurm render STAGE CONFIG [--var k=v ...] [--dry-run]`: sbatch scripts for every stage.
 
 The scripts are jinja2 templates in `slurm/<stage>.sbatch.j2` (StrictUndefined: a missing variable
-is an error, never an empty string). This module works out each stage's commands once, from the
-config and the variables, and hands them to the template; `dry_run_commands` prints the same
-commands with the slurm variables filled in, so what `--dry-run` shows is what the job runs.
-
-Stages (CONFIG is a run config unless noted):
-- `rollout`: array over shards; task i runs `lhd run CONFIG --shard i/N`, which starts the node's own
-  `vllm serve` processes (the `vllm` backend: GPUs from each model's `gpus:`); a supervisor behind an
-  `openai` endpoint takes no GPU. Task 0 submits the dependent `lhd merge` job.
-- `audit`: `lhd audit` on the merged run (one job), or an array over the shard run dirs (`shards=N`)
-  followed by a dependent `lhd merge` that picks up the audit rows.
-- `data`: `lhd data bon|dpo` on the merged run, or an array over shard run dirs (`shards=N`) and a
-  dependent `lhd data merge`.
-- `train`: CONFIG is a training recipe, sized from its accelerate config (`slurm_train`): one
-  process on one GPU for `single_gpu.yaml`; otherwise `srun` starts one `accelerate launch` per
-  node (DeepSpeed ZeRO-3 or FSDP2), rendezvous at the first node of the allocation.
-GPU requests are checked against the partition (`slurm_gpus`): never more than a node has, never
-one GPU for two models.
-- `lens`: CONFIG is a model config (`configs/models/*.yaml`), a run config (the performer's model) or
-  a recipe; array over prompt slices with `lhd lens fit --shard i/N`, then a dependent `lhd lens merge`.
-- `merge`: `lhd merge` of a rollout's shard run dirs (CPU only).
-"""
+is an error). This module works out each stage's commands once, from the config and the variables,
+and hands them to the template; `dry_run_commands` prints the same commands with the slurm variables
+filled in, so what `--dry-run` shows is what the job runs. Stages: rollout, audit, data, train
+(sized by `slurm_train`), lens, merge; GPU requests are checked against the partition
+(`slurm_gpus`). What each stage's job runs: docs/cluster.md, "Slurm jobs" and "Layouts"."""
 from __future__ import annotations
 
 import os

@@ -1,16 +1,11 @@
 """The GPUs one node of a Slurm job needs for the models the job runs at the same time.
 
-A request the node cannot satisfy is refused when the script is rendered, not found on the node:
-more GPUs than a node of the partition has (`max_gpus_per_node`: Slurm would keep the job pending
-forever), a `gpus:` list whose length is not the server's tensor x data parallel size, or two
-models given the same GPU (the second vLLM server would fail for lack of free memory). `gpus:`
-and `device: cuda:N` are positions in the job's `CUDA_VISIBLE_DEVICES` (rollouts/gpus.py, which
-`lhd run` checks again on the node). Each backend says which positions a model claims
-(`BackendSpec.gpu_claim`: a managed vLLM server without `gpus:` takes the first tp x dp GPUs, as
-vLLM does with every GPU visible; an hf model on `cuda` GPU 0). A job that starts one server alone
-(`lhd audit`) gets its positions renumbered from 0 (`BackendSpec.first_gpus`): the flagship
-auditor's "1,2,3,4" sits beside the performer in `lhd run`, and would otherwise make the audit job
-ask for 5 GPUs and leave the first idle (issue 30, B5)."""
+A request the node cannot satisfy is refused when the script is rendered: more GPUs than a node of
+the partition has (`max_gpus_per_node`), a `gpus:` list that is not the server's tp x dp, or two
+models on one GPU. Positions are those of the job's `CUDA_VISIBLE_DEVICES` (rollouts/gpus.py); each
+backend says which it claims (`BackendSpec.gpu_claim`), and a job that starts one server alone
+(`lhd audit`) renumbers them from 0 (`BackendSpec.first_gpus`, issue 30, B5). docs/cluster.md,
+"Slurm jobs"."""
 from __future__ import annotations
 
 from pathlib import Path

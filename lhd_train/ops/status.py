@@ -1,20 +1,10 @@
 """`lhd slurm status RUN`: which shards and stages of a run are pending, running, finished or failed.
 
-Two sources, joined per shard/stage:
-- Slurm, where its commands exist: `squeue` (pending and running jobs, array tasks one by one),
-  `scontrol show job` (also jobs that ended within the controller's MinJobAge, with their array
-  task ids) and `sacct` (older jobs, on clusters with accounting). Jobs are found by the names
-  `lhd slurm render` gives them: `lhd-<stage>-<run_name>` and `...-merge`.
-- The run directory, always, read through `rundir.run.Run`: each shard's trials (rows and `.done`
-  markers, checked as `lhd run` checks them), the merged run's manifest, the audit labels. Without
-  Slurm (another machine, jobs long gone) this is all there is, and it says `finished`,
-  `incomplete`, `not started`, or `damaged` (a file `lhd run` would refuse, named in the detail).
-
-A run's trials are named by the one trial-id rule (`RunConfig.trials`, which the manifest's
-`trials` list was written from), so a control study's `s<seed>-cat-<category>` trials are found.
-
-A shard or stage with several jobs (cancelled, then resubmitted) shows its newest job.
-"""
+Two sources, joined per shard/stage: Slurm where its commands exist (`squeue`, `scontrol show job`,
+`sacct`; jobs found by the names `lhd slurm render` gives them, the newest job of a resubmitted
+shard counting) and the run directory, always, read through `rundir.run.Run` (`finished`,
+`incomplete`, `not started`, `damaged`). Trials are named by the one trial-id rule
+(`RunConfig.trials`). docs/cluster.md, "Where a run stands"."""
 from __future__ import annotations
 
 import logging

@@ -1,24 +1,11 @@
 """`lhd entitle read`: lens and probe margins at the model's own answers, compared within a cell.
 
-Each answer some contrast takes (`entitle_answers`: within a cell, fabricated vs abstained,
-contradicted vs supported, capitulated vs supported; across cells, the secondary evidence
-detection) is read in the exact context it was generated from (`entitle_positions`), through
-every readout given (the `lens` library's readouts and a linear probe trained per contrast, out of
-fold with folds grouped by task). Score: −m_E (low entitlement = suspicious). At `elicit` the S, N
-and R sets leave out the Yes/No answer tokens (`lens.margins.TokenSets.without`): "yes" there is
-the stated answer, not a word of entitlement.
-
-The states at the prompt's positions (`decision`, `question`) depend on the context up to them
-alone; each such context is read once (its first answer's forward) and shared by every answer that
-holds it, so the within-cell negative control is exact (and `question`, before the files, reads
-one state in every cell of a fact). `stated` is the model's own Yes − No after the direct
-question minus the same after the reversed one (`stated_direct`, `stated_reversed`, and their
-mean, the `yes_bias`, are in examples.csv). The primary cell (readout, position, within-cell
-contrast, band) is declared and hashed before the first forward (`preregistration`).
-
-Files: plan.json, margins.csv (per answer, readout, layer, position), examples.csv (per answer:
-cell, label, answer, stated margins, lengths, echo counts), text.csv (the text baseline's
-out-of-fold scores), auroc.csv (every cell, `entitle_scores`), summary.json and read.md."""
+Each answer a contrast takes (`entitle_answers`) is read in the exact context it was generated from
+(`entitle_positions`) through every readout given (the `lens` library's, and a linear probe per
+contrast, out of fold grouped by task); score −m_E. States at the prompt's positions are read once
+per context and shared, so the within-cell negative control is exact; `stated` is asked both ways;
+the primary cell is declared and hashed before the first forward. Outputs plan.json, margins.csv,
+examples.csv, text.csv, auroc.csv, summary.json, read.md: docs/entitle.md, "Lens reads with ground truth"."""
 from __future__ import annotations
 
 import logging
@@ -34,6 +21,7 @@ from tqdm.auto import tqdm
 
 from lens.elicit import AnswerSets, elicitation, resolve_answer_sets
 from lens.errors import LensError
+from lens.files import finite
 from lens.margins import MARGIN_NAMES, TokenSets, margins
 from lens.model import LensModel, block_outputs
 from lens.readout import PRIMARY, Readout
@@ -227,15 +215,6 @@ def _num(x: Any) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
 
 
-def _finite(obj: Any) -> Any:
-    """`obj` with every NaN float as None (JSON has no NaN)."""
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return _num(obj) if isinstance(obj, float) else obj
-
-
 def headline(table: list[dict], contrast: Contrast, readout: str, position: str) -> dict[str, Any]:
     """The band cell of `readout` at `position` in `contrast`, in the shape `--json` prints (None where empty)."""
     t = next((r for r in table if (r["contrast"], r["readout"], r["position"], r["layer"]) ==
@@ -348,7 +327,7 @@ def read_entitle(model: LensModel, tokenizer: Any, answers: Sequence[AnswerToRea
         "plan": {"file": str(out / "plan.json"), "sha256": plan["sha256"], "declared_at": plan["declared_at"]}}
     if not col.examples:
         summary["note"] = "no answer of any contrast's labels: nothing to compare"
-    summary = _finite(summary)
+    summary = finite(summary)  # JSON has no NaN
     atomic_write_text(out / "summary.json", json_text(summary, indent=2) + "\n")
     atomic_write_text(out / "read.md", markdown(summary, table, plan))
     return summary
@@ -366,19 +345,6 @@ def _counts(edf: Any) -> dict[str, dict[str, int]]:
         out[c.name] = {c.positive: int(ex["positive"].sum()), c.negative: int((~ex["positive"]).sum()),
                        "strata_with_both": int((both == 2).sum())}
     return out
-
-
-def with_adapter(model: Any, adapter: str | None) -> Any:
-    """`model` (an `HFLensModel`) with a LoRA adapter merged in, so the read sees the weights that
-    generated the answers; `model` itself when there is none."""
-    if not adapter:
-        return model
-    from peft import PeftModel
-
-    from lens.model import HFLensModel
-
-    merged = PeftModel.from_pretrained(model.hf, adapter, is_trainable=False).merge_and_unload()
-    return HFLensModel(merged, name=f"{model.name}+{adapter}", revision=model.revision)
 
 
 def _f(x: float | None) -> str:

@@ -1,21 +1,11 @@
 """The answers `lhd entitle read` takes and the contrasts it reads them in.
 
-`AnswerToRead` is the typed row the reader needs (an entitle answer with its exact context); the
-reader takes a sequence of them, so where the answers are stored is one function in the command
-(`AnswerToRead.of` takes any object with these attribute names).
-
-A contrast says which answers are compared and within what. The primary ones are **within a
-cell**: with K >= 5 samples of one prompt both outcomes occur under the same prompt, so a pair
-shares every prompt token and differs only by what the model went on to write (science-5 §2.1):
-
-- `deleted/none`: `fabricated` vs `abstained` (the evidence is gone: does it make a figure up?);
-- `full/none`: `contradicted` vs `supported` (the evidence is there: does it state another figure?);
-- `full/demand`: `capitulated` vs `supported` (a demand for Y: does it give in?).
-
-Pairs are formed within a stratum (fact and cell, i.e. one prompt). The old contrast, `fabricated`
-vs `supported` within a fact, stays as **evidence detection**: the label there is a function of
-the cell (fabricated only in deleted cells, supported only in full/altered ones), so it reads
-whether the evidence line is in the context, not what the model knows about its claim."""
+`AnswerToRead` is the typed row the reader needs (`AnswerToRead.of` takes any object with these
+attribute names), so where the answers are stored is one function in the command. The primary
+contrasts are within a cell, pairs formed within one prompt (science-5 §2.1): `deleted/none`
+fabricated vs abstained, `full/none` contradicted vs supported, `full/demand` capitulated vs
+supported; fabricated vs supported within a fact stays as evidence detection (its label is a
+function of the cell). docs/entitle.md, "Lens reads with ground truth"."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence

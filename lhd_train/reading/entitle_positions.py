@@ -1,27 +1,11 @@
 """Where `lhd entitle read` reads one generated answer: token positions in the exact context the
 model generated from (its prompt ids and answer ids, as the hf backend returned them).
 
-- `claim`: the last token of the figure the answer asserts (the labeller's `asserted_span`);
-  absent when the answer asserts none (an abstention);
-- `answer_end`: the answer's last token (trailing end-of-turn tokens left out), present in every
-  answer, so an abstention and a fabrication of one prompt can be compared there;
-- `decision`: the last prompt token, whose next-token distribution is the answer's first token.
-  Within one prompt it is the same state for every answer: the within-cell negative control;
-- `question`: the last token of the supervisor's question. It stands before the files in every
-  condition of a fact, so its state is the same with or without the evidence: a negative control
-  for the evidence-detection contrast too;
-- `elicit`: the last token of one more user turn after the answer, asking whether the figure it
-  gave appears in the files (`lens.elicit`, as in `lhd lens read` run mode). The model's own
-  Yes − No there is its *stated* view of its claim; the lens margins there are the internal side.
-  The turn's tokens are appended to the generated ids (the answer's end-of-turn tokens, if the
-  answer kept them, give way to the template's own), so every earlier position reads as before.
-
-The **reversed** turn asks the opposite ("does the figure ... NOT appear ...?") after the same
-answer (`reversed_ids`). A model that says Yes to both has a yes-bias, not a view: the stated
-margin is the difference of the two Yes − No margins (science-5 D10 c).
-
-Answers from a server backend carry no token ids; their context is tokenised again with the chat
-template (`retokenized`), which may differ from what the server ran."""
+Positions: `claim` (the asserted figure's last token; none for an abstention), `answer_end`,
+`decision` and `question` (negative controls: the same state for every answer of a prompt), and
+`elicit` (one more user turn after the answer, `lens.elicit`; its reversed form `reversed_ids` lets
+the stated margin cancel a yes-bias, science-5 D10 c). Answers from a server backend are tokenised
+again (`retokenized`). docs/entitle.md, "Lens reads with ground truth"."""
 from __future__ import annotations
 
 from dataclasses import dataclass

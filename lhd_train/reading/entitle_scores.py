@@ -2,19 +2,10 @@
 the AUROC within strata, its task-cluster interval, and the recall at 1 % false positives; and the
 text-only baseline the readouts must beat.
 
-- **Within-stratum AUROC** (`lens.paired_auroc`): the share of (positive, negative) pairs of one
-  stratum that the score orders correctly, ties ½. For a within-cell contrast the stratum is one
-  prompt, so a state that depends on the prompt alone (`decision`, `question`) gives every pair a
-  tie: exactly 0.5.
-- **Recall at 1 % FPR**, the field's operating point: for each task, the threshold is set on the
-  honest (negative) answers of the *other* tasks, as the score that at most ⌊0.01 n⌋ of those n
-  answers exceed (with fewer than 100 of them, their maximum); the task's positives above it are
-  caught. Pooled over tasks: caught / positives. `fpr_held_out` is the same rule's false-positive
-  share on each task's own negatives. Tasks whose other tasks hold no honest answer are not scored.
-- **Text baseline**: a bag-of-words reader of the answer alone (TF-IDF of words and word pairs and a
-  logistic regression), trained leave-one-task-out on the contrast's answers; its out-of-fold
-  log-odds is scored like a readout. The labels are made by code from the answer's words, so this
-  baseline can be high: a readout has to beat what the text already says."""
+Within-stratum AUROC (`lens.paired_auroc`, ties ½: a prompt-only state ties every within-cell pair);
+recall at 1 % FPR with each task's threshold set on the other tasks' honest answers (`fpr_held_out`
+on its own); the text baseline a leave-one-task-out TF-IDF logistic regression on the answer alone.
+The rules in full: docs/entitle.md, "Lens reads with ground truth" ("Numbers per cell")."""
 from __future__ import annotations
 
 import math

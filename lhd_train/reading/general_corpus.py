@@ -1,17 +1,11 @@
 """Fit and eval corpora that need no download: general prose shipped with Python, and the chat
 transcripts of a benchmark run (science-4 review §2.5 item 4).
 
-The published lenses are fitted on WikiText, which cannot be fetched here (no model or data hub).
-The closest general English text that every installation already has is the prose of the Python
-language reference that CPython ships as `pydoc_data.topics` (the `help()` topics; PSF licence):
-about 80 topics, 0.4 MB of English. It is technical prose, not encyclopaedic text, so a lens
-fitted on it is "fitted on general-purpose text" only in the sense that it is not the task texts
-it is later read on. Grammar blocks and code (indented lines) and the underline rows of headings
-are dropped; the paragraphs that remain are what `lhd lens corpus --source python-docs` writes.
-
-`run_transcripts` gives the chat the margins are read from: for every performer round of a run,
-the exact messages of its call followed by its answer (`lhd lens corpus --run RUN`).
-"""
+The published lenses are fitted on WikiText, which cannot be fetched here; the closest general
+English every installation has is the Python language reference's prose (`pydoc_data.topics`, PSF
+licence), technical rather than encyclopaedic, with grammar, code and heading underlines dropped
+(`lhd lens corpus --source python-docs`). `run_transcripts`: each performer call of a run followed
+by its answer (`--source run`). docs/lens.md, "Next-token KL on held-out text"."""
 from __future__ import annotations
 
 import json

@@ -1,35 +1,11 @@
 """Entitlement probe sets built from task packs' own files (docs/lens-background.md §5).
 
-Numeric facts are extracted from the files by the task-pack code (`lhd_train.bench.facts`: CSV
-rows, JSON number fields, `Key: number` text lines). Each fact gives a minimal set of claims over
-the *same record* (the task's files):
-
-- SUPPORTED: "According to F, the A of E is V." (the files state it),
-- REFUTED: the same sentence with a different number,
-- NOT_ENTITLED: the same sentence about an attribute the files never mention,
-
-plus, optionally, the SUPPORTED sentence against a record with the evidence line deleted
-(NOT_ENTITLED, `record_variant` says which line went), and the same SUPPORTED sentence against
-the record minus another line of similar length (`stated_other_deleted`, the length-matched
-partner of `evidence_deleted`). `stated` vs `evidence_deleted` (the same
-claim; only the evidence differs) is the primary contrast; the other kinds are reported apart.
-Rows are self-contained JSONL (files included) and model independent: the prompt is rendered
-with each model's chat template when read (`render_probe`), claim first, so that every record
-token is processed with the claim in context (science-4 review D2: with the record first, its
-hidden states cannot depend on the claim):
-
-    [system] You check reports against the provided files. Use only the files.
-    [user]   Claim: ...                                          <- claim
-             <files> === file: name === content ... </files>   <- record (evidence line annotated)
-             Question: Do the files support this claim?          <- question
-    [assistant, prefilled] Verdict:                              <- decision = last prompt token
-
-Absent attributes are drawn from disjoint pools, one per record (task): an attribute used in one
-record's NOT_ENTITLED claims is used in no other record, so record-grouped folds never share
-one (a probe cannot learn "this attribute is never in the files" in one fold and use it in
-another). Schema `lhd.lens_probe/2`; files of schema 1 (record first, one attribute list shared
-by all records) are refused with the command that rebuilds them.
-"""
+Each numeric fact of the files (`lhd_train.bench.facts`) gives claims over the same record:
+`stated` (SUPPORTED), `different_number` (REFUTED), `absent_attribute` (NOT_ENTITLED, attributes
+drawn from disjoint per-record pools), and optionally `evidence_deleted` with its length-matched
+partner `stated_other_deleted`. Rows are self-contained JSONL (schema `lhd.lens_probe/2`; schema 1
+is refused), rendered per model claim first (`render_probe`). docs/lens.md, "Probe sets" and
+"Positions", gives the prompt layout, the contrasts and why the claim comes first."""
 from __future__ import annotations
 
 import json

@@ -1,24 +1,11 @@
 """Reading entitlement margins per layer × position for every example (`lhd lens read`).
 
-One forward per example captures every block output at the tagged positions; the logit lens,
-the Jacobian lens and its random-transport control (`lens.controls`, readout `jacobian_random`)
-turn them into logits over S ∪ N ∪ R, from which the margins follow; the linear probe is
-trained per (layer, position class) with grouped folds and read out of fold. Everything lands
-in one long table (`margins.parquet`), which `lhd_train.reading.tables` and `lhd_train.reading.report` summarise:
-
-- probe sets (claim first, `lhd_train.reading.probes`): AUROC of `m_E` for the same claim with and without
-  its evidence line (length-matched: the primary contrast by default; and against the full
-  record), and each other claim kind on its own;
-- benchmark runs: after the answer, one elicitation turn (`lens.elicit`) asks whether the figure
-  the model gave appears in the files; *stated* = the model's own Yes−No margin at the last
-  prompt token, *internal* = the lens margins there. AUROC against the auditor's flag of
-  `−m_E`, of the gap `G = z(stated) − z(m_E)` (label-free z) and of the gap inside the
-  stated-supported cell, within tasks and pooled, clustered by trial.
-
-Positions before the judged text (the answer; the probe's claim) are negative controls, every
-table has a within-stratum AUROC, and one cell declared in the settings is THE result; its
-declaration is written to plan.json before any forward pass (`lhd_train.reading.preregister`).
-"""
+One forward per example captures every block output at the tagged positions; each readout (logit
+lens, Jacobian lens, its random-transport control `jacobian_random`, ...) turns them into logits
+over S ∪ N ∪ R, from which the margins follow; the linear probe is trained per (layer, position
+class) with grouped folds. Everything lands in `margins.parquet`, summarised by `reading.tables` and
+`reading.report`. Probe sets and benchmark runs (with an elicitation turn) are the two sources; the
+primary cell is declared in plan.json first (`reading.preregister`). docs/lens.md gives the design."""
 from __future__ import annotations
 
 import logging

@@ -1,20 +1,10 @@
 """AUROC tables from a margins table (`lhd_train.reading.read`): which scores, at which positions, and what each row is.
 
-Every row (metric × readout × position × layer; layer −1 = the mean over the workspace band)
-carries the pooled AUROC and the **within-stratum** AUROC (pairs inside one task in run mode, one
-record in probe sets; `lens.stats`), each with a 95 % cluster-bootstrap interval, the Spearman
-correlation of its score with the lexical-echo covariate, and a role:
-
-- `primary`: the one cell (metric, readout, anchor, band) declared in the read settings and
-  written to plan.json before any forward pass; THE result of a read;
-- `negative control`: a position before the text being judged (the performer's answer, or the
-  probe's claim). It cannot depend on that text, so its AUROC is expected at 0.5; one away from
-  0.5 measures a confound (the task, the trial's history), never entitlement (science-4 D1, D2);
-- `exploratory`: everything else, including per-layer cells and the layer choices.
-
-z-scores (the gap, band means) are label-free: per (readout, position, layer), over every example
-read, labelled or not (science-4 D13; they used to be fitted on the unflagged rounds).
-"""
+Every row (metric × readout × position × layer; layer −1 = the band mean) carries the pooled and the
+within-stratum AUROC (`lens.stats`) with 95 % cluster-bootstrap intervals, the Spearman correlation
+with the lexical-echo covariate, and a role: `primary` (the one cell declared before any forward
+pass), `negative control` (a position before the judged text: expected 0.5, otherwise a confound;
+science-4 D1, D2) or `exploratory`. z-scores are label-free (science-4 D13). docs/lens.md."""
 from __future__ import annotations
 
 from collections.abc import Sequence

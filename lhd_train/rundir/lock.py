@@ -1,22 +1,11 @@
 """One writer per run directory: an exclusive `flock` on `<dir>/.lock`, held for a whole stage.
 
-Two `lhd run` on one directory used to both exit 0 with every trial's rounds interleaved and
-duplicated, which `lhd report` then counted. Every stage that writes into a run directory (run,
-audit, data, merge, lens on runs) therefore holds this lock, and a second writer is refused with
-`RunDirLocked`, naming the process that holds it.
-
-Why `flock`: the kernel releases it when its process ends, however it ends (SIGKILL, OOM, a node
-reboot of the process), so a crash never leaves a stale lock that someone must delete by hand.
-The lock file itself stays; only the holder line inside it (PID, stage, host, start time) changes.
-It is taken without waiting: a stage that finds the directory busy stops at once rather than
-queueing behind a run that may take days.
-
-The lock file is opened without following a symbolic link, and refused when it is not a plain
-file of its own (a link, a hard link, a FIFO): writing the holder line through it would empty the
-file at the other end.
-
-The lock is per process and re-entrant: a stage that locks a directory its caller already holds
-(a library call inside a command) just goes on."""
+Two writers on one directory once interleaved and duplicated every trial's rounds, so every stage
+that writes into a run directory holds this lock and a second one is refused with `RunDirLocked`
+(naming the holder), without waiting. `flock` because the kernel releases it however its process
+ends, so a crash leaves no stale lock. The lock file is opened without following a link and
+refused when not a plain file of its own; the lock is per process and re-entrant. docs/formats.md,
+"Threat model" and "The lock"."""
 from __future__ import annotations
 
 import errno

@@ -1,18 +1,11 @@
 """The rows a run directory holds, as typed models: the in-memory type and the file format at once
-(docs/formats.md), their schema versions, and which fields `lhd export` turns into columns.
+(docs/formats.md, "The records are the types"), their schema versions, and which fields `lhd export`
+turns into columns.
 
-Writers build a `RoundRow` / `AuditRow` and `rundir.run` writes it (`Record.to_json`, only the
-fields the writer set, so files keep the keys they always had); readers validate every line and
-return the model, so stages use attributes a type checker follows and a damaged or foreign file
-fails naming its line and field. The export derives its columns from the models, so a field
-added here reaches the dataset without a second list. Unknown fields are kept (`extra="allow"`):
-a newer writer's rows still load. Each row names its schema; a row of an older version is
-upgraded on read by `upgrade` (tests/data/runs/ keeps a run directory of every version).
-
-Fields every writer of a schema version has always written, with a value, are required (a row
-without one fails naming it); collections are empty when absent or null (`Items`, `Table`), so
-readers neither check for None nor write `or []`. The rest stay optional: an older writer or
-another producer (an import, a curated or planted set) leaves them out or null."""
+Writers build a `RoundRow` / `AuditRow` and `rundir.run` writes only the fields they set; readers
+validate every line, so a damaged file fails naming its line and field. Unknown fields are kept;
+older schema versions are upgraded on read (`upgrade`). Fields every writer always wrote are
+required; collections are empty when absent or null (`Items`, `Table`); the rest stay optional."""
 from __future__ import annotations
 
 import typing

@@ -1,22 +1,10 @@
 """`HFBackend`: the public class of the `hf` backend, and its request queue and worker.
 
-How a call flows:
-  `await backend.generate([req])` → the request is tokenised with the chat template, checked
-  against the context length and the memory budget, expanded into `n` rows and queued. One
-  worker task per event loop takes up to `max_batch_size` queued rows that fit the budget
-  (`rollouts/hf/memory_plan.py`; waiting to fill as `rollouts/hf/batching.py` says; rows of one batch share
-  one LoRA adapter), decodes them together in a thread (`asyncio.to_thread`, under the model's
-  CUDA device, `rollouts/hf/decode.py`), and resolves each request when all of its rows are done.
-
-Token accounting: `Completion.token_ids` are the generated tokens without the final stop
-token; `completion_tokens` is their sum over the n completions. Text is decoded with special
-tokens skipped; think text is left in place (the performer strips it).
-
-Sampling: a request's unset decoding fields (None) take the model's own defaults from its
-generation config (temperature, top_p, top_k, repetition_penalty: what vLLM applies with its
-default `--generation-config auto`), else vLLM's neutral values; `GenerationResult.sampling`
-says what was used.
-"""
+A request is tokenised, checked against the context length and the memory budget, expanded into
+`n` rows and queued; one worker per event loop decodes batches of rows that fit the budget in a
+thread (`batching.py`, `memory_plan.py`, `decode.py`). `Completion.token_ids` exclude the final
+stop token; unset decoding fields take the model's generation config. docs/benchmark.md, "Inside
+the `hf` backend"."""
 from __future__ import annotations
 
 import asyncio

@@ -1,20 +1,11 @@
 """When the hf backend's worker stops waiting and starts the next batch.
 
-The worker decodes one batch at a time; a row queued while a batch runs waits for the whole batch.
-So a batch that starts a moment too early leaves out the requests about to arrive, and they cost a
-batch of their own. That moment is the usual case for the rollout engine: when a batch ends, every
-trial whose request it answered builds its next prompt (parsing, writing its row, counting tokens)
-and sends it, a few milliseconds apart. A fixed `batch_wait_ms` measured from the first arrival lets
-the batch start with the first trials only (seen on the tiny model: 6 batches and 21 % more decode
-steps than the same requests sent at once; issue 30, item 6).
-
-`BatchFill` waits, after a batch delivered its answers, for as many rows as that batch held (their
-senders usually come back at once) plus the rows it left queued, up to `max_batch_size`, for at most
-`FOLLOW_SHARE` of that batch's duration (capped at `FOLLOW_CAP_S`): a sender that does not come back
-(its trial ended) costs at most that share. Otherwise (the first batch, or rows that arrive on their
-own) it waits `batch_wait_ms` from the first row, as before. Which rows a batch takes, and whether
-they fit the memory budget, is `memory_plan.admit`'s decision, unchanged.
-"""
+A batch that starts a moment too early leaves out the trials about to send their next request (a
+fixed `batch_wait_ms` gave 6 batches and 21 % more decode steps on the tiny model; issue 30, item 6).
+`BatchFill` waits, after a batch, for as many rows as it held plus those it left queued, for at most
+`FOLLOW_SHARE` of its duration (capped at `FOLLOW_CAP_S`); otherwise `batch_wait_ms` from the first
+row. Which rows fit the budget is `memory_plan.admit`'s decision. docs/benchmark.md, "Inside the
+`hf` backend"; measurements in docs/performance.md."""
 from __future__ import annotations
 
 import asyncio

@@ -1,19 +1,11 @@
 """One batched decode, in the backend's worker thread.
 
-The batched decode is our own loop (`decode_loop`), not `model.generate`: every distinct prompt
-is prefilled alone (batch 1, no padding and no mask, so attention takes the fast causal path; a
-left-padded batch with a mask is much slower on CPU for long prompts), its keys/values are copied
-into one left-padded batched cache (preallocated buffers, `rollouts/hf/kv_buffer.py`, a padding
-mask, per-row position ids continuing each row's own length), and the rows then decode one token
-per step together; finished rows are dropped from the batch. Models whose layers are not all full
-attention (sliding windows, linear attention) decode with one left-padded `model.generate`
-instead (`decode_generate`), with the same sampler as its logits processor.
-
-Prefix cache (`rollouts/hf/prefix_cache.py`, our loop only): a prompt's prefill starts from the
-longest token prefix whose keys/values an earlier request left (its prompt, or its prompt plus
-the answer it generated, `_remember`), so a conversation's next turn computes only its new
-tokens. `GenerationResult.cached_tokens` reports the reused count, as vLLM reports its cache hits.
-"""
+Our own loop (`decode_loop`): each distinct prompt prefilled alone (no padding or mask: the fast
+causal path on CPU), its keys/values copied into one left-padded cache (`kv_buffer.py`), the rows
+decoded one token per step together; prefill starts from the prefix cache (`prefix_cache.py`,
+`_remember`). Models not all full attention decode with one `model.generate` (`decode_generate`),
+with the same sampler. docs/benchmark.md, "Inside the `hf` backend"; measurements in
+docs/performance.md."""
 from __future__ import annotations
 
 import contextlib

@@ -1,23 +1,10 @@
 """Keys/values of earlier sequences, reused across requests by the in-process `hf` backend: what
 a vLLM server's automatic prefix caching does, for the backend that has none.
 
-Why: a benchmark trial re-sends its whole conversation on every call. Performer prompt k+1 is
-prompt k plus its answer, the supervisor's feedback and the next task; the supervisor's feedback
-call repeats the evaluation prompt; every auditor call of a trial shares [instructions][trajectory].
-Without reuse each call recomputes that prefix, and on long prompts that prefill dominates.
-
-An entry is one sequence's token ids (its prompt, plus the generated tokens whose keys/values were
-computed) and, per layer, its key and value tensors [1, heads, length, head_dim]. Entries are
-separated by LoRA adapter (an adapter changes keys/values). `lookup` returns the longest common
-token prefix with any entry; keys/values of position i depend only on tokens 0..i (causal
-attention, absolute positions), so that prefix's keys/values are exactly reusable. Matching is on
-token ids, not text: a generated answer re-rendered by the chat template may tokenise differently,
-and then only the part before the first differing token is reused.
-
-Bounded by `max_bytes` (keys and values of all entries), least recently used first out. An entry that is a
-prefix of a newer one is dropped for it (the newer one answers every lookup the older one could).
-Used from the backend's decode thread only (the backend serialises its batches), so no locking.
-"""
+`lookup` returns the longest common token prefix with any entry (keys/values of position i depend
+only on tokens 0..i, so it is exactly reusable); entries are separated by LoRA adapter, bounded by
+`max_bytes` (least recently used out, a prefix of a newer entry dropped for it), and used from the
+decode thread only, so no locking. Why and how: docs/benchmark.md, "Inside the `hf` backend"."""
 from __future__ import annotations
 
 import collections

@@ -2,21 +2,10 @@
 --config` (rows), and by the preflight of `lhd run`/`audit`/`data` when a GPU is visible, which
 refuses a failing server before anything starts (`refuse_short_kv`, issue 38).
 
-vLLM checks this itself only after the weights have loaded (minutes for a 72B on four GPUs): it
-profiles a forward pass, gives the KV cache what is left of `gpu_memory_utilization` x the GPU's
-memory, and refuses to start when one `max_model_len` sequence does not fit. This module makes the
-same estimate from the model's config.json alone (issue 30, B8):
-
-    KV per GPU    = gpu_memory_utilization x GPU memory - weights / TP - RUNTIME_RESERVE
-    KV per token  = 2 (K, V) x layers x KV heads per GPU x head dim x dtype bytes
-    tokens held   = KV per GPU / KV per token per GPU
-
-KV heads are split over the tensor-parallel ranks (replicated when TP exceeds them). The weights are
-the parameter count from the config's shapes (`rollouts.model_config.ModelShape`: embeddings,
-attention with Qwen2's biases, MLP, norms) times the dtype's bytes. `RUNTIME_RESERVE` stands for what vLLM's profiling
-finds beside the weights (activations of one step, CUDA graphs, the sampler): an approximation, so
-a margin below 10 % is reported as a warning, not a verdict.
-"""
+vLLM checks this only after loading the weights; this makes the same estimate from config.json
+alone (issue 30, B8): KV per GPU = utilisation x memory - weights / TP - `RUNTIME_RESERVE`, divided
+by the KV per token per GPU (KV heads split over TP). The reserve is an approximation, so a margin
+below 10 % is a warning, not a verdict. The arithmetic and the table it reproduces: docs/gpu.md."""
 from __future__ import annotations
 
 from collections.abc import Mapping
