@@ -72,7 +72,7 @@ def fit_texts(lens: Lens | TunedLens) -> list[str] | None:
     fields = ("path", "format", "text_field", "split", "n_prompts", "min_chars", "chunk_chars", "skip_headers", "chat")
     try:
         texts, now = load_corpus(CorpusSpec(**{k: recipe[k] for k in fields if k in recipe}))
-    except (LensError, OSError, TypeError):
+    except (LensError, OSError, TypeError, ValueError):  # ValueError: a recipe the settings refuse
         return None
     return texts if now.get("fingerprint") == recipe.get("fingerprint") else None
 
