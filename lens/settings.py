@@ -1,15 +1,15 @@
-"""The settings of a fit and a tuned lens, declared once: type, default, bounds and help text.
+"""The settings of a fit, a tuned lens and a quality evaluation, declared once: type, default, bounds, help.
 
 The library functions take these models (`lens.fit.fit_lens`, `lens.tuned.fit_tuned_lens`,
-`lens.corpus.load_corpus`); lhd's commands and its Slurm lens stage are built from them
+`lens.corpus.load_corpus`, `lens.quality`, `lens.fidelity`); lhd's commands and its Slurm lens stage are built from them
 (`lhd_train/cli/lens_options.py`, `ops.slurm_vars.LensVars` from `FitArgs`), so a default cannot
 differ between the library and the command line. A field marked `json_schema_extra={"cli": False}`
 is a library knob no command line sets (a test's stop switch). No torch here: the planners import it."""
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 ModelDtype = Literal["float32", "bfloat16", "float16"]
 Attn = Literal["auto", "sdpa", "eager"]
@@ -43,13 +43,14 @@ def parse_layers(spec: str | None) -> list[int] | None:
 
 def _layer_spec(v: Any) -> Any:
     """A layer list as its spec (`[0, 4]` → `"0,4"`, None → `"all"`), checked by `parse_layers`."""
-    if v is None:
-        v = "all"
-    elif isinstance(v, list | tuple):
-        v = ",".join(str(int(x)) for x in v)
+    v = "all" if v is None else ",".join(str(int(x)) for x in v) if isinstance(v, list | tuple) else v
     if isinstance(v, str):
         parse_layers(v)
     return v
+
+
+#: blocks as text (`all`, `0,4,8-12`, `-2`); a list of ints is taken too
+LayerSpec = Annotated[str, BeforeValidator(_layer_spec)]
 
 
 class LensSettings(BaseModel):
@@ -121,7 +122,7 @@ class FitSettings(PromptSettings):
     """Everything that changes a fit's estimate (compared on resume), plus the speed knobs."""
 
     target_layer: int = Field(-1, description="Target block: -1 = last, -2 = penultimate.")
-    source_layers: str = Field("all", description="Blocks to fit: all (below the target) or e.g. 0,4,8-12.")
+    source_layers: LayerSpec = Field("all", description="Blocks to fit: all (below the target) or e.g. 0,4,8-12.")
     estimator: Literal["all", "self", "future"] = Field(
         "all", description="all: every later target position (the reference) | self: the self-only term t'=t, by "
                            "random signs at the same cost | future: all - self (2x the cost).")
@@ -132,11 +133,6 @@ class FitSettings(PromptSettings):
                                               "largest of 128, 64, ... that fits the free GPU memory (64 on CPU).")
     method: Literal["replicate", "vmap"] = Field(
         "replicate", description="replicate (reference: prompt repeated along the batch) | vmap (batched grads).")
-
-    @field_validator("source_layers", mode="before")
-    @classmethod
-    def _spec(cls, v: Any) -> Any:
-        return _layer_spec(v)
 
 
 class FitOptions(LensSettings):
@@ -168,7 +164,7 @@ class FitArgs(FitOptions, FitSettings, PromptCorpus):
 class TuneSettings(PromptSettings):
     """How a tuned lens is trained (compared on resume)."""
 
-    layers: str = Field("all", description="Blocks to translate: all (below the last) or e.g. 6,10,14 (those of "
+    layers: LayerSpec = Field("all", description="Blocks to translate: all (below the last) or e.g. 6,10,14 (those of "
                                            "the lens it is read beside).")
     steps: int = Field(300, ge=1, description="Adam steps (learning rate decays linearly to 0).")
     batch_tokens: int = Field(256, ge=1, description="Positions drawn per step.")
@@ -177,11 +173,6 @@ class TuneSettings(PromptSettings):
                                                   "after training.")
     seed: int = Field(0, ge=0, le=SEED_MAX, description="Seed of the position draws.")
     progress: bool = Field(True, description="Progress bar.")
-
-    @field_validator("layers", mode="before")
-    @classmethod
-    def _spec(cls, v: Any) -> Any:
-        return _layer_spec(v)
 
 
 class TuneOptions(LensSettings):
@@ -194,3 +185,15 @@ class TuneOptions(LensSettings):
     resume: bool = Field(True, description="Continue from OUT/tune_checkpoint.pt if present (same settings only).")
     stop_after: int | None = Field(None, ge=1, description="Stop, with a checkpoint, after this many new steps.",
                                    json_schema_extra=LIBRARY_ONLY)
+
+
+class QualitySettings(LensSettings):
+    """The intervals and random draws of a lens-quality evaluation (`lens.quality`, `lens.fidelity`)."""
+
+    n_boot: int = Field(1000, ge=0, le=1_000_000, description="Bootstrap resamples (over texts / items) for the CIs.",
+                        json_schema_extra={"flag": "--bootstrap"})
+    seed: int = Field(0, ge=0, le=SEED_MAX, description="Seed of the bootstrap and the causal check's random "
+                                                        "directions.")
+    causal_random: int = Field(3, ge=1, le=100, description="Norm-matched random directions per lens direction.")
+    temperature_positions: int = Field(512, ge=16, description="Positions of the calibration half used to fit "
+                                                               "each layer's temperature.")

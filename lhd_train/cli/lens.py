@@ -15,7 +15,7 @@ from typing import Any
 import typer
 
 from lens.errors import LensError
-from lens.settings import ModelDtype, parse_layers
+from lens.settings import ModelDtype, QualitySettings, parse_layers
 from lhd_train.cli.boundary import GuardedGroup
 from lhd_train.cli.lens_options import (
     EvalCommand,
@@ -209,8 +209,7 @@ def _eval_prompt_sets(args: EvalCommand, m, tok, lz, readouts, sets) -> None:
     from lens.quality import QualityConfig, evaluate_prompt_sets, middle_layer
 
     layers = [middle_layer(lz)] if args.causal_layers == "middle" else parse_layers(args.causal_layers)
-    cfg = QualityConfig(n_boot=args.bootstrap, seed=args.seed, force_bos=lz.meta.force_bos,
-                        causal_layers=layers if args.causal else None, causal_random=args.causal_random)
+    cfg = QualityConfig(**_quality(args), force_bos=lz.meta.force_bos, causal_layers=layers if args.causal else None)
     res = evaluate_prompt_sets(m, tok, readouts, lz.source_layers, sets, cfg)
     meta = {"model": args.model, "lens": _lens_path(args), "lens_sha256": lz.meta.sha256,
             "lens_n_prompts": lz.n_prompts, "lens_estimator": lz.meta.estimator,
@@ -224,6 +223,10 @@ def _eval_prompt_sets(args: EvalCommand, m, tok, lz, readouts, sets) -> None:
     for name, entry in res.passk.items():
         cells = ", ".join(f"{r} {entry[r]['1']:.3f}/{entry[r]['10']:.3f}" for r in res.readouts)
         typer.echo(f"  {name} ({entry['n']} items) pass@1/@10: {cells}")
+
+
+def _quality(args: EvalCommand) -> dict[str, Any]:
+    return args.model_dump(include=set(QualitySettings.model_fields))
 
 
 def _lens_path(args: EvalCommand) -> str:
@@ -261,8 +264,7 @@ def _eval_corpus(args: EvalCommand, m, tok, lz, readouts) -> None:
     cfg = EvalConfig(max_length=args.max_length or lz.meta.max_length or 128,
                      skip_first=args.skip_first if args.skip_first is not None else fitted_skip,
                      chat=lz.meta.chat, force_bos=lz.meta.force_bos,
-                     n_boot=args.bootstrap, seed=args.seed, progress=args.progress,
-                     messages=recipe["format"] == "messages", temperature_positions=args.temperature_positions,
+                     progress=args.progress, messages=recipe["format"] == "messages", **_quality(args),
                      layers=None if args.eval_layers == "all" else lz.source_layers)
     result = evaluate(m, tok, readouts, chosen, cfg, halves=halves)
     result.update(model_id=args.model, lens=_lens_path(args), lens_sha256=lz.meta.sha256,

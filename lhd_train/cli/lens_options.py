@@ -16,6 +16,7 @@ from lens.settings import (
     FitArgs,
     ModelDtype,
     PromptCorpus,
+    QualitySettings,
     TuneOptions,
     TuneSettings,
     parse_layers,
@@ -24,41 +25,39 @@ from lhd_train.config.base import StrictModel
 from lhd_train.config.lens import ReadSettings
 
 
-def _threads() -> Any:  # a pydantic FieldInfo
-    return Field(None, ge=1, le=4096, description="torch CPU threads (1 is fastest for tiny models on a busy CPU).")
-
-
-class FitCommand(FitArgs):
-    """`lhd lens fit MODEL`: the fit's settings plus what one invocation names (files, device, plan)."""
+class ModelArgs(StrictModel):
+    """The model a lens command loads, and where it runs."""
 
     model: str = Field(description="HF model id or local model dir.", json_schema_extra={"argument": True})
+    device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
+    revision: str | None = Field(None, description="Model revision (recorded in the files written).")
+    threads: int | None = Field(None, ge=1, le=4096, description="torch CPU threads (1 is fastest for tiny models on "
+                                                                 "a busy CPU).")
+
+
+class FitCommand(FitArgs, ModelArgs):
+    """`lhd lens fit MODEL`: the fit's settings plus what one invocation names (files, device, plan)."""
+
     corpus: Path | None = Field(None, description="Text file (paragraphs), JSONL (a text field) or a datasets dir "
                                                   "(save_to_disk). Required unless --plan.")
     out: Path | None = Field(None, description="Output dir: lens.safetensors, lens.json, fit_report.json, "
                                                "convergence.csv, checkpoint.pt. Required unless --plan.")
-    device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
-    revision: str | None = Field(None, description="Model revision (recorded in the sidecar).")
     plan: bool = Field(False, description="Print the memory and time plan and stop (reads config.json only, no "
                                           "weights).")
     memory_gib: float | None = Field(None, gt=0, description="Device memory budget for the plan, GiB (default: the "
                                                              "free memory of the CUDA device; none on CPU).")
     tflops: float | None = Field(None, gt=0, description="Sustained TFLOP/s for the plan's time estimate.")
     shard: str | None = Field(None, description="INDEX/COUNT: fit a contiguous, disjoint slice of the prompts.")
-    threads: int | None = _threads()
 
 
-class TuneCommand(TuneOptions, TuneSettings, PromptCorpus):
+class TuneCommand(TuneOptions, TuneSettings, PromptCorpus, ModelArgs):
     """`lhd lens tune MODEL`: a tuned lens (an affine translator per layer trained on next-token KL), the
     J-lens release's third baseline, read beside a lens with `lhd lens eval --tuned-lens`."""
 
-    model: str = Field(description="HF model id or local model dir.", json_schema_extra={"argument": True})
     corpus: Path = Field(description="Text file (paragraphs), JSONL (a text field) or a datasets dir (save_to_disk).")
     out: Path = Field(description="Output dir: tuned.safetensors, tuned.json (and tune_checkpoint.pt while it "
                                   "trains).")
     dtype: ModelDtype = Field("float32", description="Model dtype.")
-    device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
-    revision: str | None = Field(None, description="Model revision (recorded in the sidecar).")
-    threads: int | None = _threads()
 
     @model_validator(mode="after")
     def _prompts_left(self) -> TuneCommand:
@@ -86,11 +85,10 @@ def readout_paths(values: list[str]) -> dict[str, Path]:
     return out
 
 
-class EvalCommand(CorpusTexts):
+class EvalCommand(CorpusTexts, QualitySettings, ModelArgs):
     """`lhd lens eval MODEL`: a lens's quality on the release's prompt sets (pass@k, causal check) and on held-out
     text (KL beside baselines, top-k, temperature-fitted KL) (docs/lens.md, "Lens quality")."""
 
-    model: str = Field(description="HF model id or local model dir.", json_schema_extra={"argument": True})
     readout: list[str] = _readout_field()
     out: Path = Field(description="Output dir: passk.json, passk_ranks.jsonl, causal.json (prompt sets); eval.json, "
                                   "eval.md, fidelity.png (corpus); quality.md.")
@@ -103,7 +101,6 @@ class EvalCommand(CorpusTexts):
     causal: bool = Field(True, description="Causal check on the prompt sets (project lens directions out).")
     causal_layers: str = Field("middle", description="Layers of the causal check: middle (the lens's middle fitted "
                                                      "layer) or a list such as 10,14.")
-    causal_random: int = Field(3, ge=1, le=100, description="Norm-matched random directions per lens direction.")
     held_out: int = Field(50, ge=0, description="Evaluate the first N held-out texts (0 = all).")
     half_a: Path | None = Field(None, description="Split half A: a lens fitted like the J-lens on half the prompts "
                                                   "(e.g. lhd lens fit --shard 0/2).")
@@ -113,19 +110,10 @@ class EvalCommand(CorpusTexts):
     skip_first: int | None = Field(None, ge=0, description="Positions left out at the start (default: the lens's).")
     eval_layers: Literal["lens", "all"] = Field("lens", description="--corpus: read the lens's layers and the last "
                                                                     "block (lens), or every block (all).")
-    temperature_positions: int = Field(512, ge=16, description="Positions of the calibration half used to fit "
-                                                               "each layer's temperature.")
     target_layer: int | None = Field(None, description="Target layer of a .pt lens (default: last block).")
-    bootstrap: int = Field(1000, ge=0, le=1_000_000, description="Bootstrap resamples (over texts / items) for the "
-                                                                 "CIs.")
-    seed: int = Field(0, ge=0, le=SEED_MAX, description="Seed of the bootstrap and the causal check's random "
-                                                        "directions.")
     dtype: ModelDtype = Field("float32", description="Model dtype.")
-    device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
-    revision: str | None = Field(None, description="Model revision.")
     attn: Attn = Field("auto", description="attn_implementation: auto is sdpa.")
     progress: bool = Field(True, description="Progress bar.")
-    threads: int | None = _threads()
 
     @model_validator(mode="after")
     def _what_to_evaluate(self) -> EvalCommand:
@@ -154,10 +142,9 @@ class ProbeBuildCommand(StrictModel):
         "strict", description="first-token: use the first token of multi-token words.")
 
 
-class ReadCommand(ReadSettings):
+class ReadCommand(ReadSettings, ModelArgs):
     """`lhd lens read MODEL`: entitlement margins of a probe set or of a run's answers."""
 
-    model: str = Field(description="HF model id or local model dir.", json_schema_extra={"argument": True})
     out: Path = Field(description="Output dir (margins.parquet, auroc.csv/.md, heatmap.png, summary.json).")
     readout: list[str] = _readout_field()
     probes: Path | None = Field(None, description="Probe set JSONL from `lhd lens probe build` (or give --run).")
@@ -175,11 +162,8 @@ class ReadCommand(ReadSettings):
                                                "row's pack).")
     limit: int | None = Field(None, ge=1, description="Read only the first N examples.")
     dtype: ModelDtype = Field("float32", description="Model dtype.")
-    device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
-    revision: str | None = Field(None, description="Model revision.")
     attn: Attn = Field("auto", description="attn_implementation: auto is sdpa (no gradients here, and no "
                                            "[heads, T, T] scores at long context).")
-    threads: int | None = _threads()
 
     @model_validator(mode="after")
     def _one_source(self) -> ReadCommand:

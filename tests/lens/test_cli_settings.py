@@ -13,20 +13,21 @@ import pytest
 from pydantic import ValidationError
 
 from lens.corpus import CorpusSpec
+from lens.fidelity import EvalConfig
 from lens.fit import FitOptions, FitSettings
-from lens.settings import CorpusTexts, FitArgs, parse_layers
+from lens.settings import CorpusTexts, FitArgs, QualitySettings, parse_layers
 from lens.tuned import TuneOptions, TuneSettings
 from lhd_train.cli.lens_options import EvalCommand, FitCommand, ReadCommand, TuneCommand
-from lhd_train.config.flags import cli_fields
+from lhd_train.config.flags import cli_fields, flag_of
 from lhd_train.config.lens import ReadSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 
 LIBRARY = {FitCommand: (FitSettings, FitOptions, CorpusTexts), TuneCommand: (TuneSettings, TuneOptions, CorpusTexts),
-           EvalCommand: (CorpusTexts,)}
+           EvalCommand: (CorpusTexts, QualitySettings)}
 # knobs no command line sets: the BOS switch, a test's stop switches, the CUDA overlap, a step cadence
 LIBRARY_ONLY = {FitSettings: {"force_bos"}, FitOptions: {"stop_after", "overlap_sums"}, TuneSettings: {"force_bos"},
-                TuneOptions: {"stop_after", "checkpoint_every"}, CorpusTexts: set()}
+                TuneOptions: {"stop_after", "checkpoint_every"}, CorpusTexts: set(), QualitySettings: set()}
 
 
 @pytest.mark.parametrize("command", list(LIBRARY))
@@ -52,6 +53,9 @@ def test_the_library_takes_the_parsed_command_line():
     with pytest.raises(ValidationError, match="skip_first"):
         FitSettings(skip_first=16, max_length=16)  # the library's own bound, not only the command line's
     assert set(FitArgs.model_fields) < set(FitCommand.model_fields)
+    assert EvalConfig(**EvalCommand(model="m", out=Path("o"), corpus=Path("c"), n_boot=7).model_dump(
+        include=set(QualitySettings.model_fields))).n_boot == 7
+    assert flag_of("n_boot", EvalCommand.model_fields["n_boot"]) == "--bootstrap"  # the flag keeps its name
 
 
 def test_the_read_settings_are_declared_once():
