@@ -18,6 +18,7 @@ from lens.settings import FitArgs
 from lhd_train.config.auditor import AuditOptions
 from lhd_train.config.base import StrictModel
 from lhd_train.config.data import DataOptions
+from lhd_train.config.flags import cli_fields
 from lhd_train.errors import InputError, validation_error
 
 STAGES = ("rollout", "audit", "data", "train", "lens", "merge")
@@ -201,10 +202,11 @@ def stage_model(stage: str) -> type[StageVars]:
 def stage_vars(stage: str, given: dict[str, Any]) -> StageVars:
     """The variables of `stage`: its defaults with `given` (`--var` values) on top, checked."""
     model = stage_model(stage)
-    unknown = sorted(set(given) - set(model.model_fields))
+    known = cli_fields(model)  # a library-only knob of the lens fit (a test's stop switch) is no variable
+    unknown = sorted(set(given) - set(known))
     if unknown:
         raise InputError("command line", f"--var {unknown[0]}", f"not a variable of the '{stage}' stage",
-                         ", ".join(sorted(model.model_fields)))
+                         ", ".join(sorted(known)))
     try:
         v = model.model_validate(given)
     except ValidationError as err:

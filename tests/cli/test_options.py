@@ -26,7 +26,7 @@ from lhd_train.config.data import BuildSettings, DataOptions
 from lhd_train.config.flags import cli_fields, to_argv
 from lhd_train.errors import InputError
 from lhd_train.ops.slurm import dry_run_commands, render_slurm
-from lhd_train.ops.slurm_vars import DataVars, LensVars
+from lhd_train.ops.slurm_vars import DataVars, LensVars, stage_vars
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -133,6 +133,8 @@ def test_lens_fit_defaults_are_the_slurm_stages():
     for name in cli_fields(FitArgs):  # every option of the fit is a variable with the same default
         assert getattr(stage, name) == shown[name], name
     assert "[default: 100]" in runner.invoke(lens_app, ["fit", "--help"], terminal_width=200).output
+    with pytest.raises(InputError, match="not a variable"):  # the library's stop switch has no flag to render
+        stage_vars("lens", {"stop_after": 3})
 
 
 def test_data_defaults_are_the_slurm_stages():
