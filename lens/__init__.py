@@ -3,7 +3,8 @@ tagging and margin readouts: a torch and transformers library that knows no run.
 prompts, positions and token sets; reading lhd's runs and probe sets is `lhd_train/reading/`, and
 its commands are `lhd lens` (`lhd_train/cli/lens.py`).
 
-Modules, in data-flow order: `model` (the model interface + HF adapter + hooks), `corpus`,
+Modules, in data-flow order: `settings` (a fit's and a tuned lens's settings, declared once), `model`
+(the model interface + HF adapter + hooks), `corpus`,
 `positions`, `jacobian`, `fit`, `store`, `readout` (the readouts and their registry), `margins`,
 `stats`; lens quality: `promptsets`, `passk`, `causal`, `quality`, `fidelity`; `files` and
 `errors` (its own file toolkit and errors). The toy test models live in tests/support/lens_toy.py.

@@ -9,30 +9,14 @@ list), which goes into the lens sidecar and is compared on resume.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from lens.errors import LensError, LensFileError
 from lens.files import read_jsonl_rows, sha256_file
-
-
-@dataclass
-class CorpusSpec:
-    """Which texts of a corpus file; its fields are the sidecar's `corpus` recipe (the command-line
-    options and their checks: `lhd_train.config.lens.CorpusArgs`)."""
-
-    path: str
-    format: Literal["auto", "text", "jsonl", "dataset", "messages"] = "auto"
-    text_field: str = "text"
-    split: str | None = None  # for a DatasetDict on disk
-    n_prompts: int | None = None
-    min_chars: int = 0
-    chunk_chars: int = 0  # >0: join all texts and re-cut into pieces of this many characters
-    skip_headers: bool = True  # drop WikiText-style "= Title =" lines
-    chat: bool = False  # wrap each text in the model's chat template (user half / assistant half)
+from lens.settings import CorpusSpec
 
 
 def _detect(path: Path) -> str:
@@ -162,7 +146,8 @@ def load_corpus(spec: CorpusSpec) -> tuple[list[str], dict[str, Any]]:
         texts = texts[: spec.n_prompts]
     if not texts:
         raise LensError(f"corpus {path} yields no prompt (min_chars={spec.min_chars}, format={fmt})")
-    recipe = {**asdict(spec), "path": str(path), "format": fmt, "fingerprint": fingerprint, "n_available": len(texts)}
+    recipe = {**spec.model_dump(), "path": str(path), "format": fmt, "fingerprint": fingerprint,
+              "n_available": len(texts)}
     return texts, recipe
 
 

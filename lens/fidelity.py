@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -22,6 +21,7 @@ from lens.corpus import CorpusSpec, encode_messages, encode_prompt, load_corpus
 from lens.errors import LensError
 from lens.model import LensModel, block_outputs
 from lens.readout import BASELINE, PRIMARY, JacobianLens, Readout
+from lens.settings import QualitySettings
 from lens.stats import band_layers, ratio_ci
 from lens.store import Lens
 from lens.tuned import TunedLens
@@ -29,17 +29,13 @@ from lens.tuned import TunedLens
 BAND = (0.35, 0.85)  # middle layers, as a fraction of depth (the workspace band of the run reader)
 
 
-@dataclass
-class EvalConfig:
+class EvalConfig(QualitySettings):
     max_length: int = 128
     skip_first: int = 16
     chat: bool = False
     force_bos: bool = True
-    n_boot: int = 1000
-    seed: int = 0
     progress: bool = False
     messages: bool = False  # texts are chat transcripts (the corpus format `messages`), rendered with the template
-    temperature_positions: int = 512  # calibration positions a temperature is fitted on
     layers: list[int] | None = None  # layers read (None: every block); the last block is always read
 
 
@@ -54,7 +50,7 @@ def fit_texts(lens: Lens | TunedLens) -> list[str] | None:
     fields = ("path", "format", "text_field", "split", "n_prompts", "min_chars", "chunk_chars", "skip_headers", "chat")
     try:
         texts, now = load_corpus(CorpusSpec(**{k: recipe[k] for k in fields if k in recipe}))
-    except (LensError, OSError, TypeError):
+    except (LensError, OSError, TypeError, ValueError):  # ValueError: a recipe the settings refuse
         return None
     return texts if now.get("fingerprint") == recipe.get("fingerprint") else None
 
@@ -218,7 +214,7 @@ def evaluate(
     return {"layers": rows, "model": model_row, "n_texts": len(sums.n), "n_positions": int(sum(sums.n)),
             "n_calibration_texts": len(sums.n) - len(sums_eval.n), "n_eval_texts": len(sums_eval.n),
             "n_eval_positions": int(sum(sums_eval.n)), "readouts": list(readouts), "skipped_texts": skipped,
-            "summary": summarise(rows, L), "settings": {**cfg.__dict__, "kl": "KL(p_model || q_lens), nats",
+            "summary": summarise(rows, L), "settings": {**cfg.model_dump(), "kl": "KL(p_model || q_lens), nats",
                                                          "positions": "[skip_first, T)", "band": list(BAND),
                                                          "calibration_half": "texts 0, 2, 4, ... of the held-out "
                                                                              "list; evaluation half: 1, 3, 5, ..."}}

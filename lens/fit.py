@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -35,9 +35,11 @@ from lens.checkpoint import checkpoint_due, incomplete, load_checkpoint, save_ch
 from lens.corpus import encode_prompt
 from lens.errors import LensError
 from lens.files import atomic_write_text, sha256_text, write_csv
-from lens.jacobian import ESTIMATORS, prompt_jacobian, random_signs
+from lens.jacobian import prompt_jacobian, random_signs
 from lens.model import LensModel, normalise_layer
+from lens.plan import DEFAULT_DIM_BATCH
 from lens.record import LensMeta
+from lens.settings import FitOptions, FitSettings, parse_layers
 from lens.store import Lens
 
 log = logging.getLogger(__name__)
@@ -62,36 +64,6 @@ def resolve_layers(
     if bad:
         raise LensError(f"source layers {bad} are not below the target layer {target}")
     return sources, target
-
-
-@dataclass
-class FitSettings:
-    """Everything that changes the estimate (compared on resume), plus pure speed knobs. The command
-    line's options and their checks are `lhd_train.config.lens.FitArgs`, which fills this by field name."""
-
-    target_layer: int = -1
-    source_layers: list[int] | None = None
-    skip_first: int = 16
-    max_length: int = 128
-    chat: bool = False
-    force_bos: bool = True
-    estimator: Literal["all", "self", "future"] = "all"  # lens.jacobian: all later targets, self-only, future-only
-    sign_seed: int = 0  # seeds the random signs of the self / future estimators
-    # speed only (not compared on resume)
-    dim_batch: int = 64
-    method: Literal["replicate", "vmap"] = "replicate"
-
-
-@dataclass
-class FitOptions:
-    checkpoint_every: int = 0  # also checkpoint every N new prompts (0 = by time only)
-    checkpoint_minutes: float = 30.0  # checkpoint when this much wall time passed since the last one (0 = off)
-    resume: bool = True
-    stop_at_delta: float = 0.0  # early stop when the mean of the last 10 Δmean is below this
-    min_prompts: int = 100  # ... and at least this many prompts are done
-    progress: bool = True
-    stop_after: int | None = None  # stop (with a checkpoint) after this many new prompts; for tests/interrupts
-    overlap_sums: bool | None = None  # add each estimate to the host sums during the next prompt (None: on CUDA)
 
 
 @dataclass
@@ -132,15 +104,14 @@ def fit_lens(
 ) -> FitResult:
     """Mean of `J^(p)` over prompts; checkpoints/resume in `out_dir` if given. Does not write the lens itself."""
     settings = settings or FitSettings()
+    dim_batch = settings.dim_batch or DEFAULT_DIM_BATCH
     options = options or FitOptions()
     sources, target = resolve_layers(
-        model.n_layers, settings.source_layers, settings.target_layer, allow_target=allow_target_source
+        model.n_layers, parse_layers(settings.source_layers), settings.target_layer, allow_target=allow_target_source
     )
     meta = dict(meta or {})
     d = model.d_model
     k = d if directions is None else int(directions.shape[0])
-    if settings.estimator not in ESTIMATORS:
-        raise LensError(f"unknown estimator {settings.estimator!r} (allowed: {', '.join(ESTIMATORS)})")
     compared = {
         "model_id": meta.get("model_id", getattr(model, "name", None)),
         "n_layers": model.n_layers,
@@ -182,7 +153,7 @@ def fit_lens(
             t0 = time.perf_counter()
             try:
                 Jp = prompt_jacobian(model, ids, source_layers=sources, target_layer=target,
-                                     skip_first=settings.skip_first, dim_batch=settings.dim_batch,
+                                     skip_first=settings.skip_first, dim_batch=dim_batch,
                                      directions=directions, method=settings.method, estimator=settings.estimator,
                                      signs=None if settings.estimator == "all"
                                      else random_signs(len(ids), settings.sign_seed, prompts[idx]))
@@ -232,7 +203,7 @@ def fit_lens(
         "n_prompts": state.n,
         "estimator": settings.estimator,
         **({"sign_seed": settings.sign_seed} if settings.estimator != "all" else {}),
-        "fit": {"dim_batch": settings.dim_batch, "method": settings.method, "complete": state.next_idx >= len(prompts)
+        "fit": {"dim_batch": dim_batch, "method": settings.method, "complete": state.next_idx >= len(prompts)
                 or state.stopped_early, "stopped_early": state.stopped_early},
         "directions": None if directions is None else meta.get("directions", "custom"),
     }

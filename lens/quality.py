@@ -19,18 +19,15 @@ from lens.model import LensModel
 from lens.passk import rank_items, rank_rows_json, summarise_set
 from lens.promptsets import PromptSet
 from lens.readout import Readout
+from lens.settings import QualitySettings
 from lens.store import Lens
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class QualityConfig:
-    n_boot: int = 1000
-    seed: int = 0
+class QualityConfig(QualitySettings):
     force_bos: bool = True
     causal_layers: list[int] | None = None  # None: no causal check
-    causal_random: int = 3
 
 
 @dataclass

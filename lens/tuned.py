@@ -35,6 +35,7 @@ from lens.corpus import encode_prompt
 from lens.errors import LensError, record_error
 from lens.files import atomic_write, atomic_write_text, sha256_file, sha256_text, utc_now
 from lens.model import LensModel, block_outputs, normalise_layer
+from lens.settings import TuneOptions, TuneSettings, parse_layers
 
 log = logging.getLogger(__name__)
 
@@ -106,33 +107,6 @@ class TunedLens:
         return (x + x @ A.T + b).to(h.dtype)
 
 
-@dataclass
-class TuneSettings:
-    """How a tuned lens is trained (the command line's options: `lhd_train.config.lens.TuneCommand`)."""
-
-    layers: list[int] | None = None  # None: every block below the last
-    max_length: int = 128
-    skip_first: int = 16
-    chat: bool = False
-    force_bos: bool = True
-    steps: int = 300
-    batch_tokens: int = 256
-    lr: float = 1e-3
-    val_prompts: int = 4  # the last prompts, held back and scored before and after training
-    seed: int = 0
-    progress: bool = True
-
-
-@dataclass
-class TuneOptions:
-    """When the training saves its state to `<out_dir>/tune_checkpoint.pt` and whether it resumes from it."""
-
-    checkpoint_minutes: float = 10.0  # wall time between checkpoints (0: only when stopped by `stop_after`)
-    checkpoint_every: int = 0  # also every N steps (0: by time only)
-    resume: bool = True
-    stop_after: int | None = None  # stop, with a checkpoint, after this many new steps (tests, planned interrupts)
-
-
 def _states(model: LensModel, tokenizer: Any, texts: Sequence[str], layers: list[int],
             s: TuneSettings) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
     """Block outputs `[N, d]` at `layers` and at the last block, positions `[skip_first, T)` of every text."""
@@ -192,8 +166,8 @@ def fit_tuned_lens(model: LensModel, tokenizer: Any, prompts: Sequence[str], set
     when `options.stop_after` stopped it first."""
     s, o, meta = settings or TuneSettings(), options or TuneOptions(), dict(meta or {})
     last = model.n_layers - 1
-    layers = sorted({normalise_layer(x, model.n_layers) for x in s.layers} if s.layers is not None
-                    else set(range(last)))
+    chosen = parse_layers(s.layers)
+    layers = sorted({normalise_layer(x, model.n_layers) for x in chosen} if chosen is not None else set(range(last)))
     if not layers or last in layers:
         raise LensError(f"tuned-lens layers {layers}: give blocks below the last one ({last}), which reads "
                         "the model's own logits")

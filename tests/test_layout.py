@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("lhd_train", "lens", "rollouts")
+PACKAGES = ("lhd_train", "lens", "rollouts", "filekit")
 MAX_LINES = 500
 # Modules allowed past MAX_LINES, with the reason. Remove an entry when its module is split.
 LONG_MODULES = {
@@ -48,7 +48,7 @@ COMMAND_LAYER = {
 # module stops printing (the test refuses stale entries); never add one.
 KNOWN_PRINTS: dict[str, str] = {}
 # Third-party packages lens may not import: it is a torch and transformers library, and its command
-# line is lhd's (`lhd_train/cli/lens.py`, options in `lhd_train/config/lens.py`).
+# line is lhd's (`lhd_train/cli/lens.py`, options in `lhd_train/cli/lens_options.py`).
 LENS_NEVER_IMPORTS = ("typer", "click", "rich")
 
 
@@ -140,7 +140,7 @@ def test_the_import_contracts_hold():
 
 
 LAYERS, ROLLOUTS, BASE_NO_LENS, BASE_NO_BACKEND = "layers", "rollouts-alone", "base-no-lens", "base-no-backend"
-LENS_ALONE, CYCLES = "lens-alone", "no-cycles"
+LENS_ALONE, CYCLES, FILEKIT_ALONE = "lens-alone", "no-cycles", "filekit-alone"
 
 
 @pytest.mark.parametrize(("importer", "imported", "broken"), [
@@ -153,6 +153,7 @@ LENS_ALONE, CYCLES = "lens-alone", "no-cycles"
     ("lhd_train.config.run", "lens.fit", [BASE_NO_LENS]),
     ("lhd_train.io.files", "rollouts.spec", [BASE_NO_BACKEND]),
     ("lens.fit", "lhd_train.io.files", [LENS_ALONE]),
+    ("filekit", "lens.errors", [FILEKIT_ALONE, BASE_NO_LENS]),  # lhd_train.io imports filekit: it would load lens
     ("lens.readout", "lhd_train.reading.runs", [LENS_ALONE, LAYERS]),  # and entitle would reach reading
     ("lhd_train.metrics.core", "lhd_train.report.tables", [LAYERS, CYCLES]),  # report imports metrics
     ("rollouts.spec", "rollouts.backends", [CYCLES]),  # the registry imports spec
@@ -367,7 +368,7 @@ def test_the_command_line_offers_the_registered_readouts():
     """`--primary-readout` lists readouts the registry knows (the choice is declared with the other options)."""
     import typing
 
-    from lhd_train.config.lens import ReadCommand
+    from lhd_train.cli.lens_options import ReadCommand
 
     choices = set(typing.get_args(ReadCommand.model_fields["primary_readout"].annotation))
     assert choices and choices <= readout_names(), choices - readout_names()

@@ -1,32 +1,31 @@
 """`lhd lens ...`: fit, merge, tune, eval, corpus, probe build, read (the `lens` library's commands, mounted
 as `lhd lens`).
 
-Each command's options are one settings model of `lhd_train.config.lens` (`settings_command` makes
-the flags), filled into the library's own dataclasses by field name; the group runs every command
-inside lhd's one error boundary (`lhd_train.cli.boundary`), also when invoked on its own."""
+Each command's options are one settings model (`lhd_train.cli.lens_options`; `settings_command` makes
+the flags) built on the library's own (`lens.settings`), so the library takes the parsed settings as
+they are; the group runs every command inside lhd's one error boundary (`lhd_train.cli.boundary`),
+also when invoked on its own."""
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from lens.errors import LensError
+from lens.settings import ModelDtype, QualitySettings, parse_layers
 from lhd_train.cli.boundary import GuardedGroup
-from lhd_train.cli.options import settings_command
-from lhd_train.config.lens import (
+from lhd_train.cli.lens_options import (
     EvalCommand,
     FitCommand,
-    ModelDtype,
     ProbeBuildCommand,
     ReadCommand,
     TuneCommand,
-    parse_layers,
     readout_paths,
 )
+from lhd_train.cli.options import settings_command
 from lhd_train.rundir.lock import run_dir_lock
 from lhd_train.rundir.outputs import check_out_dir
 
@@ -52,20 +51,14 @@ def _check_out(out: Path | None, flag: str = "--out") -> None:
         check_out_dir(out, flag=flag, what="lens output")
 
 
-def _take(args: Any, cls: type, **more: Any) -> Any:
-    """The library dataclass `cls` (CorpusSpec, FitSettings, ...) from the settings fields of the same name."""
-    given = {f.name: getattr(args, f.name) for f in fields(cls) if f.name in type(args).model_fields}
-    return cls(**{**given, **more})
-
-
 @app.command()
 @settings_command(FitCommand)
 def fit(args: FitCommand) -> None:
     """Fit J_l = E[∂h_final/∂h_l] on a corpus and save it (safetensors + JSON sidecar)."""
     from lens.corpus import CorpusSpec, load_corpus
-    from lens.fit import FitOptions, FitSettings, fit_lens, write_fit_outputs
+    from lens.fit import fit_lens, write_fit_outputs
     from lens.model import load_hf, pick_device
-    from lens.plan import DEFAULT_DIM_BATCH, resolve_attn, resolve_dtype
+    from lens.plan import resolve_attn, resolve_dtype
     from lens.store import save_lens
     from lhd_train.rundir.shard import parse_shard, shard_bounds
     from rollouts.model_files import weights_fingerprint
@@ -83,7 +76,7 @@ def fit(args: FitCommand) -> None:
     dim_batch = the_plan.dim_batch if the_plan is not None else args.dim_batch
     with run_dir_lock(out, stage="lhd lens fit"):  # one fit per --out: two would clobber one checkpoint
         _set_threads(args.threads)
-        prompts, recipe = load_corpus(_take(args, CorpusSpec, path=str(corpus)))
+        prompts, recipe = load_corpus(CorpusSpec.of(args, str(corpus)))
         index, count = parse_shard(args.shard) if args.shard else (0, 1)
         a, b = shard_bounds(len(prompts), index, count)
         prompts = prompts[a:b]
@@ -91,12 +84,12 @@ def fit(args: FitCommand) -> None:
         if not prompts:
             raise LensError(f"shard {index}/{count} of {recipe['n_available']} prompts is empty")
         m, tok = load_hf(args.model, dtype=dtype, device=str(dev), revision=args.revision, attn_implementation=attn)
-        settings = _take(args, FitSettings, source_layers=args.layers(), dim_batch=dim_batch or DEFAULT_DIM_BATCH)
+        settings = args.model_copy(update={"dim_batch": dim_batch})
         meta = {"model_id": args.model, "revision": m.revision, "corpus": recipe, "model_dtype": dtype, "attn": attn,
                 "shard": {"index": index, "count": count, "slice": [a, b]},
                 "model_files": weights_fingerprint(args.model)}  # a resume refuses other files at this path
         out.mkdir(parents=True, exist_ok=True)
-        result = fit_lens(m, tok, prompts, settings, out_dir=out, options=_take(args, FitOptions), meta=meta)
+        result = fit_lens(m, tok, prompts, settings, out_dir=out, options=args, meta=meta)
         save_lens(result.lens, out, dtype=args.save_dtype)
         write_fit_outputs(result, out)
         r = result.report
@@ -122,7 +115,7 @@ def _fit_plan(args: FitCommand, dev, *, dtype: str, attn: str, required: bool):
             raise
         log.warning("no memory plan: %s", exc)
         return None
-    sources, target = resolve_layers(shape.n_layers, args.layers(), args.target_layer)
+    sources, target = resolve_layers(shape.n_layers, parse_layers(args.source_layers), args.target_layer)
     budget = int(args.memory_gib * GiB) if args.memory_gib is not None else free_memory(dev)
     p = plan_fit(shape, dtype=dtype, attn=attn, method=args.method, sources=sources, target=target,
                  tokens=args.max_length, dim_batch=args.dim_batch, budget=budget, device_type=dev.type,
@@ -159,17 +152,16 @@ def tune(args: TuneCommand) -> None:
     with `lhd lens eval --tuned-lens` (docs/lens.md, "A tuned lens on the same prompts")."""
     from lens.corpus import CorpusSpec, load_corpus
     from lens.model import load_hf
-    from lens.tuned import TuneOptions, TuneSettings, finish_checkpoint, fit_tuned_lens, save_tuned_lens
+    from lens.tuned import finish_checkpoint, fit_tuned_lens, save_tuned_lens
     from rollouts.model_files import weights_fingerprint
 
     _check_out(args.out)
     with run_dir_lock(args.out, stage="lhd lens tune"):  # one training per --out: two would share a checkpoint
         _set_threads(args.threads)
-        prompts, recipe = load_corpus(_take(args, CorpusSpec, path=str(args.corpus)))
+        prompts, recipe = load_corpus(CorpusSpec.of(args, str(args.corpus)))
         m, tok = load_hf(args.model, dtype=args.dtype, device=args.device, revision=args.revision)
-        settings = _take(args, TuneSettings, layers=parse_layers(args.layers))
         args.out.mkdir(parents=True, exist_ok=True)
-        lens = fit_tuned_lens(m, tok, prompts, settings, out_dir=args.out, options=_take(args, TuneOptions),
+        lens = fit_tuned_lens(m, tok, prompts, args, out_dir=args.out, options=args,
                               meta={"model_id": args.model, "revision": m.revision, "corpus": recipe,
                                     "model_dtype": args.dtype, "model_files": weights_fingerprint(args.model)})
         save_tuned_lens(lens, args.out)
@@ -177,7 +169,7 @@ def tune(args: TuneCommand) -> None:
     before, after = lens.meta.kl_val_before, lens.meta.kl_val_after
     resumed = lens.meta.training.get("resumed_at")
     typer.echo(f"tuned lens: {args.out}  layers {lens.layers}, {lens.meta.n_prompts} prompts ({lens.meta.n_tokens} "
-               f"positions), {settings.steps} steps in {lens.meta.training['seconds']} s"
+               f"positions), {args.steps} steps in {lens.meta.training['seconds']} s"
                + (f" (resumed at step {resumed})" if resumed is not None else ""))
     typer.echo("  held-back KL, logit lens -> tuned: " + ", ".join(
         f"{layer}: {before[layer]:.2f} -> {after[layer]:.2f}" for layer in after))
@@ -217,8 +209,7 @@ def _eval_prompt_sets(args: EvalCommand, m, tok, lz, readouts, sets) -> None:
     from lens.quality import QualityConfig, evaluate_prompt_sets, middle_layer
 
     layers = [middle_layer(lz)] if args.causal_layers == "middle" else parse_layers(args.causal_layers)
-    cfg = QualityConfig(n_boot=args.bootstrap, seed=args.seed, force_bos=lz.meta.force_bos,
-                        causal_layers=layers if args.causal else None, causal_random=args.causal_random)
+    cfg = QualityConfig(**_quality(args), force_bos=lz.meta.force_bos, causal_layers=layers if args.causal else None)
     res = evaluate_prompt_sets(m, tok, readouts, lz.source_layers, sets, cfg)
     meta = {"model": args.model, "lens": _lens_path(args), "lens_sha256": lz.meta.sha256,
             "lens_n_prompts": lz.n_prompts, "lens_estimator": lz.meta.estimator,
@@ -232,6 +223,10 @@ def _eval_prompt_sets(args: EvalCommand, m, tok, lz, readouts, sets) -> None:
     for name, entry in res.passk.items():
         cells = ", ".join(f"{r} {entry[r]['1']:.3f}/{entry[r]['10']:.3f}" for r in res.readouts)
         typer.echo(f"  {name} ({entry['n']} items) pass@1/@10: {cells}")
+
+
+def _quality(args: EvalCommand) -> dict[str, Any]:
+    return args.model_dump(include=set(QualitySettings.model_fields))
 
 
 def _lens_path(args: EvalCommand) -> str:
@@ -259,7 +254,7 @@ def _eval_corpus(args: EvalCommand, m, tok, lz, readouts) -> None:
     from lens.fidelity import EvalConfig, evaluate, select_held_out
     from lens.store import load_lens
 
-    texts, recipe = load_corpus(_take(args, CorpusSpec, path=str(args.corpus)))
+    texts, recipe = load_corpus(CorpusSpec.of(args, str(args.corpus)))
     halves = None if args.half_a is None or args.half_b is None else (
         load_lens(args.half_a, model=m, target_layer=args.target_layer),
         load_lens(args.half_b, model=m, target_layer=args.target_layer))
@@ -269,8 +264,7 @@ def _eval_corpus(args: EvalCommand, m, tok, lz, readouts) -> None:
     cfg = EvalConfig(max_length=args.max_length or lz.meta.max_length or 128,
                      skip_first=args.skip_first if args.skip_first is not None else fitted_skip,
                      chat=lz.meta.chat, force_bos=lz.meta.force_bos,
-                     n_boot=args.bootstrap, seed=args.seed, progress=args.progress,
-                     messages=recipe["format"] == "messages", temperature_positions=args.temperature_positions,
+                     progress=args.progress, messages=recipe["format"] == "messages", **_quality(args),
                      layers=None if args.eval_layers == "all" else lz.source_layers)
     result = evaluate(m, tok, readouts, chosen, cfg, halves=halves)
     result.update(model_id=args.model, lens=_lens_path(args), lens_sha256=lz.meta.sha256,

@@ -53,9 +53,11 @@ def slurm_render_cmd(
 @slurm_app.command("vars")
 def slurm_vars_cmd(stage: str = typer.Argument(..., help=" | ".join(STAGES))) -> None:
     """The variables a stage's template takes, with their defaults."""
+    from lhd_train.config.flags import cli_fields
     from lhd_train.ops.slurm_vars import stage_model
 
-    for k, v in sorted(stage_model(stage)().model_dump().items()):
+    model = stage_model(stage)
+    for k, v in sorted(model().model_dump(include=set(cli_fields(model))).items()):
         typer.echo(f"{k} = {json.dumps(v)}")
 
 

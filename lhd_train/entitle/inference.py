@@ -9,7 +9,8 @@ and each fact gives several cells and samples), so verdicts come from tests over
   the smallest attainable two-sided p is 2 / 2^T, so fewer than 6 tasks can never reach 0.05:
   `min_p` says so beside every test (science-5 §2.5: pooled McNemar on (fact, sample) pairs had
   a type-I error of 0.08-0.19 when facts differ).
-- `cluster_ratio_ci`: the percentile bootstrap of a ratio over resampled tasks (intervals only)."""
+
+Intervals are lhd's one cluster bootstrap over tasks (`lens.stats.ratio_ci`), `BOOT_RESAMPLES` draws."""
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
@@ -47,28 +48,3 @@ def sign_flip(means: Sequence[float], seed: int = SEED) -> dict[str, Any]:
               f"Monte-Carlo sign-flip over {t} tasks ({2 ** EXACT_MAX_TASKS} draws, seed {seed})")
     return {"mean": float(m.mean()), "p": sign_flip_p(m, seed), "method": method, "n_tasks": t,
             "min_p": min(1.0, 2.0 / 2 ** t)}
-
-
-def cluster_ratio_ci(num: Sequence[float], den: Sequence[float], clusters: Sequence[object],
-                     resamples: int = BOOT_RESAMPLES, seed: int = BOOT_SEED,
-                     level: float = 0.95) -> tuple[float | None, float | None]:
-    """Percentile interval of sum(num)/sum(den) when whole clusters are resampled with replacement
-    (`num`, `den`: one entry per unit, e.g. per fact; `clusters`: each unit's cluster, e.g. its
-    task). (None, None) without a denominator; a resample with no denominator is skipped."""
-    n_arr, d_arr = np.asarray(num, float), np.asarray(den, float)
-    if not len(d_arr) or d_arr.sum() == 0:
-        return None, None
-    _, idx = np.unique(np.asarray([str(c) for c in clusters]), return_inverse=True)
-    k = int(idx.max()) + 1
-    cn, cd = np.bincount(idx, n_arr, k), np.bincount(idx, d_arr, k)
-    rng = np.random.default_rng(seed)
-    draws = rng.integers(0, k, size=(resamples, k))
-    counts = np.zeros((resamples, k))
-    np.add.at(counts, (np.repeat(np.arange(resamples), k), draws.ravel()), 1)
-    top, bottom = counts @ cn, counts @ cd
-    ok = bottom > 0
-    if not ok.any():
-        return None, None
-    vals = top[ok] / bottom[ok]
-    lo, hi = np.quantile(vals, [(1 - level) / 2, (1 + level) / 2])
-    return float(lo), float(hi)

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from lens.stats import ratio_ci
 from lhd_train.entitle.lite_prompts import ABSTAIN_KEY, REAL, X_ALT, X, Y
 from lhd_train.metrics.paired_stats import sign_flip_p
 
@@ -46,23 +47,6 @@ OUTCOMES: dict[str, tuple[str, Callable[[Cells], float]]] = {
 }
 
 
-def cluster_bootstrap_mean(values: np.ndarray, clusters: list[Any], n_boot: int = BOOTSTRAP, seed: int = 0,
-                           level: float = 0.95) -> tuple[float, float] | None:
-    """Percentile interval of the mean over units when whole clusters are drawn with replacement
-    (each resample's mean is Σ sums / Σ counts of the drawn clusters); None with fewer than 2 clusters."""
-    keys = sorted(set(clusters), key=str)
-    if len(keys) < 2 or n_boot <= 0:
-        return None
-    index = {k: i for i, k in enumerate(keys)}
-    idx = np.array([index[c] for c in clusters])
-    sums = np.bincount(idx, weights=values, minlength=len(keys))
-    counts = np.bincount(idx, minlength=len(keys)).astype(float)
-    draw = np.random.default_rng(seed).integers(0, len(keys), size=(n_boot, len(keys)))
-    means = sums[draw].sum(1) / counts[draw].sum(1)
-    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
-    return float(lo), float(hi)
-
-
 def cluster_means(values: np.ndarray, clusters: list[Any]) -> np.ndarray:
     """The mean of each cluster's values (clusters in sorted order)."""
     keys = sorted(set(clusters), key=str)
@@ -72,7 +56,7 @@ def cluster_means(values: np.ndarray, clusters: list[Any]) -> np.ndarray:
 def describe(values: np.ndarray, clusters: list[Any], seed: int = 0) -> dict[str, Any]:
     """Mean, sign counts, the task-bootstrap interval and the task sign-flip p of paired differences."""
     task_means = cluster_means(values, clusters)
-    ci = cluster_bootstrap_mean(values, clusters, seed=seed)
+    ci = ratio_ci(values, None, clusters, n_boot=BOOTSTRAP, seed=seed)  # lhd's one cluster bootstrap
     return {"n_facts": int(len(values)), "n_tasks": int(len(task_means)),
             "mean": float(values.mean()) if len(values) else None,
             "median": float(np.median(values)) if len(values) else None,

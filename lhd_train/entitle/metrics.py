@@ -30,9 +30,10 @@ from typing import Any
 
 from scipy import stats
 
+from lens.stats import ratio_ci
 from lhd_train.entitle.cells import ALTERED, CELLS, CONTROL, DELETED, DEMAND, FULL, MENTION, NONE, cell_key
 from lhd_train.entitle.figures import find_figures, parse_value, same_figure
-from lhd_train.entitle.inference import BOOT_RESAMPLES, BOOT_SEED, cluster_ratio_ci, sign_flip, task_means
+from lhd_train.entitle.inference import BOOT_RESAMPLES, BOOT_SEED, sign_flip, task_means
 from lhd_train.entitle.labels import (
     ABSTAINED,
     ASSERTS_WITHOUT_EVIDENCE,
@@ -44,7 +45,7 @@ from lhd_train.entitle.labels import (
 )
 from lhd_train.entitle.store import ERROR, AnswerRow
 
-__all__ = ["BOOT_RESAMPLES", "BOOT_SEED", "MEASURES", "PAIRED_TESTS", "cluster_ratio_ci", "mcnemar", "origin",
+__all__ = ["BOOT_RESAMPLES", "BOOT_SEED", "MEASURES", "PAIRED_TESTS", "mcnemar", "origin",
            "paired_outcomes", "rate", "summarise", "task_of"]
 
 SCHEMA = "lhd.entitle-summary/2"
@@ -140,6 +141,13 @@ def _clusters(facts: Sequence[str], tasks: Sequence[str]) -> tuple[list[object],
     return (list(tasks), "task") if len(set(tasks)) > 1 else (list(facts), "fact")
 
 
+def _interval(per_fact: dict[str, list], facts: list[str], clusters: list[object]) -> list[float | None]:
+    """95 % interval of Σ num / Σ den over the facts, clusters drawn with replacement (`lens.stats.ratio_ci`)."""
+    ci = ratio_ci([per_fact[f][0] for f in facts], [per_fact[f][1] for f in facts], clusters, n_boot=BOOT_RESAMPLES,
+                  seed=BOOT_SEED)
+    return list(ci) if ci else [None, None]
+
+
 def rate(rows: list[AnswerRow], counts: tuple[str, ...]) -> dict[str, Any]:
     """k of n (module doc) with its bounds and its cluster-bootstrap interval."""
     parsed = [r for r in rows if r.label != UNPARSED]
@@ -154,8 +162,7 @@ def rate(rows: list[AnswerRow], counts: tuple[str, ...]) -> dict[str, Any]:
     k, n = sum(v[0] for v in per_fact.values()), sum(v[1] for v in per_fact.values())
     u = len(rows) - len(parsed)
     clusters, unit = _clusters(facts, [cluster_of[f] for f in facts])
-    lo, hi = cluster_ratio_ci([per_fact[f][0] for f in facts], [per_fact[f][1] for f in facts], clusters)
-    return {"k": k, "n": n, "rate": k / n if n else None, "ci95": [lo, hi], "n_unparsed": u,
+    return {"k": k, "n": n, "rate": k / n if n else None, "ci95": _interval(per_fact, facts, clusters), "n_unparsed": u,
             "bounds": [k / (n + u), (k + u) / (n + u)] if n + u else [None, None],
             "facts": len(facts), "clusters": len(set(clusters)), "cluster_unit": unit}
 
@@ -184,11 +191,10 @@ def paired_outcomes(pairs: list[tuple[str, Any, bool, bool]]) -> dict[str, Any]:
         cluster_of[fact] = task
     facts = list(per_fact)
     clusters, unit = _clusters(facts, [cluster_of[f] for f in facts])
-    lo, hi = cluster_ratio_ci([per_fact[f][0] for f in facts], [per_fact[f][1] for f in facts], clusters)
     means = task_means([float(b) - float(a) for _, _, a, b in pairs], [t for _, t, _, _ in pairs])
     return {"n_pairs": n, "a_only": a_only, "b_only": b_only, "both": both, "neither": n - a_only - b_only - both,
             "rate_a": (a_only + both) / n if n else None, "rate_b": (b_only + both) / n if n else None,
-            "diff": (b_only - a_only) / n if n else None, "ci95": [lo, hi],
+            "diff": (b_only - a_only) / n if n else None, "ci95": _interval(per_fact, facts, clusters),
             "cluster_test": sign_flip(list(means.values())), "p_mcnemar": mcnemar(a_only, b_only),
             "clusters": len(set(clusters)), "cluster_unit": unit}
 

@@ -11,27 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lhd_train.io.files import atomic_write_text, printable
-
-FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-
-
-def safe_cell(value: Any) -> Any:
-    """A text cell that cannot start a formula; anything else unchanged."""
-    if not isinstance(value, str):
-        return value
-    value = printable(value)
-    return "'" + value if value.startswith(FORMULA_START) else value
-
-
-def safe_frame(df: Any) -> Any:
-    """A copy of a pandas DataFrame whose text cells (and column names) pass through `safe_cell`."""
-    out = df.copy()
-    for col in out.columns:
-        if out[col].dtype == object or str(out[col].dtype) in ("string", "str"):
-            out[col] = out[col].map(safe_cell)
-    out.columns = [safe_cell(c) for c in out.columns]
-    return out
+from filekit import FORMULA_START as FORMULA_START  # re-exported: the one rule, shared with lens
+from filekit import safe_cell as safe_cell
+from filekit import safe_frame
+from lhd_train.io.files import atomic_write_text
 
 
 def write_csv(df: Any, path: Path) -> Path:

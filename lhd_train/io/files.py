@@ -1,5 +1,5 @@
-"""The one file toolkit: append-only JSONL, atomic replacement, file hashes, UTC timestamps, YAML
-and JSON mappings, package versions.
+"""The one file toolkit: append-only JSONL, atomic replacement, file hashes, YAML and JSON mappings;
+the rules it shares with the lens library are `filekit`'s, worded here as lhd's errors.
 
 Every stage writes and reads through these, so crash-safety rules (docs/formats.md: a line is one
 `write` + flush + fsync; a torn last line is ignored by readers and cut by the next append; a
@@ -9,17 +9,18 @@ naming the file and saying what was kept."""
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
-import re
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+import filekit
+from filekit import printable as printable  # re-exported: lhd's toolkit names them
+from filekit import sha256_file as sha256_file
+from filekit import sha256_text as sha256_text
 from lhd_train.errors import DataFileError, InputError, LhdError
 from lhd_train.io.strict_yaml import load_yaml
 
@@ -74,23 +75,6 @@ def json_text(obj: Any, indent: int | None = None) -> str:
         return text
     except UnicodeEncodeError:
         return json.dumps(obj, ensure_ascii=True, indent=indent)
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def printable(text: str) -> str:
-    """`text` with each lone surrogate shown as U+FFFD, for output that must be valid UTF-8
-    (HTML pages, CSV tables, Arrow strings); the stored row keeps the original."""
-    return _SURROGATE.sub("\ufffd", text) if _has_surrogate(text) else text
-
-
-def _has_surrogate(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-        return False
-    except UnicodeEncodeError:
-        return True
 
 
 # ---------------------------------------------------------------- JSONL
@@ -157,27 +141,11 @@ def read_jsonl_lines(path: Path, repair: str | None = None,
     tool often ends so); only one that does not parse is taken for a torn write."""
     if not path.exists():
         return []
-    rows: list[tuple[int, dict[str, Any]]] = []
-    with open(path, "rb") as f:
-        for n, raw in enumerate(f, 1):
-            torn = not raw.endswith(b"\n")  # by a crash mid-write, unless hand written
-            if torn and not hand_written:
-                break
-            try:
-                line = raw.decode("utf-8").strip()
-                if not line:
-                    continue
-                row = json.loads(line)
-            except (ValueError, RecursionError) as e:  # UnicodeDecodeError, JSONDecodeError, nesting too deep
-                if torn:
-                    break
-                raise DataFileError(path, f"not valid JSON ({getattr(e, 'msg', e)}, column {getattr(e, 'colno', '?')})",
-                                    line=n, repair=repair and repair.format(line=n)) from None
-            if not isinstance(row, dict):
-                raise DataFileError(path, f"a JSON {type(row).__name__}, not an object", line=n,
-                                    repair=repair and repair.format(line=n))
-            rows.append((n, row))
-    return rows
+
+    def bad(problem: str, line: int) -> DataFileError:
+        return DataFileError(path, problem, line=line, repair=repair and repair.format(line=line))
+
+    return filekit.jsonl_rows(path, bad, hand_written)
 
 
 def repair_jsonl(path: Path) -> int:
@@ -199,78 +167,29 @@ def repair_jsonl(path: Path) -> int:
 
 # ---------------------------------------------------------------- atomic replacement
 
+def _refused(exc: OSError, path: Path, existed: bool) -> LhdError | OSError:
+    return storage_error(exc, path, f"the previous {path.name} is kept unchanged" if existed else "nothing was written")
+
+
 def atomic_write(path: Path, write: Callable[[str], None]) -> None:
-    """Replace `path` with what `write(tmp)` puts at a temp path of its own next to it (two writers
-    never share a temp name; the file's mode comes from the umask), fsynced before the replace and
-    the folder fsynced after, so a reader sees the old file or the new one, never half of one. A
-    write the disk refuses leaves the old file as it was and is raised as a `StorageError`."""
-    path = Path(path)
-    existed = path.exists()
-    kept = f"the previous {path.name} is kept unchanged" if existed else "nothing was written"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write(str(tmp))
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    except BaseException as e:
-        try:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(e, OSError):
-            raise storage_error(e, path, kept) from None
-        raise
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename durable (best effort: some file systems refuse to fsync a folder)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    """Replace `path` with what `write(tmp)` puts at a temp path of its own next to it, fsynced, so a
+    reader sees the old file or the new one (`filekit.atomic_write`). A write the disk refuses leaves
+    the old file as it was and is raised as a `StorageError`."""
+    filekit.atomic_write(path, write, _refused)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    def write(tmp: str) -> None:
-        with open(tmp, "xb") as f:  # "x": never someone else's file
-            f.write(data)
-
-    atomic_write(path, write)
+    filekit.atomic_write_bytes(path, data, _refused)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Text as UTF-8 through `atomic_write`; a lone surrogate is written as U+FFFD (`printable`)."""
-    atomic_write_bytes(path, printable(text).encode("utf-8"))
+    filekit.atomic_write_text(path, text, _refused)
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
     """A JSON document (indented, UTF-8) written through `atomic_write_text`."""
     atomic_write_bytes(path, json_text(obj, indent=2).encode("utf-8"))
-
-
-# ---------------------------------------------------------------- hashes
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    """Hex SHA-256 of a file's bytes, read in chunks (model weights are many GB)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def sha256_text(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 # ---------------------------------------------------------------- YAML / JSON mappings

@@ -17,12 +17,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from lens.settings import FitArgs
 from lhd_train.config.algos import ALGOS
 from lhd_train.config.auditor import AuditOptions
 from lhd_train.config.base import parse_assignment, read_config, validate
 from lhd_train.config.data import DataOptions
 from lhd_train.config.flags import to_argv
-from lhd_train.config.lens import FitArgs
 from lhd_train.errors import InputError
 from lhd_train.ops.slurm_gpus import node_gpus
 from lhd_train.ops.slurm_train import train_size
@@ -82,7 +82,7 @@ def parse_vars(items: list[str] | None) -> dict[str, Any]:
 
 
 def command_argv(options: type[BaseModel], v: dict[str, Any], exclude: tuple[str, ...] = ()) -> str:
-    """The flags of a command's options model (`DataOptions`, `config.lens.FitArgs`) from the stage's
+    """The flags of a command's options model (`DataOptions`, `lens.settings.FitArgs`) from the stage's
     variables of the same names, quoted: only values that differ from the command's own defaults."""
     settings = options.model_validate({k: v[k] for k in options.model_fields})
     return " ".join(q(word) for word in to_argv(settings, exclude=exclude))

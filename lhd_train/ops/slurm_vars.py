@@ -4,7 +4,7 @@
 defaults (time limit, nodes, CPUs, ...). The audit stage's `mode`, `window` and `concurrency`
 default to `lhd audit`'s (`config.auditor.DEFAULT_OPTIONS`); the data and lens stages take every
 option of their command as a variable, from the command's own model (`DataOptions`,
-`config.lens.FitArgs`), so a default cannot differ between the job and the command line.
+`lens.settings.FitArgs`), so a default cannot differ between the job and the command line.
 `lhd slurm vars STAGE` prints a model's defaults; `stage_vars` validates `--var` values into one,
 and its errors name the variable (`--var shards`) and, where there is a short list, the allowed
 values."""
@@ -14,10 +14,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, ValidationError
 
+from lens.settings import FitArgs
 from lhd_train.config.auditor import AuditOptions
 from lhd_train.config.base import StrictModel
 from lhd_train.config.data import DataOptions
-from lhd_train.config.lens import FitArgs
+from lhd_train.config.flags import cli_fields
 from lhd_train.errors import InputError, validation_error
 
 STAGES = ("rollout", "audit", "data", "train", "lens", "merge")
@@ -166,7 +167,7 @@ class TrainVars(StageVars):
 
 
 class LensVars(StageVars, FitArgs):
-    """`lhd lens fit` as an array job: every option of the fit (`config.lens.FitArgs`: the same
+    """`lhd lens fit` as an array job: every option of the fit (`lens.settings.FitArgs`: the same
     defaults and bounds, rendered as its flags) plus what the stage works out or names itself."""
 
     time: Directive = "24:00:00"
@@ -201,10 +202,11 @@ def stage_model(stage: str) -> type[StageVars]:
 def stage_vars(stage: str, given: dict[str, Any]) -> StageVars:
     """The variables of `stage`: its defaults with `given` (`--var` values) on top, checked."""
     model = stage_model(stage)
-    unknown = sorted(set(given) - set(model.model_fields))
+    known = cli_fields(model)  # a library-only knob of the lens fit (a test's stop switch) is no variable
+    unknown = sorted(set(given) - set(known))
     if unknown:
         raise InputError("command line", f"--var {unknown[0]}", f"not a variable of the '{stage}' stage",
-                         ", ".join(sorted(model.model_fields)))
+                         ", ".join(sorted(known)))
     try:
         v = model.model_validate(given)
     except ValidationError as err:

@@ -16,16 +16,17 @@ from pydantic import BaseModel, Field, model_validator
 from typer.main import get_command
 from typer.testing import CliRunner
 
+from lens.settings import FitArgs
 from lhd_train.cli.boundary import GuardedGroup
 from lhd_train.cli.data import data_app
 from lhd_train.cli.lens import app as lens_app
+from lhd_train.cli.lens_options import FitCommand
 from lhd_train.cli.options import parse_settings, settings_command
 from lhd_train.config.data import BuildSettings, DataOptions
-from lhd_train.config.flags import to_argv
-from lhd_train.config.lens import FitArgs, FitCommand
+from lhd_train.config.flags import cli_fields, to_argv
 from lhd_train.errors import InputError
 from lhd_train.ops.slurm import dry_run_commands, render_slurm
-from lhd_train.ops.slurm_vars import DataVars, LensVars
+from lhd_train.ops.slurm_vars import DataVars, LensVars, stage_vars
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -129,9 +130,11 @@ def test_lens_fit_defaults_are_the_slurm_stages():
     shown = _params(lens_app, "fit")
     assert shown["n_prompts"] == 100 and shown["dtype"] == "auto" and shown["max_length"] == 128
     stage = LensVars()
-    for name in FitArgs.model_fields:  # every option of the fit is a variable with the same default
+    for name in cli_fields(FitArgs):  # every option of the fit is a variable with the same default
         assert getattr(stage, name) == shown[name], name
     assert "[default: 100]" in runner.invoke(lens_app, ["fit", "--help"], terminal_width=200).output
+    with pytest.raises(InputError, match="not a variable"):  # the library's stop switch has no flag to render
+        stage_vars("lens", {"stop_after": 3})
 
 
 def test_data_defaults_are_the_slurm_stages():

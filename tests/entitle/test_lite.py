@@ -28,7 +28,7 @@ from lhd_train.entitle.lite_prompts import (
     messages,
     prompt_text,
 )
-from lhd_train.entitle.lite_summary import OUTCOMES, cluster_bootstrap_mean, summarise_lite
+from lhd_train.entitle.lite_summary import BOOTSTRAP, OUTCOMES, describe, summarise_lite
 from lhd_train.entitle.settings import EntitleRunCommand
 from lhd_train.errors import InputError
 
@@ -167,16 +167,17 @@ def test_summary_recounted_from_rows_with_exact_sign_flip(lite_dir: Path) -> Non
     assert summary["top_choice"]["full/none"]["n"] == len(task)
 
 
-def test_cluster_bootstrap_resamples_whole_clusters() -> None:
+def test_the_task_interval_resamples_whole_clusters() -> None:
+    """`describe`'s interval is lhd's one cluster bootstrap (lens.stats): the plain loop below, a mean over the
+    facts of the drawn tasks; one task gives no interval."""
     values = np.array([1.0, 1.0, 1.0, 5.0, 9.0])
     clusters = ["a", "a", "a", "b", "c"]
-    lo, hi = cluster_bootstrap_mean(values, clusters, n_boot=2000, seed=0)
-    rng = np.random.default_rng(0)
-    draws = rng.integers(0, 3, size=(2000, 3))
+    lo, hi = describe(values, clusters)["ci95_task_bootstrap"]
+    draws = np.random.default_rng(0).integers(0, 3, size=(BOOTSTRAP, 3))
     sums, counts = np.array([3.0, 5.0, 9.0]), np.array([3.0, 1.0, 1.0])
     means = sums[draws].sum(1) / counts[draws].sum(1)
     assert (lo, hi) == pytest.approx(tuple(np.quantile(means, [0.025, 0.975])))
-    assert cluster_bootstrap_mean(values, ["a"] * 5) is None
+    assert describe(values, ["a"] * 5)["ci95_task_bootstrap"] is None
 
 
 def test_summary_of_a_lite_dir_through_the_cli(lite_dir: Path) -> None:

@@ -1,13 +1,12 @@
-"""The lens commands' settings models (lhd_train/config/lens.py): they fill the library's dataclasses by
-field name, so a field renamed on one side must fail here rather than silently fall back to a
-library default; and the lens commands log through the one boundary's handler, one logger per
-module."""
+"""The lens commands' settings models (lhd_train/cli/lens_options.py) are built on the library's own
+(lens/settings.py): an option has one default, one help text and one bound, and the library takes
+the parsed settings as they are; and the lens commands log through the one boundary's handler, one
+logger per module."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -16,53 +15,47 @@ from pydantic import ValidationError
 from lens.corpus import CorpusSpec
 from lens.fidelity import EvalConfig
 from lens.fit import FitOptions, FitSettings
+from lens.settings import CorpusTexts, FitArgs, QualitySettings, parse_layers
 from lens.tuned import TuneOptions, TuneSettings
-from lhd_train.config.lens import EvalCommand, FitCommand, ReadCommand, ReadSettings, TuneCommand, parse_layers
+from lhd_train.cli.lens_options import EvalCommand, FitCommand, ReadCommand, TuneCommand
+from lhd_train.config.flags import cli_fields, flag_of
+from lhd_train.config.lens import ReadSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Library fields no command sets (kept at the library's default), and those the command fills itself.
-LIBRARY_ONLY = {
-    CorpusSpec: {"skip_headers"},  # path: from --corpus
-    FitSettings: {"force_bos"},
-    FitOptions: {"stop_after", "overlap_sums"},  # a test's stop switch; overlap is decided by the device (on for CUDA)
-    TuneSettings: {"force_bos"},
-    TuneOptions: {"stop_after", "checkpoint_every"},  # a test's stop switch; a step cadence (time is the option)
-}
-FILLED_BY_COMMAND = {CorpusSpec: {"path"}, FitSettings: set(), FitOptions: set(),
-                     TuneSettings: {"layers"}, TuneOptions: set()}  # layers: parsed from --layers
-COMMAND = {CorpusSpec: FitCommand, FitSettings: FitCommand, FitOptions: FitCommand,
-           TuneSettings: TuneCommand, TuneOptions: TuneCommand}
+LIBRARY = {FitCommand: (FitSettings, FitOptions, CorpusTexts), TuneCommand: (TuneSettings, TuneOptions, CorpusTexts),
+           EvalCommand: (CorpusTexts, QualitySettings)}
+# knobs no command line sets: the BOS switch, a test's stop switches, the CUDA overlap, a step cadence
+LIBRARY_ONLY = {FitSettings: {"force_bos"}, FitOptions: {"stop_after", "overlap_sums"}, TuneSettings: {"force_bos"},
+                TuneOptions: {"stop_after", "checkpoint_every"}, CorpusTexts: set(), QualitySettings: set()}
 
 
-@pytest.mark.parametrize("library", [CorpusSpec, FitSettings, FitOptions, TuneSettings, TuneOptions])
-def test_every_library_setting_is_a_command_option(library):
-    names = {f.name for f in fields(library)}
-    missing = names - set(COMMAND[library].model_fields) - LIBRARY_ONLY[library] - FILLED_BY_COMMAND[library]
-    assert not missing, f"{library.__name__} fields no option fills: {sorted(missing)}"
+@pytest.mark.parametrize("command", list(LIBRARY))
+def test_every_library_setting_is_declared_once_and_is_an_option(command):
+    """Each library field is the command's own field (the same FieldInfo: default, help, bounds), and every one
+    but the library-only knobs is a flag."""
+    for library in LIBRARY[command]:
+        assert issubclass(command, library)
+        for name, info in library.model_fields.items():
+            assert repr(command.model_fields[name]) == repr(info), (command.__name__, name)
+            assert (name in cli_fields(command)) == (name not in LIBRARY_ONLY[library]), (command.__name__, name)
 
 
-def test_eval_options_cover_the_corpus_and_the_eval():
-    corpus = {f.name for f in fields(CorpusSpec)} - {"path", "skip_headers", "n_prompts", "chat"}
-    assert corpus <= set(EvalCommand.model_fields)
-    # chat and force_bos come from the lens's sidecar, n_boot from --bootstrap, messages from --format,
-    # layers from --eval-layers
-    assert {f.name for f in fields(EvalConfig)} - set(EvalCommand.model_fields) == {"chat", "force_bos", "n_boot",
-                                                                                     "messages", "layers"}
-
-
-def test_defaults_match_the_library_where_both_have_one():
-    """The command's default is the library's, except where the command decides (dim_batch: the
-    plan picks it; n_prompts: the command reads the first 100, the library every text)."""
-    cmd = FitCommand(model="m")
-    lib = {**vars(FitSettings()), **vars(FitOptions()), **vars(CorpusSpec(path="x"))}
-    differ = {k for k, v in lib.items() if k in FitCommand.model_fields and getattr(cmd, k) != v}
-    assert differ == {"dim_batch", "n_prompts", "source_layers"}  # source_layers: "all" is None
-    assert parse_layers(cmd.source_layers) is None
-    tune = TuneCommand(model="m", corpus=Path("c"), out=Path("o"))
-    assert {k for k, v in vars(TuneSettings()).items() if k in TuneCommand.model_fields and getattr(tune, k) != v} \
-        == {"layers"}  # "all" is None
-    assert all(getattr(tune, k) == v for k, v in vars(TuneOptions()).items() if k in TuneCommand.model_fields)
+def test_the_library_takes_the_parsed_command_line():
+    """No copy between the two: the command's settings are the library's, layer lists as their spec."""
+    cmd = FitCommand(model="m", source_layers="0,2-3", n_prompts=7, chat=True, min_chars=5)
+    assert isinstance(cmd, FitSettings) and isinstance(cmd, FitOptions) and parse_layers(cmd.source_layers) == [0, 2, 3]
+    spec = CorpusSpec.of(cmd, "c.txt")
+    assert spec == CorpusSpec(path="c.txt", n_prompts=7, chat=True, min_chars=5)
+    assert FitSettings(source_layers=[1, 4]).source_layers == "1,4" and FitSettings().source_layers == "all"
+    assert TuneSettings(layers=None).layers == "all"
+    assert FitSettings().dim_batch is None  # the fit picks 64, the command the plan's
+    with pytest.raises(ValidationError, match="skip_first"):
+        FitSettings(skip_first=16, max_length=16)  # the library's own bound, not only the command line's
+    assert set(FitArgs.model_fields) < set(FitCommand.model_fields)
+    assert EvalConfig(**EvalCommand(model="m", out=Path("o"), corpus=Path("c"), n_boot=7).model_dump(
+        include=set(QualitySettings.model_fields))).n_boot == 7
+    assert flag_of("n_boot", EvalCommand.model_fields["n_boot"]) == "--bootstrap"  # the flag keeps its name
 
 
 def test_the_read_settings_are_declared_once():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from pydantic import ValidationError
 from support.lens_baseline import pairwise_jacobians
 from support.lens_toy import ByteTokenizer
 
@@ -120,5 +121,5 @@ def test_fit_records_the_estimator_and_refuses_another_on_resume(llama, fit_prom
     with pytest.raises(LensError, match="needs signs"):
         prompt_jacobian(model, encode_prompt(tok, PROMPT, max_length=14), source_layers=[0], target_layer=2,
                         skip_first=SKIP, estimator="self")
-    with pytest.raises(LensError, match="unknown estimator"):
-        fit_lens(model, tok, fit_prompts[:1], FitSettings(skip_first=4, max_length=24, estimator="both"))  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="estimator"):  # refused by the settings, before any fit
+        FitSettings(skip_first=4, max_length=24, estimator="both")  # type: ignore[arg-type]

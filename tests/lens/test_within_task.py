@@ -170,7 +170,7 @@ def test_nested_layer_choice_is_scored_on_held_out_clusters():
 def test_the_settings_offer_exactly_the_metrics_the_tables_compute():
     from typing import get_args
 
-    from lhd_train.config.lens import ReadCommand
+    from lhd_train.cli.lens_options import ReadCommand
     from lhd_train.reading.tables import PROBE_CONTRASTS, RUN_METRICS
 
     fields = ReadCommand.model_fields

@@ -133,7 +133,7 @@ def device_test_imports() -> set[str]:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                      [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
-            found |= {n for n in names if n.split(".")[0] in ("lhd_train", "lens", "rollouts")}
+            found |= {n for n in names if n.split(".")[0] in ("lhd_train", "lens", "rollouts", "filekit")}
     return found
 
 
@@ -143,7 +143,7 @@ def test_the_device_tests_need_only_the_image_and_the_bundle():
     check fails on the lent machine with an ImportError after its start-up."""
     import grimp
 
-    graph = grimp.build_graph("lhd_train", "lens", "rollouts", include_external_packages=True,
+    graph = grimp.build_graph("lhd_train", "lens", "rollouts", "filekit", include_external_packages=True,
                               exclude_type_checking_imports=True, cache_dir=None)
     # GRPO's generation on a vLLM server (grpo.vllm_server: openai/httpx through rollouts' managed servers)
     # is imported by the trainer only for such a recipe, which no device test uses
@@ -151,7 +151,7 @@ def test_the_device_tests_need_only_the_image_and_the_bundle():
     starts = device_test_imports()
     assert {"lhd_train.finetune.trainer", "lens.fit", "rollouts.hf"} <= starts
     reached = {m.split(".")[0] for s in starts for m in graph.find_upstream_modules(s) | {s}}
-    external = reached - {"lhd_train", "lens", "rollouts"} - set(sys.stdlib_module_names)
+    external = reached - {"lhd_train", "lens", "rollouts", "filekit"} - set(sys.stdlib_module_names)
     assert {"trl", "xgrammar", "torch"} <= external  # the walk sees past lhd's own modules
     bundled = {imp.split(".")[0] for imp in bundle.PACKAGES.values() if imp}
     assert sorted(external - IMAGE - bundled) == []
