@@ -1,5 +1,5 @@
 """Files of `lhd lens eval`: pass@k and the causal check on prompt sets (`passk.json`,
-`passk_ranks.jsonl`, `causal.json`, `quality.md`), and next-token KL on held-out text beside its
+`passk_ranks.jsonl`, `passk_split.csv`, `causal.json`, `quality.md`), and next-token KL on held-out text beside its
 baselines (`eval.json`, `eval.md`, `fidelity.png`)."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lens.files import atomic_write, atomic_write_text, write_json
-from lens.passk import KS
+from lens.files import atomic_write, atomic_write_text, write_csv, write_json
+from lens.passk import KS, PROMPT_ECHO
 from lens.readout import BASELINE, PRIMARY, READOUTS
 
 
@@ -23,13 +23,70 @@ def _f(x: Any, spec: str = ".3f") -> str:
 # ---------------------------------------------------------------------------------------------
 
 
+def _with_ci(x: Any, ci: Any, spec: str = ".3f") -> str:
+    return _f(x, spec) + (f" [{_f(ci[0], spec)}, {_f(ci[1], spec)}]" if ci else "")
+
+
+def _ordered_readouts(names: Any) -> list[str]:
+    return [r for r in READOUTS if r in names] + [r for r in names if r not in READOUTS]
+
+
+def split_rows(passk: dict[str, Any]) -> list[dict[str, Any]]:
+    """passk_split.csv: one row per (set, kind, prompt subset, readout) of every set's `split`, with pass@k, AUC and
+    the AUC differences paired by item against the logit lens and the J-lens, each with its interval."""
+    out = []
+    for name, entry in passk.items():
+        for sub in entry.get("split", []):
+            for r in _ordered_readouts(sub.get("passk", {})):
+                row: dict[str, Any] = {"set": name, "kind": sub["kind"], "prompt": sub["prompt"], "readout": r,
+                                       "n_items": sub["n"], "n_intermediates": sub["n_intermediates"]}
+                for k in KS:
+                    ci = sub["ci"][r][str(k)] or [None, None]
+                    row.update({f"pass@{k}": sub["passk"][r][str(k)], f"pass@{k}_lo": ci[0], f"pass@{k}_hi": ci[1]})
+                auc_ci = sub["auc"][r]["ci"] or [None, None]
+                row.update(auc=sub["auc"][r]["value"], auc_lo=auc_ci[0], auc_hi=auc_ci[1])
+                for ref in (BASELINE, PRIMARY):
+                    d = sub["auc_diff"].get(f"{r} - {ref}") or {}
+                    dci = d.get("ci") or [None, None]
+                    row.update({f"auc_minus_{ref}": d.get("value"), f"auc_minus_{ref}_lo": dci[0],
+                                f"auc_minus_{ref}_hi": dci[1]})
+                out.append(row)
+    return out
+
+
+def _split_lines(entry: dict[str, Any]) -> list[str]:
+    """The split by intermediate kind and prompt presence, leaving out the subset that is the whole set."""
+    subs = [s for s in entry.get("split", []) if s["n_intermediates"] != entry.get("n_intermediates")]
+    if not subs:
+        return []
+    ip = entry.get("in_prompt", {})
+    kinds = ", ".join(f"{k} {n} of {t}" for k, (n, t) in ip.get("by_kind", {}).items())
+    lines = [f"By intermediate kind; `absent`: without the intermediates that have a scored form among the prompt's "
+             f"tokens (in the prompt: {kinds}). `{PROMPT_ECHO}` ranks the prompt's own tokens, most recent first.", "",
+             "| kind | prompt | items | intermediates | readout | pass@1 | pass@10 | pass@50 | AUC | AUC − logit "
+             "(paired) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for s in subs:
+        if not s.get("passk"):
+            lines.append(f"| {s['kind']} | {s['prompt']} | 0 | 0 | – | – | – | – | – | – |")
+            continue
+        for r in _ordered_readouts(s["passk"]):
+            d = s["auc_diff"].get(f"{r} - {BASELINE}")
+            lines.append(f"| {s['kind']} | {s['prompt']} | {s['n']} | {s['n_intermediates']} | {r} | "
+                         + " | ".join(_with_ci(s["passk"][r][str(k)], s["ci"][r][str(k)]) for k in (1, 10, 50))
+                         + f" | {_with_ci(s['auc'][r]['value'], s['auc'][r]['ci'])} | "
+                         + (_with_ci(d["value"], d.get("ci"), "+.3f") if d else "–") + " |")
+    return lines + [""]
+
+
 def passk_markdown(passk: dict[str, Any]) -> list[str]:
     lines = ["## Pass@k on the prompt sets", "",
              "An intermediate's score is its best rank over the lens's layers at the read position; pass@k is the "
              "mean over items of the share of its intermediates scored <= k; [95 % CI] from a bootstrap over items. "
-             "AUC: area under pass@k against log k, k in [1, 1000], normalised to 1.", ""]
+             "AUC: area under pass@k against log k, k in [1, 1000], normalised to 1. "
+             f"`{PROMPT_ECHO}` is a baseline that reads no activation: the prompt's distinct tokens, most recent "
+             "first.", ""]
     for name, entry in passk.items():
-        readouts = [r for r in READOUTS if r in entry] + [r for r in entry.get("ci", {}) if r not in READOUTS]
+        readouts = _ordered_readouts([r for r in entry.get("ci", {})])
         tf = entry.get("token_forms", {})
         lines += [f"### {name} ({entry['n']} items, {entry.get('n_intermediates')} intermediates, layers "
                   f"{entry.get('layers')}; {tf.get('n_fallback', 0)} intermediates without a single-token form, "
@@ -51,6 +108,7 @@ def passk_markdown(passk: dict[str, Any]) -> list[str]:
                       + "; ".join(f"{k} {_f(d['value'], '+.3f')}"
                                   + (f" [{_f(d['ci'][0], '+.3f')}, {_f(d['ci'][1], '+.3f')}]" if d.get("ci") else "")
                                   for k, d in entry["auc_diff"].items()), ""]
+        lines += _split_lines(entry)
     return lines
 
 
@@ -76,12 +134,15 @@ def causal_markdown(causal: dict[str, Any]) -> list[str]:
 def write_prompt_set_outputs(out_dir: Path, passk: dict[str, Any], ranks: Sequence[dict[str, Any]],
                              causal: dict[str, Any] | None, causal_rows: Sequence[dict[str, Any]],
                              meta: dict[str, Any], *, title: str) -> dict[str, str]:
-    """passk.json, passk_ranks.jsonl, causal.json (when run) and quality.md in `out_dir`."""
+    """passk.json, passk_ranks.jsonl, passk_split.csv, causal.json (when run) and quality.md in `out_dir`."""
+    import pandas as pd
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     files = {"passk": str(out / "passk.json"), "ranks": str(out / "passk_ranks.jsonl"),
-             "quality": str(out / "quality.md")}
+             "split": str(out / "passk_split.csv"), "quality": str(out / "quality.md")}
     write_json(out / "passk.json", passk)
+    write_csv(pd.DataFrame(split_rows(passk)), out / "passk_split.csv")
     atomic_write_text(out / "passk_ranks.jsonl", "".join(json.dumps(r) + "\n" for r in ranks))
     md = [f"# {title}", "", *(f"- {k}: {v}" for k, v in meta.items()), "", *passk_markdown(passk)]
     if causal is not None:

@@ -15,6 +15,12 @@ intermediate stands for a synonym set (a number: its digits and its English word
 its symbols and word forms, `OPERATION_SYNONYMS`) and every synonym contributes its forms. When no
 form of any synonym is one token, the first token of the leading-space form of the intermediate is
 used instead and the intermediate is counted as a fallback.
+
+Kind of an intermediate (science-5 §3.1): in `order-ops` a number is the `result` of a
+sub-expression and a word of `OPERATION_SYNONYMS` the `operation` applied next; every other
+intermediate is a `word`. An intermediate is **in the prompt** when one of the token ids it is
+scored by occurs among the prompt's tokens up to the read position: a readout that echoes recent
+input can surface it without any unverbalised computation, so pass@k is also reported without them.
 """
 from __future__ import annotations
 
@@ -45,6 +51,8 @@ OPERATION_SYNONYMS: dict[str, tuple[str, ...]] = {
     "squared": ("^", "²", "square", "squared"),
     "mod": ("%", "mod", "modulo", "remainder"),
 }
+#: intermediate kinds (`intermediate_kind`)
+RESULT, OPERATION, WORD = "result", "operation", "word"
 _ONES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
          "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"]
 _TENS = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
@@ -77,6 +85,18 @@ def synonyms(word: str, set_name: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def intermediate_kind(word: str, set_name: str) -> str:
+    """`result` (a number) or `operation` in the synonym sets (`order-ops`); `word` otherwise."""
+    if set_name not in SYNONYM_SETS:
+        return WORD
+    key = word.strip().lower()
+    if key.lstrip("-").isdigit() or any(number_word(i) == key for i in range(100)):
+        return RESULT
+    if any(key == name or key in forms for name, forms in OPERATION_SYNONYMS.items()):
+        return OPERATION
+    return WORD
+
+
 @dataclass
 class TokenForms:
     """The token ids an intermediate is scored by, which surface forms gave them, and whether it fell back."""
@@ -102,6 +122,12 @@ def token_forms(tokenizer: Any, word: str, set_name: str) -> TokenForms:
     if not toks:
         raise LensError(f"intermediate {word!r} tokenizes to nothing")
     return TokenForms(word, [int(toks[0])], [f" {word}[0]"], fallback=True)
+
+
+def forms_in_prompt(forms: TokenForms, prompt_ids: list[int]) -> list[str]:
+    """The surface forms of `forms` whose token occurs in `prompt_ids` (the tokens up to the read position)."""
+    present = set(prompt_ids)
+    return [form for i, form in zip(forms.ids, forms.forms, strict=True) if i in present]
 
 
 @dataclass

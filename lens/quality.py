@@ -3,7 +3,7 @@
 
 The readouts are what `lens.readout.build_readouts` makes of the given lenses: the logit lens, the
 J-lens, its random-transport control, and self-only / future-only J-lenses when given. All are
-scored over the lens's source layers.
+scored over the lens's source layers, beside the `prompt_echo` baseline (`lens.passk`).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from lens.causal import CausalConfig, causal_rows, summarise_causal
 from lens.errors import LensError
 from lens.margins import resolve_token_sets
 from lens.model import LensModel
-from lens.passk import rank_items, rank_rows_json, summarise_set
+from lens.passk import PROMPT_ECHO, rank_items, rank_rows_json, summarise_set
 from lens.promptsets import PromptSet
 from lens.readout import Readout
 from lens.settings import QualitySettings
@@ -61,7 +61,8 @@ def evaluate_prompt_sets(model: LensModel, tokenizer: Any, readouts: Mapping[str
             raise LensError(f"two prompt sets are named {pset.name!r} (passk.json keys by the file name)")
         log.info("prompt set %s: %d items", pset.name, len(pset.items))
         rows = rank_items(model, tokenizer, pset, readouts, layers, force_bos=cfg.force_bos)
-        result.passk[pset.name] = summarise_set(rows, list(readouts), layers, n_boot=cfg.n_boot, seed=cfg.seed)
+        result.passk[pset.name] = summarise_set(rows, [*readouts, PROMPT_ECHO], layers, n_boot=cfg.n_boot,
+                                                 seed=cfg.seed)
         result.ranks += rank_rows_json(rows)
         if cfg.causal_layers is not None and result.causal is not None:
             crow = causal_rows(model, tokenizer, readouts, pset, token_sets,

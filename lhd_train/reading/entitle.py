@@ -59,6 +59,7 @@ from lhd_train.reading.entitle_scores import (
     text_scores,
 )
 from lhd_train.reading.preregister import declare as declare_plan
+from lhd_train.reading.tables import exploratory_note
 
 log = logging.getLogger(__name__)
 NEGATIVE_CONTROL = "decision"
@@ -382,7 +383,10 @@ def markdown(summary: dict[str, Any], table: list[dict], plan: dict[str, Any]) -
             lines.append(f"| {t['contrast']} | {t['readout']} | {t['position']} | {_f(t['auroc'])} "
                          f"[{_f(t['lo'])}, {_f(t['hi'])}] | {_f(t['recall_at_1pct_fpr'])} | {t['n_pairs']} | "
                          f"{t['n_strata']} |")
-    lines += ["", "Cells other than the primary one are exploratory (about 5 % of them exclude 0.5 by chance). "
+    declared = {(p["contrast"], p["readout"], p["position"]), (nc["contrast"], nc["readout"], nc["position"])}
+    explore = [t for t in table if t["layer"] != -1 or (t["contrast"], t["readout"], t["position"]) not in declared]
+    lines += ["", "Cells other than the primary one and its negative control are exploratory, over the band and per "
+              "layer (auroc.csv). " + exploratory_note([t["lo"] for t in explore], [t["hi"] for t in explore]) + " "
               "`decision` and `question` read one state per prompt: within a cell they tie. `length` and `echo` are "
               "confound controls; `text` is a bag-of-words reader of the answer, trained leave-one-task-out; "
               "`stated` is the model's own Yes - No at `elicit` minus the same after the reversed question. "

@@ -20,7 +20,7 @@ from lens.files import atomic_write, atomic_write_text, write_csv, write_json
 from lens.positions import POSITION_CLASSES
 from lens.readout import READOUTS
 from lens.readout_probe import PROBE
-from lhd_train.reading.tables import CONTROL, PRIMARY, STATED
+from lhd_train.reading.tables import CONTROL, EXPLORATORY, PRIMARY, STATED, exploratory_note
 
 READOUT_ORDER = [*READOUTS, PROBE, STATED]
 
@@ -124,7 +124,8 @@ def markdown(table: pd.DataFrame, choice: pd.DataFrame, baselines: pd.DataFrame,
     if len(control):
         lines += ["# Negative controls: positions before the judged text (expected AUROC 0.5; not findings)", ""]
         lines += _metric_tables(control, "Negative control")
-    lines += ["# Exploratory", ""]
+    explore = table[table["role"] == EXPLORATORY]
+    lines += ["# Exploratory", "", exploratory_note(explore["within_lo"], explore["within_hi"]), ""]
     lines += _metric_tables(table[table["role"] != CONTROL], "Exploratory")
     return "\n".join(lines + _choice_lines(choice))
 

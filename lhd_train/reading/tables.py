@@ -183,6 +183,17 @@ def build_table(scored: Sequence[Scored], *, n_layers: int, band: Sequence[float
     return pd.DataFrame(rows)
 
 
+def exploratory_note(lo: Sequence[float], hi: Sequence[float]) -> str:
+    """The line beside the exploratory tables (science-5 §3.3): how many cells carry a 95 % interval, how many of
+    those exclude 0.5, and how many would by chance alone."""
+    cells = [(a, b) for a, b in zip(lo, hi, strict=True) if not (pd.isna(a) or pd.isna(b))]
+    n = len(cells)
+    outside = sum(a > 0.5 or b < 0.5 for a, b in cells)
+    return (f"{n} exploratory cells carry a 95 % interval and {outside} of them exclude 0.5. With no signal in any "
+            f"cell about 5 % of them ({0.05 * n:.0f}) would exclude 0.5 by chance: no interval is corrected for the "
+            "others, and cells that share examples or neighbouring layers are not independent.")
+
+
 def mark_primary(table: pd.DataFrame, primary: Primary) -> dict:
     """Set the role of the declared cell's band row to `primary`, and return that row (or why there is none)."""
     if table.empty:

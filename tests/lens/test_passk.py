@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from lens.errors import LensError
 from lens.eval_report import passk_markdown
 from lens.fit import FitOptions, FitSettings, fit_lens
-from lens.passk import KS, ItemRanks, item_auc, rank_items, summarise_set, token_ranks
+from lens.passk import KS, PROMPT_ECHO, ItemRanks, item_auc, rank_items, summarise_set, token_ranks
 from lens.promptsets import (
     EVALSETS,
     PromptItem,
@@ -194,7 +194,10 @@ def test_ranks_match_a_plain_torch_recomputation(llama, fit_prompts):
     for r, item in zip(rows, [pset.items[0], pset.items[0], pset.items[1]], strict=True):
         ids, pos = encode_item(tok, item, "mine")
         hand = _hand_ranks(model, ids, pos, lens.J, r.forms.ids)
-        assert r.ranks == hand
+        # the echo baseline: the prompt's distinct tokens up to the read position, latest first; absent: last
+        recency = list(dict.fromkeys(reversed(ids[: pos + 1].tolist())))
+        echo = min(recency.index(t) + 1 if t in recency else len(tok) for t in r.forms.ids)
+        assert r.ranks == {**hand, PROMPT_ECHO: {0: echo, 1: echo}}
 
 
 def test_poetry_reads_the_last_newline(llama):

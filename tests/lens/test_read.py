@@ -80,6 +80,10 @@ def test_fit_then_read_probe_set(arch, tiny_dirs, probe_file, corpus, tmp_path):
     assert (table["role"] == "primary").sum() == 1
     md = (out / "auroc.md").read_text()
     assert "THE primary result" in md and "jacobian · decision" in md and "Layer choice" in md
+    explore = table[(table["role"] == "exploratory") & table["within_lo"].notna()]
+    outside = ((explore["within_lo"] > 0.5) | (explore["within_hi"] < 0.5)).sum()
+    assert len(explore) > 20 and f"{len(explore)} exploratory cells carry a 95 % interval and {outside} of them " \
+        f"exclude 0.5. With no signal in any cell about 5 % of them ({0.05 * len(explore):.0f})" in md
     summary = json.loads((out / "summary.json").read_text())
     assert summary["checks"]["final_layer_jacobian_minus_logit_max_abs"] < 1e-5
     assert summary["primary_result"]["found"] and summary["primary"]["metric"] == "length_matched"

@@ -295,6 +295,14 @@ def test_within_cell_read_recounts_from_its_files(tmp_path, tiny):
              ("fabricated_vs_abstained", "jacobian", "elicit", "-1")]
     assert primary["auroc"] == pytest.approx(float(row["auroc"])) and primary["n_pairs"] == int(row["n_pairs"]) == 8
     assert summary["counts"]["fabricated_vs_abstained"] == {"fabricated": 8, "abstained": 4, "strata_with_both": 4}
+    # read.md states how many exploratory cells carry an interval (every row of auroc.csv but the primary cell and
+    # its negative control), how many exclude 0.5, and the 5 % expected by chance
+    declared = {("fabricated_vs_abstained", "jacobian", p, "-1") for p in ("elicit", "decision")}
+    spans = [(float(t["lo"]), float(t["hi"])) for t in table
+             if (t["contrast"], t["readout"], t["position"], t["layer"]) not in declared and t["lo"] and t["hi"]]
+    outside = sum(lo > 0.5 or hi < 0.5 for lo, hi in spans)
+    assert len(spans) > 20 and f"{len(spans)} exploratory cells carry a 95 % interval and {outside} of them exclude " \
+        f"0.5. With no signal in any cell about 5 % of them ({0.05 * len(spans):.0f})" in (out / "read.md").read_text()
 
     # the text baseline is cross-validated by task: each task's scores come from a model fitted on the others
     for name in WITHIN:
