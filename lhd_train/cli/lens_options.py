@@ -90,8 +90,8 @@ class EvalCommand(CorpusTexts, QualitySettings, ModelArgs):
     text (KL beside baselines, top-k, temperature-fitted KL) (docs/lens.md, "Lens quality")."""
 
     readout: list[str] = _readout_field()
-    out: Path = Field(description="Output dir: passk.json, passk_ranks.jsonl, causal.json (prompt sets); eval.json, "
-                                  "eval.md, fidelity.png (corpus); quality.md.")
+    out: Path = Field(description="Output dir: passk.json, passk_ranks.jsonl, passk_split.csv, causal.json "
+                                  "(prompt sets); eval.json, eval.md, fidelity.png (corpus); quality.md.")
     prompt_set: list[str] = Field(default_factory=list, description="Prompt set in the J-lens release's format "
                                   "(a file, or a shipped set: multihop, order-ops, typo); repeat for several.")
     corpus: Path | None = Field(None, description="Held-out text: text file, JSONL, datasets dir, or (--format "
