@@ -194,6 +194,7 @@ SMOLLM2 = Profile(
     audit_mode="full", **SMOLLM2_LENS,
     lite_args=("--facts", "4", "--per-task", "1"),
     cut="1 trial x 1 task x 1 round (of 14 tasks x up to 3 rounds; `--full`: 2 trials), 96-token answers, "
+        "96-token supervisor and auditor JSON, asked again once at 192 (`--full`: 256, then 512), "
         "best-of-1 (the original + 1 sample) for 1 context (`--full`: best-of-2), 2 training steps, "
         "lens on 4 blocks and 12 probes, lite experiment on 16 facts in 16 tasks (`--full`: every usable fact, "
         "~35 in 35 tasks); the generative experiment runs only with `--full`",
@@ -306,7 +307,7 @@ def plan(p: Profile) -> Plan:
                  f"{adapter_run_dir}/entitle"),
         ]
     report = [step("report: base vs adapter, opening with the lite result, a viewer page per trial",
-                   "report", run_dir, adapter_run_dir, "--out", report_dir)]
+                   "report", run_dir, adapter_run_dir, "--out", report_dir, "--note", f"the demo cut: {p.cut}")]
     return Plan(side, pre, train, [lite_step(p, adapter_run_dir, adapter)], after, report, run_dir,
                 adapter_run_dir, report_dir, data_dir, adapter, lens_dir)
 
