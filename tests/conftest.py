@@ -91,8 +91,10 @@ def vllm_python():
 # Fixtures that make a test need more than the CPU: `make test-fast` leaves them out. A test that
 # builds or loads one of the tiny random models is `model` (a whole trial, a training step, a lens
 # fit): cheap one by one, but most of the suite's CPU (docs/performance.md, "Test suite").
+# tests/gpu's `device` and `cuda` fixtures: the device tests, a model on the CPU or on the GPU.
 HEAVY_FIXTURES = {"smollm2_dir": "smollm2", "browser": "browser", "vllm_python": "vllm",
-                  "tiny_llama_dir": "model", "tiny_qwen2_dir": "model", "tiny_qwen3_dir": "model"}
+                  "tiny_llama_dir": "model", "tiny_qwen2_dir": "model", "tiny_qwen3_dir": "model",
+                  "device": "model", "cuda": "model"}
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
