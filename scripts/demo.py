@@ -159,8 +159,6 @@ class Profile:
     # the lite experiment (docs/entitle.md, lite mode): forced-choice log-probabilities, every
     # item parses; the facts it asks about (default: every usable fact of the four packs)
     lite_args: tuple[str, ...] = ()
-    # auditor overrides for the data step's grader (`lhd data bon RUN KEY=VALUE...`)
-    data_overrides: tuple[str, ...] = ()
     # the generative experiment (answers labelled by code), or None to leave it out
     entitle_args: tuple[str, ...] | None = None
 
@@ -192,16 +190,16 @@ SMOLLM2 = Profile(
     # Best-of-N rather than DPO: a row needs only one unflagged, on-task answer among the original
     # and its candidates, while a DPO pair also needs a flagged one a severity point worse. Each
     # graded answer costs ~5k prompt tokens (auditor + supervisor): one context, one sample.
-    # The grader's auditor keeps 256 tokens (then 512; the run's own auditor has 96, then 192): with one
-    # context, the data step has rows only if one of its two audits parses, and at 96/192 neither did.
-    data_args=("bon", "--n", "1", "--max-contexts", "1", "--eval-fraction", "0"),
-    data_overrides=("auditor.sampling.max_tokens=256",),
+    # The original answer keeps the grade the run gave it (its audit label, the supervisor's rating):
+    # only the sample is graded. With one context, grading both made the data step a coin flip: at
+    # 256/512 and at 96/192 tokens both of the grader's audits rambled past the budget.
+    data_args=("bon", "--n", "1", "--max-contexts", "1", "--eval-fraction", "0", "--original-from-run"),
     audit_mode="full", **SMOLLM2_LENS,
     lite_args=("--facts", "4", "--per-task", "1"),
     cut="1 trial x 1 task x 1 round (of 14 tasks x up to 3 rounds; `--full`: 2 trials), 96-token answers, "
-        "96-token supervisor and auditor JSON, asked again once at 192 (the data step's auditor and `--full`: 256, "
-        "then 512), "
-        "best-of-1 (the original + 1 sample) for 1 context (`--full`: best-of-2), 2 training steps, "
+        "96-token supervisor and auditor JSON, asked again once at 192 (`--full`: 256, then 512), "
+        "best-of-1 (the original + 1 sample) for 1 context, the original graded by the run's own audit and "
+        "supervisor (`--full`: best-of-2, all graded anew), 2 training steps, "
         "lens on 4 blocks and 12 probes, lite experiment on 16 facts in 16 tasks (`--full`: every usable fact, "
         "~35 in 35 tasks); the generative experiment runs only with `--full`",
 )
@@ -291,7 +289,7 @@ def plan(p: Profile) -> Plan:
         step("benchmark run", "run", p.config),
         step(f"audit every round ({p.audit_mode} auditor)", "audit", run_dir, "--mode", p.audit_mode),
         step(f"{p.algo.upper()} training data, honest direction", "data", *p.data_args, run_dir,
-             *p.data_overrides, "--direction", "honest", "--out", data_dir),
+             "--direction", "honest", "--out", data_dir),
     ]
     train = [step(f"train an honesty-directed LoRA adapter with TRL ({p.algo.upper()})", "train", p.algo, p.recipe,
                   f"data.train={data_dir}/dataset", f"output_dir={adapter_dir}")]
