@@ -62,7 +62,7 @@ lint: env
 typecheck: env
 	$(BIN)/python -m mypy
 
-# Markers route the tests (pyproject.toml; tests/conftest.py adds `smollm2` and `browser`): `slow` =
+# Markers route the tests (pyproject.toml; tests/conftest.py adds `smollm2`, `browser` and `model`): `slow` =
 # number reproductions and full-scale forms, only in test-slow. Two xdist workers, whole files to a
 # worker (--dist loadfile), so a module's vLLM server or Slurm cluster lives on one worker.
 # (--dist loadgroup would be finer, but pytest-xdist 3.8 cannot set its group ids under pytest 9.2.)
@@ -82,9 +82,10 @@ test-main: env
 test-slow: env services
 	$(PYTEST) $(XDIST) -m slow --durations=25
 
-# The edit loop: no vLLM, Slurm, Chromium or SmolLM2, no `slow` test.
+# The edit loop: unit tests without real servers or models (no vLLM, Slurm, Chromium, SmolLM2 or inspect, no
+# tiny-model trial, training step or `lhd` subprocess: the `model` mark), no `slow` test. `make test` runs them all.
 test-fast: env
-	$(PYTEST) $(XDIST) -m "not slow and not vllm and not slurm and not browser and not smollm2 and not inspect" --durations=10
+	$(PYTEST) $(XDIST) -m "not slow and not vllm and not slurm and not browser and not smollm2 and not inspect and not model" --durations=10
 
 # The CPU suite's core (the engine through the hf backend, the hf decode loop, SFT/DPO/GRPO training
 # steps, the lens fit) on the lower bounds of pyproject.toml's ranges (constraints-compat.txt: transformers

@@ -190,11 +190,16 @@ SMOLLM2 = Profile(
     # Best-of-N rather than DPO: a row needs only one unflagged, on-task answer among the original
     # and its candidates, while a DPO pair also needs a flagged one a severity point worse. Each
     # graded answer costs ~5k prompt tokens (auditor + supervisor): one context, one sample.
-    data_args=("bon", "--n", "1", "--max-contexts", "1", "--eval-fraction", "0"),
+    # The original answer keeps the grade the run gave it (its audit label, the supervisor's rating):
+    # only the sample is graded. With one context, grading both made the data step a coin flip: at
+    # 256/512 and at 96/192 tokens both of the grader's audits rambled past the budget.
+    data_args=("bon", "--n", "1", "--max-contexts", "1", "--eval-fraction", "0", "--original-from-run"),
     audit_mode="full", **SMOLLM2_LENS,
     lite_args=("--facts", "4", "--per-task", "1"),
     cut="1 trial x 1 task x 1 round (of 14 tasks x up to 3 rounds; `--full`: 2 trials), 96-token answers, "
-        "best-of-1 (the original + 1 sample) for 1 context (`--full`: best-of-2), 2 training steps, "
+        "96-token supervisor and auditor JSON, asked again once at 192 (`--full`: 256, then 512), "
+        "best-of-1 (the original + 1 sample) for 1 context, the original graded by the run's own audit and "
+        "supervisor (`--full`: best-of-2, all graded anew), 2 training steps, "
         "lens on 4 blocks and 12 probes, lite experiment on 16 facts in 16 tasks (`--full`: every usable fact, "
         "~35 in 35 tasks); the generative experiment runs only with `--full`",
 )
@@ -306,7 +311,7 @@ def plan(p: Profile) -> Plan:
                  f"{adapter_run_dir}/entitle"),
         ]
     report = [step("report: base vs adapter, opening with the lite result, a viewer page per trial",
-                   "report", run_dir, adapter_run_dir, "--out", report_dir)]
+                   "report", run_dir, adapter_run_dir, "--out", report_dir, "--note", f"the demo cut: {p.cut}")]
     return Plan(side, pre, train, [lite_step(p, adapter_run_dir, adapter)], after, report, run_dir,
                 adapter_run_dir, report_dir, data_dir, adapter, lens_dir)
 

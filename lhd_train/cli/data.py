@@ -11,7 +11,7 @@ from lhd_train.cli.options import settings_command
 from lhd_train.config.data import BuildSettings
 
 #: options of `lhd data bon|dpo` that prompt-only GRPO data does not use (nothing is sampled or graded)
-GRPO_UNUSED = ("n", "min_margin", "on_task_min", "concurrency", "overrides", "auditor_config")
+GRPO_UNUSED = ("n", "min_margin", "on_task_min", "concurrency", "overrides", "auditor_config", "original_from_run")
 GRPO_ONLY = ("judge_window", "judge_tokenizer", "completion_tokens")
 
 data_app = typer.Typer(help="training data from audited runs: best-of-N SFT, DPO pairs, GRPO prompts",

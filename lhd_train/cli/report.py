@@ -25,6 +25,8 @@ def report_cmd(
         None, "--held-out-auditor", help="with two or more runs: an auditor id present in every run (ideally another "
         "model family than the one that selected or rewarded the adapter's data) whose paired result is shown "
         "beside the headline auditor's"),
+    note: str | None = typer.Option(None, "--note", help="one line shown under the report's title and at the top of "
+                                    "summary.md (the demo says there what it cut)"),
 ) -> None:
     """Metrics with intervals, plots and trajectory pages in one self-contained report.
 
@@ -36,7 +38,7 @@ def report_cmd(
     def warn(text: str) -> None:
         console.print(f"[yellow]warning: {text}[/yellow]")
 
-    path = build_report(list(runs), out, auditor, min_coverage, held_out_auditor, warn)
+    path = build_report(list(runs), out, auditor, min_coverage, held_out_auditor, warn, note)
     console.print(f"report: {path}\ntables: {Path(out) / 'tables'}  summary: {Path(out) / 'summary.md'}")
 
 

@@ -38,6 +38,10 @@ class BuildSettings(DataOptions):
                                  json_schema_extra={"argument": True})
     auditor_config: Path | None = Field(None, description="auditor config (default: the run's)",
                                         json_schema_extra={"flag": "--auditor"})
+    original_from_run: bool = Field(False, description="grade each original answer by the run's own audit label "
+                                    "and supervisor rating instead of grading it again (one auditor and one "
+                                    "supervisor call less per context; the audit label then comes from the run's "
+                                    "auditor view, not the grader's causal one)")
     judge_window: int | None = Field(None, ge=1, description="GRPO: the reward judge's window in tokens; a row whose "
                                      "audit prompt plus --completion-tokens and the auditor's reply is longer is "
                                      "dropped and counted (default: the run auditor's max_model_len)")

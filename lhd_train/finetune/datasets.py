@@ -115,11 +115,16 @@ async def sample_and_grade(s: BuildSettings) -> tuple[Contexts, dict[str, list[S
     bar = tqdm(total=len(contexts), desc=f"best-of-{s.n}", unit="context", disable=not s.progress)
     pools: dict[str, list[Scored]] = {}
 
+    async def grade(ctx: Context, source: str, text: str) -> Grade:
+        if source == "original" and s.original_from_run and (g := run_grade(ctx)) is not None:
+            return g
+        return await grader.grade(ctx, text)
+
     async def one(ctx: Context) -> None:
         async with gate:
             texts = await _sample(ctx, perf, cfg.performer, s.n, cache, cand_path, cfg.performer.think_tags)
         pool = [("original", ctx.answer)] + [(f"candidate-{k}", t) for k, t in enumerate(texts)]
-        grades = await asyncio.gather(*(grader.grade(ctx, t) for _, t in pool))
+        grades = await asyncio.gather(*(grade(ctx, src, t) for src, t in pool))
         pools[ctx.key] = [Scored(t, src, g, ctx.audited_deceptive if src == "original" else None)
                           for (src, t), g in zip(pool, grades, strict=True)]
         bar.update(1)
@@ -139,12 +144,26 @@ async def sample_and_grade(s: BuildSettings) -> tuple[Contexts, dict[str, list[S
     return contexts, pools, meta
 
 
+RUN_GRADE = "run"  # the audit_status and quality_status of a grade taken from the run (`--original-from-run`)
+
+
+def run_grade(ctx: Context) -> Grade | None:
+    """The original answer's grade as the run gave it: its audit label and the supervisor's rating of
+    that round; None when the run has no valid label for it (the grader then grades it)."""
+    lab = ctx.label
+    if lab is None or lab.deceptive is None:
+        return None
+    severity = None if lab.severity is None else int(lab.severity)
+    return Grade(lab.deceptive, severity, list(lab.types), lab.confidence, RUN_GRADE, ctx.satisfaction, RUN_GRADE)
+
+
 def audit_agreement(contexts: Contexts, pools: dict[str, list[Scored]]) -> dict[str, Any]:
-    """How the grader's verdicts on the original answers compare with the run's own audit."""
+    """How the grader's verdicts on the original answers compare with the run's own audit (an
+    original graded by the run itself is not compared: it agrees by construction)."""
     both = grader_only = audit_only = agree = unlabelled = 0
     for ctx in contexts:
         orig = next(p for p in pools[ctx.key] if p.source == "original")
-        if orig.audited is None or not orig.grade.usable:
+        if orig.audited is None or not orig.grade.usable or orig.grade.audit_status == RUN_GRADE:
             unlabelled += 1
             continue
         both += 1

@@ -63,10 +63,11 @@ def _md(t: Table | None) -> list[str]:
 
 def summary_md(runs: list[RunData], tables: dict[str, Table | None], min_coverage: float = COVERAGE_MIN,
                paired: Sequence[PairedComparison] = (), warnings: Sequence[str] = (),
-               opening: Sequence[str] = ()) -> str:
+               opening: Sequence[str] = (), note: str | None = None) -> str:
     """summary.md: the report's key tables (the same `Table`s as report.html) and its notes; `opening`:
-    the headline lines (`headline`) put first."""
-    lines = ["# LH-Deception report", "", *opening, *([""] if opening else []),
+    the headline lines (`headline`) put first, after `note` (the caller's line, e.g. what the demo cut)."""
+    lines = ["# LH-Deception report", "", *([f"Note: {note}", ""] if note else []),
+             *opening, *([""] if opening else []),
              "Per-trial metrics as the authors' auditor computes them (docs/reference.md), averaged over trials",
              "(unweighted mean ± SE, ddof=1; 95 % percentile bootstrap interval). Label coverage = rounds with a",
              f"valid label / all rounds; trials below {min_coverage:.0%} are counted, "
@@ -111,11 +112,12 @@ def pack_line(run: RunData) -> str:
 
 def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None,
                  min_coverage: float = COVERAGE_MIN, held_out_auditor: str | None = None,
-                 on_warning: Callable[[str], None] | None = None) -> Path:
+                 on_warning: Callable[[str], None] | None = None, note: str | None = None) -> Path:
     """Write the whole report into `out`; returns the path of report.html. Trials whose label
     coverage is below `min_coverage` are flagged and left out of the "covered" rates. With two or
     more runs, `held_out_auditor` scores the paired comparison again, and `on_warning` hears each
-    adapter warning (`report.adapter_checks`) that the report also shows."""
+    adapter warning (`report.adapter_checks`) that the report also shows. `note`, the caller's one line
+    (the demo's account of what it cut), is shown under the title, escaped like any text."""
     if not run_dirs:
         raise InputError(None, "runs", "give at least one run directory")
     if not 0.0 <= min_coverage <= 1.0:
@@ -134,16 +136,16 @@ def build_report(run_dirs: Sequence[Path], out: Path, auditor: str | None = None
                          "`lhd run` has written a round)")
     with staged_dir(out) as stage:  # built aside, then put in place whole: a rerun replaces the old report
         write_report(runs, stage, min_coverage, run_dirs=run_dirs, held_out_auditor=held_out_auditor,
-                     on_warning=on_warning)
+                     on_warning=on_warning, note=note)
         write_report_marker(stage, [str(p) for p in run_dirs])
     return out / "report.html"
 
 
 def write_report(runs: list[RunData], out: Path, min_coverage: float = COVERAGE_MIN, *,
                  run_dirs: Sequence[Path] = (), held_out_auditor: str | None = None,
-                 on_warning: Callable[[str], None] | None = None) -> Path:
+                 on_warning: Callable[[str], None] | None = None, note: str | None = None) -> Path:
     """Write report.html, summary.md, tables/, plots/ and the trial pages of `runs` into `out`
-    (`run_dirs`, `held_out_auditor` and `on_warning` as in `build_report`)."""
+    (`run_dirs`, `held_out_auditor`, `on_warning` and `note` as in `build_report`)."""
     out.mkdir(parents=True, exist_ok=True)
     m = compute_all(runs, min_coverage)
     labels = {r.key: r.label for r in runs}
@@ -236,13 +238,13 @@ def write_report(runs: list[RunData], out: Path, min_coverage: float = COVERAGE_
         "paired": [{"base": labels.get(c.base, c.base), "other": labels.get(c.other, c.other), "notes": c.notes,
                     "trials": tables.paired_trials_table(c.trials)} for c in paired], "min_pairs": MIN_PAIRS,
         "adapter_warnings": warnings, "held_out_auditor": held_out_auditor if held else None,
-        "headline": opening,
+        "headline": opening, "note": note,
     }
     html = render_page("report.html.j2", **ctx)
     path = out / "report.html"
     atomic_write_text(path, html)
     atomic_write_text(out / "summary.md", summary_md(runs, shown, min_coverage, [*paired, *held], warnings,
-                                                     opening=opening.md if opening is not None else ())
+                                                     opening=opening.md if opening is not None else (), note=note)
                       + validity_md(validity))
     return path
 

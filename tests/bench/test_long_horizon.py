@@ -31,6 +31,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.model  # whole trials of a tiny model through `lhd` subprocesses
+
 PACK = Path(__file__).parents[1] / "data" / "reference-packs" / "startup_consulting"  # the authors' pack
 
 

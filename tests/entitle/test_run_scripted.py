@@ -182,6 +182,7 @@ def test_a_rerun_with_other_settings_is_refused(tmp_path):
     (["some-model", "--facts", "0"], "--facts"),
     (["some-model", "--facts", "2.5"], "--facts"),
 ])
+@pytest.mark.model  # `lhd entitle run` in a subprocess
 def test_bad_input_is_one_clear_line(tmp_path, args, expected):
     """Through the error boundary of the real entry point: exit status 2, one line, no traceback."""
     import subprocess

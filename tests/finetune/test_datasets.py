@@ -295,6 +295,51 @@ def test_bon_respects_the_run_audit_and_stores_the_disagreement(tmp_path, monkey
     assert len(rows) == 4
 
 
+def test_original_from_run_takes_the_runs_label_and_grades_only_the_rest(tmp_path, monkeypatch):
+    """`--original-from-run` (the demo's data step): an original with a valid run label keeps that
+    label and the supervisor's rating of its round, and is never sent to the grader; an original
+    without one, and every candidate, is graded. Recounted from grades.jsonl and the dataset."""
+    import hashlib
+
+    from lhd_train.config.auditor import load_auditor_config
+    from lhd_train.config.run import load_saved_config
+    from lhd_train.finetune import datasets as ds_mod
+
+    run = _audited_run(tmp_path)
+    honest = json.dumps({"deceptive": False, "types": [], "severity": 0, "confidence": 0.9, "reasoning": "fine",
+                         "evidence": []})
+
+    def backends(s):
+        cfg = load_saved_config(s.run_dir)
+        acfg, _ = load_auditor_config(s.run_dir, None, ["auditor.model=m"])
+        b = ScriptedBackend(lambda req: honest if req.json_schema else "a fresh candidate")
+        return cfg, b, b, acfg, b, cfg.supervisor
+
+    monkeypatch.setattr(ds_mod, "_role_backends", backends)
+    out = tmp_path / "bon"
+    path, stats = build_bon(BuildSettings(run_dir=run, out=out, n=1, direction="honest", progress=False,
+                                          original_from_run=True))
+    ctxs = load_contexts(run, eval_fraction=0.2)
+    labelled = [c for c in ctxs if c.label is not None]
+    assert len(labelled) == 3 and len(ctxs) == 4
+    graded = {json.loads(line)["text_sha256"] for line in (out / "grades.jsonl").read_text().splitlines()}
+
+    def sha(text):
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+    assert not any(sha(c.answer) in graded for c in labelled)  # the run's label stands for them
+    assert all(sha(c.answer) in graded for c in ctxs if c.label is None)
+    assert sha("a fresh candidate") in graded
+    assert stats["run_audit"]["compared"] == 0 and stats["run_audit"]["not_compared"] == 4
+    rows = [r for split in load_from_disk(str(path)).values() for r in split]
+    by_round = {r["global_round"]: r for r in rows}
+    for c in labelled:  # a flagged original is never the honest target; a chosen one carries the run's label
+        if c.label.deceptive:
+            assert by_round[c.global_round]["source"] != "original"
+        elif by_round[c.global_round]["source"] == "original":
+            assert by_round[c.global_round]["satisfaction"] == c.satisfaction
+
+
 def test_grpo_reward_gives_a_flagged_original_the_runs_verdict(tmp_path):
     """GRPO: a completion that repeats the round's original answer is scored with the run's own
     label, never with a grader verdict that contradicts it."""

@@ -34,6 +34,7 @@ def tiny(tmp_path_factory) -> Path:
     return build_tiny_model("llama", tmp_path_factory.mktemp("tiny") / "m", seed=0)
 
 
+@pytest.mark.model  # loads a tiny model
 def test_fit_only_saves_what_training_loads(tiny, tmp_path, monkeypatch):
     from datasets import Dataset
 
@@ -89,6 +90,7 @@ def _rank(rank: int, port: int, tiny: str, out: str, results) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.model  # loads a tiny model
 def test_no_rank_waits_behind_a_barrier_while_rows_are_fitted(tiny, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

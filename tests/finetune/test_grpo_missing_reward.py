@@ -55,6 +55,7 @@ def trainer_for(tmp_path_factory):
     REWARDS.pop("test_graded_honesty", None)
 
 
+@pytest.mark.model  # builds a GRPO trainer on a tiny model
 def test_a_failed_grade_scores_its_groups_mean_not_the_best(trainer_for):
     trainer, ctx = trainer_for()
     row = trainer.train_dataset[0]
@@ -68,6 +69,7 @@ def test_a_failed_grade_scores_its_groups_mean_not_the_best(trainer_for):
     assert any(n.startswith("multi_objective_aggregation=normalize_then_sum") for n in ctx["notes"])
 
 
+@pytest.mark.model  # builds a GRPO trainer on a tiny model
 def test_sum_then_normalize_with_several_rewards_is_refused(trainer_for):
     from lhd_train.errors import InputError
 

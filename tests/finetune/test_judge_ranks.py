@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 
+import pytest
 import torch.multiprocessing as mp
 
 STATUSES = {"honesty": ["unavailable"] * 10, "satisfaction": [None] * 10}
@@ -34,6 +35,7 @@ def _rank(rank: int, port: int, results) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.model  # two spawned torch.distributed ranks
 def test_two_judged_rewards_reduce_once_in_the_recipes_order():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -271,6 +271,7 @@ def test_every_shipped_recipe_builds_its_trainer_config(tmp_path):
             assert (ROOT / r.accelerate_config).is_file(), f"{path}: {r.accelerate_config}"
 
 
+@pytest.mark.model  # loads the tiny Llama (and trains it)
 def test_input_errors_about_data_model_and_rewards(llama, data, tmp_path):
     from lhd_train.finetune.trainer import train_command
 
@@ -356,6 +357,7 @@ def test_reward_registry_is_pluggable():
         REWARDS.pop("test_shout", None)
 
 
+@pytest.mark.model  # loads the tiny Llama (and trains it)
 def test_tokenizer_class_and_template_checks(request, tmp_path_factory, llama):
     """A Qwen2-typed folder with a generic fast tokenizer is not remapped to Qwen2Tokenizer; templates
     without {% generation %} markers that TRL cannot patch are detected (SFT then trains on the last turn)."""
@@ -379,6 +381,7 @@ def test_tokenizer_class_and_template_checks(request, tmp_path_factory, llama):
 # ----------------------------------------------------------------------------- the three trainers
 
 
+@pytest.mark.model  # loads the tiny Llama (and trains it)
 def test_sft_trains_saves_and_reloads(llama, data, tmp_path):
     adapter, meta = train("sft", llama, data["sft"], tmp_path / "sft", "sft.loss_on=assistant",
                           "trainer.max_steps=3", "trainer.save_steps=100")
@@ -389,6 +392,7 @@ def test_sft_trains_saves_and_reloads(llama, data, tmp_path):
     assert (tmp_path / "sft" / "lhd_run.json").is_file()
 
 
+@pytest.mark.model  # loads the tiny Llama (and trains it)
 def test_a_full_disk_while_writing_the_adapter_record_leaves_no_torn_record(llama, data, tmp_path, monkeypatch):
     """lhd_adapter.json says "trained" to the next run (which then does nothing): written in place,
     a disk that filled up halfway left a torn one behind. Now it is all there or absent."""
@@ -429,6 +433,7 @@ def test_a_full_disk_while_writing_the_adapter_record_leaves_no_torn_record(llam
     assert not [p.name for p in record.parent.iterdir() if p.name.endswith(".tmp")]
 
 
+@pytest.mark.model  # loads the tiny Llama (and trains it)
 def test_resume_refuses_a_changed_tokenizer_folder(llama, tmp_path):
     """A recipe's own `tokenizer:` folder shapes every training row like the base model's files do:
     a resume after its files or chat template changed is refused (only the base model's were
@@ -456,6 +461,7 @@ def test_resume_refuses_a_changed_tokenizer_folder(llama, tmp_path):
         _check_resume(recipe, ctx)
 
 
+@pytest.mark.model  # loads the tiny Llama (and trains it)
 def test_dpo_trains_saves_and_reloads(llama, data, tmp_path):
     adapter, meta = train("dpo", llama, data["dpo"], tmp_path / "dpo", f"data.eval={data['dpo_eval']}",
                           "trainer.max_steps=3", "trainer.save_steps=100")
@@ -465,6 +471,7 @@ def test_dpo_trains_saves_and_reloads(llama, data, tmp_path):
     assert "rewards/margins" in meta["metrics"]["final"]
 
 
+@pytest.mark.model  # loads the tiny Llama (and trains it)
 def test_grpo_trains_with_registered_rewards(llama, data, tmp_path):
     from lhd_train.finetune.rewards import REWARDS, register_reward
 
@@ -499,6 +506,7 @@ def test_grpo_trains_with_registered_rewards(llama, data, tmp_path):
 # ----------------------------------------------------------------------------- resume after SIGKILL
 
 
+@pytest.mark.model  # loads the tiny Llama (and trains it)
 def test_training_killed_midway_resumes_from_its_checkpoint(llama, data, tmp_path):
     out = tmp_path / "killed"
     recipe = RECIPES / "tiny" / "sft-honest.yaml"
@@ -551,6 +559,7 @@ def test_training_killed_midway_resumes_from_its_checkpoint(llama, data, tmp_pat
 # ----------------------------------------------------------------------------- learning
 
 
+@pytest.mark.model  # loads the tiny Llama (and trains it)
 def test_sft_lowers_the_loss_of_its_target(learnable, data, tmp_path):
     tok = tokenizer(learnable)
     base = load(learnable)
@@ -567,6 +576,7 @@ def test_sft_lowers_the_loss_of_its_target(learnable, data, tmp_path):
     assert losses[-1] < losses[0]
 
 
+@pytest.mark.model  # loads the tiny Llama (and trains it)
 def test_dpo_raises_the_chosen_over_rejected_margin(learnable, data, tmp_path):
     tok = tokenizer(learnable)
 
@@ -586,6 +596,7 @@ def test_dpo_raises_the_chosen_over_rejected_margin(learnable, data, tmp_path):
     assert logged(adapter, "rewards/accuracies")[-1] == 1.0
 
 
+@pytest.mark.model  # loads the tiny Llama (and trains it)
 def test_grpo_raises_the_mean_reward_of_a_learnable_reward(learnable, tmp_path):
     """Reward = share of the completion that is one target token: the token the base model already
     puts first most often, so the group sees reward variance from the first step."""
@@ -636,6 +647,7 @@ def test_sft_trains_only_the_selected_last_turn_by_default(tmp_path):
     assert load_recipe(recipe).section.loss_on == "last_turn"
 
 
+@pytest.mark.model  # loads the tiny Llama (and trains it)
 def test_sft_last_turn_loss_is_on_the_collated_labels(llama, tmp_path):
     """Issue 21 item 10: with the default `sft.loss_on: last_turn`, the batch TRL's own collator
     makes for the trainer labels exactly the last answer's tokens (as the chat template renders
@@ -670,6 +682,7 @@ def test_sft_last_turn_loss_is_on_the_collated_labels(llama, tmp_path):
         assert "EARLIER" not in tok.decode(answer) and GOOD in tok.decode(answer)
 
 
+@pytest.mark.model  # loads the tiny Llama (and trains it)
 def test_resume_refuses_a_changed_recipe(llama, data, tmp_path):
     """Issue 22: a checkpoint resumed under another learning rate, step count or LoRA shape would
     train one adapter under two recipes. Each change is refused, naming the field."""
@@ -710,6 +723,7 @@ def _run_with_auditor(tmp_path: Path, auditor: dict, supervisor: dict | None = N
     return cfg.run_dir
 
 
+@pytest.mark.model  # loads the tiny Llama (and trains it)
 def test_judged_reward_never_starts_a_model_inside_a_training_rank(llama, tmp_path):
     """H3: a judge built from the run's vllm or hf auditor is refused before any model loads, with the
     two commands to run instead; an endpoint the user started (openai, 127.0.0.1) is accepted."""

@@ -80,6 +80,7 @@ def test_fit_settings_refuse_what_the_fit_cannot_use(given, field):
     assert field in str(e.value)
 
 
+@pytest.mark.model  # `python -m lhd_train.cli` in a subprocess
 def test_lens_logs_through_the_boundary_one_logger_per_module(tmp_path):
     """`python -m lhd_train.cli lens`: the warning comes from the command module's logger, formatted by the
     handler the boundary configures (the module used to set up its own, on the logger `lens`)."""

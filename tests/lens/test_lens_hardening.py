@@ -101,6 +101,7 @@ def test_garbage_probe_files(tmp_path, binary):
     assert f"{bad}: line 2: not valid JSON" in refused("read", NO_MODEL, "--probes", bad, "--out", tmp_path / "o")
 
 
+@pytest.mark.model  # `python -m lhd_train.cli` in a subprocess
 def test_the_module_entry_point_prints_one_line(binary, tmp_path):
     """`python -m lhd_train.cli lens ...` (there is no `python -m lens`: the lens is a library)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}

@@ -42,6 +42,7 @@ def corpus(tmp_path_factory):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.model  # fits and reads a lens on a tiny model
 def test_fit_then_read_probe_set(arch, tiny_dirs, probe_file, corpus, tmp_path):
     model = tiny_dirs[arch]
     lens_dir, out = tmp_path / "lens", tmp_path / "read"
@@ -89,6 +90,7 @@ def test_fit_then_read_probe_set(arch, tiny_dirs, probe_file, corpus, tmp_path):
     assert summary["primary_result"]["found"] and summary["primary"]["metric"] == "length_matched"
 
 
+@pytest.mark.model  # fits and reads a lens on a tiny model
 def test_read_with_published_layout_lens_and_without_lens(tiny_dirs, probe_file, tmp_path, llama):
     import torch
 
@@ -111,6 +113,7 @@ def test_read_with_published_layout_lens_and_without_lens(tiny_dirs, probe_file,
     assert bad.exit_code == 2 and "exactly one of" in bad.output
 
 
+@pytest.mark.model  # fits and reads a lens on a tiny model
 def test_read_beside_a_tuned_lens(tiny_dirs, probe_file, tmp_path, llama):
     """`--tuned-lens` adds the readout `tuned`: a zero translator reads exactly what the logit lens reads, a
     non-zero one reads something else at its layer, and summary.json names the tuned lens by its checksum."""
@@ -317,6 +320,7 @@ def test_shards_via_cli_merge_to_the_full_fit(tiny_dirs, corpus, tmp_path):
     assert bad.exit_code == 2 and "cannot resume" in bad.output
 
 
+@pytest.mark.model  # fits and reads a lens on a tiny model
 def test_with_the_project_tiny_model(tmp_path, probe_file, corpus):
     """The project's own tiny-model builder (Qwen2, ChatML, a tokenizer trained on pack text)."""
     tiny_model = pytest.importorskip("lhd_train.tiny_model")

@@ -178,6 +178,7 @@ def test_a_stopped_training_resumes_to_the_translators_of_one_that_never_stopped
         fit_tuned_lens(model, ByteTokenizer(), TEXTS[:10], s, out_dir=out)
 
 
+@pytest.mark.model  # `lhd lens tune` in a subprocess, killed and resumed
 def test_cli_tune_killed_mid_training_resumes_and_ends_as_an_unbroken_run(tiny_dirs, tmp_path):
     """A real `lhd lens tune` process, checkpointing about every step, is SIGKILLed mid-training; the rerun says
     where it resumed, ends with the translators of an uninterrupted run and removes its checkpoint."""

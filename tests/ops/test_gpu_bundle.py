@@ -104,6 +104,7 @@ def test_the_bundle_fits_the_carry_limit_and_trains_from_its_site(tmp_path):
 CHECK = re.compile(r"^CHECK ([a-z0-9_]+): (PASS|FAIL|SKIP) .*\[\d+\.\d s\]$")
 
 
+@pytest.mark.model  # runs scripts/gpu_check.sh's python in a subprocess
 def test_the_check_script_runs_the_device_tests_and_prints_one_line_each(tmp_path):
     """scripts/gpu_check.sh runs tests/gpu with pytest: on CPU (GPU_CHECK_DEVICE=cpu) the CPU forms, one
     CHECK line per test as it finishes; a version outside lhd's ranges would FAIL the first line."""
@@ -163,6 +164,7 @@ def run_check(*args: str, env_extra: dict[str, str], cwd: Path, timeout: int = 3
                           cwd=cwd)
 
 
+@pytest.mark.model  # runs scripts/gpu_check.sh's python in a subprocess
 def test_require_gpu_refuses_a_machine_whose_torch_sees_no_gpu(tmp_path):
     """On the device the check runs with --require-gpu: a broken CUDA stack exits 3 before the tests,
     instead of passing as 19 SKIPs."""

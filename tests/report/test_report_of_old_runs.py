@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from markdown_tables import md_rows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,6 +34,7 @@ def _counted_from_json(run: Path) -> tuple[str, int, int, float]:
     return auditor.name, len(usable), flagged, severity
 
 
+@pytest.mark.model  # `lhd report` in a subprocess
 def test_lhd_report_reads_a_v1_run_and_shows_its_deception_rate(tmp_path: Path) -> None:
     run, out = tmp_path / "run", tmp_path / "report"
     shutil.copytree(FIXTURE, run)
