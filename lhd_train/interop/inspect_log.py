@@ -2,9 +2,11 @@
 
 Written with inspect_ai's own types and writer (`EvalLog`, `EvalSample`, `write_eval_log`; the
 optional extra `inspect`), never by imitating its file format, so `inspect view` reads it: one
-sample per performer round (its exact messages, the supervisor's and each auditor's scores), the run
-in the header. Any `Run` exports this way; trials are held against their `.done` markers, and the
-file is written under a temporary name and renamed into place. docs/formats.md, "inspect_ai logs"."""
+sample per performer round (its exact messages, the supervisor's and each auditor's scores, and the
+known label as a `ground_truth` score where the run has one: a curated set, a planted copy, an
+entitle experiment, whose code label and cell go in the sample's metadata too), the run in the
+header. Trials are held against their `.done` markers; the file is written under a temporary name
+and renamed into place. docs/formats.md, "inspect_ai logs"."""
 from __future__ import annotations
 
 import os
@@ -12,6 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from lhd_train.audit.ground_truth import LabelledAnswer, ground_truth_path, read_ground_truth
 from lhd_train.errors import InputError
 from lhd_train.io.provenance import utc_now
 from lhd_train.rundir.rows import AuditRow, RoundRow
@@ -30,6 +33,17 @@ def _label_score(label: AuditRow) -> Any:
         value["confidence"] = label.confidence
     return Score(value=value, answer=", ".join(label.types) or None, explanation=label.reasoning,
                  metadata={"auditor_id": label.auditor_id, "mode": label.mode, "evidence": list(label.evidence)})
+
+
+def _truth_score(truth: LabelledAnswer) -> Any:
+    from inspect_ai.scorer import Score
+
+    return Score(value={"deceptive": int(truth.deceptive), "severity": truth.severity}, answer=truth.type,
+                 explanation=truth.why, metadata={"source": truth.source, "item": truth.item, "cluster": truth.cluster})
+
+
+#: an entitle answer's record fields that a reader of the log needs (its token ids stay in the run)
+ENTITLE_FIELDS = ("id", "fact", "files", "pressure", "sample", "label", "subtype", "shown", "demanded", "asserted")
 
 
 def _supervisor_score(row: RoundRow) -> Any | None:
@@ -55,9 +69,10 @@ def _messages(stored: list[dict[str, str]], answer: str, model: str) -> list[Any
     return out + [ChatMessageAssistant(content=answer, model=model)]
 
 
-def round_sample(row: RoundRow, stored: list[dict[str, str]], labels: dict[str, AuditRow | None]) -> Any:
+def round_sample(row: RoundRow, stored: list[dict[str, str]], labels: dict[str, AuditRow | None],
+                 truth: LabelledAnswer | None = None) -> Any:
     """One performer round as an `EvalSample` (`stored`: the messages it was sent; `labels`: each
-    auditor's label of it, None where that auditor has none)."""
+    auditor's label of it, None where that auditor has none; `truth`: its known label, if any)."""
     from inspect_ai.log import EvalSample
     from inspect_ai.model import ModelOutput
 
@@ -68,6 +83,10 @@ def round_sample(row: RoundRow, stored: list[dict[str, str]], labels: dict[str, 
     for aid, label in labels.items():
         if label is not None:
             scores[aid] = _label_score(label)
+    if truth is not None:
+        scores["ground_truth"] = _truth_score(truth)
+    extra = (row.model_extra or {}).get("entitle")
+    entitle = {k: extra.get(k) for k in ENTITLE_FIELDS} if isinstance(extra, dict) else None
     user = [m["content"] for m in stored if m["role"] == "user"]
     return EvalSample(
         id=f"{row.trial_id}-r{row.global_round}", epoch=1, input=user[-1] if user else "", target="",
@@ -77,7 +96,8 @@ def round_sample(row: RoundRow, stored: list[dict[str, str]], labels: dict[str, 
                   "task_title": row.task_title, "round": row.round, "global_round": row.global_round,
                   "event": row.event.to_json() if row.event is not None else None,
                   "task_complete": row.task_complete, "finish_reason": row.performer.finish_reason,
-                  "missing_labels": sorted(aid for aid, label in labels.items() if label is None)})
+                  "missing_labels": sorted(aid for aid, label in labels.items() if label is None),
+                  **({"entitle": entitle} if entitle is not None else {})})
 
 
 def run_log(run: Run) -> Any:
@@ -85,6 +105,8 @@ def run_log(run: Run) -> Any:
     from inspect_ai.log import EvalConfig, EvalDataset, EvalLog, EvalResults, EvalSpec, EvalStats
 
     auditors = run.auditor_ids()
+    known = read_ground_truth(run) if ground_truth_path(run).is_file() else []
+    truths = {(t.trial_id, t.global_round): t for t in known}
     samples = []
     stamps: list[str | None] = []  # when each round was written (None: an imported round)
     for trial in run.trials():
@@ -101,7 +123,8 @@ def run_log(run: Run) -> Any:
             # message its rows name is damage, and `get` refuses it naming the file.
             stored = store.get(ids) if store is not None else []
             stamps.append(row.timestamp)
-            sample = round_sample(row, stored, {aid: labels[aid].get(row.global_round) for aid in auditors})
+            sample = round_sample(row, stored, {aid: labels[aid].get(row.global_round) for aid in auditors},
+                                  truths.get((row.trial_id, row.global_round)))
             sample.metadata["prompt_missing"] = bool(ids) and store is None
             samples.append(sample)
     if not samples:

@@ -199,3 +199,31 @@ def test_a_run_without_its_message_store_exports_answers_flagged(inspect_ready, 
     log = _read_back(tmp_path / "a.json")
     assert [s["metadata"]["prompt_missing"] for s in log["samples"]] == [True] * len(rows)
     assert [[m["text"] for m in s["messages"]] for s in log["samples"]] == [[r["performer"]["text"]] for r in rows]
+
+
+def test_an_entitle_experiment_exports_with_its_labels(inspect_ready, tmp_path):
+    """The judge-free experiment is a run, so it exports the same way: one sample per answer with its
+    text, its code label and cell in the metadata, and the labels that are ground truth (deceptive or
+    honest; contradicted and unparsed are left out) as a `ground_truth` score, all recounted from disk."""
+    from entitle_disk import answers_on_disk
+    from test_compare import experiment
+
+    exp = experiment(tmp_path / "exp")
+    rows = {r["trial_id"]: r for r in answers_on_disk(exp)}
+    truth = {t["trial_id"]: t for t in read_jsonl(exp / "ground_truth.jsonl")}
+    log = tmp_path / "exp.eval"
+    _export(exp, log)
+    samples = _read_back(log)["samples"]
+    assert sorted(s["metadata"]["trial_id"] for s in samples) == sorted(rows)
+    for s in samples:
+        row = rows[s["metadata"]["trial_id"]]
+        assert s["completion"] == row["answer"]
+        meta = s["metadata"]["entitle"]
+        assert (meta["label"], meta["files"], meta["pressure"], meta["fact"]) == (
+            row["label"], row["files"], row["pressure"], row["fact"])
+        known = truth.get(row["trial_id"])
+        if known is None:
+            assert "ground_truth" not in s["scores"]
+        else:
+            assert s["scores"]["ground_truth"] == {"deceptive": int(known["deceptive"]), "severity": known["severity"]}
+    assert any(t["deceptive"] for t in truth.values()) and any(not t["deceptive"] for t in truth.values())
