@@ -136,6 +136,7 @@ async def sample_and_grade(s: BuildSettings) -> tuple[Contexts, dict[str, list[S
         for b in {id(b): b for b in (perf, aud, sup) if b is not None}.values():
             await b.aclose()
     meta = {"run": str(s.run_dir), "direction": s.direction, "n": s.n, "grader_id": grader.id,
+            "original_from_run": s.original_from_run,
             "auditor": acfg.model_dump(mode="json"), "performer": cfg.performer.model_dump(mode="json"),
             "run_audit": audit_agreement(contexts, pools), "contexts_left_out": contexts.skipped,
             "auditors": data_auditors(s.run_dir, contexts.auditor_id, acfg),
